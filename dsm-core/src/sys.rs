@@ -1,0 +1,752 @@
+//! Every `unsafe` operation of dsm lives here: mapping the shared segment (one memfd mapped
+//! twice: the app view at a fixed address whose page protections drive the protocol, and an
+//! always-writable runtime view the comm thread uses), `mprotect`, raw element loads and
+//! stores through the app view, the SIGSEGV handler with its alternate stack, and the
+//! fault mailbox (socket pair + futex) through which the handler hands a fault to the comm
+//! thread and waits.
+//!
+//! The signal handler is async-signal-safe: it reads atomics, calls `write(2)`, `futex(2)`
+//! and `sigaction(2)`, and nothing else. It never allocates, logs or takes a lock.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+pub const PAGE_SIZE: usize = 4096;
+pub const PAGE_SHIFT: u32 = 12;
+
+/// Protection of a page in the app view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prot {
+    None,
+    Read,
+    ReadWrite,
+}
+
+impl Prot {
+    fn bits(self) -> libc::c_int {
+        match self {
+            Prot::None => libc::PROT_NONE,
+            Prot::Read => libc::PROT_READ,
+            Prot::ReadWrite => libc::PROT_READ | libc::PROT_WRITE,
+        }
+    }
+}
+
+fn os_err(what: &str) -> io::Error {
+    let e = io::Error::last_os_error();
+    io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+/// The shared segment: `len` bytes backed by a memfd, mapped at `app_base` (same address on
+/// every node) and at a private runtime address.
+pub struct Segment {
+    app_base: usize,
+    runtime_base: usize,
+    len: usize,
+    memfd: libc::c_int,
+}
+
+// SAFETY-relevant invariant for the Send/Sync impls: the segment only holds addresses and a
+// file descriptor; all access goes through methods whose contracts are documented below.
+unsafe impl Send for Segment {}
+unsafe impl Sync for Segment {}
+
+impl Segment {
+    /// Reserves the segment at `addr` (never replacing an existing mapping) and the runtime
+    /// view anywhere. Pages start inaccessible in the app view and are committed lazily.
+    pub fn map(addr: usize, len: usize) -> io::Result<Segment> {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        if page != PAGE_SIZE as libc::c_long {
+            return Err(io::Error::other(format!(
+                "dsm needs 4 KiB pages; this system uses {page}-byte pages"
+            )));
+        }
+        if len == 0 || !len.is_multiple_of(PAGE_SIZE) || !addr.is_multiple_of(PAGE_SIZE) {
+            return Err(io::Error::other(
+                "segment address and size must be page-aligned",
+            ));
+        }
+        // SAFETY: the name is a valid NUL-terminated string.
+        let memfd = unsafe { libc::memfd_create(c"dsm-segment".as_ptr(), libc::MFD_CLOEXEC) };
+        if memfd < 0 {
+            return Err(os_err("memfd_create"));
+        }
+        let fail = |what: &str| {
+            let e = os_err(what);
+            // SAFETY: memfd is a descriptor we own and have not shared.
+            unsafe { libc::close(memfd) };
+            e
+        };
+        // SAFETY: ftruncate on our own descriptor.
+        if unsafe { libc::ftruncate(memfd, len as libc::off_t) } != 0 {
+            return Err(fail("ftruncate of the segment memfd"));
+        }
+        // SAFETY: MAP_FIXED_NOREPLACE never clobbers an existing mapping; we check below
+        // that the kernel honoured the address.
+        let app = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                len,
+                libc::PROT_NONE,
+                libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE | libc::MAP_NORESERVE,
+                memfd,
+                0,
+            )
+        };
+        if app == libc::MAP_FAILED {
+            let e = io::Error::last_os_error();
+            // SAFETY: as above.
+            unsafe { libc::close(memfd) };
+            return Err(io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot reserve the shared segment at {addr:#x} ({} MiB): {e}; \
+                     set DSM_SEGMENT_ADDR to a free address range or a smaller DSM_SEGMENT",
+                    len >> 20
+                ),
+            ));
+        }
+        if app as usize != addr {
+            // Kernels before 4.17 ignore MAP_FIXED_NOREPLACE and may place it elsewhere.
+            // SAFETY: unmapping the mapping we just created.
+            unsafe { libc::munmap(app, len) };
+            return Err(fail(
+                "the kernel placed the shared segment at another address",
+            ));
+        }
+        // SAFETY: a fresh shared mapping of our memfd at a kernel-chosen address.
+        let runtime = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
+                memfd,
+                0,
+            )
+        };
+        if runtime == libc::MAP_FAILED {
+            // SAFETY: unmapping the app view we created above.
+            unsafe { libc::munmap(app, len) };
+            return Err(fail("mmap of the runtime view"));
+        }
+        Ok(Segment {
+            app_base: addr,
+            runtime_base: runtime as usize,
+            len,
+            memfd,
+        })
+    }
+
+    pub fn app_base(&self) -> usize {
+        self.app_base
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn pages(&self) -> usize {
+        self.len / PAGE_SIZE
+    }
+
+    fn check_pages(&self, first: usize, count: usize) {
+        assert!(
+            first.checked_add(count).is_some_and(|e| e <= self.pages()),
+            "page range {first}+{count} outside the segment"
+        );
+    }
+
+    /// Sets the app view's protection of `count` pages from `first`.
+    pub fn protect(&self, first: usize, count: usize, prot: Prot) -> io::Result<()> {
+        self.check_pages(first, count);
+        // SAFETY: the range lies inside our app-view mapping (checked above); changing its
+        // protection cannot invalidate Rust references because app code only reaches the
+        // app view through raw-pointer accessors in this module.
+        let rc = unsafe {
+            libc::mprotect(
+                (self.app_base + first * PAGE_SIZE) as *mut libc::c_void,
+                count * PAGE_SIZE,
+                prot.bits(),
+            )
+        };
+        if rc != 0 {
+            return Err(os_err("mprotect"));
+        }
+        Ok(())
+    }
+
+    /// Copies a page out of the runtime view.
+    pub fn read_page(&self, page: usize, out: &mut [u8]) {
+        self.check_pages(page, 1);
+        assert_eq!(out.len(), PAGE_SIZE);
+        // SAFETY: source is one page inside the runtime mapping, destination is a distinct
+        // buffer of the same size. Concurrent app writes to the same page are excluded by the
+        // protocol (the page is read-protected in the app view before it is copied).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (self.runtime_base + page * PAGE_SIZE) as *const u8,
+                out.as_mut_ptr(),
+                PAGE_SIZE,
+            )
+        }
+    }
+
+    /// Copies `data` into the runtime view at byte `offset` of `page`.
+    pub fn write_bytes(&self, page: usize, offset: usize, data: &[u8]) {
+        self.check_pages(page, 1);
+        assert!(offset + data.len() <= PAGE_SIZE, "write past the page end");
+        // SAFETY: the destination range is inside one page of the runtime mapping. The app
+        // may concurrently touch *other* bytes of this page (multi-writer false sharing);
+        // only the given bytes are written.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                (self.runtime_base + page * PAGE_SIZE + offset) as *mut u8,
+                data.len(),
+            )
+        }
+    }
+
+    /// Runs `f` on a page of the runtime view. The caller guarantees (through page
+    /// protection) that the app does not write the page meanwhile.
+    pub fn with_page<R>(&self, page: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+        self.check_pages(page, 1);
+        // SAFETY: one page inside the runtime mapping; no writer during `f` by the caller's
+        // protocol guarantee, and the slice does not escape `f`.
+        let slice = unsafe {
+            std::slice::from_raw_parts(
+                (self.runtime_base + page * PAGE_SIZE) as *const u8,
+                PAGE_SIZE,
+            )
+        };
+        f(slice)
+    }
+
+    /// Releases the physical memory of pages (they read back as zeros).
+    pub fn discard(&self, first: usize, count: usize) -> io::Result<()> {
+        self.check_pages(first, count);
+        // SAFETY: punching a hole in our own memfd within its size.
+        let rc = unsafe {
+            libc::fallocate(
+                self.memfd,
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                (first * PAGE_SIZE) as libc::off_t,
+                (count * PAGE_SIZE) as libc::off_t,
+            )
+        };
+        if rc != 0 {
+            return Err(os_err("fallocate(PUNCH_HOLE)"));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our two mappings and closing our descriptor. Callers drop the
+        // segment only after the app has stopped using shared memory (Dsm::finish).
+        unsafe {
+            libc::munmap(self.app_base as *mut libc::c_void, self.len);
+            libc::munmap(self.runtime_base as *mut libc::c_void, self.len);
+            libc::close(self.memfd);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Element access through the app view. These are the only places app data is read or
+// written. The segment is mapped once per process and never unmapped, so every address a
+// checked `AppSlice` holds stays valid memory for the life of the process; touching a page
+// the protocol has protected faults and is resolved by the handler.
+
+/// Elements at a fixed stride inside a checked window: element `k < count` lies at
+/// `addr + k * stride`, and that product cannot overflow because the whole span was checked
+/// to fit in the segment when the value was made.
+#[derive(Debug)]
+pub struct AppStrided<T> {
+    addr: usize,
+    stride: usize,
+    count: usize,
+    _t: std::marker::PhantomData<*const T>,
+}
+
+impl<T> Clone for AppStrided<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for AppStrided<T> {}
+
+impl<T: bytemuck::Pod> AppStrided<T> {
+    #[inline(always)]
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    #[inline(always)]
+    pub fn get(&self, k: usize) -> T {
+        if k >= self.count {
+            out_of_bounds(k, self.count);
+        }
+        // SAFETY: k < count, and the span of count elements was checked to lie inside the
+        // (never unmapped) segment, aligned for T.
+        unsafe { std::ptr::read((self.addr + k.wrapping_mul(self.stride)) as *const T) }
+    }
+
+    #[inline(always)]
+    pub fn set(&self, k: usize, value: T) {
+        if k >= self.count {
+            out_of_bounds(k, self.count);
+        }
+        // SAFETY: as in `get`.
+        unsafe { std::ptr::write((self.addr + k.wrapping_mul(self.stride)) as *mut T, value) }
+    }
+}
+
+#[cold]
+#[inline(never)]
+#[track_caller]
+fn out_of_bounds(i: usize, len: usize) -> ! {
+    panic!("index {i} out of bounds (len {len})")
+}
+
+/// A typed, bounds-checked window onto the app view of the segment.
+#[derive(Debug)]
+pub struct AppSlice<T> {
+    addr: usize,
+    len: usize,
+    /// Not Send/Sync: shared memory is accessed from the app thread.
+    _t: std::marker::PhantomData<*const T>,
+}
+
+impl<T> Clone for AppSlice<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for AppSlice<T> {}
+
+impl<T: bytemuck::Pod> AppSlice<T> {
+    /// A window of `len` elements at byte `offset` of the app view, or `None` if it does
+    /// not lie inside the segment or is misaligned for `T`.
+    pub fn new(seg: &'static Segment, offset: usize, len: usize) -> Option<Self> {
+        let bytes = len.checked_mul(std::mem::size_of::<T>())?;
+        let end = offset.checked_add(bytes)?;
+        let addr = seg.app_base + offset;
+        if end > seg.len || !addr.is_multiple_of(std::mem::align_of::<T>()) {
+            return None;
+        }
+        Some(AppSlice {
+            addr,
+            len,
+            _t: std::marker::PhantomData,
+        })
+    }
+
+    #[inline(always)]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Address of element `i` (not checked).
+    #[inline(always)]
+    pub fn addr_of(&self, i: usize) -> usize {
+        self.addr + i * std::mem::size_of::<T>()
+    }
+
+    /// A sub-window of `len` elements from element `start`.
+    pub fn sub(&self, start: usize, len: usize) -> Self {
+        assert!(
+            start.checked_add(len).is_some_and(|e| e <= self.len),
+            "range {start}+{len} out of bounds (len {})",
+            self.len
+        );
+        AppSlice {
+            addr: self.addr_of(start),
+            len,
+            _t: std::marker::PhantomData,
+        }
+    }
+
+    #[inline(always)]
+    pub fn get(&self, i: usize) -> T {
+        if i >= self.len {
+            out_of_bounds(i, self.len);
+        }
+        // SAFETY: in bounds of a window checked to lie inside the (never unmapped) segment
+        // and aligned for T; any bit pattern is a valid Pod.
+        unsafe { std::ptr::read(self.addr_of(i) as *const T) }
+    }
+
+    #[inline(always)]
+    pub fn set(&self, i: usize, value: T) {
+        if i >= self.len {
+            out_of_bounds(i, self.len);
+        }
+        // SAFETY: as in `get`; no Rust reference to shared memory exists to be invalidated.
+        unsafe { std::ptr::write(self.addr_of(i) as *mut T, value) }
+    }
+
+    /// `count` elements `step` apart from element `start`, checked to lie in the window.
+    pub fn strided(&self, start: usize, step: usize, count: usize) -> AppStrided<T> {
+        assert!(step > 0, "stride must be positive");
+        if count > 0 {
+            let last = (count - 1)
+                .checked_mul(step)
+                .and_then(|x| x.checked_add(start));
+            assert!(
+                last.is_some_and(|l| l < self.len),
+                "strided range {start}+{step}*{count} out of bounds (len {})",
+                self.len
+            );
+        }
+        AppStrided {
+            addr: self.addr_of(start.min(self.len)),
+            stride: step * std::mem::size_of::<T>(),
+            count,
+            _t: std::marker::PhantomData,
+        }
+    }
+
+    /// Copies `out.len()` elements starting at `start` into `out`.
+    pub fn read_into(&self, start: usize, out: &mut [T]) {
+        assert!(
+            start.checked_add(out.len()).is_some_and(|e| e <= self.len),
+            "range {start}+{} out of bounds (len {})",
+            out.len(),
+            self.len
+        );
+        // SAFETY: source range checked inside the window; destination is a distinct local
+        // buffer of the same length.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.addr_of(start) as *const T,
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        }
+    }
+
+    /// Copies `src` into the window starting at `start`.
+    pub fn write_from(&self, start: usize, src: &[T]) {
+        assert!(
+            start.checked_add(src.len()).is_some_and(|e| e <= self.len),
+            "range {start}+{} out of bounds (len {})",
+            src.len(),
+            self.len
+        );
+        // SAFETY: destination range checked inside the window; the source is a distinct
+        // local slice.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.addr_of(start) as *mut T, src.len())
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Fault mailbox: the handler publishes a fault, kicks the comm thread through a socket
+// and sleeps on a futex until the comm thread posts the outcome.
+
+const SLOT_IDLE: u32 = 0;
+const SLOT_CLAIMED: u32 = 1;
+const SLOT_PENDING: u32 = 2;
+const SLOT_TAKEN: u32 = 3;
+const SLOT_RESOLVED: u32 = 4;
+const SLOT_CRASH: u32 = 5;
+
+static SEG_START: AtomicUsize = AtomicUsize::new(0);
+static SEG_END: AtomicUsize = AtomicUsize::new(0);
+/// Write end of the socket pair that wakes the comm thread (-1: no DSM running).
+static FAULT_KICK_FD: AtomicI32 = AtomicI32::new(-1);
+static SLOT_STATE: AtomicU32 = AtomicU32::new(SLOT_IDLE);
+static SLOT_ADDR: AtomicUsize = AtomicUsize::new(0);
+/// 0 = read, 1 = write, 2 = unknown (architecture does not tell).
+static SLOT_KIND: AtomicU32 = AtomicU32::new(0);
+static HANDLER_INSTALLED: AtomicBool = AtomicBool::new(false);
+static PREVIOUS_ACTION: OnceLock<SavedAction> = OnceLock::new();
+
+struct SavedAction(libc::sigaction);
+// SAFETY: a plain C struct of function pointers and flags, only read after being set once.
+unsafe impl Send for SavedAction {}
+unsafe impl Sync for SavedAction {}
+
+/// What the comm thread learns of a fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fault {
+    pub addr: usize,
+    /// `None` when the architecture does not report the access kind.
+    pub write: Option<bool>,
+}
+
+fn futex_wait(word: &AtomicU32, expected: u32) {
+    // SAFETY: FUTEX_WAIT on a valid, aligned u32 we own; async-signal-safe raw syscall.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            std::ptr::null::<libc::timespec>(),
+        );
+    }
+}
+
+fn futex_wake_all(word: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE on a valid, aligned u32.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            i32::MAX,
+        );
+    }
+}
+
+fn errno_location() -> *mut libc::c_int {
+    // SAFETY: __errno_location has no preconditions and returns the thread's errno slot.
+    unsafe { libc::__errno_location() }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn fault_is_write(ctx: *mut libc::c_void) -> u32 {
+    // SAFETY: for SA_SIGINFO handlers the kernel passes a valid ucontext_t; on x86_64 the
+    // page-fault error code is in gregs[REG_ERR], bit 1 set for writes.
+    let err =
+        unsafe { (*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs[libc::REG_ERR as usize] };
+    u32::from(err & 2 != 0)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn fault_is_write(_ctx: *mut libc::c_void) -> u32 {
+    2
+}
+
+/// Puts back whatever handled SIGSEGV before us, so returning from our handler re-executes
+/// the faulting instruction under the previous disposition (usually: crash with SIGSEGV).
+fn restore_previous_action() {
+    let default = SavedAction({
+        // SAFETY: an all-zero sigaction with SIG_DFL is a valid value.
+        let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+        sa.sa_sigaction = libc::SIG_DFL;
+        sa
+    });
+    let action = PREVIOUS_ACTION.get().unwrap_or(&default);
+    // SAFETY: sigaction is async-signal-safe; the struct is valid.
+    unsafe { libc::sigaction(libc::SIGSEGV, &action.0, std::ptr::null_mut()) };
+}
+
+extern "C" fn on_sigsegv(_sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
+    let addr = unsafe { (*info).si_addr() } as usize;
+    let start = SEG_START.load(Ordering::Relaxed);
+    let end = SEG_END.load(Ordering::Relaxed);
+    if addr < start || addr >= end || FAULT_KICK_FD.load(Ordering::Relaxed) < 0 {
+        restore_previous_action();
+        return;
+    }
+    let errno = errno_location();
+    // SAFETY: errno slot of this thread; preserved across our syscalls.
+    let saved_errno = unsafe { *errno };
+
+    // One fault at a time: other faulting threads wait for the slot.
+    while SLOT_STATE
+        .compare_exchange(
+            SLOT_IDLE,
+            SLOT_CLAIMED,
+            Ordering::Acquire,
+            Ordering::Relaxed,
+        )
+        .is_err()
+    {
+        let seen = SLOT_STATE.load(Ordering::Relaxed);
+        if seen != SLOT_IDLE {
+            futex_wait(&SLOT_STATE, seen);
+        }
+    }
+    SLOT_ADDR.store(addr, Ordering::Relaxed);
+    SLOT_KIND.store(fault_is_write(ctx), Ordering::Relaxed);
+    SLOT_STATE.store(SLOT_PENDING, Ordering::Release);
+    let kick: u8 = 1;
+    // SAFETY: write(2) on a socket is async-signal-safe; the buffer is 1 valid byte.
+    unsafe {
+        libc::write(
+            FAULT_KICK_FD.load(Ordering::Relaxed),
+            (&kick as *const u8).cast(),
+            1,
+        )
+    };
+    let outcome = loop {
+        let s = SLOT_STATE.load(Ordering::Acquire);
+        if s == SLOT_RESOLVED || s == SLOT_CRASH {
+            break s;
+        }
+        futex_wait(&SLOT_STATE, s);
+    };
+    SLOT_STATE.store(SLOT_IDLE, Ordering::Release);
+    futex_wake_all(&SLOT_STATE);
+    if outcome == SLOT_CRASH {
+        restore_previous_action();
+    }
+    // SAFETY: restoring this thread's errno.
+    unsafe { *errno = saved_errno };
+}
+
+/// Receiving end of the fault mailbox, owned by the comm thread.
+pub struct FaultMailbox {
+    /// Kept open so the handler's writes always have a peer.
+    _kick_tx: std::os::unix::net::UnixStream,
+    kick_rx: Option<std::os::unix::net::UnixStream>,
+}
+
+impl FaultMailbox {
+    /// The nonblocking stream that becomes readable when a fault is pending; drain it,
+    /// then call [`FaultMailbox::take`].
+    pub fn take_receiver(&mut self) -> Option<std::os::unix::net::UnixStream> {
+        self.kick_rx.take()
+    }
+
+    /// The pending fault, if any (each fault is delivered once).
+    pub fn take(&self) -> Option<Fault> {
+        if SLOT_STATE
+            .compare_exchange(
+                SLOT_PENDING,
+                SLOT_TAKEN,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return None;
+        }
+        Some(Fault {
+            addr: SLOT_ADDR.load(Ordering::Relaxed),
+            write: match SLOT_KIND.load(Ordering::Relaxed) {
+                0 => Some(false),
+                1 => Some(true),
+                _ => None,
+            },
+        })
+    }
+
+    /// Lets the faulting thread retry its access.
+    pub fn resolve(&self) {
+        SLOT_STATE.store(SLOT_RESOLVED, Ordering::Release);
+        futex_wake_all(&SLOT_STATE);
+    }
+
+    /// Tells the faulting thread its access is a genuine segmentation fault.
+    pub fn crash(&self) {
+        SLOT_STATE.store(SLOT_CRASH, Ordering::Release);
+        futex_wake_all(&SLOT_STATE);
+    }
+}
+
+impl Drop for FaultMailbox {
+    fn drop(&mut self) {
+        // From now on faults in the segment are treated as crashes.
+        FAULT_KICK_FD.store(-1, Ordering::Relaxed);
+    }
+}
+
+/// Installs the SIGSEGV handler for faults inside `seg`, and returns the mailbox the comm
+/// thread serves. Faults outside the segment fall through to the previous disposition.
+pub fn install_fault_handler(seg: &Segment) -> io::Result<FaultMailbox> {
+    use std::os::fd::AsRawFd;
+    let (kick_tx, kick_rx) = std::os::unix::net::UnixStream::pair()?;
+    kick_rx.set_nonblocking(true)?;
+    let efd = kick_tx.as_raw_fd();
+    SEG_START.store(seg.app_base, Ordering::Relaxed);
+    SEG_END.store(seg.app_base + seg.len, Ordering::Relaxed);
+    FAULT_KICK_FD.store(efd, Ordering::Release);
+    if !HANDLER_INSTALLED.swap(true, Ordering::AcqRel) {
+        // SAFETY: building a sigaction for our handler; zeroed is a valid starting value.
+        let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+        sa.sa_sigaction = on_sigsegv as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+        // SAFETY: sa_mask is a valid sigset_t to initialise.
+        unsafe { libc::sigemptyset(&mut sa.sa_mask) };
+        // SAFETY: zeroed sigaction is a valid out-parameter.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: installing a handler that is async-signal-safe (see on_sigsegv).
+        if unsafe { libc::sigaction(libc::SIGSEGV, &sa, &mut old) } != 0 {
+            HANDLER_INSTALLED.store(false, Ordering::Release);
+            return Err(os_err("sigaction(SIGSEGV)"));
+        }
+        let _ = PREVIOUS_ACTION.set(SavedAction(old));
+    }
+    install_alt_stack()?;
+    Ok(FaultMailbox {
+        _kick_tx: kick_tx,
+        kick_rx: Some(kick_rx),
+    })
+}
+
+/// Size of the alternate signal stack given to threads that touch shared memory.
+const ALT_STACK_SIZE: usize = 256 << 10;
+
+/// Gives the calling thread an alternate signal stack large enough for the fault handler,
+/// unless it already has one at least that large.
+pub fn install_alt_stack() -> io::Result<()> {
+    // SAFETY: querying the current alternate stack into a zeroed stack_t.
+    let mut cur: libc::stack_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-parameter.
+    if unsafe { libc::sigaltstack(std::ptr::null(), &mut cur) } == 0
+        && cur.ss_flags & libc::SS_DISABLE == 0
+        && cur.ss_size >= ALT_STACK_SIZE
+    {
+        return Ok(());
+    }
+    // SAFETY: anonymous private mapping for the stack; intentionally never unmapped (the
+    // thread may take signals until it exits).
+    let mem = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            ALT_STACK_SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+            -1,
+            0,
+        )
+    };
+    if mem == libc::MAP_FAILED {
+        return Err(os_err("mmap of the signal stack"));
+    }
+    let st = libc::stack_t {
+        ss_sp: mem,
+        ss_flags: 0,
+        ss_size: ALT_STACK_SIZE,
+    };
+    // SAFETY: the stack memory is valid for the thread's lifetime.
+    if unsafe { libc::sigaltstack(&st, std::ptr::null_mut()) } != 0 {
+        return Err(os_err("sigaltstack"));
+    }
+    Ok(())
+}
+
+/// Exits immediately without unwinding or running destructors, for fatal errors found on
+/// the comm thread while the app thread may be parked inside the fault handler.
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and is always safe to call.
+    unsafe { libc::_exit(code) }
+}

@@ -1,0 +1,192 @@
+//! `dsmrun`, the job launcher of dsm (like `mpirun`): this file owns only the
+//! command line — parsing it into a [`LaunchConfig`], the `--help` text, and
+//! mapping the outcome to an exit code. Launching and supervising the ranks is
+//! `dsm_net::launcher`.
+
+#![forbid(unsafe_code)]
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use dsm_net::launcher::{self, LaunchConfig, LaunchError, RaceConfig};
+use tracing_subscriber::EnvFilter;
+
+const AFTER_HELP: &str = "\
+Each rank runs PROGRAM in its own process group, with stdin from /dev/null.
+Every line a rank writes is printed as \"[RANK] line\" on dsmrun's stdout (or
+stderr, for the rank's stderr). A PROGRAM containing '/' is used as a path;
+otherwise it is looked up next to the dsmrun executable, then on PATH.
+Everything after PROGRAM is passed to it untouched, even if it looks like a
+dsmrun option.
+
+Environment of every rank (inherited DSM_* values of these names are dropped):
+  DSM_RANK             the rank, 0..N-1
+  DSM_SIZE             N
+  DSM_COORD            127.0.0.1:PORT, a free port for rank 0's rendezvous
+  DSM_JOB_SECRET       32 random hex characters, new for every job
+  DSM_LAUNCHER         dsmrun
+  DSM_SEGMENT          segment size in bytes          (only with --segment)
+  DSM_CONNECT_TIMEOUT  seconds                        (only with --connect-timeout)
+  DSM_RACE=1 and DSM_RACE_EXIT_CODE=CODE              (only with race detection)
+  DSM_RACE_LOG         absolute path of --race-log    (only with --race-log)
+  DSM_RACE_FIRST=1, DSM_RACE_STATS=1                  (only with --race-first/--race-stats)
+
+Stopping: when a rank exits non-zero (other than with the race exit code) or
+dies from a signal, dsmrun reports that first failure, sends SIGTERM to every
+rank's process group and SIGKILL to those still running 2 s later; --timeout
+does the same. On SIGINT, SIGTERM or SIGHUP, dsmrun forwards that signal to
+every rank's process group and sends SIGKILL 3 s later (at once on a second
+Ctrl-C). Processes a rank started are in its process group and stop with it;
+any still holding its output after all ranks exited are killed.
+
+Exit status:
+  0      every rank exited 0
+  1      a rank exited non-zero (the first failure is reported), or dsmrun
+         itself failed (e.g. could not start a rank)
+  2      invalid command line
+  124    --timeout expired
+  126    PROGRAM is not executable
+  127    PROGRAM was not found
+  128+S  the first failing rank was killed by signal S (e.g. 139 for SIGSEGV),
+         or dsmrun received signal S (130 for Ctrl-C)
+  CODE   with race detection, a rank exited with the race exit code (default
+         66) and nothing else failed";
+
+/// Launch N processes of a dsm program on this machine and supervise them.
+#[derive(Debug, Parser)]
+#[command(
+    name = "dsmrun",
+    version,
+    override_usage = "dsmrun [OPTIONS] [--] PROGRAM [ARGS]...",
+    after_help = AFTER_HELP
+)]
+struct Cli {
+    /// Number of ranks (node processes) to start, 1..=256
+    #[arg(short = 'n', value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=launcher::MAX_RANKS as i64))]
+    ranks: u16,
+
+    /// Size of the shared segment, e.g. 1G, 512M, 4096K or plain bytes (binary
+    /// units); passed to the ranks as a byte count in DSM_SEGMENT
+    #[arg(long, value_name = "SIZE", value_parser = launcher::parse_size)]
+    segment: Option<u64>,
+
+    /// Wall-clock limit for the whole job; on expiry all ranks are stopped and
+    /// dsmrun exits 124 [default: no limit]
+    // Negative numbers are taken as values so the parser can say why they
+    // are wrong, rather than clap calling them unknown options.
+    #[arg(long, value_name = "SECS", value_parser = launcher::parse_seconds,
+          allow_negative_numbers = true)]
+    timeout: Option<Duration>,
+
+    /// How long ranks keep trying to connect to each other at startup;
+    /// passed in DSM_CONNECT_TIMEOUT
+    // Negative numbers are taken as values so the parser can say why they
+    // are wrong, rather than clap calling them unknown options.
+    #[arg(long, value_name = "SECS", value_parser = launcher::parse_seconds,
+          allow_negative_numbers = true)]
+    connect_timeout: Option<Duration>,
+
+    /// Turn on data-race detection in the ranks (DSM_RACE=1). Each --race-*
+    /// option below implies --race
+    #[arg(long)]
+    race: bool,
+
+    /// File the ranks write race reports to, relative to the current directory
+    /// (DSM_RACE_LOG, made absolute; implies --race)
+    #[arg(long, value_name = "FILE")]
+    race_log: Option<PathBuf>,
+
+    /// Exit code of a rank that found a race (DSM_RACE_EXIT_CODE); such an exit
+    /// is not a failure: the other ranks run on and dsmrun exits with this code
+    /// at the end. 0 turns this off (implies --race) [default: 66]
+    #[arg(long, value_name = "CODE")]
+    race_exit_code: Option<u8>,
+
+    /// Ask the ranks to report only the first race (DSM_RACE_FIRST=1; implies
+    /// --race)
+    #[arg(long)]
+    race_first: bool,
+
+    /// Ask the ranks to print race-detector statistics (DSM_RACE_STATS=1;
+    /// implies --race)
+    #[arg(long)]
+    race_stats: bool,
+
+    /// The program to run, followed by its arguments
+    #[arg(value_name = "PROGRAM [ARGS]", required = true, num_args = 1..,
+          trailing_var_arg = true)]
+    command: Vec<OsString>,
+}
+
+impl Cli {
+    fn into_config(self) -> anyhow::Result<LaunchConfig> {
+        let race_on = self.race
+            || self.race_log.is_some()
+            || self.race_exit_code.is_some()
+            || self.race_first
+            || self.race_stats;
+        let race = if race_on {
+            let log = self
+                .race_log
+                .map(|log| {
+                    std::path::absolute(&log).with_context(|| {
+                        format!("cannot make --race-log '{}' absolute", log.display())
+                    })
+                })
+                .transpose()?;
+            Some(RaceConfig {
+                log,
+                exit_code: self
+                    .race_exit_code
+                    .unwrap_or(launcher::DEFAULT_RACE_EXIT_CODE),
+                first: self.race_first,
+                stats: self.race_stats,
+            })
+        } else {
+            None
+        };
+        let mut command = self.command.into_iter();
+        let program = command
+            .next()
+            .context("no PROGRAM given (see dsmrun --help)")?;
+        Ok(LaunchConfig {
+            ranks: usize::from(self.ranks),
+            program,
+            args: command.collect(),
+            segment_bytes: self.segment,
+            connect_timeout: self.connect_timeout,
+            timeout: self.timeout,
+            race,
+        })
+    }
+}
+
+fn main() -> ExitCode {
+    // Diagnostics are opt-in (DSMRUN_LOG=debug); by default only warnings, so
+    // the ranks' output is not drowned.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("DSMRUN_LOG").unwrap_or_else(|_| EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli
+        .into_config()
+        .and_then(|config| Ok(launcher::run(&config)?))
+    {
+        Ok(outcome) => ExitCode::from(outcome.exit_code()),
+        Err(err) => {
+            eprintln!("dsmrun: {err:#}");
+            let code = err
+                .downcast_ref::<LaunchError>()
+                .map_or(1, LaunchError::exit_code);
+            ExitCode::from(code)
+        }
+    }
+}

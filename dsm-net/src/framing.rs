@@ -1,0 +1,296 @@
+//! Message encoding and framing: postcard payloads behind a 4-byte big-endian length, with a
+//! maximum frame size so a corrupt or hostile length cannot make a node allocate gigabytes.
+//! The same framing serves the blocking bootstrap (std sockets) and the async transport
+//! (tokio-util's length-delimited codec, configured identically here).
+
+use serde::{de::DeserializeOwned, Serialize};
+use std::io::{self, Read, Write};
+use thiserror::Error;
+use tokio_util::codec::LengthDelimitedCodec;
+
+/// Largest frame a node sends or accepts (payload bytes).
+pub const MAX_FRAME: usize = 256 << 20;
+
+#[derive(Debug, Error)]
+pub enum WireError {
+    #[error("malformed message: {0}")]
+    Malformed(#[from] postcard::Error),
+    #[error("frame of {len} bytes exceeds the {max}-byte limit")]
+    TooLarge { len: usize, max: usize },
+    #[error("connection closed")]
+    Closed,
+    #[error("i/o error: {0}")]
+    Io(#[from] io::Error),
+}
+
+pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, WireError> {
+    let bytes = postcard::to_stdvec(msg)?;
+    if bytes.len() > MAX_FRAME {
+        return Err(WireError::TooLarge {
+            len: bytes.len(),
+            max: MAX_FRAME,
+        });
+    }
+    Ok(bytes)
+}
+
+/// Decodes a whole frame; trailing garbage is an error, not silently ignored.
+pub fn decode<T: DeserializeOwned>(frame: &[u8]) -> Result<T, WireError> {
+    let (value, rest) = postcard::take_from_bytes(frame)?;
+    if !rest.is_empty() {
+        return Err(WireError::Malformed(
+            postcard::Error::DeserializeBadEncoding,
+        ));
+    }
+    Ok(value)
+}
+
+/// The codec the async transport uses; identical on-wire format to [`write_frame`].
+pub fn codec() -> LengthDelimitedCodec {
+    LengthDelimitedCodec::builder()
+        .length_field_length(4)
+        .big_endian()
+        .max_frame_length(MAX_FRAME)
+        .new_codec()
+}
+
+/// Blocking write of one frame (bootstrap only).
+pub fn write_frame<W: Write, T: Serialize>(w: &mut W, msg: &T) -> Result<(), WireError> {
+    let payload = encode(msg)?;
+    let mut buf = Vec::with_capacity(4 + payload.len());
+    buf.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    buf.extend_from_slice(&payload);
+    w.write_all(&buf)?;
+    w.flush()?;
+    Ok(())
+}
+
+/// Blocking read of one frame (bootstrap only), bounded by `max` bytes.
+pub fn read_frame<R: Read, T: DeserializeOwned>(r: &mut R, max: usize) -> Result<T, WireError> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(WireError::Closed),
+        Err(e) => return Err(e.into()),
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if len > max {
+        return Err(WireError::TooLarge { len, max });
+    }
+    let mut payload = vec![0u8; len];
+    r.read_exact(&mut payload)?;
+    decode(&payload)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::*;
+    use proptest::prelude::*;
+
+    fn arb_vt() -> impl Strategy<Value = VectorTime> {
+        proptest::collection::vec(0u32..1000, 1..9).prop_map(VectorTime)
+    }
+
+    fn arb_runs() -> impl Strategy<Value = PageRuns> {
+        proptest::collection::vec(0u32..5000, 0..30).prop_map(PageRuns::from_pages)
+    }
+
+    fn arb_interval() -> impl Strategy<Value = IntervalRecord> {
+        (
+            0u16..8,
+            1u32..100,
+            arb_vt(),
+            arb_runs(),
+            proptest::option::of((arb_runs(), arb_runs())),
+            0u32..4,
+            any::<u64>(),
+        )
+            .prop_map(
+                |(node, index, vt, writes, race, cause, lock)| IntervalRecord {
+                    node,
+                    index,
+                    vt,
+                    writes,
+                    race: race.map(|(reads, writes)| RaceNotices { reads, writes }),
+                    began_with: match cause {
+                        0 => SyncCause::Start,
+                        1 => SyncCause::Barrier(lock as u32),
+                        2 => SyncCause::Acquire(lock),
+                        _ => SyncCause::Release(lock),
+                    },
+                },
+            )
+    }
+
+    fn arb_msg() -> impl Strategy<Value = Msg> {
+        prop_oneof![
+            (
+                proptest::collection::vec(any::<u32>(), 0..10),
+                proptest::collection::vec((any::<u32>(), any::<u16>(), any::<u32>()), 0..5)
+            )
+                .prop_map(|(pages, req)| Msg::PageRequest {
+                    pages,
+                    required: req
+                        .into_iter()
+                        .map(|(page, writer, interval)| Requirement {
+                            page,
+                            writer,
+                            interval
+                        })
+                        .collect()
+                }),
+            proptest::collection::vec(
+                (any::<u32>(), proptest::collection::vec(any::<u8>(), 0..64)),
+                0..4
+            )
+            .prop_map(|v| Msg::PageReply {
+                pages: v
+                    .into_iter()
+                    .map(|(page, data)| PageCopy { page, data })
+                    .collect()
+            }),
+            (
+                any::<u32>(),
+                proptest::collection::vec(
+                    (any::<u32>(), proptest::collection::vec(any::<u8>(), 0..64)),
+                    0..4
+                )
+            )
+                .prop_map(|(interval, v)| Msg::Diffs {
+                    interval,
+                    diffs: v
+                        .into_iter()
+                        .map(|(page, runs)| PageDiff { page, runs })
+                        .collect()
+                }),
+            (any::<u64>(), any::<u16>(), arb_vt()).prop_map(|(lock, requester, known)| {
+                Msg::LockRequest {
+                    lock,
+                    requester,
+                    known,
+                }
+            }),
+            (any::<u64>(), any::<u16>(), arb_vt()).prop_map(|(lock, requester, known)| {
+                Msg::LockForward {
+                    lock,
+                    requester,
+                    known,
+                }
+            }),
+            (
+                any::<u64>(),
+                arb_vt(),
+                proptest::collection::vec(arb_interval(), 0..4)
+            )
+                .prop_map(|(lock, known, intervals)| Msg::LockGrant {
+                    lock,
+                    known,
+                    intervals
+                }),
+            (
+                any::<u32>(),
+                arb_vt(),
+                proptest::collection::vec(arb_interval(), 0..4),
+                any::<u64>(),
+                any::<bool>()
+            )
+                .prop_map(|(epoch, known, intervals, check, finishing)| {
+                    Msg::BarrierArrive {
+                        epoch,
+                        known,
+                        intervals,
+                        check,
+                        finishing,
+                    }
+                }),
+            (
+                any::<u32>(),
+                arb_vt(),
+                proptest::collection::vec(arb_interval(), 0..4),
+                any::<u64>()
+            )
+                .prop_map(|(epoch, known, intervals, races)| Msg::BarrierRelease {
+                    epoch,
+                    known,
+                    intervals,
+                    races
+                }),
+            ".{0,40}".prop_map(|reason| Msg::Abort { reason }),
+            (
+                any::<u32>(),
+                proptest::collection::vec((any::<u32>(), any::<u32>(), any::<bool>()), 0..5)
+            )
+                .prop_map(|(epoch, keys)| Msg::BitmapRequest {
+                    epoch,
+                    wanted: keys
+                        .into_iter()
+                        .map(|(interval, page, w)| BitmapKey {
+                            interval,
+                            page,
+                            kind: if w {
+                                AccessKind::Write
+                            } else {
+                                AccessKind::Read
+                            }
+                        })
+                        .collect()
+                }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn messages_roundtrip(msg in arb_msg()) {
+            let bytes = encode(&msg).unwrap();
+            let back: Msg = decode(&bytes).unwrap();
+            prop_assert_eq!(back, msg);
+        }
+
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            // Malformed frames must be errors, never panics or huge allocations.
+            let _ = decode::<Msg>(&bytes);
+        }
+
+        #[test]
+        fn truncated_frames_are_errors(msg in arb_msg(), cut in 0usize..1000) {
+            let bytes = encode(&msg).unwrap();
+            if cut < bytes.len() {
+                prop_assert!(decode::<Msg>(&bytes[..cut]).is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn trailing_bytes_are_rejected() {
+        let mut bytes = encode(&Msg::Abort { reason: "x".into() }).unwrap();
+        bytes.push(0);
+        assert!(decode::<Msg>(&bytes).is_err());
+    }
+
+    #[test]
+    fn oversized_frame_header_is_rejected_before_allocating() {
+        let mut stream: &[u8] = &[0xff, 0xff, 0xff, 0xff, 1, 2, 3];
+        match read_frame::<_, Msg>(&mut stream, MAX_FRAME) {
+            Err(WireError::TooLarge { len, .. }) => assert_eq!(len, u32::MAX as usize),
+            other => panic!("expected TooLarge, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn blocking_frames_roundtrip() {
+        let hello = Hello {
+            magic: HELLO_MAGIC,
+            version: PROTOCOL_VERSION,
+            secret: "s".into(),
+            rank: 3,
+            size: 4,
+            listen: "127.0.0.1:1".into(),
+        };
+        let mut buf = Vec::new();
+        write_frame(&mut buf, &hello).unwrap();
+        let back: Hello = read_frame(&mut buf.as_slice(), MAX_FRAME).unwrap();
+        assert_eq!(back, hello);
+    }
+}

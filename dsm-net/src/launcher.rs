@@ -1,0 +1,1278 @@
+//! The job launcher behind `dsmrun`: it owns turning a [`LaunchConfig`] into N
+//! running rank processes on this machine and supervising them to the end.
+//!
+//! That covers finding the program, building each rank's `DSM_*` environment,
+//! starting every rank in its own process group, forwarding the ranks' output
+//! line by line with a `[rank] ` prefix, and stopping the whole job on the
+//! first failure, on timeout or on a signal, so that no rank outlives the job.
+//! The rank-side reading of the environment lives with the bootstrap code, not
+//! here; the variable names are shared through [`env_vars`].
+
+#![forbid(unsafe_code)]
+
+use std::ffi::{OsStr, OsString};
+use std::fmt;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::{access, AccessFlags, Pid};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+use tracing::{debug, warn};
+
+/// Largest job `dsmrun` starts; ranks are processes on one machine, so more
+/// would only oversubscribe it.
+pub const MAX_RANKS: usize = 256;
+
+/// Exit code a rank uses to say "I found a data race" when none is given.
+pub const DEFAULT_RACE_EXIT_CODE: u8 = 66;
+
+/// How long ranks get to exit after SIGTERM (failure or timeout) before SIGKILL.
+pub const TERM_GRACE: Duration = Duration::from_secs(2);
+
+/// How long ranks get to exit after a forwarded SIGINT/SIGTERM/SIGHUP before
+/// SIGKILL; longer than [`TERM_GRACE`] because an interrupted program may want
+/// to print a report.
+pub const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
+
+/// After SIGKILL a process can only linger in the kernel (e.g. uninterruptible
+/// I/O); we wait this long for it and then stop waiting rather than hang.
+const KILL_GRACE: Duration = Duration::from_secs(5);
+
+/// Once every rank has exited, leftover descendants may still hold the output
+/// pipes open; we wait this long before killing them, and as long again before
+/// abandoning their output.
+const DRAIN_GRACE: Duration = Duration::from_secs(1);
+
+/// Forwarding threads only hold a small buffer on the stack; with up to 768 of
+/// them the default 2 MiB reservation is pointless.
+const THREAD_STACK: usize = 128 * 1024;
+
+/// Names of the environment variables a launcher hands to each rank.
+pub mod env_vars {
+    /// This process's rank, `0..DSM_SIZE`.
+    pub const RANK: &str = "DSM_RANK";
+    /// Number of ranks in the job.
+    pub const SIZE: &str = "DSM_SIZE";
+    /// `IP:PORT` where rank 0 listens for the rendezvous.
+    pub const COORD: &str = "DSM_COORD";
+    /// Random per-job secret that ranks use to recognise each other.
+    pub const JOB_SECRET: &str = "DSM_JOB_SECRET";
+    /// Name of the launcher that started the rank (`dsmrun`).
+    pub const LAUNCHER: &str = "DSM_LAUNCHER";
+    /// Shared segment size in bytes.
+    pub const SEGMENT: &str = "DSM_SEGMENT";
+    /// Seconds to keep trying to connect to the other ranks.
+    pub const CONNECT_TIMEOUT: &str = "DSM_CONNECT_TIMEOUT";
+    /// `1` when race detection is on.
+    pub const RACE: &str = "DSM_RACE";
+    /// Absolute path of the race report file.
+    pub const RACE_LOG: &str = "DSM_RACE_LOG";
+    /// Exit code for a rank that detected a race (`0`: do not exit).
+    pub const RACE_EXIT_CODE: &str = "DSM_RACE_EXIT_CODE";
+    /// `1`: stop at the first race found.
+    pub const RACE_FIRST: &str = "DSM_RACE_FIRST";
+    /// `1`: print race detector statistics.
+    pub const RACE_STATS: &str = "DSM_RACE_STATS";
+
+    /// Every variable above; the launcher clears them all from what ranks
+    /// inherit, so a nested or leftover setting never leaks into a job.
+    pub const ALL: [&str; 12] = [
+        RANK,
+        SIZE,
+        COORD,
+        JOB_SECRET,
+        LAUNCHER,
+        SEGMENT,
+        CONNECT_TIMEOUT,
+        RACE,
+        RACE_LOG,
+        RACE_EXIT_CODE,
+        RACE_FIRST,
+        RACE_STATS,
+    ];
+}
+
+/// Value of `DSM_LAUNCHER`.
+pub const LAUNCHER_NAME: &str = "dsmrun";
+
+/// Errors that stop a job from being launched at all.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("the number of ranks must be between 1 and {MAX_RANKS}, got {0}")]
+    InvalidRankCount(usize),
+    #[error("cannot find program '{}' ({})", name.to_string_lossy(), looked_in(exe_dir.as_deref()))]
+    ProgramNotFound {
+        name: OsString,
+        exe_dir: Option<PathBuf>,
+    },
+    #[error("cannot find program '{}': no such file", .0.display())]
+    ProgramPathNotFound(PathBuf),
+    #[error("cannot run '{}': {reason}", path.display())]
+    NotExecutable { path: PathBuf, reason: &'static str },
+    #[error("cannot pick a free TCP port on 127.0.0.1 for the rendezvous")]
+    NoFreePort(#[source] io::Error),
+    #[error("cannot install the SIGINT/SIGTERM/SIGHUP handlers")]
+    Signals(#[source] io::Error),
+    #[error("cannot start rank {rank} ('{}')", program.display())]
+    Spawn {
+        rank: usize,
+        program: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot start a supervision thread for rank {rank}")]
+    Thread {
+        rank: usize,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn looked_in(exe_dir: Option<&Path>) -> String {
+    match exe_dir {
+        Some(dir) => format!("looked in {} and on PATH", dir.display()),
+        None => "looked on PATH".to_owned(),
+    }
+}
+
+impl LaunchError {
+    /// Exit code `dsmrun` uses for this error, following the shell's
+    /// conventions (127: not found, 126: found but cannot be executed).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            LaunchError::InvalidRankCount(_) => 2,
+            LaunchError::ProgramNotFound { .. } | LaunchError::ProgramPathNotFound(_) => 127,
+            LaunchError::NotExecutable { .. } => 126,
+            LaunchError::Spawn { source, .. } => match source.kind() {
+                io::ErrorKind::NotFound => 127,
+                io::ErrorKind::PermissionDenied => 126,
+                _ if source.raw_os_error() == Some(Errno::ENOEXEC as i32) => 126,
+                _ => 1,
+            },
+            LaunchError::NoFreePort(_) | LaunchError::Signals(_) | LaunchError::Thread { .. } => 1,
+        }
+    }
+}
+
+/// A command-line value that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValueError {
+    #[error("empty size; expected a byte count such as 4096, 512M or 1G")]
+    EmptySize,
+    #[error("'{0}' is not a size; expected a byte count, optionally followed by K, M, G or T (powers of 1024), e.g. 512M")]
+    NotASize(String),
+    #[error("'{0}': fractional sizes are not supported; use a smaller unit (e.g. 1536M instead of 1.5G)")]
+    FractionalSize(String),
+    #[error(
+        "'{input}': unknown unit '{unit}'; use K, M, G or T (powers of 1024), or no unit for bytes"
+    )]
+    UnknownUnit { input: String, unit: String },
+    #[error("'{0}' is too large")]
+    SizeTooLarge(String),
+    #[error("the size must be greater than zero")]
+    ZeroSize,
+    #[error("'{0}' is not a number of seconds greater than zero")]
+    InvalidSeconds(String),
+}
+
+/// Parses a size such as `1G`, `512M`, `4096K`, `65536` (bytes) into bytes.
+/// Units are binary (K = 1024) and case-insensitive; `KB`/`KiB` spellings are
+/// accepted as the same unit.
+pub fn parse_size(text: &str) -> Result<u64, ValueError> {
+    let trimmed = text.trim();
+    if trimmed.is_empty() {
+        return Err(ValueError::EmptySize);
+    }
+    let digits_end = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(digits_end);
+    // `64 KiB` is how people write sizes, and the ranks' own parser takes it.
+    let unit = unit.trim_start();
+    if number.is_empty() {
+        return Err(ValueError::NotASize(text.to_owned()));
+    }
+    if unit.starts_with(['.', ',']) {
+        return Err(ValueError::FractionalSize(text.to_owned()));
+    }
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => {
+            return Err(ValueError::UnknownUnit {
+                input: text.to_owned(),
+                unit: unit.to_owned(),
+            })
+        }
+    };
+    // Only ASCII digits are left, so a parse failure can only be overflow.
+    let value: u64 = number
+        .parse()
+        .map_err(|_| ValueError::SizeTooLarge(text.to_owned()))?;
+    let bytes = value
+        .checked_mul(1u64 << shift)
+        .ok_or_else(|| ValueError::SizeTooLarge(text.to_owned()))?;
+    if bytes == 0 {
+        return Err(ValueError::ZeroSize);
+    }
+    Ok(bytes)
+}
+
+/// Parses a positive number of seconds, fractions allowed (`1`, `0.5`).
+pub fn parse_seconds(text: &str) -> Result<Duration, ValueError> {
+    let invalid = || ValueError::InvalidSeconds(text.to_owned());
+    let secs: f64 = text.trim().parse().map_err(|_| invalid())?;
+    if secs.is_nan() || secs <= 0.0 {
+        return Err(invalid());
+    }
+    Duration::try_from_secs_f64(secs).map_err(|_| invalid())
+}
+
+/// Race-detection settings handed to the ranks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RaceConfig {
+    /// Where ranks write race reports; made absolute so it does not depend on
+    /// the rank's working directory.
+    pub log: Option<PathBuf>,
+    /// Exit code of a rank that found a race; 0 turns the convention off.
+    pub exit_code: u8,
+    pub first: bool,
+    pub stats: bool,
+}
+
+impl Default for RaceConfig {
+    fn default() -> Self {
+        RaceConfig {
+            log: None,
+            exit_code: DEFAULT_RACE_EXIT_CODE,
+            first: false,
+            stats: false,
+        }
+    }
+}
+
+impl RaceConfig {
+    /// The rank exit code that means "race found" rather than "failed".
+    fn race_exit_code(&self) -> Option<i32> {
+        (self.exit_code != 0).then_some(i32::from(self.exit_code))
+    }
+}
+
+/// Everything needed to launch one job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Number of rank processes, `1..=MAX_RANKS`.
+    pub ranks: usize,
+    /// As the user gave it; resolved by [`resolve_program`] at launch.
+    pub program: OsString,
+    /// Passed to every rank untouched.
+    pub args: Vec<OsString>,
+    pub segment_bytes: Option<u64>,
+    /// How long ranks keep trying to reach each other at startup.
+    pub connect_timeout: Option<Duration>,
+    /// Wall-clock limit for the whole job.
+    pub timeout: Option<Duration>,
+    /// `Some` when race detection is on.
+    pub race: Option<RaceConfig>,
+}
+
+impl LaunchConfig {
+    /// One rank of `program` with no arguments and no options.
+    pub fn new(program: impl Into<OsString>) -> Self {
+        LaunchConfig {
+            ranks: 1,
+            program: program.into(),
+            args: Vec::new(),
+            segment_bytes: None,
+            connect_timeout: None,
+            timeout: None,
+            race: None,
+        }
+    }
+}
+
+/// How a rank process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RankStatus {
+    Exited(i32),
+    Signaled {
+        signal: i32,
+        core_dumped: bool,
+    },
+    /// The wait itself failed; we no longer know anything about the rank.
+    Unknown,
+}
+
+impl From<ExitStatus> for RankStatus {
+    fn from(status: ExitStatus) -> Self {
+        if let Some(code) = status.code() {
+            RankStatus::Exited(code)
+        } else if let Some(signal) = status.signal() {
+            RankStatus::Signaled {
+                signal,
+                core_dumped: status.core_dumped(),
+            }
+        } else {
+            RankStatus::Unknown
+        }
+    }
+}
+
+impl RankStatus {
+    fn is_success(self) -> bool {
+        self == RankStatus::Exited(0)
+    }
+
+    /// `dsmrun`'s exit code when this is the first failure: 1 for a non-zero
+    /// exit, 128+signal for a signal death, as a shell would report it.
+    pub fn failure_exit_code(self) -> u8 {
+        match self {
+            RankStatus::Signaled { signal, .. } => signal_exit_code(signal),
+            RankStatus::Exited(_) | RankStatus::Unknown => 1,
+        }
+    }
+}
+
+impl fmt::Display for RankStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            RankStatus::Exited(code) => write!(f, "exited with status {code}"),
+            RankStatus::Signaled {
+                signal,
+                core_dumped,
+            } => {
+                write!(f, "was killed by signal {signal}")?;
+                if let Some(name) = signal_name(signal) {
+                    write!(f, " ({name})")?;
+                }
+                if core_dumped {
+                    write!(f, ", core dumped")?;
+                }
+                Ok(())
+            }
+            RankStatus::Unknown => write!(f, "ended in an unknown way (waiting for it failed)"),
+        }
+    }
+}
+
+/// `SIGSEGV` for 11, etc.; `None` for numbers that are not signals here.
+pub fn signal_name(signal: i32) -> Option<&'static str> {
+    Signal::try_from(signal).ok().map(Signal::as_str)
+}
+
+fn signal_exit_code(signal: i32) -> u8 {
+    u8::try_from(128 + signal).unwrap_or(u8::MAX)
+}
+
+/// How a launched job ended; [`JobOutcome::exit_code`] is what `dsmrun` exits with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobOutcome {
+    /// Every rank exited 0.
+    Success,
+    /// Some ranks exited with the race exit code and no rank failed.
+    RaceReported { ranks: Vec<usize>, exit_code: u8 },
+    /// The first rank to fail, and how; the others were stopped.
+    RankFailed { rank: usize, status: RankStatus },
+    /// `--timeout` expired.
+    TimedOut { after: Duration },
+    /// `dsmrun` received this signal and stopped the job.
+    Interrupted { signal: i32 },
+}
+
+impl JobOutcome {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            JobOutcome::Success => 0,
+            JobOutcome::RaceReported { exit_code, .. } => *exit_code,
+            JobOutcome::RankFailed { status, .. } => status.failure_exit_code(),
+            JobOutcome::TimedOut { .. } => 124,
+            JobOutcome::Interrupted { signal } => signal_exit_code(*signal),
+        }
+    }
+}
+
+/// Finds the executable to run for `name`.
+///
+/// A name containing `/` is a path and is used as is. A bare name is looked up
+/// first in `exe_dir` (where `dsmrun` itself lives, so the apps installed next
+/// to it win) and then on `path_var`, taking the first executable regular file
+/// like `execvp` does.
+pub fn resolve_program(
+    name: &OsStr,
+    exe_dir: Option<&Path>,
+    path_var: Option<&OsStr>,
+) -> Result<PathBuf, LaunchError> {
+    if name.as_bytes().contains(&b'/') {
+        let path = PathBuf::from(name);
+        return match inspect_candidate(&path) {
+            Candidate::Runnable => Ok(path),
+            Candidate::Missing => Err(LaunchError::ProgramPathNotFound(path)),
+            Candidate::Directory => Err(LaunchError::NotExecutable {
+                path,
+                reason: "it is a directory",
+            }),
+            Candidate::Unusable(reason) => Err(LaunchError::NotExecutable { path, reason }),
+        };
+    }
+    let not_found = || LaunchError::ProgramNotFound {
+        name: name.to_owned(),
+        exe_dir: exe_dir.map(Path::to_path_buf),
+    };
+    if name.is_empty() {
+        return Err(not_found());
+    }
+    let path_dirs = path_var
+        .map(|p| std::env::split_paths(p).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        // An empty PATH entry means the current directory.
+        .map(|dir| {
+            if dir.as_os_str().is_empty() {
+                PathBuf::from(".")
+            } else {
+                dir
+            }
+        });
+    let mut unusable = None;
+    for dir in exe_dir.map(Path::to_path_buf).into_iter().chain(path_dirs) {
+        let candidate = dir.join(name);
+        match inspect_candidate(&candidate) {
+            Candidate::Runnable => return Ok(candidate),
+            // Remembered so "exists but not executable" beats "not found",
+            // which is the more useful thing to tell the user.
+            Candidate::Unusable(reason) => {
+                unusable.get_or_insert((candidate, reason));
+            }
+            // A directory of that name (target/debug/build, ...) is just not it.
+            Candidate::Missing | Candidate::Directory => {}
+        }
+    }
+    match unusable {
+        Some((path, reason)) => Err(LaunchError::NotExecutable { path, reason }),
+        None => Err(not_found()),
+    }
+}
+
+enum Candidate {
+    Missing,
+    Directory,
+    Unusable(&'static str),
+    Runnable,
+}
+
+fn inspect_candidate(path: &Path) -> Candidate {
+    let Ok(meta) = path.metadata() else {
+        return Candidate::Missing;
+    };
+    if meta.is_dir() {
+        Candidate::Directory
+    } else if !meta.is_file() {
+        Candidate::Unusable("it is not a regular file")
+    } else if access(path, AccessFlags::X_OK).is_err() {
+        Candidate::Unusable("it is not executable (no execute permission)")
+    } else {
+        Candidate::Runnable
+    }
+}
+
+/// 32 hex characters from the thread-local CSPRNG; new for every job so ranks
+/// of different jobs never mistake each other for peers.
+pub fn generate_secret() -> String {
+    let bytes: [u8; 16] = rand::random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A currently free port on 127.0.0.1 for rank 0's rendezvous.
+///
+/// The listener is dropped before the ranks start because rank 0 must bind the
+/// port itself; another process could grab it in between, which rank 0 then
+/// reports as a bind error rather than anything subtle.
+pub fn pick_rendezvous_addr() -> io::Result<SocketAddr> {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()
+}
+
+/// The `DSM_*` variables for one rank.
+pub fn child_env(
+    config: &LaunchConfig,
+    rank: usize,
+    coord: SocketAddr,
+    secret: &str,
+) -> Vec<(&'static str, OsString)> {
+    let mut env: Vec<(&'static str, OsString)> = vec![
+        (env_vars::RANK, rank.to_string().into()),
+        (env_vars::SIZE, config.ranks.to_string().into()),
+        (env_vars::COORD, coord.to_string().into()),
+        (env_vars::JOB_SECRET, secret.into()),
+        (env_vars::LAUNCHER, LAUNCHER_NAME.into()),
+    ];
+    if let Some(bytes) = config.segment_bytes {
+        env.push((env_vars::SEGMENT, bytes.to_string().into()));
+    }
+    if let Some(timeout) = config.connect_timeout {
+        env.push((env_vars::CONNECT_TIMEOUT, format_secs(timeout).into()));
+    }
+    if let Some(race) = &config.race {
+        env.push((env_vars::RACE, "1".into()));
+        env.push((env_vars::RACE_EXIT_CODE, race.exit_code.to_string().into()));
+        if let Some(log) = &race.log {
+            env.push((env_vars::RACE_LOG, log.clone().into_os_string()));
+        }
+        if race.first {
+            env.push((env_vars::RACE_FIRST, "1".into()));
+        }
+        if race.stats {
+            env.push((env_vars::RACE_STATS, "1".into()));
+        }
+    }
+    env
+}
+
+/// Launches the job described by `config`, forwards its output to this
+/// process's stdout/stderr, and returns once every rank has been reaped.
+///
+/// Installs handlers for SIGINT, SIGTERM and SIGHUP for the duration (they are
+/// forwarded to the ranks), so call it from the process's main flow.
+pub fn run(config: &LaunchConfig) -> Result<JobOutcome, LaunchError> {
+    if !(1..=MAX_RANKS).contains(&config.ranks) {
+        return Err(LaunchError::InvalidRankCount(config.ranks));
+    }
+    let exe_dir = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(Path::to_path_buf));
+    let program = resolve_program(
+        &config.program,
+        exe_dir.as_deref(),
+        std::env::var_os("PATH").as_deref(),
+    )?;
+    let coord = pick_rendezvous_addr().map_err(LaunchError::NoFreePort)?;
+    let secret = generate_secret();
+    debug!(program = %program.display(), ranks = config.ranks, %coord, "launching job");
+
+    let (tx, rx) = mpsc::channel();
+    // Installed before the first spawn: a Ctrl-C that killed dsmrun with the
+    // default action would orphan ranks sitting in their own process groups.
+    let _signals = SignalWatch::install(tx.clone()).map_err(LaunchError::Signals)?;
+    let mut job = Job {
+        ranks: Vec::with_capacity(config.ranks),
+        rx,
+        race_exit_code: config.race.as_ref().and_then(RaceConfig::race_exit_code),
+        started: Instant::now(),
+    };
+    for rank in 0..config.ranks {
+        let started = spawn_rank(config, &program, rank, coord, &secret)
+            .map_err(|source| LaunchError::Spawn {
+                rank,
+                program: program.clone(),
+                source,
+            })
+            .and_then(|child| job.adopt(rank, child, &tx));
+        if let Err(err) = started {
+            job.abort();
+            return Err(err);
+        }
+    }
+    Ok(job.supervise(config.timeout))
+}
+
+fn spawn_rank(
+    config: &LaunchConfig,
+    program: &Path,
+    rank: usize,
+    coord: SocketAddr,
+    secret: &str,
+) -> io::Result<Child> {
+    let mut command = Command::new(program);
+    command.args(&config.args);
+    for var in env_vars::ALL {
+        command.env_remove(var);
+    }
+    command
+        .envs(child_env(config, rank, coord, secret))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Own group: one killpg then reaches the rank and everything it forked,
+        // and a terminal's Ctrl-C reaches only dsmrun, which stops the job in
+        // order instead of every process dying at once.
+        .process_group(0);
+    command.spawn()
+}
+
+enum Event {
+    Exited { rank: usize, status: RankStatus },
+    StreamClosed { rank: usize },
+    Signal(i32),
+}
+
+#[derive(Clone, Copy)]
+enum Sink {
+    Stdout,
+    Stderr,
+}
+
+impl Sink {
+    fn write_line(self, line: &[u8]) -> io::Result<()> {
+        // Holding the lock for the whole line is what keeps ranks from
+        // interleaving mid-line; flushing per line shows progress promptly.
+        match self {
+            Sink::Stdout => {
+                let mut out = io::stdout().lock();
+                out.write_all(line)?;
+                out.flush()
+            }
+            Sink::Stderr => {
+                let mut err = io::stderr().lock();
+                err.write_all(line)?;
+                err.flush()
+            }
+        }
+    }
+}
+
+/// Prints one `dsmrun: ...` line on stderr, under the same lock as the ranks'
+/// forwarded stderr lines.
+fn note(args: fmt::Arguments<'_>) {
+    let line = format!("{LAUNCHER_NAME}: {args}\n");
+    // Nothing sensible to do if stderr is gone.
+    let _ = Sink::Stderr.write_line(line.as_bytes());
+}
+
+/// Copies `source` to `sink` line by line with a `[rank] ` prefix. Works on
+/// bytes so non-UTF-8 output passes through unchanged.
+fn forward_lines(rank: usize, source: impl Read, sink: Sink) {
+    let prefix = format!("[{rank}] ");
+    let mut reader = BufReader::with_capacity(64 * 1024, source);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        line.extend_from_slice(prefix.as_bytes());
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(err) => {
+                debug!(rank, %err, "reading rank output failed");
+                return;
+            }
+        }
+        if line.last() != Some(&b'\n') {
+            line.push(b'\n');
+        }
+        if let Err(err) = sink.write_line(&line) {
+            // Our own output is gone (e.g. piped into `head`). Returning drops
+            // the pipe, so the rank sees EPIPE/SIGPIPE just as it would have
+            // writing there directly, instead of us draining it forever.
+            debug!(rank, %err, "forwarding rank output failed");
+            return;
+        }
+    }
+}
+
+fn spawn_thread(
+    rank: usize,
+    name: String,
+    body: impl FnOnce() + Send + 'static,
+) -> Result<JoinHandle<()>, LaunchError> {
+    thread::Builder::new()
+        .name(name)
+        .stack_size(THREAD_STACK)
+        .spawn(body)
+        .map_err(|source| LaunchError::Thread { rank, source })
+}
+
+/// Turns SIGINT/SIGTERM/SIGHUP into [`Event::Signal`]s until dropped.
+struct SignalWatch {
+    handle: signal_hook::iterator::Handle,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl SignalWatch {
+    fn install(tx: Sender<Event>) -> io::Result<Self> {
+        let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP])?;
+        let handle = signals.handle();
+        let thread = thread::Builder::new()
+            .name("dsmrun-signals".to_owned())
+            .stack_size(THREAD_STACK)
+            .spawn(move || {
+                for signal in signals.forever() {
+                    if tx.send(Event::Signal(signal)).is_err() {
+                        return;
+                    }
+                }
+            })?;
+        Ok(SignalWatch {
+            handle,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for SignalWatch {
+    fn drop(&mut self) {
+        self.handle.close();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+struct RankProc {
+    /// Also the process group id, thanks to `process_group(0)`.
+    pid: Pid,
+    status: Option<RankStatus>,
+    open_streams: u8,
+}
+
+struct Job {
+    ranks: Vec<RankProc>,
+    rx: Receiver<Event>,
+    race_exit_code: Option<i32>,
+    started: Instant,
+}
+
+/// Why the job is being stopped early; the first cause wins.
+enum StopCause {
+    RankFailed { rank: usize, status: RankStatus },
+    TimedOut(Duration),
+    Signal(i32),
+}
+
+struct Stopping {
+    cause: StopCause,
+    /// When to escalate to SIGKILL; `None` once SIGKILL has been sent.
+    kill_at: Option<Instant>,
+    /// After SIGKILL, when to stop waiting for ranks that still have not exited.
+    give_up_at: Option<Instant>,
+    /// What was sent first, for the escalation message.
+    first_signal: Signal,
+    grace: Duration,
+}
+
+impl Job {
+    /// Starts the waiter and output forwarders for a freshly spawned rank.
+    fn adopt(
+        &mut self,
+        rank: usize,
+        mut child: Child,
+        tx: &Sender<Event>,
+    ) -> Result<(), LaunchError> {
+        let pid = Pid::from_raw(i32::try_from(child.id()).expect("pids fit in i32"));
+        let stdout = child.stdout.take();
+        let stderr = child.stderr.take();
+        self.ranks.push(RankProc {
+            pid,
+            status: None,
+            open_streams: 0,
+        });
+        // The waiter comes first so a started rank is always reaped, even if
+        // starting a forwarder fails below.
+        let waiter_tx = tx.clone();
+        let waiter = spawn_thread(rank, format!("dsmrun-wait-{rank}"), move || {
+            let status = child.wait().map(RankStatus::from).unwrap_or_else(|err| {
+                warn!(rank, %err, "waiting for rank failed");
+                RankStatus::Unknown
+            });
+            let _ = waiter_tx.send(Event::Exited { rank, status });
+        });
+        if let Err(err) = waiter {
+            // Without a waiter nobody would report this rank's exit, so count
+            // it as gone and make sure it is.
+            signal_group(pid, Signal::SIGKILL);
+            self.ranks[rank].status = Some(RankStatus::Unknown);
+            return Err(err);
+        }
+        let streams = [
+            stdout.map(|s| Box::new(s) as Box<dyn Read + Send>),
+            stderr.map(|s| Box::new(s) as Box<dyn Read + Send>),
+        ];
+        for (source, (sink, kind)) in streams
+            .into_iter()
+            .zip([(Sink::Stdout, "out"), (Sink::Stderr, "err")])
+        {
+            let Some(source) = source else { continue };
+            let tx = tx.clone();
+            spawn_thread(rank, format!("dsmrun-{kind}-{rank}"), move || {
+                forward_lines(rank, source, sink);
+                let _ = tx.send(Event::StreamClosed { rank });
+            })?;
+            self.ranks[rank].open_streams += 1;
+        }
+        Ok(())
+    }
+
+    fn running(&self) -> usize {
+        self.ranks.iter().filter(|r| r.status.is_none()).count()
+    }
+
+    /// Signals every rank's process group, including those whose leader has
+    /// exited, because descendants they left behind are still in it.
+    fn signal_all(&self, signal: Signal) {
+        for rank in &self.ranks {
+            signal_group(rank.pid, signal);
+        }
+    }
+
+    fn handle_exit(&mut self, rank: usize, status: RankStatus) {
+        self.ranks[rank].status = Some(status);
+        debug!(rank, %status, elapsed = ?self.started.elapsed(), "rank ended");
+    }
+
+    /// Spawning failed part-way: kill what was started and reap it.
+    fn abort(&mut self) {
+        self.signal_all(Signal::SIGKILL);
+        let give_up = Instant::now() + KILL_GRACE;
+        while self.running() > 0 {
+            let left = give_up.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(Event::Exited { rank, status }) => self.handle_exit(rank, status),
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    }
+
+    fn begin_stop(&self, cause: StopCause, signal: Signal, grace: Duration) -> Stopping {
+        self.signal_all(signal);
+        Stopping {
+            cause,
+            kill_at: Some(Instant::now() + grace),
+            give_up_at: None,
+            first_signal: signal,
+            grace,
+        }
+    }
+
+    /// The last step of stopping: SIGKILL, then a bounded wait for the reaping.
+    fn kill_now(&self, stop: &mut Stopping, now: Instant) {
+        self.signal_all(Signal::SIGKILL);
+        stop.kill_at = None;
+        stop.give_up_at = Some(now + KILL_GRACE);
+    }
+
+    fn supervise(&mut self, timeout: Option<Duration>) -> JobOutcome {
+        let deadline = timeout.map(|t| self.started + t);
+        let mut stopping: Option<Stopping> = None;
+        let mut race_ranks = Vec::new();
+        while self.running() > 0 {
+            let now = Instant::now();
+            // Deadlines are checked on every pass, not only on recv timeouts,
+            // so a steady stream of events can never postpone them.
+            match &mut stopping {
+                None => {
+                    if let (Some(deadline), Some(timeout)) = (deadline, timeout) {
+                        if now >= deadline {
+                            note(format_args!(
+                                "job timed out after {} s; stopping all ranks",
+                                format_secs(timeout)
+                            ));
+                            stopping = Some(self.begin_stop(
+                                StopCause::TimedOut(timeout),
+                                Signal::SIGTERM,
+                                TERM_GRACE,
+                            ));
+                            continue;
+                        }
+                    }
+                }
+                Some(stop) => {
+                    if stop.kill_at.is_some_and(|at| now >= at) {
+                        let left = self.running();
+                        note(format_args!(
+                            "{left} {} still running {} s after {}; sending SIGKILL",
+                            plural(left, "rank", "ranks"),
+                            format_secs(stop.grace),
+                            stop.first_signal.as_str(),
+                        ));
+                        self.kill_now(stop, now);
+                        continue;
+                    }
+                    if stop.give_up_at.is_some_and(|at| now >= at) {
+                        let stuck: Vec<String> = self
+                            .ranks
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, r)| r.status.is_none())
+                            .map(|(rank, _)| rank.to_string())
+                            .collect();
+                        note(format_args!(
+                            "rank(s) {} did not exit even after SIGKILL; giving up on them",
+                            stuck.join(", ")
+                        ));
+                        break;
+                    }
+                }
+            }
+            let wake = match &stopping {
+                None => deadline,
+                Some(stop) => stop.kill_at.or(stop.give_up_at),
+            };
+            let event = match wake {
+                Some(at) => match self.rx.recv_timeout(at.saturating_duration_since(now)) {
+                    Ok(event) => event,
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => break,
+                },
+                None => match self.rx.recv() {
+                    Ok(event) => event,
+                    Err(_) => break,
+                },
+            };
+            match event {
+                Event::Exited { rank, status } => {
+                    self.handle_exit(rank, status);
+                    if stopping.is_some() || status.is_success() {
+                        // Exits after we started stopping the job are
+                        // consequences of that, not new failures.
+                        continue;
+                    }
+                    let others = self.running();
+                    if let RankStatus::Exited(code) = status {
+                        if Some(code) == self.race_exit_code {
+                            race_ranks.push(rank);
+                            if others > 0 {
+                                note(format_args!(
+                                    "rank {rank} exited with the race exit code {code} (data race found); waiting for the other {}",
+                                    plural(others, "rank", &format!("{others} ranks"))
+                                ));
+                            }
+                            continue;
+                        }
+                    }
+                    if others > 0 {
+                        note(format_args!(
+                            "rank {rank} {status}; stopping the other {}",
+                            plural(others, "rank", &format!("{others} ranks"))
+                        ));
+                    } else {
+                        note(format_args!("rank {rank} {status}"));
+                    }
+                    stopping = Some(self.begin_stop(
+                        StopCause::RankFailed { rank, status },
+                        Signal::SIGTERM,
+                        TERM_GRACE,
+                    ));
+                }
+                Event::StreamClosed { rank } => self.ranks[rank].open_streams -= 1,
+                Event::Signal(raw) => {
+                    let signal = Signal::try_from(raw).unwrap_or(Signal::SIGTERM);
+                    match &mut stopping {
+                        None => {
+                            let left = self.running();
+                            note(format_args!(
+                                "received {}; stopping all {left} running {}",
+                                signal.as_str(),
+                                plural(left, "rank", "ranks")
+                            ));
+                            stopping = Some(self.begin_stop(
+                                StopCause::Signal(raw),
+                                signal,
+                                INTERRUPT_GRACE,
+                            ));
+                        }
+                        // A second Ctrl-C means the user does not want to wait
+                        // out the grace period.
+                        Some(stop) if stop.kill_at.is_some() => {
+                            note(format_args!(
+                                "received {} again; killing the remaining ranks now",
+                                signal.as_str()
+                            ));
+                            self.kill_now(stop, now);
+                        }
+                        Some(_) => {}
+                    }
+                }
+            }
+        }
+        self.drain_output();
+        match stopping.map(|stop| stop.cause) {
+            Some(StopCause::RankFailed { rank, status }) => JobOutcome::RankFailed { rank, status },
+            Some(StopCause::TimedOut(after)) => JobOutcome::TimedOut { after },
+            Some(StopCause::Signal(signal)) => JobOutcome::Interrupted { signal },
+            None if !race_ranks.is_empty() => JobOutcome::RaceReported {
+                ranks: race_ranks,
+                exit_code: self
+                    .race_exit_code
+                    .and_then(|c| u8::try_from(c).ok())
+                    .unwrap_or(DEFAULT_RACE_EXIT_CODE),
+            },
+            None => JobOutcome::Success,
+        }
+    }
+
+    /// Waits, bounded, for the forwarders to hit end-of-file so the ranks'
+    /// last lines are printed before `dsmrun` exits.
+    fn drain_output(&mut self) {
+        let mut killed_leftovers = false;
+        let mut give_up = Instant::now() + DRAIN_GRACE;
+        while self.ranks.iter().any(|r| r.open_streams > 0) {
+            let now = Instant::now();
+            if now >= give_up {
+                if killed_leftovers {
+                    warn!("rank output pipes still open after killing leftovers; not waiting for them");
+                    return;
+                }
+                // The ranks are gone, so whatever still holds their pipes is a
+                // leftover descendant; the job is over, and so is it.
+                note(format_args!(
+                    "processes left behind by the ranks still hold their output open; killing them"
+                ));
+                for rank in self.ranks.iter().filter(|r| r.open_streams > 0) {
+                    signal_group(rank.pid, Signal::SIGKILL);
+                }
+                killed_leftovers = true;
+                give_up = now + DRAIN_GRACE;
+                continue;
+            }
+            match self.rx.recv_timeout(give_up - now) {
+                Ok(Event::StreamClosed { rank }) => self.ranks[rank].open_streams -= 1,
+                Ok(Event::Exited { rank, status }) => self.handle_exit(rank, status),
+                Ok(Event::Signal(_)) | Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+}
+
+/// Seconds the way a user would write them: `1`, `0.5`.
+fn format_secs(duration: Duration) -> String {
+    duration.as_secs_f64().to_string()
+}
+
+fn plural<'a>(count: usize, one: &'a str, many: &'a str) -> &'a str {
+    if count == 1 {
+        one
+    } else {
+        many
+    }
+}
+
+fn signal_group(pgid: Pid, signal: Signal) {
+    match killpg(pgid, signal) {
+        // The group is already empty: nothing left to stop.
+        Ok(()) | Err(Errno::ESRCH) => {}
+        Err(err) => warn!(%pgid, %signal, %err, "signalling a rank's process group failed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("4096K"), Ok(4096 * 1024));
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_size("3MB"), Ok(3 << 20));
+        assert_eq!(parse_size("1T"), Ok(1 << 40));
+        assert_eq!(parse_size(" 64k "), Ok(64 << 10));
+        assert_eq!(parse_size("10b"), Ok(10));
+        assert_eq!(parse_size("64 KiB"), Ok(64 << 10));
+    }
+
+    #[test]
+    fn bad_sizes_are_rejected_with_a_reason() {
+        assert_eq!(parse_size(""), Err(ValueError::EmptySize));
+        assert_eq!(parse_size("G"), Err(ValueError::NotASize("G".into())));
+        assert_eq!(parse_size("-1G"), Err(ValueError::NotASize("-1G".into())));
+        assert_eq!(parse_size("0"), Err(ValueError::ZeroSize));
+        assert_eq!(parse_size("0M"), Err(ValueError::ZeroSize));
+        assert_eq!(
+            parse_size("1.5G"),
+            Err(ValueError::FractionalSize("1.5G".into()))
+        );
+        assert!(matches!(
+            parse_size("12X"),
+            Err(ValueError::UnknownUnit { ref unit, .. }) if unit == "X"
+        ));
+        assert!(matches!(
+            parse_size("1 G B"),
+            Err(ValueError::UnknownUnit { .. })
+        ));
+        assert_eq!(
+            parse_size("99999999999999999999"),
+            Err(ValueError::SizeTooLarge("99999999999999999999".into()))
+        );
+        assert_eq!(
+            parse_size("16777216T"),
+            Err(ValueError::SizeTooLarge("16777216T".into()))
+        );
+        assert!(parse_size("12X").unwrap_err().to_string().contains("'X'"));
+    }
+
+    #[test]
+    fn seconds_parse_positive_numbers_only() {
+        assert_eq!(parse_seconds("1"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_seconds("0.5"), Ok(Duration::from_millis(500)));
+        for bad in ["0", "-1", "abc", "", "inf", "NaN", "1e300"] {
+            assert!(parse_seconds(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn signals_are_named() {
+        assert_eq!(signal_name(9), Some("SIGKILL"));
+        assert_eq!(signal_name(11), Some("SIGSEGV"));
+        assert_eq!(signal_name(0), None);
+        assert_eq!(signal_name(1000), None);
+    }
+
+    #[test]
+    fn statuses_describe_themselves_and_map_to_exit_codes() {
+        assert_eq!(RankStatus::Exited(3).to_string(), "exited with status 3");
+        let segv = RankStatus::Signaled {
+            signal: 11,
+            core_dumped: true,
+        };
+        assert_eq!(
+            segv.to_string(),
+            "was killed by signal 11 (SIGSEGV), core dumped"
+        );
+        assert_eq!(segv.failure_exit_code(), 139);
+        assert_eq!(RankStatus::Exited(2).failure_exit_code(), 1);
+        assert_eq!(JobOutcome::Interrupted { signal: 2 }.exit_code(), 130);
+        assert_eq!(
+            JobOutcome::TimedOut {
+                after: Duration::from_secs(1)
+            }
+            .exit_code(),
+            124
+        );
+        assert_eq!(
+            JobOutcome::RaceReported {
+                ranks: vec![1],
+                exit_code: 66
+            }
+            .exit_code(),
+            66
+        );
+        assert_eq!(JobOutcome::Success.exit_code(), 0);
+    }
+
+    #[test]
+    fn secrets_are_32_hex_chars_and_fresh() {
+        let a = generate_secret();
+        assert_eq!(a.len(), 32);
+        assert!(a.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_ne!(a, generate_secret());
+    }
+
+    #[test]
+    fn rendezvous_is_on_loopback_with_a_real_port() {
+        let addr = pick_rendezvous_addr().unwrap();
+        assert!(addr.ip().is_loopback());
+        assert_ne!(addr.port(), 0);
+    }
+
+    #[test]
+    fn child_env_has_the_job_and_optional_settings() {
+        let coord: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let mut config = LaunchConfig::new("app");
+        config.ranks = 4;
+        let env = child_env(&config, 2, coord, "ab");
+        let get = |env: &[(&str, OsString)], key: &str| {
+            env.iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| v.to_str().unwrap().to_owned())
+        };
+        assert_eq!(get(&env, "DSM_RANK").as_deref(), Some("2"));
+        assert_eq!(get(&env, "DSM_SIZE").as_deref(), Some("4"));
+        assert_eq!(get(&env, "DSM_COORD").as_deref(), Some("127.0.0.1:4000"));
+        assert_eq!(get(&env, "DSM_JOB_SECRET").as_deref(), Some("ab"));
+        assert_eq!(get(&env, "DSM_LAUNCHER").as_deref(), Some("dsmrun"));
+        assert_eq!(env.len(), 5);
+
+        config.segment_bytes = Some(1 << 20);
+        config.connect_timeout = Some(Duration::from_millis(7500));
+        config.race = Some(RaceConfig {
+            log: Some("/tmp/races.log".into()),
+            exit_code: 66,
+            first: true,
+            stats: false,
+        });
+        let env = child_env(&config, 0, coord, "ab");
+        assert_eq!(get(&env, "DSM_SEGMENT").as_deref(), Some("1048576"));
+        assert_eq!(get(&env, "DSM_CONNECT_TIMEOUT").as_deref(), Some("7.5"));
+        assert_eq!(get(&env, "DSM_RACE").as_deref(), Some("1"));
+        assert_eq!(get(&env, "DSM_RACE_EXIT_CODE").as_deref(), Some("66"));
+        assert_eq!(get(&env, "DSM_RACE_LOG").as_deref(), Some("/tmp/races.log"));
+        assert_eq!(get(&env, "DSM_RACE_FIRST").as_deref(), Some("1"));
+        assert_eq!(get(&env, "DSM_RACE_STATS"), None);
+        for (key, _) in &env {
+            assert!(env_vars::ALL.contains(key), "{key} missing from ALL");
+        }
+    }
+
+    fn make_file(path: &Path, mode: u32) {
+        fs::write(path, "#!/bin/sh\n").unwrap();
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    #[test]
+    fn programs_resolve_next_to_the_launcher_before_path() {
+        let exe_dir = tempfile::tempdir().unwrap();
+        let path_dir = tempfile::tempdir().unwrap();
+        make_file(&path_dir.path().join("app"), 0o755);
+        make_file(&path_dir.path().join("other"), 0o755);
+        let path_var = std::env::join_paths([path_dir.path()]).unwrap();
+
+        let found = resolve_program("app".as_ref(), Some(exe_dir.path()), Some(&path_var));
+        assert_eq!(found.unwrap(), path_dir.path().join("app"));
+
+        make_file(&exe_dir.path().join("app"), 0o755);
+        let found = resolve_program("app".as_ref(), Some(exe_dir.path()), Some(&path_var));
+        assert_eq!(found.unwrap(), exe_dir.path().join("app"));
+
+        // A directory with the program's name does not hide the real one.
+        fs::create_dir(exe_dir.path().join("other")).unwrap();
+        let found = resolve_program("other".as_ref(), Some(exe_dir.path()), Some(&path_var));
+        assert_eq!(found.unwrap(), path_dir.path().join("other"));
+    }
+
+    #[test]
+    fn missing_and_unexecutable_programs_are_told_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path_var = std::env::join_paths([dir.path()]).unwrap();
+        let err = resolve_program(
+            "nope".as_ref(),
+            Some(Path::new("/opt/dsm/bin")),
+            Some(&path_var),
+        )
+        .unwrap_err();
+        assert_eq!(err.exit_code(), 127);
+        assert_eq!(
+            err.to_string(),
+            "cannot find program 'nope' (looked in /opt/dsm/bin and on PATH)"
+        );
+
+        make_file(&dir.path().join("plain"), 0o644);
+        let err = resolve_program("plain".as_ref(), None, Some(&path_var)).unwrap_err();
+        assert_eq!(err.exit_code(), 126);
+        let err = resolve_program(dir.path().join("plain").as_os_str(), None, None).unwrap_err();
+        assert_eq!(err.exit_code(), 126);
+        let err = resolve_program(dir.path().as_os_str(), None, None).unwrap_err();
+        assert_eq!(err.exit_code(), 126);
+        assert!(err.to_string().contains("directory"));
+        let err = resolve_program(dir.path().join("gone").as_os_str(), None, None).unwrap_err();
+        assert_eq!(err.exit_code(), 127);
+        let err = resolve_program("".as_ref(), None, None).unwrap_err();
+        assert_eq!(err.exit_code(), 127);
+    }
+}

@@ -1,0 +1,715 @@
+//! End-to-end tests of the `dsmrun` binary: real processes, with small shell
+//! scripts as the program, checking environment, output forwarding, failure,
+//! timeout and signal handling, and exit codes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsStr;
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tempfile::TempDir;
+
+/// Far above anything a passing test needs; only there so a hung dsmrun fails
+/// the test instead of the whole run.
+const WATCHDOG: Duration = Duration::from_secs(20);
+
+struct Finished {
+    code: Option<i32>,
+    stdout: Vec<u8>,
+    stderr: String,
+    elapsed: Duration,
+}
+
+impl Finished {
+    fn stdout_lines(&self) -> Vec<String> {
+        String::from_utf8_lossy(&self.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+impl std::fmt::Debug for Finished {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {:?} after {:?}\n--- stdout ---\n{}--- stderr ---\n{}",
+            self.code,
+            self.elapsed,
+            String::from_utf8_lossy(&self.stdout),
+            self.stderr
+        )
+    }
+}
+
+fn dsmrun() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dsmrun"));
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+fn start(mut cmd: Command) -> Running {
+    let started = Instant::now();
+    let mut child = cmd.spawn().expect("start dsmrun");
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let stdout = thread::spawn(move || {
+        let mut buf = Vec::new();
+        out.read_to_end(&mut buf).unwrap();
+        buf
+    });
+    let stderr = thread::spawn(move || {
+        let mut buf = Vec::new();
+        err.read_to_end(&mut buf).unwrap();
+        buf
+    });
+    Running {
+        child,
+        started,
+        stdout,
+        stderr,
+    }
+}
+
+struct Running {
+    child: Child,
+    started: Instant,
+    stdout: thread::JoinHandle<Vec<u8>>,
+    stderr: thread::JoinHandle<Vec<u8>>,
+}
+
+impl Running {
+    fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.id() as i32)
+    }
+
+    fn finish(mut self) -> Finished {
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if self.started.elapsed() > WATCHDOG {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("dsmrun did not finish within {WATCHDOG:?}");
+            }
+            thread::sleep(Duration::from_millis(10));
+        };
+        let elapsed = self.started.elapsed();
+        Finished {
+            code: status.code(),
+            stdout: self.stdout.join().unwrap(),
+            stderr: String::from_utf8_lossy(&self.stderr.join().unwrap()).into_owned(),
+            elapsed,
+        }
+    }
+}
+
+fn run<I, S>(args: I) -> Finished
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut cmd = dsmrun();
+    cmd.args(args);
+    start(cmd).finish()
+}
+
+/// Writes an executable `#!/bin/sh` script and returns its path.
+fn script(dir: &TempDir, name: &str, body: &str) -> PathBuf {
+    let path = dir.path().join(name);
+    fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// Polls until `path` holds a pid (scripts write it atomically with `mv`).
+fn wait_for_pid(path: &Path) -> Pid {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(text) = fs::read_to_string(path) {
+            if let Ok(pid) = text.trim().parse() {
+                return Pid::from_raw(pid);
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// True once `pid` has exited. A killed grandchild is reparented and stays a
+/// zombie until its new parent reaps it, which counts as gone.
+fn is_gone(pid: Pid) -> bool {
+    if kill(pid, None::<Signal>) == Err(Errno::ESRCH) {
+        return true;
+    }
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| {
+            // The state follows the parenthesised command name.
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('Z'))
+        })
+        .unwrap_or(true)
+}
+
+/// Parses `[r] KEY=VALUE KEY=VALUE ...` lines into one map per rank.
+fn env_report(out: &Finished) -> BTreeMap<usize, BTreeMap<String, String>> {
+    let mut ranks = BTreeMap::new();
+    for line in out.stdout_lines() {
+        let (prefix, rest) = line.split_once("] ").expect("prefixed line");
+        let rank: usize = prefix.strip_prefix('[').unwrap().parse().unwrap();
+        let vars = rest
+            .split_whitespace()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        assert!(ranks.insert(rank, vars).is_none(), "rank {rank} twice");
+    }
+    ranks
+}
+
+const PRINT_ENV: &str = r#"echo "DSM_RANK=${DSM_RANK-<unset>} DSM_SIZE=${DSM_SIZE-<unset>} DSM_COORD=${DSM_COORD-<unset>} DSM_JOB_SECRET=${DSM_JOB_SECRET-<unset>} DSM_LAUNCHER=${DSM_LAUNCHER-<unset>} DSM_SEGMENT=${DSM_SEGMENT-<unset>} DSM_CONNECT_TIMEOUT=${DSM_CONNECT_TIMEOUT-<unset>} DSM_RACE=${DSM_RACE-<unset>} DSM_RACE_LOG=${DSM_RACE_LOG-<unset>} DSM_RACE_EXIT_CODE=${DSM_RACE_EXIT_CODE-<unset>} DSM_RACE_FIRST=${DSM_RACE_FIRST-<unset>} DSM_RACE_STATS=${DSM_RACE_STATS-<unset>}""#;
+
+#[test]
+fn ranks_get_distinct_ranks_and_a_shared_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = script(&dir, "env.sh", PRINT_ENV);
+    let first = run([OsStr::new("-n"), OsStr::new("4"), prog.as_os_str()]);
+    assert_eq!(first.code, Some(0), "{first:?}");
+    let ranks = env_report(&first);
+    assert_eq!(ranks.keys().copied().collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+    for (rank, vars) in &ranks {
+        assert_eq!(vars["DSM_RANK"], rank.to_string(), "{first:?}");
+        assert_eq!(vars["DSM_SIZE"], "4");
+        assert_eq!(vars["DSM_LAUNCHER"], "dsmrun");
+        // Options not given leave their variables unset.
+        for unset in [
+            "DSM_SEGMENT",
+            "DSM_CONNECT_TIMEOUT",
+            "DSM_RACE",
+            "DSM_RACE_LOG",
+            "DSM_RACE_EXIT_CODE",
+            "DSM_RACE_FIRST",
+            "DSM_RACE_STATS",
+        ] {
+            assert_eq!(vars[unset], "<unset>", "{unset} set: {first:?}");
+        }
+    }
+    let shared = |key: &str| {
+        let values: BTreeSet<&String> = ranks.values().map(|v| &v[key]).collect();
+        assert_eq!(values.len(), 1, "{key} differs between ranks: {first:?}");
+        values.into_iter().next().unwrap().clone()
+    };
+    let coord = shared("DSM_COORD");
+    let (host, port) = coord.split_once(':').unwrap();
+    assert_eq!(host, "127.0.0.1");
+    assert_ne!(port.parse::<u16>().unwrap(), 0);
+    let secret = shared("DSM_JOB_SECRET");
+    assert_eq!(secret.len(), 32);
+    assert!(secret.bytes().all(|b| b.is_ascii_hexdigit()), "{secret}");
+
+    let second = run([prog.as_os_str()]);
+    assert_eq!(second.code, Some(0), "{second:?}");
+    assert_ne!(env_report(&second)[&0]["DSM_JOB_SECRET"], secret);
+}
+
+#[test]
+fn options_become_environment_and_inherited_values_are_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = script(&dir, "env.sh", PRINT_ENV);
+    let mut cmd = dsmrun();
+    cmd.current_dir(dir.path())
+        // Left over from an outer job: must not reach the ranks.
+        .env("DSM_RACE_STATS", "1")
+        .env("DSM_RANK", "7")
+        .args(["-n", "2", "--segment", "512M", "--connect-timeout", "2.5"])
+        .args(["--race-log", "races.log", "--race-first"])
+        .arg(&prog);
+    let out = start(cmd).finish();
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let ranks = env_report(&out);
+    let log = dir.path().join("races.log");
+    for (rank, vars) in &ranks {
+        assert_eq!(vars["DSM_RANK"], rank.to_string());
+        assert_eq!(vars["DSM_SEGMENT"], (512u64 << 20).to_string());
+        assert_eq!(vars["DSM_CONNECT_TIMEOUT"], "2.5");
+        // --race-log/--race-first imply --race.
+        assert_eq!(vars["DSM_RACE"], "1");
+        assert_eq!(vars["DSM_RACE_EXIT_CODE"], "66");
+        assert_eq!(Path::new(&vars["DSM_RACE_LOG"]), log);
+        assert_eq!(vars["DSM_RACE_FIRST"], "1");
+        assert_eq!(vars["DSM_RACE_STATS"], "<unset>", "{out:?}");
+    }
+}
+
+#[test]
+fn output_is_prefixed_per_line_on_the_right_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = script(
+        &dir,
+        "talk.sh",
+        r#"echo "out one $DSM_RANK"
+echo "err $DSM_RANK" >&2
+echo "out two $DSM_RANK"
+printf '\377\376 raw\n'
+printf 'no newline'"#,
+    );
+    let out = run([OsStr::new("-n"), OsStr::new("3"), prog.as_os_str()]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    for rank in 0..3 {
+        let rank_lines: Vec<&[u8]> = out
+            .stdout
+            .split(|&b| b == b'\n')
+            .filter(|l| l.starts_with(format!("[{rank}] ").as_bytes()))
+            .collect();
+        let expected: Vec<Vec<u8>> = vec![
+            format!("[{rank}] out one {rank}").into_bytes(),
+            format!("[{rank}] out two {rank}").into_bytes(),
+            [format!("[{rank}] ").as_bytes(), b"\xff\xfe raw"].concat(),
+            format!("[{rank}] no newline").into_bytes(),
+        ];
+        assert_eq!(rank_lines, expected, "{out:?}");
+        assert!(
+            out.stderr
+                .lines()
+                .any(|l| l == format!("[{rank}] err {rank}")),
+            "{out:?}"
+        );
+    }
+    // 4 lines per rank and a newline added after the partial last line.
+    assert_eq!(out.stdout.iter().filter(|&&b| b == b'\n').count(), 12);
+    assert!(out.stdout.ends_with(b"\n"));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("err"));
+}
+
+#[test]
+fn arguments_after_program_pass_through_verbatim() {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = script(
+        &dir,
+        "args.sh",
+        r#"for a in "$@"; do printf '<%s>\n' "$a"; done"#,
+    );
+    let out = run([
+        OsStr::new("-n"),
+        OsStr::new("2"),
+        prog.as_os_str(),
+        OsStr::new("--timeout"),
+        OsStr::new("5"),
+        OsStr::new("-n"),
+        OsStr::new("3"),
+        OsStr::new("--"),
+        OsStr::new("a b"),
+        OsStr::new(""),
+        OsStr::new("--help"),
+    ]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let expected = ["--timeout", "5", "-n", "3", "--", "a b", "", "--help"];
+    for rank in 0..2 {
+        let got: Vec<String> = out
+            .stdout_lines()
+            .iter()
+            .filter_map(|l| l.strip_prefix(&format!("[{rank}] ")))
+            .map(|l| l.trim_start_matches('<').trim_end_matches('>').to_owned())
+            .collect();
+        assert_eq!(got, expected, "{out:?}");
+    }
+}
+
+#[test]
+fn failing_rank_stops_the_job_and_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    // Ranks other than 2 run a background grandchild too, to check that the
+    // whole process group is stopped, not just the rank itself.
+    let prog = script(
+        &dir,
+        "fail.sh",
+        &format!(
+            r#"if [ "$DSM_RANK" = 2 ]; then
+  while [ ! -f {dir}/child.0 ] || [ ! -f {dir}/child.1 ] || [ ! -f {dir}/child.3 ]; do sleep 0.05; done
+  echo "rank two failing" >&2
+  exit 3
+fi
+sleep 60 &
+echo $! > {dir}/tmp.$DSM_RANK && mv {dir}/tmp.$DSM_RANK {dir}/child.$DSM_RANK
+wait"#,
+            dir = dir.path().display()
+        ),
+    );
+    let out = run([OsStr::new("-n"), OsStr::new("4"), prog.as_os_str()]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.elapsed < Duration::from_secs(10), "{out:?}");
+    assert!(
+        out.stderr
+            .contains("dsmrun: rank 2 exited with status 3; stopping the other 3 ranks"),
+        "{out:?}"
+    );
+    assert!(out.stderr.contains("[2] rank two failing"), "{out:?}");
+    // Only the first failure is reported as a cause.
+    assert_eq!(out.stderr.matches("dsmrun: rank").count(), 1, "{out:?}");
+    for rank in [0, 1, 3] {
+        let pid = wait_for_pid(&dir.path().join(format!("child.{rank}")));
+        assert!(is_gone(pid), "rank {rank}'s child {pid} survived: {out:?}");
+    }
+}
+
+#[test]
+fn rank_killed_by_signal_is_named_and_mapped_to_128_plus_signal() {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = script(
+        &dir,
+        "kill.sh",
+        r#"if [ "$DSM_RANK" = 1 ]; then kill -9 $$; fi
+exec sleep 60"#,
+    );
+    let out = run([OsStr::new("-n"), OsStr::new("3"), prog.as_os_str()]);
+    assert_eq!(out.code, Some(137), "{out:?}");
+    assert!(out.elapsed < Duration::from_secs(10), "{out:?}");
+    assert!(
+        out.stderr.contains(
+            "dsmrun: rank 1 was killed by signal 9 (SIGKILL); stopping the other 2 ranks"
+        ),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn ranks_ignoring_sigterm_are_killed_after_the_grace_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = script(
+        &dir,
+        "stubborn.sh",
+        &format!(
+            r#"if [ "$DSM_RANK" = 0 ]; then
+  while [ ! -f {dir}/ready ]; do sleep 0.05; done
+  exit 5
+fi
+trap '' TERM
+touch {dir}/ready
+sleep 60"#,
+            dir = dir.path().display()
+        ),
+    );
+    let out = run([OsStr::new("-n"), OsStr::new("2"), prog.as_os_str()]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stderr.contains("rank 0 exited with status 5"),
+        "{out:?}"
+    );
+    assert!(out.stderr.contains("sending SIGKILL"), "{out:?}");
+    // SIGTERM is ignored, so this takes the 2 s grace period, and not much more.
+    assert!(out.elapsed >= Duration::from_millis(1900), "{out:?}");
+    assert!(out.elapsed < Duration::from_secs(10), "{out:?}");
+}
+
+#[test]
+fn timeout_stops_all_ranks_with_124() {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = script(&dir, "sleep.sh", "sleep 60");
+    let out = run([
+        OsStr::new("-n"),
+        OsStr::new("2"),
+        OsStr::new("--timeout"),
+        OsStr::new("1"),
+        prog.as_os_str(),
+    ]);
+    assert_eq!(out.code, Some(124), "{out:?}");
+    assert!(
+        out.stderr
+            .contains("dsmrun: job timed out after 1 s; stopping all ranks"),
+        "{out:?}"
+    );
+    assert!(out.elapsed >= Duration::from_millis(900), "{out:?}");
+    assert!(out.elapsed < Duration::from_secs(8), "{out:?}");
+}
+
+#[test]
+fn all_ranks_succeeding_exits_0_even_with_a_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = script(&dir, "ok.sh", "echo fine");
+    let out = run([
+        OsStr::new("-n"),
+        OsStr::new("3"),
+        OsStr::new("--timeout"),
+        OsStr::new("30"),
+        prog.as_os_str(),
+    ]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.elapsed < Duration::from_secs(5), "{out:?}");
+    assert_eq!(out.stdout_lines().len(), 3, "{out:?}");
+    assert!(!out.stderr.contains("dsmrun:"), "{out:?}");
+}
+
+#[test]
+fn race_exit_code_waits_for_the_others_and_is_returned() {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = script(
+        &dir,
+        "race.sh",
+        r#"if [ "$DSM_RANK" = 1 ]; then echo "race found"; exit 66; fi
+sleep 0.5
+echo "done $DSM_RACE_EXIT_CODE""#,
+    );
+    let out = run([
+        OsStr::new("-n"),
+        OsStr::new("3"),
+        OsStr::new("--race"),
+        prog.as_os_str(),
+    ]);
+    assert_eq!(out.code, Some(66), "{out:?}");
+    let lines = out.stdout_lines();
+    // The other ranks were not stopped early: they finished their work.
+    assert!(lines.contains(&"[0] done 66".to_owned()), "{out:?}");
+    assert!(lines.contains(&"[2] done 66".to_owned()), "{out:?}");
+    assert!(lines.contains(&"[1] race found".to_owned()), "{out:?}");
+    assert!(!out.stderr.contains("stopping"), "{out:?}");
+}
+
+#[test]
+fn race_exit_code_is_a_failure_without_race() {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = script(
+        &dir,
+        "race.sh",
+        r#"if [ "$DSM_RANK" = 1 ]; then exit 66; fi
+exec sleep 60"#,
+    );
+    let out = run([OsStr::new("-n"), OsStr::new("2"), prog.as_os_str()]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.elapsed < Duration::from_secs(10), "{out:?}");
+    assert!(
+        out.stderr
+            .contains("dsmrun: rank 1 exited with status 66; stopping the other rank"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn race_exit_code_0_turns_the_convention_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = script(
+        &dir,
+        "race.sh",
+        r#"echo "code=$DSM_RACE_EXIT_CODE"; exit 66"#,
+    );
+    let out = run([
+        OsStr::new("--race-exit-code"),
+        OsStr::new("0"),
+        prog.as_os_str(),
+    ]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stdout_lines().contains(&"[0] code=0".to_owned()),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn sigint_stops_the_children_and_exits_130() {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = script(
+        &dir,
+        "wait.sh",
+        &format!(
+            "echo $$ > {dir}/tmp.$DSM_RANK && mv {dir}/tmp.$DSM_RANK {dir}/pid.$DSM_RANK\nexec sleep 60",
+            dir = dir.path().display()
+        ),
+    );
+    let mut cmd = dsmrun();
+    cmd.args(["-n", "3"]).arg(&prog);
+    let job = start(cmd);
+    let pids: Vec<Pid> = (0..3)
+        .map(|rank| wait_for_pid(&dir.path().join(format!("pid.{rank}"))))
+        .collect();
+    assert!(pids.iter().all(|&pid| !is_gone(pid)));
+    let interrupted = Instant::now();
+    kill(job.pid(), Signal::SIGINT).unwrap();
+    let out = job.finish();
+    assert_eq!(out.code, Some(130), "{out:?}");
+    assert!(interrupted.elapsed() < Duration::from_secs(10), "{out:?}");
+    assert!(out.stderr.contains("received SIGINT"), "{out:?}");
+    for pid in pids {
+        assert!(is_gone(pid), "rank process {pid} lingers: {out:?}");
+    }
+}
+
+#[test]
+fn program_is_found_on_path_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    script(&dir, "dsm-test-hello", "echo hello");
+    let path = std::env::join_paths(std::iter::once(dir.path().to_path_buf()).chain(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+    ))
+    .unwrap();
+    let mut cmd = dsmrun();
+    cmd.env("PATH", path).arg("dsm-test-hello");
+    let out = start(cmd).finish();
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout_lines(), vec!["[0] hello".to_owned()]);
+}
+
+#[test]
+fn unknown_program_exits_127_naming_where_it_looked() {
+    let out = run(["-n", "2", "dsm-surely-no-such-program", "--flag"]);
+    assert_eq!(out.code, Some(127), "{out:?}");
+    let exe_dir = Path::new(env!("CARGO_BIN_EXE_dsmrun")).parent().unwrap();
+    assert_eq!(
+        out.stderr.trim_end(),
+        format!(
+            "dsmrun: cannot find program 'dsm-surely-no-such-program' (looked in {} and on PATH)",
+            exe_dir.display()
+        ),
+        "{out:?}"
+    );
+
+    let out = run(["./no/such/path"]);
+    assert_eq!(out.code, Some(127), "{out:?}");
+    assert!(out.stderr.contains("'./no/such/path'"), "{out:?}");
+}
+
+#[test]
+fn non_executable_program_exits_126() {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = dir.path().join("plain.sh");
+    fs::write(&prog, "#!/bin/sh\necho hi\n").unwrap();
+    fs::set_permissions(&prog, fs::Permissions::from_mode(0o644)).unwrap();
+    let out = run([prog.as_os_str()]);
+    assert_eq!(out.code, Some(126), "{out:?}");
+    assert!(out.stderr.contains("not executable"), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+}
+
+#[test]
+fn bad_command_lines_are_clear_errors() {
+    for (args, needle) in [
+        (vec!["-n", "0", "true"], "'0'"),
+        (vec!["-n", "257", "true"], "'257'"),
+        (vec!["-n", "two", "true"], "'two'"),
+        (vec!["--segment", "lots", "true"], "'lots'"),
+        (vec!["--segment", "1.5G", "true"], "fractional"),
+        (vec!["--segment", "0", "true"], "greater than zero"),
+        (
+            vec!["--timeout", "-1", "true"],
+            "'-1' is not a number of seconds",
+        ),
+        (vec!["--timeout", "0", "true"], "--timeout"),
+        (
+            vec!["--connect-timeout", "soon", "true"],
+            "--connect-timeout",
+        ),
+        (vec!["--race-exit-code", "300", "true"], "--race-exit-code"),
+        (vec!["--no-such-option", "true"], "--no-such-option"),
+        (vec![], "PROGRAM"),
+    ] {
+        let out = run(&args);
+        assert_eq!(out.code, Some(2), "{args:?}: {out:?}");
+        assert!(out.stderr.contains(needle), "{args:?}: {out:?}");
+        assert!(out.stdout.is_empty(), "{args:?}: {out:?}");
+    }
+}
+
+#[test]
+fn help_documents_options_environment_and_exit_codes() {
+    let out = run(["--help"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let help = String::from_utf8(out.stdout).unwrap();
+    for needle in [
+        "-n <N>",
+        "--segment",
+        "--timeout",
+        "--connect-timeout",
+        "--race-log",
+        "--race-exit-code",
+        "--race-first",
+        "--race-stats",
+        "implies --race",
+        "DSM_RANK",
+        "DSM_SIZE",
+        "DSM_COORD",
+        "DSM_JOB_SECRET",
+        "DSM_LAUNCHER",
+        "DSM_SEGMENT",
+        "DSM_CONNECT_TIMEOUT",
+        "DSM_RACE_LOG",
+        "DSM_RACE_EXIT_CODE",
+        "DSM_RACE_FIRST",
+        "DSM_RACE_STATS",
+        "124",
+        "126",
+        "127",
+        "128+S",
+        "130",
+    ] {
+        assert!(help.contains(needle), "--help lacks {needle}:\n{help}");
+    }
+}
+
+#[test]
+fn program_the_kernel_cannot_execute_exits_126() {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = dir.path().join("garbage");
+    fs::write(&prog, "not a program\n").unwrap();
+    fs::set_permissions(&prog, fs::Permissions::from_mode(0o755)).unwrap();
+    let out = run([OsStr::new("-n"), OsStr::new("2"), prog.as_os_str()]);
+    assert_eq!(out.code, Some(126), "{out:?}");
+    assert!(out.stderr.contains("cannot start rank 0"), "{out:?}");
+}
+
+#[test]
+fn second_sigint_kills_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = script(
+        &dir,
+        "deaf.sh",
+        &format!(
+            "trap '' INT\ntouch {dir}/ready.$DSM_RANK\nsleep 60",
+            dir = dir.path().display()
+        ),
+    );
+    let mut cmd = dsmrun();
+    cmd.args(["-n", "2"]).arg(&prog);
+    let job = start(cmd);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(0..2).all(|r| dir.path().join(format!("ready.{r}")).exists()) {
+        assert!(Instant::now() < deadline, "ranks never started");
+        thread::sleep(Duration::from_millis(10));
+    }
+    let interrupted = Instant::now();
+    kill(job.pid(), Signal::SIGINT).unwrap();
+    thread::sleep(Duration::from_millis(200));
+    kill(job.pid(), Signal::SIGINT).unwrap();
+    let out = job.finish();
+    assert_eq!(out.code, Some(130), "{out:?}");
+    // Well inside the 3 s grace period a single SIGINT would have waited.
+    assert!(
+        interrupted.elapsed() < Duration::from_millis(2500),
+        "{out:?}"
+    );
+    assert!(out.stderr.contains("received SIGINT again"), "{out:?}");
+}
+
+#[test]
+fn ranks_read_stdin_from_dev_null() {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = script(&dir, "stdin.sh", "readlink /proc/$$/fd/0; cat");
+    let mut cmd = dsmrun();
+    // dsmrun's own stdin is an open pipe: a rank inheriting it would hang in cat.
+    cmd.stdin(Stdio::piped()).arg(&prog);
+    let out = start(cmd).finish();
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout_lines(), vec!["[0] /dev/null".to_owned()]);
+}

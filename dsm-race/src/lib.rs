@@ -1,0 +1,17 @@
+//! Data-race detection for dsm, after Perkovic & Keleher, "Online Data-Race Detection via
+//! Coherency Guarantees": accesses are recorded into per-page bitmaps for the current
+//! interval ([`record`]); at each barrier the master finds concurrent interval pairs from
+//! their vector timestamps, narrows them to pages where one writes and the other reads or
+//! writes, fetches exactly those bitmaps and compares them ([`detect`]); races are printed
+//! and logged ([`report`]). Everything here is sans-I/O: the DSM moves the data.
+#![forbid(unsafe_code)]
+
+pub mod detect;
+pub mod record;
+pub mod report;
+
+pub use detect::{
+    first_races, plan, Access, Bitmaps, Plan, PlanStats, Race, RaceKind, VarInfo, VarTable,
+};
+pub use record::{granule_shift, AllocShadow, RecordStats, Recorder};
+pub use report::{Point, Reporter};

@@ -1,0 +1,446 @@
+//! Access recording. Every access through the typed API marks the granules it touches in a
+//! per-allocation shadow bitmap (one read and one write bit per granule) and flags the page
+//! as read or written in the current interval. At interval end the flagged pages become
+//! the interval's read and write notices, their bitmaps move to the epoch store (where the
+//! barrier master may ask for them) and the shadow is cleared. The epoch store is emptied
+//! at every barrier, so memory is bounded by one epoch.
+//!
+//! The granule of an allocation is the largest power of two, at most 8 bytes, dividing its
+//! element size: two different elements never share a granule (so neighbouring `u8`
+//! elements are told apart) while an `f64` costs one bit, not eight.
+//!
+//! The hot path (`read`/`write` of one element) is a flag test and one word OR; the first
+//! touch of a page in an interval takes an out-of-line path. Nothing allocates per access.
+
+use dsm_net::{AccessKind, BitmapKey, EncodedBitmap, PageNo, PageRuns, RaceNotices};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+
+pub const PAGE_SIZE: usize = 4096;
+const PAGE_SHIFT: usize = 12;
+const READ: u8 = 1;
+const WRITE: u8 = 2;
+
+/// Granule shift for an element size: log2 of the largest power of two <= 8 dividing it.
+pub fn granule_shift(elem_size: usize) -> u32 {
+    if elem_size == 0 {
+        return 0;
+    }
+    elem_size.trailing_zeros().min(3)
+}
+
+/// The shadow of one allocation (allocations are page-aligned).
+pub struct AllocShadow {
+    first_page: PageNo,
+    shift: u32,
+    words_per_page: usize,
+    read: Vec<Cell<u64>>,
+    write: Vec<Cell<u64>>,
+    flags: Vec<Cell<u8>>,
+    touched: RefCell<Vec<u32>>,
+}
+
+impl AllocShadow {
+    fn new(first_page: PageNo, bytes: usize, elem_size: usize) -> Self {
+        let pages = bytes.div_ceil(PAGE_SIZE).max(1);
+        let shift = granule_shift(elem_size);
+        let words_per_page = (PAGE_SIZE >> shift) / 64;
+        AllocShadow {
+            first_page,
+            shift,
+            words_per_page,
+            read: vec![Cell::new(0); pages * words_per_page],
+            write: vec![Cell::new(0); pages * words_per_page],
+            flags: vec![Cell::new(0); pages],
+            touched: RefCell::new(Vec::new()),
+        }
+    }
+
+    pub fn granule_shift(&self) -> u32 {
+        self.shift
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn first_touch(&self, page: usize, kind: u8) {
+        let f = &self.flags[page];
+        if f.get() == 0 {
+            self.touched.borrow_mut().push(page as u32);
+        }
+        f.set(f.get() | kind);
+    }
+
+    #[inline(always)]
+    fn flag_pages(&self, first_byte: usize, last_byte: usize, kind: u8) {
+        let (p0, p1) = (first_byte >> PAGE_SHIFT, last_byte >> PAGE_SHIFT);
+        if self.flags[p0].get() & kind == 0 {
+            self.first_touch(p0, kind);
+        }
+        if p1 != p0 {
+            for p in p0 + 1..=p1 {
+                if self.flags[p].get() & kind == 0 {
+                    self.first_touch(p, kind);
+                }
+            }
+        }
+    }
+
+    /// Sets bits `g0..g1` of a flat bitmap.
+    #[inline(always)]
+    fn set_bits(bits: &[Cell<u64>], g0: usize, g1: usize) {
+        let (w0, w1) = (g0 >> 6, (g1 - 1) >> 6);
+        if w0 == w1 {
+            let n = g1 - g0;
+            let mask = if n == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << n) - 1) << (g0 & 63)
+            };
+            bits[w0].set(bits[w0].get() | mask);
+        } else {
+            bits[w0].set(bits[w0].get() | (u64::MAX << (g0 & 63)));
+            for w in &bits[w0 + 1..w1] {
+                w.set(u64::MAX);
+            }
+            let tail = g1 - (w1 << 6);
+            let mask = if tail == 64 {
+                u64::MAX
+            } else {
+                (1u64 << tail) - 1
+            };
+            bits[w1].set(bits[w1].get() | mask);
+        }
+    }
+
+    #[inline(always)]
+    fn mark(&self, kind: u8, offset: usize, len: usize) {
+        if len == 0 {
+            return;
+        }
+        let last = offset + len - 1;
+        self.flag_pages(offset, last, kind);
+        let bits = if kind == READ {
+            &self.read
+        } else {
+            &self.write
+        };
+        Self::set_bits(bits, offset >> self.shift, (last >> self.shift) + 1);
+    }
+
+    /// Records a read of `len` bytes at byte `offset` of the allocation.
+    #[inline(always)]
+    pub fn read(&self, offset: usize, len: usize) {
+        self.mark(READ, offset, len);
+    }
+
+    /// Records a write of `len` bytes at byte `offset` of the allocation.
+    #[inline(always)]
+    pub fn write(&self, offset: usize, len: usize) {
+        self.mark(WRITE, offset, len);
+    }
+
+    /// Records accesses to `count` elements of `elem` bytes, `stride` bytes apart, from
+    /// byte `offset`. Regular patterns are written a word at a time.
+    pub fn strided(&self, write: bool, offset: usize, elem: usize, stride: usize, count: usize) {
+        if count == 0 || elem == 0 {
+            return;
+        }
+        let kind = if write { WRITE } else { READ };
+        if stride == elem {
+            return self.mark(kind, offset, elem * count);
+        }
+        let last = offset + stride * (count - 1) + elem - 1;
+        self.flag_pages(offset, last, kind);
+        let bits = if write { &self.write } else { &self.read };
+        let s = self.shift;
+        let period = stride >> s;
+        let width = ((offset + elem - 1) >> s) - (offset >> s) + 1;
+        let aligned = stride.is_multiple_of(1 << s) && offset.is_multiple_of(1 << s);
+        if aligned && period > 0 && 64 % period == 0 && width < period && count >= 16 {
+            // The bit pattern repeats every word: build it once and OR whole words.
+            let g0 = offset >> s;
+            let g_end = (last >> s) + 1;
+            let mut pattern = 0u64;
+            let mut b = g0 % period;
+            while b < 64 {
+                pattern |= ((1u64 << width) - 1) << b;
+                b += period;
+            }
+            let (w0, w1) = (g0 >> 6, (g_end - 1) >> 6);
+            for (w, cell) in bits.iter().enumerate().take(w1 + 1).skip(w0) {
+                let lo = if w == w0 { g0 & 63 } else { 0 };
+                let hi = if w == w1 { ((g_end - 1) & 63) + 1 } else { 64 };
+                let span = hi - lo;
+                let edge = if span == 64 {
+                    u64::MAX
+                } else {
+                    ((1u64 << span) - 1) << lo
+                };
+                cell.set(cell.get() | (pattern & edge));
+            }
+        } else {
+            for k in 0..count {
+                let o = offset + k * stride;
+                Self::set_bits(bits, o >> s, ((o + elem - 1) >> s) + 1);
+            }
+        }
+    }
+}
+
+/// Bitmaps of one epoch, by (interval, page, kind).
+#[derive(Default)]
+struct EpochStore {
+    bitmaps: HashMap<BitmapKey, Box<[u64]>>,
+    bytes: usize,
+}
+
+/// Counters of the recorder, for `--race-stats`.
+#[derive(Clone, Debug, Default)]
+pub struct RecordStats {
+    pub intervals_with_accesses: u64,
+    pub read_notices: u64,
+    pub write_notices: u64,
+    pub bitmaps_stored: u64,
+    pub bitmaps_served: u64,
+    /// Largest amount of bitmap memory held at once (bytes).
+    pub peak_store_bytes: usize,
+}
+
+/// The per-node recorder: shadows of all allocations and the epoch store.
+pub struct Recorder {
+    allocs: Vec<AllocShadow>,
+    /// Index of the interval being recorded (mirrors the protocol engine's numbering:
+    /// intervals start at 1 and every synchronization operation closes exactly one).
+    interval: u32,
+    store: EpochStore,
+    stats: RecordStats,
+}
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Recorder {
+    pub fn new() -> Self {
+        Recorder {
+            allocs: Vec::new(),
+            interval: 1,
+            store: EpochStore::default(),
+            stats: RecordStats::default(),
+        }
+    }
+
+    /// Adds the shadow for a new allocation; returns its id.
+    pub fn add_alloc(&mut self, first_page: PageNo, bytes: usize, elem_size: usize) -> usize {
+        self.allocs
+            .push(AllocShadow::new(first_page, bytes, elem_size));
+        self.allocs.len() - 1
+    }
+
+    pub fn alloc(&self, id: usize) -> &AllocShadow {
+        &self.allocs[id]
+    }
+
+    pub fn current_interval(&self) -> u32 {
+        self.interval
+    }
+
+    pub fn stats(&self) -> &RecordStats {
+        &self.stats
+    }
+
+    /// Ends the current interval: turns touched pages into notices, moves their bitmaps to
+    /// the epoch store and clears the shadows.
+    pub fn close_interval(&mut self) -> RaceNotices {
+        let index = self.interval;
+        self.interval += 1;
+        let mut reads = Vec::new();
+        let mut writes = Vec::new();
+        for a in &self.allocs {
+            let mut touched = a.touched.borrow_mut();
+            for &page in touched.iter() {
+                let page = page as usize;
+                let flags = a.flags[page].replace(0);
+                let global = a.first_page + page as PageNo;
+                let range = page * a.words_per_page..(page + 1) * a.words_per_page;
+                for (kind, bit, bits, list) in [
+                    (AccessKind::Read, READ, &a.read, &mut reads),
+                    (AccessKind::Write, WRITE, &a.write, &mut writes),
+                ] {
+                    if flags & bit == 0 {
+                        continue;
+                    }
+                    let words: Box<[u64]> = bits[range.clone()].iter().map(Cell::take).collect();
+                    if words.iter().all(|&w| w == 0) {
+                        continue;
+                    }
+                    list.push(global);
+                    self.store.bytes += words.len() * 8;
+                    self.store.bitmaps.insert(
+                        BitmapKey {
+                            interval: index,
+                            page: global,
+                            kind,
+                        },
+                        words,
+                    );
+                }
+            }
+            touched.clear();
+        }
+        self.stats.peak_store_bytes = self.stats.peak_store_bytes.max(self.store.bytes);
+        if !reads.is_empty() || !writes.is_empty() {
+            self.stats.intervals_with_accesses += 1;
+        }
+        self.stats.read_notices += reads.len() as u64;
+        self.stats.write_notices += writes.len() as u64;
+        self.stats.bitmaps_stored += (reads.len() + writes.len()) as u64;
+        RaceNotices {
+            reads: PageRuns::from_pages(reads),
+            writes: PageRuns::from_pages(writes),
+        }
+    }
+
+    /// The stored bitmaps for `keys` (missing ones come back empty: nothing accessed).
+    pub fn bitmaps(&mut self, keys: &[BitmapKey]) -> Vec<EncodedBitmap> {
+        self.stats.bitmaps_served += keys.len() as u64;
+        keys.iter()
+            .map(|&key| EncodedBitmap {
+                key,
+                bits: self
+                    .store
+                    .bitmaps
+                    .get(&key)
+                    .map(|w| encode_words(w))
+                    .unwrap_or_default(),
+            })
+            .collect()
+    }
+
+    /// Forgets the epoch's bitmaps (after the barrier analysis).
+    pub fn discard_epoch(&mut self) {
+        self.store.bitmaps = HashMap::new();
+        self.store.bytes = 0;
+    }
+
+    pub fn store_bytes(&self) -> usize {
+        self.store.bytes
+    }
+}
+
+/// Bitmap words as little-endian bytes.
+pub fn encode_words(words: &[u64]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+/// Inverse of [`encode_words`]; trailing partial words are ignored.
+pub fn decode_words(bytes: &[u8]) -> Vec<u64> {
+    bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("chunk of 8")))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bits_of(r: &mut Recorder, interval: u32, page: PageNo, kind: AccessKind) -> Vec<u64> {
+        let b = r.bitmaps(&[BitmapKey {
+            interval,
+            page,
+            kind,
+        }]);
+        decode_words(&b[0].bits)
+    }
+
+    #[test]
+    fn granules() {
+        assert_eq!(granule_shift(1), 0);
+        assert_eq!(granule_shift(2), 1);
+        assert_eq!(granule_shift(4), 2);
+        assert_eq!(granule_shift(8), 3);
+        assert_eq!(granule_shift(16), 3);
+        assert_eq!(granule_shift(12), 2);
+        assert_eq!(granule_shift(24), 3);
+        assert_eq!(granule_shift(3), 0);
+    }
+
+    #[test]
+    fn element_accesses_become_notices_and_bitmaps() {
+        let mut r = Recorder::new();
+        let id = r.add_alloc(10, 3 * PAGE_SIZE, 8);
+        r.alloc(id).read(0, 8); // element 0, page 10
+        r.alloc(id).write(PAGE_SIZE + 16, 8); // element 514, page 11
+        r.alloc(id).read(2 * PAGE_SIZE - 4, 8); // hypothetical straddle: pages 11 and 12
+        let n = r.close_interval();
+        assert_eq!(n.reads.iter().collect::<Vec<_>>(), vec![10, 11, 12]);
+        assert_eq!(n.writes.iter().collect::<Vec<_>>(), vec![11]);
+        let w = bits_of(&mut r, 1, 11, AccessKind::Write);
+        assert_eq!(w.len(), 8);
+        assert_eq!(w[0], 1 << 2);
+        // The shadow is clear for the next interval.
+        let n2 = r.close_interval();
+        assert!(n2.reads.is_empty() && n2.writes.is_empty());
+        assert_eq!(r.current_interval(), 3);
+    }
+
+    #[test]
+    fn byte_granules_separate_neighbouring_bytes() {
+        let mut r = Recorder::new();
+        let id = r.add_alloc(0, PAGE_SIZE, 1);
+        r.alloc(id).write(5, 1);
+        r.close_interval();
+        let w = bits_of(&mut r, 1, 0, AccessKind::Write);
+        assert_eq!(w.len(), 64);
+        assert_eq!(w[0], 1 << 5);
+    }
+
+    #[test]
+    fn strided_marks_match_element_marks() {
+        for (elem, stride, offset, count) in [
+            (8usize, 16usize, 8usize, 1000usize),
+            (8, 16, 0, 17),
+            (8, 24, 8, 300),
+            (4, 8, 4, 2000),
+            (1, 2, 1, 5000),
+            (8, 32, 16, 100),
+            (8, 8, 0, 40),
+            (16, 32, 0, 64),
+        ] {
+            let bytes = offset + stride * count + elem;
+            let mut a = Recorder::new();
+            let ida = a.add_alloc(0, bytes, elem);
+            a.alloc(ida).strided(true, offset, elem, stride, count);
+            let mut b = Recorder::new();
+            let idb = b.add_alloc(0, bytes, elem);
+            for k in 0..count {
+                b.alloc(idb).write(offset + k * stride, elem);
+            }
+            let na = a.close_interval();
+            let nb = b.close_interval();
+            assert_eq!(na, nb, "notices for {elem}/{stride}/{offset}/{count}");
+            for p in na.writes.iter() {
+                assert_eq!(
+                    bits_of(&mut a, 1, p, AccessKind::Write),
+                    bits_of(&mut b, 1, p, AccessKind::Write),
+                    "page {p} for {elem}/{stride}/{offset}/{count}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn epoch_discard_frees_bitmaps() {
+        let mut r = Recorder::new();
+        let id = r.add_alloc(0, 4 * PAGE_SIZE, 8);
+        r.alloc(id).write(0, 4 * PAGE_SIZE);
+        r.close_interval();
+        assert_eq!(r.store_bytes(), 4 * 64);
+        r.discard_epoch();
+        assert_eq!(r.store_bytes(), 0);
+        assert!(bits_of(&mut r, 1, 0, AccessKind::Write).is_empty());
+    }
+}
