@@ -186,6 +186,7 @@ impl Dsm {
         let seg: &'static Segment = Box::leak(Box::new(
             Segment::map(seg_addr, seg_len).map_err(DsmError::Segment)?,
         ));
+        sys::set_global_segment(seg);
         let mailbox = sys::install_fault_handler(seg).map_err(DsmError::Segment)?;
         let mesh = dsm_net::connect_mesh(&env)?;
         let race = env.race.enabled.then(|| RaceState {

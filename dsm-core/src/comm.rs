@@ -7,6 +7,7 @@
 
 use crate::engine::{Command, Engine, Memory, Output, Reply};
 use crate::sys::{self, FaultMailbox, Prot, Segment, PAGE_SIZE};
+use dsm_net::launcher::PEER_LOST_EXIT;
 use dsm_net::{Mesh, NodeId, PageNo, PeerEvent, Transport};
 use std::cell::RefCell;
 use std::io;
@@ -64,10 +65,14 @@ impl Memory for SegmentMemory {
 
 /// Prints a fatal error and ends the process at once.
 pub fn fatal(msg: &str) -> ! {
+    fatal_with(msg, FATAL_EXIT)
+}
+
+fn fatal_with(msg: &str, code: i32) -> ! {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "dsm: fatal: {msg}");
     let _ = std::io::stdout().flush();
-    sys::exit_now(FATAL_EXIT)
+    sys::exit_now(code)
 }
 
 /// The app thread's handle on the comm thread.
@@ -95,11 +100,14 @@ impl Dispatch {
                         continue;
                     };
                     if let Err(e) = t.send(to as usize, &msg) {
-                        fatal(&format!(
-                            "rank {}: cannot send {} to rank {to}: {e}",
-                            t.rank(),
-                            msg.kind()
-                        ));
+                        fatal_with(
+                            &format!(
+                                "rank {}: cannot send {} to rank {to}: {e}",
+                                t.rank(),
+                                msg.kind()
+                            ),
+                            PEER_LOST_EXIT,
+                        );
                     }
                 }
                 Output::FaultResolved => self.mailbox.resolve(),
@@ -109,6 +117,7 @@ impl Dispatch {
                     let _ = self.replies.send(r);
                 }
                 Output::Fatal(msg) => fatal(&msg),
+                Output::PeerLost(msg) => fatal_with(&msg, PEER_LOST_EXIT),
             }
         }
     }

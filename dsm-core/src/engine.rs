@@ -140,8 +140,11 @@ pub enum Output {
     /// The faulting access is outside every allocation: let it crash.
     FaultCrash,
     Reply(Reply),
-    /// The job cannot continue (lost peer, malformed traffic, inconsistent collective call).
+    /// The job cannot continue (malformed traffic, inconsistent collective call).
     Fatal(String),
+    /// The job cannot continue because a peer went away (a consequence of another
+    /// node's failure, reported with its own exit status).
+    PeerLost(String),
 }
 
 /// Protocol counters.
@@ -1211,10 +1214,10 @@ impl<M: Memory> Engine<M> {
     /// A peer's connection ended or broke.
     pub fn on_peer_lost(&mut self, peer: NodeId, why: &str) -> Vec<Output> {
         if !(self.finished || self.finishing && self.me != 0 && peer != 0) {
-            self.fatal(format!(
+            self.out.push(Output::PeerLost(format!(
                 "rank {}: lost rank {peer} ({why}); it probably exited or crashed",
                 self.me
-            ));
+            )));
         }
         self.take_out()
     }

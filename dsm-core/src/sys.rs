@@ -324,6 +324,13 @@ fn out_of_bounds(i: usize, len: usize) -> ! {
     panic!("index {i} out of bounds (len {len})")
 }
 
+static GLOBAL_SEGMENT: OnceLock<&'static Segment> = OnceLock::new();
+
+/// Records the process's segment (there is one per process, mapped for its lifetime).
+pub fn set_global_segment(seg: &'static Segment) {
+    let _ = GLOBAL_SEGMENT.set(seg);
+}
+
 /// A typed, bounds-checked window onto the app view of the segment.
 #[derive(Debug)]
 pub struct AppSlice<T> {
@@ -405,6 +412,12 @@ impl<T: bytemuck::Pod> AppSlice<T> {
         }
         // SAFETY: as in `get`; no Rust reference to shared memory exists to be invalidated.
         unsafe { std::ptr::write(self.addr_of(i) as *mut T, value) }
+    }
+
+    /// A window into the segment of the running node (see [`set_global_segment`]), for
+    /// tools and tests that address segment memory outside the typed API.
+    pub fn new_in_global_segment(offset: usize, len: usize) -> Option<Self> {
+        Self::new(GLOBAL_SEGMENT.get()?, offset, len)
     }
 
     /// `count` elements `step` apart from element `start`, checked to lie in the window.
@@ -542,27 +555,41 @@ fn fault_is_write(_ctx: *mut libc::c_void) -> u32 {
     2
 }
 
-/// Puts back whatever handled SIGSEGV before us, so returning from our handler re-executes
-/// the faulting instruction under the previous disposition (usually: crash with SIGSEGV).
-fn restore_previous_action() {
+/// Puts back whatever handled SIGSEGV before us (or the default action), so that
+/// returning from our handler re-executes the faulting instruction under that disposition:
+/// a genuine bug crashes as it would without dsm, and Rust's own stack-overflow report
+/// still works.
+fn restore_previous_action(use_default: bool) {
     let default = SavedAction({
         // SAFETY: an all-zero sigaction with SIG_DFL is a valid value.
         let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
         sa.sa_sigaction = libc::SIG_DFL;
         sa
     });
-    let action = PREVIOUS_ACTION.get().unwrap_or(&default);
+    let action = if use_default {
+        &default
+    } else {
+        PREVIOUS_ACTION.get().unwrap_or(&default)
+    };
     // SAFETY: sigaction is async-signal-safe; the struct is valid.
     unsafe { libc::sigaction(libc::SIGSEGV, &action.0, std::ptr::null_mut()) };
 }
 
 extern "C" fn on_sigsegv(_sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
-    let addr = unsafe { (*info).si_addr() } as usize;
+    let (addr, code) = unsafe { ((*info).si_addr() as usize, (*info).si_code) };
+    if code <= 0 {
+        // Sent by kill/raise/sigqueue, not a fault: nothing re-faults on return, so die
+        // from it the default way.
+        restore_previous_action(true);
+        // SAFETY: raise is async-signal-safe; SIGSEGV is blocked until we return.
+        unsafe { libc::raise(libc::SIGSEGV) };
+        return;
+    }
     let start = SEG_START.load(Ordering::Relaxed);
     let end = SEG_END.load(Ordering::Relaxed);
     if addr < start || addr >= end || FAULT_KICK_FD.load(Ordering::Relaxed) < 0 {
-        restore_previous_action();
+        restore_previous_action(false);
         return;
     }
     let errno = errno_location();
@@ -606,7 +633,8 @@ extern "C" fn on_sigsegv(_sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mu
     SLOT_STATE.store(SLOT_IDLE, Ordering::Release);
     futex_wake_all(&SLOT_STATE);
     if outcome == SLOT_CRASH {
-        restore_previous_action();
+        // Inside the segment but in no allocation: a wild access; crash like one.
+        restore_previous_action(true);
     }
     // SAFETY: restoring this thread's errno.
     unsafe { *errno = saved_errno };

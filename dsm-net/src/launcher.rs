@@ -39,6 +39,14 @@ pub const DEFAULT_RACE_EXIT_CODE: u8 = 66;
 /// How long ranks get to exit after SIGTERM (failure or timeout) before SIGKILL.
 pub const TERM_GRACE: Duration = Duration::from_secs(2);
 
+/// Exit status of a rank that stopped because it lost a peer (the peer crashed or was
+/// killed). Such exits are consequences, not causes: dsmrun waits briefly for the rank
+/// that really failed and reports that one.
+pub const PEER_LOST_EXIT: i32 = 71;
+
+/// How long a peer-lost exit waits for the root cause to show up.
+const COLLATERAL_WAIT: Duration = Duration::from_secs(1);
+
 /// How long ranks get to exit after a forwarded SIGINT/SIGTERM/SIGHUP before
 /// SIGKILL; longer than [`TERM_GRACE`] because an interrupted program may want
 /// to print a report.
@@ -865,8 +873,29 @@ impl Job {
         let deadline = timeout.map(|t| self.started + t);
         let mut stopping: Option<Stopping> = None;
         let mut race_ranks = Vec::new();
-        while self.running() > 0 {
+        // The first rank that exited because it lost a peer, and until when to wait for
+        // the rank that actually failed.
+        let mut collateral: Option<(usize, RankStatus, Instant)> = None;
+        while self.running() > 0 || collateral.is_some() && stopping.is_none() {
             let now = Instant::now();
+            if stopping.is_none() {
+                if let Some((rank, status, until)) = collateral {
+                    if now >= until || self.running() == 0 {
+                        collateral = None;
+                        let others = self.running();
+                        note(format_args!(
+                            "rank {rank} {status} after losing a peer, and no other failure was seen; stopping the other {}",
+                            plural(others, "rank", &format!("{others} ranks"))
+                        ));
+                        stopping = Some(self.begin_stop(
+                            StopCause::RankFailed { rank, status },
+                            Signal::SIGTERM,
+                            TERM_GRACE,
+                        ));
+                        continue;
+                    }
+                }
+            }
             // Deadlines are checked on every pass, not only on recv timeouts,
             // so a steady stream of events can never postpone them.
             match &mut stopping {
@@ -915,7 +944,10 @@ impl Job {
                 }
             }
             let wake = match &stopping {
-                None => deadline,
+                None => match (deadline, collateral) {
+                    (Some(d), Some((_, _, c))) => Some(d.min(c)),
+                    (d, c) => d.or(c.map(|c| c.2)),
+                },
                 Some(stop) => stop.kill_at.or(stop.give_up_at),
             };
             let event = match wake {
@@ -937,6 +969,13 @@ impl Job {
                         // consequences of that, not new failures.
                         continue;
                     }
+                    if status == RankStatus::Exited(PEER_LOST_EXIT) {
+                        if collateral.is_none() {
+                            collateral = Some((rank, status, now + COLLATERAL_WAIT));
+                        }
+                        continue;
+                    }
+                    collateral = None;
                     let others = self.running();
                     if let RankStatus::Exited(code) = status {
                         if Some(code) == self.race_exit_code {

@@ -1,0 +1,305 @@
+//! `dsm-bench`: micro-benchmarks of the DSM primitives, printed as JSON.
+//!
+//! Run without arguments it is a driver: it starts itself under `dsmrun` at N = 2 (all
+//! primitives) and N = 4 and 8 (barriers), and prints one JSON object with the figures and
+//! their ratios to the loopback TCP round trip measured in the same run. These are
+//! figures, not pass/fail checks.
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use dsm_core::{Distribution, Dsm};
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::Command;
+use std::time::Instant;
+
+/// Measures loopback round trip, remote page fault, write fault with twin, remote lock
+/// acquire, lock hand-off and barriers, and prints JSON.
+#[derive(Parser, Debug)]
+#[command(name = "dsm-bench", version)]
+struct Args {
+    /// Repetitions per measurement.
+    #[arg(long, default_value_t = 1000)]
+    reps: usize,
+    /// Node counts for the barrier measurement (the driver runs one job per count).
+    #[arg(long, value_delimiter = ',', default_value = "2,4,8")]
+    barrier_nodes: Vec<usize>,
+    /// Internal: run as a worker inside a dsmrun job ("all" or "barrier").
+    #[arg(long, hide = true)]
+    worker: Option<String>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    match args.worker.as_deref() {
+        None => driver(&args),
+        Some("all") => worker(&args, true),
+        Some("barrier") => worker(&args, false),
+        Some(w) => bail!("unknown worker kind {w:?}"),
+    }
+}
+
+fn stats(mut v: Vec<f64>) -> Value {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let pct = |p: f64| v[((v.len() as f64 - 1.0) * p).round() as usize];
+    let mean = v.iter().sum::<f64>() / v.len() as f64;
+    json!({"median": round(pct(0.5)), "mean": round(mean), "p10": round(pct(0.1)), "p90": round(pct(0.9)), "samples": v.len()})
+}
+
+fn round(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+fn us(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e6
+}
+
+fn run_job(nodes: usize, kind: &str, reps: usize) -> anyhow::Result<Value> {
+    let exe = std::env::current_exe()?;
+    let dsmrun = exe.with_file_name("dsmrun");
+    let out = Command::new(&dsmrun)
+        .args(["-n", &nodes.to_string(), "--timeout", "300", "--"])
+        .arg(&exe)
+        .args(["--worker", kind, "--reps", &reps.to_string()])
+        .output()
+        .with_context(|| format!("running {}", dsmrun.display()))?;
+    if !out.status.success() {
+        bail!(
+            "benchmark job at N={nodes} failed ({}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("[0] BENCH "))
+        .context("worker printed no result")?;
+    Ok(serde_json::from_str(line)?)
+}
+
+fn driver(args: &Args) -> anyhow::Result<()> {
+    let mut all = run_job(2, "all", args.reps)?;
+    let mut barriers = serde_json::Map::new();
+    for &n in &args.barrier_nodes {
+        let r = if n == 2 {
+            all["barrier_us"].clone()
+        } else {
+            run_job(n, "barrier", args.reps)?["barrier_us"].clone()
+        };
+        barriers.insert(n.to_string(), r);
+    }
+    let rtt = all["rtt_us"]["median"].as_f64().unwrap_or(f64::NAN);
+    let fault = all["remote_fault_us"]["median"]
+        .as_f64()
+        .unwrap_or(f64::NAN);
+    let local = all["write_fault_us"]["median"].as_f64().unwrap_or(f64::NAN);
+    let lock = all["lock_acquire_us"]["median"]
+        .as_f64()
+        .unwrap_or(f64::NAN);
+    let b2 = barriers
+        .get("2")
+        .and_then(|b| b["median"].as_f64())
+        .unwrap_or(f64::NAN);
+    let obj = all.as_object_mut().expect("object");
+    obj.insert("barrier_us".into(), Value::Object(barriers));
+    obj.insert(
+        "ratios".into(),
+        json!({
+            "remote_fault_over_rtt_plus_local_fault": round(fault / (rtt + local)),
+            "lock_acquire_in_rtts": round(lock / rtt),
+            "barrier_n2_in_rtts": round(b2 / rtt),
+        }),
+    );
+    println!("{}", serde_json::to_string_pretty(&all)?);
+    Ok(())
+}
+
+/// Loopback TCP round trip between rank 0 and rank 1 over a plain socket: the physical
+/// floor every remote DSM operation pays.
+fn measure_rtt(dsm: &mut Dsm, reps: usize) -> anyhow::Result<Option<Value>> {
+    let port = dsm.alloc_with::<u64>("bench_port", 1, Distribution::OnNode(0))?;
+    let listener = if dsm.rank() == 0 {
+        let l = TcpListener::bind("127.0.0.1:0")?;
+        dsm.view(&port).set(0, l.local_addr()?.port() as u64);
+        Some(l)
+    } else {
+        None
+    };
+    dsm.barrier()?;
+    let result = match dsm.rank() {
+        0 => {
+            let (mut s, _) = listener.expect("rank 0 listens").accept()?;
+            s.set_nodelay(true)?;
+            let mut b = [0u8; 1];
+            let mut samples = Vec::with_capacity(reps);
+            for _ in 0..reps + 100 {
+                let t = Instant::now();
+                s.write_all(&b)?;
+                s.read_exact(&mut b)?;
+                samples.push(us(t));
+            }
+            s.write_all(&[0xff])?;
+            Some(stats(samples.split_off(100)))
+        }
+        1 => {
+            let p = dsm.view(&port).get(0) as u16;
+            let mut s = TcpStream::connect(("127.0.0.1", p))?;
+            s.set_nodelay(true)?;
+            let mut b = [0u8; 1];
+            loop {
+                s.read_exact(&mut b)?;
+                if b[0] == 0xff {
+                    break;
+                }
+                s.write_all(&b)?;
+            }
+            None
+        }
+        _ => None,
+    };
+    dsm.barrier()?;
+    Ok(result)
+}
+
+fn worker(args: &Args, everything: bool) -> anyhow::Result<()> {
+    let mut dsm = Dsm::init()?;
+    let reps = args.reps;
+    let mut out = serde_json::Map::new();
+    out.insert("nodes".into(), json!(dsm.size()));
+    if everything {
+        if dsm.size() != 2 {
+            bail!("the primitive benchmarks run on exactly 2 nodes");
+        }
+        if let Some(r) = measure_rtt(&mut dsm, reps)? {
+            out.insert("rtt_us".into(), r);
+        }
+
+        // Remote read fault: rank 1 touches pages homed on rank 0, one fault each.
+        let per_page = 4096 / 8;
+        let pages =
+            dsm.alloc_with::<f64>("bench_pages", reps * per_page, Distribution::OnNode(0))?;
+        if dsm.rank() == 0 {
+            let v = dsm.view(&pages);
+            for p in 0..reps {
+                v.set(p * per_page, p as f64);
+            }
+        }
+        dsm.barrier()?;
+        if dsm.rank() == 1 {
+            let v = dsm.view(&pages).unrecorded();
+            let mut reads = Vec::with_capacity(reps);
+            let mut sum = 0.0;
+            for p in 0..reps {
+                let t = Instant::now();
+                sum += v.get(p * per_page);
+                reads.push(us(t));
+            }
+            // Write fault on a now read-only page: twin creation, handled locally.
+            let mut writes = Vec::with_capacity(reps);
+            for p in 0..reps {
+                let t = Instant::now();
+                v.set(p * per_page + 1, sum);
+                writes.push(us(t));
+            }
+            out.insert("remote_fault_us".into(), stats(reads));
+            out.insert("write_fault_us".into(), stats(writes));
+        }
+        dsm.barrier()?;
+
+        // Acquire of a free lock whose manager is the other node (lock ids 2k+0 are
+        // managed by rank 0; each is used once, so the manager holds its token).
+        if dsm.rank() == 1 {
+            let mut acq = Vec::with_capacity(reps);
+            for k in 0..reps as u64 {
+                let t = Instant::now();
+                let g = dsm.lock(1000 + 2 * k)?;
+                acq.push(us(t));
+                drop(g);
+            }
+            out.insert("lock_acquire_us".into(), stats(acq));
+        }
+        dsm.barrier()?;
+
+        // Hand-off: the lock alternates between the two nodes (a shared turn variable
+        // says whose turn it is).
+        let turn = dsm.alloc_with::<u64>("bench_turn", 1, Distribution::OnNode(1))?;
+        let me = dsm.rank() as u64;
+        let t = Instant::now();
+        let mut mine = 0;
+        let mut attempts = 0u64;
+        while mine < reps {
+            let g = dsm.lock(1)?;
+            attempts += 1;
+            let v = g.view(&turn);
+            if v.get(0) % 2 == me {
+                v.set(0, v.get(0) + 1);
+                mine += 1;
+            }
+        }
+        let total = us(t);
+        dsm.barrier()?;
+        out.insert(
+            "lock_handoff_us".into(),
+            json!({"mean": round(total / (2 * reps) as f64), "acquires_per_handoff": round(attempts as f64 / reps as f64)}),
+        );
+    }
+    // Barriers.
+    dsm.barrier()?;
+    let mut bars = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t = Instant::now();
+        dsm.barrier()?;
+        bars.push(us(t));
+    }
+    out.insert("barrier_us".into(), stats(bars));
+    let s = dsm.stats();
+    out.insert(
+        "rank0_counters".into(),
+        json!({"pages_fetched": s.pages_fetched, "pages_served": s.pages_served, "twins": s.twins_made, "barriers": s.barriers}),
+    );
+    // Rank 1's figures come back through shared memory.
+    let rank1 = collect_rank1(&mut dsm, &out)?;
+    if dsm.rank() == 0 {
+        let mut merged = rank1;
+        for (k, v) in out {
+            merged.entry(k).or_insert(v);
+        }
+        println!("BENCH {}", Value::Object(merged));
+    }
+    dsm.finish()?;
+    Ok(())
+}
+
+/// Moves rank 1's JSON to rank 0 through a shared byte array.
+fn collect_rank1(
+    dsm: &mut Dsm,
+    mine: &serde_json::Map<String, Value>,
+) -> anyhow::Result<serde_json::Map<String, Value>> {
+    const CAP: usize = 16 << 10;
+    let buf = dsm.alloc_with::<u8>("bench_report", CAP, Distribution::OnNode(0))?;
+    if dsm.rank() == 1 {
+        let text = serde_json::to_vec(mine)?;
+        if text.len() + 8 > CAP {
+            bail!("report too large");
+        }
+        let v = dsm.view(&buf);
+        v.write_from(0, &(text.len() as u64).to_le_bytes());
+        v.write_from(8, &text);
+    }
+    dsm.barrier()?;
+    let mut result = serde_json::Map::new();
+    if dsm.rank() == 0 && dsm.size() > 1 {
+        let v = dsm.view(&buf);
+        let mut len = [0u8; 8];
+        v.read_into(0, &mut len);
+        let len = u64::from_le_bytes(len) as usize;
+        let mut text = vec![0u8; len];
+        v.read_into(8, &mut text);
+        if let Value::Object(m) = serde_json::from_slice(&text)? {
+            result = m;
+        }
+    }
+    Ok(result)
+}

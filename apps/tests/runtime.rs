@@ -1,0 +1,228 @@
+//! Multi-process tests of the runtime over real loopback sockets and real page faults:
+//! correctness scenarios at N = 1, 2, 4, 8 through dsmrun, and failure handling (a rank
+//! that exits with an error or is killed, a peer that never connects, a wrong job secret).
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const DSMRUN: &str = env!("CARGO_BIN_EXE_dsmrun");
+const TEST: &str = env!("CARGO_BIN_EXE_dsm-test");
+const SOR: &str = env!("CARGO_BIN_EXE_sor");
+
+fn dsmrun(n: usize, program: &str, args: &[&str]) -> Output {
+    Command::new(DSMRUN)
+        .args(["-n", &n.to_string(), "--timeout", "120", program])
+        .args(args)
+        .output()
+        .expect("dsmrun runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn assert_verified(out: &Output, what: &str) {
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("[0] verified:"),
+        "{what}: status {:?}\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn sor_equals_sequential_at_every_size() {
+    for n in [1, 2, 4, 8] {
+        let out = dsmrun(n, SOR, &["--size", "96", "--iters", "12"]);
+        assert_verified(&out, &format!("sor at N={n}"));
+        assert!(text(&out.stdout).contains("bitwise identical"));
+    }
+}
+
+#[test]
+fn lock_counter_is_exact() {
+    for n in [1, 2, 4, 8] {
+        let out = dsmrun(n, TEST, &["counter", "--iters", "50"]);
+        assert_verified(&out, &format!("counter at N={n}"));
+        assert!(
+            text(&out.stdout).contains(&format!("counter = {}", 50 * n)),
+            "{}",
+            text(&out.stdout)
+        );
+    }
+}
+
+#[test]
+fn data_passes_through_lock_handoff() {
+    for n in [1, 2, 4, 8] {
+        assert_verified(
+            &dsmrun(n, TEST, &["handoff", "--rounds", "2"]),
+            &format!("handoff at N={n}"),
+        );
+    }
+}
+
+#[test]
+fn false_sharing_writes_all_survive() {
+    for n in [2, 4, 8] {
+        assert_verified(
+            &dsmrun(n, TEST, &["falseshare", "--rounds", "3"]),
+            &format!("falseshare u64 at N={n}"),
+        );
+        assert_verified(
+            &dsmrun(n, TEST, &["falseshare", "--rounds", "3", "--elem", "u8"]),
+            &format!("falseshare u8 at N={n}"),
+        );
+    }
+}
+
+#[test]
+fn sparse_touch_of_a_large_allocation() {
+    for n in [1, 2, 4, 8] {
+        assert_verified(
+            &dsmrun(n, TEST, &["sparse", "--touches", "16"]),
+            &format!("sparse at N={n}"),
+        );
+    }
+}
+
+#[test]
+fn without_dsmrun_a_program_is_a_single_node() {
+    let out = Command::new(SOR)
+        .args(["--size", "32", "--iters", "3"])
+        .env_remove("DSM_RANK")
+        .env_remove("DSM_SIZE")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("verified: sor 32x32, 3 iterations, 1 nodes"));
+}
+
+#[test]
+fn rank_exiting_with_error_stops_the_job() {
+    let t = Instant::now();
+    let out = dsmrun(4, TEST, &["fail", "--rank", "2", "--code", "3"]);
+    let elapsed = t.elapsed();
+    assert!(!out.status.success());
+    assert!(elapsed < Duration::from_secs(10), "took {elapsed:?}");
+    let err = text(&out.stderr);
+    assert!(err.contains("rank 2 exited with status 3"), "{err}");
+}
+
+#[test]
+fn killed_rank_stops_the_job() {
+    let mut child = Command::new(DSMRUN)
+        .args(["-n", "4", "--timeout", "60", TEST, "hang"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut victim = None;
+    for line in BufReader::new(stdout).lines() {
+        let line = line.unwrap();
+        if let Some(pid) = line.strip_prefix("[2] pid ") {
+            victim = Some(pid.trim().parse::<i32>().unwrap());
+            break;
+        }
+    }
+    let pid = victim.expect("rank 2 printed its pid");
+    let t = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("rank 2 was killed by signal 9"),
+        "stderr: {err}"
+    );
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts one rank by hand (no dsmrun), the way srun/mpirun-launched jobs start.
+fn rank(r: usize, n: usize, port: u16, secret: &str, args: &[&str]) -> std::process::Child {
+    Command::new(TEST)
+        .args(args)
+        .env("DSM_RANK", r.to_string())
+        .env("DSM_SIZE", n.to_string())
+        .env("DSM_COORD", format!("127.0.0.1:{port}"))
+        .env("DSM_JOB_SECRET", secret)
+        .env("DSM_CONNECT_TIMEOUT", "2")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn a_dead_peer_is_detected_without_dsmrun() {
+    let port = free_port();
+    let r0 = rank(0, 2, port, "s3cret", &["hang"]);
+    let mut r1 = rank(1, 2, port, "s3cret", &["hang"]);
+    let mut lines = BufReader::new(r1.stdout.take().unwrap()).lines();
+    assert!(lines.next().unwrap().unwrap().starts_with("pid "));
+    let t = Instant::now();
+    r1.kill().unwrap();
+    r1.wait().unwrap();
+    let out = r0.wait_with_output().unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("lost rank 1"), "{err}");
+}
+
+#[test]
+fn wrong_job_secret_is_refused() {
+    let port = free_port();
+    let r0 = rank(0, 2, port, "right-secret", &["counter"]);
+    let r1 = rank(1, 2, port, "wrong-secret", &["counter"]);
+    let out1 = r1.wait_with_output().unwrap();
+    assert!(!out1.status.success());
+    let err1 = text(&out1.stderr);
+    assert!(err1.contains("wrong job secret"), "{err1}");
+    let out0 = r0.wait_with_output().unwrap();
+    assert!(
+        !out0.status.success(),
+        "rank 0 must not run with a stranger"
+    );
+    let err0 = text(&out0.stderr);
+    assert!(err0.contains("[1]") && err0.contains("timed out"), "{err0}");
+}
+
+#[test]
+fn peer_that_never_connects_is_a_clear_error() {
+    let port = free_port();
+    let t = Instant::now();
+    let out = rank(0, 3, port, "s", &["counter"])
+        .wait_with_output()
+        .unwrap();
+    assert!(t.elapsed() < Duration::from_secs(10));
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("timed out") && err.contains("[1, 2]"), "{err}");
+    assert!(out.status.signal().is_none(), "an error exit, not a crash");
+}
