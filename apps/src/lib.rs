@@ -4,6 +4,7 @@
 //! `verified:` on success, and exits non-zero on a wrong result.
 #![forbid(unsafe_code)]
 
+pub mod kernels;
 pub mod sor;
 
 use std::time::Instant;

@@ -38,3 +38,8 @@ pub use api::{
 };
 pub use dsm_net::{JobEnv, LockId, RaceOptions};
 pub use error::DsmError;
+
+/// The README's code examples, compiled as doctests so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeExamples;

@@ -14,7 +14,6 @@
 
 use dsm_net::{AccessKind, BitmapKey, EncodedBitmap, PageNo, PageRuns, RaceNotices};
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 
 pub const PAGE_SIZE: usize = 4096;
 const PAGE_SHIFT: usize = 12;
@@ -187,11 +186,56 @@ impl AllocShadow {
     }
 }
 
-/// Bitmaps of one epoch, by (interval, page, kind).
+/// One stored bitmap: where its words are in the interval's arena. A bitmap whose words
+/// are all equal (regular access patterns: whole pages, strided rows) keeps one word.
+#[derive(Clone, Copy)]
+struct Stored {
+    page: PageNo,
+    kind: AccessKind,
+    offset: u32,
+    uniform: bool,
+}
+
+/// The bitmaps of one interval in one contiguous arena, sorted by (page, kind).
+struct IntervalBitmaps {
+    interval: u32,
+    words_per_page: Vec<(PageNo, usize)>,
+    index: Vec<Stored>,
+    words: Vec<u64>,
+}
+
+/// Bitmaps of one epoch, interval by interval (intervals are appended in order).
 #[derive(Default)]
 struct EpochStore {
-    bitmaps: HashMap<BitmapKey, Box<[u64]>>,
+    intervals: Vec<IntervalBitmaps>,
     bytes: usize,
+}
+
+impl EpochStore {
+    fn get(&self, key: &BitmapKey) -> Option<Vec<u64>> {
+        let i = self
+            .intervals
+            .binary_search_by_key(&key.interval, |b| b.interval)
+            .ok()?;
+        let b = &self.intervals[i];
+        let j = b
+            .index
+            .binary_search_by_key(&(key.page, key.kind), |s| (s.page, s.kind))
+            .ok()?;
+        let s = b.index[j];
+        let wpp = b
+            .words_per_page
+            .iter()
+            .rev()
+            .find(|(first, _)| *first <= s.page)
+            .map_or(0, |w| w.1);
+        let at = s.offset as usize;
+        Some(if s.uniform {
+            vec![b.words[at]; wpp]
+        } else {
+            b.words[at..at + wpp].to_vec()
+        })
+    }
 }
 
 /// Counters of the recorder, for `--race-stats`.
@@ -258,8 +302,21 @@ impl Recorder {
         self.interval += 1;
         let mut reads = Vec::new();
         let mut writes = Vec::new();
+        let mut stored = IntervalBitmaps {
+            interval: index,
+            words_per_page: Vec::new(),
+            index: Vec::new(),
+            words: Vec::new(),
+        };
+        // Allocations are in page order, so the arena index comes out sorted by page once
+        // each allocation's touched pages are sorted.
         for a in &self.allocs {
             let mut touched = a.touched.borrow_mut();
+            if touched.is_empty() {
+                continue;
+            }
+            touched.sort_unstable();
+            stored.words_per_page.push((a.first_page, a.words_per_page));
             for &page in touched.iter() {
                 let page = page as usize;
                 let flags = a.flags[page].replace(0);
@@ -272,23 +329,34 @@ impl Recorder {
                     if flags & bit == 0 {
                         continue;
                     }
-                    let words: Box<[u64]> = bits[range.clone()].iter().map(Cell::take).collect();
-                    if words.iter().all(|&w| w == 0) {
+                    let words = &bits[range.clone()];
+                    let first = words[0].get();
+                    let uniform = words.iter().all(|w| w.get() == first);
+                    if uniform && first == 0 {
                         continue;
                     }
                     list.push(global);
-                    self.store.bytes += words.len() * 8;
-                    self.store.bitmaps.insert(
-                        BitmapKey {
-                            interval: index,
-                            page: global,
-                            kind,
-                        },
-                        words,
-                    );
+                    stored.index.push(Stored {
+                        page: global,
+                        kind,
+                        offset: stored.words.len() as u32,
+                        uniform,
+                    });
+                    if uniform {
+                        stored.words.push(first);
+                        for w in words {
+                            w.set(0);
+                        }
+                    } else {
+                        stored.words.extend(words.iter().map(Cell::take));
+                    }
                 }
             }
             touched.clear();
+        }
+        if !stored.index.is_empty() {
+            self.store.bytes += stored.words.len() * 8 + stored.index.len() * 16;
+            self.store.intervals.push(stored);
         }
         self.stats.peak_store_bytes = self.stats.peak_store_bytes.max(self.store.bytes);
         if !reads.is_empty() || !writes.is_empty() {
@@ -311,9 +379,8 @@ impl Recorder {
                 key,
                 bits: self
                     .store
-                    .bitmaps
                     .get(&key)
-                    .map(|w| encode_words(w))
+                    .map(|w| encode_words(&w))
                     .unwrap_or_default(),
             })
             .collect()
@@ -321,7 +388,7 @@ impl Recorder {
 
     /// Forgets the epoch's bitmaps (after the barrier analysis).
     pub fn discard_epoch(&mut self) {
-        self.store.bitmaps = HashMap::new();
+        self.store.intervals = Vec::new();
         self.store.bytes = 0;
     }
 
@@ -438,7 +505,8 @@ mod tests {
         let id = r.add_alloc(0, 4 * PAGE_SIZE, 8);
         r.alloc(id).write(0, 4 * PAGE_SIZE);
         r.close_interval();
-        assert_eq!(r.store_bytes(), 4 * 64);
+        // Four fully written pages: uniform bitmaps, one word each plus the index.
+        assert_eq!(r.store_bytes(), 4 * 8 + 4 * 16);
         r.discard_epoch();
         assert_eq!(r.store_bytes(), 0);
         assert!(bits_of(&mut r, 1, 0, AccessKind::Write).is_empty());

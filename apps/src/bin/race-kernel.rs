@@ -1,0 +1,57 @@
+//! `race-kernel`: runs one labelled race kernel (see `race-kernel list`). Run it under
+//! `dsmrun -n N --race` to see what the detector reports for a program whose answer is
+//! known.
+
+use anyhow::{bail, Context};
+use apps::kernels::{self, Expect};
+use clap::{Parser, Subcommand};
+use dsm_core::Dsm;
+
+#[derive(Parser, Debug)]
+#[command(name = "race-kernel", version, about = "Labelled race/no-race kernels for the detector")]
+struct Args {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Lists the kernels with their expected outcome.
+    List,
+    /// Runs one kernel (under `dsmrun -n N --race`).
+    Run { name: String },
+}
+
+fn main() -> anyhow::Result<()> {
+    match Args::parse().cmd {
+        Cmd::List => {
+            for k in kernels::all() {
+                let expect = match (k.expect)(4) {
+                    Expect::NoRace => "no race".to_string(),
+                    Expect::Races(v) => format!(
+                        "races on {}",
+                        v.iter().map(|(name, _)| *name).collect::<Vec<_>>().join(", ")
+                    ),
+                };
+                println!("{:<28} {:<22} {}", k.name, expect, k.about);
+            }
+            Ok(())
+        }
+        Cmd::Run { name } => {
+            let all = kernels::all();
+            let Some(k) = all.iter().find(|k| k.name == name) else {
+                bail!("no kernel named {name:?}; `race-kernel list` shows them");
+            };
+            let mut dsm = Dsm::init().context("joining the DSM job")?;
+            if dsm.size() < k.min_nodes {
+                bail!("kernel {} needs at least {} nodes", k.name, k.min_nodes);
+            }
+            (k.run)(&mut dsm).with_context(|| format!("kernel {}", k.name))?;
+            if dsm.rank() == 0 {
+                println!("kernel {} done on {} nodes", k.name, dsm.size());
+            }
+            dsm.finish()?;
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,623 @@
+//! Labelled race kernels: small SPMD programs with a known answer, each either racy (and
+//! then exactly which variable and elements race is known) or race-free. They exercise the
+//! detector's precision (false sharing, neighbouring bytes, strided access, ordering through
+//! locks held by third nodes) and recall (missing barriers, unlocked updates, racy reads).
+//!
+//! Every kernel ends with the caller's `finish`, so races after the last barrier are found
+//! by the analysis at exit.
+
+use dsm_core::{band, Distribution, Dsm, DsmError};
+use std::collections::BTreeSet;
+
+/// What the detector must report for a kernel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Expect {
+    /// No race at all.
+    NoRace,
+    /// Races on exactly these variables; `Some(indices)` pins the element indices exactly,
+    /// `None` accepts any element of the variable (the set depends on lock order).
+    Races(Vec<(&'static str, Option<BTreeSet<usize>>)>),
+}
+
+pub struct Kernel {
+    pub name: &'static str,
+    pub about: &'static str,
+    /// Fewest nodes the kernel needs.
+    pub min_nodes: usize,
+    pub run: fn(&mut Dsm) -> Result<(), DsmError>,
+    pub expect: fn(usize) -> Expect,
+}
+
+fn set(it: impl IntoIterator<Item = usize>) -> Option<BTreeSet<usize>> {
+    Some(it.into_iter().collect())
+}
+
+const K: usize = 8;
+
+/// Waits (polling under `lock`) until `flag[0] >= value`.
+fn wait_flag(dsm: &mut Dsm, lock: u64, flag: &dsm_core::Array<u64>, value: u64) -> Result<(), DsmError> {
+    loop {
+        let g = dsm.lock(lock)?;
+        if g.view(flag).get(0) >= value {
+            return Ok(());
+        }
+        drop(g);
+        std::thread::yield_now();
+    }
+}
+
+fn set_flag(dsm: &mut Dsm, lock: u64, flag: &dsm_core::Array<u64>, value: u64) -> Result<(), DsmError> {
+    let g = dsm.lock(lock)?;
+    g.view(flag).set(0, value);
+    Ok(())
+}
+
+fn missing_barrier(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let data = dsm.alloc::<u64>("data", K)?;
+    let sink = dsm.alloc::<u64>("sink", dsm.size())?;
+    let v = dsm.view(&data);
+    if dsm.rank() == 0 {
+        for i in 0..K {
+            v.set(i, i as u64 + 1);
+        }
+    } else {
+        let s: u64 = (0..K).map(|i| v.get(i)).sum();
+        dsm.view(&sink).set(dsm.rank(), s);
+    }
+    Ok(())
+}
+
+fn with_barrier(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let data = dsm.alloc::<u64>("data", K)?;
+    let sink = dsm.alloc::<u64>("sink", dsm.size())?;
+    if dsm.rank() == 0 {
+        let v = dsm.view(&data);
+        for i in 0..K {
+            v.set(i, i as u64 + 1);
+        }
+    }
+    dsm.barrier()?;
+    if dsm.rank() != 0 {
+        let v = dsm.view(&data);
+        let s: u64 = (0..K).map(|i| v.get(i)).sum();
+        dsm.view(&sink).set(dsm.rank(), s);
+    }
+    Ok(())
+}
+
+fn unprotected_counter(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let c = dsm.alloc::<u64>("counter", 1)?;
+    let v = dsm.view(&c);
+    for _ in 0..10 {
+        v.set(0, v.get(0) + 1);
+    }
+    Ok(())
+}
+
+fn locked_counter(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let c = dsm.alloc::<u64>("counter", 1)?;
+    for _ in 0..10 {
+        let g = dsm.lock(1)?;
+        let v = g.view(&c);
+        v.set(0, v.get(0) + 1);
+    }
+    dsm.barrier()?;
+    if dsm.view(&c).get(0) != 10 * dsm.size() as u64 {
+        return Err(DsmError::Protocol("locked counter lost updates".into()));
+    }
+    Ok(())
+}
+
+/// Node 0 publishes a flag under lock 1, then (the bug) writes `x` after unlocking; node 1
+/// waits for the flag and reads `x` under the lock.
+fn handoff_write_after_unlock(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let x = dsm.alloc::<u64>("x", 4)?;
+    let flag = dsm.alloc::<u64>("flag", 1)?;
+    match dsm.rank() {
+        0 => {
+            set_flag(dsm, 1, &flag, 1)?;
+            dsm.view(&x).set(2, 42);
+        }
+        1 => {
+            wait_flag(dsm, 1, &flag, 1)?;
+            let g = dsm.lock(1)?;
+            let _ = g.view(&x).get(2);
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn handoff_write_before_unlock(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let x = dsm.alloc::<u64>("x", 4)?;
+    let flag = dsm.alloc::<u64>("flag", 1)?;
+    match dsm.rank() {
+        0 => {
+            let g = dsm.lock(1)?;
+            g.view(&x).set(2, 42);
+            g.view(&flag).set(0, 1);
+        }
+        1 => {
+            wait_flag(dsm, 1, &flag, 1)?;
+            // Ordered after node 0's release by the acquire that saw the flag.
+            if dsm.view(&x).get(2) != 42 {
+                return Err(DsmError::Protocol("hand-off lost the write".into()));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// A barrier built from a lock-protected arrival counter, polled under the lock.
+fn lock_barrier(dsm: &mut Dsm, broken: bool) -> Result<(), DsmError> {
+    let n = dsm.size();
+    let count = dsm.alloc::<u64>("count", 1)?;
+    let data = dsm.alloc::<u64>("data", n)?;
+    let me = dsm.rank();
+    dsm.view(&data).set(me, me as u64 + 100);
+    {
+        let g = dsm.lock(2)?;
+        let v = g.view(&count);
+        v.set(0, v.get(0) + 1);
+    }
+    if broken {
+        // The bug: polling the counter without the lock. Under lazy release consistency
+        // the poll may never see the final count, so it gives up after a while.
+        for _ in 0..200 {
+            if dsm.view(&count).get(0) == n as u64 {
+                break;
+            }
+            std::thread::yield_now();
+        }
+    } else {
+        wait_flag(dsm, 2, &count, n as u64)?;
+    }
+    let v = dsm.view(&data);
+    let s: u64 = (0..n).filter(|&k| k != me).map(|k| v.get(k)).sum();
+    if !broken && s != (0..n).filter(|&k| k != me).map(|k| k as u64 + 100).sum::<u64>() {
+        return Err(DsmError::Protocol("lock barrier lost data".into()));
+    }
+    Ok(())
+}
+
+fn false_sharing(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let n = dsm.size();
+    let a = dsm.alloc_with::<f64>("cells", 512, Distribution::OnNode(0))?;
+    let v = dsm.view(&a);
+    for i in (dsm.rank()..512).step_by(n) {
+        v.set(i, i as f64);
+    }
+    Ok(())
+}
+
+fn byte_neighbours(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let n = dsm.size();
+    let a = dsm.alloc_with::<u8>("bytes", 4096, Distribution::OnNode(n - 1))?;
+    let v = dsm.view(&a);
+    for i in (dsm.rank()..4096).step_by(n) {
+        v.set(i, (i % 250) as u8 + 1);
+    }
+    Ok(())
+}
+
+fn boundary_read(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let n = dsm.size();
+    let len = 64 * n;
+    let a = dsm.alloc::<f64>("field", len)?;
+    let mine = band(len, n, dsm.rank());
+    let v = dsm.view(&a);
+    for i in mine.clone() {
+        v.set(i, i as f64);
+    }
+    // The bug: reading the left neighbour's last element without a barrier first.
+    if mine.start > 0 {
+        let _ = v.get(mine.start - 1);
+    }
+    Ok(())
+}
+
+fn reduction_unlocked(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let sum = dsm.alloc::<f64>("sum", 1)?;
+    let partial: f64 = (0..100).map(|i| (i * (dsm.rank() + 1)) as f64).sum();
+    let v = dsm.view(&sum);
+    v.set(0, v.get(0) + partial);
+    Ok(())
+}
+
+fn reduction_locked(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let sum = dsm.alloc::<f64>("sum", 1)?;
+    let partial: f64 = (0..100).map(|i| (i * (dsm.rank() + 1)) as f64).sum();
+    let g = dsm.lock(3)?;
+    let v = g.view(&sum);
+    v.set(0, v.get(0) + partial);
+    Ok(())
+}
+
+const BIG: usize = 64 * 512;
+const HOT: usize = 1234;
+
+fn one_element(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let n = dsm.size();
+    let a = dsm.alloc::<u64>("big", BIG)?;
+    let v = dsm.view(&a);
+    let mine = band(BIG, n, dsm.rank());
+    let block: Vec<u64> = mine.clone().map(|i| i as u64).collect();
+    v.write_from(mine.start, &block);
+    if dsm.rank() == n - 1 {
+        // The bug: one stray write into rank 0's block.
+        v.set(HOT, 7);
+    }
+    Ok(())
+}
+
+fn indirect_targets(rank: usize, n: usize, collide: bool) -> Vec<usize> {
+    // Each node updates 6 histogram bins through an index array; in the colliding variant
+    // ranks 0 and 1 both hit bin 17.
+    let mut t: Vec<usize> = (0..6).map(|k| 3 + (k * n + rank) * 5).collect();
+    if collide && rank <= 1 {
+        t[3] = 17;
+    }
+    t
+}
+
+fn indirect(dsm: &mut Dsm, collide: bool) -> Result<(), DsmError> {
+    let n = dsm.size();
+    let idx = dsm.alloc::<u32>("index", 6 * n)?;
+    let hist = dsm.alloc::<u32>("hist", 512)?;
+    {
+        let v = dsm.view(&idx);
+        for (k, t) in indirect_targets(dsm.rank(), n, collide).into_iter().enumerate() {
+            v.set(dsm.rank() * 6 + k, t as u32);
+        }
+    }
+    dsm.barrier()?;
+    let iv = dsm.view(&idx);
+    let hv = dsm.view(&hist);
+    for k in 0..6 {
+        let t = iv.get(dsm.rank() * 6 + k) as usize;
+        hv.set(t, hv.get(t) + 1);
+    }
+    Ok(())
+}
+
+fn tsp_bound(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let bound = dsm.alloc::<u64>("bound", 1)?;
+    let work = dsm.alloc::<u64>("found", dsm.size())?;
+    if dsm.rank() == 0 {
+        dsm.view(&bound).set(0, u64::MAX);
+    }
+    dsm.barrier()?;
+    let me = dsm.rank() as u64;
+    for step in 0..20u64 {
+        let candidate = 1000 - step * 7 - me;
+        // The racy read, as in TSP: prune against the bound without the lock.
+        if candidate < dsm.view(&bound).get(0) {
+            let g = dsm.lock(4)?;
+            let v = g.view(&bound);
+            if candidate < v.get(0) {
+                v.set(0, candidate);
+            }
+        }
+    }
+    dsm.view(&work).set(dsm.rank(), 1);
+    Ok(())
+}
+
+/// Node 0 writes `x`, then signals node 2 through lock 5; node 2 signals node 1 through
+/// lock 6; node 1 then writes `x`. The two writes are ordered only through node 2.
+fn third_node_lock(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let x = dsm.alloc::<u64>("x", 1)?;
+    let fa = dsm.alloc::<u64>("flag_a", 1)?;
+    let fb = dsm.alloc::<u64>("flag_b", 1)?;
+    match dsm.rank() {
+        0 => {
+            dsm.view(&x).set(0, 1);
+            set_flag(dsm, 5, &fa, 1)?;
+        }
+        2 => {
+            wait_flag(dsm, 5, &fa, 1)?;
+            set_flag(dsm, 6, &fb, 1)?;
+        }
+        1 => {
+            wait_flag(dsm, 6, &fb, 1)?;
+            let v = dsm.view(&x);
+            if v.get(0) != 1 {
+                return Err(DsmError::Protocol("transitive ordering lost the write".into()));
+            }
+            v.set(0, 2);
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn read_only_table(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let t = dsm.alloc::<u32>("table", 1024)?;
+    if dsm.rank() == 0 {
+        let v = dsm.view(&t);
+        for i in 0..1024 {
+            v.set(i, i as u32 * 3);
+        }
+    }
+    dsm.barrier()?;
+    let v = dsm.view(&t);
+    let s: u64 = (0..1024).map(|i| v.get(i) as u64).sum();
+    if s != (0..1024u64).map(|i| i * 3).sum::<u64>() {
+        return Err(DsmError::Protocol("table read wrong".into()));
+    }
+    Ok(())
+}
+
+fn write_write(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let a = dsm.alloc::<i32>("cell", 16)?;
+    if dsm.rank() <= 1 {
+        dsm.view(&a).set(9, dsm.rank() as i32 + 1);
+    }
+    Ok(())
+}
+
+fn different_locks(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let a = dsm.alloc::<u64>("total", 2)?;
+    // The bug: each node protects the same variable with its own lock.
+    let g = dsm.lock(100 + dsm.rank() as u64)?;
+    let v = g.view(&a);
+    v.set(1, v.get(1) + 1);
+    Ok(())
+}
+
+fn strided_disjoint(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let n = dsm.size();
+    let a = dsm.alloc_with::<f64>("lattice", 4 * 512, Distribution::OnNode(0))?;
+    let v = dsm.view(&a);
+    let count = 4 * 512 / n;
+    let out = v.strided_mut(dsm.rank(), n, count);
+    for k in 0..count {
+        out.set(k, k as f64);
+    }
+    Ok(())
+}
+
+fn bulk_overlap(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let a = dsm.alloc::<u32>("buffer", 4096)?;
+    match dsm.rank() {
+        0 => dsm.view(&a).write_from(100, &[5u32; 50]),
+        1 => {
+            let mut out = [0u32; 40];
+            dsm.view(&a).read_into(130, &mut out);
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+const COLS: usize = 16;
+
+fn grid_cell(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let n = dsm.size();
+    let g = dsm.alloc_2d::<f64>("grid", 4 * n, COLS)?;
+    let v = dsm.view(&g);
+    for r in band(4 * n, n, dsm.rank()) {
+        for c in 0..COLS {
+            v.set2(r, c, (r * COLS + c) as f64);
+        }
+    }
+    if dsm.rank() == 1 {
+        // The bug: a write into rank 0's rows.
+        v.set2(2, 7, -1.0);
+    }
+    Ok(())
+}
+
+fn after_last_barrier(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let a = dsm.alloc::<u64>("late", 4)?;
+    dsm.barrier()?;
+    dsm.barrier()?;
+    // Racy writes after the last barrier: only the analysis at exit can see them.
+    dsm.view(&a).set(3, dsm.rank() as u64);
+    Ok(())
+}
+
+fn lock_protected_structs(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let n = dsm.size();
+    let a = dsm.alloc::<[f64; 3]>("particles", 8 * n)?;
+    // Each particle has its own lock; nodes add into all particles.
+    for round in 0..2 {
+        for p in 0..8 * n {
+            let g = dsm.lock(200 + p as u64)?;
+            let v = g.view(&a);
+            let mut x = v.get(p);
+            x[round % 3] += 1.0;
+            v.set(p, x);
+        }
+    }
+    Ok(())
+}
+
+/// Every kernel, in the order `race-kernel list` prints them.
+pub fn all() -> Vec<Kernel> {
+    vec![
+        Kernel {
+            name: "missing-barrier",
+            about: "rank 0 produces data that the others consume with no barrier in between",
+            min_nodes: 2,
+            run: missing_barrier,
+            expect: |_| Expect::Races(vec![("data", set(0..K))]),
+        },
+        Kernel {
+            name: "with-barrier",
+            about: "the same producer/consumer with a barrier in between",
+            min_nodes: 2,
+            run: with_barrier,
+            expect: |_| Expect::NoRace,
+        },
+        Kernel {
+            name: "unprotected-counter",
+            about: "every node increments a shared counter without a lock",
+            min_nodes: 2,
+            run: unprotected_counter,
+            expect: |_| Expect::Races(vec![("counter", set([0]))]),
+        },
+        Kernel {
+            name: "locked-counter",
+            about: "every node increments a shared counter under one lock",
+            min_nodes: 2,
+            run: locked_counter,
+            expect: |_| Expect::NoRace,
+        },
+        Kernel {
+            name: "handoff-write-after-unlock",
+            about: "a lock hand-off where the data is written after the unlock",
+            min_nodes: 2,
+            run: handoff_write_after_unlock,
+            expect: |_| Expect::Races(vec![("x", set([2]))]),
+        },
+        Kernel {
+            name: "handoff-write-before-unlock",
+            about: "a lock hand-off where the data is written before the unlock",
+            min_nodes: 2,
+            run: handoff_write_before_unlock,
+            expect: |_| Expect::NoRace,
+        },
+        Kernel {
+            name: "lock-barrier",
+            about: "a barrier built correctly from a lock-protected counter",
+            min_nodes: 2,
+            run: |d| lock_barrier(d, false),
+            expect: |_| Expect::NoRace,
+        },
+        Kernel {
+            name: "broken-lock-barrier",
+            about: "a barrier built from locks whose counter is polled without the lock",
+            min_nodes: 2,
+            run: |d| lock_barrier(d, true),
+            expect: |_| Expect::Races(vec![("count", set([0])), ("data", None)]),
+        },
+        Kernel {
+            name: "false-sharing",
+            about: "neighbouring f64 elements of one page written by different nodes",
+            min_nodes: 2,
+            run: false_sharing,
+            expect: |_| Expect::NoRace,
+        },
+        Kernel {
+            name: "byte-neighbours",
+            about: "neighbouring bytes of a u8 array written by different nodes",
+            min_nodes: 2,
+            run: byte_neighbours,
+            expect: |_| Expect::NoRace,
+        },
+        Kernel {
+            name: "boundary-read",
+            about: "each node reads its left neighbour's boundary element without a barrier",
+            min_nodes: 2,
+            run: boundary_read,
+            expect: |n| Expect::Races(vec![("field", set((1..n).map(|k| band(64 * n, n, k).start - 1)))]),
+        },
+        Kernel {
+            name: "reduction-unlocked",
+            about: "a reduction into one shared sum without a lock",
+            min_nodes: 2,
+            run: reduction_unlocked,
+            expect: |_| Expect::Races(vec![("sum", set([0]))]),
+        },
+        Kernel {
+            name: "reduction-locked",
+            about: "private partial sums combined under a lock",
+            min_nodes: 2,
+            run: reduction_locked,
+            expect: |_| Expect::NoRace,
+        },
+        Kernel {
+            name: "one-element",
+            about: "a race on one element of a 64-page array",
+            min_nodes: 2,
+            run: one_element,
+            expect: |_| Expect::Races(vec![("big", set([HOT]))]),
+        },
+        Kernel {
+            name: "indirect-collide",
+            about: "histogram updates through index arrays whose targets collide",
+            min_nodes: 2,
+            run: |d| indirect(d, true),
+            expect: |_| Expect::Races(vec![("hist", set([17]))]),
+        },
+        Kernel {
+            name: "indirect-disjoint",
+            about: "histogram updates through index arrays whose targets are disjoint",
+            min_nodes: 2,
+            run: |d| indirect(d, false),
+            expect: |_| Expect::NoRace,
+        },
+        Kernel {
+            name: "tsp-bound",
+            about: "a global bound read without the lock that guards its updates (as in TSP)",
+            min_nodes: 2,
+            run: tsp_bound,
+            expect: |_| Expect::Races(vec![("bound", set([0]))]),
+        },
+        Kernel {
+            name: "third-node-lock",
+            about: "two writes ordered only through a lock chain via a third node",
+            min_nodes: 3,
+            run: third_node_lock,
+            expect: |_| Expect::NoRace,
+        },
+        Kernel {
+            name: "read-only-table",
+            about: "a table written before a barrier and only read after it",
+            min_nodes: 2,
+            run: read_only_table,
+            expect: |_| Expect::NoRace,
+        },
+        Kernel {
+            name: "write-write",
+            about: "two nodes write the same element with no synchronization",
+            min_nodes: 2,
+            run: write_write,
+            expect: |_| Expect::Races(vec![("cell", set([9]))]),
+        },
+        Kernel {
+            name: "different-locks",
+            about: "one variable updated under a different lock on each node",
+            min_nodes: 2,
+            run: different_locks,
+            expect: |_| Expect::Races(vec![("total", set([1]))]),
+        },
+        Kernel {
+            name: "strided-disjoint",
+            about: "interleaved strided writes by all nodes to the same pages",
+            min_nodes: 2,
+            run: strided_disjoint,
+            expect: |_| Expect::NoRace,
+        },
+        Kernel {
+            name: "bulk-overlap",
+            about: "a bulk write and a bulk read overlapping in 20 elements, unsynchronized",
+            min_nodes: 2,
+            run: bulk_overlap,
+            expect: |_| Expect::Races(vec![("buffer", set(130..150))]),
+        },
+        Kernel {
+            name: "grid-cell",
+            about: "a stray write into another node's rows of a 2-D grid",
+            min_nodes: 2,
+            run: grid_cell,
+            expect: |_| Expect::Races(vec![("grid", set([2 * COLS + 7]))]),
+        },
+        Kernel {
+            name: "after-last-barrier",
+            about: "racy writes after the last barrier (found by the analysis at exit)",
+            min_nodes: 2,
+            run: after_last_barrier,
+            expect: |_| Expect::Races(vec![("late", set([3]))]),
+        },
+        Kernel {
+            name: "locked-structs",
+            about: "3-field structs each updated under its own lock by every node",
+            min_nodes: 2,
+            run: lock_protected_structs,
+            expect: |_| Expect::NoRace,
+        },
+    ]
+}

@@ -1,0 +1,96 @@
+//! Every labelled kernel under `dsmrun --race` at N = 2 and 4 (and 8 for some): race-yes
+//! kernels must report exactly the expected variables and element indices (no false
+//! negatives, no extra reports), race-no kernels must report nothing.
+
+use apps::kernels::{self, Expect};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+
+const DSMRUN: &str = env!("CARGO_BIN_EXE_dsmrun");
+const KERNEL: &str = env!("CARGO_BIN_EXE_race-kernel");
+
+/// Kernels also run at N = 8.
+const AT_EIGHT: &[&str] = &[
+    "missing-barrier",
+    "boundary-read",
+    "false-sharing",
+    "byte-neighbours",
+    "third-node-lock",
+    "tsp-bound",
+    "lock-barrier",
+];
+
+fn check(name: &str, n: usize, expect: &Expect) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("races.jsonl");
+    let out = Command::new(DSMRUN)
+        .args(["-n", &n.to_string(), "--timeout", "60", "--race", "--race-log"])
+        .arg(&log)
+        .args([KERNEL, "run", name])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let ctx = format!("kernel {name} at N={n}\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains(&format!("kernel {name} done")), "{ctx}");
+    let mut found: BTreeMap<String, BTreeSet<usize>> = BTreeMap::new();
+    for line in std::fs::read_to_string(&log).unwrap_or_default().lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        found
+            .entry(v["variable"].as_str().unwrap().to_string())
+            .or_default()
+            .insert(v["index"].as_u64().unwrap() as usize);
+    }
+    match expect {
+        Expect::NoRace => {
+            assert_eq!(out.status.code(), Some(0), "{ctx}");
+            assert!(found.is_empty(), "false positives {found:?}\n{ctx}");
+            assert!(stderr.contains("dsm: 0 data races"), "{ctx}");
+        }
+        Expect::Races(want) => {
+            assert_eq!(out.status.code(), Some(66), "{ctx}");
+            let want_vars: BTreeSet<&str> = want.iter().map(|w| w.0).collect();
+            let got_vars: BTreeSet<&str> = found.keys().map(String::as_str).collect();
+            assert_eq!(got_vars, want_vars, "variables\n{ctx}");
+            for (var, indices) in want {
+                if let Some(indices) = indices {
+                    assert_eq!(&found[*var], indices, "indices of {var}\n{ctx}");
+                }
+            }
+            assert!(stderr.contains("DATA RACE"), "{ctx}");
+        }
+    }
+}
+
+#[test]
+fn at_least_twenty_kernels_of_both_kinds() {
+    let all = kernels::all();
+    assert!(all.len() >= 20);
+    let racy = all
+        .iter()
+        .filter(|k| matches!((k.expect)(4), Expect::Races(_)))
+        .count();
+    assert!(racy >= 8 && all.len() - racy >= 8, "{racy} racy of {}", all.len());
+}
+
+#[test]
+fn kernels_at_two_nodes() {
+    for k in kernels::all().iter().filter(|k| k.min_nodes <= 2) {
+        check(k.name, 2, &(k.expect)(2));
+    }
+}
+
+#[test]
+fn kernels_at_four_nodes() {
+    for k in kernels::all() {
+        check(k.name, 4, &(k.expect)(4));
+    }
+}
+
+#[test]
+fn some_kernels_at_eight_nodes() {
+    for k in kernels::all().iter().filter(|k| AT_EIGHT.contains(&k.name)) {
+        check(k.name, 8, &(k.expect)(8));
+    }
+}
