@@ -35,7 +35,12 @@ fn set(it: impl IntoIterator<Item = usize>) -> Option<BTreeSet<usize>> {
 const K: usize = 8;
 
 /// Waits (polling under `lock`) until `flag[0] >= value`.
-fn wait_flag(dsm: &mut Dsm, lock: u64, flag: &dsm_core::Array<u64>, value: u64) -> Result<(), DsmError> {
+fn wait_flag(
+    dsm: &mut Dsm,
+    lock: u64,
+    flag: &dsm_core::Array<u64>,
+    value: u64,
+) -> Result<(), DsmError> {
     loop {
         let g = dsm.lock(lock)?;
         if g.view(flag).get(0) >= value {
@@ -46,7 +51,12 @@ fn wait_flag(dsm: &mut Dsm, lock: u64, flag: &dsm_core::Array<u64>, value: u64) 
     }
 }
 
-fn set_flag(dsm: &mut Dsm, lock: u64, flag: &dsm_core::Array<u64>, value: u64) -> Result<(), DsmError> {
+fn set_flag(
+    dsm: &mut Dsm,
+    lock: u64,
+    flag: &dsm_core::Array<u64>,
+    value: u64,
+) -> Result<(), DsmError> {
     let g = dsm.lock(lock)?;
     g.view(flag).set(0, value);
     Ok(())
@@ -175,7 +185,12 @@ fn lock_barrier(dsm: &mut Dsm, broken: bool) -> Result<(), DsmError> {
     }
     let v = dsm.view(&data);
     let s: u64 = (0..n).filter(|&k| k != me).map(|k| v.get(k)).sum();
-    if !broken && s != (0..n).filter(|&k| k != me).map(|k| k as u64 + 100).sum::<u64>() {
+    if !broken
+        && s != (0..n)
+            .filter(|&k| k != me)
+            .map(|k| k as u64 + 100)
+            .sum::<u64>()
+    {
         return Err(DsmError::Protocol("lock barrier lost data".into()));
     }
     Ok(())
@@ -267,7 +282,10 @@ fn indirect(dsm: &mut Dsm, collide: bool) -> Result<(), DsmError> {
     let hist = dsm.alloc::<u32>("hist", 512)?;
     {
         let v = dsm.view(&idx);
-        for (k, t) in indirect_targets(dsm.rank(), n, collide).into_iter().enumerate() {
+        for (k, t) in indirect_targets(dsm.rank(), n, collide)
+            .into_iter()
+            .enumerate()
+        {
             v.set(dsm.rank() * 6 + k, t as u32);
         }
     }
@@ -323,7 +341,9 @@ fn third_node_lock(dsm: &mut Dsm) -> Result<(), DsmError> {
             wait_flag(dsm, 6, &fb, 1)?;
             let v = dsm.view(&x);
             if v.get(0) != 1 {
-                return Err(DsmError::Protocol("transitive ordering lost the write".into()));
+                return Err(DsmError::Protocol(
+                    "transitive ordering lost the write".into(),
+                ));
             }
             v.set(0, 2);
         }
@@ -434,6 +454,18 @@ fn lock_protected_structs(dsm: &mut Dsm) -> Result<(), DsmError> {
     Ok(())
 }
 
+fn two_epochs(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let first = dsm.alloc::<u64>("first", 2)?;
+    let second = dsm.alloc::<u64>("second", 2)?;
+    // Epoch 1: everyone writes first[0]; epoch 2: everyone writes second[1]. With
+    // --race-first only the epoch-1 races are reported: they affect everything after.
+    dsm.view(&first).set(0, dsm.rank() as u64);
+    dsm.barrier()?;
+    dsm.view(&second).set(1, dsm.rank() as u64);
+    dsm.barrier()?;
+    Ok(())
+}
+
 /// Every kernel, in the order `race-kernel list` prints them.
 pub fn all() -> Vec<Kernel> {
     vec![
@@ -512,7 +544,12 @@ pub fn all() -> Vec<Kernel> {
             about: "each node reads its left neighbour's boundary element without a barrier",
             min_nodes: 2,
             run: boundary_read,
-            expect: |n| Expect::Races(vec![("field", set((1..n).map(|k| band(64 * n, n, k).start - 1)))]),
+            expect: |n| {
+                Expect::Races(vec![(
+                    "field",
+                    set((1..n).map(|k| band(64 * n, n, k).start - 1)),
+                )])
+            },
         },
         Kernel {
             name: "reduction-unlocked",
@@ -611,6 +648,13 @@ pub fn all() -> Vec<Kernel> {
             min_nodes: 2,
             run: after_last_barrier,
             expect: |_| Expect::Races(vec![("late", set([3]))]),
+        },
+        Kernel {
+            name: "two-epochs",
+            about: "write-write races in two consecutive barrier epochs",
+            min_nodes: 2,
+            run: two_epochs,
+            expect: |_| Expect::Races(vec![("first", set([0])), ("second", set([1]))]),
         },
         Kernel {
             name: "locked-structs",

@@ -25,7 +25,14 @@ fn check(name: &str, n: usize, expect: &Expect) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("races.jsonl");
     let out = Command::new(DSMRUN)
-        .args(["-n", &n.to_string(), "--timeout", "60", "--race", "--race-log"])
+        .args([
+            "-n",
+            &n.to_string(),
+            "--timeout",
+            "60",
+            "--race",
+            "--race-log",
+        ])
         .arg(&log)
         .args([KERNEL, "run", name])
         .output()
@@ -63,6 +70,104 @@ fn check(name: &str, n: usize, expect: &Expect) {
     }
 }
 
+fn run(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(DSMRUN).args(args).output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn sor_with_race_detection_reports_nothing() {
+    let (code, stdout, stderr) = run(&[
+        "-n",
+        "4",
+        "--timeout",
+        "60",
+        "--race",
+        env!("CARGO_BIN_EXE_sor"),
+        "--size",
+        "128",
+        "--iters",
+        "10",
+    ]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("[0] verified:"), "{stdout}");
+    assert!(
+        stderr.contains("dsm: 0 data races on 0 variables"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("DATA RACE"), "{stderr}");
+}
+
+#[test]
+fn race_first_reports_only_the_first_epoch() {
+    let (code, _, all) = run(&["-n", "2", "--race", KERNEL, "run", "two-epochs"]);
+    assert_eq!(code, Some(66));
+    assert!(
+        all.contains("on first[0]") && all.contains("on second[1]"),
+        "{all}"
+    );
+    let (code, _, first) = run(&["-n", "2", "--race-first", KERNEL, "run", "two-epochs"]);
+    assert_eq!(code, Some(66));
+    assert!(first.contains("on first[0]"), "{first}");
+    assert!(!first.contains("on second"), "{first}");
+    assert!(first.contains("(first races only)"), "{first}");
+}
+
+#[test]
+fn race_exit_code_zero_still_reports() {
+    let (code, _, stderr) = run(&[
+        "-n",
+        "2",
+        "--race-exit-code",
+        "0",
+        KERNEL,
+        "run",
+        "write-write",
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("DATA RACE (write-write) on cell[9]"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("dsm: 1 data race on 1 variable"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn race_stats_print_the_paper_columns() {
+    let (code, _, stderr) = run(&["-n", "3", "--race-stats", KERNEL, "run", "boundary-read"]);
+    assert_eq!(code, Some(66), "{stderr}");
+    for needle in [
+        "dsm-race-stats: barrier 1:",
+        "interval pairs",
+        "concurrent",
+        "overlapping",
+        "bitmaps",
+        "notice bytes",
+        "interval comparison",
+        "bitmap round",
+        "dsm-race-stats: run:",
+    ] {
+        assert!(stderr.contains(needle), "missing {needle:?} in {stderr}");
+    }
+}
+
+#[test]
+fn without_race_flag_nothing_is_recorded() {
+    let (code, _, stderr) = run(&["-n", "2", KERNEL, "run", "write-write"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        !stderr.contains("DATA RACE") && !stderr.contains("data race"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn at_least_twenty_kernels_of_both_kinds() {
     let all = kernels::all();
@@ -71,7 +176,11 @@ fn at_least_twenty_kernels_of_both_kinds() {
         .iter()
         .filter(|k| matches!((k.expect)(4), Expect::Races(_)))
         .count();
-    assert!(racy >= 8 && all.len() - racy >= 8, "{racy} racy of {}", all.len());
+    assert!(
+        racy >= 8 && all.len() - racy >= 8,
+        "{racy} racy of {}",
+        all.len()
+    );
 }
 
 #[test]
