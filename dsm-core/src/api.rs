@@ -115,7 +115,36 @@ struct AllocMeta {
 }
 
 /// Race-detection state of this node.
+/// How much of the detector runs. Only benchmarks lower it (`DSM_RACE_PHASES`), to measure
+/// what each part costs: the paper's Figure 3 breakdown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum RacePhases {
+    /// Accesses are recorded and intervals closed, but notices stay home.
+    Record,
+    /// Notices travel with the intervals; no analysis.
+    Notices,
+    /// The master also finds concurrent, overlapping interval pairs; no bitmaps fetched.
+    Compare,
+    /// Everything: bitmaps fetched and compared, races reported.
+    Full,
+}
+
+impl RacePhases {
+    fn from_env() -> Result<Self, DsmError> {
+        match std::env::var("DSM_RACE_PHASES").as_deref() {
+            Err(_) | Ok("full") => Ok(RacePhases::Full),
+            Ok("record") => Ok(RacePhases::Record),
+            Ok("notices") => Ok(RacePhases::Notices),
+            Ok("compare") => Ok(RacePhases::Compare),
+            Ok(other) => Err(DsmError::Config(format!(
+                "DSM_RACE_PHASES={other:?}: expected record, notices, compare or full"
+            ))),
+        }
+    }
+}
+
 struct RaceState {
+    phases: RacePhases,
     recorder: Recorder,
     /// Rank 0 reports.
     reporter: Option<Reporter>,
@@ -189,7 +218,9 @@ impl Dsm {
         sys::set_global_segment(seg);
         let mailbox = sys::install_fault_handler(seg).map_err(DsmError::Segment)?;
         let mesh = dsm_net::connect_mesh(&env)?;
+        let phases = RacePhases::from_env()?;
         let race = env.race.enabled.then(|| RaceState {
+            phases,
             recorder: Recorder::new(),
             reporter: None,
             vars: VarTable::new(),
@@ -422,6 +453,9 @@ impl Dsm {
         let t = Instant::now();
         let n = r.recorder.close_interval();
         r.close_time += t.elapsed();
+        if r.phases == RacePhases::Record {
+            return Some(RaceNotices::default());
+        }
         Some(n)
     }
 
@@ -479,14 +513,20 @@ impl Dsm {
         let r = self.race.as_mut().ok_or_else(|| {
             DsmError::Protocol("analysis requested without race detection".into())
         })?;
+        if r.phases < RacePhases::Compare {
+            return Ok(0);
+        }
         let notice_bytes: u64 = intervals
             .iter()
             .filter_map(|i| i.race.as_ref())
             .map(|n| postcard::experimental::serialized_size(n).map_or(0, |s| s as u64))
             .sum();
         let t0 = Instant::now();
-        let plan = dsm_race::plan(epoch, intervals);
+        let mut plan = dsm_race::plan(epoch, intervals);
         let t1 = Instant::now();
+        if r.phases < RacePhases::Full {
+            plan.wanted.clear();
+        }
         let mut bitmaps = dsm_race::Bitmaps::new();
         let mut pending = 0;
         for (&node, keys) in &plan.wanted {
