@@ -169,6 +169,7 @@ pub struct Dsm {
     next_page: usize,
     race: Option<RaceState>,
     finished: bool,
+    started: Instant,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -259,6 +260,7 @@ impl Dsm {
             next_page: 0,
             race,
             finished: false,
+            started: Instant::now(),
             _not_send: PhantomData,
         })
     }
@@ -686,6 +688,18 @@ impl Dsm {
             finishing: true,
             race,
         });
+        if result.is_ok() {
+            if let Ok(path) = std::env::var("DSM_STATS_FILE") {
+                let path = path.replace("%r", &self.rank.to_string());
+                let stats = self.stats();
+                std::fs::write(&path, self.stats_json(&stats).to_string()).map_err(|e| {
+                    DsmError::Io(std::io::Error::new(
+                        e.kind(),
+                        format!("cannot write DSM_STATS_FILE {path}: {e}"),
+                    ))
+                })?;
+            }
+        }
         if let Some(comm) = self.comm.take() {
             comm.shutdown();
         }
@@ -722,6 +736,40 @@ impl Dsm {
             }
         }
         Ok(())
+    }
+}
+
+impl Dsm {
+    /// Everything a benchmark wants to know about this node's run (`DSM_STATS_FILE`).
+    fn stats_json(&self, stats: &Stats) -> serde_json::Value {
+        let shared_bytes: usize = self.next_page * PAGE_SIZE;
+        let race = self.race.as_ref().map(|r| {
+            let rs = r.recorder.stats();
+            serde_json::json!({
+                "phases": format!("{:?}", r.phases).to_lowercase(),
+                "intervals_with_accesses": rs.intervals_with_accesses,
+                "read_notices": rs.read_notices,
+                "write_notices": rs.write_notices,
+                "bitmaps_stored": rs.bitmaps_stored,
+                "bitmaps_served": rs.bitmaps_served,
+                "peak_store_bytes": rs.peak_store_bytes,
+                "interval_close_ms": r.close_time.as_secs_f64() * 1e3,
+                "interval_comparison_ms": r.plan_time.as_secs_f64() * 1e3,
+                "bitmap_round_ms": r.bitmap_time.as_secs_f64() * 1e3,
+                "analysis": r.sum,
+                "analysis_notice_bytes": r.notice_bytes,
+                "races_reported": r.races_total,
+            })
+        });
+        serde_json::json!({
+            "rank": self.rank,
+            "size": self.size,
+            "wall_s": self.started.elapsed().as_secs_f64(),
+            "shared_bytes": shared_bytes,
+            "allocations": self.allocs.iter().map(|a| a.name.clone()).collect::<Vec<_>>(),
+            "protocol": stats,
+            "race": race,
+        })
     }
 }
 

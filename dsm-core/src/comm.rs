@@ -112,7 +112,15 @@ impl Dispatch {
                 }
                 Output::FaultResolved => self.mailbox.resolve(),
                 Output::FaultCrash => self.mailbox.crash(),
-                Output::Reply(r) => {
+                Output::Reply(mut r) => {
+                    if let Reply::Stats(s) = &mut r {
+                        if let Some(t) = self.transport.borrow().as_ref() {
+                            s.messages_sent = t.traffic.messages_sent.get();
+                            s.bytes_sent = t.traffic.bytes_sent.get();
+                            s.messages_received = t.traffic.messages_received.get();
+                            s.bytes_received = t.traffic.bytes_received.get();
+                        }
+                    }
                     // The app thread only goes away at process exit.
                     let _ = self.replies.send(r);
                 }

@@ -147,8 +147,8 @@ pub enum Output {
     PeerLost(String),
 }
 
-/// Protocol counters.
-#[derive(Clone, Debug, Default)]
+/// Protocol counters (the traffic counters are filled in by the comm thread).
+#[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Stats {
     pub read_faults: u64,
     pub write_faults: u64,
@@ -166,6 +166,10 @@ pub struct Stats {
     pub barriers: u64,
     /// Bytes of read/write notices from the access recorder in sent messages (race mode).
     pub race_notice_bytes: u64,
+    pub messages_sent: u64,
+    pub bytes_sent: u64,
+    pub messages_received: u64,
+    pub bytes_received: u64,
 }
 
 #[derive(Debug)]
@@ -1071,7 +1075,6 @@ impl<M: Memory> Engine<M> {
         }
         all.sort_by_key(|r| (r.node, r.index));
         all.dedup_by_key(|r| (r.node, r.index));
-        self.stats.barriers += 1;
         if self.race_mode {
             self.master_release = Some((epoch, global, all.clone(), knowns));
             self.reply(Reply::AnalyzeEpoch {
@@ -1124,6 +1127,7 @@ impl<M: Memory> Engine<M> {
             return;
         }
         let waits = self.apply_intervals(intervals, &known);
+        self.stats.barriers += 1;
         // Everyone has now seen every interval up to this barrier: the logs can go.
         for l in self.log.iter_mut() {
             l.clear();
