@@ -13,7 +13,7 @@
 //! EFAULT): do I/O through local buffers and `write_from`/`read_into`.
 
 use crate::comm::{Comm, SegmentMemory};
-use crate::engine::{self, Command, Engine, Reply};
+use crate::engine::{self, Command, Engine, Reply, StateMirror};
 use crate::error::DsmError;
 use crate::sys::{self, AppSlice, AppStrided, Segment, PAGE_SIZE};
 use bytemuck::Pod;
@@ -23,6 +23,7 @@ use std::io::Write;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut, Range};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use crate::engine::Stats;
@@ -33,8 +34,9 @@ pub const DEFAULT_SEGMENT: usize = 1 << 30;
 pub const DEFAULT_SEGMENT_ADDR: usize = 0x3d00_0000_0000;
 /// Bulk accesses prefetch missing pages in batches of this many pages.
 const PREFETCH_BATCH: usize = 512;
-/// Bulk accesses smaller than this many pages just take their faults.
-const PREFETCH_MIN_PAGES: usize = 4;
+/// Accesses spanning fewer pages than this just take their faults (a fault costs the same
+/// round trip as a prefetch request).
+const PREFETCH_MIN_PAGES: usize = 2;
 
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
 
@@ -165,6 +167,8 @@ pub struct Dsm {
     size: usize,
     seg: &'static Segment,
     comm: Option<Comm>,
+    /// Page states as the comm thread sees them, to prefetch only what is missing.
+    states: Arc<StateMirror>,
     allocs: Vec<AllocMeta>,
     next_page: usize,
     race: Option<RaceState>,
@@ -243,15 +247,18 @@ impl Dsm {
                 );
             }
         }
-        let engine = Engine::new(
+        let mut engine = Engine::new(
             env.rank as NodeId,
             env.size,
             seg.pages(),
             SegmentMemory::new(seg),
             race.is_some(),
         );
+        let states = Arc::new(StateMirror::new(seg.pages()));
+        engine.share_states(states.clone());
         let comm = Comm::start(mesh, engine, mailbox, seg).map_err(DsmError::Io)?;
         Ok(Dsm {
+            states,
             rank: env.rank,
             size: env.size,
             seg,
@@ -910,14 +917,28 @@ impl<'a, T: Pod> View<'a, T> {
         (first, last)
     }
 
-    fn maybe_prefetch(&self, start: usize, count: usize, write: bool) {
-        if count == 0 || self.dsm.size == 1 {
+    /// Fetches, in one request per home, the pages of elements `start..start+count` that
+    /// are not yet accessible (for writing, if `write`), when the range spans several
+    /// pages. Bulk and strided accessors do this themselves; call it before element-wise
+    /// access to a large range. It records nothing.
+    pub fn prefetch(&self, start: usize, count: usize, write: bool) {
+        if count == 0 {
             return;
         }
+        assert!(
+            start.checked_add(count).is_some_and(|e| e <= self.len()),
+            "prefetch of {start}+{count} out of bounds (len {})",
+            self.len()
+        );
         let (first, last) = self.page_span(start, count);
-        if last + 1 - first >= PREFETCH_MIN_PAGES {
+        if last >= first + PREFETCH_MIN_PAGES - 1 && self.dsm.states.any_missing(first, last, write)
+        {
             self.dsm.prefetch(first, last, write);
         }
+    }
+
+    fn maybe_prefetch(&self, start: usize, count: usize, write: bool) {
+        self.prefetch(start, count, write)
     }
 
     /// Copies `out.len()` elements from `start` into `out` (one recorded read of the

@@ -47,7 +47,8 @@ pub trait Memory {
     fn make_diff(&self, page: PageNo, twin: &[u8]) -> Vec<u8>;
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
 pub enum PageState {
     /// Not part of any allocation: an access is a genuine segmentation fault.
     Unallocated,
@@ -181,6 +182,10 @@ struct LockState {
     held: bool,
     waiting: bool,
     next: Option<(NodeId, VectorTime)>,
+    /// What this node knew when it last released the lock. A later grant passes on exactly
+    /// this: intervals closed after the release (by a barrier arrival, another lock) are
+    /// not ordered before the acquirer, and claiming they were would hide races.
+    released_known: Option<VectorTime>,
 }
 
 #[derive(Debug)]
@@ -251,6 +256,40 @@ pub struct Engine<M: Memory> {
     finished: bool,
     stats: Stats,
     out: Vec<Output>,
+    mirror: Option<std::sync::Arc<StateMirror>>,
+}
+
+/// Page states as the comm thread last set them, readable from the app thread. Reads may
+/// be stale by the time they are used; they only decide whether to prefetch, never what is
+/// correct.
+pub struct StateMirror {
+    states: Vec<std::sync::atomic::AtomicU8>,
+}
+
+impl StateMirror {
+    pub fn new(pages: usize) -> Self {
+        StateMirror {
+            states: (0..pages)
+                .map(|_| std::sync::atomic::AtomicU8::new(0))
+                .collect(),
+        }
+    }
+
+    fn set(&self, page: usize, state: PageState) {
+        self.states[page].store(state as u8, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether any page of `first..=last` would fault for this access.
+    pub fn any_missing(&self, first: usize, last: usize, write: bool) -> bool {
+        let need = if write {
+            PageState::ReadWrite as u8
+        } else {
+            PageState::ReadOnly as u8
+        };
+        self.states[first..=last.min(self.states.len() - 1)]
+            .iter()
+            .any(|s| s.load(std::sync::atomic::Ordering::Relaxed) < need)
+    }
 }
 
 /// The lock's manager: a static function of the id so every node agrees without messages.
@@ -296,6 +335,23 @@ impl<M: Memory> Engine<M> {
             finished: false,
             stats: Stats::default(),
             out: Vec::new(),
+            mirror: None,
+        }
+    }
+
+    /// Gives the app thread a read-only view of page states, so bulk accessors can fetch
+    /// the missing pages of a range in one request instead of faulting page by page.
+    pub fn share_states(&mut self, mirror: std::sync::Arc<StateMirror>) {
+        for (p, e) in self.pages.iter().enumerate() {
+            mirror.set(p, e.state);
+        }
+        self.mirror = Some(mirror);
+    }
+
+    fn set_state(&mut self, page: PageNo, state: PageState) {
+        self.pages[page as usize].state = state;
+        if let Some(m) = &self.mirror {
+            m.set(page as usize, state);
         }
     }
 
@@ -413,7 +469,7 @@ impl<M: Memory> Engine<M> {
             self.stats.twins_made += 1;
         }
         self.mem.protect(page, 1, Prot::ReadWrite);
-        self.pages[page as usize].state = PageState::ReadWrite;
+        self.set_state(page, PageState::ReadWrite);
     }
 
     fn start_fetch(&mut self, pages: Vec<PageNo>, write: bool, then: AfterFetch) {
@@ -474,7 +530,7 @@ impl<M: Memory> Engine<M> {
         for copy in copies {
             self.mem.write_page(copy.page, &copy.data);
             self.required.remove(&copy.page);
-            self.pages[copy.page as usize].state = PageState::ReadOnly;
+            self.set_state(copy.page, PageState::ReadOnly);
             self.stats.pages_fetched += 1;
             readable.push(copy.page);
         }
@@ -541,7 +597,7 @@ impl<M: Memory> Engine<M> {
             .collect();
         self.protect_runs(&mut newly_shared, Prot::Read);
         for &p in &newly_shared {
-            self.pages[p as usize].state = PageState::ReadOnly;
+            self.set_state(p, PageState::ReadOnly);
         }
         let copies = pages
             .into_iter()
@@ -628,7 +684,7 @@ impl<M: Memory> Engine<M> {
             let twin = self.twins.remove(&p).expect("dirty page has a twin");
             let runs = self.mem.make_diff(p, &twin);
             self.spare_twins.push(twin);
-            self.pages[p as usize].state = PageState::ReadOnly;
+            self.set_state(p, PageState::ReadOnly);
             if !runs.is_empty() {
                 self.stats.diffs_sent += 1;
                 self.stats.diff_bytes_sent += runs.len() as u64;
@@ -751,7 +807,7 @@ impl<M: Memory> Engine<M> {
                 self.pages[p as usize].state != PageState::ReadWrite,
                 "interval closed before invalidation"
             );
-            self.pages[p as usize].state = PageState::Invalid;
+            self.set_state(p, PageState::Invalid);
         }
         self.stats.invalidations += invalidate.len() as u64;
         self.protect_runs(&mut invalidate, Prot::None);
@@ -809,11 +865,12 @@ impl<M: Memory> Engine<M> {
                     return;
                 }
                 e.home = home;
-                e.state = if home == self.me {
+                let state = if home == self.me {
                     PageState::ReadWrite
                 } else {
                     PageState::Invalid
                 };
+                self.set_state(p, state);
             }
             if home == self.me {
                 mine.push((first, count));
@@ -854,6 +911,7 @@ impl<M: Memory> Engine<M> {
             held: false,
             waiting: false,
             next: None,
+            released_known: None,
         })
     }
 
@@ -928,9 +986,18 @@ impl<M: Memory> Engine<M> {
     }
 
     fn grant(&mut self, lock: LockId, to: NodeId, their_known: VectorTime) {
-        self.lock_entry(lock).token = false;
-        let intervals = self.unseen_by(&their_known);
-        let known = self.known();
+        let n = self.n;
+        let st = self.lock_entry(lock);
+        st.token = false;
+        let known = st
+            .released_known
+            .clone()
+            .unwrap_or_else(|| VectorTime::zero(n));
+        let intervals = self
+            .unseen_by(&their_known)
+            .into_iter()
+            .filter(|r| r.index <= known.get(r.node))
+            .collect();
         self.send(
             to,
             Msg::LockGrant {
@@ -974,6 +1041,8 @@ impl<M: Memory> Engine<M> {
         st.held = false;
         let next = st.next.take();
         self.close_interval(race);
+        let known = self.known();
+        self.lock_entry(lock).released_known = Some(known);
         self.begin_interval(SyncCause::Release(lock));
         if let Some((to, known)) = next {
             self.grant(lock, to, known);

@@ -73,6 +73,8 @@ struct Sim {
     var_addr: Vec<usize>,
     rng: u64,
     steps: u64,
+    /// Every message delivered, for tests that inspect the traffic.
+    delivered: Vec<(usize, usize, Msg)>,
 }
 
 impl Sim {
@@ -200,6 +202,12 @@ impl Sim {
     }
 
     fn run(&mut self) {
+        self.run_until_quiet(true)
+    }
+
+    /// Runs until nothing can make progress; with `all_done`, every script must be
+    /// finished and no node left waiting.
+    fn run_until_quiet(&mut self, all_done: bool) {
         loop {
             self.steps += 1;
             assert!(
@@ -215,6 +223,9 @@ impl Sim {
                 .filter(|&i| !self.links[i].is_empty())
                 .collect();
             if runnable.is_empty() && links.is_empty() {
+                if !all_done {
+                    return;
+                }
                 for (k, node) in self.nodes.iter().enumerate() {
                     assert!(
                         node.script.is_empty() && node.wait == Wait::Running,
@@ -232,6 +243,7 @@ impl Sim {
                 let li = links[pick - runnable.len()];
                 let msg = self.links[li].pop_front().unwrap();
                 let (from, to) = (li / self.n, li % self.n);
+                self.delivered.push((from, to, msg.clone()));
                 let outs = self.nodes[to].eng.on_peer_message(from as NodeId, msg);
                 self.outputs(to, outs);
             }
@@ -262,6 +274,7 @@ fn sim(n: usize, homes: &[usize], vars: usize, seed: u64) -> Sim {
         var_addr: Vec::new(),
         rng: seed | 1,
         steps: 0,
+        delivered: Vec::new(),
     };
     // Variables spread over the pages, several per page (false sharing across locks).
     let slots = pages * PAGE_SIZE / 8;
@@ -417,4 +430,50 @@ fn interval_bookkeeping_counts() {
     assert_eq!(h.diffs_applied, 1);
     assert_eq!(h.pages_fetched, 0, "the home never fetches its own page");
     assert_eq!(s.model[0], 1);
+}
+
+#[test]
+fn grant_carries_the_knowledge_of_the_release_not_later_intervals() {
+    // Node 0 writes under lock 1 and releases it (closing interval r), then arrives at a
+    // barrier (closing interval r+1, which has a write of its own). Node 1's acquire of
+    // lock 1 is granted by node 0 while node 0 waits at the barrier: the grant must order
+    // node 1 after interval r only. Claiming r+1 would hide a race with node 0's later write.
+    let mut s = sim(2, &[0, 1], 2, 11);
+    s.var_addr = vec![0, 4096];
+    s.nodes[0].script.extend([
+        Op::Acquire(1),
+        Op::Incr(0),
+        Op::Release(1),
+        Op::Incr(1),
+        Op::Barrier,
+    ]);
+    s.run_until_quiet(false);
+    assert!(
+        s.nodes[0].script.is_empty() && s.nodes[0].wait == Wait::Reply,
+        "node 0 waits at the barrier"
+    );
+    s.nodes[1]
+        .script
+        .extend([Op::Acquire(1), Op::Check(0), Op::Release(1), Op::Barrier]);
+    s.run();
+    let grants: Vec<&Msg> = s
+        .delivered
+        .iter()
+        .filter(|(from, to, m)| *from == 0 && *to == 1 && matches!(m, Msg::LockGrant { .. }))
+        .map(|(_, _, m)| m)
+        .collect();
+    assert_eq!(grants.len(), 1);
+    let Msg::LockGrant {
+        known, intervals, ..
+    } = grants[0]
+    else {
+        unreachable!()
+    };
+    // Intervals of node 0: 1 (start, alloc), 2 (before acquire), 3 (critical section),
+    // 4 (after the release, written var 1, closed by the barrier).
+    assert_eq!(known.get(0), 3, "grant knowledge {known:?}");
+    assert!(
+        intervals.iter().all(|r| r.node != 0 || r.index <= 3),
+        "{intervals:?}"
+    );
 }
