@@ -4,8 +4,10 @@
 //! `verified:` on success, and exits non-zero on a wrong result.
 #![forbid(unsafe_code)]
 
+pub mod fft;
 pub mod kernels;
 pub mod sor;
+pub mod water;
 
 use std::time::Instant;
 

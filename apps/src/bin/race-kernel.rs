@@ -8,7 +8,11 @@ use clap::{Parser, Subcommand};
 use dsm_core::Dsm;
 
 #[derive(Parser, Debug)]
-#[command(name = "race-kernel", version, about = "Labelled race/no-race kernels for the detector")]
+#[command(
+    name = "race-kernel",
+    version,
+    about = "Labelled race/no-race kernels for the detector"
+)]
 struct Args {
     #[command(subcommand)]
     cmd: Cmd,
@@ -30,7 +34,10 @@ fn main() -> anyhow::Result<()> {
                     Expect::NoRace => "no race".to_string(),
                     Expect::Races(v) => format!(
                         "races on {}",
-                        v.iter().map(|(name, _)| *name).collect::<Vec<_>>().join(", ")
+                        v.iter()
+                            .map(|(name, _)| *name)
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ),
                 };
                 println!("{:<28} {:<22} {}", k.name, expect, k.about);
