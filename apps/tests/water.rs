@@ -113,11 +113,11 @@ fn energies_at_four_nodes_equal_those_at_one() {
 }
 
 #[test]
-fn per_molecule_locks_verify_too() {
+fn per_block_locks_verify_too() {
     let r = dsmrun(
         4,
         true,
-        &["--molecules", "27", "--steps", "2", "--locks", "molecule"],
+        &["--molecules", "27", "--steps", "2", "--locks", "block"],
     );
     assert_verified(&r, 27, 2, 4);
     assert!(r.stderr.contains("dsm: 0 data races"), "{r:?}");
