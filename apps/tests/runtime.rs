@@ -114,6 +114,20 @@ fn rank_exiting_with_error_stops_the_job() {
 }
 
 #[test]
+fn segfault_in_a_rank_is_reported_as_sigsegv() {
+    let t = Instant::now();
+    let out = dsmrun(3, TEST, &["segv", "--rank", "1"]);
+    assert!(t.elapsed() < Duration::from_secs(10));
+    assert_eq!(out.status.code(), Some(128 + 11), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("rank 1 was killed by signal 11 (SIGSEGV)"),
+        "{err}"
+    );
+    assert!(text(&out.stdout).contains("[1] rank 1 reads unallocated shared memory"));
+}
+
+#[test]
 fn killed_rank_stops_the_job() {
     let mut child = Command::new(DSMRUN)
         .args(["-n", "4", "--timeout", "60", TEST, "hang"])

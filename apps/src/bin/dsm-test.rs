@@ -63,6 +63,12 @@ enum Test {
         #[arg(long, default_value_t = 3)]
         code: i32,
     },
+    /// Rank `rank` touches shared-segment memory outside every allocation: a genuine
+    /// segmentation fault, which must kill it with SIGSEGV.
+    Segv {
+        #[arg(long, default_value_t = 1)]
+        rank: usize,
+    },
     /// Prints each rank's pid, then does barriers until killed (or `seconds` pass).
     Hang {
         #[arg(long, default_value_t = 60)]
@@ -99,6 +105,20 @@ fn main() -> anyhow::Result<()> {
             }
             dsm.barrier()?;
             fail("the failing rank reached the barrier?");
+        }
+        Test::Segv { rank } => {
+            let a = dsm.alloc::<u64>("small", 4)?;
+            dsm.view(&a).set(0, 1);
+            if dsm.rank() == rank {
+                // Far past the only allocation, still inside the segment.
+                let wild = dsm_core::sys::AppSlice::<u64>::new_in_global_segment(64 << 20, 1)
+                    .context("segment smaller than 64 MiB")?;
+                println!("rank {rank} reads unallocated shared memory");
+                let v = wild.get(0);
+                fail(&format!("read unallocated memory without crashing: {v}"));
+            }
+            dsm.barrier()?;
+            fail("the crashing rank reached the barrier?");
         }
         Test::Hang { seconds } => {
             println!("pid {}", std::process::id());
