@@ -768,10 +768,18 @@ impl Dsm {
                 "races_reported": r.races_total,
             })
         });
+        let peak_rss_kib = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmHWM:"))
+                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            });
         serde_json::json!({
             "rank": self.rank,
             "size": self.size,
             "wall_s": self.started.elapsed().as_secs_f64(),
+            "peak_rss_kib": peak_rss_kib,
             "shared_bytes": shared_bytes,
             "allocations": self.allocs.iter().map(|a| a.name.clone()).collect::<Vec<_>>(),
             "protocol": stats,
