@@ -7,6 +7,7 @@
 pub mod fft;
 pub mod kernels;
 pub mod sor;
+pub mod tsp;
 pub mod water;
 
 use std::time::Instant;
