@@ -70,8 +70,9 @@ pub fn fatal(msg: &str) -> ! {
 
 fn fatal_with(msg: &str, code: i32) -> ! {
     use std::io::Write;
+    // Not stdout: the app thread may hold its lock while parked in a fault, and stdout is
+    // line-buffered, so complete lines are already out.
     let _ = writeln!(std::io::stderr(), "dsm: fatal: {msg}");
-    let _ = std::io::stdout().flush();
     sys::exit_now(code)
 }
 
