@@ -223,7 +223,11 @@ impl Dsm {
         sys::set_global_segment(seg);
         let mailbox = sys::install_fault_handler(seg).map_err(DsmError::Segment)?;
         let mesh = dsm_net::connect_mesh(&env)?;
-        let phases = RacePhases::from_env()?;
+        let phases = if env.race.enabled {
+            RacePhases::from_env()?
+        } else {
+            RacePhases::Full
+        };
         let race = env.race.enabled.then(|| RaceState {
             phases,
             recorder: Recorder::new(),
