@@ -847,6 +847,30 @@ impl Drop for LockGuard<'_> {
 }
 
 /// Access to one shared array, valid until the next synchronization call.
+///
+/// A view borrows the node handle; synchronization needs the handle mutably, so keeping a
+/// view across a barrier (or lock, or release) does not compile:
+///
+/// ```compile_fail
+/// let mut dsm = dsm_core::Dsm::init()?;
+/// let a = dsm.alloc::<u64>("a", 1)?;
+/// let v = dsm.view(&a);
+/// dsm.barrier()?; // error: `dsm` is still borrowed by `v`
+/// v.set(0, 1);
+/// # Ok::<(), dsm_core::DsmError>(())
+/// ```
+///
+/// The same holds for a lock guard: views made through it end with the critical section.
+///
+/// ```compile_fail
+/// let mut dsm = dsm_core::Dsm::init()?;
+/// let a = dsm.alloc::<u64>("a", 1)?;
+/// let guard = dsm.lock(1)?;
+/// let v = guard.view(&a);
+/// drop(guard); // error: `guard` is still borrowed by `v`
+/// v.set(0, 1);
+/// # Ok::<(), dsm_core::DsmError>(())
+/// ```
 pub struct View<'a, T> {
     mem: AppSlice<T>,
     shadow: Option<&'a AllocShadow>,
