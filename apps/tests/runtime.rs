@@ -128,6 +128,27 @@ fn segfault_in_a_rank_is_reported_as_sigsegv() {
 }
 
 #[test]
+fn inconsistent_collective_calls_are_clear_errors() {
+    let out = dsmrun(3, TEST, &["alloc-mismatch"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("disagree on the shared allocations"), "{err}");
+    assert!(
+        !text(&out.stdout).contains("passed"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let out = dsmrun(3, TEST, &["barrier-mismatch"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("finished while others are still at barrier"),
+        "{err}"
+    );
+}
+
+#[test]
 fn killed_rank_stops_the_job() {
     let mut child = Command::new(DSMRUN)
         .args(["-n", "4", "--timeout", "60", TEST, "hang"])

@@ -69,11 +69,17 @@ pub fn fatal(msg: &str) -> ! {
 }
 
 fn fatal_with(msg: &str, code: i32) -> ! {
-    use std::io::Write;
-    // Not stdout: the app thread may hold its lock while parked in a fault, and stdout is
-    // line-buffered, so complete lines are already out.
-    let _ = writeln!(std::io::stderr(), "dsm: fatal: {msg}");
+    report_fatal(msg);
     sys::exit_now(code)
+}
+
+/// Writes the message in one `write`, so a signal arriving meanwhile cannot cut the line.
+/// Not stdout: the app thread may hold its lock while parked in a fault, and stdout is
+/// line-buffered, so complete lines are already out.
+fn report_fatal(msg: &str) {
+    use std::io::Write;
+    let line = format!("dsm: fatal: {msg}\n");
+    let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
 /// The app thread's handle on the comm thread.
@@ -87,6 +93,8 @@ pub struct Comm {
 struct Dispatch {
     /// Taken out at shutdown; sends after that are dropped (nobody is listening).
     transport: RefCell<Option<Transport>>,
+    /// Set once a fatal error is being reported: nothing else is processed.
+    dying: std::cell::Cell<bool>,
     mailbox: FaultMailbox,
     replies: std_mpsc::Sender<Reply>,
 }
@@ -94,6 +102,9 @@ struct Dispatch {
 impl Dispatch {
     fn run(&self, outputs: Vec<Output>) {
         for out in outputs {
+            if self.dying.get() {
+                return;
+            }
             match out {
                 Output::Send { to, msg } => {
                     let transport = self.transport.borrow();
@@ -125,10 +136,26 @@ impl Dispatch {
                     // The app thread only goes away at process exit.
                     let _ = self.replies.send(r);
                 }
-                Output::Fatal(msg) => fatal(&msg),
+                Output::Fatal(msg) => self.die(msg, FATAL_EXIT),
                 Output::PeerLost(msg) => fatal_with(&msg, PEER_LOST_EXIT),
             }
         }
+    }
+}
+
+impl Dispatch {
+    /// Reports a fatal error, lets already queued messages (such as an abort notice to the
+    /// other nodes) go out for a moment, then ends the process.
+    fn die(&self, msg: String, code: i32) {
+        self.dying.set(true);
+        report_fatal(&msg);
+        let transport = self.transport.borrow_mut().take();
+        tokio::task::spawn_local(async move {
+            if let Some(t) = transport {
+                t.shutdown(Duration::from_millis(500)).await;
+            }
+            sys::exit_now(code)
+        });
     }
 }
 
@@ -220,6 +247,7 @@ fn comm_main(
         )?;
         let dispatch = Rc::new(Dispatch {
             transport: RefCell::new(None),
+            dying: std::cell::Cell::new(false),
             mailbox,
             replies,
         });

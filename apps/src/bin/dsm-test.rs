@@ -69,6 +69,11 @@ enum Test {
         #[arg(long, default_value_t = 1)]
         rank: usize,
     },
+    /// Rank 1 allocates a different size than the others: the job must stop with an error
+    /// saying the ranks disagree, not run on with inconsistent memory.
+    AllocMismatch,
+    /// Rank 1 calls one barrier fewer than the others before finishing.
+    BarrierMismatch,
     /// Prints each rank's pid, then does barriers until killed (or `seconds` pass).
     Hang {
         #[arg(long, default_value_t = 60)]
@@ -119,6 +124,17 @@ fn main() -> anyhow::Result<()> {
             }
             dsm.barrier()?;
             fail("the crashing rank reached the barrier?");
+        }
+        Test::AllocMismatch => {
+            let len = if dsm.rank() == 1 { 100 } else { 200 };
+            let _a = dsm.alloc::<u64>("table", len)?;
+            fail("ranks with different allocations passed the collective allocation");
+        }
+        Test::BarrierMismatch => {
+            if dsm.rank() != 1 {
+                dsm.barrier()?;
+                fail("a barrier completed without rank 1");
+            }
         }
         Test::Hang { seconds } => {
             println!("pid {}", std::process::id());
