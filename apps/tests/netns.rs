@@ -1,0 +1,125 @@
+//! Nodes on separate "hosts": each rank runs in its own network namespace, joined by veth
+//! pairs through a bridge namespace, so the ranks reach each other only over those links
+//! (not loopback), the way a job spread over machines does. Needs root and `ip`; without
+//! them the test says so and checks nothing else.
+
+use std::process::{Command, Stdio};
+
+const TEST: &str = env!("CARGO_BIN_EXE_dsm-test");
+const SOR: &str = env!("CARGO_BIN_EXE_sor");
+
+fn ip(args: &[&str]) -> bool {
+    Command::new("ip")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Namespaces `<tag>-0..n` linked to a bridge in `<tag>-br`; removed on drop.
+struct Hosts {
+    tag: String,
+    n: usize,
+}
+
+impl Hosts {
+    fn new(n: usize) -> Option<Hosts> {
+        let tag = format!("dsm{}", std::process::id() % 100_000);
+        let h = Hosts { tag, n };
+        let br = format!("{}-br", h.tag);
+        if !ip(&["netns", "add", &br]) {
+            return None;
+        }
+        let ok = ip(&["-n", &br, "link", "add", "br0", "type", "bridge"])
+            && ip(&["-n", &br, "link", "set", "br0", "up"]);
+        if !ok {
+            return None;
+        }
+        for k in 0..n {
+            let ns = h.ns(k);
+            let (a, b) = (format!("{}v{k}", h.tag), format!("{}p{k}", h.tag));
+            let ok = ip(&["netns", "add", &ns])
+                && ip(&["link", "add", &a, "type", "veth", "peer", "name", &b])
+                && ip(&["link", "set", &a, "netns", &ns])
+                && ip(&["link", "set", &b, "netns", &br])
+                && ip(&["-n", &br, "link", "set", &b, "master", "br0"])
+                && ip(&["-n", &br, "link", "set", &b, "up"])
+                && ip(&[
+                    "-n",
+                    &ns,
+                    "addr",
+                    "add",
+                    &format!("10.77.0.{}/24", k + 1),
+                    "dev",
+                    &a,
+                ])
+                && ip(&["-n", &ns, "link", "set", &a, "up"])
+                && ip(&["-n", &ns, "link", "set", "lo", "up"]);
+            if !ok {
+                return None;
+            }
+        }
+        Some(h)
+    }
+
+    fn ns(&self, k: usize) -> String {
+        format!("{}-{k}", self.tag)
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        for k in 0..self.n {
+            ip(&["netns", "del", &self.ns(k)]);
+        }
+        ip(&["netns", "del", &format!("{}-br", self.tag)]);
+    }
+}
+
+fn run_on_hosts(hosts: &Hosts, program: &str, args: &[&str]) -> Vec<std::process::Output> {
+    let children: Vec<_> = (0..hosts.n)
+        .map(|k| {
+            Command::new("ip")
+                .args(["netns", "exec", &hosts.ns(k), program])
+                .args(args)
+                .env("DSM_RANK", k.to_string())
+                .env("DSM_SIZE", hosts.n.to_string())
+                .env("DSM_COORD", "10.77.0.1:7707")
+                .env("DSM_JOB_SECRET", "netns-job")
+                .env("DSM_CONNECT_TIMEOUT", "20")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect()
+}
+
+#[test]
+fn ranks_in_separate_network_namespaces() {
+    let Some(hosts) = Hosts::new(3) else {
+        eprintln!("skipped: cannot create network namespaces here (needs root and iproute2)");
+        return;
+    };
+    for (program, args) in [
+        (TEST, &["counter", "--iters", "30"][..]),
+        (SOR, &["--size", "64", "--iters", "6"][..]),
+    ] {
+        let outs = run_on_hosts(&hosts, program, args);
+        for (k, o) in outs.iter().enumerate() {
+            assert!(
+                o.status.success(),
+                "rank {k} of {program}: {:?}\n{}",
+                o.status,
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        let out0 = String::from_utf8_lossy(&outs[0].stdout);
+        assert!(out0.contains("verified:"), "{out0}");
+    }
+}
