@@ -179,7 +179,7 @@ fn main() -> anyhow::Result<()> {
                 format!("Held-Karp is only run up to {VERIFY_MAX_CITIES} cities")
             };
             println!(
-                "done: {what}, length {} (not verified: {why}), tour {tour_text}, {nodes} nodes, {bound_mode}, parallel {parallel:.3} s",
+                "done: {what}, length {} (not verified: {why}), tour {tour_text}, {nodes} nodes, {bound_mode}, parallel {parallel:.4} s",
                 out.length
             );
         } else {
@@ -193,7 +193,7 @@ fn main() -> anyhow::Result<()> {
                 ));
             }
             println!(
-                "verified: {what}, optimal length {} (Held-Karp agrees), tour {tour_text}, {nodes} nodes, {bound_mode}, parallel {parallel:.3} s, sequential(Held-Karp) {sequential:.3} s",
+                "verified: {what}, optimal length {} (Held-Karp agrees), tour {tour_text}, {nodes} nodes, {bound_mode}, parallel {parallel:.4} s, sequential(Held-Karp) {sequential:.4} s",
                 out.length
             );
         }

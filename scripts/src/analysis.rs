@@ -1,0 +1,976 @@
+//! From runs to the report: groups the run records by table, takes medians and spreads,
+//! derives the paper's metrics (Tables 1 and 3, Figure 3), the comparison with other
+//! detectors, the speedups and the three targets. Pure: no process is started here, so it
+//! is tested on made-up runs.
+
+use crate::model::*;
+use crate::parse::{parse_bench, BenchFigures, Tool};
+use crate::stats::{geomean, median, paired_ratios, summary};
+use std::collections::BTreeMap;
+
+/// What the analysis needs besides the runs.
+#[derive(Clone, Debug, Default)]
+pub struct Context {
+    pub settings: Settings,
+    pub machine: Machine,
+    /// App name -> why it was not run (missing binary...).
+    pub missing_apps: BTreeMap<String, String>,
+    /// App names in table order.
+    pub apps: Vec<String>,
+    /// The kernels with whether each has a race.
+    pub kernels: Vec<(String, bool)>,
+    /// Tool -> why it was not run.
+    pub missing_tools: BTreeMap<Tool, String>,
+}
+
+fn app_runs<'a>(
+    runs: &'a [RunRecord],
+    app: &'a str,
+    nodes: usize,
+    variant: Variant,
+) -> impl Iterator<Item = (usize, &'a Outcome)> + 'a {
+    runs.iter().filter_map(move |r| match &r.job {
+        Job::App {
+            app: a,
+            nodes: n,
+            variant: v,
+            rep,
+            ..
+        } if a == app && *n == nodes && *v == variant => Some((*rep, &r.outcome)),
+        _ => None,
+    })
+}
+
+/// Parallel times of the successful runs, indexed by repetition (NaN for failed ones, so
+/// that pairs stay aligned).
+fn times_by_rep(runs: &[RunRecord], app: &str, nodes: usize, variant: Variant) -> Vec<f64> {
+    let mut v: Vec<(usize, f64)> = app_runs(runs, app, nodes, variant)
+        .map(|(rep, o)| (rep, o.parallel_s.filter(|_| o.ok).unwrap_or(f64::NAN)))
+        .collect();
+    v.sort_by_key(|(rep, _)| *rep);
+    v.into_iter().map(|(_, t)| t).collect()
+}
+
+fn pct(num: u64, den: u64) -> Option<f64> {
+    (den > 0).then(|| 100.0 * num as f64 / den as f64)
+}
+
+fn status_of(total: usize, failed: usize) -> String {
+    match (total, failed) {
+        (0, _) => "not run".into(),
+        (t, f) if f == t => "failed".into(),
+        (_, 0) => "ok".into(),
+        (t, f) => format!("ok ({f} of {t} runs failed)"),
+    }
+}
+
+pub fn app_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<AppRow> {
+    let s = &ctx.settings;
+    let mut nodes: Vec<usize> = s
+        .table_nodes
+        .iter()
+        .chain(&s.skipped_nodes)
+        .copied()
+        .collect();
+    nodes.sort_unstable();
+    let mut rows = Vec::new();
+    for app in &ctx.apps {
+        for &n in &nodes {
+            let mut row = AppRow {
+                app: app.clone(),
+                nodes: n,
+                oversubscribed: n > ctx.machine.cores,
+                input: s.inputs.get(app).cloned().unwrap_or_default(),
+                ..AppRow::default()
+            };
+            if let Some(why) = ctx.missing_apps.get(app) {
+                row.status = format!("not run: {why}");
+                rows.push(row);
+                continue;
+            }
+            if s.skipped_nodes.contains(&n) {
+                row.status = format!(
+                    "not run: N = {n} is skipped in --{} on this machine",
+                    s.mode
+                );
+                rows.push(row);
+                continue;
+            }
+            let off = times_by_rep(runs, app, n, Variant::Off);
+            let on = times_by_rep(runs, app, n, Variant::On);
+            let total = off.len() + on.len();
+            let failed = off.iter().chain(&on).filter(|t| t.is_nan()).count();
+            row.status = status_of(total, failed);
+            row.off = summary(&off);
+            row.on = summary(&on);
+            row.ratio = summary(&paired_ratios(&off, &on));
+            row.race_off_s = row.off.map(|x| x.median);
+            row.race_on_s = row.on.map(|x| x.median);
+            row.race_ratio = row.ratio.map(|x| x.median);
+            // Structure from a race-off run: the protocol as the app uses it.
+            if let Some(st) = app_runs(runs, app, n, Variant::Off)
+                .find_map(|(_, o)| o.stats.as_ref().filter(|_| o.ok))
+            {
+                row.shared_bytes = Some(st.shared_bytes);
+                row.barriers = Some(st.barriers);
+                row.lock_acquires = Some(st.lock_acquires);
+                // Every allocation and the final `finish` are barriers too; only the
+                // ones the app asks for make it a barrier program.
+                let own_barriers = st.barriers.saturating_sub(st.allocations + 1);
+                if own_barriers > 0 {
+                    row.sync.push("barrier".into());
+                }
+                if st.lock_acquires > 0 {
+                    row.sync.push("lock".into());
+                }
+                if st.barriers > 0 && st.ranks > 0 {
+                    row.intervals_per_barrier =
+                        Some(st.intervals_closed as f64 / st.barriers as f64 / st.ranks as f64);
+                }
+            }
+            let races: Vec<f64> = app_runs(runs, app, n, Variant::On)
+                .filter(|(_, o)| o.ok)
+                .filter_map(|(_, o)| o.races.map(|r| r as f64))
+                .collect();
+            row.races = median(&races).map(|m| m.round() as u64);
+            rows.push(row);
+        }
+    }
+    rows
+}
+
+pub fn dynamic_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<DynamicRow> {
+    let mut rows = Vec::new();
+    for app in &ctx.apps {
+        for &n in &ctx.settings.table_nodes {
+            let stats: Vec<_> = app_runs(runs, app, n, Variant::On)
+                .filter(|(_, o)| o.ok)
+                .filter_map(|(_, o)| o.stats.as_ref())
+                .collect();
+            if stats.is_empty() {
+                continue;
+            }
+            let med = |f: &dyn Fn(&crate::parse::JobStats) -> Option<f64>| {
+                median(&stats.iter().filter_map(|s| f(s)).collect::<Vec<_>>())
+            };
+            let medu = |f: &dyn Fn(&crate::parse::JobStats) -> Option<u64>| {
+                median(
+                    &stats
+                        .iter()
+                        .filter_map(|s| f(s).map(|x| x as f64))
+                        .collect::<Vec<_>>(),
+                )
+                .map(|m| m.round() as u64)
+            };
+            rows.push(DynamicRow {
+                app: app.clone(),
+                nodes: n,
+                intervals_in_overlap_pct: med(&|s| {
+                    let a = s.analysis.as_ref()?;
+                    pct(a.intervals_in_overlap, a.intervals)
+                }),
+                bitmaps_fetched_pct: med(&|s| {
+                    let a = s.analysis.as_ref()?;
+                    pct(a.bitmaps_wanted, a.bitmaps_total)
+                }),
+                notice_bytes_pct: med(&|s| pct(s.race_notice_bytes, s.bytes_sent)),
+                // The run in the middle, for the raw counts.
+                analysis: {
+                    let mut with: Vec<_> =
+                        stats.iter().filter_map(|s| s.analysis.clone()).collect();
+                    with.sort_by_key(|a| a.intervals_in_overlap);
+                    with.get(with.len() / 2).cloned()
+                },
+                race_notice_bytes: medu(&|s| Some(s.race_notice_bytes)),
+                bytes_sent: medu(&|s| Some(s.bytes_sent)),
+                interval_comparison_ms: med(&|s| s.interval_comparison_ms),
+                bitmap_round_ms: med(&|s| s.bitmap_round_ms),
+            });
+        }
+    }
+    rows
+}
+
+pub fn breakdown_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<BreakdownRow> {
+    let mut rows = Vec::new();
+    for app in &ctx.apps {
+        if ctx.missing_apps.contains_key(app) {
+            continue;
+        }
+        for &n in &ctx.settings.breakdown_nodes {
+            let mut row = BreakdownRow {
+                app: app.clone(),
+                nodes: n,
+                ..BreakdownRow::default()
+            };
+            let variants = [
+                Variant::Off,
+                Variant::Record,
+                Variant::Notices,
+                Variant::Compare,
+                Variant::On,
+            ];
+            for v in variants {
+                if let Some(m) = median(&times_by_rep(runs, app, n, v)) {
+                    let key = if v == Variant::On {
+                        "on"
+                    } else {
+                        v.label().trim_start_matches("race:")
+                    };
+                    row.median_s.insert(key.to_string(), m);
+                }
+            }
+            // Per repetition, each component relative to that repetition's own race-off
+            // run (the five variants of a repetition ran back to back), then the median
+            // over repetitions: slow drifts of the machine's load cancel out.
+            let t: Vec<Vec<f64>> = variants
+                .iter()
+                .map(|&v| times_by_rep(runs, app, n, v))
+                .collect();
+            let reps = t.iter().map(Vec::len).max().unwrap_or(0);
+            let at = |v: usize, k: usize| t[v].get(k).copied().unwrap_or(f64::NAN);
+            let mut parts: [Vec<f64>; 5] = Default::default();
+            for k in 0..reps {
+                let [off, rec, not, cmp, on] = [at(0, k), at(1, k), at(2, k), at(3, k), at(4, k)];
+                if off.is_nan() || off <= 0.0 || [rec, not, cmp, on].iter().any(|x| x.is_nan()) {
+                    continue;
+                }
+                for (slot, d) in
+                    parts
+                        .iter_mut()
+                        .zip([rec - off, not - rec, cmp - not, on - cmp, on - off])
+                {
+                    slot.push(100.0 * d / off);
+                }
+            }
+            if parts[0].is_empty() {
+                row.status = "failed: no repetition where every phase ran".into();
+            } else {
+                row.recording_pct = median(&parts[0]);
+                row.protocol_pct = median(&parts[1]);
+                row.intervals_pct = median(&parts[2]);
+                row.bitmaps_pct = median(&parts[3]);
+                row.total_pct = median(&parts[4]);
+                row.status = if parts[0].len() < reps {
+                    format!("ok ({} of {reps} repetitions complete)", parts[0].len())
+                } else {
+                    "ok".into()
+                };
+            }
+            // The master's own timers of the last two components, for comparison.
+            if let Some(off) = row.median_s.get("off").copied().filter(|&o| o > 0.0) {
+                let timer = |f: &dyn Fn(&crate::parse::JobStats) -> Option<f64>| {
+                    let v: Vec<f64> = app_runs(runs, app, n, Variant::On)
+                        .filter(|(_, o)| o.ok)
+                        .filter_map(|(_, o)| f(o.stats.as_ref()?))
+                        .collect();
+                    median(&v).map(|ms| 100.0 * ms / 1e3 / off)
+                };
+                row.timer_intervals_pct = timer(&|s| s.interval_comparison_ms);
+                row.timer_bitmaps_pct = timer(&|s| s.bitmap_round_ms);
+            }
+            rows.push(row);
+        }
+    }
+    rows
+}
+
+/// KiB to MB, to 0.01 MB (finer digits would only be sampling noise).
+fn mb(kb: u64) -> f64 {
+    (kb as f64 / 1024.0 * 100.0).round() / 100.0
+}
+
+/// SOR under every detector, and the kernels' verdicts.
+pub fn peer_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<PeerRow> {
+    let s = &ctx.settings;
+    let mut rows = Vec::new();
+    let threads = s.peer_threads;
+    let sor_label = format!("sor {}", s.peer_sor);
+    // C SOR, by tool and repetition.
+    let c_times = |tool: Tool| -> (Vec<f64>, Vec<&Outcome>) {
+        let mut v: Vec<(usize, &Outcome)> = runs
+            .iter()
+            .filter_map(|r| match &r.job {
+                Job::CSor { tool: t, rep, .. } if *t == tool => Some((*rep, &r.outcome)),
+                _ => None,
+            })
+            .collect();
+        v.sort_by_key(|(rep, _)| *rep);
+        (
+            v.iter()
+                .map(|(_, o)| o.parallel_s.filter(|_| o.ok).unwrap_or(f64::NAN))
+                .collect(),
+            v.into_iter().map(|(_, o)| o).collect(),
+        )
+    };
+    let (plain, _) = c_times(Tool::Plain);
+    for tool in [Tool::Plain, Tool::Tsan, Tool::Helgrind, Tool::Drd] {
+        let mut row = PeerRow {
+            tool: tool.label().into(),
+            app: format!("{sor_label} (C, pthreads)"),
+            threads,
+            ..PeerRow::default()
+        };
+        if let Some(why) = ctx.missing_tools.get(&tool) {
+            row.status = format!("not run: {why}");
+            rows.push(row);
+            continue;
+        }
+        let (times, outs) = c_times(tool);
+        let failed = times.iter().filter(|t| t.is_nan()).count();
+        row.status = status_of(times.len(), failed);
+        row.base_s = median(&plain);
+        row.tool_s = median(&times);
+        let ratios = paired_ratios(&plain, &times);
+        if let Some(r) = summary(&ratios) {
+            row.slowdown = Some(r.median);
+            row.slowdown_min = Some(r.min);
+            row.slowdown_max = Some(r.max);
+        }
+        row.peak_rss_mb = outs.iter().filter_map(|o| o.max_rss_kb).max().map(mb);
+        // Any report in any repetition counts: SOR is race-free, so one is a false alarm.
+        row.found_race = outs
+            .iter()
+            .any(|o| o.ok)
+            .then(|| outs.iter().any(|o| o.ok && o.found_race == Some(true)));
+        row.expected_race = Some(false);
+        rows.push(row);
+    }
+    // dsm's SOR at the same size and node count: the table's runs.
+    for variant in [Variant::Off, Variant::On] {
+        let mut row = PeerRow {
+            tool: if variant == Variant::Off {
+                "dsm (no --race)".into()
+            } else {
+                "dsm --race".into()
+            },
+            app: format!("{sor_label} (dsm, processes)"),
+            threads,
+            ..PeerRow::default()
+        };
+        if let Some(why) = ctx.missing_apps.get("sor") {
+            row.status = format!("not run: {why}");
+            rows.push(row);
+            continue;
+        }
+        let off = times_by_rep(runs, "sor", threads, Variant::Off);
+        let mine = times_by_rep(runs, "sor", threads, variant);
+        let outs: Vec<&Outcome> = app_runs(runs, "sor", threads, variant)
+            .map(|(_, o)| o)
+            .collect();
+        row.status = status_of(mine.len(), mine.iter().filter(|t| t.is_nan()).count());
+        row.base_s = median(&off);
+        row.tool_s = median(&mine);
+        if let Some(r) = summary(&paired_ratios(&off, &mine)) {
+            row.slowdown = Some(r.median);
+            row.slowdown_min = Some(r.min);
+            row.slowdown_max = Some(r.max);
+        }
+        let ok = || outs.iter().filter(|o| o.ok);
+        row.peak_rss_mb = ok()
+            .filter_map(|o| o.rank_rss_kb.iter().max().copied().or(o.max_rss_kb))
+            .max()
+            .map(mb);
+        row.peak_rss_sum_mb = ok()
+            .map(|o| o.rank_rss_kb.iter().sum::<u64>())
+            .filter(|&s| s > 0)
+            .max()
+            .map(mb);
+        if variant == Variant::On {
+            row.found_race = ok().find_map(|o| o.races).map(|n| n > 0);
+        }
+        row.expected_race = Some(false);
+        rows.push(row);
+    }
+    // The kernels: dsm and each thread-level detector.
+    for (kernel, racy) in &ctx.kernels {
+        let dsm = runs.iter().find_map(|r| match &r.job {
+            Job::DsmKernel { kernel: k, .. } if k == kernel => Some(&r.outcome),
+            _ => None,
+        });
+        rows.push(kernel_row(
+            "dsm --race",
+            kernel,
+            *racy,
+            dsm,
+            ctx.missing_apps.get("race-kernel"),
+            s.kernel_nodes,
+        ));
+        for tool in [Tool::Tsan, Tool::Helgrind, Tool::Drd] {
+            let o = runs.iter().find_map(|r| match &r.job {
+                Job::CKernel {
+                    tool: t, kernel: k, ..
+                } if *t == tool && k == kernel => Some(&r.outcome),
+                _ => None,
+            });
+            rows.push(kernel_row(
+                tool.label(),
+                kernel,
+                *racy,
+                o,
+                ctx.missing_tools.get(&tool),
+                threads,
+            ));
+        }
+    }
+    rows
+}
+
+fn kernel_row(
+    tool: &str,
+    kernel: &str,
+    racy: bool,
+    o: Option<&Outcome>,
+    missing: Option<&String>,
+    threads: usize,
+) -> PeerRow {
+    let mut row = PeerRow {
+        tool: tool.into(),
+        app: kernel.into(),
+        threads,
+        expected_race: Some(racy),
+        ..PeerRow::default()
+    };
+    match (missing, o) {
+        (Some(why), _) => row.status = format!("not run: {why}"),
+        (None, None) => row.status = "not run".into(),
+        (None, Some(o)) if !o.ok => row.status = "failed".into(),
+        (None, Some(o)) => {
+            row.status = "ok".into();
+            row.found_race = o.found_race;
+            row.peak_rss_mb = o.rank_rss_kb.iter().max().copied().or(o.max_rss_kb).map(mb);
+            let sum: u64 = o.rank_rss_kb.iter().sum();
+            row.peak_rss_sum_mb = (sum > 0).then(|| mb(sum));
+        }
+    }
+    row
+}
+
+pub fn primitives(runs: &[RunRecord], missing: Option<&String>) -> Primitives {
+    if let Some(why) = missing {
+        return Primitives {
+            status: format!("not run: {why}"),
+            ..Primitives::default()
+        };
+    }
+    let outs: Vec<&Outcome> = runs
+        .iter()
+        .filter(|r| matches!(r.job, Job::Primitives { .. }))
+        .map(|r| &r.outcome)
+        .collect();
+    let figs: Vec<(BenchFigures, &serde_json::Value)> = outs
+        .iter()
+        .filter(|o| o.ok)
+        .filter_map(|o| {
+            let v = o.bench.as_ref()?;
+            Some((parse_bench(v).ok()?, v))
+        })
+        .collect();
+    if figs.is_empty() {
+        return Primitives {
+            status: if outs.is_empty() { "not run" } else { "failed" }.into(),
+            ..Primitives::default()
+        };
+    }
+    // Each figure: the median over the runs of each run's median.
+    let med = |f: &dyn Fn(&BenchFigures) -> Option<f64>| {
+        median(&figs.iter().filter_map(|(b, _)| f(b)).collect::<Vec<_>>())
+    };
+    let mut barrier_us = BTreeMap::new();
+    for k in figs.iter().flat_map(|(b, _)| b.barrier_us.keys()) {
+        if let Some(m) = med(&|b| b.barrier_us.get(k).copied()) {
+            barrier_us.insert(k.clone(), m);
+        }
+    }
+    let combined = BenchFigures {
+        rtt_us: med(&|b| b.rtt_us),
+        remote_fault_us: med(&|b| b.remote_fault_us),
+        write_fault_us: med(&|b| b.write_fault_us),
+        lock_acquire_us: med(&|b| b.lock_acquire_us),
+        lock_handoff_us: med(&|b| b.lock_handoff_us),
+        barrier_us,
+    };
+    let mut p = Primitives::from_figures(&combined, figs[0].1.clone());
+    p.runs = figs.len();
+    let failed = outs.len() - figs.len();
+    if failed > 0 {
+        p.status = format!("ok ({failed} of {} runs failed)", outs.len());
+    }
+    p
+}
+
+pub fn speedup_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<SpeedupRow> {
+    let mut rows = Vec::new();
+    for app in &ctx.apps {
+        // The sequential reference is timed in every verified run; its median over the
+        // race-off runs is the baseline.
+        let seq: Vec<f64> = runs
+            .iter()
+            .filter_map(|r| match &r.job {
+                Job::App {
+                    app: a,
+                    variant: Variant::Off,
+                    ..
+                } if a == app && r.outcome.ok => r.outcome.sequential_s,
+                _ => None,
+            })
+            .collect();
+        let sequential_s = median(&seq);
+        let par_at = |n: usize| median(&times_by_rep(runs, app, n, Variant::Off));
+        let one = par_at(1);
+        for &n in &ctx.settings.speedup_nodes {
+            let mut row = SpeedupRow {
+                app: app.clone(),
+                nodes: n,
+                oversubscribed: n > ctx.machine.cores,
+                ..SpeedupRow::default()
+            };
+            if let Some(why) = ctx.missing_apps.get(app) {
+                row.status = format!("not run: {why}");
+            } else {
+                let times = times_by_rep(runs, app, n, Variant::Off);
+                row.status = status_of(times.len(), times.iter().filter(|t| t.is_nan()).count());
+                row.parallel_s = median(&times);
+                row.sequential_s = sequential_s;
+                row.speedup = row.parallel_s.zip(sequential_s).map(|(p, s)| s / p);
+                row.self_relative = row.parallel_s.zip(one).map(|(p, o)| o / p);
+            }
+            rows.push(row);
+        }
+    }
+    rows
+}
+
+fn fmt_x(x: f64) -> String {
+    format!("{x:.2}x")
+}
+
+pub fn targets(
+    ctx: &Context,
+    apps: &[AppRow],
+    peers: &[PeerRow],
+    prim: &Primitives,
+) -> Vec<Target> {
+    let mut out = Vec::new();
+    // 1. Geometric mean slowdown at N = 8.
+    {
+        let at = |n: usize| -> (Vec<f64>, Vec<String>) {
+            let rows: Vec<&AppRow> = apps.iter().filter(|r| r.nodes == n).collect();
+            (
+                rows.iter().filter_map(|r| r.race_ratio).collect(),
+                rows.iter()
+                    .filter(|r| r.race_ratio.is_none())
+                    .map(|r| r.app.clone())
+                    .collect(),
+            )
+        };
+        let (r8, miss8) = at(8);
+        let mut t = Target {
+            name: "race-detection slowdown, geometric mean over the apps at N = 8".into(),
+            goal: "<= 1.3 (paper: 2.2)".into(),
+            ..Target::default()
+        };
+        if let Some(g) = geomean(&r8) {
+            let names: Vec<&str> = apps
+                .iter()
+                .filter(|r| r.nodes == 8 && r.race_ratio.is_some())
+                .map(|r| r.app.as_str())
+                .collect();
+            t.value = Some(g);
+            t.measured = format!("{} over {}", fmt_x(g), names.join(", "));
+            t.met = Some(g <= 1.3);
+            if !miss8.is_empty() {
+                t.note = format!("without {} (not measured)", miss8.join(", "));
+                t.met = None;
+            } else if names.len() < 4 {
+                t.note = "the target is over the four apps".into();
+                t.met = None;
+            }
+            if ctx.machine.cores < 8 {
+                t.note = [
+                    t.note.clone(),
+                    format!("N = 8 is oversubscribed on {} cores", ctx.machine.cores),
+                ]
+                .iter()
+                .filter(|s| !s.is_empty())
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("; ");
+            }
+        } else {
+            let (r2, _) = at(2);
+            t.measured = "not measured at N = 8".into();
+            t.note = match geomean(&r2) {
+                Some(g) => format!(
+                    "N = 8 not run in this mode; at N = 2 the geometric mean is {} over {} apps",
+                    fmt_x(g),
+                    r2.len()
+                ),
+                None => "no app has both race-off and race-on times".into(),
+            };
+        }
+        out.push(t);
+    }
+    // 2. dsm --race against ThreadSanitizer on SOR.
+    {
+        let find = |tool: &str| {
+            peers
+                .iter()
+                .find(|p| p.tool == tool && p.app.starts_with("sor"))
+                .and_then(|p| p.slowdown)
+        };
+        let mut t = Target {
+            name: "dsm --race vs ThreadSanitizer on SOR (ratio of slowdowns)".into(),
+            goal: ">= 5x cheaper".into(),
+            ..Target::default()
+        };
+        match (find("dsm --race"), find(Tool::Tsan.label())) {
+            (Some(d), Some(ts)) => {
+                let v = ts / d;
+                t.value = Some(v);
+                t.measured = format!(
+                    "{} cheaper (TSan {} vs dsm {})",
+                    fmt_x(v),
+                    fmt_x(ts),
+                    fmt_x(d)
+                );
+                t.met = Some(v >= 5.0);
+                t.note = format!(
+                    "SOR {}, {} threads / nodes",
+                    ctx.settings.peer_sor, ctx.settings.peer_threads
+                );
+            }
+            (d, ts) => {
+                t.measured = "not measured".into();
+                t.note = format!(
+                    "{}{}",
+                    if d.is_none() {
+                        "no dsm SOR slowdown; "
+                    } else {
+                        ""
+                    },
+                    if ts.is_none() {
+                        "no ThreadSanitizer SOR slowdown"
+                    } else {
+                        ""
+                    }
+                );
+            }
+        }
+        out.push(t);
+    }
+    // 3. Remote fault against the physical floor.
+    {
+        let mut t = Target {
+            name: "remote page fault vs loopback round trip + local fault".into(),
+            goal: "<= 2x".into(),
+            ..Target::default()
+        };
+        match (
+            prim.remote_fault_vs_floor,
+            prim.remote_fault_us,
+            prim.rtt_us,
+            prim.write_fault_us,
+        ) {
+            (Some(v), Some(rf), Some(rtt), Some(wf)) => {
+                t.value = Some(v);
+                t.measured = format!("{} ({rf:.1} us vs {rtt:.1} + {wf:.1} us)", fmt_x(v));
+                t.met = Some(v <= 2.0);
+            }
+            _ => {
+                t.measured = "not measured".into();
+                t.note = prim.status.clone();
+            }
+        }
+        out.push(t);
+    }
+    out
+}
+
+/// What a run ran, regardless of node count, variant and repetition: failures of the same
+/// program with the same error are one entry, so a broken app does not bury the report.
+fn failure_group(job: &Job) -> String {
+    match job {
+        Job::App { app, .. } => format!("app {app}"),
+        Job::CSor { tool, .. } => format!("C sor {tool:?}"),
+        Job::CKernel { tool, .. } => format!("C kernel {tool:?}"),
+        Job::DsmKernel { .. } => "race-kernel".into(),
+        Job::Primitives { .. } => "dsm-bench".into(),
+    }
+}
+
+/// Failed runs, grouped, with the command of the first one.
+pub fn failures(runs: &[RunRecord], command: &dyn Fn(&Job) -> String) -> Vec<Failure> {
+    let mut out: Vec<(String, Failure)> = Vec::new();
+    for r in runs.iter().filter(|r| !r.outcome.ok) {
+        let error = r.outcome.error.clone().unwrap_or_default();
+        let key = format!("{}\u{0}{error}", failure_group(&r.job));
+        match out.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, f)) => f.count += 1,
+            None => out.push((
+                key,
+                Failure {
+                    what: r.job.describe(),
+                    count: 1,
+                    command: command(&r.job),
+                    error,
+                    stderr_tail: r.outcome.stderr_tail.clone(),
+                },
+            )),
+        }
+    }
+    out.into_iter().map(|(_, f)| f).collect()
+}
+
+/// The whole report except what only the caller knows (date, plots, duration).
+pub fn analyze(ctx: &Context, runs: Vec<RunRecord>, command: &dyn Fn(&Job) -> String) -> Report {
+    let apps = app_rows(ctx, &runs);
+    let peers = peer_rows(ctx, &runs);
+    let prim = primitives(&runs, ctx.missing_apps.get("dsm-bench"));
+    let targets = targets(ctx, &apps, &peers, &prim);
+    let mut not_run: Vec<String> = ctx
+        .missing_apps
+        .iter()
+        .map(|(a, why)| format!("{a}: {why}"))
+        .collect();
+    not_run.extend(
+        ctx.missing_tools
+            .iter()
+            .map(|(t, why)| format!("{}: {why}", t.label())),
+    );
+    for n in &ctx.settings.skipped_nodes {
+        not_run.push(format!(
+            "application runs at N = {n}: skipped in --{}",
+            ctx.settings.mode
+        ));
+    }
+    let mut notes = Vec::new();
+    if ctx.apps.iter().any(|a| a == "tsp") {
+        notes.push(
+            "TSP's sequential time is Held-Karp dynamic programming (its verifier), not the branch and bound: its speedup against it compares different algorithms; the self-relative column does not."
+                .into(),
+        );
+    }
+    Report {
+        schema: 1,
+        machine: ctx.machine.clone(),
+        settings: ctx.settings.clone(),
+        dynamic: dynamic_rows(ctx, &runs),
+        breakdown: breakdown_rows(ctx, &runs),
+        speedup: speedup_rows(ctx, &runs),
+        failures: failures(&runs, command),
+        apps,
+        peers,
+        primitives: prim,
+        targets,
+        not_run,
+        notes,
+        runs,
+        ..Report::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse::{Analysis, JobStats};
+
+    fn app_run(app: &str, nodes: usize, variant: Variant, rep: usize, t: Option<f64>) -> RunRecord {
+        RunRecord {
+            job: Job::App {
+                app: app.into(),
+                purpose: Purpose::Table,
+                nodes,
+                variant,
+                rep,
+                args: vec![],
+            },
+            outcome: Outcome {
+                ok: t.is_some(),
+                error: t.is_none().then(|| "exit status 1".to_string()),
+                parallel_s: t,
+                sequential_s: Some(1.0),
+                stats: Some(JobStats {
+                    ranks: nodes,
+                    shared_bytes: 4096,
+                    allocations: 1,
+                    barriers: 12,
+                    intervals_closed: 24,
+                    lock_acquires: 0,
+                    bytes_sent: 1000,
+                    race_notice_bytes: if variant == Variant::Off { 0 } else { 10 },
+                    analysis: (variant == Variant::On).then(|| Analysis {
+                        intervals: 20,
+                        intervals_in_overlap: 5,
+                        bitmaps_wanted: 1,
+                        bitmaps_total: 50,
+                        ..Analysis::default()
+                    }),
+                    ..JobStats::default()
+                }),
+                races: (variant == Variant::On).then_some(0),
+                ..Outcome::default()
+            },
+        }
+    }
+
+    fn ctx() -> Context {
+        Context {
+            settings: Settings {
+                mode: "normal".into(),
+                table_nodes: vec![2, 8],
+                breakdown_nodes: vec![2],
+                speedup_nodes: vec![2, 8],
+                peer_sor: "--size 64 --iters 5".into(),
+                peer_threads: 2,
+                ..Settings::default()
+            },
+            machine: Machine {
+                cores: 2,
+                ..Machine::default()
+            },
+            apps: vec!["sor".into()],
+            ..Context::default()
+        }
+    }
+
+    #[test]
+    fn table_pairs_off_and_on_by_repetition() {
+        let runs = vec![
+            app_run("sor", 2, Variant::Off, 0, Some(1.0)),
+            app_run("sor", 2, Variant::On, 0, Some(1.2)),
+            app_run("sor", 2, Variant::Off, 1, Some(2.0)),
+            app_run("sor", 2, Variant::On, 1, None),
+            app_run("sor", 2, Variant::Off, 2, Some(1.0)),
+            app_run("sor", 2, Variant::On, 2, Some(1.4)),
+        ];
+        let rows = app_rows(&ctx(), &runs);
+        let r = rows.iter().find(|r| r.nodes == 2).unwrap();
+        assert_eq!(r.status, "ok (1 of 6 runs failed)");
+        assert_eq!(r.race_off_s, Some(1.0));
+        assert!((r.race_ratio.unwrap() - 1.3).abs() < 1e-12);
+        assert_eq!(r.ratio.unwrap().n, 2);
+        // 24 intervals over 12 barriers and 2 ranks.
+        assert_eq!(r.intervals_per_barrier, Some(1.0));
+        assert_eq!(r.sync, vec!["barrier".to_string()]);
+        let r8 = rows.iter().find(|r| r.nodes == 8).unwrap();
+        assert!(r8.oversubscribed);
+        assert_eq!(r8.status, "not run");
+        assert_eq!(r8.race_ratio, None);
+    }
+
+    #[test]
+    fn breakdown_differences_of_consecutive_phases() {
+        let mut runs = Vec::new();
+        for (v, t) in [
+            (Variant::Off, 1.0),
+            (Variant::Record, 1.1),
+            (Variant::Notices, 1.15),
+            (Variant::Compare, 1.2),
+            (Variant::On, 1.3),
+        ] {
+            runs.push(app_run("sor", 2, v, 0, Some(t)));
+        }
+        let b = &breakdown_rows(&ctx(), &runs)[0];
+        assert_eq!(b.status, "ok");
+        assert!((b.recording_pct.unwrap() - 10.0).abs() < 1e-9);
+        assert!((b.protocol_pct.unwrap() - 5.0).abs() < 1e-9);
+        assert!((b.intervals_pct.unwrap() - 5.0).abs() < 1e-9);
+        assert!((b.bitmaps_pct.unwrap() - 10.0).abs() < 1e-9);
+        assert!((b.total_pct.unwrap() - 30.0).abs() < 1e-9);
+        // A repetition missing a phase is left out of the differences.
+        runs.push(app_run("sor", 2, Variant::Off, 1, Some(1.0)));
+        runs.push(app_run("sor", 2, Variant::On, 1, None));
+        let b2 = &breakdown_rows(&ctx(), &runs)[0];
+        assert_eq!(b2.status, "ok (1 of 2 repetitions complete)");
+        let d = &dynamic_rows(&ctx(), &runs)[0];
+        assert_eq!(d.intervals_in_overlap_pct, Some(25.0));
+        assert_eq!(d.bitmaps_fetched_pct, Some(2.0));
+        assert_eq!(d.notice_bytes_pct, Some(1.0));
+    }
+
+    #[test]
+    fn targets_report_what_is_missing() {
+        let mut c = ctx();
+        c.settings.skipped_nodes = vec![8];
+        c.settings.table_nodes = vec![2];
+        let runs = vec![
+            app_run("sor", 2, Variant::Off, 0, Some(1.0)),
+            app_run("sor", 2, Variant::On, 0, Some(1.1)),
+        ];
+        let apps = app_rows(&c, &runs);
+        let t = targets(&c, &apps, &[], &Primitives::default());
+        assert_eq!(t[0].met, None);
+        assert!(t[0].note.contains("at N = 2"), "{}", t[0].note);
+        assert_eq!(t[1].met, None);
+        assert_eq!(t[2].measured, "not measured");
+        let prim = Primitives::from_figures(
+            &crate::parse::BenchFigures {
+                rtt_us: Some(40.0),
+                remote_fault_us: Some(90.0),
+                write_fault_us: Some(5.0),
+                ..Default::default()
+            },
+            serde_json::Value::Null,
+        );
+        let t = targets(&c, &apps, &[], &prim);
+        assert_eq!(t[2].met, Some(true));
+        assert!((t[2].value.unwrap() - 2.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn failures_are_grouped_by_program_and_error() {
+        let runs = vec![
+            app_run("sor", 2, Variant::Off, 0, None),
+            app_run("sor", 8, Variant::On, 1, None),
+            app_run("sor", 2, Variant::On, 0, Some(1.0)),
+            app_run("fft", 2, Variant::Off, 0, None),
+        ];
+        let f = failures(&runs, &|j| j.describe());
+        assert_eq!(f.len(), 2);
+        assert_eq!(f[0].count, 2);
+        assert!(f[0].what.starts_with("sor"));
+        assert_eq!(f[1].count, 1);
+    }
+
+    #[test]
+    fn primitives_are_medians_over_runs() {
+        let run = |rep: usize, rtt: f64, fault: f64| RunRecord {
+            job: Job::Primitives { reps: 10, rep },
+            outcome: Outcome {
+                ok: true,
+                bench: Some(serde_json::json!({
+                    "rtt_us": {"median": rtt}, "remote_fault_us": {"median": fault},
+                    "write_fault_us": {"median": 5.0}, "barrier_us": {"2": {"median": rtt * 2.0}}})),
+                ..Outcome::default()
+            },
+        };
+        let p = primitives(
+            &[run(0, 10.0, 30.0), run(1, 12.0, 90.0), run(2, 11.0, 31.0)],
+            None,
+        );
+        assert_eq!(p.runs, 3);
+        assert_eq!(p.rtt_us, Some(11.0));
+        assert_eq!(p.remote_fault_us, Some(31.0));
+        assert_eq!(p.barrier_us.get("2"), Some(&22.0));
+        assert!((p.remote_fault_vs_floor.unwrap() - 31.0 / 16.0).abs() < 1e-12);
+        assert_eq!(primitives(&[], None).status, "not run");
+    }
+
+    #[test]
+    fn missing_app_is_not_run() {
+        let mut c = ctx();
+        c.apps.push("fft".into());
+        c.missing_apps
+            .insert("fft".into(), "binary not found".into());
+        let rows = app_rows(&c, &[]);
+        assert!(rows
+            .iter()
+            .filter(|r| r.app == "fft")
+            .all(|r| r.status == "not run: binary not found"));
+        let s = speedup_rows(&c, &[]);
+        assert!(s
+            .iter()
+            .any(|r| r.app == "fft" && r.status.starts_with("not run")));
+    }
+}

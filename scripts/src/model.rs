@@ -1,0 +1,402 @@
+//! The data of a benchmark run: the jobs the suite plans, what each run produced, and the
+//! report (`latest.json`) derived from them. Everything here is plain serde data so the
+//! report can be re-rendered, and tested, from JSON alone.
+
+use crate::parse::{Analysis, BenchFigures, JobStats, Tool};
+use crate::stats::Summary;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// How much of the race detector runs in an app job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Variant {
+    /// No `--race`.
+    Off,
+    /// `--race` with `DSM_RACE_PHASES=record`: accesses recorded, no notices sent.
+    Record,
+    /// `DSM_RACE_PHASES=notices`: read/write notices travel too.
+    Notices,
+    /// `DSM_RACE_PHASES=compare`: the master also compares intervals.
+    Compare,
+    /// `--race` as a user runs it (bitmap round included).
+    On,
+}
+
+impl Variant {
+    pub fn race(self) -> bool {
+        self != Variant::Off
+    }
+
+    /// Value of `DSM_RACE_PHASES`, for the partial detector variants only.
+    pub fn phases_env(self) -> Option<&'static str> {
+        match self {
+            Variant::Record => Some("record"),
+            Variant::Notices => Some("notices"),
+            Variant::Compare => Some("compare"),
+            Variant::Off | Variant::On => None,
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Variant::Off => "off",
+            Variant::Record => "race:record",
+            Variant::Notices => "race:notices",
+            Variant::Compare => "race:compare",
+            Variant::On => "race",
+        }
+    }
+}
+
+/// Why an app job is run (the same app and N can serve several tables).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Purpose {
+    /// Tables 1 and 3 and the breakdown (the apps' benchmark input).
+    Table,
+    /// Extra node counts for the speedup plot.
+    Speedup,
+}
+
+/// One run the suite makes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Job {
+    /// `dsmrun -n nodes [--race] app args`.
+    App {
+        app: String,
+        purpose: Purpose,
+        nodes: usize,
+        variant: Variant,
+        rep: usize,
+        args: Vec<String>,
+    },
+    /// The C SOR under a tool (or plain).
+    CSor {
+        tool: Tool,
+        size: usize,
+        iters: usize,
+        threads: usize,
+        rep: usize,
+    },
+    /// A C race kernel under a detector.
+    CKernel {
+        tool: Tool,
+        kernel: String,
+        threads: usize,
+    },
+    /// `dsmrun -n nodes --race race-kernel run kernel`.
+    DsmKernel { kernel: String, nodes: usize },
+    /// `dsm-bench --reps reps`, repeated.
+    Primitives { reps: usize, rep: usize },
+}
+
+impl Job {
+    pub fn describe(&self) -> String {
+        match self {
+            Job::App {
+                app,
+                nodes,
+                variant,
+                rep,
+                args,
+                ..
+            } => format!(
+                "{app} {} N={nodes} {} (rep {})",
+                args.join(" "),
+                variant.label(),
+                rep + 1
+            )
+            .replace("  ", " "),
+            Job::CSor {
+                tool,
+                size,
+                iters,
+                threads,
+                rep,
+            } => format!(
+                "C sor {size}x{size} {iters} iters T={threads} under {} (rep {})",
+                tool.label(),
+                rep + 1
+            ),
+            Job::CKernel {
+                tool,
+                kernel,
+                threads,
+            } => format!("C kernel {kernel} T={threads} under {}", tool.label()),
+            Job::DsmKernel { kernel, nodes } => {
+                format!("race-kernel {kernel} N={nodes} --race")
+            }
+            Job::Primitives { reps, rep } => format!("dsm-bench --reps {reps} (run {})", rep + 1),
+        }
+    }
+}
+
+/// What one run produced.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Outcome {
+    pub ok: bool,
+    /// Why the run counts as failed (exit status, missing line, timeout...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The end of its stderr, kept for failed runs.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub stderr_tail: String,
+    pub wall_s: f64,
+    /// The program's own timing of its parallel part (apps: `parallel X s`; C: `time X s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequential_s: Option<f64>,
+    /// Peak RSS over the whole process tree (the largest single process), KiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rss_kb: Option<u64>,
+    /// Peak RSS of each dsm rank, KiB (from the stats file, or sampled).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rank_rss_kb: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stats: Option<JobStats>,
+    /// Races dsm reported (its end-of-job summary).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub races: Option<u64>,
+    /// A detector's verdict (peers and kernels).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub found_race: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bench: Option<serde_json::Value>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub job: Job,
+    pub outcome: Outcome,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Machine {
+    pub cores: usize,
+    pub cpu_model: String,
+    pub kernel: String,
+    #[serde(default)]
+    pub memory_gib: Option<f64>,
+}
+
+/// The inputs and repetition counts a run used.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Settings {
+    pub mode: String,
+    /// Repetitions (off/on pairs) per app at N within the core count...
+    pub reps: usize,
+    /// ...and at larger N.
+    #[serde(default)]
+    pub reps_oversubscribed: usize,
+    /// Node counts of the application table.
+    pub table_nodes: Vec<usize>,
+    /// Node counts of the table that this mode skips (their rows say so).
+    pub skipped_nodes: Vec<usize>,
+    /// Node counts at which the detector's phases are timed (overhead breakdown).
+    pub breakdown_nodes: Vec<usize>,
+    pub speedup_nodes: Vec<usize>,
+    /// App name -> its arguments in the table.
+    pub inputs: BTreeMap<String, String>,
+    pub peer_sor: String,
+    pub peer_threads: usize,
+    pub peer_reps: usize,
+    pub valgrind_sor: String,
+    pub valgrind_reps: usize,
+    pub kernel_nodes: usize,
+    pub bench_reps: usize,
+}
+
+/// One row of the application table (Table 1), with the race-detection slowdown.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AppRow {
+    pub app: String,
+    pub nodes: usize,
+    pub oversubscribed: bool,
+    pub input: String,
+    /// "ok", "failed" or "not run: <reason>".
+    pub status: String,
+    pub race_off_s: Option<f64>,
+    pub race_on_s: Option<f64>,
+    /// Median of the paired on/off ratios.
+    pub race_ratio: Option<f64>,
+    pub off: Option<Summary>,
+    pub on: Option<Summary>,
+    pub ratio: Option<Summary>,
+    pub shared_bytes: Option<u64>,
+    pub sync: Vec<String>,
+    pub barriers: Option<u64>,
+    pub lock_acquires: Option<u64>,
+    /// Intervals closed, summed over ranks, per barrier per node.
+    pub intervals_per_barrier: Option<f64>,
+    /// Races reported with `--race` (median over repetitions).
+    pub races: Option<u64>,
+}
+
+/// Table 3: the detector's dynamic metrics, from the `--race` runs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DynamicRow {
+    pub app: String,
+    pub nodes: usize,
+    pub intervals_in_overlap_pct: Option<f64>,
+    pub bitmaps_fetched_pct: Option<f64>,
+    pub notice_bytes_pct: Option<f64>,
+    pub analysis: Option<Analysis>,
+    pub race_notice_bytes: Option<u64>,
+    pub bytes_sent: Option<u64>,
+    pub interval_comparison_ms: Option<f64>,
+    pub bitmap_round_ms: Option<f64>,
+}
+
+/// Figure 3: where the race-detection time goes, as % of the race-off time.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct BreakdownRow {
+    pub app: String,
+    pub nodes: usize,
+    pub status: String,
+    /// Median parallel time of each variant ("off", "record", "notices", "compare", "on").
+    pub median_s: BTreeMap<String, f64>,
+    pub recording_pct: Option<f64>,
+    pub protocol_pct: Option<f64>,
+    pub intervals_pct: Option<f64>,
+    pub bitmaps_pct: Option<f64>,
+    pub total_pct: Option<f64>,
+    /// Rank 0's own timers of the interval comparison and of the bitmap round in the
+    /// full `--race` runs, as % of the race-off time (a cross-check of the differences).
+    #[serde(default)]
+    pub timer_intervals_pct: Option<f64>,
+    #[serde(default)]
+    pub timer_bitmaps_pct: Option<f64>,
+}
+
+/// A row of the comparison with other race detectors.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PeerRow {
+    /// "dsm", "ThreadSanitizer", "Helgrind", "DRD".
+    pub tool: String,
+    /// "sor NxN K iters" or a kernel name.
+    pub app: String,
+    pub status: String,
+    pub threads: usize,
+    pub base_s: Option<f64>,
+    pub tool_s: Option<f64>,
+    pub slowdown: Option<f64>,
+    pub slowdown_min: Option<f64>,
+    pub slowdown_max: Option<f64>,
+    /// Peak RSS in MB: the largest process (for dsm: the largest rank).
+    pub peak_rss_mb: Option<f64>,
+    /// For dsm: the sum over ranks (each rank is a process with its own copy of what it
+    /// touches).
+    pub peak_rss_sum_mb: Option<f64>,
+    pub found_race: Option<bool>,
+    pub expected_race: Option<bool>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Primitives {
+    pub status: String,
+    pub rtt_us: Option<f64>,
+    pub remote_fault_us: Option<f64>,
+    pub write_fault_us: Option<f64>,
+    pub lock_acquire_us: Option<f64>,
+    pub lock_handoff_us: Option<f64>,
+    pub barrier_us: BTreeMap<String, f64>,
+    /// remote_fault_us / (rtt_us + write_fault_us).
+    pub remote_fault_vs_floor: Option<f64>,
+    /// How many `dsm-bench` runs the figures are the median of.
+    #[serde(default)]
+    pub runs: usize,
+    #[serde(default)]
+    pub raw: Option<serde_json::Value>,
+}
+
+impl Primitives {
+    pub fn from_figures(b: &BenchFigures, raw: serde_json::Value) -> Self {
+        let floor = b.rtt_us.zip(b.write_fault_us).map(|(r, w)| r + w);
+        Primitives {
+            status: "ok".into(),
+            rtt_us: b.rtt_us,
+            remote_fault_us: b.remote_fault_us,
+            write_fault_us: b.write_fault_us,
+            lock_acquire_us: b.lock_acquire_us,
+            lock_handoff_us: b.lock_handoff_us,
+            barrier_us: b.barrier_us.clone(),
+            remote_fault_vs_floor: b
+                .remote_fault_us
+                .zip(floor)
+                .filter(|(_, f)| *f > 0.0)
+                .map(|(r, f)| r / f),
+            raw: Some(raw),
+            runs: 1,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SpeedupRow {
+    pub app: String,
+    pub nodes: usize,
+    pub oversubscribed: bool,
+    pub status: String,
+    pub parallel_s: Option<f64>,
+    pub sequential_s: Option<f64>,
+    /// sequential / parallel.
+    pub speedup: Option<f64>,
+    /// parallel at N = 1 / parallel at N.
+    pub self_relative: Option<f64>,
+}
+
+/// One of the targets the report checks.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Target {
+    pub name: String,
+    pub goal: String,
+    pub value: Option<f64>,
+    /// The measured figure in words.
+    pub measured: String,
+    /// `None` when it could not be measured.
+    pub met: Option<bool>,
+    pub note: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Failure {
+    /// The first failed run of its group.
+    pub what: String,
+    /// Runs that failed the same way (same program, same error); 1 for a lone failure.
+    #[serde(default)]
+    pub count: usize,
+    pub command: String,
+    pub error: String,
+    pub stderr_tail: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub schema: u32,
+    pub date: String,
+    pub machine: Machine,
+    #[serde(default)]
+    pub git: Option<String>,
+    pub settings: Settings,
+    pub duration_s: f64,
+    pub apps: Vec<AppRow>,
+    pub dynamic: Vec<DynamicRow>,
+    pub breakdown: Vec<BreakdownRow>,
+    pub peers: Vec<PeerRow>,
+    pub primitives: Primitives,
+    pub speedup: Vec<SpeedupRow>,
+    pub targets: Vec<Target>,
+    /// PNG files written next to the report (file names).
+    pub plots: Vec<String>,
+    /// Why plots are missing, if they are.
+    #[serde(default)]
+    pub plots_note: Option<String>,
+    /// Parts that were not run, with the reason.
+    pub not_run: Vec<String>,
+    pub failures: Vec<Failure>,
+    pub notes: Vec<String>,
+    pub runs: Vec<RunRecord>,
+}

@@ -1,0 +1,624 @@
+//! The Markdown report (`latest.md`), rendered from the [`Report`] alone, so that it can be
+//! regenerated from `latest.json` and tested against a fixed one. Each table says how its
+//! figures were obtained; cells that were not measured say so instead of showing zeros.
+
+use crate::model::*;
+use std::fmt::Write;
+
+const DASH: &str = "–";
+
+fn secs(x: f64) -> String {
+    if x >= 10.0 {
+        format!("{x:.1}")
+    } else if x >= 0.1 {
+        format!("{x:.3}")
+    } else {
+        format!("{x:.4}")
+    }
+}
+
+fn opt<T>(x: Option<T>, f: impl Fn(T) -> String) -> String {
+    x.map_or_else(|| DASH.to_string(), f)
+}
+
+fn times(s: Option<crate::stats::Summary>) -> String {
+    opt(s, |s| {
+        if s.n > 1 {
+            format!("{} ({}{DASH}{})", secs(s.median), secs(s.min), secs(s.max))
+        } else {
+            secs(s.median)
+        }
+    })
+}
+
+fn ratio(s: Option<crate::stats::Summary>) -> String {
+    opt(s, |s| {
+        if s.n > 1 {
+            format!("**{:.2}** ({:.2}{DASH}{:.2})", s.median, s.min, s.max)
+        } else {
+            format!("**{:.2}**", s.median)
+        }
+    })
+}
+
+fn pct(x: Option<f64>) -> String {
+    opt(x, |x| {
+        if x.abs() >= 10.0 {
+            format!("{x:.0}%")
+        } else {
+            format!("{x:.1}%")
+        }
+    })
+}
+
+/// A phase difference with the master's own timer of the same component beside it.
+fn with_timer(diff: Option<f64>, timer: Option<f64>) -> String {
+    match timer {
+        Some(t) => format!("{} (timer {})", pct(diff), pct(Some(t))),
+        None => pct(diff),
+    }
+}
+
+fn kb(bytes: u64) -> String {
+    format!("{}", bytes / 1024)
+}
+
+fn nodes(n: usize, over: bool) -> String {
+    if over {
+        format!("{n}\\*")
+    } else {
+        n.to_string()
+    }
+}
+
+fn yes_no(found: Option<bool>, expected: Option<bool>) -> String {
+    match (found, expected) {
+        (None, _) => DASH.into(),
+        (Some(f), Some(e)) => {
+            let word = if f { "race" } else { "none" };
+            if f == e {
+                format!("{word} ✓")
+            } else if f {
+                format!("{word} ✗ (false alarm)")
+            } else {
+                format!("{word} ✗ (missed)")
+            }
+        }
+        (Some(f), None) => (if f { "race" } else { "none" }).into(),
+    }
+}
+
+/// Escapes characters that would break a table cell.
+fn cell(s: &str) -> String {
+    s.replace('|', "\\|").replace('\n', " ")
+}
+
+pub fn render(r: &Report) -> String {
+    let mut o = String::new();
+    let m = &r.machine;
+    let s = &r.settings;
+    let _ = writeln!(o, "# dsm benchmark report\n");
+    let _ = writeln!(
+        o,
+        "{} · mode `{}` · {} cores (nproc), {} · {}{} · {}took {:.0} s\n",
+        r.date,
+        s.mode,
+        m.cores,
+        m.cpu_model,
+        m.kernel,
+        m.memory_gib
+            .map_or_else(String::new, |g| format!(", {g} GiB")),
+        r.git
+            .as_ref()
+            .map_or_else(String::new, |g| format!("commit `{g}` · ")),
+        r.duration_s
+    );
+    let _ = writeln!(
+        o,
+        "Runs with N greater than the {} cores are marked \\* (oversubscribed: ranks share cores, so their times measure scheduling as much as dsm). All nodes run on this one machine and talk over loopback TCP. Times are each program's own timing of its parallel part; medians of the repetitions, with min{DASH}max in parentheses.\n",
+        m.cores
+    );
+
+    let _ = writeln!(o, "## Targets\n");
+    let _ = writeln!(o, "| target | goal | measured | met |\n|---|---|---|---|");
+    for t in &r.targets {
+        let met = match t.met {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "not measured",
+        };
+        let note = if t.note.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", t.note)
+        };
+        let _ = writeln!(
+            o,
+            "| {} | {} | {}{} | {met} |",
+            t.name,
+            t.goal,
+            cell(&t.measured),
+            cell(&note)
+        );
+    }
+    o.push('\n');
+
+    // 1. Applications.
+    let _ = writeln!(o, "## 1. Applications (the paper's Table 1)\n");
+    let _ = writeln!(
+        o,
+        "| app | input | N | shared memory (KB) | synchronization | intervals per barrier | race off (s) | race on (s) | slowdown | races reported | status |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for a in &r.apps {
+        let _ = writeln!(
+            o,
+            "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            a.app,
+            a.input,
+            nodes(a.nodes, a.oversubscribed),
+            opt(a.shared_bytes, kb),
+            if a.sync.is_empty() {
+                DASH.to_string()
+            } else {
+                a.sync.join(", ")
+            },
+            opt(a.intervals_per_barrier, |x| format!("{x:.1}")),
+            times(a.off),
+            times(a.on),
+            ratio(a.ratio),
+            opt(a.races, |x| x.to_string()),
+            cell(&a.status)
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\n*Slowdown* is the median of the ratios race-on / race-off of runs made back to back ({} repetitions{}; the order of the variants rotates between repetitions). *Shared memory* is the size of the app's shared allocations. *Synchronization* is read from the protocol counters: `barrier` when the app calls barriers beyond the one in each allocation and in `finish`, `lock` when it acquires locks. *Intervals per barrier* is the number of intervals closed, summed over all ranks, divided by the barriers and by N (the paper's figure counts its barrier as two intervals, ours as one). *Races reported*: by `--race` (TSP reads its bound without the lock on purpose).\n",
+        s.reps,
+        if s.reps_oversubscribed > 0 && s.reps_oversubscribed != s.reps {
+            format!(", {} where N exceeds the cores", s.reps_oversubscribed)
+        } else {
+            String::new()
+        }
+    );
+
+    // 2. Dynamic metrics.
+    let _ = writeln!(o, "## 2. Dynamic metrics (the paper's Table 3)\n");
+    if r.dynamic.is_empty() {
+        let _ = writeln!(o, "No `--race` run succeeded.\n");
+    } else {
+        let _ = writeln!(
+            o,
+            "| app | N | intervals in a concurrent overlapping pair | bitmaps fetched | read/write notice bytes | interval comparison (ms) | bitmap round (ms) |\n|---|---|---|---|---|---|---|"
+        );
+        for d in &r.dynamic {
+            let over = d.nodes > m.cores;
+            let counts = d.analysis.as_ref();
+            let _ = writeln!(
+                o,
+                "| {} | {} | {}{} | {}{} | {}{} | {} | {} |",
+                d.app,
+                nodes(d.nodes, over),
+                pct(d.intervals_in_overlap_pct),
+                opt(counts, |a| format!(
+                    " ({} of {})",
+                    a.intervals_in_overlap, a.intervals
+                )),
+                pct(d.bitmaps_fetched_pct),
+                opt(counts, |a| format!(
+                    " ({} of {})",
+                    a.bitmaps_wanted, a.bitmaps_total
+                )),
+                pct(d.notice_bytes_pct),
+                opt(d.race_notice_bytes.zip(d.bytes_sent), |(n, b)| format!(
+                    " ({n} of {b} B)"
+                )),
+                opt(d.interval_comparison_ms, |x| format!("{x:.2}")),
+                opt(d.bitmap_round_ms, |x| format!("{x:.2}")),
+            );
+        }
+        let _ = writeln!(
+            o,
+            "\nFrom the `--race` runs' `DSM_STATS_FILE` summaries (medians over repetitions; counts of the median run). *Intervals*: the share of all intervals the barrier master analysed that belong to at least one concurrent pair whose page lists overlap. *Bitmaps fetched*: access bitmaps the master asked for, of all bitmaps recorded. *Notice bytes*: bytes of read/write notices in all messages, over all bytes sent, summed over ranks. The two times are rank 0's, summed over the run.\n"
+        );
+    }
+
+    // 3. Breakdown.
+    let _ = writeln!(
+        o,
+        "## 3. Where the race-detection time goes (the paper's Figure 3)\n"
+    );
+    if r.breakdown.is_empty() {
+        let _ = writeln!(o, "Not measured.\n");
+    } else {
+        let _ = writeln!(
+            o,
+            "| app | N | race off (s) | recording | protocol extras | interval comparison | bitmap round | total | status |\n|---|---|---|---|---|---|---|---|---|"
+        );
+        for b in &r.breakdown {
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} | {} | {} | {} | {} | **{}** | {} |",
+                b.app,
+                nodes(b.nodes, b.nodes > m.cores),
+                opt(b.median_s.get("off").copied(), secs),
+                pct(b.recording_pct),
+                pct(b.protocol_pct),
+                with_timer(b.intervals_pct, b.timer_intervals_pct),
+                with_timer(b.bitmaps_pct, b.timer_bitmaps_pct),
+                pct(b.total_pct),
+                cell(&b.status)
+            );
+        }
+        let _ = writeln!(
+            o,
+            "\nEach app also ran with `DSM_RACE_PHASES` = `record` (accesses recorded, notices kept home), `notices` (+ read/write notices on the wire), `compare` (+ interval comparison at the master) and with the full detector (+ bitmap round). Each component is the difference between two consecutive phases of the same repetition (they run back to back), as a percentage of that repetition's race-off time, and the median of that over the repetitions; the components need not add up to the total, which is computed the same way, and a negative value is noise. *Timer*: rank 0's own clock of the interval comparison and of the bitmap round in the full runs, over the race-off time, as a cross-check of the differences.\n"
+        );
+        if r.plots.iter().any(|p| p == "breakdown.png") {
+            let _ = writeln!(o, "![overhead breakdown](breakdown.png)\n");
+        }
+    }
+
+    // 4. Peers.
+    let _ = writeln!(o, "## 4. Against other race detectors\n");
+    let sor_rows: Vec<&PeerRow> = r
+        .peers
+        .iter()
+        .filter(|p| p.app.starts_with("sor"))
+        .collect();
+    let _ = writeln!(
+        o,
+        "Red-black SOR `{}` with {} threads (C, `scripts/c/sor.c`) or {} dsm nodes.\n",
+        s.peer_sor, s.peer_threads, s.peer_threads
+    );
+    let _ = writeln!(
+        o,
+        "| tool | program | time (s) | baseline (s) | slowdown | peak RSS (MB) | race reported on SOR | status |\n|---|---|---|---|---|---|---|---|"
+    );
+    for p in &sor_rows {
+        let rss = match (p.peak_rss_mb, p.peak_rss_sum_mb) {
+            (Some(mx), Some(sum)) => format!("{mx:.1} per rank, {sum:.1} all ranks"),
+            (Some(mx), None) => format!("{mx:.1}"),
+            _ => DASH.into(),
+        };
+        let slow = match (p.slowdown, p.slowdown_min, p.slowdown_max) {
+            (Some(x), Some(lo), Some(hi)) if hi > lo => {
+                format!("**{x:.2}** ({lo:.2}{DASH}{hi:.2})")
+            }
+            (Some(x), _, _) => format!("**{x:.2}**"),
+            _ => DASH.into(),
+        };
+        let _ = writeln!(
+            o,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            p.tool,
+            p.app,
+            opt(p.tool_s, secs),
+            opt(p.base_s, secs),
+            slow,
+            rss,
+            yes_no(p.found_race, p.expected_race),
+            cell(&p.status)
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\nSlowdowns compare like with like: each tool's time over the plain C program's (same size, same threads), dsm `--race` over dsm without it (same size, same nodes); medians of paired repetitions ({} for C plain and TSan, {} for valgrind). Times are the programs' own timings of the iterations, so tool start-up is excluded. Peak RSS is `ru_maxrss` of the process tree's largest process (valgrind included); for dsm it is given per rank (the largest) and summed over ranks (each rank is a process mapping only what it touches; sampled `VmHWM` unless the runtime reports it). TSan: `gcc -O2 -g -fsanitize=thread`; Helgrind and DRD run the plain `-O2 -g` build.\n",
+        s.peer_reps,
+        if s.valgrind_reps > 0 { s.valgrind_reps.to_string() } else { "none".into() }
+    );
+    let kernels: Vec<&str> = {
+        let mut k: Vec<&str> = r
+            .peers
+            .iter()
+            .filter(|p| !p.app.starts_with("sor"))
+            .map(|p| p.app.as_str())
+            .collect();
+        k.dedup();
+        k
+    };
+    if !kernels.is_empty() {
+        let tools: Vec<&str> = {
+            let mut t: Vec<&str> = Vec::new();
+            for p in r.peers.iter().filter(|p| !p.app.starts_with("sor")) {
+                if !t.contains(&p.tool.as_str()) {
+                    t.push(&p.tool);
+                }
+            }
+            t
+        };
+        let _ = writeln!(
+            o,
+            "Planted races: dsm's `race-kernel` under `dsmrun -n {} --race` and the C translations in `scripts/c/kernels.c` ({} threads) under each detector. ✓ = the right verdict.\n",
+            s.kernel_nodes, s.peer_threads
+        );
+        let _ = write!(o, "| kernel | has a race |");
+        for t in &tools {
+            let _ = write!(o, " {t} |");
+        }
+        let _ = write!(o, "\n|---|---|");
+        for _ in &tools {
+            o.push_str("---|");
+        }
+        o.push('\n');
+        for k in &kernels {
+            let rows: Vec<&PeerRow> = r.peers.iter().filter(|p| p.app == *k).collect();
+            let expected = rows.iter().find_map(|p| p.expected_race);
+            let _ = write!(
+                o,
+                "| `{k}` | {} |",
+                opt(expected, |e| (if e { "yes" } else { "no" }).into())
+            );
+            for t in &tools {
+                let c = match rows.iter().find(|p| p.tool == *t) {
+                    Some(p) if p.status == "ok" => yes_no(p.found_race, p.expected_race),
+                    Some(p) if p.status.starts_with("not run") => "not run".into(),
+                    Some(p) => cell(&p.status),
+                    None => DASH.into(),
+                };
+                let _ = write!(o, " {c} |");
+            }
+            o.push('\n');
+        }
+        let missing: Vec<String> = r
+            .peers
+            .iter()
+            .filter(|p| p.status.starts_with("not run: "))
+            .map(|p| format!("{}: {}", p.tool, p.status.trim_start_matches("not run: ")))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if !missing.is_empty() {
+            let _ = writeln!(o, "\nNot run: {}.", missing.join("; "));
+        }
+        o.push('\n');
+    }
+    if r.plots.iter().any(|p| p == "peers.png") {
+        let _ = writeln!(o, "![slowdown of race detectors on SOR](peers.png)\n");
+    }
+
+    // 5. Primitives.
+    let _ = writeln!(o, "## 5. DSM primitives\n");
+    let p = &r.primitives;
+    if p.rtt_us.is_none() {
+        let _ = writeln!(o, "{}\n", cell(&p.status));
+    } else {
+        let rtt = p.rtt_us.unwrap_or(f64::NAN);
+        let _ = writeln!(
+            o,
+            "| operation | median (us) | in loopback round trips |\n|---|---|---|"
+        );
+        let mut row = |name: &str, v: Option<f64>| {
+            let _ = writeln!(
+                o,
+                "| {name} | {} | {} |",
+                opt(v, |x| format!("{x:.1}")),
+                opt(v, |x| format!("{:.2}", x / rtt))
+            );
+        };
+        row("loopback TCP round trip (the floor)", p.rtt_us);
+        row(
+            "remote page fault (fetch a page from its home)",
+            p.remote_fault_us,
+        );
+        row("local write fault (twin, no message)", p.write_fault_us);
+        row("lock acquire (free, remotely managed)", p.lock_acquire_us);
+        row("lock hand-off between two nodes (mean)", p.lock_handoff_us);
+        for (n, v) in &p.barrier_us {
+            let over = n.parse::<usize>().is_ok_and(|k| k > m.cores);
+            let label = format!("barrier, N = {n}{}", if over { "\\*" } else { "" });
+            row(&label, Some(*v));
+        }
+        let _ = writeln!(
+            o,
+            "\nFrom `dsm-bench --reps {}`, which measures the loopback round trip in the same run; each figure is the median over {} runs of each run's median (a run disturbed by other load is slow throughout). A remote fault costs at least a round trip plus a local fault: here it is {} of that floor.\n",
+            s.bench_reps,
+            p.runs,
+            opt(p.remote_fault_vs_floor, |x| format!("{x:.2}x"))
+        );
+    }
+
+    // 6. Speedup.
+    let _ = writeln!(o, "## 6. Speedup\n");
+    if r.speedup.is_empty() {
+        let _ = writeln!(o, "Not measured.\n");
+    } else {
+        let _ = writeln!(
+            o,
+            "| app | N | parallel (s) | sequential (s) | speedup vs sequential | vs N = 1 | status |\n|---|---|---|---|---|---|---|"
+        );
+        for sp in &r.speedup {
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                sp.app,
+                nodes(sp.nodes, sp.oversubscribed),
+                opt(sp.parallel_s, secs),
+                opt(sp.sequential_s, secs),
+                opt(sp.speedup, |x| format!("{x:.2}")),
+                opt(sp.self_relative, |x| format!("{x:.2}")),
+                cell(&sp.status)
+            );
+        }
+        let _ = writeln!(
+            o,
+            "\nRace detection off; the sequential time is the app's own sequential reference, timed in the same runs. The paper's inputs are small for today's CPUs, so the DSM's per-barrier and per-fault costs weigh heavily.\n"
+        );
+        if r.plots.iter().any(|p| p == "speedup.png") {
+            let _ = writeln!(o, "![speedup](speedup.png)\n");
+        }
+    }
+
+    if r.plots.iter().any(|p| p == "slowdown.png") {
+        let _ = writeln!(o, "![race-detection slowdown per app](slowdown.png)\n");
+    }
+    if let Some(n) = &r.plots_note {
+        let _ = writeln!(o, "**Plots not produced:** {}\n", cell(n));
+    }
+
+    if !r.notes.is_empty() || !r.not_run.is_empty() || !r.failures.is_empty() {
+        let _ = writeln!(o, "## Notes, parts not run, failures\n");
+    }
+    for n in &r.notes {
+        let _ = writeln!(o, "- {n}");
+    }
+    for n in &r.not_run {
+        let _ = writeln!(o, "- Not run: {n}");
+    }
+    if !r.notes.is_empty() || !r.not_run.is_empty() {
+        o.push('\n');
+    }
+    if !r.failures.is_empty() {
+        let total: usize = r.failures.iter().map(|f| f.count.max(1)).sum();
+        let _ = writeln!(o, "{total} run(s) failed:\n");
+        for f in &r.failures {
+            let more = match f.count {
+                0 | 1 => String::new(),
+                n => format!(" (and {} more runs of it with the same error)", n - 1),
+            };
+            let _ = writeln!(
+                o,
+                "- **{}**{more}: {}\n\n  ```text\n  $ {}",
+                f.what, f.error, f.command
+            );
+            for l in f.stderr_tail.lines() {
+                let _ = writeln!(o, "  {l}");
+            }
+            let _ = writeln!(o, "  ```\n");
+        }
+    }
+    o
+}
+
+/// The short summary printed on stdout at the end of a run.
+pub fn summary(r: &Report) -> String {
+    let mut o = String::from("dsm benchmark targets:\n");
+    for t in &r.targets {
+        let met = match t.met {
+            Some(true) => "MET",
+            Some(false) => "NOT MET",
+            None => "NOT MEASURED",
+        };
+        let note = if t.note.is_empty() {
+            String::new()
+        } else {
+            format!(" [{}]", t.note)
+        };
+        let _ = writeln!(
+            o,
+            "  {met:<12} {}: {} (goal {}){note}",
+            t.name, t.measured, t.goal
+        );
+    }
+    if !r.failures.is_empty() {
+        let total: usize = r.failures.iter().map(|f| f.count.max(1)).sum();
+        let _ = writeln!(o, "  {total} run(s) failed: see the report");
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture() -> Report {
+        serde_json::from_str(include_str!("../tests/data/report.json")).expect("fixture parses")
+    }
+
+    #[test]
+    fn renders_every_section() {
+        let md = render(&fixture());
+        for h in [
+            "# dsm benchmark report",
+            "## Targets",
+            "## 1. Applications",
+            "## 2. Dynamic metrics",
+            "## 3. Where the race-detection time goes",
+            "## 4. Against other race detectors",
+            "## 5. DSM primitives",
+            "## 6. Speedup",
+        ] {
+            assert!(md.contains(h), "missing {h}");
+        }
+    }
+
+    #[test]
+    fn machine_and_oversubscription_are_stated() {
+        let md = render(&fixture());
+        assert!(md.contains("2 cores (nproc), AMD EPYC 7B13 · Linux 6.1.0"));
+        assert!(md.contains("2024-05-01 12:00:00 UTC"));
+        // N = 8 on 2 cores is marked.
+        assert!(md.contains("| sor | `--size 512 --iters 100` | 8\\* |"));
+        assert!(md.contains("| barrier, N = 8\\* |"));
+    }
+
+    #[test]
+    fn app_rows_show_median_and_spread() {
+        let md = render(&fixture());
+        assert!(
+            md.contains("| sor | `--size 512 --iters 100` | 2 | 2048 | barrier | 1.0 | 0.0700 (0.0650–0.0800) | 0.0850 (0.0800–0.0900) | **1.21** (1.10–1.30) | 0 | ok |"),
+            "{md}"
+        );
+        assert!(md.contains("| fft | `--dims 64x64x16` | 2 | – | – | – | – | – | – | – | not run: binary not found (target/release/fft) |"));
+    }
+
+    #[test]
+    fn targets_and_failures() {
+        let r = fixture();
+        let md = render(&r);
+        assert!(md.contains("| remote page fault vs loopback round trip + local fault | <= 2x | 0.82x (47.4 us vs 40.6 + 16.9 us) | yes |"));
+        assert!(md.contains("not measured"));
+        assert!(md.contains("- **water N=2 race (rep 1)** (and 2 more runs of it with the same error): no `verified:` line from rank 0"));
+        assert!(md.contains("3 run(s) failed:"));
+        assert!(md.contains("median over 3 runs"));
+        assert!(md.contains("| sor | 2 | 0.0700 | 7.1% | 2.9% | 1.4% (timer 0.8%) | 10% (timer 15%) | **21%** | ok |"), "{md}");
+        assert!(md.contains("  $ dsmrun -n 2 --race water"));
+        let s = summary(&r);
+        assert!(s.contains("MET"));
+        assert!(s.contains("NOT MEASURED"));
+        assert!(s.contains("3 run(s) failed"));
+    }
+
+    #[test]
+    fn kernel_matrix_marks_verdicts() {
+        let md = render(&fixture());
+        assert!(
+            md.contains("| kernel | has a race | dsm --race | ThreadSanitizer |"),
+            "{md}"
+        );
+        assert!(md.contains("| `tsp-bound` | yes | race ✓ | race ✓ |"));
+        assert!(md.contains("| `false-sharing` | no | none ✓ | race ✗ (false alarm) |"));
+        assert!(md.contains("| ThreadSanitizer | sor --size 512 --iters 100 (C, pthreads) | 2.000 | 0.0400 | **50.00** (45.00–55.00) | 30.0 | none ✓ | ok |"));
+        assert!(md.contains("4.0 per rank, 7.5 all ranks"));
+    }
+
+    #[test]
+    fn plots_or_the_reason_they_are_missing() {
+        let mut r = fixture();
+        assert!(render(&r).contains("![overhead breakdown](breakdown.png)"));
+        r.plots.clear();
+        r.plots_note = Some("matplotlib is not installed".into());
+        let md = render(&r);
+        assert!(!md.contains("breakdown.png"));
+        assert!(md.contains("**Plots not produced:** matplotlib is not installed"));
+    }
+
+    #[test]
+    fn report_json_round_trips() {
+        let r = fixture();
+        let text = serde_json::to_string(&r).unwrap();
+        let back: Report = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, r);
+        // The fields other tools read.
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let a = &v["apps"][0];
+        for k in ["app", "nodes", "race_off_s", "race_on_s", "race_ratio"] {
+            assert!(a.get(k).is_some(), "apps[].{k}");
+        }
+        for k in ["rtt_us", "remote_fault_us", "lock_acquire_us", "barrier_us"] {
+            assert!(v["primitives"].get(k).is_some(), "primitives.{k}");
+        }
+        for k in ["tool", "app", "slowdown", "peak_rss_mb", "found_race"] {
+            assert!(v["peers"][0].get(k).is_some(), "peers[].{k}");
+        }
+    }
+}

@@ -1,0 +1,757 @@
+//! The suite itself: what each mode runs (inputs, node counts, repetitions), the C peer
+//! programs built for it, turning each planned job into a command line, and running the
+//! jobs one after another under a progress bar. Runs are strictly sequential: on a
+//! 2-core machine two measured jobs at once would time each other.
+
+use crate::measure::{self, Spec};
+use crate::model::{Job, Outcome, Purpose, RunRecord, Settings, Variant};
+use crate::parse::{self, Tool};
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Quick,
+    Normal,
+    Full,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Quick => "quick",
+            Mode::Normal => "normal",
+            Mode::Full => "full",
+        }
+    }
+}
+
+/// The race kernels run by dsm and by the peer detectors (the C translations in
+/// `scripts/c/kernels.c` carry the same names), with whether each has a race.
+pub const KERNELS: &[(&str, bool)] = &[
+    ("unprotected-counter", true),
+    ("missing-barrier", true),
+    ("tsp-bound", true),
+    ("write-write", true),
+    ("different-locks", true),
+    ("locked-counter", false),
+    ("with-barrier", false),
+    ("false-sharing", false),
+];
+
+/// An application and the input it is benchmarked with.
+#[derive(Clone, Debug)]
+pub struct AppSpec {
+    pub name: &'static str,
+    /// The paper's input, in words.
+    pub paper: &'static str,
+    pub args: Vec<String>,
+}
+
+fn strs(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+/// The four applications with the paper's inputs (SOR's iteration count is not in the
+/// paper; 100 is the app's default). They take well under a second each on today's CPUs,
+/// so `--quick` keeps them and only halves SOR's iterations (its TSan run is the longest).
+pub fn app_specs(mode: Mode) -> Vec<AppSpec> {
+    let sor_iters = if mode == Mode::Quick { "50" } else { "100" };
+    vec![
+        AppSpec {
+            name: "sor",
+            paper: "512x512",
+            args: strs(&["--size", "512", "--iters", sor_iters]),
+        },
+        AppSpec {
+            name: "fft",
+            paper: "64x64x16",
+            args: strs(&["--dims", "64x64x16"]),
+        },
+        AppSpec {
+            name: "tsp",
+            paper: "19 cities",
+            args: strs(&["--random", "19"]),
+        },
+        AppSpec {
+            name: "water",
+            paper: "216 molecules, 5 steps",
+            args: strs(&["--molecules", "216", "--steps", "5"]),
+        },
+    ]
+}
+
+/// Repetitions, node counts and limits of a mode.
+#[derive(Clone, Debug)]
+pub struct Knobs {
+    pub mode: Mode,
+    pub cores: usize,
+    /// Off/on pairs per app and node count.
+    pub reps: usize,
+    pub reps_oversubscribed: usize,
+    pub table_nodes: Vec<usize>,
+    pub skipped_nodes: Vec<usize>,
+    pub breakdown_nodes: Vec<usize>,
+    /// Node counts run only for the speedup plot (the table's own runs serve its N).
+    pub speedup_extra_nodes: Vec<usize>,
+    pub speedup_reps: usize,
+    pub peer_threads: usize,
+    pub peer_reps: usize,
+    pub valgrind: bool,
+    pub valgrind_reps: usize,
+    pub kernel_nodes: usize,
+    pub bench_reps: usize,
+    /// dsm-bench runs: a run disturbed by other load is slow throughout, so the report
+    /// takes the median of several runs' medians.
+    pub bench_runs: usize,
+    pub app_timeout_s: u64,
+}
+
+impl Knobs {
+    pub fn new(mode: Mode, cores: usize) -> Self {
+        let quick = mode == Mode::Quick;
+        Knobs {
+            mode,
+            cores,
+            reps: if quick { 3 } else { 7 },
+            reps_oversubscribed: if quick { 2 } else { 7 },
+            table_nodes: vec![2, 8],
+            skipped_nodes: vec![],
+            // The paper's Figure 3 is at 8 processors; on fewer cores the N = 2 breakdown
+            // is the one whose small components are above the scheduling noise.
+            breakdown_nodes: if quick { vec![2] } else { vec![2, 8] },
+            speedup_extra_nodes: vec![1, 4],
+            speedup_reps: if quick { 1 } else { 3 },
+            peer_threads: 2,
+            peer_reps: if quick { 3 } else { 7 },
+            valgrind: mode == Mode::Full,
+            valgrind_reps: 3,
+            kernel_nodes: 2,
+            bench_reps: if quick { 300 } else { 1000 },
+            bench_runs: 3,
+            app_timeout_s: if quick { 60 } else { 300 },
+        }
+    }
+
+    /// Repetitions at `n` nodes: fewer in --quick where ranks outnumber the cores.
+    pub fn reps_at(&self, n: usize) -> usize {
+        if n > self.cores {
+            self.reps_oversubscribed
+        } else {
+            self.reps
+        }
+    }
+
+    pub fn settings(&self, apps: &[AppSpec]) -> Settings {
+        let sor = apps.iter().find(|a| a.name == "sor");
+        let sor_input = sor.map_or_else(String::new, |a| a.args.join(" "));
+        Settings {
+            mode: self.mode.name().into(),
+            reps: self.reps,
+            reps_oversubscribed: self.reps_oversubscribed,
+            table_nodes: self.table_nodes.clone(),
+            skipped_nodes: self.skipped_nodes.clone(),
+            breakdown_nodes: self.breakdown_nodes.clone(),
+            speedup_nodes: {
+                let mut v: Vec<usize> = self
+                    .speedup_extra_nodes
+                    .iter()
+                    .chain(&self.table_nodes)
+                    .copied()
+                    .collect();
+                v.sort_unstable();
+                v.dedup();
+                v
+            },
+            inputs: apps
+                .iter()
+                .map(|a| (a.name.to_string(), a.args.join(" ")))
+                .collect(),
+            peer_sor: sor_input.clone(),
+            peer_threads: self.peer_threads,
+            peer_reps: self.peer_reps,
+            valgrind_sor: if self.valgrind {
+                sor_input
+            } else {
+                String::new()
+            },
+            valgrind_reps: if self.valgrind { self.valgrind_reps } else { 0 },
+            kernel_nodes: self.kernel_nodes,
+            bench_reps: self.bench_reps,
+        }
+    }
+}
+
+/// SOR's size and iteration count from its arguments (the C version runs the same).
+pub fn sor_size(args: &[String]) -> Option<(usize, usize)> {
+    let get = |k: &str| {
+        args.iter()
+            .position(|a| a == k)
+            .and_then(|i| args.get(i + 1)?.parse().ok())
+    };
+    Some((get("--size")?, get("--iters")?))
+}
+
+/// Where things are.
+#[derive(Clone, Debug)]
+pub struct Paths {
+    pub repo: PathBuf,
+    pub out_dir: PathBuf,
+    pub bin_dir: PathBuf,
+    pub c_dir: PathBuf,
+    /// Scratch space for C builds, stats files and helper reports.
+    pub work: PathBuf,
+}
+
+/// The C builds and detectors available for the comparison.
+#[derive(Clone, Debug)]
+pub struct Tools {
+    /// Plain -O2 builds of sor.c and kernels.c (also what valgrind runs).
+    pub plain: Result<(PathBuf, PathBuf), String>,
+    pub tsan: Result<(PathBuf, PathBuf), String>,
+    pub valgrind: Result<String, String>,
+}
+
+impl Tools {
+    pub fn available(&self, tool: Tool) -> Result<(), String> {
+        match tool {
+            Tool::Plain => self.plain.as_ref().map(|_| ()).map_err(Clone::clone),
+            Tool::Tsan => self.tsan.as_ref().map(|_| ()).map_err(Clone::clone),
+            Tool::Helgrind | Tool::Drd => {
+                self.plain.as_ref().map_err(Clone::clone)?;
+                self.valgrind.as_ref().map(|_| ()).map_err(Clone::clone)
+            }
+        }
+    }
+}
+
+fn compile(
+    c_dir: &Path,
+    work: &Path,
+    name: &str,
+    suffix: &str,
+    extra: &[&str],
+) -> Result<PathBuf, String> {
+    let src = c_dir.join(format!("{name}.c"));
+    let exe = work.join(format!("{name}{suffix}"));
+    let out = Command::new("gcc")
+        .args(["-O2", "-g", "-std=c11", "-Wall"])
+        .args(extra)
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .arg("-pthread")
+        .output()
+        .map_err(|e| format!("gcc not found ({e})"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "gcc {} failed: {}",
+            extra.join(" "),
+            parse::tail(&String::from_utf8_lossy(&out.stderr), 3)
+        ));
+    }
+    Ok(exe)
+}
+
+/// Builds the C programs (plain and with ThreadSanitizer) and looks for valgrind.
+pub fn prepare_tools(paths: &Paths, knobs: &Knobs) -> Tools {
+    let build = |suffix: &str, extra: &[&str]| -> Result<(PathBuf, PathBuf), String> {
+        Ok((
+            compile(&paths.c_dir, &paths.work, "sor", suffix, extra)?,
+            compile(&paths.c_dir, &paths.work, "kernels", suffix, extra)?,
+        ))
+    };
+    let plain = build("", &[]);
+    let tsan = build("-tsan", &["-fsanitize=thread"]).and_then(|bins| {
+        // A sanitizer that compiles may still fail to start (e.g. an unsupported memory
+        // layout); a failed probe says so once instead of failing every run.
+        let out = Command::new(&bins.1)
+            .args(["locked-counter", "2"])
+            .output()
+            .map_err(|e| format!("cannot run the TSan build: {e}"))?;
+        if out.status.success() {
+            Ok(bins)
+        } else {
+            Err(format!(
+                "the TSan build does not run ({}): {}",
+                out.status,
+                parse::tail(&String::from_utf8_lossy(&out.stderr), 3)
+            ))
+        }
+    });
+    let valgrind = if !knobs.valgrind {
+        Err("Helgrind and DRD run only with --full".to_string())
+    } else {
+        match Command::new("valgrind").arg("--version").output() {
+            Ok(o) if o.status.success() => {
+                Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
+            }
+            _ => Err("valgrind not found (scripts/bench --full installs it with apt-get)".into()),
+        }
+    };
+    Tools {
+        plain,
+        tsan,
+        valgrind,
+    }
+}
+
+/// Whether an app's binary is there (the apps are developed alongside this suite).
+pub fn app_available(paths: &Paths, app: &str) -> Result<(), String> {
+    let p = paths.bin_dir.join(app);
+    if p.is_file() {
+        Ok(())
+    } else {
+        Err(format!("binary not found ({})", p.display()))
+    }
+}
+
+fn rotate<T: Clone>(v: &[T], by: usize) -> Vec<T> {
+    let k = by % v.len().max(1);
+    v[k..].iter().chain(&v[..k]).cloned().collect()
+}
+
+/// Every job of the run, in execution order. Variants of one app and node count are
+/// interleaved within each repetition (and their order rotates from one repetition to
+/// the next), so slow drifts in machine load hit all of them alike.
+pub fn plan(knobs: &Knobs, apps: &[AppSpec], tools: &Tools, paths: &Paths) -> Vec<Job> {
+    let mut jobs = Vec::new();
+    let apps: Vec<&AppSpec> = apps
+        .iter()
+        .filter(|a| app_available(paths, a.name).is_ok())
+        .collect();
+    for &n in &knobs.table_nodes {
+        let variants: &[Variant] = if knobs.breakdown_nodes.contains(&n) {
+            &[
+                Variant::Off,
+                Variant::On,
+                Variant::Record,
+                Variant::Notices,
+                Variant::Compare,
+            ]
+        } else {
+            &[Variant::Off, Variant::On]
+        };
+        for rep in 0..knobs.reps_at(n) {
+            for a in &apps {
+                for v in rotate(variants, rep) {
+                    jobs.push(Job::App {
+                        app: a.name.into(),
+                        purpose: Purpose::Table,
+                        nodes: n,
+                        variant: v,
+                        rep,
+                        args: a.args.clone(),
+                    });
+                }
+            }
+        }
+    }
+    for &n in &knobs.speedup_extra_nodes {
+        for rep in 0..knobs.speedup_reps {
+            for a in &apps {
+                jobs.push(Job::App {
+                    app: a.name.into(),
+                    purpose: Purpose::Speedup,
+                    nodes: n,
+                    variant: Variant::Off,
+                    rep,
+                    args: a.args.clone(),
+                });
+            }
+        }
+    }
+    if let Some((size, iters)) = apps
+        .iter()
+        .find(|a| a.name == "sor")
+        .and_then(|a| sor_size(&a.args))
+    {
+        for rep in 0..knobs.peer_reps {
+            for tool in [Tool::Plain, Tool::Tsan, Tool::Helgrind, Tool::Drd] {
+                let valgrind = matches!(tool, Tool::Helgrind | Tool::Drd);
+                if tools.available(tool).is_err() || (valgrind && rep >= knobs.valgrind_reps) {
+                    continue;
+                }
+                jobs.push(Job::CSor {
+                    tool,
+                    size,
+                    iters,
+                    threads: knobs.peer_threads,
+                    rep,
+                });
+            }
+        }
+    }
+    let have_kernels = app_available(paths, "race-kernel").is_ok();
+    for &(kernel, _) in KERNELS {
+        if have_kernels {
+            jobs.push(Job::DsmKernel {
+                kernel: kernel.into(),
+                nodes: knobs.kernel_nodes,
+            });
+        }
+        for tool in [Tool::Tsan, Tool::Helgrind, Tool::Drd] {
+            if tools.available(tool).is_ok() {
+                jobs.push(Job::CKernel {
+                    tool,
+                    kernel: kernel.into(),
+                    threads: knobs.peer_threads,
+                });
+            }
+        }
+    }
+    if app_available(paths, "dsm-bench").is_ok() {
+        for rep in 0..knobs.bench_runs {
+            jobs.push(Job::Primitives {
+                reps: knobs.bench_reps,
+                rep,
+            });
+        }
+    }
+    jobs
+}
+
+/// Valgrind's own argument list for a tool run.
+fn valgrind_args(tool: Tool) -> Vec<String> {
+    let name = if tool == Tool::Helgrind {
+        "helgrind"
+    } else {
+        "drd"
+    };
+    vec![
+        format!("--tool={name}"),
+        format!("--error-exitcode={}", Tool::RACE_EXIT),
+    ]
+}
+
+/// The command line of a job.
+pub fn spec_for(
+    job: &Job,
+    knobs: &Knobs,
+    paths: &Paths,
+    tools: &Tools,
+    scratch: &Path,
+) -> Result<Spec, String> {
+    let dsmrun = paths.bin_dir.join("dsmrun");
+    let c_bins = |tool: Tool| -> Result<(PathBuf, PathBuf), String> {
+        match tool {
+            Tool::Tsan => tools.tsan.clone(),
+            _ => tools.plain.clone(),
+        }
+    };
+    let c_spec = |tool: Tool, exe: PathBuf, args: Vec<String>, timeout: u64| -> Spec {
+        let mut spec = if matches!(tool, Tool::Helgrind | Tool::Drd) {
+            let mut a = valgrind_args(tool);
+            a.push(exe.display().to_string());
+            a.extend(args);
+            Spec::new("valgrind", a, Duration::from_secs(timeout))
+        } else {
+            Spec::new(exe, args, Duration::from_secs(timeout))
+        };
+        if tool == Tool::Tsan {
+            spec.env.push((
+                "TSAN_OPTIONS".into(),
+                format!("exitcode={} halt_on_error=0", Tool::RACE_EXIT),
+            ));
+        }
+        spec
+    };
+    Ok(match job {
+        Job::App {
+            app,
+            nodes,
+            variant,
+            args,
+            ..
+        } => {
+            let mut a = vec![
+                "-n".to_string(),
+                nodes.to_string(),
+                "--timeout".into(),
+                knobs.app_timeout_s.to_string(),
+            ];
+            if variant.race() {
+                // Races (TSP has them on purpose) must not turn a timing run into a failure.
+                a.extend(strs(&["--race", "--race-exit-code", "0"]));
+            }
+            a.push("--".into());
+            a.push(paths.bin_dir.join(app).display().to_string());
+            a.extend(args.iter().cloned());
+            let mut spec = Spec::new(&dsmrun, a, Duration::from_secs(knobs.app_timeout_s + 20));
+            spec.env.push((
+                "DSM_STATS_FILE".into(),
+                scratch.join("stats-%r.json").display().to_string(),
+            ));
+            if let Some(p) = variant.phases_env() {
+                spec.env.push(("DSM_RACE_PHASES".into(), p.into()));
+            }
+            // Only SOR's rows report dsm's memory; sampling costs a little CPU.
+            spec.sample_children = app == "sor" && *nodes == knobs.peer_threads;
+            spec
+        }
+        Job::DsmKernel { kernel, nodes } => {
+            let mut spec = Spec::new(
+                &dsmrun,
+                vec![
+                    "-n".into(),
+                    nodes.to_string(),
+                    "--timeout".into(),
+                    "60".into(),
+                    "--race".into(),
+                    "--".into(),
+                    paths.bin_dir.join("race-kernel").display().to_string(),
+                    "run".into(),
+                    kernel.clone(),
+                ],
+                Duration::from_secs(80),
+            );
+            spec.sample_children = true;
+            spec
+        }
+        Job::CSor {
+            tool,
+            size,
+            iters,
+            threads,
+            ..
+        } => c_spec(
+            *tool,
+            c_bins(*tool)?.0,
+            vec![size.to_string(), iters.to_string(), threads.to_string()],
+            if matches!(tool, Tool::Helgrind | Tool::Drd) {
+                900
+            } else {
+                300
+            },
+        ),
+        Job::CKernel {
+            tool,
+            kernel,
+            threads,
+        } => c_spec(
+            *tool,
+            c_bins(*tool)?.1,
+            vec![kernel.clone(), threads.to_string()],
+            120,
+        ),
+        Job::Primitives { reps, .. } => Spec::new(
+            paths.bin_dir.join("dsm-bench"),
+            vec!["--reps".into(), reps.to_string()],
+            Duration::from_secs(600),
+        ),
+    })
+}
+
+fn failed(error: String, raw: Option<&measure::Raw>) -> Outcome {
+    Outcome {
+        ok: false,
+        error: Some(error),
+        stderr_tail: raw.map_or_else(String::new, |r| parse::tail(&r.stderr, 12)),
+        wall_s: raw.map_or(0.0, |r| r.wall_s),
+        max_rss_kb: raw.and_then(|r| r.report.max_rss_kb),
+        ..Outcome::default()
+    }
+}
+
+/// Reads what a finished run produced into an [`Outcome`].
+pub fn interpret(job: &Job, raw: &measure::Raw, scratch: &Path) -> Outcome {
+    let r = &raw.report;
+    if r.timed_out {
+        return failed("timed out".into(), Some(raw));
+    }
+    let mut o = Outcome {
+        ok: true,
+        wall_s: raw.wall_s,
+        max_rss_kb: r.max_rss_kb,
+        rank_rss_kb: r.child_peak_rss_kb.clone(),
+        ..Outcome::default()
+    };
+    let code = r.code;
+    match job {
+        Job::App { .. } => {
+            if code != Some(0) {
+                return failed(raw.exit_text(), Some(raw));
+            }
+            match parse::parse_verified(&raw.stdout) {
+                Ok(t) => {
+                    o.parallel_s = Some(t.parallel_s);
+                    o.sequential_s = t.sequential_s;
+                }
+                Err(e) => return failed(e, Some(raw)),
+            }
+            o.races = parse::parse_race_summary(&raw.stderr).map(|(n, _)| n);
+            o.stats = read_stats(scratch).ok();
+            if let Some(s) = &o.stats {
+                if !s.rank_peak_rss_kb.is_empty() {
+                    o.rank_rss_kb = s.rank_peak_rss_kb.clone();
+                }
+            }
+        }
+        Job::DsmKernel { .. } => {
+            let summary = parse::parse_race_summary(&raw.stderr);
+            match code {
+                Some(0) | Some(66) => {
+                    o.found_race = Some(code == Some(66) || summary.is_some_and(|(n, _)| n > 0));
+                    o.races = summary.map(|(n, _)| n);
+                }
+                _ => return failed(raw.exit_text(), Some(raw)),
+            }
+        }
+        Job::CSor { tool, .. } | Job::CKernel { tool, .. } => {
+            if code != Some(0) && code != Some(Tool::RACE_EXIT) {
+                return failed(raw.exit_text(), Some(raw));
+            }
+            let all = format!("{}\n{}", raw.stdout, raw.stderr);
+            o.found_race = Some(parse::tool_found_race(*tool, &all));
+            if matches!(job, Job::CSor { .. }) {
+                match parse::parse_c_time(&raw.stdout) {
+                    Some(t) => o.parallel_s = Some(t),
+                    None => return failed("no `time <x> s` line".into(), Some(raw)),
+                }
+            }
+        }
+        Job::Primitives { .. } => {
+            if code != Some(0) {
+                return failed(raw.exit_text(), Some(raw));
+            }
+            match serde_json::from_str::<serde_json::Value>(&raw.stdout) {
+                Ok(v) => match parse::parse_bench(&v) {
+                    Ok(_) => o.bench = Some(v),
+                    Err(e) => return failed(e, Some(raw)),
+                },
+                Err(e) => return failed(format!("dsm-bench printed no JSON: {e}"), Some(raw)),
+            }
+        }
+    }
+    o
+}
+
+fn read_stats(dir: &Path) -> Result<parse::JobStats, String> {
+    let mut files = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(|e| e.to_string())? {
+        let p = e.map_err(|e| e.to_string())?.path();
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name.starts_with("stats-") && name.ends_with(".json") {
+            let text = std::fs::read_to_string(&p).map_err(|e| e.to_string())?;
+            files.push(serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?);
+        }
+    }
+    parse::combine_stats(&files)
+}
+
+/// Runs every job in order, with a progress bar on stderr (or one line per failure and
+/// per part when stderr is not a terminal).
+pub fn execute(
+    jobs: &[Job],
+    knobs: &Knobs,
+    paths: &Paths,
+    tools: &Tools,
+) -> Result<Vec<RunRecord>> {
+    let tty = std::io::stderr().is_terminal();
+    let pb = ProgressBar::with_draw_target(
+        Some(jobs.len() as u64),
+        if tty {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        },
+    );
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:32.cyan/blue}] {pos}/{len} eta {eta} {wide_msg}",
+        )
+        .context("progress bar template")?
+        .progress_chars("=> "),
+    );
+    let mut records = Vec::with_capacity(jobs.len());
+    let mut last_part = "";
+    for (i, job) in jobs.iter().enumerate() {
+        let part = match job {
+            Job::App {
+                purpose: Purpose::Table,
+                ..
+            } => "applications",
+            Job::App { .. } => "speedup",
+            Job::CSor { .. } => "SOR under other race detectors",
+            Job::CKernel { .. } | Job::DsmKernel { .. } => "race kernels",
+            Job::Primitives { .. } => "DSM primitives",
+        };
+        if part != last_part && !tty {
+            eprintln!("bench: [{}/{}] {part}", i + 1, jobs.len());
+        }
+        last_part = part;
+        pb.set_message(job.describe());
+        let scratch = paths.work.join(format!("job-{i}"));
+        let outcome = match std::fs::create_dir_all(&scratch)
+            .map_err(|e| e.to_string())
+            .and_then(|_| spec_for(job, knobs, paths, tools, &scratch))
+        {
+            Err(e) => failed(e, None),
+            Ok(spec) => match measure::run(&spec, &scratch, i) {
+                Ok(raw) => interpret(job, &raw, &scratch),
+                Err(e) => failed(format!("{e:#}"), None),
+            },
+        };
+        let _ = std::fs::remove_dir_all(&scratch);
+        if !outcome.ok {
+            let line = format!(
+                "bench: failed: {}: {}",
+                job.describe(),
+                outcome.error.as_deref().unwrap_or("?")
+            );
+            if tty {
+                pb.println(line);
+            } else {
+                eprintln!("{line}");
+            }
+        }
+        records.push(RunRecord {
+            job: job.clone(),
+            outcome,
+        });
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    Ok(records)
+}
+
+/// The command line a job ran, for the failure list.
+pub fn command_line(job: &Job, knobs: &Knobs, paths: &Paths, tools: &Tools) -> String {
+    spec_for(job, knobs, paths, tools, &paths.work.join("job")).map_or_else(|e| e, |s| s.display())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sor_size_from_args() {
+        assert_eq!(
+            sor_size(&strs(&["--size", "64", "--iters", "7"])),
+            Some((64, 7))
+        );
+        assert_eq!(sor_size(&strs(&["--size", "64"])), None);
+    }
+
+    #[test]
+    fn rotation() {
+        assert_eq!(rotate(&[1, 2, 3], 1), vec![2, 3, 1]);
+        assert_eq!(rotate(&[1, 2, 3], 3), vec![1, 2, 3]);
+        assert_eq!(rotate::<i32>(&[], 2), Vec::<i32>::new());
+    }
+
+    #[test]
+    fn modes() {
+        let q = Knobs::new(Mode::Quick, 2);
+        assert_eq!(q.table_nodes, vec![2, 8]);
+        assert_eq!((q.reps_at(2), q.reps_at(8)), (3, 2));
+        assert_eq!(Knobs::new(Mode::Quick, 16).reps_at(8), 3);
+        let n = Knobs::new(Mode::Normal, 2);
+        assert_eq!((n.reps_at(2), n.reps_at(8)), (7, 7));
+        assert!(!n.valgrind && Knobs::new(Mode::Full, 2).valgrind);
+    }
+}
