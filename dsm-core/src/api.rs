@@ -17,7 +17,7 @@ use crate::engine::{self, Command, Engine, Reply, StateMirror};
 use crate::error::DsmError;
 use crate::sys::{self, AppSlice, AppStrided, Segment, PAGE_SIZE};
 use bytemuck::Pod;
-use dsm_net::{JobEnv, LockId, NodeId, PageNo, PageRuns, RaceNotices, RaceOptions};
+use dsm_net::{EncodedBitmap, JobEnv, LockId, NodeId, PageNo, PageRuns, RaceNotices, RaceOptions};
 use dsm_race::{AllocShadow, Recorder, Reporter, VarInfo, VarTable};
 use std::io::Write;
 use std::marker::PhantomData;
@@ -32,6 +32,9 @@ pub use crate::engine::Stats;
 pub const DEFAULT_SEGMENT: usize = 1 << 30;
 /// Default address of the segment (the same on every node).
 pub const DEFAULT_SEGMENT_ADDR: usize = 0x3d00_0000_0000;
+/// Most bitmap bytes a node ships unasked with a barrier arrival; beyond this the master
+/// fetches what it needs instead.
+const MAX_SHIPPED_BITMAP_BYTES: usize = 256 << 10;
 /// Bulk accesses prefetch missing pages in batches of this many pages.
 const PREFETCH_BATCH: usize = 512;
 /// Accesses spanning fewer pages than this just take their faults (a fault costs the same
@@ -158,6 +161,8 @@ struct RaceState {
     bitmap_time: Duration,
     barriers: u64,
     notice_bytes: u64,
+    /// Bitmaps the master had to fetch in an extra round (not shipped with arrivals).
+    fetched_late: u64,
     sum: dsm_race::PlanStats,
 }
 
@@ -240,6 +245,7 @@ impl Dsm {
             bitmap_time: Duration::ZERO,
             barriers: 0,
             notice_bytes: 0,
+            fetched_late: 0,
             sum: Default::default(),
         });
         let mut race = race;
@@ -475,10 +481,31 @@ impl Dsm {
     /// Waits at a barrier with all other nodes.
     pub fn barrier(&mut self) -> Result<(), DsmError> {
         let race = self.close_race_interval();
+        let bitmaps = self.shippable_bitmaps();
         self.sync(Command::Barrier {
             finishing: false,
             race,
+            bitmaps,
         })
+    }
+
+    /// Race mode: the epoch's bitmaps of pages another node may have touched, shipped with
+    /// the barrier arrival so the master rarely needs an extra round to fetch them.
+    fn shippable_bitmaps(&mut self) -> Vec<EncodedBitmap> {
+        let states = self.states.clone();
+        let Some(r) = self.race.as_mut() else {
+            return Vec::new();
+        };
+        if r.phases < RacePhases::Full {
+            return Vec::new();
+        }
+        let t = Instant::now();
+        let shipped = r
+            .recorder
+            .shippable(|p| states.shared(p as usize), MAX_SHIPPED_BITMAP_BYTES)
+            .unwrap_or_default();
+        r.close_time += t.elapsed();
+        shipped
     }
 
     /// Sends a barrier-like command and serves the race-detection rounds until released.
@@ -502,8 +529,12 @@ impl Dsm {
                     let bitmaps = r.recorder.bitmaps(&keys);
                     self.comm().send(Command::SendBitmaps { epoch, bitmaps });
                 }
-                Reply::AnalyzeEpoch { epoch, intervals } => {
-                    let races = self.analyze(epoch, intervals)?;
+                Reply::AnalyzeEpoch {
+                    epoch,
+                    intervals,
+                    bitmaps,
+                } => {
+                    let races = self.analyze(epoch, intervals, bitmaps)?;
                     self.comm().send(Command::ReleaseBarrier { races });
                 }
                 other => {
@@ -520,6 +551,7 @@ impl Dsm {
         &mut self,
         epoch: u32,
         intervals: Vec<dsm_net::IntervalRecord>,
+        shipped: Vec<(NodeId, EncodedBitmap)>,
     ) -> Result<u64, DsmError> {
         let finishing = self.finished;
         let comm = self.comm.as_ref().expect("comm alive during barrier");
@@ -541,17 +573,29 @@ impl Dsm {
             plan.wanted.clear();
         }
         let mut bitmaps = dsm_race::Bitmaps::new();
+        for (node, b) in shipped {
+            bitmaps.insert(node, b);
+        }
         let mut pending = 0;
         for (&node, keys) in &plan.wanted {
+            let missing: Vec<_> = keys
+                .iter()
+                .filter(|k| !bitmaps.contains(node, k))
+                .copied()
+                .collect();
+            if missing.is_empty() {
+                continue;
+            }
+            r.fetched_late += missing.len() as u64;
             if node == 0 {
-                for b in r.recorder.bitmaps(keys) {
+                for b in r.recorder.bitmaps(&missing) {
                     bitmaps.insert(0, b);
                 }
             } else {
                 comm.send(Command::RequestBitmaps {
                     node,
                     epoch,
-                    keys: keys.clone(),
+                    keys: missing,
                 });
                 pending += 1;
             }
@@ -695,9 +739,11 @@ impl Dsm {
         }
         self.finished = true;
         let race = self.close_race_interval();
+        let bitmaps = self.shippable_bitmaps();
         let result = self.sync(Command::Barrier {
             finishing: true,
             race,
+            bitmaps,
         });
         if result.is_ok() {
             if let Ok(path) = std::env::var("DSM_STATS_FILE") {
@@ -769,6 +815,7 @@ impl Dsm {
                 "bitmap_round_ms": r.bitmap_time.as_secs_f64() * 1e3,
                 "analysis": r.sum,
                 "analysis_notice_bytes": r.notice_bytes,
+                "bitmaps_fetched_in_extra_round": r.fetched_late,
                 "races_reported": r.races_total,
             })
         });

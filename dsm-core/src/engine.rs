@@ -84,6 +84,8 @@ pub enum Command {
     Barrier {
         finishing: bool,
         race: Option<RaceNotices>,
+        /// Race mode: bitmaps shipped with the arrival (see `Msg::BarrierArrive`).
+        bitmaps: Vec<EncodedBitmap>,
     },
     /// Makes pages valid (and writable if `write`) ahead of a bulk access, fetching all
     /// missing ones with one request per home instead of one fault per page.
@@ -113,10 +115,12 @@ pub enum Reply {
         epoch: u32,
         races: u64,
     },
-    /// Race mode, barrier master: every interval of the epoch, for analysis.
+    /// Race mode, barrier master: every interval of the epoch, for analysis, and the
+    /// bitmaps the nodes shipped with their arrivals.
     AnalyzeEpoch {
         epoch: u32,
         intervals: Vec<IntervalRecord>,
+        bitmaps: Vec<(NodeId, EncodedBitmap)>,
     },
     /// Race mode: the master wants these bitmaps.
     BitmapsWanted {
@@ -220,6 +224,7 @@ struct Arrival {
     intervals: Vec<IntervalRecord>,
     check: u64,
     finishing: bool,
+    bitmaps: Vec<EncodedBitmap>,
 }
 
 pub struct Engine<M: Memory> {
@@ -264,6 +269,9 @@ pub struct Engine<M: Memory> {
 /// correct.
 pub struct StateMirror {
     states: Vec<std::sync::atomic::AtomicU8>,
+    /// Pages another node may also access: not homed here, or homed here and served to
+    /// someone at least once. Only these can take part in a race.
+    shared: Vec<std::sync::atomic::AtomicBool>,
 }
 
 impl StateMirror {
@@ -272,7 +280,21 @@ impl StateMirror {
             states: (0..pages)
                 .map(|_| std::sync::atomic::AtomicU8::new(0))
                 .collect(),
+            shared: (0..pages)
+                .map(|_| std::sync::atomic::AtomicBool::new(false))
+                .collect(),
         }
+    }
+
+    fn mark_shared(&self, page: usize) {
+        self.shared[page].store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether another node may have accessed this page too (see the field).
+    pub fn shared(&self, page: usize) -> bool {
+        self.shared
+            .get(page)
+            .is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     fn set(&self, page: usize, state: PageState) {
@@ -599,6 +621,11 @@ impl<M: Memory> Engine<M> {
         for &p in &newly_shared {
             self.set_state(p, PageState::ReadOnly);
         }
+        if let Some(m) = &self.mirror {
+            for &p in &pages {
+                m.mark_shared(p as usize);
+            }
+        }
         let copies = pages
             .into_iter()
             .map(|page| {
@@ -827,7 +854,11 @@ impl<M: Memory> Engine<M> {
             } => self.alloc(homes, digest, race),
             Command::Acquire { lock, race } => self.acquire(lock, race),
             Command::Release { lock, race } => self.release(lock, race),
-            Command::Barrier { finishing, race } => self.barrier(finishing, race),
+            Command::Barrier {
+                finishing,
+                race,
+                bitmaps,
+            } => self.barrier(finishing, race, bitmaps),
             Command::Prefetch { pages, write } => self.prefetch(pages, write),
             Command::RequestBitmaps { node, epoch, keys } => self.send(
                 node,
@@ -871,6 +902,11 @@ impl<M: Memory> Engine<M> {
                     PageState::Invalid
                 };
                 self.set_state(p, state);
+                if home != self.me {
+                    if let Some(m) = &self.mirror {
+                        m.mark_shared(p as usize);
+                    }
+                }
             }
             if home == self.me {
                 mine.push((first, count));
@@ -880,7 +916,7 @@ impl<M: Memory> Engine<M> {
             self.mem.protect(first, count, Prot::ReadWrite);
         }
         self.alloc_digest = self.alloc_digest.rotate_left(7) ^ digest;
-        self.barrier(false, race);
+        self.barrier(false, race, Vec::new());
     }
 
     fn prefetch(&mut self, pages: PageRuns, write: bool) {
@@ -1050,7 +1086,7 @@ impl<M: Memory> Engine<M> {
         self.reply(Reply::Done);
     }
 
-    fn barrier(&mut self, finishing: bool, race: Option<RaceNotices>) {
+    fn barrier(&mut self, finishing: bool, race: Option<RaceNotices>, bitmaps: Vec<EncodedBitmap>) {
         self.close_interval(race);
         self.epoch += 1;
         self.finishing = finishing;
@@ -1060,6 +1096,7 @@ impl<M: Memory> Engine<M> {
             intervals: self.log[self.me as usize].clone(),
             check: self.alloc_digest,
             finishing,
+            bitmaps,
         };
         if self.me == 0 {
             self.handle(0, msg);
@@ -1137,10 +1174,12 @@ impl<M: Memory> Engine<M> {
         let mut global = VectorTime::zero(self.n);
         let mut all = Vec::new();
         let mut knowns = Vec::with_capacity(self.n);
-        for a in arrivals {
+        let mut shipped = Vec::new();
+        for (node, a) in arrivals.into_iter().enumerate() {
             global.merge(&a.known);
             knowns.push(a.known);
             all.extend(a.intervals);
+            shipped.extend(a.bitmaps.into_iter().map(|b| (node as NodeId, b)));
         }
         all.sort_by_key(|r| (r.node, r.index));
         all.dedup_by_key(|r| (r.node, r.index));
@@ -1149,6 +1188,7 @@ impl<M: Memory> Engine<M> {
             self.reply(Reply::AnalyzeEpoch {
                 epoch,
                 intervals: all,
+                bitmaps: shipped,
             });
         } else {
             self.master_release = Some((epoch, global, all, knowns));
@@ -1253,6 +1293,7 @@ impl<M: Memory> Engine<M> {
                 intervals,
                 check,
                 finishing,
+                bitmaps,
             } => {
                 if known.len() != self.n {
                     self.fatal(format!("rank {from} sent a malformed barrier arrival"));
@@ -1265,6 +1306,7 @@ impl<M: Memory> Engine<M> {
                             intervals,
                             check,
                             finishing,
+                            bitmaps,
                         },
                     )
                 }

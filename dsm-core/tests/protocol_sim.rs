@@ -171,6 +171,7 @@ impl Sim {
                 let outs = self.nodes[k].eng.on_command(Command::Barrier {
                     finishing: false,
                     race: None,
+                    bitmaps: Vec::new(),
                 });
                 self.outputs(k, outs);
             }

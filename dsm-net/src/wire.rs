@@ -16,7 +16,7 @@ pub type PageNo = u32;
 pub type LockId = u64;
 
 /// Protocol version spoken in the handshake; bump it when any message layout changes.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// A vector timestamp: entry `n` is the index of the latest interval of node `n` that is
 /// known (has been "seen"). Intervals are numbered from 1, so 0 means "nothing seen".
@@ -341,13 +341,16 @@ pub enum Msg {
     },
     /// Arrival at barrier `epoch`, with the sender's own intervals since the last barrier.
     /// `check` is a digest of the sender's allocation table, so diverging collective
-    /// allocations are caught.
+    /// allocations are caught. In race mode `bitmaps` carries, unasked, the access bitmaps
+    /// of the epoch's pages that other nodes could also have touched, so the master can
+    /// usually skip the extra bitmap round.
     BarrierArrive {
         epoch: u32,
         known: VectorTime,
         intervals: Vec<IntervalRecord>,
         check: u64,
         finishing: bool,
+        bitmaps: Vec<EncodedBitmap>,
     },
     BarrierRelease {
         epoch: u32,

@@ -195,6 +195,10 @@ pub fn plan(epoch: u32, mut intervals: Vec<IntervalRecord>) -> Plan {
                     debug_assert!(a.concurrent_with(b));
                     stats.concurrent_pairs += 1;
                     let (br, bw) = notices(b).expect("filtered");
+                    // Most concurrent pairs share no page; find out without allocating.
+                    if !(aw.overlaps(bw) || aw.overlaps(br) || ar.overlaps(bw)) {
+                        continue;
+                    }
                     let ww = aw.intersect(bw);
                     let wr = aw.intersect(br);
                     let rw = ar.intersect(bw);
@@ -263,6 +267,10 @@ impl Bitmaps {
 
     pub fn insert(&mut self, node: NodeId, b: EncodedBitmap) {
         self.map.insert((node, b.key), decode_words(&b.bits));
+    }
+
+    pub fn contains(&self, node: NodeId, key: &BitmapKey) -> bool {
+        self.map.contains_key(&(node, *key))
     }
 
     fn get(&self, r: &IntervalRecord, page: PageNo, kind: AccessKind) -> &[u64] {

@@ -212,6 +212,15 @@ struct IntervalBitmaps {
     words: Vec<u64>,
 }
 
+/// Words per page of the allocation holding `page` (`table` sorted by first page).
+fn words_for(table: &[(PageNo, usize)], page: PageNo) -> usize {
+    table
+        .iter()
+        .rev()
+        .find(|(first, _)| *first <= page)
+        .map_or(0, |w| w.1)
+}
+
 /// Bitmaps of one epoch, interval by interval (intervals are appended in order).
 #[derive(Default)]
 struct EpochStore {
@@ -220,6 +229,31 @@ struct EpochStore {
 }
 
 impl EpochStore {
+    /// Every stored bitmap whose page passes `keep`, in wire form.
+    fn encoded(&self, mut keep: impl FnMut(PageNo) -> bool) -> Vec<EncodedBitmap> {
+        let mut out = Vec::new();
+        for b in &self.intervals {
+            for s in b.index.iter().filter(|s| keep(s.page)) {
+                let at = s.offset as usize;
+                let wpp = words_for(&b.words_per_page, s.page);
+                let bits = if s.uniform {
+                    encode_uniform(b.words[at], wpp)
+                } else {
+                    encode_words(&b.words[at..at + wpp])
+                };
+                out.push(EncodedBitmap {
+                    key: BitmapKey {
+                        interval: b.interval,
+                        page: s.page,
+                        kind: s.kind,
+                    },
+                    bits,
+                });
+            }
+        }
+        out
+    }
+
     fn get(&self, key: &BitmapKey) -> Option<Vec<u64>> {
         let i = self
             .intervals
@@ -231,12 +265,7 @@ impl EpochStore {
             .binary_search_by_key(&(key.page, key.kind), |s| (s.page, s.kind))
             .ok()?;
         let s = b.index[j];
-        let wpp = b
-            .words_per_page
-            .iter()
-            .rev()
-            .find(|(first, _)| *first <= s.page)
-            .map_or(0, |w| w.1);
+        let wpp = words_for(&b.words_per_page, s.page);
         let at = s.offset as usize;
         Some(if s.uniform {
             vec![b.words[at]; wpp]
@@ -394,6 +423,19 @@ impl Recorder {
             .collect()
     }
 
+    /// Bitmaps of this epoch for pages that pass `shared`, to ship with the barrier
+    /// arrival, as long as they fit in `max_bytes`; `None` if they do not (the master then
+    /// fetches what it needs).
+    pub fn shippable(
+        &self,
+        shared: impl FnMut(PageNo) -> bool,
+        max_bytes: usize,
+    ) -> Option<Vec<EncodedBitmap>> {
+        let out = self.store.encoded(shared);
+        let bytes: usize = out.iter().map(|b| b.bits.len() + 16).sum();
+        (bytes <= max_bytes).then_some(out)
+    }
+
     /// Forgets the epoch's bitmaps (after the barrier analysis).
     pub fn discard_epoch(&mut self) {
         self.store.intervals = Vec::new();
@@ -405,13 +447,26 @@ impl Recorder {
     }
 }
 
-/// Bitmap words as little-endian bytes.
+/// Bitmap words as little-endian bytes (a whole number of words).
 pub fn encode_words(words: &[u64]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
 
-/// Inverse of [`encode_words`]; trailing partial words are ignored.
+/// A bitmap whose `count` words all equal `word`: the word, then the count (10 bytes, so
+/// it cannot be mistaken for whole words).
+pub fn encode_uniform(word: u64, count: usize) -> Vec<u8> {
+    let mut v = word.to_le_bytes().to_vec();
+    v.extend_from_slice(&(count as u16).to_le_bytes());
+    v
+}
+
+/// Inverse of [`encode_words`] and [`encode_uniform`].
 pub fn decode_words(bytes: &[u8]) -> Vec<u64> {
+    if bytes.len() == 10 {
+        let word = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
+        let count = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+        return vec![word; count];
+    }
     bytes
         .chunks_exact(8)
         .map(|c| u64::from_le_bytes(c.try_into().expect("chunk of 8")))
@@ -537,6 +592,26 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn shippable_bitmaps_round_trip_and_respect_the_cap() {
+        let mut r = Recorder::new();
+        let id = r.add_alloc(0, 4 * PAGE_SIZE, 8);
+        r.alloc(id).write(0, 2 * PAGE_SIZE); // pages 0, 1: uniform
+        r.alloc(id).read(2 * PAGE_SIZE + 8, 8); // page 2: one element
+        r.alloc(id).read(3 * PAGE_SIZE, 8); // page 3
+        r.close_interval();
+        let shipped = r.shippable(|p| p != 3, 1 << 20).unwrap();
+        assert_eq!(shipped.len(), 3);
+        for b in &shipped {
+            assert_eq!(
+                decode_words(&b.bits),
+                bits_of(&mut r, 1, b.key.page, b.key.kind)
+            );
+        }
+        assert_eq!(shipped[0].bits.len(), 10, "uniform bitmaps ship compactly");
+        assert!(r.shippable(|_| true, 40).is_none());
     }
 
     #[test]
