@@ -193,15 +193,34 @@ mod tests {
                 arb_vt(),
                 proptest::collection::vec(arb_interval(), 0..4),
                 any::<u64>(),
-                any::<bool>()
+                any::<bool>(),
+                proptest::collection::vec(
+                    (
+                        any::<u32>(),
+                        any::<u32>(),
+                        proptest::collection::vec(any::<u8>(), 0..16)
+                    ),
+                    0..3
+                )
             )
-                .prop_map(|(epoch, known, intervals, check, finishing)| {
+                .prop_map(|(epoch, known, intervals, check, finishing, bm)| {
                     Msg::BarrierArrive {
                         epoch,
                         known,
                         intervals,
                         check,
                         finishing,
+                        bitmaps: bm
+                            .into_iter()
+                            .map(|(interval, page, bits)| EncodedBitmap {
+                                key: BitmapKey {
+                                    interval,
+                                    page,
+                                    kind: AccessKind::Read,
+                                },
+                                bits,
+                            })
+                            .collect(),
                     }
                 }),
             (
