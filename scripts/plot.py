@@ -38,15 +38,21 @@ def breakdown(report, out):
         return None
     labels = [f'{r["app"]}\nN={r["nodes"]}' for r in rows]
     fig, ax = plt.subplots(figsize=(1.6 * len(rows) + 3, 4.5))
-    bottom = [0.0] * len(rows)
+    # Components are differences between noisy runs and can come out negative: those are
+    # stacked below zero, so the bar's extent above minus below is the measured total
+    # (marked with a black tick and its value).
+    up = [0.0] * len(rows)
+    down = [0.0] * len(rows)
     for key, name in COMPONENTS:
-        # A negative component is measurement noise; it is drawn as zero (the table keeps it).
-        vals = [max(0.0, r.get(key) or 0.0) for r in rows]
-        ax.bar(labels, vals, bottom=bottom, label=name, width=0.6)
-        bottom = [b + v for b, v in zip(bottom, vals)]
+        vals = [r.get(key) or 0.0 for r in rows]
+        base = [u if v >= 0 else d for v, u, d in zip(vals, up, down)]
+        ax.bar(labels, vals, bottom=base, label=name, width=0.6)
+        up = [u + max(v, 0.0) for u, v in zip(up, vals)]
+        down = [d + min(v, 0.0) for d, v in zip(down, vals)]
     for i, r in enumerate(rows):
-        ax.annotate(f'{r["total_pct"]:.0f}%', (i, max(bottom[i], r["total_pct"])),
-                    ha="center", va="bottom", fontsize=9)
+        t = r["total_pct"]
+        ax.plot([i - 0.35, i + 0.35], [t, t], color="black", linewidth=2)
+        ax.annotate(f"total {t:.0f}%", (i, max(up[i], t)), ha="center", va="bottom", fontsize=9)
     ax.set_ylabel("overhead, % of race-off time")
     ax.set_title("Where race detection's time goes (cf. the paper's Figure 3)")
     ax.legend(fontsize=8)
