@@ -677,6 +677,9 @@ impl Dsm {
     /// Acquires the lock with this name (the same name means the same lock on every node).
     pub fn lock_named(&mut self, name: &str) -> Result<LockGuard<'_>, DsmError> {
         let id = (1u64 << 63) | (fnv(FNV_OFFSET, name.as_bytes()) & !(1u64 << 63));
+        if let Some(rep) = self.race.as_mut().and_then(|r| r.reporter.as_mut()) {
+            rep.name_lock(id, name);
+        }
         self.acquire(id)
     }
 

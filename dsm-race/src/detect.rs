@@ -83,24 +83,22 @@ pub struct Access {
 impl Access {
     /// "after acquire of lock 3", "after barrier 7", "from the start".
     pub fn sync_text(&self) -> String {
-        sync_text(self.began_with)
+        sync_text(self.began_with, &|_| None)
     }
 }
 
-pub fn sync_text(cause: SyncCause) -> String {
+/// Describes what began an interval; `name_of` gives the names of named locks it knows.
+pub fn sync_text(cause: SyncCause, name_of: &dyn Fn(u64) -> Option<String>) -> String {
+    let lock = |l: u64| match name_of(l) {
+        Some(name) => format!("lock \"{name}\""),
+        None if l >= 1 << 63 => format!("named lock #{:x}", l & !(1 << 63)),
+        None => format!("lock {l}"),
+    };
     match cause {
         SyncCause::Start => "from the start of the run".into(),
         SyncCause::Barrier(e) => format!("after barrier {e}"),
-        SyncCause::Acquire(l) => format!("after acquire of {}", lock_text(l)),
-        SyncCause::Release(l) => format!("after release of {}", lock_text(l)),
-    }
-}
-
-fn lock_text(lock: u64) -> String {
-    if lock >= 1 << 63 {
-        format!("named lock #{:x}", lock & !(1 << 63))
-    } else {
-        format!("lock {lock}")
+        SyncCause::Acquire(l) => format!("after acquire of {}", lock(l)),
+        SyncCause::Release(l) => format!("after release of {}", lock(l)),
     }
 }
 

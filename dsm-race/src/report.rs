@@ -3,7 +3,7 @@
 //! reports by stack pair), one JSON object per race in the `--race-log` file (every race,
 //! every field), and the end-of-run summary.
 
-use crate::detect::{Race, RaceKind};
+use crate::detect::{sync_text, Race, RaceKind};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -21,6 +21,8 @@ pub struct Reporter {
     /// With `first_only`, set once an epoch has reported races: later epochs' races are
     /// affected by those and are not first races.
     first_epoch_done: bool,
+    /// Names of named locks, so reports say "lock \"queue\"" rather than a hash.
+    lock_names: std::collections::HashMap<u64, String>,
 }
 
 /// Races collapse into one block per variable, interval pair and kind.
@@ -50,7 +52,13 @@ impl Reporter {
             variables: BTreeSet::new(),
             first_only,
             first_epoch_done: false,
+            lock_names: Default::default(),
         })
+    }
+
+    /// Remembers the name of a named lock for reports.
+    pub fn name_lock(&mut self, id: u64, name: &str) {
+        self.lock_names.insert(id, name.to_string());
     }
 
     pub fn first_only(&self) -> bool {
@@ -91,15 +99,16 @@ impl Reporter {
                 .or_default()
                 .push(r);
         }
+        let names = |l: u64| self.lock_names.get(&l).cloned();
         let mut text = String::new();
         for rs in blocks.values() {
-            text.push_str(&block(at, rs));
+            text.push_str(&block(at, rs, &names));
         }
         out.write_all(text.as_bytes())?;
         out.flush()?;
         if let Some(log) = self.log.as_mut() {
             for r in races {
-                serde_json::to_writer(&mut *log, &json_of(at, r))?;
+                serde_json::to_writer(&mut *log, &json_of(at, r, &names))?;
                 log.write_all(b"\n")?;
             }
             log.flush()?;
@@ -156,7 +165,7 @@ fn at_text(at: Point) -> String {
     }
 }
 
-fn block(at: Point, races: &[&Race]) -> String {
+fn block(at: Point, races: &[&Race], names: &dyn Fn(u64) -> Option<String>) -> String {
     let r = races[0];
     let access = |w: bool| if w { "write" } else { "read" };
     let mut s = format!(
@@ -170,11 +179,11 @@ fn block(at: Point, races: &[&Race]) -> String {
         access(r.first.write),
         r.first.node,
         r.first.interval,
-        r.first.sync_text(),
+        sync_text(r.first.began_with, names),
         access(r.second.write),
         r.second.node,
         r.second.interval,
-        r.second.sync_text(),
+        sync_text(r.second.began_with, names),
     );
     if races.len() > 1 {
         let shown: Vec<String> = races
@@ -196,13 +205,13 @@ fn block(at: Point, races: &[&Race]) -> String {
     s
 }
 
-fn json_of(at: Point, r: &Race) -> serde_json::Value {
+fn json_of(at: Point, r: &Race, names: &dyn Fn(u64) -> Option<String>) -> serde_json::Value {
     let side = |a: &crate::detect::Access| {
         json!({
             "rank": a.node,
             "interval": a.interval,
             "access": if a.write { "write" } else { "read" },
-            "sync": a.sync_text(),
+            "sync": sync_text(a.began_with, names),
         })
     };
     let (at_kind, epoch) = match at {

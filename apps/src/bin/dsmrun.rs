@@ -96,23 +96,27 @@ struct Cli {
     #[arg(long)]
     race: bool,
 
-    /// File the ranks write race reports to, relative to the current directory
-    /// (DSM_RACE_LOG, made absolute; implies --race)
+    /// Write every race as one JSON object per line to FILE (all fields, no
+    /// collapsing; rank 0 writes it; relative paths are taken from the current
+    /// directory) (DSM_RACE_LOG, made absolute; implies --race)
     #[arg(long, value_name = "FILE")]
     race_log: Option<PathBuf>,
 
-    /// Exit code of a rank that found a race (DSM_RACE_EXIT_CODE); such an exit
-    /// is not a failure: the other ranks run on and dsmrun exits with this code
-    /// at the end. 0 turns this off (implies --race) [default: 66]
+    /// Exit status when races were reported (DSM_RACE_EXIT_CODE): rank 0 exits
+    /// with it, which is not a failure: the other ranks finish and dsmrun exits
+    /// with this code at the end. 0 turns this off (implies --race) [default: 66]
     #[arg(long, value_name = "CODE")]
     race_exit_code: Option<u8>,
 
-    /// Ask the ranks to report only the first race (DSM_RACE_FIRST=1; implies
-    /// --race)
+    /// Report only first races: those of the first barrier epoch with races,
+    /// minus races whose intervals are preceded by another race's (the paper's
+    /// section 6.4) (DSM_RACE_FIRST=1; implies --race)
     #[arg(long)]
     race_first: bool,
 
-    /// Ask the ranks to print race-detector statistics (DSM_RACE_STATS=1;
+    /// Print detector statistics on stderr at every barrier and for the run:
+    /// intervals, interval pairs compared, concurrent and overlapping pairs,
+    /// bitmaps fetched, notice bytes, comparison times (DSM_RACE_STATS=1;
     /// implies --race)
     #[arg(long)]
     race_stats: bool,
