@@ -1,18 +1,23 @@
-//! The comm thread: a single-threaded tokio runtime that owns the protocol engine and
-//! drives it from three sources (faults handed over by the SIGSEGV handler, commands from
-//! the app thread, messages from peers) and carries out what it answers (send messages,
-//! release the faulting thread, reply to the app thread). A fatal protocol condition (a
-//! lost peer, malformed traffic) ends the process with a message naming the cause: the
-//! app thread may be parked in the fault handler, and the job cannot continue anyway.
+//! Where the protocol engine runs. The engine sits behind a mutex shared by two threads:
+//! the app thread executes its own commands (acquire, release, barrier, ...) directly, so
+//! a synchronization that needs no message (a lock whose token is here, a single-node
+//! barrier) costs no thread hand-off; the comm thread, a single-threaded tokio runtime,
+//! feeds it the faults handed over by the SIGSEGV handler and the messages from peers.
+//! Whatever the engine answers is carried out while the mutex is still held (messages
+//! queued for the link writers, the faulting thread released, replies queued for the app
+//! thread), so messages leave in the order the engine produced them. A fatal protocol
+//! condition (a lost peer, malformed traffic) ends the process with a message naming the
+//! cause: the app thread may be parked in the fault handler, and the job cannot continue.
 
 use crate::engine::{Command, Engine, Memory, Output, Reply};
 use crate::sys::{self, FaultMailbox, Prot, Segment, PAGE_SIZE};
 use dsm_net::launcher::PEER_LOST_EXIT;
-use dsm_net::{Mesh, NodeId, PageNo, PeerEvent, Transport};
-use std::cell::RefCell;
+use dsm_net::{Mesh, NodeId, Outbox, PageNo, PeerEvent, Transport};
 use std::io;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -82,99 +87,124 @@ fn report_fatal(msg: &str) {
     let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
-/// The app thread's handle on the comm thread.
-pub struct Comm {
-    commands: mpsc::UnboundedSender<Command>,
-    replies: std_mpsc::Receiver<Reply>,
-    thread: Option<JoinHandle<()>>,
+/// What only the comm thread can do for the app thread.
+enum Control {
+    /// Flush queued messages, then exit with this status (a fatal error was reported).
+    Die(i32),
+    /// The app is done: flush, close the links and stop.
+    Shutdown,
 }
 
-/// Carries engine outputs out to the world.
-struct Dispatch {
-    /// Taken out at shutdown; sends after that are dropped (nobody is listening).
-    transport: RefCell<Option<Transport>>,
-    /// Set once a fatal error is being reported: nothing else is processed.
-    dying: std::cell::Cell<bool>,
+/// State both threads use.
+struct Shared {
+    engine: Mutex<Engine<SegmentMemory>>,
+    /// Set once the transport is up (before the app thread issues its first command).
+    outbox: OnceLock<Arc<Outbox>>,
     mailbox: FaultMailbox,
     replies: std_mpsc::Sender<Reply>,
+    control: mpsc::UnboundedSender<Control>,
+    /// Set once a fatal error is being reported: nothing else is carried out.
+    dying: AtomicBool,
 }
 
-impl Dispatch {
-    fn run(&self, outputs: Vec<Output>) {
+impl Shared {
+    fn engine(&self) -> MutexGuard<'_, Engine<SegmentMemory>> {
+        self.engine.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Carries out the engine's outputs; called with the engine lock held (`_engine`) so
+    /// messages are queued in the order the engine produced them.
+    fn dispatch(&self, _engine: &mut Engine<SegmentMemory>, outputs: Vec<Output>) {
         for out in outputs {
-            if self.dying.get() {
+            if self.dying.load(Ordering::Relaxed) {
                 return;
             }
             match out {
                 Output::Send { to, msg } => {
-                    let transport = self.transport.borrow();
-                    let Some(t) = transport.as_ref() else {
+                    let Some(outbox) = self.outbox.get() else {
                         continue;
                     };
-                    if let Err(e) = t.send(to as usize, &msg) {
-                        fatal_with(
-                            &format!(
-                                "rank {}: cannot send {} to rank {to}: {e}",
-                                t.rank(),
-                                msg.kind()
-                            ),
-                            PEER_LOST_EXIT,
-                        );
+                    if let Err(e) = outbox.send(to as usize, &msg) {
+                        // A closed outbox after shutdown is expected; otherwise the link
+                        // broke because the peer went away.
+                        if !self.dying.load(Ordering::Relaxed) {
+                            fatal_with(
+                                &format!(
+                                    "rank {}: cannot send {} to rank {to}: {e}",
+                                    outbox.rank(),
+                                    msg.kind()
+                                ),
+                                PEER_LOST_EXIT,
+                            );
+                        }
                     }
                 }
                 Output::FaultResolved => self.mailbox.resolve(),
                 Output::FaultCrash => self.mailbox.crash(),
                 Output::Reply(mut r) => {
-                    if let Reply::Stats(s) = &mut r {
-                        if let Some(t) = self.transport.borrow().as_ref() {
-                            s.messages_sent = t.traffic.messages_sent.get();
-                            s.bytes_sent = t.traffic.bytes_sent.get();
-                            s.messages_received = t.traffic.messages_received.get();
-                            s.bytes_received = t.traffic.bytes_received.get();
-                        }
+                    if let (Reply::Stats(s), Some(outbox)) = (&mut r, self.outbox.get()) {
+                        let t = &outbox.traffic;
+                        s.messages_sent = t.messages_sent.load(Ordering::Relaxed);
+                        s.bytes_sent = t.bytes_sent.load(Ordering::Relaxed);
+                        s.messages_received = t.messages_received.load(Ordering::Relaxed);
+                        s.bytes_received = t.bytes_received.load(Ordering::Relaxed);
                     }
                     // The app thread only goes away at process exit.
                     let _ = self.replies.send(r);
                 }
-                Output::Fatal(msg) => self.die(msg, FATAL_EXIT),
+                Output::Fatal(msg) => {
+                    // Let queued messages (such as an abort notice to the other nodes) go
+                    // out before exiting; only the comm thread can flush them.
+                    self.dying.store(true, Ordering::Relaxed);
+                    report_fatal(&msg);
+                    if self.control.send(Control::Die(FATAL_EXIT)).is_err() {
+                        sys::exit_now(FATAL_EXIT);
+                    }
+                }
                 Output::PeerLost(msg) => fatal_with(&msg, PEER_LOST_EXIT),
             }
         }
     }
 }
 
-impl Dispatch {
-    /// Reports a fatal error, lets already queued messages (such as an abort notice to the
-    /// other nodes) go out for a moment, then ends the process.
-    fn die(&self, msg: String, code: i32) {
-        self.dying.set(true);
-        report_fatal(&msg);
-        let transport = self.transport.borrow_mut().take();
-        tokio::task::spawn_local(async move {
-            if let Some(t) = transport {
-                t.shutdown(Duration::from_millis(500)).await;
-            }
-            sys::exit_now(code)
-        });
-    }
+/// The app thread's handle on the engine and the comm thread.
+pub struct Comm {
+    shared: Arc<Shared>,
+    replies: std_mpsc::Receiver<Reply>,
+    thread: Option<JoinHandle<()>>,
 }
 
 impl Comm {
-    /// Starts the comm thread with the engine and the established mesh.
+    /// Starts the comm thread with the engine and the established mesh; returns once the
+    /// transport is up.
     pub fn start(
         mesh: Mesh,
         engine: Engine<SegmentMemory>,
         mailbox: FaultMailbox,
         seg: &'static Segment,
     ) -> io::Result<Comm> {
-        let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+        let (control_tx, control_rx) = mpsc::unbounded_channel();
         let (reply_tx, reply_rx) = std_mpsc::channel();
+        let (ready_tx, ready_rx) = std_mpsc::channel::<io::Result<()>>();
+        let mut mailbox = mailbox;
+        let kicks = mailbox
+            .take_receiver()
+            .ok_or_else(|| io::Error::other("fault mailbox receiver already taken"))?;
+        let shared = Arc::new(Shared {
+            engine: Mutex::new(engine),
+            outbox: OnceLock::new(),
+            mailbox,
+            replies: reply_tx,
+            control: control_tx,
+            dying: AtomicBool::new(false),
+        });
         let rank = mesh.rank;
+        let for_thread = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("dsm-comm-{rank}"))
             .spawn(move || {
                 let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    comm_main(mesh, engine, mailbox, seg, cmd_rx, reply_tx)
+                    comm_main(mesh, for_thread, kicks, seg, control_rx, ready_tx)
                 }));
                 match result {
                     Ok(Ok(())) => {}
@@ -182,17 +212,30 @@ impl Comm {
                     Err(_) => fatal(&format!("rank {rank}: comm thread panicked")),
                 }
             })?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(io::Error::other("the comm thread stopped while starting")),
+        }
         Ok(Comm {
-            commands: cmd_tx,
+            shared,
             replies: reply_rx,
             thread: Some(thread),
         })
     }
 
-    /// Sends a command without waiting.
+    /// Executes a command on this (the app) thread; its reply, if it is ready at once, is
+    /// already queued for [`Comm::recv`], otherwise it comes from the comm thread later.
     pub fn send(&self, cmd: Command) {
-        if self.commands.send(cmd).is_err() {
-            fatal("the comm thread has stopped");
+        let mut engine = self.shared.engine();
+        let outputs = engine.on_command(cmd);
+        self.shared.dispatch(&mut engine, outputs);
+        drop(engine);
+        if self.shared.dying.load(Ordering::Relaxed) {
+            // The comm thread is flushing and will end the process.
+            loop {
+                std::thread::park();
+            }
         }
     }
 
@@ -204,7 +247,7 @@ impl Comm {
         }
     }
 
-    /// Sends a command and waits for its reply.
+    /// Executes a command and waits for its reply.
     pub fn call(&self, cmd: Command) -> Reply {
         self.send(cmd);
         self.recv()
@@ -212,8 +255,7 @@ impl Comm {
 
     /// Stops the comm thread after it has flushed what it still has to send.
     pub fn shutdown(mut self) {
-        let (closed, _) = mpsc::unbounded_channel();
-        drop(std::mem::replace(&mut self.commands, closed));
+        let _ = self.shared.control.send(Control::Shutdown);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -227,11 +269,11 @@ fn page_of(seg: &Segment, addr: usize) -> Option<PageNo> {
 
 fn comm_main(
     mesh: Mesh,
-    engine: Engine<SegmentMemory>,
-    mut mailbox: FaultMailbox,
+    shared: Arc<Shared>,
+    kicks: std::os::unix::net::UnixStream,
     seg: &'static Segment,
-    mut commands: mpsc::UnboundedReceiver<Command>,
-    replies: std_mpsc::Sender<Reply>,
+    mut control: mpsc::UnboundedReceiver<Control>,
+    ready: std_mpsc::Sender<io::Result<()>>,
 ) -> io::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
@@ -239,35 +281,28 @@ fn comm_main(
         .build()?;
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async move {
-        let engine = Rc::new(RefCell::new(engine));
-        let kicks = tokio::net::UnixStream::from_std(
-            mailbox
-                .take_receiver()
-                .ok_or_else(|| io::Error::other("fault mailbox receiver already taken"))?,
-        )?;
-        let dispatch = Rc::new(Dispatch {
-            transport: RefCell::new(None),
-            dying: std::cell::Cell::new(false),
-            mailbox,
-            replies,
-        });
-
-        let (e, d) = (engine.clone(), dispatch.clone());
+        let kicks = tokio::net::UnixStream::from_std(kicks)?;
+        let s = shared.clone();
         let on_peer = Rc::new(move |peer: usize, ev: PeerEvent| {
-            let outputs = {
-                let mut eng = e.borrow_mut();
-                match ev {
-                    PeerEvent::Message(msg) => eng.on_peer_message(peer as NodeId, msg),
-                    PeerEvent::Closed => eng.on_peer_lost(peer as NodeId, "connection closed"),
-                    PeerEvent::Failed(err) => eng.on_peer_lost(peer as NodeId, &err.to_string()),
-                }
+            let mut engine = s.engine();
+            let outputs = match ev {
+                PeerEvent::Message(msg) => engine.on_peer_message(peer as NodeId, msg),
+                PeerEvent::Closed => engine.on_peer_lost(peer as NodeId, "connection closed"),
+                PeerEvent::Failed(err) => engine.on_peer_lost(peer as NodeId, &err.to_string()),
             };
-            d.run(outputs);
+            s.dispatch(&mut engine, outputs);
         });
-        let transport = Transport::start(mesh, on_peer)?;
-        *dispatch.transport.borrow_mut() = Some(transport);
+        let transport = match Transport::start(mesh, on_peer) {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = ready.send(Err(io::Error::new(e.kind(), e.to_string())));
+                return Err(e);
+            }
+        };
+        let _ = shared.outbox.set(transport.outbox());
+        let _ = ready.send(Ok(()));
 
-        let (e, d) = (engine.clone(), dispatch.clone());
+        let s = shared.clone();
         tokio::task::spawn_local(async move {
             let mut drain = [0u8; 64];
             loop {
@@ -282,23 +317,27 @@ fn comm_main(
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(e) => fatal(&format!("fault mailbox failed: {e}")),
                 }
-                if let Some(fault) = d.mailbox.take() {
-                    let outputs = e
-                        .borrow_mut()
-                        .on_fault(page_of(seg, fault.addr), fault.write);
-                    d.run(outputs);
+                if let Some(fault) = s.mailbox.take() {
+                    let mut engine = s.engine();
+                    let outputs = engine.on_fault(page_of(seg, fault.addr), fault.write);
+                    s.dispatch(&mut engine, outputs);
                 }
             }
         });
 
-        while let Some(cmd) = commands.recv().await {
-            let outputs = engine.borrow_mut().on_command(cmd);
-            dispatch.run(outputs);
-        }
-        // The app is done: flush what is queued, then let the connections close.
-        let transport = dispatch.transport.borrow_mut().take();
-        if let Some(t) = transport {
-            t.shutdown(Duration::from_secs(5)).await;
+        let code = match control.recv().await {
+            Some(Control::Die(code)) => Some(code),
+            Some(Control::Shutdown) | None => None,
+        };
+        // Flush what is queued, then let the connections close.
+        transport
+            .shutdown(Duration::from_millis(match code {
+                Some(_) => 500,
+                None => 5000,
+            }))
+            .await;
+        if let Some(code) = code {
+            sys::exit_now(code);
         }
         Ok::<(), io::Error>(())
     })

@@ -14,5 +14,5 @@ pub mod wire;
 pub use bootstrap::{connect_mesh, BootstrapError, Mesh};
 pub use env::{EnvError, JobEnv, RaceOptions};
 pub use framing::{decode, encode, WireError, MAX_FRAME};
-pub use transport::{PeerEvent, Transport};
+pub use transport::{Outbox, PeerEvent, Transport};
 pub use wire::*;

@@ -1,19 +1,25 @@
-//! The async transport the comm thread runs on once the mesh is up: one reader task and
-//! one writer task per peer on a single-threaded tokio runtime. Incoming frames are decoded
-//! and handed to a callback in arrival order; outgoing messages are encoded at once and
-//! queued, and the writer batches whatever is queued into as few syscalls as it can.
-//! A malformed frame or a lost peer is reported to the callback, never a panic.
+//! The transport once the mesh is up. Receiving: one reader task per peer on the comm
+//! thread's single-threaded tokio runtime decodes frames and hands them to a callback in
+//! arrival order. Sending: any thread encodes its message and writes the frame straight
+//! to the socket when nothing is queued on that link, so a message leaves without waking
+//! another thread; what the socket does not take at once is queued for the link's writer
+//! task. A malformed frame or a lost peer is reported to the callback, never a panic.
 
 use crate::bootstrap::Mesh;
 use crate::framing::{codec, decode, encode, WireError};
 use crate::wire::Msg;
 use bytes::Bytes;
-use futures_util::{SinkExt, StreamExt};
-use std::cell::Cell;
+use futures_util::StreamExt;
+use std::collections::VecDeque;
+use std::io::{self, Write};
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
-use tokio_util::codec::{FramedRead, FramedWrite};
+use tokio::sync::Notify;
+use tokio_util::codec::FramedRead;
 
 /// What a reader task reports about its peer.
 #[derive(Debug)]
@@ -28,17 +34,157 @@ pub enum PeerEvent {
 /// Byte and message counters, for benchmarks and the race-detection statistics.
 #[derive(Default, Debug)]
 pub struct Traffic {
-    pub messages_sent: Cell<u64>,
-    pub bytes_sent: Cell<u64>,
-    pub messages_received: Cell<u64>,
-    pub bytes_received: Cell<u64>,
+    pub messages_sent: AtomicU64,
+    pub bytes_sent: AtomicU64,
+    pub messages_received: AtomicU64,
+    pub bytes_received: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64, by: u64) {
+    counter.fetch_add(by, Ordering::Relaxed);
+}
+
+/// One link's sending side. A sender writes its frame straight to the socket when
+/// nothing is queued before it (no hand-off to another thread: the cheapest way a message
+/// leaves), and queues whatever the socket does not take at once for the link's writer task,
+/// which finishes it when the socket drains. The queue lock keeps frames whole and in order.
+struct Link {
+    /// A duplicate of the socket's descriptor, non-blocking, for the direct writes.
+    raw: std::net::TcpStream,
+    queue: Mutex<LinkQueue>,
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct LinkQueue {
+    frames: VecDeque<Bytes>,
+    closed: bool,
+}
+
+impl Link {
+    fn send(&self, frame: Bytes) -> Result<(), WireError> {
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if q.closed {
+            return Err(WireError::Closed);
+        }
+        if q.frames.is_empty() {
+            match (&self.raw).write(&frame) {
+                Ok(n) if n == frame.len() => return Ok(()),
+                Ok(n) => q.frames.push_back(frame.slice(n..)),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    q.frames.push_back(frame)
+                }
+                Err(e) => return Err(WireError::Io(e)),
+            }
+        } else {
+            q.frames.push_back(frame);
+        }
+        drop(q);
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    fn close(&self) {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
+        self.wake.notify_one();
+    }
+}
+
+/// What the writer found after writing what it could.
+enum Drained {
+    /// Nothing left: wait for the next backlog.
+    Empty,
+    /// The socket is full: wait until it drains.
+    Blocked,
+    /// Closed and flushed: shut the connection's sending side.
+    Done,
+}
+
+/// Writes queued frames until the queue is empty or the socket is full (no lock is held
+/// across an await: the caller waits outside).
+fn write_queued(link: &Link, half: &OwnedWriteHalf) -> io::Result<Drained> {
+    let mut q = link.queue.lock().unwrap_or_else(|p| p.into_inner());
+    while let Some(front) = q.frames.front_mut() {
+        match half.try_write(front) {
+            Ok(n) if n == front.len() => {
+                q.frames.pop_front();
+            }
+            Ok(n) => *front = front.slice(n..),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Drained::Blocked),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(if q.closed {
+        Drained::Done
+    } else {
+        Drained::Empty
+    })
+}
+
+/// Writes what senders could not write directly, whenever the socket can take more.
+async fn drain_link(link: Arc<Link>, mut half: OwnedWriteHalf) -> io::Result<()> {
+    loop {
+        link.wake.notified().await;
+        loop {
+            match write_queued(&link, &half)? {
+                Drained::Empty => break,
+                Drained::Blocked => half.writable().await?,
+                Drained::Done => {
+                    let _ = half.shutdown().await;
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// The sending side of the transport, usable from any thread.
+pub struct Outbox {
+    me: usize,
+    links: Vec<Option<Arc<Link>>>,
+    pub traffic: Arc<Traffic>,
+}
+
+impl Outbox {
+    pub fn rank(&self) -> usize {
+        self.me
+    }
+
+    /// Encodes and sends (or queues) `msg` for `to`; returns the encoded size in bytes.
+    pub fn send(&self, to: usize, msg: &Msg) -> Result<usize, WireError> {
+        let payload = encode(msg)?;
+        let len = payload.len();
+        let link = self
+            .links
+            .get(to)
+            .and_then(|o| o.as_ref())
+            .ok_or(WireError::Closed)?;
+        let mut frame = Vec::with_capacity(4 + len);
+        frame.extend_from_slice(&(len as u32).to_be_bytes());
+        frame.extend_from_slice(&payload);
+        link.send(Bytes::from(frame))?;
+        bump(&self.traffic.messages_sent, 1);
+        bump(&self.traffic.bytes_sent, len as u64 + 4);
+        Ok(len)
+    }
+
+    /// Closes every link for sending; the writers then flush what is queued and stop.
+    fn close(&self) {
+        for l in self.links.iter().flatten() {
+            l.close();
+        }
+    }
 }
 
 pub struct Transport {
-    me: usize,
-    outboxes: Vec<Option<mpsc::UnboundedSender<Bytes>>>,
+    outbox: Arc<Outbox>,
     writers: Vec<tokio::task::JoinHandle<()>>,
-    pub traffic: Rc<Traffic>,
 }
 
 pub type Handler = Rc<dyn Fn(usize, PeerEvent)>;
@@ -47,7 +193,7 @@ impl Transport {
     /// Starts reader and writer tasks for every link of `mesh`. Must run inside a
     /// `tokio::task::LocalSet` on a runtime with I/O enabled.
     pub fn start(mesh: Mesh, handler: Handler) -> std::io::Result<Transport> {
-        let traffic = Rc::new(Traffic::default());
+        let traffic = Arc::new(Traffic::default());
         let mut outboxes = Vec::with_capacity(mesh.size);
         let mut writers = Vec::new();
         for (peer, stream) in mesh.streams.into_iter().enumerate() {
@@ -56,10 +202,14 @@ impl Transport {
                 continue;
             };
             stream.set_nonblocking(true)?;
+            let link = Arc::new(Link {
+                raw: stream.try_clone()?,
+                queue: Mutex::new(LinkQueue::default()),
+                wake: Notify::new(),
+            });
+            outboxes.push(Some(link.clone()));
             let stream = TcpStream::from_std(stream)?;
             let (read_half, write_half) = stream.into_split();
-            let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
-            outboxes.push(Some(tx));
 
             let h = handler.clone();
             let t = traffic.clone();
@@ -68,9 +218,8 @@ impl Transport {
                 loop {
                     match frames.next().await {
                         Some(Ok(frame)) => {
-                            t.messages_received.set(t.messages_received.get() + 1);
-                            t.bytes_received
-                                .set(t.bytes_received.get() + frame.len() as u64 + 4);
+                            bump(&t.messages_received, 1);
+                            bump(&t.bytes_received, frame.len() as u64 + 4);
                             match decode::<Msg>(&frame) {
                                 Ok(msg) => h(peer, PeerEvent::Message(msg)),
                                 Err(e) => {
@@ -101,65 +250,39 @@ impl Transport {
 
             let h = handler.clone();
             writers.push(tokio::task::spawn_local(async move {
-                let mut sink = FramedWrite::new(write_half, codec());
-                while let Some(first) = rx.recv().await {
-                    let mut result = sink.feed(first).await;
-                    while result.is_ok() {
-                        match rx.try_recv() {
-                            Ok(more) => result = sink.feed(more).await,
-                            Err(_) => break,
-                        }
-                    }
-                    if result.is_ok() {
-                        result = SinkExt::<Bytes>::flush(&mut sink).await;
-                    }
-                    if let Err(e) = result {
-                        h(peer, PeerEvent::Failed(WireError::Io(e)));
-                        return;
-                    }
+                if let Err(e) = drain_link(link, write_half).await {
+                    h(peer, PeerEvent::Failed(WireError::Io(e)));
                 }
-                let _ = SinkExt::<Bytes>::close(&mut sink).await;
             }));
         }
         Ok(Transport {
-            me: mesh.rank,
-            outboxes,
+            outbox: Arc::new(Outbox {
+                me: mesh.rank,
+                links: outboxes,
+                traffic,
+            }),
             writers,
-            traffic,
         })
     }
 
+    /// The thread-safe sending side.
+    pub fn outbox(&self) -> Arc<Outbox> {
+        self.outbox.clone()
+    }
+
     pub fn rank(&self) -> usize {
-        self.me
+        self.outbox.me
     }
 
     /// Encodes and queues `msg` for `to`; returns the encoded size in bytes.
     pub fn send(&self, to: usize, msg: &Msg) -> Result<usize, WireError> {
-        let bytes = encode(msg)?;
-        let len = bytes.len();
-        let outbox = self
-            .outboxes
-            .get(to)
-            .and_then(|o| o.as_ref())
-            .ok_or(WireError::Closed)?;
-        outbox
-            .send(Bytes::from(bytes))
-            .map_err(|_| WireError::Closed)?;
-        self.traffic
-            .messages_sent
-            .set(self.traffic.messages_sent.get() + 1);
-        self.traffic
-            .bytes_sent
-            .set(self.traffic.bytes_sent.get() + len as u64 + 4);
-        Ok(len)
+        self.outbox.send(to, msg)
     }
 
     /// Stops sending: writers flush what is queued and close their side of each
     /// connection. Waits up to `grace` for that to happen.
     pub async fn shutdown(mut self, grace: std::time::Duration) {
-        for o in self.outboxes.iter_mut() {
-            o.take();
-        }
+        self.outbox.close();
         let writers = std::mem::take(&mut self.writers);
         let _ = tokio::time::timeout(grace, async move {
             for w in writers {
