@@ -254,7 +254,9 @@ pub struct Engine<M: Memory> {
     locks: HashMap<LockId, LockState>,
     epoch: u32,
     alloc_digest: u64,
-    arrivals: Vec<Option<Arrival>>,
+    /// Barrier arrivals by epoch (a fast node's arrival at the next barrier can come in
+    /// before this node has finished the current one).
+    arrivals: BTreeMap<u32, Vec<Option<Arrival>>>,
     master_release: Option<(u32, VectorTime, Vec<IntervalRecord>, Vec<VectorTime>)>,
     race_mode: bool,
     finishing: bool,
@@ -314,6 +316,10 @@ impl StateMirror {
     }
 }
 
+/// Largest job whose barriers are all-to-all (without race detection); beyond it the
+/// N(N-1) messages cost more than the master's extra message delay.
+pub const ALL_TO_ALL_MAX_NODES: usize = 4;
+
 /// The lock's manager: a static function of the id so every node agrees without messages.
 pub fn lock_manager(lock: LockId, nodes: usize) -> NodeId {
     (lock % nodes as u64) as NodeId
@@ -350,7 +356,7 @@ impl<M: Memory> Engine<M> {
             locks: HashMap::new(),
             epoch: 0,
             alloc_digest: 0,
-            arrivals: (0..n).map(|_| None).collect(),
+            arrivals: BTreeMap::new(),
             master_release: None,
             race_mode,
             finishing: false,
@@ -1086,6 +1092,16 @@ impl<M: Memory> Engine<M> {
         self.reply(Reply::Done);
     }
 
+    /// Whether barriers are all-to-all (see [`Engine::barrier`]).
+    fn all_to_all(&self) -> bool {
+        !self.race_mode && self.n <= ALL_TO_ALL_MAX_NODES
+    }
+
+    /// Barriers. In small jobs without race detection every node sends its arrival (with
+    /// the intervals it created since the last barrier) to every other node and leaves once
+    /// it holds all of them: one message delay. Otherwise the arrivals go to rank 0, which
+    /// releases everyone (after analyzing the epoch, with race detection): two message
+    /// delays, but 2(N-1) messages instead of N(N-1).
     fn barrier(&mut self, finishing: bool, race: Option<RaceNotices>, bitmaps: Vec<EncodedBitmap>) {
         self.close_interval(race);
         self.epoch += 1;
@@ -1098,77 +1114,98 @@ impl<M: Memory> Engine<M> {
             finishing,
             bitmaps,
         };
-        if self.me == 0 {
-            self.handle(0, msg);
+        if !self.all_to_all() {
+            if self.me == 0 {
+                self.handle(0, msg);
+            } else {
+                self.send(0, msg);
+            }
         } else {
-            self.send(0, msg);
+            let me = self.me;
+            for to in (0..self.n as NodeId).filter(|&k| k != me) {
+                self.send(to, msg.clone());
+            }
+            self.handle(self.me, msg);
         }
     }
 
     fn on_arrive(&mut self, from: NodeId, epoch: u32, arrival: Arrival) {
-        if self.me != 0 {
+        if !self.all_to_all() && self.me != 0 {
             self.fatal(format!(
                 "rank {from} sent a barrier arrival to a non-master"
             ));
             return;
         }
-        if epoch != self.epoch && !(epoch == self.epoch + 1 && from != 0) {
+        if epoch != self.epoch && !(epoch == self.epoch + 1 && from != self.me) {
             self.fatal(format!(
-                "rank {from} arrived at barrier {epoch} while rank 0 is at barrier {}: \
+                "rank {from} arrived at barrier {epoch} while rank {} is at barrier {}: \
                  ranks called barrier/alloc a different number of times",
-                self.epoch
+                self.me, self.epoch
             ));
             return;
         }
-        if self.arrivals[from as usize].is_some() {
+        let n = self.n;
+        let slots = self
+            .arrivals
+            .entry(epoch)
+            .or_insert_with(|| (0..n).map(|_| None).collect());
+        if slots[from as usize].is_some() {
             self.fatal(format!("rank {from} arrived twice at barrier {epoch}"));
             return;
         }
-        self.arrivals[from as usize] = Some(arrival);
-        if self.arrivals.iter().any(Option::is_none) || self.arrivals[0].is_none() {
+        slots[from as usize] = Some(arrival);
+        self.try_complete_barrier();
+    }
+
+    /// Completes the current barrier once every arrival (this node's included) is in.
+    fn try_complete_barrier(&mut self) {
+        let epoch = self.epoch;
+        let complete = self
+            .arrivals
+            .get(&epoch)
+            .is_some_and(|slots| slots.iter().all(Option::is_some));
+        if !complete {
             return;
         }
         let arrivals: Vec<Arrival> = self
             .arrivals
-            .iter_mut()
-            .map(|a| a.take().unwrap())
+            .remove(&epoch)
+            .expect("checked")
+            .into_iter()
+            .map(|a| a.expect("checked"))
             .collect();
-        if let Some((k, a)) = arrivals
-            .iter()
-            .enumerate()
-            .find(|(_, a)| a.check != arrivals[0].check)
-        {
-            let _ = a;
-            let reason = format!(
-                "rank {k} and rank 0 disagree on the shared allocations at barrier {epoch} \
-                 (every rank must make the same alloc calls in the same order)"
-            );
-            for to in 1..self.n as NodeId {
-                self.send(
-                    to,
-                    Msg::Abort {
-                        reason: reason.clone(),
-                    },
-                );
+        let abort = |engine: &mut Self, reason: String| {
+            if !engine.all_to_all() {
+                for to in 1..engine.n as NodeId {
+                    engine.send(
+                        to,
+                        Msg::Abort {
+                            reason: reason.clone(),
+                        },
+                    );
+                }
             }
-            self.fatal(reason);
+            engine.fatal(reason);
+        };
+        if let Some(k) = (0..self.n).find(|&k| arrivals[k].check != arrivals[0].check) {
+            abort(
+                self,
+                format!(
+                    "rank {k} and rank 0 disagree on the shared allocations at barrier {epoch} \
+                     (every rank must make the same alloc calls in the same order)"
+                ),
+            );
             return;
         }
         if arrivals.iter().any(|a| a.finishing) != arrivals.iter().all(|a| a.finishing) {
             let who: Vec<usize> = (0..self.n).filter(|&k| arrivals[k].finishing).collect();
-            let reason = format!(
-                "ranks {who:?} finished while others are still at barrier {epoch}: \
-                 every rank must call barrier the same number of times before finishing"
+            abort(
+                self,
+                format!(
+                    "ranks {who:?} finished while others are still at barrier {epoch}: \
+                     every rank must call barrier the same number of times before finishing"
+                ),
             );
-            for to in 1..self.n as NodeId {
-                self.send(
-                    to,
-                    Msg::Abort {
-                        reason: reason.clone(),
-                    },
-                );
-            }
-            self.fatal(reason);
             return;
         }
         let mut global = VectorTime::zero(self.n);
@@ -1183,16 +1220,19 @@ impl<M: Memory> Engine<M> {
         }
         all.sort_by_key(|r| (r.node, r.index));
         all.dedup_by_key(|r| (r.node, r.index));
-        if self.race_mode {
+        if self.all_to_all() {
+            // Every node did this same computation from the same arrivals.
+            self.on_release(epoch, global, all, 0);
+        } else if !self.race_mode {
+            self.master_release = Some((epoch, global, all, knowns));
+            self.master_release(0);
+        } else {
             self.master_release = Some((epoch, global, all.clone(), knowns));
             self.reply(Reply::AnalyzeEpoch {
                 epoch,
                 intervals: all,
                 bitmaps: shipped,
             });
-        } else {
-            self.master_release = Some((epoch, global, all, knowns));
-            self.master_release(0);
         }
     }
 
@@ -1326,9 +1366,24 @@ impl<M: Memory> Engine<M> {
         }
     }
 
-    /// A peer's connection ended or broke.
+    /// A peer's connection ended or broke. At the end of the run that is expected from a
+    /// peer that has already done its part of the final barrier: TCP delivers a peer's
+    /// messages before its close, so its arrival (or, with race detection, the master's
+    /// release to it) is known here by then.
     pub fn on_peer_lost(&mut self, peer: NodeId, why: &str) -> Vec<Output> {
-        if !(self.finished || self.finishing && self.me != 0 && peer != 0) {
+        let expected = self.finished
+            || self.finishing
+                && if !self.all_to_all() {
+                    // Non-masters leave after the master's release; only the master's
+                    // own departure before releasing is a failure.
+                    self.me != 0 && peer != 0
+                } else {
+                    self.arrivals
+                        .get(&self.epoch)
+                        .and_then(|slots| slots.get(peer as usize))
+                        .is_some_and(Option::is_some)
+                };
+        if !expected {
             self.out.push(Output::PeerLost(format!(
                 "rank {}: lost rank {peer} ({why}); it probably exited or crashed",
                 self.me
