@@ -33,8 +33,8 @@ mod error;
 pub mod sys;
 
 pub use api::{
-    band, lock_manager, Array, Distribution, Dsm, LockGuard, Stats, Strided, StridedMut, View,
-    DEFAULT_SEGMENT, DEFAULT_SEGMENT_ADDR,
+    band, lock_manager, Array, Block, Distribution, Dsm, LockGuard, Stats, Strided, StridedMut,
+    View, DEFAULT_SEGMENT, DEFAULT_SEGMENT_ADDR,
 };
 pub use dsm_net::{JobEnv, LockId, RaceOptions};
 pub use error::DsmError;

@@ -421,6 +421,7 @@ impl<T: bytemuck::Pod> AppSlice<T> {
     }
 
     /// `count` elements `step` apart from element `start`, checked to lie in the window.
+    #[inline(always)]
     pub fn strided(&self, start: usize, step: usize, count: usize) -> AppStrided<T> {
         assert!(step > 0, "stride must be positive");
         if count > 0 {

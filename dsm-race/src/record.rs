@@ -37,6 +37,8 @@ pub struct AllocShadow {
     write: Vec<Cell<u64>>,
     flags: Vec<Cell<u8>>,
     touched: RefCell<Vec<u32>>,
+    /// The last strided pattern built: (period, width, bits).
+    pattern: Cell<(usize, usize, u64)>,
 }
 
 impl AllocShadow {
@@ -52,6 +54,7 @@ impl AllocShadow {
             write: vec![Cell::new(0); pages * words_per_page],
             flags: vec![Cell::new(0); pages],
             touched: RefCell::new(Vec::new()),
+            pattern: Cell::new((0, 0, 0)),
         }
     }
 
@@ -152,21 +155,35 @@ impl AllocShadow {
         self.flag_pages(offset, last, kind);
         let bits = if write { &self.write } else { &self.read };
         let s = self.shift;
+        let granule_mask = (1usize << s) - 1;
         let period = stride >> s;
         let width = ((offset + elem - 1) >> s) - (offset >> s) + 1;
-        let aligned = stride.is_multiple_of(1 << s) && offset.is_multiple_of(1 << s);
-        if aligned && period > 0 && 64 % period == 0 && width < period && count >= 16 {
+        // Short rows are common (SOR marks five per grid row), so the fast path avoids
+        // divisions: power-of-two periods only, which covers the usual strides.
+        if (stride | offset) & granule_mask == 0
+            && period.is_power_of_two()
+            && period <= 64
+            && width < period
+            && count >= 8
+        {
             // The bit pattern repeats every word: build it by doubling, rotate it to the
             // first element's phase, then OR whole words (the middle loop vectorizes).
             let g0 = offset >> s;
             let g_end = (last >> s) + 1;
-            let mut pattern = (1u64 << width) - 1;
-            let mut filled = period;
-            while filled < 64 {
-                pattern |= pattern << filled;
-                filled *= 2;
-            }
-            let pattern = pattern.rotate_left((g0 % period) as u32);
+            let (cached_period, cached_width, cached) = self.pattern.get();
+            let base = if cached_period == period && cached_width == width {
+                cached
+            } else {
+                let mut p = (1u64 << width) - 1;
+                let mut filled = period;
+                while filled < 64 {
+                    p |= p << filled;
+                    filled *= 2;
+                }
+                self.pattern.set((period, width, p));
+                p
+            };
+            let pattern = base.rotate_left((g0 & (period - 1)) as u32);
             let (w0, w1) = (g0 >> 6, (g_end - 1) >> 6);
             let head = u64::MAX << (g0 & 63);
             let tail_bits = ((g_end - 1) & 63) + 1;
