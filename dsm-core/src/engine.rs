@@ -20,8 +20,10 @@
 //!   faults at all. (DESIGN.md asks for one fault per interval at the home; this is the
 //!   cheaper equivalent: a notice is needed exactly when a copy may have gone stale.)
 //! - Intervals end at acquires, releases and barrier arrivals. A lock grant carries every
-//!   interval the grantor knows and the acquirer has not seen; the acquirer invalidates the
-//!   pages they name. Barriers go through rank 0, which afterwards everyone has seen
+//!   interval the grantor knew at its release and the acquirer has not seen; the acquirer
+//!   invalidates the pages they name. At a barrier every node's new intervals reach every
+//!   other node (all-to-all in small jobs, through rank 0 otherwise and always with race
+//!   detection, where rank 0 analyzes the epoch first); afterwards everyone has seen
 //!   everything, so interval logs are discarded there.
 
 use crate::diff::{self, DiffError};
