@@ -12,6 +12,41 @@ pub mod water;
 
 use std::time::Instant;
 
+/// SplitMix64: a tiny generator whose output is fixed by its definition, so inputs made
+/// from a seed are the same on every platform and with every version of every crate.
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    pub fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..k` (the modulo bias is irrelevant for instance generation).
+    pub fn below(&mut self, k: u64) -> u64 {
+        self.next_u64() % k
+    }
+
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// Standard normal (Box-Muller; one of the pair is used, for simplicity).
+    pub fn normal(&mut self) -> f64 {
+        let u1 = 1.0 - self.uniform(); // (0, 1]: the logarithm stays finite
+        let u2 = self.uniform();
+        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+    }
+}
+
 /// Seconds since `t`.
 pub fn secs(t: Instant) -> f64 {
     t.elapsed().as_secs_f64()

@@ -219,36 +219,8 @@ pub fn lattice_side(n: usize) -> Option<usize> {
     (k.saturating_sub(1)..=k + 1).find(|&c| c * c * c == n)
 }
 
-/// A small deterministic generator: the splitmix64 sequence.
-pub struct SplitMix64(u64);
+pub use crate::SplitMix64;
 
-impl SplitMix64 {
-    pub fn new(seed: u64) -> SplitMix64 {
-        SplitMix64(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    pub fn uniform(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-
-    /// Standard normal (Box-Muller; one of the pair is used, for simplicity).
-    pub fn normal(&mut self) -> f64 {
-        let u1 = 1.0 - self.uniform(); // (0, 1]: the logarithm stays finite
-        let u2 = self.uniform();
-        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
-    }
-}
-
-/// Rotation matrix of a uniformly random orientation (Shoemake's unit quaternion).
 fn random_rotation(rng: &mut SplitMix64) -> [Vec3; 3] {
     let (u1, u2, u3) = (rng.uniform(), rng.uniform(), rng.uniform());
     let tau = 2.0 * std::f64::consts::PI;

@@ -46,28 +46,7 @@ pub enum Format {
     Auto,
 }
 
-/// SplitMix64: a tiny generator whose output is fixed by its definition, so an instance
-/// is the same for a seed on every platform and with every version of every crate.
-pub struct SplitMix64(u64);
-
-impl SplitMix64 {
-    pub fn new(seed: u64) -> Self {
-        SplitMix64(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..k` (the modulo bias is irrelevant for instance generation).
-    pub fn below(&mut self, k: u64) -> u64 {
-        self.next_u64() % k
-    }
-}
+pub use crate::SplitMix64;
 
 /// Largest weight of a random instance (weights are uniform in `1..=RANDOM_MAX_WEIGHT`).
 pub const RANDOM_MAX_WEIGHT: i64 = 1000;
