@@ -2,75 +2,14 @@
 //! FFT verify at several node counts with bitwise-identical results (same checksums as at
 //! one node), race detection finds no races, and bad arguments are clear errors.
 
-use std::io::Read;
-use std::process::{Command, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+mod common;
 
-/// Far above what a passing run needs; only there so a hung job fails the test.
-const WATCHDOG: Duration = Duration::from_secs(120);
-
-struct Out {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl std::fmt::Debug for Out {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "exit {:?}\n--- stdout ---\n{}--- stderr ---\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-}
-
-fn run(mut cmd: Command) -> Out {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let started = Instant::now();
-    let mut child = cmd.spawn().expect("start");
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let out = thread::spawn(move || {
-        let mut s = String::new();
-        out.read_to_string(&mut s).unwrap();
-        s
-    });
-    let err = thread::spawn(move || {
-        let mut s = String::new();
-        err.read_to_string(&mut s).unwrap();
-        s
-    });
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > WATCHDOG {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{cmd:?} did not finish within {WATCHDOG:?}");
-        }
-        thread::sleep(Duration::from_millis(10));
-    };
-    Out {
-        code: status.code(),
-        stdout: out.join().unwrap(),
-        stderr: err.join().unwrap(),
-    }
-}
+use common::{run, Run as Out};
+use std::process::Command;
 
 /// `dsmrun [dsmrun_args] -n N fft [args]`.
 fn dsmrun(n: usize, dsmrun_args: &[&str], args: &[&str]) -> Out {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dsmrun"));
-    cmd.arg("-n")
-        .arg(n.to_string())
-        .args(dsmrun_args)
-        .arg(env!("CARGO_BIN_EXE_fft"))
-        .args(args);
-    run(cmd)
+    common::dsmrun(n, dsmrun_args, env!("CARGO_BIN_EXE_fft"), args)
 }
 
 /// `fft [args]`, alone (a one-node job).

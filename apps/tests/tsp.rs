@@ -7,23 +7,10 @@
 
 use apps::tsp::{heldkarp, input};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+mod common;
 
-struct Run {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl std::fmt::Debug for Run {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "exit {:?}\n--- stdout ---\n{}--- stderr ---\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-}
+use common::{run, Run};
+use std::process::Command;
 
 fn data(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -31,34 +18,21 @@ fn data(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn finish(mut cmd: Command) -> Run {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .expect("start the program");
-    Run {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
 /// `tsp ARGS` on `nodes` nodes under dsmrun (with a timeout so nothing can hang).
 fn tsp_on(nodes: usize, race: bool, args: &[&str]) -> Run {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dsmrun"));
-    cmd.args(["-n", &nodes.to_string(), "--timeout", "120"]);
-    if race {
-        cmd.arg("--race");
-    }
-    cmd.arg(env!("CARGO_BIN_EXE_tsp")).args(args);
-    finish(cmd)
+    let flags: &[&str] = if race {
+        &["--timeout", "120", "--race"]
+    } else {
+        &["--timeout", "120"]
+    };
+    common::dsmrun(nodes, flags, env!("CARGO_BIN_EXE_tsp"), args)
 }
 
 /// `tsp ARGS` started directly (a one-node job).
 fn tsp_alone(args: &[&str]) -> Run {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tsp"));
     cmd.args(args);
-    finish(cmd)
+    run(cmd)
 }
 
 /// The optimal length of the `verified:` line (which must be there).

@@ -3,42 +3,18 @@
 //! for a molecule count that is not a cube, and the race detector's verdicts on the
 //! correct program (no races) and on `--racy` (write-write races on `forces`).
 
-use std::process::{Command, Output};
+mod common;
 
-struct Run {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl std::fmt::Debug for Run {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "exit {:?}\n--- stdout ---\n{}--- stderr ---\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-}
+use common::Run;
+use std::process::Command;
 
 fn dsmrun(nodes: usize, race: bool, args: &[&str]) -> Run {
-    let n = nodes.to_string();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dsmrun"));
-    cmd.args(["-n", &n, "--timeout", "120"]);
-    if race {
-        cmd.arg("--race");
-    }
-    cmd.arg(env!("CARGO_BIN_EXE_water")).args(args);
-    let Output {
-        status,
-        stdout,
-        stderr,
-    } = cmd.output().expect("run dsmrun");
-    Run {
-        code: status.code(),
-        stdout: String::from_utf8_lossy(&stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&stderr).into_owned(),
-    }
+    let flags: &[&str] = if race {
+        &["--timeout", "120", "--race"]
+    } else {
+        &["--timeout", "120"]
+    };
+    common::dsmrun(nodes, flags, env!("CARGO_BIN_EXE_water"), args)
 }
 
 fn assert_verified(r: &Run, molecules: usize, steps: usize, nodes: usize) {

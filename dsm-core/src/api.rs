@@ -1051,7 +1051,7 @@ impl<'a, T: Pod> View<'a, T> {
 
     /// Fetches, in one request per home, the pages of elements `start..start+count` that
     /// are not yet accessible (for writing, if `write`), when the range spans several
-    /// pages. Bulk and strided accessors do this themselves; call it before element-wise
+    /// pages. Bulk copies and blocks do this themselves (strided views take their faults); call it before element-wise
     /// access to a large range. It records nothing.
     pub fn prefetch(&self, start: usize, count: usize, write: bool) {
         if count == 0 {
@@ -1062,15 +1062,21 @@ impl<'a, T: Pod> View<'a, T> {
             "prefetch of {start}+{count} out of bounds (len {})",
             self.len()
         );
+        self.prefetch_checked(start, count, write);
+    }
+
+    /// [`View::prefetch`] for a range the caller has already bounds-checked (the bulk
+    /// copies and `block`, which check their range first).
+    #[inline]
+    fn prefetch_checked(&self, start: usize, count: usize, write: bool) {
+        if count == 0 {
+            return;
+        }
         let (first, last) = self.page_span(start, count);
         if last >= first + PREFETCH_MIN_PAGES - 1 && self.dsm.states.any_missing(first, last, write)
         {
             self.dsm.prefetch(first, last, write);
         }
-    }
-
-    fn maybe_prefetch(&self, start: usize, count: usize, write: bool) {
-        self.prefetch(start, count, write)
     }
 
     /// Copies `out.len()` elements from `start` into `out` (one recorded read of the
@@ -1087,7 +1093,7 @@ impl<'a, T: Pod> View<'a, T> {
         if let Some(s) = self.shadow {
             s.read(start * Self::SIZE, out.len() * Self::SIZE);
         }
-        self.maybe_prefetch(start, out.len(), false);
+        self.prefetch_checked(start, out.len(), false);
         self.mem.read_into(start, out)
     }
 
@@ -1104,7 +1110,7 @@ impl<'a, T: Pod> View<'a, T> {
         if let Some(s) = self.shadow {
             s.write(start * Self::SIZE, src.len() * Self::SIZE);
         }
-        self.maybe_prefetch(start, src.len(), true);
+        self.prefetch_checked(start, src.len(), true);
         self.mem.write_from(start, src)
     }
 
@@ -1178,7 +1184,7 @@ impl<'a, T: Pod> View<'a, T> {
         let start = rows.start * self.cols;
         let len = rows.len() * self.cols;
         let mem = self.mem.sub(start, len);
-        self.prefetch(start, len, false);
+        self.prefetch_checked(start, len, false);
         if let Some(s) = self.shadow {
             s.read(start * Self::SIZE, len * Self::SIZE);
         }

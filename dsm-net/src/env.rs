@@ -4,6 +4,7 @@
 //! program a single-node job. Also the run options that travel by environment (segment
 //! size, connect timeout, race-detection switches).
 
+use crate::launcher::env_vars as vars;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -81,16 +82,16 @@ impl JobEnv {
 
     /// Reads variables through `get` (tests pass a map).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<JobEnv, EnvError> {
-        let (rank, size, launcher) = if let Some(rank) = get("DSM_RANK") {
-            let size = get("DSM_SIZE").ok_or(EnvError::Missing("DSM_RANK", "DSM_SIZE"))?;
-            let launcher = if get("DSM_LAUNCHER").as_deref() == Some("dsmrun") {
+        let (rank, size, launcher) = if let Some(rank) = get(vars::RANK) {
+            let size = get(vars::SIZE).ok_or(EnvError::Missing(vars::RANK, vars::SIZE))?;
+            let launcher = if get(vars::LAUNCHER).as_deref() == Some("dsmrun") {
                 Launcher::Dsmrun
             } else {
                 Launcher::Standalone
             };
             (
-                parse_num("DSM_RANK", &rank)?,
-                parse_num("DSM_SIZE", &size)?,
+                parse_num(vars::RANK, &rank)?,
+                parse_num(vars::SIZE, &size)?,
                 launcher,
             )
         } else if let (Some(r), Some(s)) = (get("SLURM_PROCID"), get("SLURM_NTASKS")) {
@@ -118,45 +119,45 @@ impl JobEnv {
         };
         if size == 0 || size > MAX_NODES {
             return Err(EnvError::Invalid {
-                var: "DSM_SIZE",
+                var: vars::SIZE,
                 value: size.to_string(),
                 why: format!("job size must be 1..={MAX_NODES}"),
             });
         }
         if rank >= size {
             return Err(EnvError::Invalid {
-                var: "DSM_RANK",
+                var: vars::RANK,
                 value: rank.to_string(),
                 why: format!("rank must be below the job size {size}"),
             });
         }
-        let coord = match get("DSM_COORD") {
+        let coord = match get(vars::COORD) {
             Some(v) => Some(parse_addr(&v)?),
             None if size > 1 => {
                 return Err(EnvError::NeedsRendezvous {
                     size,
-                    var: "DSM_COORD",
+                    var: vars::COORD,
                 })
             }
             None => None,
         };
-        let secret = get("DSM_JOB_SECRET").unwrap_or_default();
+        let secret = get(vars::JOB_SECRET).unwrap_or_default();
         if size > 1 && secret.is_empty() {
             return Err(EnvError::NeedsRendezvous {
                 size,
-                var: "DSM_JOB_SECRET",
+                var: vars::JOB_SECRET,
             });
         }
-        let connect_timeout = match get("DSM_CONNECT_TIMEOUT") {
+        let connect_timeout = match get(vars::CONNECT_TIMEOUT) {
             Some(v) => {
                 let secs: f64 = v.trim().parse().map_err(|_| EnvError::Invalid {
-                    var: "DSM_CONNECT_TIMEOUT",
+                    var: vars::CONNECT_TIMEOUT,
                     value: v.clone(),
                     why: "expected seconds".into(),
                 })?;
                 if !(secs > 0.0 && secs < 1e6) {
                     return Err(EnvError::Invalid {
-                        var: "DSM_CONNECT_TIMEOUT",
+                        var: vars::CONNECT_TIMEOUT,
                         value: v,
                         why: "must be positive".into(),
                     });
@@ -165,9 +166,9 @@ impl JobEnv {
             }
             None => DEFAULT_CONNECT_TIMEOUT,
         };
-        let segment_bytes = match get("DSM_SEGMENT") {
+        let segment_bytes = match get(vars::SEGMENT) {
             Some(v) => Some(parse_size(&v).map_err(|why| EnvError::Invalid {
-                var: "DSM_SEGMENT",
+                var: vars::SEGMENT,
                 value: v.clone(),
                 why,
             })?),
@@ -175,20 +176,20 @@ impl JobEnv {
         };
         let flag = |k: &str| matches!(get(k).as_deref(), Some(v) if v != "0" && !v.is_empty());
         let race = RaceOptions {
-            enabled: flag("DSM_RACE"),
-            log: get("DSM_RACE_LOG")
+            enabled: flag(vars::RACE),
+            log: get(vars::RACE_LOG)
                 .filter(|s| !s.is_empty())
                 .map(PathBuf::from),
-            exit_code: match get("DSM_RACE_EXIT_CODE") {
+            exit_code: match get(vars::RACE_EXIT_CODE) {
                 Some(v) => {
                     let code: i32 = v.trim().parse().map_err(|_| EnvError::Invalid {
-                        var: "DSM_RACE_EXIT_CODE",
+                        var: vars::RACE_EXIT_CODE,
                         value: v.clone(),
                         why: "expected an exit status 0..=255".into(),
                     })?;
                     if !(0..=255).contains(&code) {
                         return Err(EnvError::Invalid {
-                            var: "DSM_RACE_EXIT_CODE",
+                            var: vars::RACE_EXIT_CODE,
                             value: v,
                             why: "expected an exit status 0..=255".into(),
                         });
@@ -197,8 +198,8 @@ impl JobEnv {
                 }
                 None => 66,
             },
-            first_only: flag("DSM_RACE_FIRST"),
-            stats: flag("DSM_RACE_STATS"),
+            first_only: flag(vars::RACE_FIRST),
+            stats: flag(vars::RACE_STATS),
         };
         Ok(JobEnv {
             rank,
@@ -223,7 +224,7 @@ fn parse_num(var: &'static str, v: &str) -> Result<usize, EnvError> {
 
 fn parse_addr(v: &str) -> Result<SocketAddr, EnvError> {
     let invalid = |why: String| EnvError::Invalid {
-        var: "DSM_COORD",
+        var: vars::COORD,
         value: v.to_string(),
         why,
     };
@@ -233,30 +234,10 @@ fn parse_addr(v: &str) -> Result<SocketAddr, EnvError> {
         .ok_or_else(|| invalid("resolves to no address".into()))
 }
 
-/// Parses a byte size such as `1G`, `512M`, `64k`, `4096` (binary multiples).
+/// Parses a byte size such as `1G`, `512M`, `64k`, `4096` (binary multiples): the same
+/// grammar dsmrun accepts for `--segment`.
 pub fn parse_size(v: &str) -> Result<u64, String> {
-    let s = v.trim();
-    let (digits, mult) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-        None => (s, 1u64),
-        Some((i, _)) => {
-            let unit = s[i..].trim().to_ascii_lowercase();
-            let mult = match unit.as_str() {
-                "k" | "kb" | "kib" => 1 << 10,
-                "m" | "mb" | "mib" => 1 << 20,
-                "g" | "gb" | "gib" => 1 << 30,
-                "t" | "tb" | "tib" => 1 << 40,
-                "b" => 1,
-                _ => return Err(format!("unknown unit {:?} (use K, M, G or T)", &s[i..])),
-            };
-            (&s[..i], mult)
-        }
-    };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| "expected a number such as 512M or 1G".to_string())?;
-    n.checked_mul(mult)
-        .filter(|&b| b > 0)
-        .ok_or_else(|| "size must be positive and fit in 64 bits".to_string())
+    crate::launcher::parse_size(v).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -83,11 +83,11 @@ pub mod env_vars {
     pub const CONNECT_TIMEOUT: &str = "DSM_CONNECT_TIMEOUT";
     /// `1` when race detection is on.
     pub const RACE: &str = "DSM_RACE";
-    /// Absolute path of the race report file.
+    /// Absolute path of the JSON-lines race log (rank 0 writes it).
     pub const RACE_LOG: &str = "DSM_RACE_LOG";
-    /// Exit code for a rank that detected a race (`0`: do not exit).
+    /// Exit status of rank 0 when races were reported (`0`: exit normally).
     pub const RACE_EXIT_CODE: &str = "DSM_RACE_EXIT_CODE";
-    /// `1`: stop at the first race found.
+    /// `1`: report only first races (the paper's section 6.4).
     pub const RACE_FIRST: &str = "DSM_RACE_FIRST";
     /// `1`: print race detector statistics.
     pub const RACE_STATS: &str = "DSM_RACE_STATS";

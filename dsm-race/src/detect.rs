@@ -117,8 +117,10 @@ pub struct Race {
     pub second: Access,
 }
 
-/// Counters of one analysis (the paper's Table 3 inputs).
-#[derive(Clone, Debug, Default, Serialize)]
+/// Counters of one analysis (the paper's Table 3 inputs). Also the schema of the
+/// `race.analysis` block of `DSM_STATS_FILE`, which the benchmark driver reads back.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct PlanStats {
     pub intervals: u64,
     /// Interval pairs of different nodes that had to be considered at all.

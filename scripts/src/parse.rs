@@ -95,17 +95,9 @@ pub fn parse_race_summary(stderr: &str) -> Option<(u64, u64)> {
     })
 }
 
-/// The detector's analysis counters (rank 0 only), as in the paper's Table 3.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Analysis {
-    pub intervals: u64,
-    pub pairs_considered: u64,
-    pub concurrent_pairs: u64,
-    pub overlapping_pairs: u64,
-    pub intervals_in_overlap: u64,
-    pub bitmaps_wanted: u64,
-    pub bitmaps_total: u64,
-}
+/// The detector's analysis counters (rank 0 only), as in the paper's Table 3: the
+/// runtime's own type, so the two cannot drift apart.
+pub use dsm_race::PlanStats as Analysis;
 
 /// A job's `DSM_STATS_FILE` summaries, combined over its ranks.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -155,15 +147,7 @@ pub fn combine_stats(files: &[Value]) -> Result<JobStats, String> {
         .get("race")
         .and_then(|r| r.get("analysis"))
         .filter(|a| a.is_object())
-        .map(|a| Analysis {
-            intervals: u(a, &["intervals"]).unwrap_or(0),
-            pairs_considered: u(a, &["pairs_considered"]).unwrap_or(0),
-            concurrent_pairs: u(a, &["concurrent_pairs"]).unwrap_or(0),
-            overlapping_pairs: u(a, &["overlapping_pairs"]).unwrap_or(0),
-            intervals_in_overlap: u(a, &["intervals_in_overlap"]).unwrap_or(0),
-            bitmaps_wanted: u(a, &["bitmaps_wanted"]).unwrap_or(0),
-            bitmaps_total: u(a, &["bitmaps_total"]).unwrap_or(0),
-        });
+        .and_then(|a| serde_json::from_value::<Analysis>(a.clone()).ok());
     let race_present = rank0.get("race").is_some_and(|r| r.is_object());
     let mut rank_peak_rss_kb: Vec<(u64, u64)> = files
         .iter()

@@ -663,7 +663,18 @@ struct SharedBound<'d> {
     locks: u64,
 }
 
-impl SharedBound<'_> {
+impl<'d> SharedBound<'d> {
+    fn new(dsm: &'d mut Dsm, sh: &'d Shared, locked: bool, known: i64) -> Self {
+        SharedBound {
+            dsm,
+            sh,
+            locked,
+            known,
+            improvements: 0,
+            locks: 0,
+        }
+    }
+
     /// Reads `bound` under its lock.
     fn refresh(&mut self) -> Result<(), DsmError> {
         let g = self.dsm.lock_named(BOUND_LOCK)?;
@@ -725,14 +736,7 @@ pub fn run(dsm: &mut Dsm, sh: &Shared, solver: &Solver, cfg: &Config) -> Result<
         // concurrent with the other nodes' unlocked reads just before: with unlocked
         // reads the race on `bound` shows up in every run with 3 or more nodes, however
         // the nodes are scheduled.
-        let mut inc = SharedBound {
-            dsm: &mut *dsm,
-            sh,
-            locked: cfg.locked_bound,
-            known,
-            improvements: 0,
-            locks: 0,
-        };
+        let mut inc = SharedBound::new(&mut *dsm, sh, cfg.locked_bound, known);
         let (len, tour) = solver.greedy_tour(inc.dsm.rank() % n);
         if len < inc.bound() {
             inc.improve(len, &tour)?;
@@ -797,14 +801,7 @@ pub fn run(dsm: &mut Dsm, sh: &Shared, solver: &Solver, cfg: &Config) -> Result<
             continue;
         }
         backoff = MIN_BACKOFF;
-        let mut inc = SharedBound {
-            dsm: &mut *dsm,
-            sh,
-            locked: cfg.locked_bound,
-            known,
-            improvements: 0,
-            locks: 0,
-        };
+        let mut inc = SharedBound::new(&mut *dsm, sh, cfg.locked_bound, known);
         if cfg.locked_bound {
             inc.refresh()?;
         }
