@@ -485,7 +485,7 @@ pub fn six_step_seq(x: &[C64], m: u32, dir: Direction) -> Vec<C64> {
 // Transposes through shared memory
 
 /// Elements of a shared array per page (allocations start on a page boundary).
-const PAGE_ELEMS: usize = dsm_core::sys::PAGE_SIZE / std::mem::size_of::<C64>();
+const PAGE_ELEMS: usize = dsm_core::PAGE_SIZE / std::mem::size_of::<C64>();
 
 /// Runs of needed pages separated by at most this many unneeded pages are fetched as one
 /// run: a page more in a batch costs far less than a page fault of its own.

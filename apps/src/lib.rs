@@ -47,6 +47,21 @@ impl SplitMix64 {
     }
 }
 
+/// Installs dsm's logging for an app: `tracing` events at the level `DSM_LOG` asks for
+/// (env-filter syntax, default `warn`) on stderr, coloured only when stderr is a terminal.
+/// The runtime never installs a subscriber itself; a program that wants its own calls
+/// something else instead.
+pub fn init_logging() {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_env(dsm_core::env_vars::LOG)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}
+
 /// Seconds since `t`.
 pub fn secs(t: Instant) -> f64 {
     t.elapsed().as_secs_f64()

@@ -2,9 +2,9 @@
 //! FFT verify at several node counts with bitwise-identical results (same checksums as at
 //! one node), race detection finds no races, and bad arguments are clear errors.
 
-mod common;
+use dsm_testkit as common;
 
-use common::{run, Run as Out};
+use dsm_testkit::{run, Run as Out};
 use std::process::Command;
 
 /// `dsmrun [dsmrun_args] -n N fft [args]`.

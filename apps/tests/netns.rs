@@ -103,7 +103,10 @@ fn run_on_hosts(hosts: &Hosts, program: &str, args: &[&str]) -> Vec<std::process
 #[test]
 fn ranks_in_separate_network_namespaces() {
     let Some(hosts) = Hosts::new(3) else {
-        eprintln!("skipped: cannot create network namespaces here (needs root and iproute2)");
+        dsm_testkit::skip(
+            "ranks_in_separate_network_namespaces",
+            "cannot create network namespaces here (needs root and iproute2)",
+        );
         return;
     };
     for (program, args) in [

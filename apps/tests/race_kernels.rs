@@ -5,9 +5,7 @@
 use apps::kernels::{self, Expect};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
-use std::process::Command;
 
-const DSMRUN: &str = env!("CARGO_BIN_EXE_dsmrun");
 const KERNEL: &str = env!("CARGO_BIN_EXE_race-kernel");
 
 /// Kernels also run at N = 8.
@@ -24,19 +22,14 @@ const AT_EIGHT: &[&str] = &[
 fn check(name: &str, n: usize, expect: &Expect) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("races.jsonl");
-    let out = Command::new(DSMRUN)
-        .args([
-            "-n",
-            &n.to_string(),
-            "--timeout",
-            "60",
-            "--race",
-            "--race-log",
-        ])
-        .arg(&log)
-        .args([KERNEL, "run", name])
-        .output()
-        .unwrap();
+    let log_arg = log.to_str().expect("temporary paths are UTF-8");
+    let out = dsm_testkit::dsmrun(
+        n,
+        &["--timeout", "60", "--race", "--race-log", log_arg],
+        KERNEL,
+        &["run", name],
+    )
+    .into_output();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let ctx = format!("kernel {name} at N={n}\nstdout:\n{stdout}\nstderr:\n{stderr}");
@@ -71,7 +64,9 @@ fn check(name: &str, n: usize, expect: &Expect) {
 }
 
 fn run(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(DSMRUN).args(args).output().unwrap();
+    let mut cmd = dsm_testkit::command("dsmrun");
+    cmd.args(args);
+    let out = dsm_testkit::run(cmd).into_output();
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -8,16 +8,11 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-const DSMRUN: &str = env!("CARGO_BIN_EXE_dsmrun");
 const TEST: &str = env!("CARGO_BIN_EXE_dsm-test");
 const SOR: &str = env!("CARGO_BIN_EXE_sor");
 
 fn dsmrun(n: usize, program: &str, args: &[&str]) -> Output {
-    Command::new(DSMRUN)
-        .args(["-n", &n.to_string(), "--timeout", "120", program])
-        .args(args)
-        .output()
-        .expect("dsmrun runs")
+    dsm_testkit::dsmrun(n, &["--timeout", "120"], program, args).into_output()
 }
 
 fn text(b: &[u8]) -> String {
@@ -150,8 +145,7 @@ fn inconsistent_collective_calls_are_clear_errors() {
 
 #[test]
 fn killed_rank_stops_the_job() {
-    let mut child = Command::new(DSMRUN)
-        .args(["-n", "4", "--timeout", "60", TEST, "hang"])
+    let mut child = dsm_testkit::dsmrun_command(4, &["--timeout", "60"], TEST, &["hang"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

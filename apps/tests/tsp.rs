@@ -6,10 +6,10 @@
 //! is race-free.
 
 use apps::tsp::{heldkarp, input};
+use dsm_testkit as common;
 use std::path::PathBuf;
-mod common;
 
-use common::{run, Run};
+use dsm_testkit::{run, Run};
 use std::process::Command;
 
 fn data(name: &str) -> PathBuf {

@@ -3,9 +3,9 @@
 //! for a molecule count that is not a cube, and the race detector's verdicts on the
 //! correct program (no races) and on `--racy` (write-write races on `forces`).
 
-mod common;
+use dsm_testkit as common;
 
-use common::Run;
+use dsm_testkit::Run;
 use std::process::Command;
 
 fn dsmrun(nodes: usize, race: bool, args: &[&str]) -> Run {

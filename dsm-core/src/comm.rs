@@ -9,10 +9,12 @@
 //! condition (a lost peer, malformed traffic) ends the process with a message naming the
 //! cause: the app thread may be parked in the fault handler, and the job cannot continue.
 
+use crate::engine::Prot;
 use crate::engine::{Command, Engine, Memory, Output, Reply};
-use crate::sys::{self, FaultMailbox, Prot, Segment, PAGE_SIZE};
-use dsm_net::launcher::PEER_LOST_EXIT;
-use dsm_net::{Mesh, NodeId, Outbox, PageNo, PeerEvent, Transport};
+use crate::sys::{self, FaultMailbox, Segment};
+use dsm_net::{Mesh, Outbox, PeerEvent, Transport};
+use dsm_proto::exit_codes::PEER_LOST as PEER_LOST_EXIT;
+use dsm_proto::{NodeId, PageNo, PAGE_SIZE};
 use std::io;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -6,7 +6,7 @@
 //!
 //! Encoding: a sequence of runs, each `offset: u16 LE, len: u16 LE, bytes[len]`.
 
-use crate::sys::PAGE_SIZE;
+use dsm_proto::PAGE_SIZE;
 use thiserror::Error;
 
 #[derive(Debug, Error, PartialEq, Eq)]

@@ -27,12 +27,19 @@
 //!   everything, so interval logs are discarded there.
 
 use crate::diff::{self, DiffError};
-use crate::sys::{Prot, PAGE_SIZE};
-use dsm_net::{
+use dsm_proto::{
     BitmapKey, EncodedBitmap, IntervalRecord, LockId, Msg, NodeId, PageCopy, PageDiff, PageNo,
-    PageRuns, RaceNotices, Requirement, SyncCause, VectorTime,
+    PageRuns, RaceNotices, Requirement, SyncCause, VectorTime, PAGE_SIZE,
 };
 use std::collections::{BTreeMap, HashMap};
+
+/// Protection of a page in the app view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prot {
+    None,
+    Read,
+    ReadWrite,
+}
 
 /// What the engine needs from memory. The real implementation wraps the mapped segment;
 /// tests use plain buffers.

@@ -5,7 +5,7 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum DsmError {
     #[error("bad job environment: {0}")]
-    Env(#[from] dsm_net::EnvError),
+    Env(#[from] dsm_proto::ConfigError),
     #[error("job start failed: {0}")]
     Bootstrap(#[from] dsm_net::BootstrapError),
     #[error("shared segment: {0}")]

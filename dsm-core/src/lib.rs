@@ -20,7 +20,8 @@
 //! if dsm.rank() == 0 {
 //!     println!("count = {}", dsm.view(&counter).get(0));
 //! }
-//! dsm.finish()?;
+//! let outcome = dsm.finish()?;                    // races reported, exit status
+//! # let _ = outcome;
 //! # Ok::<(), dsm_core::DsmError>(())
 //! ```
 
@@ -30,14 +31,22 @@ pub mod diff;
 pub mod engine;
 mod error;
 #[allow(unsafe_code)]
-pub mod sys;
+mod sys;
 
 pub use api::{
-    band, lock_manager, Array, Block, Distribution, Dsm, LockGuard, Stats, Strided, StridedMut,
-    View, DEFAULT_SEGMENT, DEFAULT_SEGMENT_ADDR,
+    band, lock_manager, Array, Block, Distribution, Dsm, LockGuard, Outcome, Stats, Strided,
+    StridedMut, View, DEFAULT_SEGMENT, DEFAULT_SEGMENT_ADDR,
 };
-pub use dsm_net::{JobEnv, LockId, RaceOptions};
+pub use dsm_proto::{env_vars, JobConfig, LockId, RaceOptions, PAGE_SIZE};
 pub use error::DsmError;
+
+/// Reads the `u64` at byte `offset` of the shared segment through the app view, ignoring
+/// allocations: what a program with a stray index does. A read outside every allocation
+/// crashes the process with SIGSEGV, as it would without dsm; tests use this to prove it.
+/// `None` before [`Dsm::init`] or when `offset` lies outside the segment.
+pub fn read_segment_word(offset: usize) -> Option<u64> {
+    sys::AppSlice::<u64>::new_in_global_segment(offset, 1).map(|s| s.get(0))
+}
 
 /// The README's code examples, compiled as doctests so they cannot rot.
 #[cfg(doctest)]

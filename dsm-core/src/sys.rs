@@ -13,20 +13,12 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
-pub const PAGE_SIZE: usize = 4096;
-pub const PAGE_SHIFT: u32 = 12;
+use crate::engine::Prot;
+use dsm_proto::{PAGE_SHIFT, PAGE_SIZE};
 
-/// Protection of a page in the app view.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Prot {
-    None,
-    Read,
-    ReadWrite,
-}
-
-impl Prot {
-    fn bits(self) -> libc::c_int {
-        match self {
+fn prot_bits(prot: Prot) -> libc::c_int {
+    {
+        match prot {
             Prot::None => libc::PROT_NONE,
             Prot::Read => libc::PROT_READ,
             Prot::ReadWrite => libc::PROT_READ | libc::PROT_WRITE,
@@ -174,7 +166,7 @@ impl Segment {
             libc::mprotect(
                 (self.app_base + first * PAGE_SIZE) as *mut libc::c_void,
                 count * PAGE_SIZE,
-                prot.bits(),
+                prot_bits(prot),
             )
         };
         if rc != 0 {

@@ -5,9 +5,9 @@
 //! sees the last write made under that lock, and after a barrier every node sees every
 //! write made before it, for any home placement and any interleaving.
 
+use dsm_core::engine::Prot;
 use dsm_core::engine::{Command, Engine, Memory, Output, Reply};
-use dsm_core::sys::{Prot, PAGE_SIZE};
-use dsm_net::{Msg, NodeId, PageNo};
+use dsm_proto::{Msg, NodeId, PageNo, PAGE_SIZE};
 use proptest::prelude::*;
 use std::collections::VecDeque;
 

@@ -5,6 +5,7 @@
 //!
 //! The wild access outside the segment needs a raw pointer dereference; that `unsafe` is
 //! confined to this test, which exists to prove such bugs are not swallowed.
+#![allow(unsafe_code)]
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
@@ -38,9 +39,11 @@ fn child_entry() {
         "unallocated" => {
             // Inside the segment, far past the only allocation.
             let seg_page = 1000;
-            let s = dsm_core::sys::AppSlice::<u64>::new_in_global_segment(seg_page * 4096, 1)
-                .expect("inside the segment");
-            println!("after crash: {}", s.get(0));
+            let addr = dsm_core::DEFAULT_SEGMENT_ADDR + seg_page * dsm_core::PAGE_SIZE;
+            // SAFETY: deliberately unallocated (no access rights): this child exists to
+            // crash on it, and dsm must pass the fault on instead of serving it.
+            let v = unsafe { std::ptr::read_volatile(addr as *const u64) };
+            println!("after crash: {v}");
         }
         "kill" => {
             nix::sys::signal::raise(nix::sys::signal::Signal::SIGSEGV).unwrap();

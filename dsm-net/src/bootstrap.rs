@@ -7,9 +7,9 @@
 //! secret or version is refused with a reason and never becomes part of the job. All waits
 //! are bounded by the connect timeout, so a rank that never shows up is an error naming it.
 
-use crate::env::JobEnv;
 use crate::framing::{read_frame, write_frame, WireError};
-use crate::wire::{Hello, HelloReply, NodeId, HELLO_MAGIC, PROTOCOL_VERSION};
+use dsm_proto::JobConfig;
+use dsm_proto::{Hello, HelloReply, NodeId, HELLO_MAGIC, PROTOCOL_VERSION};
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::thread;
@@ -49,7 +49,7 @@ pub struct Mesh {
 }
 
 /// Connects this node to every other node of the job described by `env`.
-pub fn connect_mesh(env: &JobEnv) -> Result<Mesh, BootstrapError> {
+pub fn connect_mesh(env: &JobConfig) -> Result<Mesh, BootstrapError> {
     if env.size == 1 {
         return Ok(Mesh {
             rank: 0,
@@ -59,7 +59,7 @@ pub fn connect_mesh(env: &JobEnv) -> Result<Mesh, BootstrapError> {
     }
     let coord = env
         .coord
-        .expect("JobEnv guarantees a rendezvous address for multi-node jobs");
+        .expect("JobConfig guarantees a rendezvous address for multi-node jobs");
     let deadline = Instant::now() + env.connect_timeout;
     let mut mesh = if env.rank == 0 {
         rendezvous_as_rank0(env, coord, deadline)?
@@ -75,7 +75,7 @@ pub fn connect_mesh(env: &JobEnv) -> Result<Mesh, BootstrapError> {
     Ok(mesh)
 }
 
-fn hello(env: &JobEnv, listen: String) -> Hello {
+fn hello(env: &JobConfig, listen: String) -> Hello {
     Hello {
         magic: HELLO_MAGIC,
         version: PROTOCOL_VERSION,
@@ -94,7 +94,7 @@ fn secrets_match(a: &str, b: &str) -> bool {
 
 /// Why a hello is refused, or `None` if it is acceptable. `lowest` is the smallest rank this
 /// acceptor takes connections from.
-fn check_hello(env: &JobEnv, h: &Hello, lowest: usize, taken: &[bool]) -> Option<String> {
+fn check_hello(env: &JobConfig, h: &Hello, lowest: usize, taken: &[bool]) -> Option<String> {
     if h.magic != HELLO_MAGIC {
         return Some("not a dsm peer (bad magic)".into());
     }
@@ -126,7 +126,7 @@ fn check_hello(env: &JobEnv, h: &Hello, lowest: usize, taken: &[bool]) -> Option
 /// Reads and checks one hello on a freshly accepted connection. Returns the peer's rank and
 /// hello if accepted; refusals are answered and logged here.
 fn admit(
-    env: &JobEnv,
+    env: &JobConfig,
     mut s: TcpStream,
     peer: SocketAddr,
     lowest: usize,
@@ -157,7 +157,7 @@ fn missing(taken: &[bool], range: std::ops::Range<usize>) -> Vec<usize> {
 }
 
 fn rendezvous_as_rank0(
-    env: &JobEnv,
+    env: &JobConfig,
     coord: SocketAddr,
     deadline: Instant,
 ) -> Result<Mesh, BootstrapError> {
@@ -227,7 +227,7 @@ fn rendezvous_as_rank0(
 
 /// Connects with retries until `deadline`: the peer may not be listening yet.
 fn connect_retrying(
-    env: &JobEnv,
+    env: &JobConfig,
     addr: SocketAddr,
     deadline: Instant,
     who: &str,
@@ -260,7 +260,7 @@ fn connect_retrying(
 
 /// Sends our hello on `s` and waits (until `deadline`) for the answer.
 fn greet(
-    env: &JobEnv,
+    env: &JobConfig,
     s: &mut TcpStream,
     peer: usize,
     listen: String,
@@ -294,7 +294,7 @@ fn greet(
 }
 
 fn join_as_peer(
-    env: &JobEnv,
+    env: &JobConfig,
     coord: SocketAddr,
     deadline: Instant,
 ) -> Result<Mesh, BootstrapError> {
@@ -396,19 +396,17 @@ fn join_as_peer(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::env::RaceOptions;
     use std::io::Write;
 
-    fn job(rank: usize, size: usize, coord: SocketAddr, secret: &str, timeout: f64) -> JobEnv {
-        JobEnv {
+    fn job(rank: usize, size: usize, coord: SocketAddr, secret: &str, timeout: f64) -> JobConfig {
+        JobConfig {
             rank,
             size,
-            launcher: crate::env::Launcher::Standalone,
+            launcher: dsm_proto::Launcher::Standalone,
             coord: Some(coord),
             secret: secret.into(),
             connect_timeout: Duration::from_secs_f64(timeout),
-            segment_bytes: None,
-            race: RaceOptions::default(),
+            ..JobConfig::single_node()
         }
     }
 

@@ -85,7 +85,7 @@ pub fn read_frame<R: Read, T: DeserializeOwned>(r: &mut R, max: usize) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::*;
+    use dsm_proto::*;
     use proptest::prelude::*;
 
     fn arb_vt() -> impl Strategy<Value = VectorTime> {

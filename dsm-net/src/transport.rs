@@ -7,8 +7,8 @@
 
 use crate::bootstrap::Mesh;
 use crate::framing::{codec, decode, encode, WireError};
-use crate::wire::Msg;
 use bytes::Bytes;
+use dsm_proto::Msg;
 use futures_util::StreamExt;
 use std::collections::VecDeque;
 use std::io::{self, Write};
@@ -297,22 +297,21 @@ impl Transport {
 mod tests {
     use super::*;
     use crate::bootstrap::connect_mesh;
-    use crate::env::{JobEnv, Launcher, RaceOptions};
+    use dsm_proto::{JobConfig, Launcher};
     use std::cell::RefCell;
     use std::io::Write;
     use std::net::TcpListener;
     use std::time::Duration;
 
-    fn job(rank: usize, coord: std::net::SocketAddr) -> JobEnv {
-        JobEnv {
+    fn job(rank: usize, coord: std::net::SocketAddr) -> JobConfig {
+        JobConfig {
             rank,
             size: 2,
             launcher: Launcher::Standalone,
             coord: Some(coord),
             secret: "t".into(),
             connect_timeout: Duration::from_secs(10),
-            segment_bytes: None,
-            race: RaceOptions::default(),
+            ..JobConfig::single_node()
         }
     }
 

@@ -11,9 +11,10 @@
 //! `vt[p]` has reached `a.index` follow it, and `vt[p]` only grows along q's intervals),
 //! found with two binary searches.
 
-use crate::record::{decode_words, PAGE_SIZE};
-use dsm_net::{
-    AccessKind, BitmapKey, EncodedBitmap, IntervalRecord, NodeId, PageNo, PageRuns, SyncCause,
+use crate::record::decode_words;
+use dsm_proto::{
+    AccessKind, BitmapKey, EncodedBitmap, IntervalRecord, NodeId, PageNo, PageRuns, PlanStats,
+    SyncCause, PAGE_SIZE,
 };
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -115,22 +116,6 @@ pub struct Race {
     pub kind: RaceKind,
     pub first: Access,
     pub second: Access,
-}
-
-/// Counters of one analysis (the paper's Table 3 inputs). Also the schema of the
-/// `race.analysis` block of `DSM_STATS_FILE`, which the benchmark driver reads back.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
-#[serde(default)]
-pub struct PlanStats {
-    pub intervals: u64,
-    /// Interval pairs of different nodes that had to be considered at all.
-    pub pairs_considered: u64,
-    pub concurrent_pairs: u64,
-    pub overlapping_pairs: u64,
-    /// Intervals in at least one concurrent, page-overlapping pair.
-    pub intervals_in_overlap: u64,
-    pub bitmaps_wanted: u64,
-    pub bitmaps_total: u64,
 }
 
 #[derive(Debug)]
@@ -462,7 +447,7 @@ pub fn first_races(races: Vec<Race>, intervals: &[IntervalRecord]) -> Vec<Race> 
 mod tests {
     use super::*;
     use crate::record::{encode_words, Recorder};
-    use dsm_net::{RaceNotices, VectorTime};
+    use dsm_proto::{RaceNotices, VectorTime};
 
     fn iv(node: NodeId, index: u32, vt: Vec<u32>, reads: &[u32], writes: &[u32]) -> IntervalRecord {
         IntervalRecord {

@@ -5,13 +5,13 @@
 //! writes, fetches exactly those bitmaps and compares them ([`detect`]); races are printed
 //! and logged ([`report`]). Everything here is sans-I/O: the DSM moves the data.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod detect;
 pub mod record;
 pub mod report;
 
-pub use detect::{
-    first_races, plan, Access, Bitmaps, Plan, PlanStats, Race, RaceKind, VarInfo, VarTable,
-};
+pub use detect::{first_races, plan, Access, Bitmaps, Plan, Race, RaceKind, VarInfo, VarTable};
+pub use dsm_proto::PlanStats;
 pub use record::{granule_shift, AllocShadow, RecordStats, Recorder};
 pub use report::{Point, Reporter};

@@ -12,11 +12,11 @@
 //! The hot path (`read`/`write` of one element) is a flag test and one word OR; the first
 //! touch of a page in an interval takes an out-of-line path. Nothing allocates per access.
 
-use dsm_net::{AccessKind, BitmapKey, EncodedBitmap, PageNo, PageRuns, RaceNotices};
+use dsm_proto::{
+    AccessKind, BitmapKey, EncodedBitmap, PageNo, PageRuns, RaceNotices, PAGE_SHIFT, PAGE_SIZE,
+};
 use std::cell::{Cell, RefCell};
 
-pub const PAGE_SIZE: usize = 4096;
-const PAGE_SHIFT: usize = 12;
 const READ: u8 = 1;
 const WRITE: u8 = 2;
 

@@ -237,7 +237,7 @@ fn json_of(at: Point, r: &Race, names: &dyn Fn(u64) -> Option<String>) -> serde_
 mod tests {
     use super::*;
     use crate::detect::Access;
-    use dsm_net::SyncCause;
+    use dsm_proto::SyncCause;
 
     fn race(index: usize, interval: u32) -> Race {
         Race {

@@ -97,7 +97,7 @@ pub fn parse_race_summary(stderr: &str) -> Option<(u64, u64)> {
 
 /// The detector's analysis counters (rank 0 only), as in the paper's Table 3: the
 /// runtime's own type, so the two cannot drift apart.
-pub use dsm_race::PlanStats as Analysis;
+pub use dsm_proto::PlanStats as Analysis;
 
 /// A job's `DSM_STATS_FILE` summaries, combined over its ranks.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -6,6 +6,7 @@ use anyhow::{bail, Context};
 use apps::fail;
 use clap::{Parser, Subcommand};
 use dsm_core::{Distribution, Dsm};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 #[derive(Parser, Debug)]
@@ -81,7 +82,8 @@ enum Test {
     },
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<ExitCode> {
+    apps::init_logging();
     let args = Args::parse();
     let mut dsm = Dsm::init().context("joining the DSM job")?;
     match args.test {
@@ -116,10 +118,9 @@ fn main() -> anyhow::Result<()> {
             dsm.view(&a).set(0, 1);
             if dsm.rank() == rank {
                 // Far past the only allocation, still inside the segment.
-                let wild = dsm_core::sys::AppSlice::<u64>::new_in_global_segment(64 << 20, 1)
-                    .context("segment smaller than 64 MiB")?;
                 println!("rank {rank} reads unallocated shared memory");
-                let v = wild.get(0);
+                let v =
+                    dsm_core::read_segment_word(64 << 20).context("segment smaller than 64 MiB")?;
                 fail(&format!("read unallocated memory without crashing: {v}"));
             }
             dsm.barrier()?;
@@ -145,8 +146,7 @@ fn main() -> anyhow::Result<()> {
             }
         }
     }
-    dsm.finish()?;
-    Ok(())
+    Ok(dsm.finish()?.exit_code())
 }
 
 fn counter(dsm: &mut Dsm, iters: u64) -> anyhow::Result<()> {

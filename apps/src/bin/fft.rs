@@ -9,6 +9,7 @@ use apps::fft::{
 use apps::{fail, secs};
 use clap::Parser;
 use dsm_core::Dsm;
+use std::process::ExitCode;
 use std::time::Instant;
 
 /// Largest relative error accepted against the sequential FFT and in the round trip.
@@ -222,7 +223,8 @@ fn run_1d(dsm: &mut Dsm, m: u32, verify: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<ExitCode> {
+    apps::init_logging();
     let args = Args::parse();
     let dims = args.dims.unwrap_or(Dims {
         nx: args.nx,
@@ -235,6 +237,5 @@ fn main() -> anyhow::Result<()> {
     } else {
         run_3d(&mut dsm, dims, !args.no_verify)?;
     }
-    dsm.finish()?;
-    Ok(())
+    Ok(dsm.finish()?.exit_code())
 }

@@ -6,6 +6,7 @@ use anyhow::{bail, Context};
 use apps::kernels::{self, Expect};
 use clap::{Parser, Subcommand};
 use dsm_core::Dsm;
+use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -26,7 +27,8 @@ enum Cmd {
     Run { name: String },
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<ExitCode> {
+    apps::init_logging();
     match Args::parse().cmd {
         Cmd::List => {
             for k in kernels::all() {
@@ -42,7 +44,7 @@ fn main() -> anyhow::Result<()> {
                 };
                 println!("{:<28} {:<22} {}", k.name, expect, k.about);
             }
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::Run { name } => {
             let all = kernels::all();
@@ -57,8 +59,7 @@ fn main() -> anyhow::Result<()> {
             if dsm.rank() == 0 {
                 println!("kernel {} done on {} nodes", k.name, dsm.size());
             }
-            dsm.finish()?;
-            Ok(())
+            Ok(dsm.finish()?.exit_code())
         }
     }
 }

@@ -4,6 +4,7 @@ use anyhow::Context;
 use apps::{fail, secs, sor};
 use clap::Parser;
 use dsm_core::Dsm;
+use std::process::ExitCode;
 use std::time::Instant;
 
 /// Red-black successive over-relaxation on an N x N grid shared by all nodes. Rank 0
@@ -26,7 +27,8 @@ struct Args {
     no_verify: bool,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<ExitCode> {
+    apps::init_logging();
     let args = Args::parse();
     if args.size < 3 {
         anyhow::bail!("--size must be at least 3 (got {})", args.size);
@@ -80,6 +82,5 @@ fn main() -> anyhow::Result<()> {
             );
         }
     }
-    dsm.finish()?;
-    Ok(())
+    Ok(dsm.finish()?.exit_code())
 }

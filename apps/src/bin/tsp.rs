@@ -8,6 +8,7 @@ use apps::{fail, secs};
 use clap::Parser;
 use dsm_core::Dsm;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Instant;
 
 const DEFAULT_CITIES: usize = 19;
@@ -81,7 +82,8 @@ fn usage_error(msg: &str) -> ! {
     std::process::exit(2)
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<ExitCode> {
+    apps::init_logging();
     let args = Args::parse();
     if let Some(n) = args.random {
         if !(1..=MAX_CITIES).contains(&n) {
@@ -107,8 +109,8 @@ fn main() -> anyhow::Result<()> {
             if rank == 0 || all[0] != 0 {
                 eprintln!("tsp: {msg}");
             }
-            dsm.finish()?;
-            std::process::exit(2);
+            let _ = dsm.finish()?;
+            return Ok(ExitCode::from(2));
         }
         Ok(inst) => {
             if all.iter().any(|&f| f != mine) {
@@ -122,8 +124,8 @@ fn main() -> anyhow::Result<()> {
                         odd.join(", ")
                     );
                 }
-                dsm.finish()?;
-                std::process::exit(2);
+                let _ = dsm.finish()?;
+                return Ok(ExitCode::from(2));
             }
             inst
         }
@@ -219,6 +221,5 @@ fn main() -> anyhow::Result<()> {
     if args.dsm_stats {
         println!("dsm-stats: rank {rank}: {:?}", dsm.stats());
     }
-    dsm.finish()?;
-    Ok(())
+    Ok(dsm.finish()?.exit_code())
 }

@@ -6,6 +6,7 @@ use apps::water::{self, LockMode, Params, RunOptions};
 use apps::{fail, secs};
 use clap::{Parser, ValueEnum};
 use dsm_core::Dsm;
+use std::process::ExitCode;
 use std::time::Instant;
 
 /// Molecular dynamics of liquid water (flexible 3-site TIP3P-like molecules, Lennard-Jones
@@ -58,7 +59,8 @@ enum Locks {
     Molecule,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<ExitCode> {
+    apps::init_logging();
     let args = Args::parse();
     let p = Params::new(args.molecules, args.steps, args.dt).map_err(anyhow::Error::msg)?;
     let opts = RunOptions {
@@ -137,6 +139,5 @@ fn main() -> anyhow::Result<()> {
             }
         }
     }
-    dsm.finish()?;
-    Ok(())
+    Ok(dsm.finish()?.exit_code())
 }

@@ -1,7 +1,7 @@
 //! `dsmrun`, the job launcher of dsm (like `mpirun`): this file owns only the
 //! command line — parsing it into a [`LaunchConfig`], the `--help` text, and
 //! mapping the outcome to an exit code. Launching and supervising the ranks is
-//! `dsm_net::launcher`.
+//! the `dsm_launch` library.
 
 #![forbid(unsafe_code)]
 
@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use dsm_net::launcher::{self, LaunchConfig, LaunchError, RaceConfig};
+use dsm_launch::{self as launcher, LaunchConfig, LaunchError};
+use dsm_proto::{exit_codes, parse_seconds, parse_size, RaceOptions};
 use tracing_subscriber::EnvFilter;
 
 const AFTER_HELP: &str = "\
@@ -72,14 +73,14 @@ struct Cli {
 
     /// Size of the shared segment, e.g. 1G, 512M, 4096K or plain bytes (binary
     /// units); passed to the ranks as a byte count in DSM_SEGMENT
-    #[arg(long, value_name = "SIZE", value_parser = launcher::parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     segment: Option<u64>,
 
     /// Wall-clock limit for the whole job; on expiry all ranks are stopped and
     /// dsmrun exits 124 [default: no limit]
     // Negative numbers are taken as values so the parser can say why they
     // are wrong, rather than clap calling them unknown options.
-    #[arg(long, value_name = "SECS", value_parser = launcher::parse_seconds,
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds,
           allow_negative_numbers = true)]
     timeout: Option<Duration>,
 
@@ -87,7 +88,7 @@ struct Cli {
     /// passed in DSM_CONNECT_TIMEOUT
     // Negative numbers are taken as values so the parser can say why they
     // are wrong, rather than clap calling them unknown options.
-    #[arg(long, value_name = "SECS", value_parser = launcher::parse_seconds,
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds,
           allow_negative_numbers = true)]
     connect_timeout: Option<Duration>,
 
@@ -143,16 +144,16 @@ impl Cli {
                     })
                 })
                 .transpose()?;
-            Some(RaceConfig {
+            RaceOptions {
+                enabled: true,
                 log,
-                exit_code: self
-                    .race_exit_code
-                    .unwrap_or(launcher::DEFAULT_RACE_EXIT_CODE),
-                first: self.race_first,
+                exit_code: self.race_exit_code.unwrap_or(exit_codes::RACES_FOUND),
+                first_only: self.race_first,
                 stats: self.race_stats,
-            })
+                ..RaceOptions::default()
+            }
         } else {
-            None
+            RaceOptions::default()
         };
         let mut command = self.command.into_iter();
         let program = command

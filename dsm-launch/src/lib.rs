@@ -6,9 +6,11 @@
 //! line by line with a `[rank] ` prefix, and stopping the whole job on the
 //! first failure, on timeout or on a signal, so that no rank outlives the job.
 //! The rank-side reading of the environment lives with the bootstrap code, not
-//! here; the variable names are shared through [`env_vars`].
+//! here: both sides share [`dsm_proto::JobConfig`], which the launcher writes with
+//! [`JobConfig::to_env`] and every rank reads back.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 use std::ffi::{OsStr, OsString};
 use std::fmt;
@@ -29,20 +31,17 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use tracing::{debug, warn};
 
+use dsm_proto::config::{DEFAULT_CONNECT_TIMEOUT, DSMRUN};
+use dsm_proto::{
+    env_vars, exit_codes, format_secs, JobConfig, Launcher, LocalPlacement, RaceOptions,
+};
+
 /// Largest job `dsmrun` starts; ranks are processes on one machine, so more
 /// would only oversubscribe it.
 pub const MAX_RANKS: usize = 256;
 
-/// Exit code a rank uses to say "I found a data race" when none is given.
-pub const DEFAULT_RACE_EXIT_CODE: u8 = 66;
-
 /// How long ranks get to exit after SIGTERM (failure or timeout) before SIGKILL.
 pub const TERM_GRACE: Duration = Duration::from_secs(2);
-
-/// Exit status of a rank that stopped because it lost a peer (the peer crashed or was
-/// killed). Such exits are consequences, not causes: dsmrun waits briefly for the rank
-/// that really failed and reports that one.
-pub const PEER_LOST_EXIT: i32 = 71;
 
 /// How long a peer-lost exit waits for the root cause to show up.
 const COLLATERAL_WAIT: Duration = Duration::from_secs(1);
@@ -64,54 +63,6 @@ const DRAIN_GRACE: Duration = Duration::from_secs(1);
 /// Forwarding threads only hold a small buffer on the stack; with up to 768 of
 /// them the default 2 MiB reservation is pointless.
 const THREAD_STACK: usize = 128 * 1024;
-
-/// Names of the environment variables a launcher hands to each rank.
-pub mod env_vars {
-    /// This process's rank, `0..DSM_SIZE`.
-    pub const RANK: &str = "DSM_RANK";
-    /// Number of ranks in the job.
-    pub const SIZE: &str = "DSM_SIZE";
-    /// `IP:PORT` where rank 0 listens for the rendezvous.
-    pub const COORD: &str = "DSM_COORD";
-    /// Random per-job secret that ranks use to recognise each other.
-    pub const JOB_SECRET: &str = "DSM_JOB_SECRET";
-    /// Name of the launcher that started the rank (`dsmrun`).
-    pub const LAUNCHER: &str = "DSM_LAUNCHER";
-    /// Shared segment size in bytes.
-    pub const SEGMENT: &str = "DSM_SEGMENT";
-    /// Seconds to keep trying to connect to the other ranks.
-    pub const CONNECT_TIMEOUT: &str = "DSM_CONNECT_TIMEOUT";
-    /// `1` when race detection is on.
-    pub const RACE: &str = "DSM_RACE";
-    /// Absolute path of the JSON-lines race log (rank 0 writes it).
-    pub const RACE_LOG: &str = "DSM_RACE_LOG";
-    /// Exit status of rank 0 when races were reported (`0`: exit normally).
-    pub const RACE_EXIT_CODE: &str = "DSM_RACE_EXIT_CODE";
-    /// `1`: report only first races (the paper's section 6.4).
-    pub const RACE_FIRST: &str = "DSM_RACE_FIRST";
-    /// `1`: print race detector statistics.
-    pub const RACE_STATS: &str = "DSM_RACE_STATS";
-
-    /// Every variable above; the launcher clears them all from what ranks
-    /// inherit, so a nested or leftover setting never leaks into a job.
-    pub const ALL: [&str; 12] = [
-        RANK,
-        SIZE,
-        COORD,
-        JOB_SECRET,
-        LAUNCHER,
-        SEGMENT,
-        CONNECT_TIMEOUT,
-        RACE,
-        RACE_LOG,
-        RACE_EXIT_CODE,
-        RACE_FIRST,
-        RACE_STATS,
-    ];
-}
-
-/// Value of `DSM_LAUNCHER`.
-pub const LAUNCHER_NAME: &str = "dsmrun";
 
 /// Errors that stop a job from being launched at all.
 #[derive(Debug, thiserror::Error)]
@@ -172,113 +123,6 @@ impl LaunchError {
     }
 }
 
-/// A command-line value that does not parse.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ValueError {
-    #[error("empty size; expected a byte count such as 4096, 512M or 1G")]
-    EmptySize,
-    #[error("'{0}' is not a size; expected a byte count, optionally followed by K, M, G or T (powers of 1024), e.g. 512M")]
-    NotASize(String),
-    #[error("'{0}': fractional sizes are not supported; use a smaller unit (e.g. 1536M instead of 1.5G)")]
-    FractionalSize(String),
-    #[error(
-        "'{input}': unknown unit '{unit}'; use K, M, G or T (powers of 1024), or no unit for bytes"
-    )]
-    UnknownUnit { input: String, unit: String },
-    #[error("'{0}' is too large")]
-    SizeTooLarge(String),
-    #[error("the size must be greater than zero")]
-    ZeroSize,
-    #[error("'{0}' is not a number of seconds greater than zero")]
-    InvalidSeconds(String),
-}
-
-/// Parses a size such as `1G`, `512M`, `4096K`, `65536` (bytes) into bytes.
-/// Units are binary (K = 1024) and case-insensitive; `KB`/`KiB` spellings are
-/// accepted as the same unit.
-pub fn parse_size(text: &str) -> Result<u64, ValueError> {
-    let trimmed = text.trim();
-    if trimmed.is_empty() {
-        return Err(ValueError::EmptySize);
-    }
-    let digits_end = trimmed
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(trimmed.len());
-    let (number, unit) = trimmed.split_at(digits_end);
-    // `64 KiB` is how people write sizes, and the ranks' own parser takes it.
-    let unit = unit.trim_start();
-    if number.is_empty() {
-        return Err(ValueError::NotASize(text.to_owned()));
-    }
-    if unit.starts_with(['.', ',']) {
-        return Err(ValueError::FractionalSize(text.to_owned()));
-    }
-    let shift = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        _ => {
-            return Err(ValueError::UnknownUnit {
-                input: text.to_owned(),
-                unit: unit.to_owned(),
-            })
-        }
-    };
-    // Only ASCII digits are left, so a parse failure can only be overflow.
-    let value: u64 = number
-        .parse()
-        .map_err(|_| ValueError::SizeTooLarge(text.to_owned()))?;
-    let bytes = value
-        .checked_mul(1u64 << shift)
-        .ok_or_else(|| ValueError::SizeTooLarge(text.to_owned()))?;
-    if bytes == 0 {
-        return Err(ValueError::ZeroSize);
-    }
-    Ok(bytes)
-}
-
-/// Parses a positive number of seconds, fractions allowed (`1`, `0.5`).
-pub fn parse_seconds(text: &str) -> Result<Duration, ValueError> {
-    let invalid = || ValueError::InvalidSeconds(text.to_owned());
-    let secs: f64 = text.trim().parse().map_err(|_| invalid())?;
-    if secs.is_nan() || secs <= 0.0 {
-        return Err(invalid());
-    }
-    Duration::try_from_secs_f64(secs).map_err(|_| invalid())
-}
-
-/// Race-detection settings handed to the ranks.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RaceConfig {
-    /// Where ranks write race reports; made absolute so it does not depend on
-    /// the rank's working directory.
-    pub log: Option<PathBuf>,
-    /// Exit code of a rank that found a race; 0 turns the convention off.
-    pub exit_code: u8,
-    pub first: bool,
-    pub stats: bool,
-}
-
-impl Default for RaceConfig {
-    fn default() -> Self {
-        RaceConfig {
-            log: None,
-            exit_code: DEFAULT_RACE_EXIT_CODE,
-            first: false,
-            stats: false,
-        }
-    }
-}
-
-impl RaceConfig {
-    /// The rank exit code that means "race found" rather than "failed".
-    fn race_exit_code(&self) -> Option<i32> {
-        (self.exit_code != 0).then_some(i32::from(self.exit_code))
-    }
-}
-
 /// Everything needed to launch one job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchConfig {
@@ -293,8 +137,8 @@ pub struct LaunchConfig {
     pub connect_timeout: Option<Duration>,
     /// Wall-clock limit for the whole job.
     pub timeout: Option<Duration>,
-    /// `Some` when race detection is on.
-    pub race: Option<RaceConfig>,
+    /// Race detection (`enabled` off: none).
+    pub race: RaceOptions,
 }
 
 impl LaunchConfig {
@@ -307,7 +151,7 @@ impl LaunchConfig {
             segment_bytes: None,
             connect_timeout: None,
             timeout: None,
-            race: None,
+            race: RaceOptions::default(),
         }
     }
 }
@@ -512,40 +356,32 @@ pub fn pick_rendezvous_addr() -> io::Result<SocketAddr> {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()
 }
 
-/// The `DSM_*` variables for one rank.
-pub fn child_env(
+/// The job configuration of one rank, as the launcher hands it over.
+pub fn rank_config(
     config: &LaunchConfig,
     rank: usize,
     coord: SocketAddr,
     secret: &str,
-) -> Vec<(&'static str, OsString)> {
-    let mut env: Vec<(&'static str, OsString)> = vec![
-        (env_vars::RANK, rank.to_string().into()),
-        (env_vars::SIZE, config.ranks.to_string().into()),
-        (env_vars::COORD, coord.to_string().into()),
-        (env_vars::JOB_SECRET, secret.into()),
-        (env_vars::LAUNCHER, LAUNCHER_NAME.into()),
-    ];
-    if let Some(bytes) = config.segment_bytes {
-        env.push((env_vars::SEGMENT, bytes.to_string().into()));
+) -> JobConfig {
+    JobConfig {
+        rank,
+        size: config.ranks,
+        launcher: Launcher::Dsmrun,
+        coord: Some(coord),
+        secret: secret.to_owned(),
+        connect_timeout: config.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+        segment_bytes: config.segment_bytes,
+        // Inherited from dsmrun's environment by the ranks, not written by it.
+        segment_addr: None,
+        race: config.race.clone(),
+        pin: false,
+        // Every rank of a dsmrun job runs on this machine.
+        local: Some(LocalPlacement {
+            rank,
+            size: config.ranks,
+        }),
+        stats_file: None,
     }
-    if let Some(timeout) = config.connect_timeout {
-        env.push((env_vars::CONNECT_TIMEOUT, format_secs(timeout).into()));
-    }
-    if let Some(race) = &config.race {
-        env.push((env_vars::RACE, "1".into()));
-        env.push((env_vars::RACE_EXIT_CODE, race.exit_code.to_string().into()));
-        if let Some(log) = &race.log {
-            env.push((env_vars::RACE_LOG, log.clone().into_os_string()));
-        }
-        if race.first {
-            env.push((env_vars::RACE_FIRST, "1".into()));
-        }
-        if race.stats {
-            env.push((env_vars::RACE_STATS, "1".into()));
-        }
-    }
-    env
 }
 
 /// Launches the job described by `config`, forwards its output to this
@@ -576,7 +412,7 @@ pub fn run(config: &LaunchConfig) -> Result<JobOutcome, LaunchError> {
     let mut job = Job {
         ranks: Vec::with_capacity(config.ranks),
         rx,
-        race_exit_code: config.race.as_ref().and_then(RaceConfig::race_exit_code),
+        race_exit_code: config.race.races_found_exit(),
         started: Instant::now(),
     };
     for rank in 0..config.ranks {
@@ -604,11 +440,11 @@ fn spawn_rank(
 ) -> io::Result<Child> {
     let mut command = Command::new(program);
     command.args(&config.args);
-    for var in env_vars::ALL {
+    for var in env_vars::LAUNCHER_OWNED {
         command.env_remove(var);
     }
     command
-        .envs(child_env(config, rank, coord, secret))
+        .envs(rank_config(config, rank, coord, secret).to_env())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -653,7 +489,7 @@ impl Sink {
 /// Prints one `dsmrun: ...` line on stderr, under the same lock as the ranks'
 /// forwarded stderr lines.
 fn note(args: fmt::Arguments<'_>) {
-    let line = format!("{LAUNCHER_NAME}: {args}\n");
+    let line = format!("{DSMRUN}: {args}\n");
     // Nothing sensible to do if stderr is gone.
     let _ = Sink::Stderr.write_line(line.as_bytes());
 }
@@ -969,7 +805,7 @@ impl Job {
                         // consequences of that, not new failures.
                         continue;
                     }
-                    if status == RankStatus::Exited(PEER_LOST_EXIT) {
+                    if status == RankStatus::Exited(exit_codes::PEER_LOST) {
                         if collateral.is_none() {
                             collateral = Some((rank, status, now + COLLATERAL_WAIT));
                         }
@@ -1044,7 +880,7 @@ impl Job {
                 exit_code: self
                     .race_exit_code
                     .and_then(|c| u8::try_from(c).ok())
-                    .unwrap_or(DEFAULT_RACE_EXIT_CODE),
+                    .unwrap_or(exit_codes::RACES_FOUND),
             },
             None => JobOutcome::Success,
         }
@@ -1084,11 +920,6 @@ impl Job {
     }
 }
 
-/// Seconds the way a user would write them: `1`, `0.5`.
-fn format_secs(duration: Duration) -> String {
-    duration.as_secs_f64().to_string()
-}
-
 fn plural<'a>(count: usize, one: &'a str, many: &'a str) -> &'a str {
     if count == 1 {
         one
@@ -1110,60 +941,6 @@ mod tests {
     use super::*;
     use std::fs;
     use std::os::unix::fs::PermissionsExt;
-
-    #[test]
-    fn sizes_parse_with_binary_units() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("4096K"), Ok(4096 * 1024));
-        assert_eq!(parse_size("512M"), Ok(512 << 20));
-        assert_eq!(parse_size("1G"), Ok(1 << 30));
-        assert_eq!(parse_size("1g"), Ok(1 << 30));
-        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
-        assert_eq!(parse_size("3MB"), Ok(3 << 20));
-        assert_eq!(parse_size("1T"), Ok(1 << 40));
-        assert_eq!(parse_size(" 64k "), Ok(64 << 10));
-        assert_eq!(parse_size("10b"), Ok(10));
-        assert_eq!(parse_size("64 KiB"), Ok(64 << 10));
-    }
-
-    #[test]
-    fn bad_sizes_are_rejected_with_a_reason() {
-        assert_eq!(parse_size(""), Err(ValueError::EmptySize));
-        assert_eq!(parse_size("G"), Err(ValueError::NotASize("G".into())));
-        assert_eq!(parse_size("-1G"), Err(ValueError::NotASize("-1G".into())));
-        assert_eq!(parse_size("0"), Err(ValueError::ZeroSize));
-        assert_eq!(parse_size("0M"), Err(ValueError::ZeroSize));
-        assert_eq!(
-            parse_size("1.5G"),
-            Err(ValueError::FractionalSize("1.5G".into()))
-        );
-        assert!(matches!(
-            parse_size("12X"),
-            Err(ValueError::UnknownUnit { ref unit, .. }) if unit == "X"
-        ));
-        assert!(matches!(
-            parse_size("1 G B"),
-            Err(ValueError::UnknownUnit { .. })
-        ));
-        assert_eq!(
-            parse_size("99999999999999999999"),
-            Err(ValueError::SizeTooLarge("99999999999999999999".into()))
-        );
-        assert_eq!(
-            parse_size("16777216T"),
-            Err(ValueError::SizeTooLarge("16777216T".into()))
-        );
-        assert!(parse_size("12X").unwrap_err().to_string().contains("'X'"));
-    }
-
-    #[test]
-    fn seconds_parse_positive_numbers_only() {
-        assert_eq!(parse_seconds("1"), Ok(Duration::from_secs(1)));
-        assert_eq!(parse_seconds("0.5"), Ok(Duration::from_millis(500)));
-        for bad in ["0", "-1", "abc", "", "inf", "NaN", "1e300"] {
-            assert!(parse_seconds(bad).is_err(), "{bad:?} accepted");
-        }
-    }
 
     #[test]
     fn signals_are_named() {
@@ -1221,11 +998,11 @@ mod tests {
     }
 
     #[test]
-    fn child_env_has_the_job_and_optional_settings() {
+    fn rank_environment_has_the_job_and_optional_settings() {
         let coord: SocketAddr = "127.0.0.1:4000".parse().unwrap();
         let mut config = LaunchConfig::new("app");
         config.ranks = 4;
-        let env = child_env(&config, 2, coord, "ab");
+        let env = rank_config(&config, 2, coord, "ab").to_env();
         let get = |env: &[(&str, OsString)], key: &str| {
             env.iter()
                 .find(|(k, _)| *k == key)
@@ -1236,17 +1013,19 @@ mod tests {
         assert_eq!(get(&env, "DSM_COORD").as_deref(), Some("127.0.0.1:4000"));
         assert_eq!(get(&env, "DSM_JOB_SECRET").as_deref(), Some("ab"));
         assert_eq!(get(&env, "DSM_LAUNCHER").as_deref(), Some("dsmrun"));
-        assert_eq!(env.len(), 5);
+        assert_eq!(get(&env, "DSM_LOCAL_RANK").as_deref(), Some("2"));
+        assert_eq!(get(&env, "DSM_LOCAL_SIZE").as_deref(), Some("4"));
+        assert_eq!(env.len(), 7);
 
         config.segment_bytes = Some(1 << 20);
         config.connect_timeout = Some(Duration::from_millis(7500));
-        config.race = Some(RaceConfig {
+        config.race = RaceOptions {
+            enabled: true,
             log: Some("/tmp/races.log".into()),
-            exit_code: 66,
-            first: true,
-            stats: false,
-        });
-        let env = child_env(&config, 0, coord, "ab");
+            first_only: true,
+            ..RaceOptions::default()
+        };
+        let env = rank_config(&config, 0, coord, "ab").to_env();
         assert_eq!(get(&env, "DSM_SEGMENT").as_deref(), Some("1048576"));
         assert_eq!(get(&env, "DSM_CONNECT_TIMEOUT").as_deref(), Some("7.5"));
         assert_eq!(get(&env, "DSM_RACE").as_deref(), Some("1"));
@@ -1255,7 +1034,10 @@ mod tests {
         assert_eq!(get(&env, "DSM_RACE_FIRST").as_deref(), Some("1"));
         assert_eq!(get(&env, "DSM_RACE_STATS"), None);
         for (key, _) in &env {
-            assert!(env_vars::ALL.contains(key), "{key} missing from ALL");
+            assert!(
+                env_vars::LAUNCHER_OWNED.contains(key),
+                "{key} missing from LAUNCHER_OWNED"
+            );
         }
     }
 

@@ -5,10 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::fs;
-use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -21,97 +20,27 @@ use tempfile::TempDir;
 /// the test instead of the whole run.
 const WATCHDOG: Duration = Duration::from_secs(20);
 
-struct Finished {
-    code: Option<i32>,
-    stdout: Vec<u8>,
-    stderr: String,
-    elapsed: Duration,
-}
-
-impl Finished {
-    fn stdout_lines(&self) -> Vec<String> {
-        String::from_utf8_lossy(&self.stdout)
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    }
-}
-
-impl std::fmt::Debug for Finished {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "exit {:?} after {:?}\n--- stdout ---\n{}--- stderr ---\n{}",
-            self.code,
-            self.elapsed,
-            String::from_utf8_lossy(&self.stdout),
-            self.stderr
-        )
-    }
-}
+type Finished = dsm_testkit::Run;
 
 fn dsmrun() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_dsmrun"));
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.stdin(Stdio::null());
     cmd
 }
 
-fn start(mut cmd: Command) -> Running {
-    let started = Instant::now();
-    let mut child = cmd.spawn().expect("start dsmrun");
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let stdout = thread::spawn(move || {
-        let mut buf = Vec::new();
-        out.read_to_end(&mut buf).unwrap();
-        buf
-    });
-    let stderr = thread::spawn(move || {
-        let mut buf = Vec::new();
-        err.read_to_end(&mut buf).unwrap();
-        buf
-    });
-    Running {
-        child,
-        started,
-        stdout,
-        stderr,
-    }
+fn start(cmd: Command) -> Running {
+    Running(dsm_testkit::start_with_watchdog(cmd, WATCHDOG))
 }
 
-struct Running {
-    child: Child,
-    started: Instant,
-    stdout: thread::JoinHandle<Vec<u8>>,
-    stderr: thread::JoinHandle<Vec<u8>>,
-}
+struct Running(dsm_testkit::Running);
 
 impl Running {
     fn pid(&self) -> Pid {
-        Pid::from_raw(self.child.id() as i32)
+        Pid::from_raw(self.0.pid() as i32)
     }
 
-    fn finish(mut self) -> Finished {
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break status;
-            }
-            if self.started.elapsed() > WATCHDOG {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!("dsmrun did not finish within {WATCHDOG:?}");
-            }
-            thread::sleep(Duration::from_millis(10));
-        };
-        let elapsed = self.started.elapsed();
-        Finished {
-            code: status.code(),
-            stdout: self.stdout.join().unwrap(),
-            stderr: String::from_utf8_lossy(&self.stderr.join().unwrap()).into_owned(),
-            elapsed,
-        }
+    fn finish(self) -> Finished {
+        self.0.finish()
     }
 }
 
@@ -272,7 +201,7 @@ printf 'no newline'"#,
     assert_eq!(out.code, Some(0), "{out:?}");
     for rank in 0..3 {
         let rank_lines: Vec<&[u8]> = out
-            .stdout
+            .stdout_bytes
             .split(|&b| b == b'\n')
             .filter(|l| l.starts_with(format!("[{rank}] ").as_bytes()))
             .collect();
@@ -291,9 +220,9 @@ printf 'no newline'"#,
         );
     }
     // 4 lines per rank and a newline added after the partial last line.
-    assert_eq!(out.stdout.iter().filter(|&&b| b == b'\n').count(), 12);
-    assert!(out.stdout.ends_with(b"\n"));
-    assert!(!String::from_utf8_lossy(&out.stdout).contains("err"));
+    assert_eq!(out.stdout_bytes.iter().filter(|&&b| b == b'\n').count(), 12);
+    assert!(out.stdout_bytes.ends_with(b"\n"));
+    assert!(!out.stdout.contains("err"));
 }
 
 #[test]
@@ -626,7 +555,7 @@ fn bad_command_lines_are_clear_errors() {
 fn help_documents_options_environment_and_exit_codes() {
     let out = run(["--help"]);
     assert_eq!(out.code, Some(0), "{out:?}");
-    let help = String::from_utf8(out.stdout).unwrap();
+    let help = out.stdout.clone();
     for needle in [
         "-n <N>",
         "--segment",

@@ -1,0 +1,605 @@
+//! The API apps program against: a [`Dsm`] node handle with rank and size, collective
+//! allocation of named typed arrays, element and bulk access through [`View`]s, locks
+//! with RAII guards, barriers and a clean, collective shutdown.
+//!
+//! Every access to shared memory goes through a view, and every view method calls the
+//! race recorder when detection is on (a test of an `Option` that is `None` otherwise).
+//! Views borrow the node handle, and every synchronization call needs it mutably, so the
+//! borrow checker rejects a view that would live across a barrier, an acquire or a release.
+//! Bulk accessors (`read_into`, `write_from`, `strided`, rows) record their whole footprint
+//! in one step; that is how apps stay fast with detection on.
+//!
+//! Kernel accesses to protected pages do not fault (`read(2)` into shared memory returns
+//! EFAULT): do I/O through local buffers and `write_from`/`read_into`.
+//!
+//! This module owns the node handle: initialisation from the [`JobConfig`], allocation,
+//! synchronization and shutdown. The views live in [`view`], race-detection orchestration
+//! in [`race`], the run's counters and stats file in [`stats`].
+
+mod race;
+mod stats;
+mod view;
+
+pub use view::{band, Array, Block, Strided, StridedMut, View};
+
+use crate::comm::{Comm, SegmentMemory};
+use crate::engine::{self, Command, Engine, Reply, StateMirror};
+use crate::error::DsmError;
+use crate::sys::{self, AppSlice, Segment};
+use bytemuck::Pod;
+use dsm_proto::{JobConfig, LockId, NodeId, PageNo, PageRuns, PAGE_SIZE};
+use dsm_race::VarInfo;
+use race::RaceState;
+use std::marker::PhantomData;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+pub use crate::engine::Stats;
+
+/// Default shared segment: reserved, committed page by page as it is touched.
+pub const DEFAULT_SEGMENT: usize = 1 << 30;
+/// Default address of the segment (the same on every node).
+pub const DEFAULT_SEGMENT_ADDR: usize = 0x3d00_0000_0000;
+/// Most bitmap bytes a node ships unasked with a barrier arrival; beyond this the master
+/// fetches what it needs instead.
+const MAX_SHIPPED_BITMAP_BYTES: usize = 256 << 10;
+/// Bulk accesses prefetch missing pages in batches of this many pages.
+const PREFETCH_BATCH: usize = 512;
+/// Accesses spanning fewer pages than this just take their faults (a fault costs the same
+/// round trip as a prefetch request).
+const PREFETCH_MIN_PAGES: usize = 2;
+
+static INITIALIZED: AtomicBool = AtomicBool::new(false);
+
+/// How the pages of an allocation are spread over homes. Where pages are homed dominates
+/// performance: a node writing pages homed elsewhere pays twins, diffs and faults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Distribution {
+    /// Contiguous blocks of pages: node k homes the k-th of N equal parts. For 2-D arrays
+    /// the split follows row bands ([`band`]) so a node that works on its band of rows
+    /// writes only pages it homes.
+    #[default]
+    Block,
+    /// Every page on one node.
+    OnNode(usize),
+}
+
+/// With `DSM_PIN=1`, keeps this node's threads (the app thread and the comm thread it is
+/// about to start) on one core, a different one per node. Faults hand work between those
+/// two threads, and on virtual machines a wake-up across cores costs several times one on
+/// the same core (measured here: 20 us against 3 us). It is not the default: a node that
+/// serves pages must then preempt its own computation, which made SOR 2048x2048 at N = 2
+/// 25% slower while lock-heavy Water got 20% faster.
+fn place_on_core(config: &JobConfig) {
+    use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+    use nix::unistd::Pid;
+    if !config.pin {
+        return;
+    }
+    let rank = config.rank;
+    let Ok(allowed) = sched_getaffinity(Pid::from_raw(0)) else {
+        return;
+    };
+    let cores: Vec<usize> = (0..CpuSet::count())
+        .filter(|&c| allowed.is_set(c).unwrap_or(false))
+        .collect();
+    // Nodes on this machine: the launcher's local placement when known, else the job.
+    let (local_rank, local) = config
+        .local
+        .map_or((config.rank, config.size), |l| (l.rank, l.size));
+    if cores.is_empty() {
+        return;
+    }
+    if local > cores.len() {
+        tracing::warn!(
+            "DSM_PIN=1 with {local} nodes on {} cores: nodes share cores",
+            cores.len()
+        );
+    }
+    let mut set = CpuSet::new();
+    if set.set(cores[local_rank % cores.len()]).is_ok() {
+        if let Err(e) = sched_setaffinity(Pid::from_raw(0), &set) {
+            tracing::debug!("could not pin rank {rank} to a core: {e}");
+        }
+    }
+}
+
+struct AllocMeta {
+    name: String,
+    first_page: PageNo,
+    elem_size: usize,
+}
+
+/// A node of the job. Create one per process with [`Dsm::init`].
+pub struct Dsm {
+    rank: usize,
+    size: usize,
+    seg: &'static Segment,
+    comm: Option<Comm>,
+    /// Page states as the comm thread sees them, to prefetch only what is missing.
+    states: Arc<StateMirror>,
+    allocs: Vec<AllocMeta>,
+    next_page: usize,
+    race: Option<RaceState>,
+    finished: bool,
+    started: Instant,
+    /// Where to write the run's counters at finish (`DSM_STATS_FILE`).
+    stats_file: Option<std::path::PathBuf>,
+    _not_send: PhantomData<*const ()>,
+}
+
+fn fnv(h: u64, bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+impl Dsm {
+    /// Joins the job described by the environment (`dsmrun`, `srun` or `mpirun` with
+    /// `DSM_COORD` and `DSM_JOB_SECRET`), or runs as a single node when started alone.
+    pub fn init() -> Result<Dsm, DsmError> {
+        let env = JobConfig::from_env()?;
+        Self::init_with(env)
+    }
+
+    /// Like [`Dsm::init`] with an explicit job description.
+    pub fn init_with(env: JobConfig) -> Result<Dsm, DsmError> {
+        if INITIALIZED.swap(true, Ordering::AcqRel) {
+            return Err(DsmError::AlreadyInitialized);
+        }
+        let seg_len = env
+            .segment_bytes
+            .map(|b| (b as usize).div_ceil(PAGE_SIZE) * PAGE_SIZE)
+            .unwrap_or(DEFAULT_SEGMENT);
+        let seg_addr = env.segment_addr.unwrap_or(DEFAULT_SEGMENT_ADDR);
+        let seg: &'static Segment = Box::leak(Box::new(
+            Segment::map(seg_addr, seg_len).map_err(DsmError::Segment)?,
+        ));
+        sys::set_global_segment(seg);
+        let mailbox = sys::install_fault_handler(seg).map_err(DsmError::Segment)?;
+        let mesh = dsm_net::connect_mesh(&env)?;
+        place_on_core(&env);
+        let race = if env.race.enabled {
+            Some(RaceState::new(env.race.clone(), env.rank == 0).map_err(DsmError::Io)?)
+        } else {
+            None
+        };
+        let mut engine = Engine::new(
+            env.rank as NodeId,
+            env.size,
+            seg.pages(),
+            SegmentMemory::new(seg),
+            race.is_some(),
+        );
+        let states = Arc::new(StateMirror::new(seg.pages()));
+        engine.share_states(states.clone());
+        let comm = Comm::start(mesh, engine, mailbox, seg).map_err(DsmError::Io)?;
+        Ok(Dsm {
+            states,
+            rank: env.rank,
+            size: env.size,
+            seg,
+            comm: Some(comm),
+            allocs: Vec::new(),
+            next_page: 0,
+            race,
+            finished: false,
+            started: Instant::now(),
+            stats_file: env.stats_file.clone(),
+            _not_send: PhantomData,
+        })
+    }
+
+    /// This node's rank, `0..size()`.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of nodes in the job.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Whether race detection is on for this run.
+    pub fn race_detection(&self) -> bool {
+        self.race.is_some()
+    }
+
+    fn comm(&self) -> &Comm {
+        self.comm.as_ref().expect("used after finish")
+    }
+
+    /// Collectively allocates a named 1-D array of `len` zeroed elements. Every rank must
+    /// make the same allocations in the same order; this is also a barrier.
+    pub fn alloc<T: Pod>(&mut self, name: &str, len: usize) -> Result<Array<T>, DsmError> {
+        self.alloc_shaped(name, len, 0, Distribution::Block)
+    }
+
+    /// Collectively allocates a named `rows x cols` array (row-major), homed by row bands.
+    pub fn alloc_2d<T: Pod>(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Array<T>, DsmError> {
+        if cols == 0 {
+            return Err(DsmError::InvalidAlloc(format!("'{name}': zero columns")));
+        }
+        let len = rows
+            .checked_mul(cols)
+            .ok_or_else(|| DsmError::InvalidAlloc(format!("'{name}': size overflows")))?;
+        self.alloc_shaped(name, len, cols, Distribution::Block)
+    }
+
+    /// [`Dsm::alloc`] with an explicit page distribution.
+    pub fn alloc_with<T: Pod>(
+        &mut self,
+        name: &str,
+        len: usize,
+        dist: Distribution,
+    ) -> Result<Array<T>, DsmError> {
+        self.alloc_shaped(name, len, 0, dist)
+    }
+
+    fn alloc_shaped<T: Pod>(
+        &mut self,
+        name: &str,
+        len: usize,
+        cols: usize,
+        dist: Distribution,
+    ) -> Result<Array<T>, DsmError> {
+        let elem = std::mem::size_of::<T>();
+        if name.is_empty() {
+            return Err(DsmError::InvalidAlloc("allocations need a name".into()));
+        }
+        if len == 0 || elem == 0 {
+            return Err(DsmError::InvalidAlloc(format!(
+                "'{name}': empty allocation ({len} elements of {elem} bytes)"
+            )));
+        }
+        if let Distribution::OnNode(n) = dist {
+            if n >= self.size {
+                return Err(DsmError::InvalidAlloc(format!(
+                    "'{name}': home node {n} does not exist in a {}-node job",
+                    self.size
+                )));
+            }
+        }
+        let bytes = len
+            .checked_mul(elem)
+            .ok_or_else(|| DsmError::InvalidAlloc(format!("'{name}': size overflows")))?;
+        let pages = bytes.div_ceil(PAGE_SIZE);
+        if self.next_page + pages > self.seg.pages() {
+            return Err(DsmError::SegmentFull {
+                name: name.into(),
+                bytes,
+                free: (self.seg.pages() - self.next_page) * PAGE_SIZE,
+                segment: self.seg.len(),
+            });
+        }
+        let first = self.next_page;
+        let homes = self.homes(first, pages, bytes, elem, cols, dist);
+        let mut digest = fnv(FNV_OFFSET, name.as_bytes());
+        for v in [elem, std::mem::align_of::<T>(), len, cols, first] {
+            digest = fnv(digest, &(v as u64).to_le_bytes());
+        }
+        let race = self.close_race_interval();
+        let shadow_elem = elem;
+        if let Some(r) = self.race.as_mut() {
+            r.recorder.add_alloc(first as PageNo, bytes, shadow_elem);
+            r.vars.push(VarInfo {
+                name: name.to_string(),
+                first_page: first as PageNo,
+                pages: pages as u32,
+                base_addr: self.seg.app_base() + first * PAGE_SIZE,
+                elem_size: elem,
+                len,
+                cols: (cols > 0).then_some(cols),
+                granule_shift: dsm_race::granule_shift(elem),
+            });
+        }
+        self.next_page += pages;
+        self.allocs.push(AllocMeta {
+            name: name.to_string(),
+            first_page: first as PageNo,
+            elem_size: elem,
+        });
+        self.sync(Command::Alloc {
+            homes,
+            digest,
+            race,
+        })?;
+        Ok(Array {
+            id: self.allocs.len() - 1,
+            offset: first * PAGE_SIZE,
+            len,
+            cols,
+            _t: PhantomData,
+        })
+    }
+
+    /// Home of each page of a new allocation, as runs `(first, count, home)`.
+    fn homes(
+        &self,
+        first: usize,
+        pages: usize,
+        bytes: usize,
+        elem: usize,
+        cols: usize,
+        dist: Distribution,
+    ) -> Vec<(PageNo, u32, NodeId)> {
+        let n = self.size;
+        let owner_of_page = |k: usize| -> usize {
+            match dist {
+                Distribution::OnNode(node) => node,
+                Distribution::Block if cols > 0 => {
+                    // Home = owner of the row holding the page's first byte.
+                    let rows = bytes / (elem * cols);
+                    let row = (k * PAGE_SIZE) / (elem * cols);
+                    (0..n)
+                        .find(|&node| band(rows, n, node).contains(&row))
+                        .unwrap_or(n - 1)
+                }
+                Distribution::Block => (0..n)
+                    .find(|&node| band(pages, n, node).contains(&k))
+                    .unwrap_or(n - 1),
+            }
+        };
+        let mut runs: Vec<(PageNo, u32, NodeId)> = Vec::new();
+        for k in 0..pages {
+            let home = owner_of_page(k) as NodeId;
+            match runs.last_mut() {
+                Some((_, count, h)) if *h == home => *count += 1,
+                _ => runs.push(((first + k) as PageNo, 1, home)),
+            }
+        }
+        runs
+    }
+
+    /// A view for accessing `array`. Views are cheap; make them where you use them.
+    pub fn view<T: Pod>(&self, array: &Array<T>) -> View<'_, T> {
+        let meta = &self.allocs[array.id];
+        debug_assert_eq!(meta.elem_size, std::mem::size_of::<T>());
+        View {
+            mem: AppSlice::new(self.seg, array.offset, array.len)
+                .expect("allocations lie inside the segment"),
+            shadow: self.race.as_ref().map(|r| r.recorder.alloc(array.id)),
+            cols: array.cols,
+            first_page: meta.first_page,
+            dsm: self,
+        }
+    }
+
+    /// Name of an allocation (for messages).
+    pub fn name_of<T>(&self, array: &Array<T>) -> &str {
+        &self.allocs[array.id].name
+    }
+    /// Waits at a barrier with all other nodes.
+    pub fn barrier(&mut self) -> Result<(), DsmError> {
+        let race = self.close_race_interval();
+        let bitmaps = self.shippable_bitmaps();
+        self.sync(Command::Barrier {
+            finishing: false,
+            race,
+            bitmaps,
+        })
+    }
+
+    /// Sends a barrier-like command and serves the race-detection rounds until released.
+    fn sync(&mut self, cmd: Command) -> Result<(), DsmError> {
+        self.comm().send(cmd);
+        loop {
+            match self.comm().recv() {
+                Reply::BarrierDone { epoch, races } => {
+                    if let Some(r) = self.race.as_mut() {
+                        r.recorder.discard_epoch();
+                        r.races_total += races;
+                        r.barriers += 1;
+                        let _ = epoch;
+                    }
+                    return Ok(());
+                }
+                Reply::BitmapsWanted { epoch, keys } => {
+                    let r = self.race.as_mut().ok_or_else(|| {
+                        DsmError::Protocol("bitmaps requested without race detection".into())
+                    })?;
+                    let bitmaps = r.recorder.bitmaps(&keys);
+                    self.comm().send(Command::SendBitmaps { epoch, bitmaps });
+                }
+                Reply::AnalyzeEpoch {
+                    epoch,
+                    intervals,
+                    bitmaps,
+                } => {
+                    let races = self.analyze(epoch, intervals, bitmaps)?;
+                    self.comm().send(Command::ReleaseBarrier { races });
+                }
+                other => {
+                    return Err(DsmError::Protocol(format!(
+                        "unexpected reply during a barrier: {other:?}"
+                    )))
+                }
+            }
+        }
+    }
+
+    /// Acquires lock `id` (any integer below 2^63), returning a guard that releases it.
+    /// Locks are not recursive.
+    pub fn lock(&mut self, id: u64) -> Result<LockGuard<'_>, DsmError> {
+        if id >= 1 << 63 {
+            return Err(DsmError::Config(format!(
+                "lock id {id} is reserved for named locks; use ids below 2^63"
+            )));
+        }
+        self.acquire(id)
+    }
+
+    /// Acquires the lock with this name (the same name means the same lock on every node).
+    pub fn lock_named(&mut self, name: &str) -> Result<LockGuard<'_>, DsmError> {
+        let id = (1u64 << 63) | (fnv(FNV_OFFSET, name.as_bytes()) & !(1u64 << 63));
+        if let Some(rep) = self.race.as_mut().and_then(|r| r.reporter.as_mut()) {
+            rep.name_lock(id, name);
+        }
+        self.acquire(id)
+    }
+
+    fn acquire(&mut self, lock: LockId) -> Result<LockGuard<'_>, DsmError> {
+        let race = self.close_race_interval();
+        match self.comm().call(Command::Acquire { lock, race }) {
+            Reply::Done => Ok(LockGuard {
+                dsm: self,
+                lock,
+                released: false,
+            }),
+            other => Err(DsmError::Protocol(format!(
+                "unexpected reply to acquire: {other:?}"
+            ))),
+        }
+    }
+
+    fn release(&mut self, lock: LockId) -> Result<(), DsmError> {
+        let race = self.close_race_interval();
+        match self.comm().call(Command::Release { lock, race }) {
+            Reply::Done => Ok(()),
+            other => Err(DsmError::Protocol(format!(
+                "unexpected reply to release: {other:?}"
+            ))),
+        }
+    }
+
+    /// Protocol counters of this node so far.
+    pub fn stats(&self) -> Stats {
+        match self.comm().call(Command::Stats) {
+            Reply::Stats(s) => *s,
+            _ => Stats::default(),
+        }
+    }
+
+    fn prefetch(&self, first_page: usize, last_page: usize, write: bool) {
+        let mut p = first_page;
+        while p <= last_page {
+            let end = (p + PREFETCH_BATCH - 1).min(last_page);
+            let pages = PageRuns::from_runs([(p as PageNo, (end - p + 1) as u32)]);
+            match self.comm().call(Command::Prefetch { pages, write }) {
+                Reply::Done => {}
+                other => crate::comm::fatal(&format!("unexpected reply to prefetch: {other:?}")),
+            }
+            p = end + 1;
+        }
+    }
+
+    /// Ends the run for this node: a final barrier (with race analysis of the last epoch),
+    /// then the connections close. With race detection on, rank 0 prints the summary. The
+    /// returned [`Outcome`] says whether races were reported and which exit status the
+    /// race convention asks for (like ThreadSanitizer's `exitcode`); the program decides
+    /// whether to use it, typically by returning [`Outcome::exit_code`] from `main`.
+    pub fn finish(mut self) -> Result<Outcome, DsmError> {
+        self.finish_inner()
+    }
+
+    fn finish_inner(&mut self) -> Result<Outcome, DsmError> {
+        if self.finished {
+            return Ok(Outcome::default());
+        }
+        self.finished = true;
+        let race = self.close_race_interval();
+        let bitmaps = self.shippable_bitmaps();
+        let result = self.sync(Command::Barrier {
+            finishing: true,
+            race,
+            bitmaps,
+        });
+        if result.is_ok() {
+            self.write_stats_file()?;
+        }
+        if let Some(comm) = self.comm.take() {
+            comm.shutdown();
+        }
+        result?;
+        match self.race.as_mut() {
+            Some(r) => r.finish().map_err(DsmError::Io),
+            None => Ok(Outcome::default()),
+        }
+    }
+}
+
+/// How a node's run ended, as [`Dsm::finish`] reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[must_use = "the outcome carries the race exit status; return `outcome.exit_code()` from main"]
+pub struct Outcome {
+    /// Data races reported (rank 0 knows them all; other ranks report 0).
+    pub races_reported: u64,
+    /// The exit status the race convention asks for: the race exit code on rank 0 when races
+    /// were reported and the code is not 0; 0 otherwise.
+    pub exit_status: u8,
+}
+
+impl Outcome {
+    /// [`Outcome::exit_status`] as a value `main` can return.
+    pub fn exit_code(&self) -> std::process::ExitCode {
+        std::process::ExitCode::from(self.exit_status)
+    }
+}
+
+impl Drop for Dsm {
+    fn drop(&mut self) {
+        if self.finished || std::thread::panicking() {
+            return;
+        }
+        if let Err(e) = self.finish_inner() {
+            eprintln!("dsm: rank {}: shutdown failed: {e}", self.rank);
+        }
+    }
+}
+
+/// A held lock; dropping it releases the lock. Shared memory is accessed through the
+/// guard (it dereferences to the [`Dsm`]), so views cannot outlive the critical section.
+pub struct LockGuard<'a> {
+    dsm: &'a mut Dsm,
+    lock: LockId,
+    released: bool,
+}
+
+impl LockGuard<'_> {
+    /// Releases the lock, reporting errors (dropping the guard releases it too).
+    pub fn unlock(mut self) -> Result<(), DsmError> {
+        self.released = true;
+        self.dsm.release(self.lock)
+    }
+
+    pub fn id(&self) -> LockId {
+        self.lock
+    }
+}
+
+impl Deref for LockGuard<'_> {
+    type Target = Dsm;
+    fn deref(&self) -> &Dsm {
+        self.dsm
+    }
+}
+
+impl DerefMut for LockGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Dsm {
+        self.dsm
+    }
+}
+
+impl Drop for LockGuard<'_> {
+    fn drop(&mut self) {
+        if !self.released && !std::thread::panicking() {
+            if let Err(e) = self.dsm.release(self.lock) {
+                crate::comm::fatal(&format!("release of lock {} failed: {e}", self.lock));
+            }
+        }
+    }
+}
+
+/// Lock manager of a lock id in a job of `nodes` nodes (exposed for tools and tests).
+pub fn lock_manager(lock: LockId, nodes: usize) -> usize {
+    engine::lock_manager(lock, nodes) as usize
+}

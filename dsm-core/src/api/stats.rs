@@ -1,0 +1,65 @@
+//! What a node reports about its run: the protocol counters ([`Stats`]) and, at finish,
+//! the JSON summary written to `DSM_STATS_FILE` for the benchmark driver.
+
+use super::Dsm;
+use crate::engine::Stats;
+use crate::error::DsmError;
+use dsm_proto::PAGE_SIZE;
+
+impl Dsm {
+    /// Writes the run's counters where `DSM_STATS_FILE` says (`%r` becomes the rank).
+    pub(super) fn write_stats_file(&self) -> Result<(), DsmError> {
+        let Some(path) = &self.stats_file else {
+            return Ok(());
+        };
+        let path = path.to_string_lossy().replace("%r", &self.rank.to_string());
+        let stats = self.stats();
+        std::fs::write(&path, self.stats_json(&stats).to_string()).map_err(|e| {
+            DsmError::Io(std::io::Error::new(
+                e.kind(),
+                format!("cannot write DSM_STATS_FILE {path}: {e}"),
+            ))
+        })
+    }
+
+    /// Everything a benchmark wants to know about this node's run (`DSM_STATS_FILE`).
+    fn stats_json(&self, stats: &Stats) -> serde_json::Value {
+        let shared_bytes: usize = self.next_page * PAGE_SIZE;
+        let race = self.race.as_ref().map(|r| {
+            let rs = r.recorder.stats();
+            serde_json::json!({
+                "phases": format!("{:?}", r.phases).to_lowercase(),
+                "intervals_with_accesses": rs.intervals_with_accesses,
+                "read_notices": rs.read_notices,
+                "write_notices": rs.write_notices,
+                "bitmaps_stored": rs.bitmaps_stored,
+                "bitmaps_served": rs.bitmaps_served,
+                "peak_store_bytes": rs.peak_store_bytes,
+                "interval_close_ms": r.close_time.as_secs_f64() * 1e3,
+                "interval_comparison_ms": r.plan_time.as_secs_f64() * 1e3,
+                "bitmap_round_ms": r.bitmap_time.as_secs_f64() * 1e3,
+                "analysis": r.sum,
+                "analysis_notice_bytes": r.notice_bytes,
+                "bitmaps_fetched_in_extra_round": r.fetched_late,
+                "races_reported": r.races_total,
+            })
+        });
+        let peak_rss_kib = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmHWM:"))
+                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            });
+        serde_json::json!({
+            "rank": self.rank,
+            "size": self.size,
+            "wall_s": self.started.elapsed().as_secs_f64(),
+            "peak_rss_kib": peak_rss_kib,
+            "shared_bytes": shared_bytes,
+            "allocations": self.allocs.iter().map(|a| a.name.clone()).collect::<Vec<_>>(),
+            "protocol": stats,
+            "race": race,
+        })
+    }
+}

@@ -1,0 +1,439 @@
+//! Access to shared arrays: the [`Array`] handle an allocation returns and the views
+//! ([`View`], [`Block`], [`Strided`], [`StridedMut`]) through which every load and store
+//! goes. Each view method records its footprint for the race detector when detection is on;
+//! bulk accessors record it in one step and prefetch missing pages in batches.
+
+use super::{Dsm, PREFETCH_MIN_PAGES};
+use crate::sys::{AppSlice, AppStrided};
+use bytemuck::Pod;
+use dsm_proto::{PageNo, PAGE_SIZE};
+use dsm_race::AllocShadow;
+use std::marker::PhantomData;
+use std::ops::Range;
+
+/// The `k`-th of `parts` near-equal contiguous pieces of `0..total`.
+pub fn band(total: usize, parts: usize, k: usize) -> Range<usize> {
+    let parts = parts.max(1);
+    (k * total / parts)..((k + 1) * total / parts)
+}
+
+/// A shared array: a plain handle (copyable, no borrow) naming an allocation.
+pub struct Array<T> {
+    pub(super) id: usize,
+    pub(super) offset: usize,
+    pub(super) len: usize,
+    pub(super) cols: usize,
+    pub(super) _t: PhantomData<T>,
+}
+
+impl<T> Clone for Array<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Array<T> {}
+
+impl<T> std::fmt::Debug for Array<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Array(#{}, len {}, cols {})",
+            self.id, self.len, self.cols
+        )
+    }
+}
+
+impl<T> Array<T> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Rows of a 2-D array (1-D arrays have one row).
+    pub fn rows(&self) -> usize {
+        self.len.checked_div(self.cols).unwrap_or(1)
+    }
+
+    /// Columns of a 2-D array (1-D arrays: the length).
+    pub fn cols(&self) -> usize {
+        if self.cols == 0 {
+            self.len
+        } else {
+            self.cols
+        }
+    }
+}
+
+/// Access to one shared array, valid until the next synchronization call.
+///
+/// A view borrows the node handle; synchronization needs the handle mutably, so keeping a
+/// view across a barrier (or lock, or release) does not compile:
+///
+/// ```compile_fail
+/// let mut dsm = dsm_core::Dsm::init()?;
+/// let a = dsm.alloc::<u64>("a", 1)?;
+/// let v = dsm.view(&a);
+/// dsm.barrier()?; // error: `dsm` is still borrowed by `v`
+/// v.set(0, 1);
+/// # Ok::<(), dsm_core::DsmError>(())
+/// ```
+///
+/// The same holds for a lock guard: views made through it end with the critical section.
+///
+/// ```compile_fail
+/// let mut dsm = dsm_core::Dsm::init()?;
+/// let a = dsm.alloc::<u64>("a", 1)?;
+/// let guard = dsm.lock(1)?;
+/// let v = guard.view(&a);
+/// drop(guard); // error: `guard` is still borrowed by `v`
+/// v.set(0, 1);
+/// # Ok::<(), dsm_core::DsmError>(())
+/// ```
+pub struct View<'a, T> {
+    pub(super) mem: AppSlice<T>,
+    pub(super) shadow: Option<&'a AllocShadow>,
+    pub(super) cols: usize,
+    pub(super) first_page: PageNo,
+    pub(super) dsm: &'a Dsm,
+}
+
+impl<T> Clone for View<'_, T> {
+    fn clone(&self) -> Self {
+        View {
+            mem: self.mem,
+            shadow: self.shadow,
+            cols: self.cols,
+            first_page: self.first_page,
+            dsm: self.dsm,
+        }
+    }
+}
+
+impl<'a, T: Pod> View<'a, T> {
+    const SIZE: usize = std::mem::size_of::<T>();
+
+    pub fn len(&self) -> usize {
+        self.mem.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.mem.is_empty()
+    }
+
+    /// Columns of a 2-D array (0 for 1-D).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Reads element `i`.
+    #[inline(always)]
+    pub fn get(&self, i: usize) -> T {
+        if let Some(s) = self.shadow {
+            s.read(i * Self::SIZE, Self::SIZE);
+        }
+        self.mem.get(i)
+    }
+
+    /// Writes element `i`.
+    #[inline(always)]
+    pub fn set(&self, i: usize, value: T) {
+        if let Some(s) = self.shadow {
+            s.write(i * Self::SIZE, Self::SIZE);
+        }
+        self.mem.set(i, value)
+    }
+
+    /// Reads element `(row, col)` of a 2-D array.
+    #[inline(always)]
+    pub fn get2(&self, row: usize, col: usize) -> T {
+        assert!(
+            col < self.cols,
+            "column {col} out of bounds ({} columns)",
+            self.cols
+        );
+        self.get(row * self.cols + col)
+    }
+
+    /// Writes element `(row, col)` of a 2-D array.
+    #[inline(always)]
+    pub fn set2(&self, row: usize, col: usize, value: T) {
+        assert!(
+            col < self.cols,
+            "column {col} out of bounds ({} columns)",
+            self.cols
+        );
+        self.set(row * self.cols + col, value)
+    }
+
+    fn page_span(&self, start: usize, count: usize) -> (usize, usize) {
+        let first = self.first_page as usize + start * Self::SIZE / PAGE_SIZE;
+        let last = self.first_page as usize + ((start + count) * Self::SIZE - 1) / PAGE_SIZE;
+        (first, last)
+    }
+
+    /// Fetches, in one request per home, the pages of elements `start..start+count` that
+    /// are not yet accessible (for writing, if `write`), when the range spans several
+    /// pages. Bulk copies and blocks do this themselves (strided views take their faults); call it before element-wise
+    /// access to a large range. It records nothing.
+    pub fn prefetch(&self, start: usize, count: usize, write: bool) {
+        if count == 0 {
+            return;
+        }
+        assert!(
+            start.checked_add(count).is_some_and(|e| e <= self.len()),
+            "prefetch of {start}+{count} out of bounds (len {})",
+            self.len()
+        );
+        self.prefetch_checked(start, count, write);
+    }
+
+    /// [`View::prefetch`] for a range the caller has already bounds-checked (the bulk
+    /// copies and `block`, which check their range first).
+    #[inline]
+    fn prefetch_checked(&self, start: usize, count: usize, write: bool) {
+        if count == 0 {
+            return;
+        }
+        let (first, last) = self.page_span(start, count);
+        if last >= first + PREFETCH_MIN_PAGES - 1 && self.dsm.states.any_missing(first, last, write)
+        {
+            self.dsm.prefetch(first, last, write);
+        }
+    }
+
+    /// Copies `out.len()` elements from `start` into `out` (one recorded read of the
+    /// whole range; missing pages are fetched in batches).
+    pub fn read_into(&self, start: usize, out: &mut [T]) {
+        assert!(
+            start
+                .checked_add(out.len())
+                .is_some_and(|e| e <= self.len()),
+            "read of {start}+{} out of bounds (len {})",
+            out.len(),
+            self.len()
+        );
+        if let Some(s) = self.shadow {
+            s.read(start * Self::SIZE, out.len() * Self::SIZE);
+        }
+        self.prefetch_checked(start, out.len(), false);
+        self.mem.read_into(start, out)
+    }
+
+    /// Copies `src` into the array from `start` (one recorded write of the whole range).
+    pub fn write_from(&self, start: usize, src: &[T]) {
+        assert!(
+            start
+                .checked_add(src.len())
+                .is_some_and(|e| e <= self.len()),
+            "write of {start}+{} out of bounds (len {})",
+            src.len(),
+            self.len()
+        );
+        if let Some(s) = self.shadow {
+            s.write(start * Self::SIZE, src.len() * Self::SIZE);
+        }
+        self.prefetch_checked(start, src.len(), true);
+        self.mem.write_from(start, src)
+    }
+
+    /// The whole array as a local vector.
+    pub fn to_vec(&self) -> Vec<T> {
+        let mut v = vec![T::zeroed(); self.len()];
+        self.read_into(0, &mut v);
+        v
+    }
+
+    /// Sets every element of `range` to `value`.
+    pub fn fill(&self, range: Range<usize>, value: T) {
+        let v = vec![value; range.len()];
+        self.write_from(range.start, &v);
+    }
+
+    /// Copies row `row` of a 2-D array into `out` (`out.len()` must be the column count).
+    pub fn read_row(&self, row: usize, out: &mut [T]) {
+        assert_eq!(out.len(), self.cols, "row buffer must hold one row");
+        self.read_into(row * self.cols, out)
+    }
+
+    /// Writes row `row` of a 2-D array from `src`.
+    pub fn write_row(&self, row: usize, src: &[T]) {
+        assert_eq!(src.len(), self.cols, "row buffer must hold one row");
+        self.write_from(row * self.cols, src)
+    }
+
+    /// Read access to elements `start, start+step, ...` (`count` of them), recorded as one
+    /// read of exactly those elements.
+    pub fn strided(&self, start: usize, step: usize, count: usize) -> Strided<'a, T> {
+        let mem = self.mem.strided(start, step, count);
+        if let Some(s) = self.shadow {
+            s.strided(
+                false,
+                start * Self::SIZE,
+                Self::SIZE,
+                step * Self::SIZE,
+                count,
+            );
+        }
+        Strided {
+            mem,
+            _life: PhantomData,
+        }
+    }
+
+    /// Write access to elements `start, start+step, ...`, recorded as one write of exactly
+    /// those elements.
+    pub fn strided_mut(&self, start: usize, step: usize, count: usize) -> StridedMut<'a, T> {
+        let mem = self.mem.strided(start, step, count);
+        if let Some(s) = self.shadow {
+            s.strided(
+                true,
+                start * Self::SIZE,
+                Self::SIZE,
+                step * Self::SIZE,
+                count,
+            );
+        }
+        StridedMut {
+            mem,
+            _life: PhantomData,
+        }
+    }
+
+    /// Read access to rows `rows` of a 2-D array, recorded as one read of all of them:
+    /// the cheapest way for stencil codes to declare what they read.
+    pub fn block(&self, rows: Range<usize>) -> Block<'a, T> {
+        assert!(self.cols > 0, "block() needs a 2-D array");
+        let start = rows.start * self.cols;
+        let len = rows.len() * self.cols;
+        let mem = self.mem.sub(start, len);
+        self.prefetch_checked(start, len, false);
+        if let Some(s) = self.shadow {
+            s.read(start * Self::SIZE, len * Self::SIZE);
+        }
+        Block {
+            mem,
+            first_row: rows.start,
+            rows: rows.len(),
+            cols: self.cols,
+            _life: PhantomData,
+        }
+    }
+
+    /// Read access to one row of a 2-D array.
+    pub fn row(&self, row: usize) -> Strided<'a, T> {
+        self.strided(row * self.cols, 1, self.cols)
+    }
+
+    /// Write access to one row of a 2-D array.
+    pub fn row_mut(&self, row: usize) -> StridedMut<'a, T> {
+        self.strided_mut(row * self.cols, 1, self.cols)
+    }
+
+    /// The same view with recording turned off: accesses through it are invisible to the
+    /// race detector (for code that knowingly opts out).
+    pub fn unrecorded(&self) -> View<'a, T> {
+        View {
+            shadow: None,
+            ..self.clone()
+        }
+    }
+}
+
+/// Read access to a band of rows of a 2-D array, already recorded as read.
+pub struct Block<'a, T> {
+    mem: AppSlice<T>,
+    first_row: usize,
+    rows: usize,
+    cols: usize,
+    _life: PhantomData<&'a ()>,
+}
+
+impl<T: Pod> Block<'_, T> {
+    /// Rows of the array this block covers.
+    pub fn rows(&self) -> Range<usize> {
+        self.first_row..self.first_row + self.rows
+    }
+
+    /// Elements `col, col+step, ...` (`count` of them) of row `row` (numbered as in the
+    /// whole array). Nothing more is recorded: the block already was.
+    #[inline(always)]
+    pub fn strided(&self, row: usize, col: usize, step: usize, count: usize) -> Strided<'_, T> {
+        let r = row.wrapping_sub(self.first_row);
+        assert!(
+            r < self.rows,
+            "row {row} outside block rows {:?}",
+            self.rows()
+        );
+        assert!(
+            count == 0 || col + (count - 1) * step < self.cols,
+            "columns {col}+{step}*{count} outside the row ({} columns)",
+            self.cols
+        );
+        Strided {
+            mem: self.mem.strided(r * self.cols + col, step, count),
+            _life: PhantomData,
+        }
+    }
+
+    /// Element `(row, col)`, with `row` numbered as in the whole array.
+    #[inline(always)]
+    pub fn get(&self, row: usize, col: usize) -> T {
+        let r = row.wrapping_sub(self.first_row);
+        if r >= self.rows || col >= self.cols {
+            panic!(
+                "element ({row}, {col}) outside block rows {:?} x {} columns",
+                self.rows(),
+                self.cols
+            );
+        }
+        self.mem.get(r * self.cols + col)
+    }
+}
+
+/// Read access to a strided set of elements, already recorded as read.
+pub struct Strided<'a, T> {
+    mem: AppStrided<T>,
+    _life: PhantomData<&'a ()>,
+}
+
+impl<T: Pod> Strided<'_, T> {
+    pub fn len(&self) -> usize {
+        self.mem.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.mem.is_empty()
+    }
+
+    /// The `k`-th element of the set.
+    #[inline(always)]
+    pub fn get(&self, k: usize) -> T {
+        self.mem.get(k)
+    }
+}
+
+/// Write access to a strided set of elements, already recorded as written.
+pub struct StridedMut<'a, T> {
+    mem: AppStrided<T>,
+    _life: PhantomData<&'a ()>,
+}
+
+impl<T: Pod> StridedMut<'_, T> {
+    pub fn len(&self) -> usize {
+        self.mem.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.mem.is_empty()
+    }
+
+    /// Writes the `k`-th element of the set.
+    #[inline(always)]
+    pub fn set(&self, k: usize, value: T) {
+        self.mem.set(k, value)
+    }
+}

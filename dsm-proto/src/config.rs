@@ -1,0 +1,570 @@
+//! The job configuration: one typed description of a job and of this rank's place in it,
+//! written by a launcher (`dsmrun`, or the user under `srun`/`mpirun`) as `DSM_*`
+//! environment variables and read back by every rank. A rank learns its rank and size from
+//! dsmrun, Slurm (`SLURM_PROCID`/`SLURM_NTASKS`), Open MPI (`OMPI_COMM_WORLD_*`) or PMI
+//! (`PMI_RANK`/`PMI_SIZE`), or none at all, which makes the program a single-node job.
+
+use crate::env_vars as vars;
+use crate::exit_codes;
+use crate::units::{format_secs, parse_seconds, parse_size};
+use crate::MAX_NODES;
+use std::ffi::OsString;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
+use thiserror::Error;
+
+/// A `DSM_*` (or launcher) variable that is missing or does not parse.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// The variable is set to something unusable.
+    #[error("{var}={value:?} is not valid: {why}")]
+    Invalid {
+        /// The variable's name.
+        var: &'static str,
+        /// Its value as found.
+        value: String,
+        /// What was expected.
+        why: String,
+    },
+    /// The first variable is set, the second (which must accompany it) is not.
+    #[error("{0} is set but {1} is not; start the program with dsmrun, or set both")]
+    Missing(&'static str, &'static str),
+    /// A multi-node job without the rendezvous address or the job secret.
+    #[error("a {size}-node job needs {var} (rank 0's rendezvous address and the job secret); dsmrun sets them, other launchers need them exported")]
+    NeedsRendezvous {
+        /// The job size.
+        size: usize,
+        /// The variable that is missing.
+        var: &'static str,
+    },
+}
+
+/// Which launcher started this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launcher {
+    /// `dsmrun`.
+    Dsmrun,
+    /// Slurm's `srun`.
+    Slurm,
+    /// An MPI launcher (`mpirun`, PMI).
+    Mpi,
+    /// No launcher, or `DSM_RANK`/`DSM_SIZE` set by hand.
+    Standalone,
+}
+
+/// How much of the race detector runs. Only benchmarks lower it (`DSM_RACE_PHASES`), to
+/// measure what each part costs: the paper's Figure 3 breakdown.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum RacePhases {
+    /// Accesses are recorded and intervals closed, but notices stay home.
+    Record,
+    /// Notices travel with the intervals; no analysis.
+    Notices,
+    /// The master also finds concurrent, overlapping interval pairs; no bitmaps fetched.
+    Compare,
+    /// Everything: bitmaps fetched and compared, races reported.
+    #[default]
+    Full,
+}
+
+impl RacePhases {
+    fn parse(v: &str) -> Option<Self> {
+        match v {
+            "full" => Some(RacePhases::Full),
+            "record" => Some(RacePhases::Record),
+            "notices" => Some(RacePhases::Notices),
+            "compare" => Some(RacePhases::Compare),
+            _ => None,
+        }
+    }
+}
+
+/// Race-detection switches (`dsmrun --race ...`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RaceOptions {
+    /// Race detection is on.
+    pub enabled: bool,
+    /// Where rank 0 writes one JSON object per race; absolute, so that it does not depend
+    /// on a rank's working directory.
+    pub log: Option<PathBuf>,
+    /// Exit status when races were reported; 0 turns the convention off.
+    pub exit_code: u8,
+    /// Report only first races (the paper's section 6.4).
+    pub first_only: bool,
+    /// Print per-barrier detector statistics.
+    pub stats: bool,
+    /// How much of the detector runs (benchmarks only).
+    pub phases: RacePhases,
+}
+
+impl Default for RaceOptions {
+    fn default() -> Self {
+        RaceOptions {
+            enabled: false,
+            log: None,
+            exit_code: exit_codes::RACES_FOUND,
+            first_only: false,
+            stats: false,
+            phases: RacePhases::Full,
+        }
+    }
+}
+
+impl RaceOptions {
+    /// The rank exit status that means "races found" rather than "failed", if any.
+    pub fn races_found_exit(&self) -> Option<i32> {
+        (self.enabled && self.exit_code != 0).then_some(i32::from(self.exit_code))
+    }
+}
+
+/// This rank's place among the ranks of its host, when the launcher knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalPlacement {
+    /// Index among the ranks on this host.
+    pub rank: usize,
+    /// Ranks on this host.
+    pub size: usize,
+}
+
+/// Everything a rank needs to know about its job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobConfig {
+    /// This rank, `0..size`.
+    pub rank: usize,
+    /// Ranks in the job.
+    pub size: usize,
+    /// Who started the rank.
+    pub launcher: Launcher,
+    /// Rank 0's rendezvous address; `None` for a single-node job.
+    pub coord: Option<SocketAddr>,
+    /// Shared by the job's ranks to recognise each other.
+    pub secret: String,
+    /// How long ranks keep trying to reach each other at start.
+    pub connect_timeout: Duration,
+    /// Bytes of shared segment to reserve, if overridden.
+    pub segment_bytes: Option<u64>,
+    /// Address of the segment in every rank, if overridden.
+    pub segment_addr: Option<usize>,
+    /// Race detection.
+    pub race: RaceOptions,
+    /// Pin each rank to its own core (`DSM_PIN=1`).
+    pub pin: bool,
+    /// Where this rank sits among the ranks of its host.
+    pub local: Option<LocalPlacement>,
+    /// Where to write this rank's counters at finish (`%r` becomes the rank).
+    pub stats_file: Option<PathBuf>,
+}
+
+/// How long ranks wait for each other at start unless told otherwise.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl JobConfig {
+    /// A single-node job with every option at its default.
+    pub fn single_node() -> JobConfig {
+        JobConfig {
+            rank: 0,
+            size: 1,
+            launcher: Launcher::Standalone,
+            coord: None,
+            secret: String::new(),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            segment_bytes: None,
+            segment_addr: None,
+            race: RaceOptions::default(),
+            pin: false,
+            local: None,
+            stats_file: None,
+        }
+    }
+
+    /// Reads the process environment.
+    pub fn from_env() -> Result<JobConfig, ConfigError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Reads variables through `get` (tests pass a map).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<JobConfig, ConfigError> {
+        let (rank, size, launcher) = if let Some(rank) = get(vars::RANK) {
+            let size = get(vars::SIZE).ok_or(ConfigError::Missing(vars::RANK, vars::SIZE))?;
+            let launcher = if get(vars::LAUNCHER).as_deref() == Some(DSMRUN) {
+                Launcher::Dsmrun
+            } else {
+                Launcher::Standalone
+            };
+            (
+                parse_num(vars::RANK, &rank)?,
+                parse_num(vars::SIZE, &size)?,
+                launcher,
+            )
+        } else if let (Some(r), Some(s)) = (get("SLURM_PROCID"), get("SLURM_NTASKS")) {
+            (
+                parse_num("SLURM_PROCID", &r)?,
+                parse_num("SLURM_NTASKS", &s)?,
+                Launcher::Slurm,
+            )
+        } else if let (Some(r), Some(s)) =
+            (get("OMPI_COMM_WORLD_RANK"), get("OMPI_COMM_WORLD_SIZE"))
+        {
+            (
+                parse_num("OMPI_COMM_WORLD_RANK", &r)?,
+                parse_num("OMPI_COMM_WORLD_SIZE", &s)?,
+                Launcher::Mpi,
+            )
+        } else if let (Some(r), Some(s)) = (get("PMI_RANK"), get("PMI_SIZE")) {
+            (
+                parse_num("PMI_RANK", &r)?,
+                parse_num("PMI_SIZE", &s)?,
+                Launcher::Mpi,
+            )
+        } else {
+            (0, 1, Launcher::Standalone)
+        };
+        if size == 0 || size > MAX_NODES {
+            return Err(ConfigError::Invalid {
+                var: vars::SIZE,
+                value: size.to_string(),
+                why: format!("job size must be 1..={MAX_NODES}"),
+            });
+        }
+        if rank >= size {
+            return Err(ConfigError::Invalid {
+                var: vars::RANK,
+                value: rank.to_string(),
+                why: format!("rank must be below the job size {size}"),
+            });
+        }
+        let coord = match get(vars::COORD) {
+            Some(v) => Some(parse_addr(&v)?),
+            None if size > 1 => {
+                return Err(ConfigError::NeedsRendezvous {
+                    size,
+                    var: vars::COORD,
+                })
+            }
+            None => None,
+        };
+        let secret = get(vars::JOB_SECRET).unwrap_or_default();
+        if size > 1 && secret.is_empty() {
+            return Err(ConfigError::NeedsRendezvous {
+                size,
+                var: vars::JOB_SECRET,
+            });
+        }
+        let invalid = |var: &'static str, value: &str, why: String| ConfigError::Invalid {
+            var,
+            value: value.to_owned(),
+            why,
+        };
+        let connect_timeout = match get(vars::CONNECT_TIMEOUT) {
+            Some(v) => {
+                parse_seconds(&v).map_err(|e| invalid(vars::CONNECT_TIMEOUT, &v, e.to_string()))?
+            }
+            None => DEFAULT_CONNECT_TIMEOUT,
+        };
+        let segment_bytes = match get(vars::SEGMENT) {
+            Some(v) => Some(parse_size(&v).map_err(|e| invalid(vars::SEGMENT, &v, e.to_string()))?),
+            None => None,
+        };
+        let segment_addr = match get(vars::SEGMENT_ADDR) {
+            Some(v) => Some(
+                usize::from_str_radix(v.trim().trim_start_matches("0x"), 16).map_err(|_| {
+                    invalid(vars::SEGMENT_ADDR, &v, "expected a hex address".into())
+                })?,
+            ),
+            None => None,
+        };
+        let flag = |k: &str| matches!(get(k).as_deref(), Some(v) if v != "0" && !v.is_empty());
+        let enabled = flag(vars::RACE);
+        let exit_code = match get(vars::RACE_EXIT_CODE) {
+            Some(v) => v.trim().parse::<u8>().map_err(|_| {
+                invalid(
+                    vars::RACE_EXIT_CODE,
+                    &v,
+                    "expected an exit status 0..=255".into(),
+                )
+            })?,
+            None => exit_codes::RACES_FOUND,
+        };
+        // Only read with detection on: a leftover setting must not fail a plain run.
+        let phases = match get(vars::RACE_PHASES).filter(|_| enabled) {
+            Some(v) => RacePhases::parse(v.trim()).ok_or_else(|| {
+                invalid(
+                    vars::RACE_PHASES,
+                    &v,
+                    "expected record, notices, compare or full".into(),
+                )
+            })?,
+            None => RacePhases::Full,
+        };
+        let race = RaceOptions {
+            enabled,
+            log: get(vars::RACE_LOG)
+                .filter(|s| !s.is_empty())
+                .map(PathBuf::from),
+            exit_code,
+            first_only: flag(vars::RACE_FIRST),
+            stats: flag(vars::RACE_STATS),
+            phases,
+        };
+        let local = match (get(vars::LOCAL_RANK), get(vars::LOCAL_SIZE)) {
+            (Some(r), Some(s)) => {
+                let local = LocalPlacement {
+                    rank: parse_num(vars::LOCAL_RANK, &r)?,
+                    size: parse_num(vars::LOCAL_SIZE, &s)?,
+                };
+                if local.rank >= local.size {
+                    return Err(invalid(
+                        vars::LOCAL_RANK,
+                        &r,
+                        format!("must be below {} {s}", vars::LOCAL_SIZE),
+                    ));
+                }
+                Some(local)
+            }
+            _ => None,
+        };
+        Ok(JobConfig {
+            rank,
+            size,
+            launcher,
+            coord,
+            secret,
+            connect_timeout,
+            segment_bytes,
+            segment_addr,
+            race,
+            pin: get(vars::PIN).as_deref() == Some("1"),
+            local,
+            stats_file: get(vars::STATS_FILE)
+                .filter(|s| !s.is_empty())
+                .map(PathBuf::from),
+        })
+    }
+
+    /// The launcher-owned variables ([`vars::LAUNCHER_OWNED`]) that describe this
+    /// configuration, for a launcher to hand to the rank; [`JobConfig::from_lookup`] reads
+    /// them back to an equal value. Options the user sets for the whole job by environment
+    /// (pinning, stats file, segment address, detector phases) are not included: the rank
+    /// inherits them.
+    pub fn to_env(&self) -> Vec<(&'static str, OsString)> {
+        let mut env: Vec<(&'static str, OsString)> = vec![
+            (vars::RANK, self.rank.to_string().into()),
+            (vars::SIZE, self.size.to_string().into()),
+            (vars::JOB_SECRET, self.secret.clone().into()),
+        ];
+        if self.launcher == Launcher::Dsmrun {
+            env.push((vars::LAUNCHER, DSMRUN.into()));
+        }
+        if let Some(coord) = self.coord {
+            env.push((vars::COORD, coord.to_string().into()));
+        }
+        if let Some(bytes) = self.segment_bytes {
+            env.push((vars::SEGMENT, bytes.to_string().into()));
+        }
+        if self.connect_timeout != DEFAULT_CONNECT_TIMEOUT {
+            env.push((
+                vars::CONNECT_TIMEOUT,
+                format_secs(self.connect_timeout).into(),
+            ));
+        }
+        if let Some(local) = self.local {
+            env.push((vars::LOCAL_RANK, local.rank.to_string().into()));
+            env.push((vars::LOCAL_SIZE, local.size.to_string().into()));
+        }
+        let race = &self.race;
+        if race.enabled {
+            env.push((vars::RACE, "1".into()));
+            env.push((vars::RACE_EXIT_CODE, race.exit_code.to_string().into()));
+            if let Some(log) = &race.log {
+                env.push((vars::RACE_LOG, log.clone().into_os_string()));
+            }
+            if race.first_only {
+                env.push((vars::RACE_FIRST, "1".into()));
+            }
+            if race.stats {
+                env.push((vars::RACE_STATS, "1".into()));
+            }
+        }
+        env
+    }
+}
+
+/// Value of `DSM_LAUNCHER` when dsmrun started the rank.
+pub const DSMRUN: &str = "dsmrun";
+
+fn parse_num(var: &'static str, v: &str) -> Result<usize, ConfigError> {
+    v.trim().parse().map_err(|_| ConfigError::Invalid {
+        var,
+        value: v.to_string(),
+        why: "expected a non-negative integer".into(),
+    })
+}
+
+fn parse_addr(v: &str) -> Result<SocketAddr, ConfigError> {
+    let invalid = |why: String| ConfigError::Invalid {
+        var: vars::COORD,
+        value: v.to_string(),
+        why,
+    };
+    v.to_socket_addrs()
+        .map_err(|e| invalid(format!("expected host:port ({e})")))?
+        .next()
+        .ok_or_else(|| invalid("resolves to no address".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> Result<JobConfig, ConfigError> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        JobConfig::from_lookup(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn no_variables_means_single_node() {
+        let e = env(&[]).unwrap();
+        assert_eq!((e.rank, e.size, e.launcher), (0, 1, Launcher::Standalone));
+        assert!(e.coord.is_none());
+        assert!(!e.race.enabled);
+        assert_eq!(e.race.exit_code, 66);
+    }
+
+    #[test]
+    fn dsmrun_variables() {
+        let e = env(&[
+            ("DSM_RANK", "2"),
+            ("DSM_SIZE", "4"),
+            ("DSM_COORD", "127.0.0.1:4000"),
+            ("DSM_JOB_SECRET", "abc"),
+            ("DSM_LAUNCHER", "dsmrun"),
+            ("DSM_SEGMENT", "64M"),
+            ("DSM_RACE", "1"),
+            ("DSM_RACE_EXIT_CODE", "0"),
+        ])
+        .unwrap();
+        assert_eq!((e.rank, e.size, e.launcher), (2, 4, Launcher::Dsmrun));
+        assert_eq!(e.coord.unwrap().port(), 4000);
+        assert_eq!(e.segment_bytes, Some(64 << 20));
+        assert!(e.race.enabled);
+        assert_eq!(e.race.exit_code, 0);
+    }
+
+    #[test]
+    fn slurm_and_mpi_variables() {
+        let e = env(&[
+            ("SLURM_PROCID", "1"),
+            ("SLURM_NTASKS", "2"),
+            ("DSM_COORD", "127.0.0.1:4000"),
+            ("DSM_JOB_SECRET", "abc"),
+        ])
+        .unwrap();
+        assert_eq!((e.rank, e.size, e.launcher), (1, 2, Launcher::Slurm));
+        let e = env(&[
+            ("OMPI_COMM_WORLD_RANK", "3"),
+            ("OMPI_COMM_WORLD_SIZE", "8"),
+            ("DSM_COORD", "127.0.0.1:4000"),
+            ("DSM_JOB_SECRET", "abc"),
+        ])
+        .unwrap();
+        assert_eq!((e.rank, e.size, e.launcher), (3, 8, Launcher::Mpi));
+    }
+
+    #[test]
+    fn bad_values_are_clear_errors() {
+        assert!(matches!(
+            env(&[("DSM_RANK", "x"), ("DSM_SIZE", "2")]),
+            Err(ConfigError::Invalid {
+                var: "DSM_RANK",
+                ..
+            })
+        ));
+        assert!(matches!(
+            env(&[("DSM_RANK", "2"), ("DSM_SIZE", "2")]),
+            Err(ConfigError::Invalid {
+                var: "DSM_RANK",
+                ..
+            })
+        ));
+        assert!(matches!(
+            env(&[("DSM_RANK", "0")]),
+            Err(ConfigError::Missing("DSM_RANK", "DSM_SIZE"))
+        ));
+        assert!(matches!(
+            env(&[
+                ("DSM_RANK", "0"),
+                ("DSM_SIZE", "2"),
+                ("DSM_JOB_SECRET", "s")
+            ]),
+            Err(ConfigError::NeedsRendezvous {
+                var: "DSM_COORD",
+                ..
+            })
+        ));
+        assert!(matches!(
+            env(&[
+                ("DSM_RANK", "0"),
+                ("DSM_SIZE", "2"),
+                ("DSM_COORD", "127.0.0.1:1")
+            ]),
+            Err(ConfigError::NeedsRendezvous {
+                var: "DSM_JOB_SECRET",
+                ..
+            })
+        ));
+        assert!(matches!(
+            env(&[("DSM_SEGMENT", "lots")]),
+            Err(ConfigError::Invalid {
+                var: "DSM_SEGMENT",
+                ..
+            })
+        ));
+        let msg = env(&[("DSM_RANK", "0"), ("DSM_SIZE", "0")])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("DSM_SIZE"), "{msg}");
+    }
+
+    #[test]
+    fn written_configuration_reads_back_equal() {
+        let mut c = JobConfig::single_node();
+        c.rank = 3;
+        c.size = 8;
+        c.launcher = Launcher::Dsmrun;
+        c.coord = Some("127.0.0.1:4000".parse().unwrap());
+        c.secret = "s3cret".into();
+        c.connect_timeout = Duration::from_millis(1500);
+        c.segment_bytes = Some(64 << 20);
+        c.local = Some(LocalPlacement { rank: 3, size: 8 });
+        c.race = RaceOptions {
+            enabled: true,
+            log: Some("/tmp/races.jsonl".into()),
+            exit_code: 9,
+            first_only: true,
+            stats: true,
+            phases: RacePhases::Full,
+        };
+        let env: HashMap<String, String> = c
+            .to_env()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.into_string().unwrap()))
+            .collect();
+        assert_eq!(JobConfig::from_lookup(|k| env.get(k).cloned()), Ok(c));
+    }
+
+    #[test]
+    fn race_phases_only_matter_with_detection_on() {
+        assert_eq!(
+            env(&[("DSM_RACE_PHASES", "bogus")]).unwrap().race.phases,
+            RacePhases::Full
+        );
+        let e = env(&[("DSM_RACE", "1"), ("DSM_RACE_PHASES", "compare")]).unwrap();
+        assert_eq!(e.race.phases, RacePhases::Compare);
+        assert!(env(&[("DSM_RACE", "1"), ("DSM_RACE_PHASES", "bogus")]).is_err());
+    }
+}

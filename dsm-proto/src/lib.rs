@@ -1,0 +1,104 @@
+//! The vocabulary every part of dsm speaks, with no I/O in it: the messages nodes exchange
+//! and the values they carry ([`wire`]: node ids, page numbers and runs, vector time,
+//! interval records, read/write notices, bitmaps), the job configuration a launcher writes
+//! and every rank reads ([`config`]), the units it is written in ([`units`]), the names of
+//! the environment variables ([`env_vars`]), the exit statuses ([`exit_codes`]) and the page
+//! size. The protocol engine, the transport, the race detector and the launcher all build on
+//! these single definitions.
+
+pub mod config;
+pub mod stats;
+pub mod units;
+pub mod wire;
+
+pub use config::{ConfigError, JobConfig, Launcher, LocalPlacement, RaceOptions, RacePhases};
+pub use stats::PlanStats;
+pub use units::{format_secs, parse_seconds, parse_size, ValueError};
+pub use wire::*;
+
+/// Bytes per page of the shared segment: the unit of coherence, protection and transfer.
+pub const PAGE_SIZE: usize = 4096;
+/// `log2(PAGE_SIZE)`.
+pub const PAGE_SHIFT: u32 = 12;
+
+/// Upper bound on job size: node ids are 16-bit and vector timestamps grow with N.
+pub const MAX_NODES: usize = 1024;
+
+/// Exit statuses with a meaning shared by the ranks and the launcher.
+pub mod exit_codes {
+    /// Default exit status of rank 0 when data races were reported.
+    pub const RACES_FOUND: u8 = 66;
+    /// A rank stopped because it lost a peer (the peer crashed or was killed). Such exits
+    /// are consequences, not causes: the launcher reports the rank that really failed.
+    pub const PEER_LOST: i32 = 71;
+    /// The job's wall-clock limit expired (as `timeout(1)`).
+    pub const TIMED_OUT: u8 = 124;
+    /// The program exists but cannot be executed (as the shell).
+    pub const NOT_EXECUTABLE: u8 = 126;
+    /// The program was not found (as the shell).
+    pub const NOT_FOUND: u8 = 127;
+}
+
+/// Names of the environment variables that carry a [`JobConfig`] to each rank.
+pub mod env_vars {
+    /// This process's rank, `0..DSM_SIZE`.
+    pub const RANK: &str = "DSM_RANK";
+    /// Number of ranks in the job.
+    pub const SIZE: &str = "DSM_SIZE";
+    /// `IP:PORT` where rank 0 listens for the rendezvous.
+    pub const COORD: &str = "DSM_COORD";
+    /// Random per-job secret that ranks use to recognise each other.
+    pub const JOB_SECRET: &str = "DSM_JOB_SECRET";
+    /// Name of the launcher that started the rank (`dsmrun`).
+    pub const LAUNCHER: &str = "DSM_LAUNCHER";
+    /// Shared segment size in bytes.
+    pub const SEGMENT: &str = "DSM_SEGMENT";
+    /// Address (hex) where the segment is mapped in every rank.
+    pub const SEGMENT_ADDR: &str = "DSM_SEGMENT_ADDR";
+    /// Seconds to keep trying to connect to the other ranks.
+    pub const CONNECT_TIMEOUT: &str = "DSM_CONNECT_TIMEOUT";
+    /// `1` when race detection is on.
+    pub const RACE: &str = "DSM_RACE";
+    /// Absolute path of the JSON-lines race log (rank 0 writes it).
+    pub const RACE_LOG: &str = "DSM_RACE_LOG";
+    /// Exit status of rank 0 when races were reported (`0`: exit normally).
+    pub const RACE_EXIT_CODE: &str = "DSM_RACE_EXIT_CODE";
+    /// `1`: report only first races (the paper's section 6.4).
+    pub const RACE_FIRST: &str = "DSM_RACE_FIRST";
+    /// `1`: print race detector statistics.
+    pub const RACE_STATS: &str = "DSM_RACE_STATS";
+    /// How much of the detector runs (`record`, `notices`, `compare`, `full`); benchmarks only.
+    pub const RACE_PHASES: &str = "DSM_RACE_PHASES";
+    /// `1`: pin each rank to its own core.
+    pub const PIN: &str = "DSM_PIN";
+    /// This rank's index among the ranks on its host (for pinning).
+    pub const LOCAL_RANK: &str = "DSM_LOCAL_RANK";
+    /// Number of ranks on this rank's host (for pinning).
+    pub const LOCAL_SIZE: &str = "DSM_LOCAL_SIZE";
+    /// Path where the rank writes its protocol and detector counters as JSON at finish
+    /// (`%r` is replaced by the rank).
+    pub const STATS_FILE: &str = "DSM_STATS_FILE";
+    /// Log filter for binaries that install dsm's logging (`tracing` env-filter syntax).
+    pub const LOG: &str = "DSM_LOG";
+
+    /// The variables a launcher owns: it clears them all from what ranks inherit and sets
+    /// its own, so a nested or leftover setting never leaks into a job. The others
+    /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_PIN`, `DSM_STATS_FILE`, `DSM_LOG`) are the
+    /// user's to set for a whole job and reach the ranks by inheritance.
+    pub const LAUNCHER_OWNED: [&str; 14] = [
+        RANK,
+        SIZE,
+        COORD,
+        JOB_SECRET,
+        LAUNCHER,
+        SEGMENT,
+        CONNECT_TIMEOUT,
+        RACE,
+        RACE_LOG,
+        RACE_EXIT_CODE,
+        RACE_FIRST,
+        RACE_STATS,
+        LOCAL_RANK,
+        LOCAL_SIZE,
+    ];
+}

@@ -1,0 +1,157 @@
+//! One parser per unit: byte sizes (`512M`, `1G`) and seconds (`0.5`), shared by dsmrun's
+//! command line and the ranks' reading of their job configuration, and the matching
+//! formatter so that what dsmrun writes is exactly what the ranks read back.
+
+use std::time::Duration;
+
+/// A command-line value that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValueError {
+    #[error("empty size; expected a byte count such as 4096, 512M or 1G")]
+    EmptySize,
+    #[error("'{0}' is not a size; expected a byte count, optionally followed by K, M, G or T (powers of 1024), e.g. 512M")]
+    NotASize(String),
+    #[error("'{0}': fractional sizes are not supported; use a smaller unit (e.g. 1536M instead of 1.5G)")]
+    FractionalSize(String),
+    #[error(
+        "'{input}': unknown unit '{unit}'; use K, M, G or T (powers of 1024), or no unit for bytes"
+    )]
+    UnknownUnit { input: String, unit: String },
+    #[error("'{0}' is too large")]
+    SizeTooLarge(String),
+    #[error("the size must be greater than zero")]
+    ZeroSize,
+    #[error("'{0}' is not a number of seconds greater than zero")]
+    InvalidSeconds(String),
+}
+
+/// Parses a size such as `1G`, `512M`, `4096K`, `65536` (bytes) into bytes.
+/// Units are binary (K = 1024) and case-insensitive; `KB`/`KiB` spellings are
+/// accepted as the same unit.
+pub fn parse_size(text: &str) -> Result<u64, ValueError> {
+    let trimmed = text.trim();
+    if trimmed.is_empty() {
+        return Err(ValueError::EmptySize);
+    }
+    let digits_end = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(digits_end);
+    // `64 KiB` is how people write sizes, and the ranks' own parser takes it.
+    let unit = unit.trim_start();
+    if number.is_empty() {
+        return Err(ValueError::NotASize(text.to_owned()));
+    }
+    if unit.starts_with(['.', ',']) {
+        return Err(ValueError::FractionalSize(text.to_owned()));
+    }
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => {
+            return Err(ValueError::UnknownUnit {
+                input: text.to_owned(),
+                unit: unit.to_owned(),
+            })
+        }
+    };
+    // Only ASCII digits are left, so a parse failure can only be overflow.
+    let value: u64 = number
+        .parse()
+        .map_err(|_| ValueError::SizeTooLarge(text.to_owned()))?;
+    let bytes = value
+        .checked_mul(1u64 << shift)
+        .ok_or_else(|| ValueError::SizeTooLarge(text.to_owned()))?;
+    if bytes == 0 {
+        return Err(ValueError::ZeroSize);
+    }
+    Ok(bytes)
+}
+
+/// Parses a positive number of seconds, fractions allowed (`1`, `0.5`).
+pub fn parse_seconds(text: &str) -> Result<Duration, ValueError> {
+    let invalid = || ValueError::InvalidSeconds(text.to_owned());
+    let secs: f64 = text.trim().parse().map_err(|_| invalid())?;
+    if secs.is_nan() || secs <= 0.0 {
+        return Err(invalid());
+    }
+    Duration::try_from_secs_f64(secs).map_err(|_| invalid())
+}
+
+/// Seconds the way a user would write them (`1`, `0.5`); [`parse_seconds`] reads it back.
+pub fn format_secs(duration: Duration) -> String {
+    duration.as_secs_f64().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("4096K"), Ok(4096 * 1024));
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_size("3MB"), Ok(3 << 20));
+        assert_eq!(parse_size("1T"), Ok(1 << 40));
+        assert_eq!(parse_size(" 64k "), Ok(64 << 10));
+        assert_eq!(parse_size("10b"), Ok(10));
+        assert_eq!(parse_size("64 KiB"), Ok(64 << 10));
+    }
+
+    #[test]
+    fn bad_sizes_are_rejected_with_a_reason() {
+        assert_eq!(parse_size(""), Err(ValueError::EmptySize));
+        assert_eq!(parse_size("G"), Err(ValueError::NotASize("G".into())));
+        assert_eq!(parse_size("-1G"), Err(ValueError::NotASize("-1G".into())));
+        assert_eq!(parse_size("0"), Err(ValueError::ZeroSize));
+        assert_eq!(parse_size("0M"), Err(ValueError::ZeroSize));
+        assert_eq!(
+            parse_size("1.5G"),
+            Err(ValueError::FractionalSize("1.5G".into()))
+        );
+        assert!(matches!(
+            parse_size("12X"),
+            Err(ValueError::UnknownUnit { ref unit, .. }) if unit == "X"
+        ));
+        assert!(matches!(
+            parse_size("1 G B"),
+            Err(ValueError::UnknownUnit { .. })
+        ));
+        assert_eq!(
+            parse_size("99999999999999999999"),
+            Err(ValueError::SizeTooLarge("99999999999999999999".into()))
+        );
+        assert_eq!(
+            parse_size("16777216T"),
+            Err(ValueError::SizeTooLarge("16777216T".into()))
+        );
+        assert!(parse_size("12X").unwrap_err().to_string().contains("'X'"));
+    }
+
+    #[test]
+    fn seconds_parse_positive_numbers_only() {
+        assert_eq!(parse_seconds("1"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_seconds("0.5"), Ok(Duration::from_millis(500)));
+        for bad in ["0", "-1", "abc", "", "inf", "NaN", "1e300"] {
+            assert!(parse_seconds(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn formatted_seconds_parse_back() {
+        for d in [
+            Duration::from_secs(30),
+            Duration::from_millis(1500),
+            Duration::from_micros(7),
+        ] {
+            assert_eq!(parse_seconds(&format_secs(d)), Ok(d));
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! The one harness of dsm's multi-process tests: finding the programs the workspace built,
+//! starting them (alone or under `dsmrun`) with their output collected and a watchdog
+//! behind them, and skipping visibly when a test cannot run on this machine.
+//!
+//! Programs are looked up next to the test executable's directory (`target/<profile>/`),
+//! where `cargo test --workspace` puts every binary of the workspace. A missing program is
+//! a clear panic naming the command that builds it.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+use std::ffi::OsStr;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+/// Far above what a passing run needs; only there so a hung job fails its test instead of
+/// the whole suite.
+pub const WATCHDOG: Duration = Duration::from_secs(120);
+
+/// The directory holding the workspace's binaries for this test run's profile.
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    // target/<profile>/deps/<test>-<hash>
+    let deps = exe.parent().expect("test executable in a directory");
+    if deps.file_name() == Some(OsStr::new("deps")) {
+        deps.parent().expect("deps/ has a parent").to_path_buf()
+    } else {
+        deps.to_path_buf()
+    }
+}
+
+/// Path of the workspace binary `name` (`dsmrun`, `sor`, `dsm-test`, ...).
+pub fn bin(name: &str) -> PathBuf {
+    let path = bin_dir().join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: build the workspace first (`cargo build --release --workspace`, \
+         or run the tests with `cargo test --release --workspace`)",
+        path.display()
+    );
+    path
+}
+
+/// A command for the workspace binary `name`, stdin from /dev/null.
+pub fn command(name: &str) -> Command {
+    let mut cmd = Command::new(bin(name));
+    cmd.stdin(Stdio::null());
+    cmd
+}
+
+/// `dsmrun -n N [dsmrun_args] PROGRAM [args]`, where PROGRAM is a workspace binary name or a
+/// path.
+pub fn dsmrun_command(n: usize, dsmrun_args: &[&str], program: &str, args: &[&str]) -> Command {
+    let mut cmd = command("dsmrun");
+    let program = if program.contains('/') {
+        PathBuf::from(program)
+    } else {
+        bin(program)
+    };
+    cmd.arg("-n")
+        .arg(n.to_string())
+        .args(dsmrun_args)
+        .arg(program)
+        .args(args);
+    cmd
+}
+
+/// Runs `dsmrun -n N [dsmrun_args] PROGRAM [args]` to completion.
+pub fn dsmrun(n: usize, dsmrun_args: &[&str], program: &str, args: &[&str]) -> Run {
+    run(dsmrun_command(n, dsmrun_args, program, args))
+}
+
+/// How a program ended, with everything it printed.
+pub struct Run {
+    /// Exit status, `None` if a signal ended it.
+    pub code: Option<i32>,
+    /// The signal that ended it, if any.
+    pub signal: Option<i32>,
+    /// Standard output (lossily decoded).
+    pub stdout: String,
+    /// Standard output as bytes.
+    pub stdout_bytes: Vec<u8>,
+    /// Standard error (lossily decoded).
+    pub stderr: String,
+    /// From start to exit.
+    pub elapsed: Duration,
+    /// The raw status.
+    pub status: ExitStatus,
+}
+
+impl Run {
+    /// Standard output, line by line.
+    pub fn stdout_lines(&self) -> Vec<String> {
+        self.stdout.lines().map(str::to_owned).collect()
+    }
+
+    /// The same as a [`std::process::Output`], for tests written against that.
+    pub fn into_output(self) -> std::process::Output {
+        std::process::Output {
+            status: self.status,
+            stdout: self.stdout_bytes,
+            stderr: self.stderr.into_bytes(),
+        }
+    }
+
+    /// Standard output and error together, for searching messages wherever they went.
+    pub fn all_output(&self) -> String {
+        format!("{}{}", self.stdout, self.stderr)
+    }
+}
+
+impl std::fmt::Debug for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {:?} (signal {:?}) after {:?}\n--- stdout ---\n{}--- stderr ---\n{}",
+            self.code, self.signal, self.elapsed, self.stdout, self.stderr
+        )
+    }
+}
+
+/// A started program whose output is being collected.
+pub struct Running {
+    child: Child,
+    started: Instant,
+    watchdog: Duration,
+    stdout: JoinHandle<Vec<u8>>,
+    stderr: JoinHandle<Vec<u8>>,
+}
+
+fn collect(mut from: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
+    thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = from.read_to_end(&mut buf);
+        buf
+    })
+}
+
+/// Starts `cmd` (stdin from /dev/null unless set, stdout and stderr collected).
+pub fn start(cmd: Command) -> Running {
+    start_with_watchdog(cmd, WATCHDOG)
+}
+
+/// [`start`] with a watchdog of its own.
+pub fn start_with_watchdog(mut cmd: Command, watchdog: Duration) -> Running {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let started = Instant::now();
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    let stdout = collect(child.stdout.take().expect("piped stdout"));
+    let stderr = collect(child.stderr.take().expect("piped stderr"));
+    Running {
+        child,
+        started,
+        watchdog,
+        stdout,
+        stderr,
+    }
+}
+
+impl Running {
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The process, for sending it signals or input.
+    pub fn child(&mut self) -> &mut Child {
+        &mut self.child
+    }
+
+    /// Whether it has exited yet (without reaping it for good).
+    pub fn has_exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
+    /// Waits for the end (killing it when the watchdog expires, which fails the test).
+    pub fn finish(mut self) -> Run {
+        let status: ExitStatus = loop {
+            if let Some(status) = self.child.try_wait().expect("wait for the child") {
+                break status;
+            }
+            if self.started.elapsed() > self.watchdog {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("did not finish within {:?}", self.watchdog);
+            }
+            thread::sleep(Duration::from_millis(10));
+        };
+        let elapsed = self.started.elapsed();
+        let stdout_bytes = self.stdout.join().expect("stdout collector");
+        let stderr = self.stderr.join().expect("stderr collector");
+        use std::os::unix::process::ExitStatusExt;
+        Run {
+            code: status.code(),
+            signal: status.signal(),
+            stdout: String::from_utf8_lossy(&stdout_bytes).into_owned(),
+            stdout_bytes,
+            stderr: String::from_utf8_lossy(&stderr).into_owned(),
+            elapsed,
+            status,
+        }
+    }
+}
+
+/// Runs `cmd` to completion under the default watchdog.
+pub fn run(cmd: Command) -> Run {
+    start(cmd).finish()
+}
+
+/// Says, where the test runner shows it even for passing tests, that `test` did not run
+/// and why. Write directly to the stderr handle: the harness captures `eprintln!`, not that.
+pub fn skip(test: &str, reason: &str) {
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
+}
