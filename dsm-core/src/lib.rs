@@ -25,6 +25,8 @@
 //! # Ok::<(), dsm_core::DsmError>(())
 //! ```
 
+#![warn(missing_docs)]
+
 mod api;
 pub mod comm;
 pub mod diff;

@@ -6,6 +6,9 @@
 //! size. The protocol engine, the transport, the race detector and the launcher all build on
 //! these single definitions.
 
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
 pub mod config;
 pub mod stats;
 pub mod units;
