@@ -65,8 +65,7 @@ impl Memory for SegmentMemory {
     }
 
     fn make_diff(&self, page: PageNo, twin: &[u8]) -> Vec<u8> {
-        self.seg
-            .with_page(page as usize, |cur| crate::diff::create(twin, cur))
+        self.seg.diff_against(page as usize, twin)
     }
 }
 

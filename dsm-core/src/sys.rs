@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering}
 use std::sync::OnceLock;
 
 use crate::engine::Prot;
-use dsm_proto::{PAGE_SHIFT, PAGE_SIZE};
+use dsm_proto::PAGE_SIZE;
 
 fn prot_bits(prot: Prot) -> libc::c_int {
     {
@@ -33,7 +33,7 @@ fn os_err(what: &str) -> io::Error {
 
 /// The shared segment: `len` bytes backed by a memfd, mapped at `app_base` (same address on
 /// every node) and at a private runtime address.
-pub struct Segment {
+pub(crate) struct Segment {
     app_base: usize,
     runtime_base: usize,
     len: usize,
@@ -48,7 +48,7 @@ unsafe impl Sync for Segment {}
 impl Segment {
     /// Reserves the segment at `addr` (never replacing an existing mapping) and the runtime
     /// view anywhere. Pages start inaccessible in the app view and are committed lazily.
-    pub fn map(addr: usize, len: usize) -> io::Result<Segment> {
+    pub(crate) fn map(addr: usize, len: usize) -> io::Result<Segment> {
         // SAFETY: sysconf has no memory-safety preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
         if page != PAGE_SIZE as libc::c_long {
@@ -133,19 +133,15 @@ impl Segment {
         })
     }
 
-    pub fn app_base(&self) -> usize {
+    pub(crate) fn app_base(&self) -> usize {
         self.app_base
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    pub fn pages(&self) -> usize {
+    pub(crate) fn pages(&self) -> usize {
         self.len / PAGE_SIZE
     }
 
@@ -157,7 +153,7 @@ impl Segment {
     }
 
     /// Sets the app view's protection of `count` pages from `first`.
-    pub fn protect(&self, first: usize, count: usize, prot: Prot) -> io::Result<()> {
+    pub(crate) fn protect(&self, first: usize, count: usize, prot: Prot) -> io::Result<()> {
         self.check_pages(first, count);
         // SAFETY: the range lies inside our app-view mapping (checked above); changing its
         // protection cannot invalidate Rust references because app code only reaches the
@@ -176,7 +172,7 @@ impl Segment {
     }
 
     /// Copies a page out of the runtime view.
-    pub fn read_page(&self, page: usize, out: &mut [u8]) {
+    pub(crate) fn read_page(&self, page: usize, out: &mut [u8]) {
         self.check_pages(page, 1);
         assert_eq!(out.len(), PAGE_SIZE);
         // SAFETY: source is one page inside the runtime mapping, destination is a distinct
@@ -192,7 +188,7 @@ impl Segment {
     }
 
     /// Copies `data` into the runtime view at byte `offset` of `page`.
-    pub fn write_bytes(&self, page: usize, offset: usize, data: &[u8]) {
+    pub(crate) fn write_bytes(&self, page: usize, offset: usize, data: &[u8]) {
         self.check_pages(page, 1);
         assert!(offset + data.len() <= PAGE_SIZE, "write past the page end");
         // SAFETY: the destination range is inside one page of the runtime mapping. The app
@@ -207,12 +203,18 @@ impl Segment {
         }
     }
 
-    /// Runs `f` on a page of the runtime view. The caller guarantees (through page
-    /// protection) that the app does not write the page meanwhile.
-    pub fn with_page<R>(&self, page: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+    /// Runs `f` on a page of the runtime view, without copying it.
+    ///
+    /// # Safety
+    ///
+    /// Nothing may write the page while `f` runs: no app thread through the app view (the
+    /// page is read-only or inaccessible there, or the only app thread is the caller) and
+    /// no other runtime thread through this view. A concurrent write would be a data race
+    /// on the bytes `f` reads.
+    pub(crate) unsafe fn with_page<R>(&self, page: usize, f: impl FnOnce(&[u8]) -> R) -> R {
         self.check_pages(page, 1);
         // SAFETY: one page inside the runtime mapping; no writer during `f` by the caller's
-        // protocol guarantee, and the slice does not escape `f`.
+        // contract, and the slice does not escape `f`.
         let slice = unsafe {
             std::slice::from_raw_parts(
                 (self.runtime_base + page * PAGE_SIZE) as *const u8,
@@ -222,22 +224,15 @@ impl Segment {
         f(slice)
     }
 
-    /// Releases the physical memory of pages (they read back as zeros).
-    pub fn discard(&self, first: usize, count: usize) -> io::Result<()> {
-        self.check_pages(first, count);
-        // SAFETY: punching a hole in our own memfd within its size.
-        let rc = unsafe {
-            libc::fallocate(
-                self.memfd,
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                (first * PAGE_SIZE) as libc::off_t,
-                (count * PAGE_SIZE) as libc::off_t,
-            )
-        };
-        if rc != 0 {
-            return Err(os_err("fallocate(PUNCH_HOLE)"));
-        }
-        Ok(())
+    /// The diff of a page against its twin (see [`crate::diff::create`]).
+    ///
+    /// The protocol engine asks for it only when it closes an interval, after it has made
+    /// the page read-only in the app view (`close_interval` protects the dirty pages before
+    /// diffing them), so no app write can land while the page is read; the runtime view is
+    /// written only by the thread holding the engine, which is the caller.
+    pub(crate) fn diff_against(&self, page: usize, twin: &[u8]) -> Vec<u8> {
+        // SAFETY: per the above, nothing writes the page while it is diffed.
+        unsafe { self.with_page(page, |cur| crate::diff::create(twin, cur)) }
     }
 }
 
@@ -263,7 +258,7 @@ impl Drop for Segment {
 /// `addr + k * stride`, and that product cannot overflow because the whole span was checked
 /// to fit in the segment when the value was made.
 #[derive(Debug)]
-pub struct AppStrided<T> {
+pub(crate) struct AppStrided<T> {
     addr: usize,
     stride: usize,
     count: usize,
@@ -280,17 +275,17 @@ impl<T> Copy for AppStrided<T> {}
 
 impl<T: bytemuck::Pod> AppStrided<T> {
     #[inline(always)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.count
     }
 
     #[inline(always)]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.count == 0
     }
 
     #[inline(always)]
-    pub fn get(&self, k: usize) -> T {
+    pub(crate) fn get(&self, k: usize) -> T {
         if k >= self.count {
             out_of_bounds(k, self.count);
         }
@@ -300,7 +295,7 @@ impl<T: bytemuck::Pod> AppStrided<T> {
     }
 
     #[inline(always)]
-    pub fn set(&self, k: usize, value: T) {
+    pub(crate) fn set(&self, k: usize, value: T) {
         if k >= self.count {
             out_of_bounds(k, self.count);
         }
@@ -319,13 +314,13 @@ fn out_of_bounds(i: usize, len: usize) -> ! {
 static GLOBAL_SEGMENT: OnceLock<&'static Segment> = OnceLock::new();
 
 /// Records the process's segment (there is one per process, mapped for its lifetime).
-pub fn set_global_segment(seg: &'static Segment) {
+fn set_global_segment(seg: &'static Segment) {
     let _ = GLOBAL_SEGMENT.set(seg);
 }
 
 /// A typed, bounds-checked window onto the app view of the segment.
 #[derive(Debug)]
-pub struct AppSlice<T> {
+pub(crate) struct AppSlice<T> {
     addr: usize,
     len: usize,
     /// Not Send/Sync: shared memory is accessed from the app thread.
@@ -343,7 +338,7 @@ impl<T> Copy for AppSlice<T> {}
 impl<T: bytemuck::Pod> AppSlice<T> {
     /// A window of `len` elements at byte `offset` of the app view, or `None` if it does
     /// not lie inside the segment or is misaligned for `T`.
-    pub fn new(seg: &'static Segment, offset: usize, len: usize) -> Option<Self> {
+    pub(crate) fn new(seg: &'static Segment, offset: usize, len: usize) -> Option<Self> {
         let bytes = len.checked_mul(std::mem::size_of::<T>())?;
         let end = offset.checked_add(bytes)?;
         let addr = seg.app_base + offset;
@@ -358,23 +353,23 @@ impl<T: bytemuck::Pod> AppSlice<T> {
     }
 
     #[inline(always)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
     #[inline(always)]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Address of element `i` (not checked).
     #[inline(always)]
-    pub fn addr_of(&self, i: usize) -> usize {
+    pub(crate) fn addr_of(&self, i: usize) -> usize {
         self.addr + i * std::mem::size_of::<T>()
     }
 
     /// A sub-window of `len` elements from element `start`.
-    pub fn sub(&self, start: usize, len: usize) -> Self {
+    pub(crate) fn sub(&self, start: usize, len: usize) -> Self {
         assert!(
             start.checked_add(len).is_some_and(|e| e <= self.len),
             "range {start}+{len} out of bounds (len {})",
@@ -388,7 +383,7 @@ impl<T: bytemuck::Pod> AppSlice<T> {
     }
 
     #[inline(always)]
-    pub fn get(&self, i: usize) -> T {
+    pub(crate) fn get(&self, i: usize) -> T {
         if i >= self.len {
             out_of_bounds(i, self.len);
         }
@@ -398,7 +393,7 @@ impl<T: bytemuck::Pod> AppSlice<T> {
     }
 
     #[inline(always)]
-    pub fn set(&self, i: usize, value: T) {
+    pub(crate) fn set(&self, i: usize, value: T) {
         if i >= self.len {
             out_of_bounds(i, self.len);
         }
@@ -408,13 +403,13 @@ impl<T: bytemuck::Pod> AppSlice<T> {
 
     /// A window into the segment of the running node (see [`set_global_segment`]), for
     /// tools and tests that address segment memory outside the typed API.
-    pub fn new_in_global_segment(offset: usize, len: usize) -> Option<Self> {
+    pub(crate) fn new_in_global_segment(offset: usize, len: usize) -> Option<Self> {
         Self::new(GLOBAL_SEGMENT.get()?, offset, len)
     }
 
     /// `count` elements `step` apart from element `start`, checked to lie in the window.
     #[inline(always)]
-    pub fn strided(&self, start: usize, step: usize, count: usize) -> AppStrided<T> {
+    pub(crate) fn strided(&self, start: usize, step: usize, count: usize) -> AppStrided<T> {
         assert!(step > 0, "stride must be positive");
         if count > 0 {
             let last = (count - 1)
@@ -435,7 +430,7 @@ impl<T: bytemuck::Pod> AppSlice<T> {
     }
 
     /// Copies `out.len()` elements starting at `start` into `out`.
-    pub fn read_into(&self, start: usize, out: &mut [T]) {
+    pub(crate) fn read_into(&self, start: usize, out: &mut [T]) {
         assert!(
             start.checked_add(out.len()).is_some_and(|e| e <= self.len),
             "range {start}+{} out of bounds (len {})",
@@ -454,7 +449,7 @@ impl<T: bytemuck::Pod> AppSlice<T> {
     }
 
     /// Copies `src` into the window starting at `start`.
-    pub fn write_from(&self, start: usize, src: &[T]) {
+    pub(crate) fn write_from(&self, start: usize, src: &[T]) {
         assert!(
             start.checked_add(src.len()).is_some_and(|e| e <= self.len),
             "range {start}+{} out of bounds (len {})",
@@ -498,10 +493,10 @@ unsafe impl Sync for SavedAction {}
 
 /// What the comm thread learns of a fault.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Fault {
-    pub addr: usize,
+pub(crate) struct Fault {
+    pub(crate) addr: usize,
     /// `None` when the architecture does not report the access kind.
-    pub write: Option<bool>,
+    pub(crate) write: Option<bool>,
 }
 
 fn futex_wait(word: &AtomicU32, expected: u32) {
@@ -548,33 +543,52 @@ fn fault_is_write(_ctx: *mut libc::c_void) -> u32 {
     2
 }
 
-/// Puts back whatever handled SIGSEGV before us (or the default action), so that
-/// returning from our handler re-executes the faulting instruction under that disposition:
-/// a genuine bug crashes as it would without dsm, and Rust's own stack-overflow report
-/// still works.
-fn restore_previous_action(use_default: bool) {
-    let default = SavedAction({
-        // SAFETY: an all-zero sigaction with SIG_DFL is a valid value.
-        let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
-        sa.sa_sigaction = libc::SIG_DFL;
-        sa
-    });
-    let action = if use_default {
-        &default
-    } else {
-        PREVIOUS_ACTION.get().unwrap_or(&default)
-    };
+/// Makes SIGSEGV take its default action, so that returning from our handler re-executes
+/// the faulting instruction and the process dies of it as it would without dsm.
+fn die_by_default_on_return() {
+    // SAFETY: an all-zero sigaction with SIG_DFL is a valid value.
+    let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+    sa.sa_sigaction = libc::SIG_DFL;
     // SAFETY: sigaction is async-signal-safe; the struct is valid.
-    unsafe { libc::sigaction(libc::SIGSEGV, &action.0, std::ptr::null_mut()) };
+    unsafe { libc::sigaction(libc::SIGSEGV, &sa, std::ptr::null_mut()) };
 }
 
-extern "C" fn on_sigsegv(_sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+/// Hands a fault dsm does not own to whatever handled SIGSEGV before us, the way wasmtime
+/// chains: a handler function is called in place (Rust's own stack-overflow handler, a
+/// profiler's, a JIT's), and our handler stays installed for the faults that follow; only
+/// if there was none (`SIG_DFL`, or `SIG_IGN`, which cannot ignore a real fault) does the
+/// default action come back, which then ends the process.
+fn chain_to_previous(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let Some(SavedAction(prev)) = PREVIOUS_ACTION.get() else {
+        die_by_default_on_return();
+        return;
+    };
+    let handler = prev.sa_sigaction;
+    if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
+        die_by_default_on_return();
+        return;
+    }
+    if prev.sa_flags & libc::SA_SIGINFO != 0 {
+        // SAFETY: the previous disposition declared SA_SIGINFO, so `handler` is the address
+        // of a function with the three-argument signature, installed by code of this
+        // process; we pass it the kernel's own arguments, as the kernel would have.
+        let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+            unsafe { std::mem::transmute(handler) };
+        f(sig, info, ctx);
+    } else {
+        // SAFETY: without SA_SIGINFO, `handler` is a one-argument signal handler.
+        let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(handler) };
+        f(sig);
+    }
+}
+
+extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
     let (addr, code) = unsafe { ((*info).si_addr() as usize, (*info).si_code) };
     if code <= 0 {
         // Sent by kill/raise/sigqueue, not a fault: nothing re-faults on return, so die
         // from it the default way.
-        restore_previous_action(true);
+        die_by_default_on_return();
         // SAFETY: raise is async-signal-safe; SIGSEGV is blocked until we return.
         unsafe { libc::raise(libc::SIGSEGV) };
         return;
@@ -582,7 +596,7 @@ extern "C" fn on_sigsegv(_sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mu
     let start = SEG_START.load(Ordering::Relaxed);
     let end = SEG_END.load(Ordering::Relaxed);
     if addr < start || addr >= end || FAULT_KICK_FD.load(Ordering::Relaxed) < 0 {
-        restore_previous_action(false);
+        chain_to_previous(sig, info, ctx);
         return;
     }
     let errno = errno_location();
@@ -627,14 +641,14 @@ extern "C" fn on_sigsegv(_sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mu
     futex_wake_all(&SLOT_STATE);
     if outcome == SLOT_CRASH {
         // Inside the segment but in no allocation: a wild access; crash like one.
-        restore_previous_action(true);
+        die_by_default_on_return();
     }
     // SAFETY: restoring this thread's errno.
     unsafe { *errno = saved_errno };
 }
 
 /// Receiving end of the fault mailbox, owned by the comm thread.
-pub struct FaultMailbox {
+pub(crate) struct FaultMailbox {
     /// Kept open so the handler's writes always have a peer.
     _kick_tx: std::os::unix::net::UnixStream,
     kick_rx: Option<std::os::unix::net::UnixStream>,
@@ -643,12 +657,12 @@ pub struct FaultMailbox {
 impl FaultMailbox {
     /// The nonblocking stream that becomes readable when a fault is pending; drain it,
     /// then call [`FaultMailbox::take`].
-    pub fn take_receiver(&mut self) -> Option<std::os::unix::net::UnixStream> {
+    pub(crate) fn take_receiver(&mut self) -> Option<std::os::unix::net::UnixStream> {
         self.kick_rx.take()
     }
 
     /// The pending fault, if any (each fault is delivered once).
-    pub fn take(&self) -> Option<Fault> {
+    pub(crate) fn take(&self) -> Option<Fault> {
         if SLOT_STATE
             .compare_exchange(
                 SLOT_PENDING,
@@ -671,13 +685,13 @@ impl FaultMailbox {
     }
 
     /// Lets the faulting thread retry its access.
-    pub fn resolve(&self) {
+    pub(crate) fn resolve(&self) {
         SLOT_STATE.store(SLOT_RESOLVED, Ordering::Release);
         futex_wake_all(&SLOT_STATE);
     }
 
     /// Tells the faulting thread its access is a genuine segmentation fault.
-    pub fn crash(&self) {
+    pub(crate) fn crash(&self) {
         SLOT_STATE.store(SLOT_CRASH, Ordering::Release);
         futex_wake_all(&SLOT_STATE);
     }
@@ -690,9 +704,26 @@ impl Drop for FaultMailbox {
     }
 }
 
+/// Maps the process's segment at `addr` for the rest of its life, records it for
+/// [`AppSlice::new_in_global_segment`] and installs the fault handler for it: the safe entry
+/// point to everything below.
+pub(crate) fn start(addr: usize, len: usize) -> io::Result<(&'static Segment, FaultMailbox)> {
+    let seg: &'static Segment = Box::leak(Box::new(Segment::map(addr, len)?));
+    set_global_segment(seg);
+    // SAFETY: the segment is leaked, so it stays mapped for the life of the process, longer
+    // than any fault the handler can be asked to serve.
+    let mailbox = unsafe { install_fault_handler(seg)? };
+    Ok((seg, mailbox))
+}
+
 /// Installs the SIGSEGV handler for faults inside `seg`, and returns the mailbox the comm
-/// thread serves. Faults outside the segment fall through to the previous disposition.
-pub fn install_fault_handler(seg: &Segment) -> io::Result<FaultMailbox> {
+/// thread serves. Faults outside the segment are chained to the previous disposition.
+///
+/// # Safety
+///
+/// `seg` must stay mapped for as long as the returned mailbox lives: the handler resolves
+/// faults in its address range by changing the protection of its pages.
+pub(crate) unsafe fn install_fault_handler(seg: &Segment) -> io::Result<FaultMailbox> {
     use std::os::fd::AsRawFd;
     let (kick_tx, kick_rx) = std::os::unix::net::UnixStream::pair()?;
     kick_rx.set_nonblocking(true)?;
@@ -728,7 +759,7 @@ const ALT_STACK_SIZE: usize = 256 << 10;
 
 /// Gives the calling thread an alternate signal stack large enough for the fault handler,
 /// unless it already has one at least that large.
-pub fn install_alt_stack() -> io::Result<()> {
+pub(crate) fn install_alt_stack() -> io::Result<()> {
     // SAFETY: querying the current alternate stack into a zeroed stack_t.
     let mut cur: libc::stack_t = unsafe { std::mem::zeroed() };
     // SAFETY: valid out-parameter.
@@ -767,7 +798,7 @@ pub fn install_alt_stack() -> io::Result<()> {
 
 /// Exits immediately without unwinding or running destructors, for fatal errors found on
 /// the comm thread while the app thread may be parked inside the fault handler.
-pub fn exit_now(code: i32) -> ! {
+pub(crate) fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns and is always safe to call.
     unsafe { libc::_exit(code) }
 }

@@ -25,6 +25,12 @@ fn child_entry() {
     let Ok(case) = std::env::var("DSM_SEGV_CASE") else {
         return;
     };
+    if case == "chained" {
+        install_own_handler();
+    }
+    if case == "chained-twice" {
+        install_guard_page_handler();
+    }
     let mut dsm = dsm_core::Dsm::init().expect("single-node init");
     let a = dsm.alloc::<u64>("x", 8).unwrap();
     dsm.view(&a).set(0, 41);
@@ -45,12 +51,118 @@ fn child_entry() {
             let v = unsafe { std::ptr::read_volatile(addr as *const u64) };
             println!("after crash: {v}");
         }
+        "chained" => {
+            // Outside the segment: dsm must pass the fault to the handler installed
+            // before it, which exits with status 42.
+            let wild = std::hint::black_box(24usize) as *const u64;
+            // SAFETY: deliberately invalid, as in "outside".
+            let v = unsafe { std::ptr::read_volatile(wild) };
+            println!("after crash: {v}");
+        }
+        "chained-twice" => {
+            // A fault the earlier handler resolves (as a GC or JIT does with guard pages),
+            // then a fault dsm must still serve: its handler stays installed.
+            let own = OWN_PAGE.load(std::sync::atomic::Ordering::Relaxed) as *mut u64;
+            // SAFETY: our own mapping; the first write faults and the earlier handler makes
+            // the page writable before the write is retried.
+            unsafe { std::ptr::write_volatile(own, 7) };
+            let b = dsm.alloc::<u64>("y", 1024).unwrap();
+            dsm.view(&b).set(1000, 5);
+            // SAFETY: as above; the page is writable now.
+            let own_value = unsafe { std::ptr::read_volatile(own) };
+            println!("both served: {own_value} {}", dsm.view(&b).get(1000));
+            return;
+        }
         "kill" => {
             nix::sys::signal::raise(nix::sys::signal::Signal::SIGSEGV).unwrap();
             println!("after crash");
         }
         other => panic!("unknown case {other}"),
     }
+}
+
+extern "C" fn own_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    let msg = b"own handler called\n";
+    // SAFETY: write(2) and _exit(2) are async-signal-safe; the buffer is valid.
+    unsafe {
+        libc::write(1, msg.as_ptr().cast(), msg.len());
+        libc::_exit(42);
+    }
+}
+
+static OWN_PAGE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+extern "C" fn guard_page_handler(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    let page = OWN_PAGE.load(std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: the kernel passes a valid siginfo; mprotect, write and _exit are
+    // async-signal-safe.
+    unsafe {
+        let addr = (*info).si_addr() as usize;
+        if addr >= page && addr < page + 4096 {
+            libc::mprotect(
+                page as *mut libc::c_void,
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+            );
+            return;
+        }
+        let msg = b"guard handler got a fault that is not its own\n";
+        libc::write(1, msg.as_ptr().cast(), msg.len());
+        libc::_exit(43);
+    }
+}
+
+/// A handler that owns one inaccessible page and makes it accessible when touched.
+fn install_guard_page_handler() {
+    // SAFETY: an anonymous mapping of our own and a zeroed sigaction for an
+    // async-signal-safe handler.
+    unsafe {
+        let page = libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(page, libc::MAP_FAILED);
+        OWN_PAGE.store(page as usize, std::sync::atomic::Ordering::Relaxed);
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = guard_page_handler as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGSEGV, &sa, std::ptr::null_mut()), 0);
+    }
+}
+
+#[test]
+fn dsm_keeps_serving_after_chaining_a_fault() {
+    let out = run_child("chained-twice");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{:?}\n{stdout}", out.status);
+    assert!(stdout.contains("both served: 7 5"), "{stdout}");
+}
+
+/// What a program (or a library such as a profiler or a JIT) does before dsm starts.
+fn install_own_handler() {
+    // SAFETY: a zeroed sigaction is valid; the handler is async-signal-safe.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = own_handler as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGSEGV, &sa, std::ptr::null_mut()), 0);
+    }
+}
+
+#[test]
+fn faults_outside_the_segment_reach_the_previous_handler() {
+    let out = run_child("chained");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(42), "{:?}\n{stdout}", out.status);
+    assert!(stdout.contains("before crash: 41"), "{stdout}");
+    assert!(stdout.contains("own handler called"), "{stdout}");
+    assert!(!stdout.contains("after crash"), "{stdout}");
 }
 
 fn assert_segv(case: &str) {

@@ -156,11 +156,7 @@ impl Dsm {
             .map(|b| (b as usize).div_ceil(PAGE_SIZE) * PAGE_SIZE)
             .unwrap_or(DEFAULT_SEGMENT);
         let seg_addr = env.segment_addr.unwrap_or(DEFAULT_SEGMENT_ADDR);
-        let seg: &'static Segment = Box::leak(Box::new(
-            Segment::map(seg_addr, seg_len).map_err(DsmError::Segment)?,
-        ));
-        sys::set_global_segment(seg);
-        let mailbox = sys::install_fault_handler(seg).map_err(DsmError::Segment)?;
+        let (seg, mailbox) = sys::start(seg_addr, seg_len).map_err(DsmError::Segment)?;
         let mesh = dsm_net::connect_mesh(&env)?;
         place_on_core(&env);
         let race = if env.race.enabled {
