@@ -28,7 +28,7 @@
 #![warn(missing_docs)]
 
 mod api;
-pub mod comm;
+mod comm;
 pub mod diff;
 pub mod engine;
 mod error;

@@ -71,7 +71,6 @@ fn child_entry() {
             // SAFETY: as above; the page is writable now.
             let own_value = unsafe { std::ptr::read_volatile(own) };
             println!("both served: {own_value} {}", dsm.view(&b).get(1000));
-            return;
         }
         "kill" => {
             nix::sys::signal::raise(nix::sys::signal::Signal::SIGSEGV).unwrap();
