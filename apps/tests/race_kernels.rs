@@ -139,7 +139,7 @@ fn race_stats_print_the_paper_columns() {
     let (code, _, stderr) = run(&["-n", "3", "--race-stats", KERNEL, "run", "boundary-read"]);
     assert_eq!(code, Some(66), "{stderr}");
     for needle in [
-        "dsm-race-stats: barrier 1:",
+        "(epoch 1): intervals",
         "interval pairs",
         "concurrent",
         "overlapping",

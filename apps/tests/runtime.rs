@@ -109,6 +109,22 @@ fn rank_exiting_with_error_stops_the_job() {
 }
 
 #[test]
+fn failed_job_with_race_detection_says_the_analysis_is_incomplete() {
+    let out = dsm_testkit::dsmrun(
+        2,
+        &["--race"],
+        TEST,
+        &["fail", "--rank", "1", "--code", "3"],
+    );
+    assert_eq!(out.code, Some(1), "{out:?}");
+    let last = out.stderr.lines().last().unwrap_or_default();
+    assert!(last.contains("race detection incomplete"), "{out:?}");
+    // Without race detection there is no analysis to call incomplete.
+    let out = dsm_testkit::dsmrun(2, &[], TEST, &["fail", "--rank", "1", "--code", "3"]);
+    assert!(!out.stderr.contains("race detection"), "{out:?}");
+}
+
+#[test]
 fn segfault_in_a_rank_is_reported_as_sigsegv() {
     let t = Instant::now();
     let out = dsmrun(3, TEST, &["segv", "--rank", "1"]);

@@ -84,12 +84,17 @@ pub struct Access {
 impl Access {
     /// "after acquire of lock 3", "after barrier 7", "from the start".
     pub fn sync_text(&self) -> String {
-        sync_text(self.began_with, &|_| None)
+        sync_text(self.began_with, &|_| None, &|_| None)
     }
 }
 
-/// Describes what began an interval; `name_of` gives the names of named locks it knows.
-pub fn sync_text(cause: SyncCause, name_of: &dyn Fn(u64) -> Option<String>) -> String {
+/// Describes what began an interval; `name_of` gives the names of named locks it knows and
+/// `sync_name` the program's name of a runtime synchronization epoch (`barrier 3`).
+pub fn sync_text(
+    cause: SyncCause,
+    name_of: &dyn Fn(u64) -> Option<String>,
+    sync_name: &dyn Fn(u32) -> Option<String>,
+) -> String {
     let lock = |l: u64| match name_of(l) {
         Some(name) => format!("lock \"{name}\""),
         None if l >= 1 << 63 => format!("named lock #{:x}", l & !(1 << 63)),
@@ -97,7 +102,10 @@ pub fn sync_text(cause: SyncCause, name_of: &dyn Fn(u64) -> Option<String>) -> S
     };
     match cause {
         SyncCause::Start => "from the start of the run".into(),
-        SyncCause::Barrier(e) => format!("after barrier {e}"),
+        SyncCause::Barrier(e) => match sync_name(e) {
+            Some(name) => format!("after {name}"),
+            None => format!("after synchronization {e}"),
+        },
         SyncCause::Acquire(l) => format!("after acquire of {}", lock(l)),
         SyncCause::Release(l) => format!("after release of {}", lock(l)),
     }

@@ -28,7 +28,7 @@ use crate::error::DsmError;
 use crate::sys::{self, AppSlice, Segment};
 use bytemuck::Pod;
 use dsm_proto::{JobConfig, LockId, NodeId, PageNo, PageRuns, PAGE_SIZE};
-use dsm_race::VarInfo;
+use dsm_race::{Point, VarInfo};
 use race::RaceState;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
@@ -125,6 +125,10 @@ pub struct Dsm {
     race: Option<RaceState>,
     finished: bool,
     started: Instant,
+    /// The program's `barrier()` calls so far: epochs are numbered by them in reports.
+    barriers_called: u32,
+    /// The synchronization under way, in the program's terms, for race reports.
+    sync_point: Point,
     /// Where to write the run's counters at finish (`DSM_STATS_FILE`).
     stats_file: Option<std::path::PathBuf>,
     _not_send: PhantomData<*const ()>,
@@ -186,6 +190,8 @@ impl Dsm {
             finished: false,
             started: Instant::now(),
             stats_file: env.stats_file.clone(),
+            barriers_called: 0,
+            sync_point: Point::Barrier(0),
             _not_send: PhantomData,
         })
     }
@@ -304,6 +310,10 @@ impl Dsm {
             first_page: first as PageNo,
             elem_size: elem,
         });
+        self.sync_point = Point::Allocation {
+            name: name.to_string(),
+            after: self.barriers_called,
+        };
         self.sync(Command::Alloc {
             homes,
             digest,
@@ -376,6 +386,8 @@ impl Dsm {
     }
     /// Waits at a barrier with all other nodes.
     pub fn barrier(&mut self) -> Result<(), DsmError> {
+        self.barriers_called += 1;
+        self.sync_point = Point::Barrier(self.barriers_called);
         let race = self.close_race_interval();
         let bitmaps = self.shippable_bitmaps();
         self.sync(Command::Barrier {
@@ -395,7 +407,9 @@ impl Dsm {
                         r.recorder.discard_epoch();
                         r.races_total += races;
                         r.barriers += 1;
-                        let _ = epoch;
+                        if let Some(rep) = r.reporter.as_mut() {
+                            rep.note_sync(epoch, &self.sync_point);
+                        }
                     }
                     return Ok(());
                 }
@@ -502,6 +516,9 @@ impl Dsm {
             return Ok(Outcome::default());
         }
         self.finished = true;
+        self.sync_point = Point::Exit {
+            after: self.barriers_called,
+        };
         let race = self.close_race_interval();
         let bitmaps = self.shippable_bitmaps();
         let result = self.sync(Command::Barrier {

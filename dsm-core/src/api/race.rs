@@ -134,7 +134,6 @@ impl Dsm {
         intervals: Vec<dsm_proto::IntervalRecord>,
         shipped: Vec<(NodeId, EncodedBitmap)>,
     ) -> Result<u64, DsmError> {
-        let finishing = self.finished;
         let comm = self.comm.as_ref().expect("comm alive during barrier");
         let r = self.race.as_mut().ok_or_else(|| {
             DsmError::Protocol("analysis requested without race detection".into())
@@ -216,19 +215,16 @@ impl Dsm {
         ] {
             *acc += v;
         }
-        let point = if finishing {
-            dsm_race::Point::Exit(epoch)
-        } else {
-            dsm_race::Point::Barrier(epoch)
-        };
+        let point = &self.sync_point;
         let reporter = r.reporter.as_mut().expect("rank 0 has the reporter");
         let reported = reporter
             .report(point, &races, &mut std::io::stderr())
             .map_err(DsmError::Io)?;
         if r.options.stats {
             eprintln!(
-                "dsm-race-stats: {} {epoch}: intervals {}, interval pairs {} considered / {} concurrent / {} overlapping, bitmaps {} of {} fetched, notice bytes {}, interval comparison {:.3} ms, bitmap round {:.3} ms, races {}",
-                if finishing { "exit" } else { "barrier" },
+                "dsm-race-stats: {} (epoch {}): intervals {}, interval pairs {} considered / {} concurrent / {} overlapping, bitmaps {} of {} fetched, notice bytes {}, interval comparison {:.3} ms, bitmap round {:.3} ms, races {}",
+                point.sync_label(),
+                point.epoch(),
                 s.intervals,
                 s.pairs_considered,
                 s.concurrent_pairs,

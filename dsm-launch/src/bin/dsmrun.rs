@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use dsm_launch::{self as launcher, LaunchConfig, LaunchError};
+use dsm_launch::{self as launcher, JobOutcome, LaunchConfig, LaunchError};
 use dsm_proto::{exit_codes, parse_seconds, parse_size, RaceOptions};
+use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
 const AFTER_HELP: &str = "\
@@ -179,13 +180,30 @@ fn main() -> ExitCode {
             EnvFilter::try_from_env("DSMRUN_LOG").unwrap_or_else(|_| EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let cli = Cli::parse();
-    match cli
-        .into_config()
-        .and_then(|config| Ok(launcher::run(&config)?))
-    {
-        Ok(outcome) => ExitCode::from(outcome.exit_code()),
+    let mut race_on = false;
+    match cli.into_config().and_then(|config| {
+        race_on = config.race.enabled;
+        Ok(launcher::run(&config)?)
+    }) {
+        Ok(outcome) => {
+            let clean = matches!(
+                outcome,
+                JobOutcome::Success | JobOutcome::RaceReported { .. }
+            );
+            if race_on && !clean {
+                // Whatever rank 0 printed last (perhaps "0 data races") covered only the
+                // epochs analysed before the failure; say so after everything else.
+                eprintln!(
+                    "dsmrun: race detection incomplete: the job did not finish, so accesses \
+                     after the last completed barrier were not analysed (races reported above \
+                     are real; others may have been missed)"
+                );
+            }
+            ExitCode::from(outcome.exit_code())
+        }
         Err(err) => {
             eprintln!("dsmrun: {err:#}");
             let code = err
