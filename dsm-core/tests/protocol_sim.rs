@@ -895,9 +895,11 @@ impl Sim {
                 "detector and happens-before oracle disagree\nmissed by the detector: {missed:#?}\nreported but not races: {extra:#?}\nprogram:\n{program}"
             );
         }
-        // First races (paper, section 6.4), epoch by epoch: a race is not first if an end
-        // of some race of the epoch precedes one of its ends (program order on one node,
-        // happens-before across nodes).
+        // First races (paper, section 6.4), epoch by epoch. A race affects another if an
+        // end of it precedes an end of the other (program order on one node,
+        // happens-before across nodes); a race is first if every race that reaches it
+        // through "affects" is reached back from it, so nothing outside its cycle (if it
+        // is in one) affects it.
         let clocks = &self.oracle.clocks;
         let precedes = |o: &End, m: &End| {
             if o.node == m.node {
@@ -909,15 +911,44 @@ impl Sim {
         for (&epoch, first) in &self.first_races {
             let of_epoch: Vec<(&RaceKey, &[End; 2])> =
                 ends.iter().filter(|(k, _)| k.0 == epoch).collect();
-            let expected: BTreeSet<RaceKey> = of_epoch
-                .iter()
-                .filter(|(_, mine)| {
-                    !of_epoch
-                        .iter()
-                        .any(|(_, other)| other.iter().any(|o| mine.iter().any(|m| precedes(o, m))))
+            let m = of_epoch.len();
+            let affects: Vec<Vec<bool>> = (0..m)
+                .map(|x| {
+                    (0..m)
+                        .map(|y| {
+                            of_epoch[x]
+                                .1
+                                .iter()
+                                .any(|o| of_epoch[y].1.iter().any(|e| precedes(o, e)))
+                        })
+                        .collect()
                 })
-                .map(|(k, _)| (*k).clone())
                 .collect();
+            // reach[x][y]: y is reachable from x (or is x).
+            let reach: Vec<Vec<bool>> = (0..m)
+                .map(|x| {
+                    let mut seen = vec![false; m];
+                    seen[x] = true;
+                    let mut todo = vec![x];
+                    while let Some(a) = todo.pop() {
+                        for b in 0..m {
+                            if affects[a][b] && !seen[b] {
+                                seen[b] = true;
+                                todo.push(b);
+                            }
+                        }
+                    }
+                    seen
+                })
+                .collect();
+            let expected: BTreeSet<RaceKey> = (0..m)
+                .filter(|&y| (0..m).all(|x| !reach[x][y] || reach[y][x]))
+                .map(|y| of_epoch[y].0.clone())
+                .collect();
+            assert!(
+                m == 0 || !expected.is_empty(),
+                "an epoch with races has a first one"
+            );
             let got: BTreeSet<RaceKey> = first.iter().map(race_key).collect();
             assert_eq!(
                 got, expected,
@@ -1642,5 +1673,47 @@ fn unlocked_accesses_ordered_through_a_lock_chain_are_not_races() {
         assert_eq!((r.first.node, r.second.node), (1, 2));
         assert_eq!(r.first.began_with, SyncCause::Release(2));
         assert_eq!(r.second.began_with, SyncCause::Release(2));
+    }
+}
+
+#[test]
+fn crossing_races_leave_a_first_race() {
+    // Node 0 writes x, then (another interval) y; node 1 writes y, then x. The race on x
+    // affects the one on y through node 0's program order and the race on y affects the
+    // one on x through node 1's: neither is preceded by a race outside the pair, so
+    // `--race-first` must report both rather than neither.
+    let touch = |elem: usize| Op::Touch {
+        alloc: 0,
+        start: elem,
+        step: 1,
+        count: 1,
+        write: true,
+        rec: Rec::Each,
+    };
+    for seed in 0..20 {
+        let specs = [AllocSpec {
+            elem: 8,
+            homes: vec![0],
+        }];
+        let mut s = sim_with(2, &specs, 1, seed, true);
+        s.nodes[0].script.extend([
+            touch(0),
+            Op::Acquire(1),
+            Op::Release(1),
+            touch(1),
+            Op::Barrier,
+        ]);
+        s.nodes[1].script.extend([
+            touch(1),
+            Op::Acquire(2),
+            Op::Release(2),
+            touch(0),
+            Op::Barrier,
+        ]);
+        let program = s.program();
+        s.run();
+        s.check_races(&program);
+        assert_eq!(s.races.len(), 2, "{:?}", s.races);
+        assert_eq!(s.first_races[&2].len(), 2, "{:?}", s.first_races);
     }
 }
