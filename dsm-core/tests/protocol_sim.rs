@@ -4,12 +4,26 @@
 //! behave exactly as under sequential consistency: every read inside a critical section
 //! sees the last write made under that lock, and after a barrier every node sees every
 //! write made before it, for any home placement and any interleaving.
+//!
+//! With race detection on, each simulated node also runs the rest of the race pipeline the
+//! way `api.rs` does: accesses go into a `dsm_race::Recorder`, every synchronization
+//! operation closes its interval and hands the notices to the engine, barrier arrivals ship
+//! bitmaps, and the barrier master plans, fetches the missing bitmaps over the simulated
+//! network and compares them. The races it reports are checked against a brute-force
+//! oracle that knows nothing of intervals or notices: it logs every access with a vector
+//! clock it keeps itself from the synchronization that actually happened (the order in
+//! which the run granted each lock, barriers, program order), and calls two accesses a race
+//! when they conflict and neither clock is below the other.
 
-use dsm_core::engine::Prot;
-use dsm_core::engine::{Command, Engine, Memory, Output, Reply};
-use dsm_proto::{Msg, NodeId, PageNo, PAGE_SIZE};
+use dsm_core::engine::{Command, Engine, Memory, Output, Prot, Reply, StateMirror};
+use dsm_proto::{EncodedBitmap, Msg, NodeId, PageNo, PageRuns, RaceNotices, SyncCause, PAGE_SIZE};
+use dsm_race::{Access, Bitmaps, Plan, Race, RaceKind, Recorder, VarInfo, VarTable};
 use proptest::prelude::*;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+/// Most bitmap bytes a node ships with a barrier arrival (as `api.rs`).
+const MAX_SHIPPED_BITMAP_BYTES: usize = 256 << 10;
 
 struct FakeMem {
     data: Vec<u8>,
@@ -40,15 +54,72 @@ impl Memory for FakeMem {
     }
 }
 
+/// How a [`Op::Touch`] is recorded: the three ways the typed API marks accesses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rec {
+    /// One `read`/`write` per element (`View::get`/`set`).
+    Each,
+    /// One `read`/`write` of the whole span (`read_into`/`write_from`; step 1 only).
+    Span,
+    /// One `strided` call (`View::strided`/`strided_mut`).
+    Strided,
+}
+
 #[derive(Clone, Debug)]
 enum Op {
+    /// Collective allocation number `i` (also a barrier).
+    Alloc(usize),
     Acquire(u64),
     Release(u64),
     Barrier,
+    /// The last barrier of a run (`Dsm::finish`).
+    Finish,
     /// Read variable, expect the model's value at that moment.
     Check(usize),
     /// Increment variable (read, then write +1; the model follows).
     Incr(usize),
+    /// Read or write elements `start, start+step, ...` (`count` of them) of an allocation,
+    /// without checking values (programs with races have no sequential model).
+    Touch {
+        alloc: usize,
+        start: usize,
+        step: usize,
+        count: usize,
+        write: bool,
+        rec: Rec,
+    },
+}
+
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Op::Alloc(i) => write!(f, "alloc{i}"),
+            Op::Acquire(l) => write!(f, "acq{l}"),
+            Op::Release(l) => write!(f, "rel{l}"),
+            Op::Barrier => write!(f, "bar"),
+            Op::Finish => write!(f, "finish"),
+            Op::Check(v) => write!(f, "check v{v}"),
+            Op::Incr(v) => write!(f, "incr v{v}"),
+            Op::Touch {
+                alloc,
+                start,
+                step,
+                count,
+                write,
+                rec,
+            } => {
+                write!(f, "{} a{alloc}[{start}", if *write { "W" } else { "R" })?;
+                if *count > 1 {
+                    write!(f, "+{step}x{count}")?;
+                }
+                write!(f, "]")?;
+                if *rec != Rec::Each {
+                    write!(f, "{rec:?}")?;
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -62,12 +133,202 @@ struct Node {
     eng: Engine<FakeMem>,
     script: VecDeque<Op>,
     wait: Wait,
+    /// The synchronization operation whose reply the node waits for.
+    pending: Option<Op>,
+    /// Race mode: the access recorder, as `api.rs` keeps one per node.
+    rec: Option<Recorder>,
+    mirror: Arc<StateMirror>,
+    /// Race mode: requests the app thread serves while it waits in a barrier.
+    inbox: VecDeque<Reply>,
+    /// The oracle's view of this node: its vector clock (an index into `Oracle::clocks`),
+    /// and the interval, epoch and interval cause it counts itself from the script.
+    clock: usize,
+    interval: u32,
+    epoch: u32,
+    began: SyncCause,
+}
+
+/// Race mode, barrier master: an analysis waiting for bitmaps.
+struct Analysis {
+    epoch: u32,
+    plan: Plan,
+    bitmaps: Bitmaps,
+    pending: usize,
+}
+
+/// One allocation of the simulated segment.
+#[derive(Clone)]
+struct AllocInfo {
+    first_page: usize,
+    elem: usize,
+    /// Whole elements that fit its pages.
+    len: usize,
+    homes: Vec<(PageNo, u32, NodeId)>,
+}
+
+impl AllocInfo {
+    fn name(i: usize) -> String {
+        format!("a{i}")
+    }
+
+    fn base(&self) -> usize {
+        self.first_page * PAGE_SIZE
+    }
+}
+
+/// An access as the oracle logs it. Field order matters: sorting groups accesses by
+/// element.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct Logged {
+    alloc: usize,
+    elem: usize,
+    node: usize,
+    clock: usize,
+    epoch: u32,
+    interval: u32,
+    began: SyncCause,
+    write: bool,
+}
+
+/// Happens-before from the synchronization as it happened, by plain vector clocks: a
+/// release stores the releaser's clock in the lock and then ticks the releaser; the
+/// acquire that the run granted next joins it; a barrier joins every arrival's clock and
+/// each departing node ticks.
+#[derive(Default)]
+struct Oracle {
+    clocks: Vec<Vec<u32>>,
+    lock_clock: HashMap<u64, Vec<u32>>,
+    holder: HashMap<u64, usize>,
+    arrived: BTreeMap<u32, Vec<Option<Vec<u32>>>>,
+    accesses: HashSet<Logged>,
+}
+
+/// A race at the detector's granularity: one element, one pair of intervals.
+type RaceKey = (
+    u32,
+    String,
+    usize,
+    Access,
+    Access,
+    RaceKind,
+    (usize, usize),
+    usize,
+);
+
+fn race_key(r: &Race) -> RaceKey {
+    (
+        r.epoch,
+        r.variable.clone(),
+        r.index,
+        r.first,
+        r.second,
+        r.kind,
+        r.bytes,
+        r.addr,
+    )
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct OracleCounts {
+    /// Conflicting cross-node access pairs of one epoch ordered by synchronization (lock
+    /// chains: the pairs the detector must rule out from vector timestamps).
+    ordered: u64,
+    /// Conflicting cross-node access pairs in different epochs (ordered by a barrier).
+    across_barriers: u64,
+    /// Conflicting cross-node access pairs that are concurrent (races).
+    concurrent: u64,
+}
+
+/// One end of a race: an interval of a node, and the oracle's clock during it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct End {
+    node: usize,
+    interval: u32,
+    clock: usize,
+}
+
+fn leq(a: &[u32], b: &[u32]) -> bool {
+    a.iter().zip(b).all(|(x, y)| x <= y)
+}
+
+impl Oracle {
+    fn clock(&mut self, c: Vec<u32>) -> usize {
+        self.clocks.push(c);
+        self.clocks.len() - 1
+    }
+
+    /// Every race among the logged accesses, brute force over all pairs per element, with
+    /// the two ends of each (node, interval, clock).
+    fn races(&self, allocs: &[AllocInfo]) -> (BTreeMap<RaceKey, [End; 2]>, OracleCounts) {
+        let mut all: Vec<Logged> = self.accesses.iter().copied().collect();
+        all.sort_unstable();
+        let wrote: HashSet<(usize, u32, usize, usize)> = all
+            .iter()
+            .filter(|a| a.write)
+            .map(|a| (a.node, a.interval, a.alloc, a.elem))
+            .collect();
+        let side = |a: &Logged| Access {
+            node: a.node as NodeId,
+            interval: a.interval,
+            write: wrote.contains(&(a.node, a.interval, a.alloc, a.elem)),
+            began_with: a.began,
+        };
+        let mut out = BTreeMap::new();
+        let mut counts = OracleCounts::default();
+        for group in all.chunk_by(|a, b| (a.alloc, a.elem) == (b.alloc, b.elem)) {
+            for (i, a) in group.iter().enumerate() {
+                for b in &group[i + 1..] {
+                    if a.node == b.node || !(a.write || b.write) {
+                        continue;
+                    }
+                    let (ca, cb) = (&self.clocks[a.clock], &self.clocks[b.clock]);
+                    if leq(ca, cb) || leq(cb, ca) {
+                        if a.epoch == b.epoch {
+                            counts.ordered += 1;
+                        } else {
+                            counts.across_barriers += 1;
+                        }
+                        continue;
+                    }
+                    counts.concurrent += 1;
+                    assert_eq!(a.epoch, b.epoch, "barriers order every epoch: {a:?} {b:?}");
+                    let (x, y) = if a.node < b.node { (a, b) } else { (b, a) };
+                    let (first, second) = (side(x), side(y));
+                    let info = &allocs[a.alloc];
+                    let end = |l: &Logged| End {
+                        node: l.node,
+                        interval: l.interval,
+                        clock: l.clock,
+                    };
+                    let key = (
+                        a.epoch,
+                        AllocInfo::name(a.alloc),
+                        a.elem,
+                        first,
+                        second,
+                        if first.write && second.write {
+                            RaceKind::WriteWrite
+                        } else {
+                            RaceKind::ReadWrite
+                        },
+                        (0, info.elem),
+                        info.base() + a.elem * info.elem,
+                    );
+                    out.insert(key, [end(x), end(y)]);
+                }
+            }
+        }
+        (out, counts)
+    }
 }
 
 struct Sim {
     nodes: Vec<Node>,
     links: Vec<VecDeque<Msg>>, // index from * n + to
     n: usize,
+    race: bool,
+    allocs: Vec<AllocInfo>,
+    vars_table: VarTable,
     /// Model of every variable under sequential consistency.
     model: Vec<u64>,
     var_addr: Vec<usize>,
@@ -75,6 +336,15 @@ struct Sim {
     steps: u64,
     /// Every message delivered, for tests that inspect the traffic.
     delivered: Vec<(usize, usize, Msg)>,
+    oracle: Oracle,
+    analysis: Option<Analysis>,
+    /// Races the barrier master reported, and how many per epoch.
+    races: Vec<Race>,
+    races_per_epoch: BTreeMap<u32, u64>,
+    /// What `--race-first` keeps of each epoch's races (`dsm_race::first_races`).
+    first_races: BTreeMap<u32, Vec<Race>>,
+    /// Value stored by the next `Touch` write.
+    counter: u8,
 }
 
 impl Sim {
@@ -99,22 +369,81 @@ impl Sim {
                 }
                 Output::FaultCrash => panic!("node {k}: fault reported as a crash"),
                 Output::Reply(r) => {
-                    assert!(
-                        matches!(r, Reply::Done | Reply::BarrierDone { .. }),
-                        "node {k}: unexpected reply {r:?}"
-                    );
                     assert_eq!(self.nodes[k].wait, Wait::Reply, "node {k}: reply {r:?}");
-                    self.nodes[k].wait = Wait::Running;
+                    match r {
+                        Reply::Done => self.completed(k),
+                        Reply::BarrierDone { epoch, races } => self.departed(k, epoch, races),
+                        Reply::AnalyzeEpoch { .. }
+                        | Reply::BitmapsWanted { .. }
+                        | Reply::BitmapsArrived { .. } => {
+                            assert!(self.race, "node {k}: race round without race mode");
+                            self.nodes[k].inbox.push_back(r);
+                        }
+                        r => panic!("node {k}: unexpected reply {r:?}"),
+                    }
                 }
                 Output::Fatal(m) | Output::PeerLost(m) => panic!("node {k}: fatal: {m}"),
             }
         }
     }
 
-    /// Simulated app access: faults until the page allows it, then reads/writes.
-    /// Returns false if the node now waits for a fault.
-    fn access(&mut self, k: usize, addr: usize, write: bool) -> bool {
-        let page = addr / PAGE_SIZE;
+    /// An acquire or release completed.
+    fn completed(&mut self, k: usize) {
+        let node = &mut self.nodes[k];
+        node.wait = Wait::Running;
+        match node.pending.take() {
+            Some(Op::Acquire(l)) => {
+                if let Some(h) = self.oracle.holder.insert(l, k) {
+                    panic!("node {k} granted lock {l} while node {h} holds it");
+                }
+                let mut c = self.oracle.clocks[node.clock].clone();
+                if let Some(lc) = self.oracle.lock_clock.get(&l) {
+                    for (x, y) in c.iter_mut().zip(lc) {
+                        *x = (*x).max(*y);
+                    }
+                }
+                node.clock = self.oracle.clock(c);
+            }
+            // A release, or the prefetch of a bulk access.
+            Some(Op::Release(_) | Op::Touch { .. }) => {}
+            other => panic!("node {k}: Done for {other:?}"),
+        }
+    }
+
+    /// A barrier (or allocation) completed.
+    fn departed(&mut self, k: usize, epoch: u32, races: u64) {
+        let n = self.n;
+        let node = &mut self.nodes[k];
+        node.wait = Wait::Running;
+        assert!(
+            matches!(
+                node.pending.take(),
+                Some(Op::Barrier | Op::Finish | Op::Alloc(_))
+            ),
+            "node {k}: barrier reply without a barrier"
+        );
+        assert_eq!(epoch, node.epoch, "node {k}: barrier numbering");
+        assert!(node.inbox.is_empty(), "node {k}: left a barrier with work");
+        if let Some(r) = node.rec.as_mut() {
+            r.discard_epoch();
+        }
+        let arrived = &self.oracle.arrived[&epoch];
+        let mut c = vec![0; n];
+        for a in arrived {
+            let a = a.as_ref().expect("released before every node arrived");
+            for (x, y) in c.iter_mut().zip(a) {
+                *x = (*x).max(*y);
+            }
+        }
+        c[k] += 1;
+        node.clock = self.oracle.clock(c);
+        node.epoch += 1;
+        let reported = self.races_per_epoch.get(&epoch).copied().unwrap_or(0);
+        assert_eq!(races, reported, "node {k}: race count of barrier {epoch}");
+    }
+
+    /// Whether node k may access `page` now; if not, the node faults and waits.
+    fn access_page(&mut self, k: usize, page: usize, write: bool) -> bool {
         let prot = self.nodes[k].eng.memory().prot[page];
         let ok = match prot {
             Prot::None => false,
@@ -132,6 +461,12 @@ impl Sim {
         false
     }
 
+    /// Simulated app access: faults until the page allows it, then reads/writes.
+    /// Returns false if the node now waits for a fault.
+    fn access(&mut self, k: usize, addr: usize, write: bool) -> bool {
+        self.access_page(k, addr / PAGE_SIZE, write)
+    }
+
     fn load(&self, k: usize, addr: usize) -> u64 {
         let d = &self.nodes[k].eng.memory().data;
         u64::from_le_bytes(d[addr..addr + 8].try_into().unwrap())
@@ -141,37 +476,240 @@ impl Sim {
         self.nodes[k].eng.memory_mut().data[addr..addr + 8].copy_from_slice(&v.to_le_bytes());
     }
 
-    /// Runs one step of node k's script, if it can.
+    /// Logs an access for the oracle.
+    fn log(&mut self, k: usize, alloc: usize, elem: usize, write: bool) {
+        let node = &self.nodes[k];
+        self.oracle.accesses.insert(Logged {
+            alloc,
+            elem,
+            node: k,
+            clock: node.clock,
+            epoch: node.epoch,
+            interval: node.interval,
+            began: node.began,
+            write,
+        });
+    }
+
+    /// A typed-API access to one u64 variable of allocation 0 (for `Check`/`Incr`).
+    fn record_var(&mut self, k: usize, addr: usize, write: bool) {
+        if let Some(r) = &self.nodes[k].rec {
+            let shadow = r.alloc(0);
+            if write {
+                shadow.write(addr, 8);
+            } else {
+                shadow.read(addr, 8);
+            }
+        }
+        self.log(k, 0, addr / 8, write);
+    }
+
+    /// The app side of a synchronization operation: closes the recorder's interval (its
+    /// notices go with the command) and tells the oracle what happened.
+    fn begin_sync(&mut self, k: usize, op: Op) -> Option<RaceNotices> {
+        let node = &mut self.nodes[k];
+        node.script.pop_front();
+        node.wait = Wait::Reply;
+        node.interval += 1;
+        match op {
+            Op::Acquire(l) => node.began = SyncCause::Acquire(l),
+            Op::Release(l) => {
+                assert_eq!(
+                    self.oracle.holder.remove(&l),
+                    Some(k),
+                    "node {k} releases lock {l} it does not hold"
+                );
+                let c = self.oracle.clocks[node.clock].clone();
+                self.oracle.lock_clock.insert(l, c.clone());
+                let mut c = c;
+                c[k] += 1;
+                node.clock = self.oracle.clock(c);
+                node.began = SyncCause::Release(l);
+            }
+            Op::Barrier | Op::Finish | Op::Alloc(_) => {
+                let n = self.n;
+                let slots = self
+                    .oracle
+                    .arrived
+                    .entry(node.epoch)
+                    .or_insert_with(|| vec![None; n]);
+                assert!(slots[k].is_none(), "node {k} arrived twice");
+                slots[k] = Some(self.oracle.clocks[node.clock].clone());
+                node.began = SyncCause::Barrier(node.epoch);
+            }
+            _ => unreachable!("not a synchronization operation"),
+        }
+        node.pending = Some(op);
+        node.rec.as_mut().map(Recorder::close_interval)
+    }
+
+    /// Bitmaps a barrier arrival ships: none, those of shared pages (as `api.rs`), or all;
+    /// the master must fetch whatever is missing either way.
+    fn shipped(&mut self, k: usize) -> Vec<EncodedBitmap> {
+        let how = self.rand(3);
+        let node = &self.nodes[k];
+        let Some(r) = node.rec.as_ref() else {
+            return Vec::new();
+        };
+        let out = match how {
+            0 => None,
+            1 => r.shippable(|p| node.mirror.shared(p as usize), MAX_SHIPPED_BITMAP_BYTES),
+            _ => r.shippable(|_| true, MAX_SHIPPED_BITMAP_BYTES),
+        };
+        out.unwrap_or_default()
+    }
+
+    /// One step of the app thread serving the race-detection rounds of a barrier, as
+    /// `Dsm::sync` and `Dsm::analyze` do.
+    fn race_round(&mut self, k: usize, r: Reply) {
+        match r {
+            Reply::BitmapsWanted { epoch, keys } => {
+                let rec = self.nodes[k].rec.as_mut().expect("race mode");
+                let bitmaps = rec.bitmaps(&keys);
+                let outs = self.nodes[k]
+                    .eng
+                    .on_command(Command::SendBitmaps { epoch, bitmaps });
+                self.outputs(k, outs);
+            }
+            Reply::AnalyzeEpoch {
+                epoch,
+                intervals,
+                bitmaps: shipped,
+            } => {
+                assert_eq!(k, 0, "only the master analyzes");
+                assert!(self.analysis.is_none(), "two analyses at once");
+                let plan = dsm_race::plan(epoch, intervals);
+                let mut bitmaps = Bitmaps::new();
+                for (node, b) in shipped {
+                    bitmaps.insert(node, b);
+                }
+                let mut pending = 0;
+                let mut requests = Vec::new();
+                for (&node, keys) in &plan.wanted {
+                    let missing: Vec<_> = keys
+                        .iter()
+                        .filter(|key| !bitmaps.contains(node, key))
+                        .copied()
+                        .collect();
+                    if missing.is_empty() {
+                        continue;
+                    }
+                    if node == 0 {
+                        let rec = self.nodes[0].rec.as_mut().expect("race mode");
+                        for b in rec.bitmaps(&missing) {
+                            bitmaps.insert(0, b);
+                        }
+                    } else {
+                        requests.push(Command::RequestBitmaps {
+                            node,
+                            epoch,
+                            keys: missing,
+                        });
+                        pending += 1;
+                    }
+                }
+                self.analysis = Some(Analysis {
+                    epoch,
+                    plan,
+                    bitmaps,
+                    pending,
+                });
+                for c in requests {
+                    let outs = self.nodes[0].eng.on_command(c);
+                    self.outputs(0, outs);
+                }
+                self.finish_analysis_if_complete();
+            }
+            Reply::BitmapsArrived { from, bitmaps } => {
+                assert_eq!(k, 0, "bitmaps go to the master");
+                let a = self.analysis.as_mut().expect("bitmaps outside an analysis");
+                for b in bitmaps {
+                    a.bitmaps.insert(from, b);
+                }
+                a.pending -= 1;
+                self.finish_analysis_if_complete();
+            }
+            r => unreachable!("{r:?}"),
+        }
+    }
+
+    fn finish_analysis_if_complete(&mut self) {
+        if self.analysis.as_ref().is_some_and(|a| a.pending > 0) {
+            return;
+        }
+        let a = self.analysis.take().expect("an analysis");
+        for (&node, keys) in &a.plan.wanted {
+            for key in keys {
+                assert!(
+                    a.bitmaps.contains(node, key),
+                    "bitmap {key:?} of {node} never came"
+                );
+            }
+        }
+        let races = a.plan.compare(&a.bitmaps, &self.vars_table);
+        let count = races.len() as u64;
+        assert!(
+            self.races_per_epoch.insert(a.epoch, count).is_none(),
+            "epoch {} analyzed twice",
+            a.epoch
+        );
+        let first = dsm_race::first_races(races.clone(), a.plan.intervals());
+        self.first_races.insert(a.epoch, first);
+        self.races.extend(races);
+        let outs = self.nodes[0]
+            .eng
+            .on_command(Command::ReleaseBarrier { races: count });
+        self.outputs(0, outs);
+    }
+
+    /// Runs one step of node k: a race round it has to serve, or its script's next op.
     fn step_node(&mut self, k: usize) {
+        if let Some(r) = self.nodes[k].inbox.pop_front() {
+            self.race_round(k, r);
+            return;
+        }
         let Some(op) = self.nodes[k].script.front().cloned() else {
             return;
         };
         match op {
-            Op::Acquire(l) => {
-                self.nodes[k].script.pop_front();
-                self.nodes[k].wait = Wait::Reply;
-                let outs = self.nodes[k].eng.on_command(Command::Acquire {
-                    lock: l,
-                    race: None,
+            Op::Alloc(i) => {
+                let race = self.begin_sync(k, op);
+                let a = self.allocs[i].clone();
+                if let Some(r) = self.nodes[k].rec.as_mut() {
+                    assert_eq!(
+                        r.add_alloc(a.first_page as PageNo, a.len * a.elem, a.elem),
+                        i
+                    );
+                }
+                let outs = self.nodes[k].eng.on_command(Command::Alloc {
+                    homes: a.homes,
+                    digest: 42 + i as u64,
+                    race,
                 });
+                self.outputs(k, outs);
+            }
+            Op::Acquire(l) => {
+                let race = self.begin_sync(k, op);
+                let outs = self.nodes[k]
+                    .eng
+                    .on_command(Command::Acquire { lock: l, race });
                 self.outputs(k, outs);
             }
             Op::Release(l) => {
-                self.nodes[k].script.pop_front();
-                self.nodes[k].wait = Wait::Reply;
-                let outs = self.nodes[k].eng.on_command(Command::Release {
-                    lock: l,
-                    race: None,
-                });
+                let race = self.begin_sync(k, op);
+                let outs = self.nodes[k]
+                    .eng
+                    .on_command(Command::Release { lock: l, race });
                 self.outputs(k, outs);
             }
-            Op::Barrier => {
-                self.nodes[k].script.pop_front();
-                self.nodes[k].wait = Wait::Reply;
+            Op::Barrier | Op::Finish => {
+                let finishing = matches!(op, Op::Finish);
+                let race = self.begin_sync(k, op);
+                let bitmaps = self.shipped(k);
                 let outs = self.nodes[k].eng.on_command(Command::Barrier {
-                    finishing: false,
-                    race: None,
-                    bitmaps: Vec::new(),
+                    finishing,
+                    race,
+                    bitmaps,
                 });
                 self.outputs(k, outs);
             }
@@ -184,6 +722,7 @@ impl Sim {
                         "node {k} read var {v} = {got}, model says {}",
                         self.model[v]
                     );
+                    self.record_var(k, addr, false);
                     self.nodes[k].script.pop_front();
                 }
             }
@@ -195,9 +734,83 @@ impl Sim {
                     if self.access(k, addr, true) {
                         self.store(k, addr, got + 1);
                         self.model[v] = got + 1;
+                        self.record_var(k, addr, false);
+                        self.record_var(k, addr, true);
                         self.nodes[k].script.pop_front();
                     }
                 }
+            }
+            Op::Touch {
+                alloc,
+                start,
+                step,
+                count,
+                write,
+                rec,
+            } => {
+                let (base, size) = (self.allocs[alloc].base(), self.allocs[alloc].elem);
+                let elems = (0..count).map(|j| start + j * step);
+                if rec == Rec::Span {
+                    // Bulk copies first fetch the missing pages of their span in one
+                    // request per home (`View::prefetch_checked`).
+                    let (p0, p1) = (
+                        (base + start * size) / PAGE_SIZE,
+                        (base + (start + count) * size - 1) / PAGE_SIZE,
+                    );
+                    if p1 > p0 && self.nodes[k].mirror.any_missing(p0, p1, write) {
+                        let node = &mut self.nodes[k];
+                        node.wait = Wait::Reply;
+                        node.pending = Some(op.clone());
+                        let pages = PageRuns::from_runs([(p0 as PageNo, (p1 - p0 + 1) as u32)]);
+                        let outs = node.eng.on_command(Command::Prefetch { pages, write });
+                        self.outputs(k, outs);
+                        return;
+                    }
+                }
+                // The app thread faults page by page; the access happens once every page
+                // of every element allows it (a home page may lose write access to a
+                // serve in the meantime, so each retry checks them all again).
+                for e in elems.clone() {
+                    let (first, last) = (base + e * size, base + (e + 1) * size - 1);
+                    for page in first / PAGE_SIZE..=last / PAGE_SIZE {
+                        if !self.access_page(k, page, write) {
+                            return;
+                        }
+                    }
+                }
+                if let Some(r) = &self.nodes[k].rec {
+                    let shadow = r.alloc(alloc);
+                    let mark = |offset: usize, len: usize| {
+                        if write {
+                            shadow.write(offset, len)
+                        } else {
+                            shadow.read(offset, len)
+                        }
+                    };
+                    match rec {
+                        Rec::Each => elems.clone().for_each(|e| mark(e * size, size)),
+                        Rec::Span => {
+                            assert!(step == 1 || count == 1);
+                            mark(start * size, count * size)
+                        }
+                        Rec::Strided => {
+                            shadow.strided(write, start * size, size, step * size, count)
+                        }
+                    }
+                }
+                self.counter = self.counter.wrapping_add(1).max(1);
+                let value = self.counter;
+                for e in elems {
+                    let at = base + e * size..base + (e + 1) * size;
+                    let data = &mut self.nodes[k].eng.memory_mut().data[at];
+                    if write {
+                        data.fill(value);
+                    } else {
+                        std::hint::black_box(&*data);
+                    }
+                    self.log(k, alloc, e, write);
+                }
+                self.nodes[k].script.pop_front();
             }
         }
     }
@@ -217,7 +830,8 @@ impl Sim {
             );
             let runnable: Vec<usize> = (0..self.n)
                 .filter(|&k| {
-                    self.nodes[k].wait == Wait::Running && !self.nodes[k].script.is_empty()
+                    let node = &self.nodes[k];
+                    !node.inbox.is_empty() || node.wait == Wait::Running && !node.script.is_empty()
                 })
                 .collect();
             let links: Vec<usize> = (0..self.links.len())
@@ -250,56 +864,222 @@ impl Sim {
             }
         }
     }
+
+    /// The scripts as text, for failure messages (call before running them).
+    fn program(&self) -> String {
+        let mut s = String::new();
+        for (k, node) in self.nodes.iter().enumerate() {
+            let ops: Vec<String> = node.script.iter().map(Op::to_string).collect();
+            s.push_str(&format!("  node {k}: {}\n", ops.join(", ")));
+        }
+        s
+    }
+
+    /// Race mode: the detector's races against the oracle's, at the detector's
+    /// granularity (element, interval pair, which side wrote, what began each interval).
+    fn check_races(&self, program: &str) -> OracleCounts {
+        let (ends, counts) = self.oracle.races(&self.allocs);
+        let expected: BTreeSet<RaceKey> = ends.keys().cloned().collect();
+        let reported: BTreeSet<RaceKey> = self.races.iter().map(race_key).collect();
+        assert_eq!(
+            reported.len(),
+            self.races.len(),
+            "the detector reported a race twice: {:?}",
+            self.races
+        );
+        if reported != expected {
+            let missed: Vec<_> = expected.difference(&reported).collect();
+            let extra: Vec<_> = reported.difference(&expected).collect();
+            panic!(
+                "detector and happens-before oracle disagree\nmissed by the detector: {missed:#?}\nreported but not races: {extra:#?}\nprogram:\n{program}"
+            );
+        }
+        // First races (paper, section 6.4), epoch by epoch. A race affects another if an
+        // end of it precedes an end of the other (program order on one node,
+        // happens-before across nodes); a race is first if every race that reaches it
+        // through "affects" is reached back from it, so nothing outside its cycle (if it
+        // is in one) affects it.
+        let clocks = &self.oracle.clocks;
+        let precedes = |o: &End, m: &End| {
+            if o.node == m.node {
+                o.interval < m.interval
+            } else {
+                leq(&clocks[o.clock], &clocks[m.clock])
+            }
+        };
+        for (&epoch, first) in &self.first_races {
+            let of_epoch: Vec<(&RaceKey, &[End; 2])> =
+                ends.iter().filter(|(k, _)| k.0 == epoch).collect();
+            let m = of_epoch.len();
+            let affects: Vec<Vec<bool>> = (0..m)
+                .map(|x| {
+                    (0..m)
+                        .map(|y| {
+                            of_epoch[x]
+                                .1
+                                .iter()
+                                .any(|o| of_epoch[y].1.iter().any(|e| precedes(o, e)))
+                        })
+                        .collect()
+                })
+                .collect();
+            // reach[x][y]: y is reachable from x (or is x).
+            let reach: Vec<Vec<bool>> = (0..m)
+                .map(|x| {
+                    let mut seen = vec![false; m];
+                    seen[x] = true;
+                    let mut todo = vec![x];
+                    while let Some(a) = todo.pop() {
+                        for b in 0..m {
+                            if affects[a][b] && !seen[b] {
+                                seen[b] = true;
+                                todo.push(b);
+                            }
+                        }
+                    }
+                    seen
+                })
+                .collect();
+            let expected: BTreeSet<RaceKey> = (0..m)
+                .filter(|&y| (0..m).all(|x| !reach[x][y] || reach[y][x]))
+                .map(|y| of_epoch[y].0.clone())
+                .collect();
+            assert!(
+                m == 0 || !expected.is_empty(),
+                "an epoch with races has a first one"
+            );
+            let got: BTreeSet<RaceKey> = first.iter().map(race_key).collect();
+            assert_eq!(
+                got, expected,
+                "first races of epoch {epoch} differ from the oracle's\nprogram:\n{program}"
+            );
+        }
+        counts
+    }
 }
 
-/// Builds engines with one allocation of `pages` pages whose homes are given.
+/// One allocation of a simulation: element size and the home of each page.
+struct AllocSpec {
+    elem: usize,
+    homes: Vec<usize>,
+}
+
+/// Builds engines with one u64 allocation of `pages` pages whose homes are given.
 fn sim(n: usize, homes: &[usize], vars: usize, seed: u64) -> Sim {
-    let pages = homes.len();
+    sim_with(
+        n,
+        &[AllocSpec {
+            elem: 8,
+            homes: homes.to_vec(),
+        }],
+        vars,
+        seed,
+        false,
+    )
+}
+
+/// Builds engines (with race detection if `race`) and makes the allocations, the first of
+/// which holds the `vars` u64 variables of `Check`/`Incr`.
+fn sim_with(n: usize, specs: &[AllocSpec], vars: usize, seed: u64, race: bool) -> Sim {
+    let pages: usize = specs.iter().map(|s| s.homes.len()).sum();
+    let mut oracle = Oracle::default();
     let mut nodes = Vec::new();
     for k in 0..n {
         let mem = FakeMem {
             data: vec![0; pages * PAGE_SIZE],
             prot: vec![Prot::None; pages],
         };
+        let mut eng = Engine::new(k as NodeId, n, pages, mem, race);
+        let mirror = Arc::new(StateMirror::new(pages));
+        eng.share_states(mirror.clone());
+        let mut clock = vec![0; n];
+        clock[k] = 1;
         nodes.push(Node {
-            eng: Engine::new(k as NodeId, n, pages, mem, false),
+            eng,
             script: VecDeque::new(),
             wait: Wait::Running,
+            pending: None,
+            rec: race.then(Recorder::new),
+            mirror,
+            inbox: VecDeque::new(),
+            clock: oracle.clock(clock),
+            interval: 1,
+            epoch: 1,
+            began: SyncCause::Start,
         });
     }
+    let mut allocs = Vec::new();
+    let mut vars_table = VarTable::new();
+    let mut first = 0;
+    for (i, spec) in specs.iter().enumerate() {
+        let bytes = spec.homes.len() * PAGE_SIZE;
+        let a = AllocInfo {
+            first_page: first,
+            elem: spec.elem,
+            len: bytes / spec.elem,
+            homes: spec
+                .homes
+                .iter()
+                .enumerate()
+                .map(|(p, &h)| ((first + p) as PageNo, 1, h as NodeId))
+                .collect(),
+        };
+        vars_table.push(VarInfo {
+            name: AllocInfo::name(i),
+            first_page: first as PageNo,
+            pages: spec.homes.len() as u32,
+            base_addr: a.base(),
+            elem_size: a.elem,
+            len: a.len,
+            cols: None,
+            granule_shift: dsm_race::granule_shift(a.elem),
+        });
+        first += spec.homes.len();
+        allocs.push(a);
+    }
+    assert_eq!(allocs[0].elem, 8, "variables live in a u64 allocation");
     let mut s = Sim {
         nodes,
         links: (0..n * n).map(|_| VecDeque::new()).collect(),
         n,
+        race,
+        allocs,
+        vars_table,
         model: vec![0; vars],
         var_addr: Vec::new(),
         rng: seed | 1,
         steps: 0,
         delivered: Vec::new(),
+        oracle,
+        analysis: None,
+        races: Vec::new(),
+        races_per_epoch: BTreeMap::new(),
+        first_races: BTreeMap::new(),
+        counter: 0,
     };
     // Variables spread over the pages, several per page (false sharing across locks).
-    let slots = pages * PAGE_SIZE / 8;
+    let slots = specs[0].homes.len() * PAGE_SIZE / 8;
     s.var_addr = (0..vars).map(|v| ((v * 7919) % slots) * 8).collect();
     s.var_addr.sort_unstable();
     s.var_addr.dedup();
     assert_eq!(s.var_addr.len(), vars);
-    // Collective allocation: every node registers, which is also a barrier.
-    let runs: Vec<(PageNo, u32, NodeId)> = homes
-        .iter()
-        .enumerate()
-        .map(|(p, &h)| (p as PageNo, 1, h as NodeId))
-        .collect();
-    for k in 0..n {
-        s.nodes[k].wait = Wait::Reply;
-        let outs = s.nodes[k].eng.on_command(Command::Alloc {
-            homes: runs.clone(),
-            digest: 42,
-            race: None,
-        });
-        s.outputs(k, outs);
+    // Collective allocations: every node registers, which is also a barrier.
+    for i in 0..specs.len() {
+        for node in &mut s.nodes {
+            node.script.push_back(Op::Alloc(i));
+        }
     }
     s.run();
     s
+}
+
+/// Proptest cases: `default`, or `PROPTEST_CASES` from the environment for longer soaks
+/// (an explicit `cases` in a config would otherwise ignore it).
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn lock_of(v: usize, locks: usize) -> u64 {
@@ -345,7 +1125,7 @@ fn random_program(s: &mut Sim, vars: usize, locks: usize, phases: usize, section
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(256), .. ProptestConfig::default() })]
 
     #[test]
     fn random_drf_programs_are_sequentially_consistent(
@@ -355,12 +1135,21 @@ proptest! {
         seed in any::<u64>(),
         locks in 1usize..4,
         vars_per_lock in 1usize..4,
+        race in any::<bool>(),
     ) {
         let homes: Vec<usize> = (0..pages).map(|p| ((home_seed >> (p * 3)) as usize) % n).collect();
         let vars = locks * vars_per_lock;
-        let mut s = sim(n, &homes, vars, seed);
+        let spec = AllocSpec { elem: 8, homes };
+        let mut s = sim_with(n, &[spec], vars, seed, race);
         random_program(&mut s, vars, locks, 3, 4);
+        let program = s.program();
         s.run();
+        if race {
+            // Data-race free: the oracle finds nothing and neither may the detector.
+            let counts = s.check_races(&program);
+            prop_assert_eq!(counts.concurrent, 0);
+            prop_assert!(s.races.is_empty());
+        }
     }
 }
 
@@ -477,4 +1266,453 @@ fn grant_carries_the_knowledge_of_the_release_not_later_intervals() {
         intervals.iter().all(|r| r.node != 0 || r.index <= 3),
         "{intervals:?}"
     );
+}
+
+// ------------------------------------------------------------------ race detection
+
+/// Who may access a block of elements in a program that keeps the discipline.
+enum Class {
+    /// Only under this lock.
+    Guarded(u64),
+    /// Only by this node (with or without locks).
+    Owned(usize),
+    /// Read by anyone, written by no one.
+    ReadOnly,
+}
+
+/// Random programs with races: critical sections (some nested), unlocked accesses,
+/// barriers. Elements come in blocks, each with a [`Class`]; every access keeps to its
+/// elements' classes except, with probability `violate`/8, when it breaks them (unlocked,
+/// under the wrong lock, by another node, or writing read-only data). With `violate == 0`
+/// the program is race free by construction.
+struct RaceGen {
+    locks: usize,
+    phases: usize,
+    ops: usize,
+    violate: usize,
+    /// Elements per class block.
+    block: usize,
+    salt: u64,
+    /// Elements accesses cluster around, so that nodes meet: (allocation, element).
+    hot: Vec<(usize, usize)>,
+}
+
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d049bb133111eb);
+    x ^ (x >> 31)
+}
+
+impl RaceGen {
+    fn new(s: &mut Sim, locks: usize, phases: usize, ops: usize, violate: usize) -> Self {
+        let block = [1, 4, 32, 512][s.rand(4)];
+        let salt = mix(s.rng);
+        let mut hot = Vec::new();
+        for _ in 0..4 + s.rand(8) {
+            let alloc = s.rand(s.allocs.len());
+            let len = s.allocs[alloc].len;
+            let elem = match s.rand(4) {
+                // Near a page boundary: elements there may straddle it.
+                0 => {
+                    let per_page = PAGE_SIZE / s.allocs[alloc].elem;
+                    let page = s.rand(len / per_page + 1);
+                    (page * per_page + per_page - s.rand(3)).min(len - 1)
+                }
+                _ => s.rand(len),
+            };
+            hot.push((alloc, elem));
+            // A neighbour: same page, different element (false sharing).
+            if s.rand(2) == 0 && elem + 1 < len {
+                hot.push((alloc, elem + 1));
+            }
+        }
+        RaceGen {
+            locks,
+            phases,
+            ops,
+            violate,
+            block,
+            salt,
+            hot,
+        }
+    }
+
+    fn class(&self, n: usize, alloc: usize, elem: usize) -> Class {
+        let h = mix(self.salt ^ ((alloc as u64) << 40) ^ (elem / self.block) as u64);
+        let c = (h % (self.locks + n + 1) as u64) as usize;
+        if c < self.locks {
+            Class::Guarded(c as u64)
+        } else if c < self.locks + n {
+            Class::Owned(c - self.locks)
+        } else {
+            Class::ReadOnly
+        }
+    }
+
+    fn allowed(&self, n: usize, k: usize, held: &[u64], op: &Op) -> bool {
+        let Op::Touch {
+            alloc,
+            start,
+            step,
+            count,
+            write,
+            ..
+        } = *op
+        else {
+            unreachable!()
+        };
+        (0..count).all(|j| match self.class(n, alloc, start + j * step) {
+            Class::Guarded(l) => held.contains(&l),
+            Class::Owned(o) => o == k,
+            Class::ReadOnly => !write,
+        })
+    }
+
+    /// A random access by node k holding `held`, keeping the discipline unless it rolls a
+    /// violation; `None` if no try kept it.
+    fn touch(&self, s: &mut Sim, k: usize, held: &[u64]) -> Option<Op> {
+        let violate = s.rand(8) < self.violate;
+        for _ in 0..8 {
+            let (alloc, centre) = self.hot[s.rand(self.hot.len())];
+            let len = s.allocs[alloc].len;
+            let (start, step, count) = match s.rand(10) {
+                0..=5 => (centre, 1, 1),
+                6..=8 => (
+                    centre.saturating_sub(s.rand(4)),
+                    1 + s.rand(3),
+                    1 + s.rand(8),
+                ),
+                _ => (s.rand(len), 1 + s.rand(5), 1 + s.rand(600)),
+            };
+            let count = count.min((len - 1 - start) / step + 1);
+            let rec = match s.rand(3) {
+                0 => Rec::Each,
+                1 if step == 1 || count == 1 => Rec::Span,
+                _ => Rec::Strided,
+            };
+            let op = Op::Touch {
+                alloc,
+                start,
+                step,
+                count,
+                write: s.rand(2) == 0,
+                rec,
+            };
+            if violate || self.allowed(s.n, k, held, &op) {
+                return Some(op);
+            }
+        }
+        None
+    }
+
+    fn generate(&self, s: &mut Sim) {
+        for phase in 0..self.phases {
+            for k in 0..s.n {
+                let mut script = Vec::new();
+                for _ in 0..s.rand(self.ops + 1) {
+                    if s.rand(3) == 0 {
+                        for _ in 0..1 + s.rand(2) {
+                            script.extend(self.touch(s, k, &[]));
+                        }
+                        continue;
+                    }
+                    let l = s.rand(self.locks) as u64;
+                    script.push(Op::Acquire(l));
+                    for _ in 0..1 + s.rand(3) {
+                        script.extend(self.touch(s, k, &[l]));
+                    }
+                    // Nested sections take locks in increasing order (no deadlock).
+                    if (l as usize) + 1 < self.locks && s.rand(4) == 0 {
+                        let inner = l + 1 + s.rand(self.locks - l as usize - 1) as u64;
+                        script.push(Op::Acquire(inner));
+                        for _ in 0..1 + s.rand(2) {
+                            script.extend(self.touch(s, k, &[l, inner]));
+                        }
+                        script.push(Op::Release(inner));
+                        script.extend(self.touch(s, k, &[l]));
+                    }
+                    script.push(Op::Release(l));
+                }
+                script.push(if phase + 1 == self.phases {
+                    Op::Finish
+                } else {
+                    Op::Barrier
+                });
+                s.nodes[k].script.extend(script);
+            }
+        }
+    }
+}
+
+/// Element sizes of the second allocation: byte granules, sizes that are not powers of
+/// two (elements straddle pages), elements of several granules.
+const ELEM_SIZES: [usize; 7] = [1, 2, 3, 4, 8, 12, 16];
+
+/// Runs one random program with race detection and checks the detector against the
+/// oracle. Returns the oracle's counts and the races reported.
+#[allow(clippy::too_many_arguments)]
+fn race_case(
+    n: usize,
+    pages: (usize, usize),
+    elem: usize,
+    home_seed: u64,
+    seed: u64,
+    locks: usize,
+    phases: usize,
+    violate: usize,
+) -> (OracleCounts, Vec<Race>) {
+    let homes = |count: usize, shift: usize| -> Vec<usize> {
+        (0..count)
+            .map(|p| (mix(home_seed ^ (shift + p) as u64) as usize) % n)
+            .collect()
+    };
+    let specs = [
+        AllocSpec {
+            elem: 8,
+            homes: homes(pages.0, 0),
+        },
+        AllocSpec {
+            elem,
+            homes: homes(pages.1, 16),
+        },
+    ];
+    let mut s = sim_with(n, &specs, 1, seed, true);
+    let gen = RaceGen::new(&mut s, locks, phases, 8, violate);
+    gen.generate(&mut s);
+    let program = s.program();
+    s.run();
+    let counts = s.check_races(&program);
+    if violate == 0 {
+        assert_eq!(
+            counts.concurrent, 0,
+            "a disciplined program raced:\n{program}"
+        );
+    }
+    (counts, s.races)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(1024), .. ProptestConfig::default() })]
+
+    #[test]
+    fn race_reports_match_a_happens_before_oracle(
+        n in 2usize..6,
+        pages0 in 1usize..4,
+        pages1 in 1usize..3,
+        elem in prop::sample::select(ELEM_SIZES.to_vec()),
+        home_seed in any::<u64>(),
+        seed in any::<u64>(),
+        locks in 1usize..4,
+        phases in 1usize..5,
+        violate in prop::sample::select(vec![0usize, 1, 2, 4, 8]),
+    ) {
+        race_case(n, (pages0, pages1), elem, home_seed, seed, locks, phases, violate);
+    }
+}
+
+/// The random race programs are not vacuous: across fixed seeds, some report races and
+/// some do not, races of both kinds occur, and many conflicting pairs within an epoch are
+/// ordered only by lock chains (so the detector's happens-before is really exercised).
+#[test]
+fn race_programs_cover_races_and_ordered_conflicts() {
+    let (mut racy, mut clean) = (0, 0);
+    let mut total = OracleCounts::default();
+    let mut kinds = BTreeSet::new();
+    for i in 0..60u64 {
+        let n = 2 + (i % 4) as usize;
+        let violate = [0, 1, 2, 4, 8][(i % 5) as usize];
+        let elem = ELEM_SIZES[(i % 7) as usize];
+        let (c, races) = race_case(n, (2, 2), elem, i * 77, i * 1013 + 5, 2, 3, violate);
+        if races.is_empty() {
+            clean += 1;
+        } else {
+            racy += 1;
+        }
+        kinds.extend(races.iter().map(|r| r.kind));
+        total.ordered += c.ordered;
+        total.across_barriers += c.across_barriers;
+        total.concurrent += c.concurrent;
+    }
+    assert!(racy >= 20 && clean >= 12, "racy {racy}, clean {clean}");
+    assert_eq!(kinds.len(), 2, "{kinds:?}");
+    assert!(
+        total.ordered >= 500 && total.across_barriers >= 500 && total.concurrent >= 300,
+        "{total:?}"
+    );
+}
+
+/// Small, hand-written cases with known answers (the oracle is tested too).
+#[test]
+fn race_detection_known_cases() {
+    let run = |scripts: Vec<Vec<Op>>, seed: u64| -> Vec<Race> {
+        let specs = [AllocSpec {
+            elem: 8,
+            homes: vec![0, 1],
+        }];
+        let mut s = sim_with(scripts.len(), &specs, 1, seed, true);
+        for (k, script) in scripts.into_iter().enumerate() {
+            s.nodes[k].script.extend(script);
+        }
+        let program = s.program();
+        s.run();
+        s.check_races(&program);
+        s.races
+    };
+    let touch = |elem: usize, write: bool| Op::Touch {
+        alloc: 0,
+        start: elem,
+        step: 1,
+        count: 1,
+        write,
+        rec: Rec::Each,
+    };
+    for seed in 0..20 {
+        // Unlocked writes of one element: one write-write race, in the epoch after the
+        // allocation (epoch 2), between each node's first interval after it.
+        let races = run(
+            vec![
+                vec![touch(3, true), Op::Barrier],
+                vec![touch(3, true), Op::Barrier],
+            ],
+            seed,
+        );
+        assert_eq!(races.len(), 1, "{races:?}");
+        let r = &races[0];
+        assert_eq!((r.epoch, r.index, r.kind), (2, 3, RaceKind::WriteWrite));
+        assert_eq!(r.first.began_with, SyncCause::Barrier(1));
+        // Neighbouring elements: false sharing, no race.
+        let races = run(
+            vec![
+                vec![touch(3, true), Op::Barrier],
+                vec![touch(4, true), Op::Barrier],
+            ],
+            seed,
+        );
+        assert!(races.is_empty(), "{races:?}");
+        // Writes on either side of a barrier are ordered.
+        let races = run(
+            vec![
+                vec![touch(600, true), Op::Barrier, Op::Barrier],
+                vec![Op::Barrier, touch(600, false), Op::Barrier],
+            ],
+            seed,
+        );
+        assert!(races.is_empty(), "{races:?}");
+        // A read under lock 1 and a write under lock 2 race; under the same lock they
+        // do not.
+        for (l0, l1, expect) in [(1, 2, 1), (1, 1, 0)] {
+            let races = run(
+                vec![
+                    vec![
+                        Op::Acquire(l0),
+                        touch(5, true),
+                        Op::Release(l0),
+                        Op::Barrier,
+                    ],
+                    vec![
+                        Op::Acquire(l1),
+                        touch(5, false),
+                        Op::Release(l1),
+                        Op::Barrier,
+                    ],
+                ],
+                seed,
+            );
+            assert_eq!(races.len(), expect, "locks {l0}/{l1}: {races:?}");
+        }
+    }
+}
+
+#[test]
+fn unlocked_accesses_ordered_through_a_lock_chain_are_not_races() {
+    // Node 0 writes x without a lock, then passes lock 1 to node 1, which passes lock 2
+    // to node 2, which reads x without a lock: ordered by the chain, no race. Running each
+    // node's part to quiescence before the next one starts forces the grant order.
+    let touch = |write: bool| Op::Touch {
+        alloc: 0,
+        start: 9,
+        step: 1,
+        count: 1,
+        write,
+        rec: Rec::Each,
+    };
+    for seed in 0..20 {
+        let specs = [AllocSpec {
+            elem: 8,
+            homes: vec![2],
+        }];
+        let mut s = sim_with(3, &specs, 1, seed, true);
+        s.nodes[0]
+            .script
+            .extend([touch(true), Op::Acquire(1), Op::Release(1)]);
+        s.run();
+        s.nodes[1].script.extend([
+            Op::Acquire(1),
+            Op::Release(1),
+            Op::Acquire(2),
+            Op::Release(2),
+        ]);
+        s.run();
+        s.nodes[2]
+            .script
+            .extend([Op::Acquire(2), Op::Release(2), touch(false)]);
+        s.run();
+        // Node 1 writes x after the chain passed it on: that races with node 2's read.
+        s.nodes[1].script.push_back(touch(true));
+        s.run();
+        for k in 0..3 {
+            s.nodes[k].script.push_back(Op::Barrier);
+        }
+        let program = s.program();
+        s.run();
+        let counts = s.check_races(&program);
+        assert_eq!(s.races.len(), 1, "{:?}", s.races);
+        assert_eq!(counts.ordered, 2);
+        let r = &s.races[0];
+        assert_eq!((r.first.node, r.second.node), (1, 2));
+        assert_eq!(r.first.began_with, SyncCause::Release(2));
+        assert_eq!(r.second.began_with, SyncCause::Release(2));
+    }
+}
+
+#[test]
+fn crossing_races_leave_a_first_race() {
+    // Node 0 writes x, then (another interval) y; node 1 writes y, then x. The race on x
+    // affects the one on y through node 0's program order and the race on y affects the
+    // one on x through node 1's: neither is preceded by a race outside the pair, so
+    // `--race-first` must report both rather than neither.
+    let touch = |elem: usize| Op::Touch {
+        alloc: 0,
+        start: elem,
+        step: 1,
+        count: 1,
+        write: true,
+        rec: Rec::Each,
+    };
+    for seed in 0..20 {
+        let specs = [AllocSpec {
+            elem: 8,
+            homes: vec![0],
+        }];
+        let mut s = sim_with(2, &specs, 1, seed, true);
+        s.nodes[0].script.extend([
+            touch(0),
+            Op::Acquire(1),
+            Op::Release(1),
+            touch(1),
+            Op::Barrier,
+        ]);
+        s.nodes[1].script.extend([
+            touch(1),
+            Op::Acquire(2),
+            Op::Release(2),
+            touch(0),
+            Op::Barrier,
+        ]);
+        let program = s.program();
+        s.run();
+        s.check_races(&program);
+        assert_eq!(s.races.len(), 2, "{:?}", s.races);
+        assert_eq!(s.first_races[&2].len(), 2, "{:?}", s.first_races);
+    }
 }

@@ -408,24 +408,29 @@ fn describe(
     }
 }
 
-/// Keeps only first races (paper, section 6.4): races whose interval pair is not preceded,
-/// in happens-before-1 order, by an interval of another race. A race in an earlier epoch
+/// Keeps only first races (paper, section 6.4): races not affected by another race, where
+/// a race affects another when one of its intervals precedes one of the other's in
+/// happens-before-1. Races can affect each other in a cycle: node p's race on x precedes
+/// its race on y in program order while node q's race on y precedes its race on x. Such a
+/// group is kept whole when nothing outside it affects it (the races of every source
+/// strongly connected component of the affects graph); dropping every race that anything
+/// affects would leave nothing of an epoch that has races. A race in an earlier epoch
 /// precedes every race of later epochs, so callers apply this to the first epoch with
 /// races and drop the rest.
 pub fn first_races(races: Vec<Race>, intervals: &[IntervalRecord]) -> Vec<Race> {
-    let find = |a: &Access| {
-        intervals
-            .iter()
-            .find(|r| r.node == a.node && r.index == a.interval)
+    type Pair = ((NodeId, u32), (NodeId, u32));
+    let pair_of = |r: &Race| {
+        (
+            (r.first.node, r.first.interval),
+            (r.second.node, r.second.interval),
+        )
     };
-    let pairs: BTreeSet<((NodeId, u32), (NodeId, u32))> = races
+    // Races of one interval pair affect and are affected alike: work on the pairs.
+    let pairs: Vec<Pair> = races
         .iter()
-        .map(|r| {
-            (
-                (r.first.node, r.first.interval),
-                (r.second.node, r.second.interval),
-            )
-        })
+        .map(pair_of)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
         .collect();
     let ends: Vec<[Option<&IntervalRecord>; 2]> = pairs
         .iter()
@@ -436,19 +441,86 @@ pub fn first_races(races: Vec<Race>, intervals: &[IntervalRecord]) -> Vec<Race> 
             ]
         })
         .collect();
+    let affects = |x: usize, y: usize| {
+        ends[x].iter().flatten().any(|o| {
+            ends[y]
+                .iter()
+                .flatten()
+                .any(|m| o.precedes(m) && !(o.node == m.node && o.index == m.index))
+        })
+    };
+    // The graph can be dense (program order relates most pairs of a node's intervals):
+    // its edges are recomputed when needed rather than stored.
+    let n = pairs.len();
+    let component = strong_components(n, affects);
+    let mut affected = vec![false; n];
+    for x in 0..n {
+        for y in 0..n {
+            if component[x] != component[y] && affects(x, y) {
+                affected[component[y]] = true;
+            }
+        }
+    }
+    let first: BTreeSet<Pair> = pairs
+        .iter()
+        .enumerate()
+        .filter(|&(x, _)| !affected[component[x]])
+        .map(|(_, &p)| p)
+        .collect();
     races
         .into_iter()
-        .filter(|race| {
-            let mine = [find(&race.first), find(&race.second)];
-            !ends.iter().any(|other| {
-                other.iter().flatten().any(|o| {
-                    mine.iter()
-                        .flatten()
-                        .any(|m| o.precedes(m) && !(o.node == m.node && o.index == m.index))
-                })
-            })
-        })
+        .filter(|r| first.contains(&pair_of(r)))
         .collect()
+}
+
+/// Strongly connected components of the directed graph on vertices `0..n` with an edge
+/// `x -> y` where `edge(x, y)` (Kosaraju, without recursion): the component number of each
+/// vertex. Edges are asked for, never stored: O(n^2) calls, O(n) memory.
+fn strong_components(n: usize, edge: impl Fn(usize, usize) -> bool) -> Vec<usize> {
+    // Vertices in the order a depth-first search finishes them.
+    let mut finished = Vec::with_capacity(n);
+    let mut seen = vec![false; n];
+    for root in 0..n {
+        if seen[root] {
+            continue;
+        }
+        seen[root] = true;
+        let mut stack = vec![(root, 0)];
+        while let Some(top) = stack.last_mut() {
+            let x = top.0;
+            match (top.1..n).find(|&y| !seen[y] && edge(x, y)) {
+                Some(y) => {
+                    top.1 = y + 1;
+                    seen[y] = true;
+                    stack.push((y, 0));
+                }
+                None => {
+                    finished.push(x);
+                    stack.pop();
+                }
+            }
+        }
+    }
+    // Each search of the reversed graph, latest finisher first, collects one component.
+    let mut component = vec![usize::MAX; n];
+    let mut count = 0;
+    for &root in finished.iter().rev() {
+        if component[root] != usize::MAX {
+            continue;
+        }
+        component[root] = count;
+        let mut stack = vec![root];
+        while let Some(x) = stack.pop() {
+            for (y, c) in component.iter_mut().enumerate() {
+                if *c == usize::MAX && edge(y, x) {
+                    *c = count;
+                    stack.push(y);
+                }
+            }
+        }
+        count += 1;
+    }
+    component
 }
 
 #[cfg(test)]
@@ -716,5 +788,59 @@ mod tests {
         let first = first_races(races, &all);
         assert_eq!(first.len(), 1);
         assert_eq!(first[0].index, 0);
+    }
+
+    #[test]
+    fn crossing_races_are_both_first() {
+        // Node 0 writes x in interval 1 and y in interval 2; node 1 writes y in interval 1
+        // and x in interval 2, all concurrent. Each race affects the other through one
+        // node's program order; nothing else affects them, so both are first races.
+        let i01 = iv(0, 1, vec![1, 0], &[], &[0]);
+        let i02 = iv(0, 2, vec![2, 0], &[], &[0]);
+        let i11 = iv(1, 1, vec![0, 1], &[], &[0]);
+        let i12 = iv(1, 2, vec![0, 2], &[], &[0]);
+        // A later race that the crossing pair affects: node 0 interval 3 against node 1
+        // interval 3.
+        let i03 = iv(0, 3, vec![3, 0], &[], &[1]);
+        let i13 = iv(1, 3, vec![0, 3], &[], &[1]);
+        let all = vec![i01, i02, i11, i12, i03, i13];
+        let mk = |i0, i1, idx| Race {
+            epoch: 1,
+            variable: "v".into(),
+            index: idx,
+            row_col: None,
+            addr: 0,
+            bytes: (0, 8),
+            kind: RaceKind::WriteWrite,
+            first: Access {
+                node: 0,
+                interval: i0,
+                write: true,
+                began_with: SyncCause::Start,
+            },
+            second: Access {
+                node: 1,
+                interval: i1,
+                write: true,
+                began_with: SyncCause::Start,
+            },
+        };
+        let x = mk(1, 2, 0);
+        let y = mk(2, 1, 1);
+        let later = mk(3, 3, 600);
+        let first = first_races(vec![x.clone(), y.clone(), later], &all);
+        assert_eq!(first, vec![x, y]);
+    }
+
+    #[test]
+    fn strong_components_of_a_small_graph() {
+        // 0 <-> 1 -> 2 <-> 3, 4 alone.
+        let edges = [(0, 1), (1, 0), (1, 2), (2, 3), (3, 2)];
+        let c = strong_components(5, |x, y| edges.contains(&(x, y)));
+        assert_eq!(c[0], c[1]);
+        assert_eq!(c[2], c[3]);
+        assert_ne!(c[0], c[2]);
+        assert_ne!(c[4], c[0]);
+        assert_ne!(c[4], c[2]);
     }
 }
