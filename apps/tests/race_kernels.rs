@@ -37,6 +37,7 @@ fn check(name: &str, n: usize, expect: &Expect) {
     let mut found: BTreeMap<String, BTreeSet<usize>> = BTreeMap::new();
     for line in std::fs::read_to_string(&log).unwrap_or_default().lines() {
         let v: Value = serde_json::from_str(line).unwrap();
+        assert_matches_documented_fields(&v, &ctx);
         found
             .entry(v["variable"].as_str().unwrap().to_string())
             .or_default()
@@ -60,6 +61,62 @@ fn check(name: &str, n: usize, expect: &Expect) {
             }
             assert!(stderr.contains("DATA RACE"), "{ctx}");
         }
+    }
+}
+
+/// The race log's fields as the README's table documents them: `(name, type)` where the
+/// type column is as written there.
+fn documented_log_fields() -> Vec<(String, String)> {
+    let readme = include_str!("../../README.md");
+    let section = readme
+        .split("### The race log")
+        .nth(1)
+        .expect("README has a race log section");
+    let mut fields = Vec::new();
+    for row in section.lines().skip_while(|l| !l.starts_with('|')) {
+        if !row.starts_with('|') {
+            break;
+        }
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        if cells.len() < 4 || !cells[1].starts_with('`') {
+            continue;
+        }
+        for name in cells[1].split(',') {
+            fields.push((name.trim().trim_matches('`').to_string(), cells[2].to_string()));
+        }
+    }
+    assert!(fields.len() >= 10, "README race log table not found: {fields:?}");
+    fields
+}
+
+/// Every key of a log line is documented, every documented field is present, and each
+/// value has the documented type.
+fn assert_matches_documented_fields(v: &Value, ctx: &str) {
+    let obj = v.as_object().expect("log lines are objects");
+    let fields = documented_log_fields();
+    let documented: BTreeSet<&str> = fields.iter().map(|(n, _)| n.as_str()).collect();
+    let present: BTreeSet<&str> = obj.keys().map(String::as_str).collect();
+    assert_eq!(present, documented, "race log fields vs README\n{v}\n{ctx}");
+    for (name, ty) in &fields {
+        let value = &obj[name.as_str()];
+        let ok = match ty.as_str() {
+            "integer" => value.is_u64(),
+            "string" => value.is_string(),
+            "string or null" => value.is_string() || value.is_null(),
+            "integer or null" => value.is_u64() || value.is_null(),
+            "[integer, integer]" => value
+                .as_array()
+                .is_some_and(|a| a.len() == 2 && a.iter().all(Value::is_u64)),
+            "object" => value.as_object().is_some_and(|side| {
+                side.len() == 4
+                    && side["rank"].is_u64()
+                    && side["interval"].is_u64()
+                    && matches!(side["access"].as_str(), Some("read" | "write"))
+                    && side["sync"].is_string()
+            }),
+            other => panic!("README documents an unknown type {other:?} for {name}"),
+        };
+        assert!(ok, "field {name} is not {ty}: {v}\n{ctx}");
     }
 }
 

@@ -31,11 +31,15 @@ Environment of every rank (inherited DSM_* values of these names are dropped):
   DSM_COORD            127.0.0.1:PORT, a free port for rank 0's rendezvous
   DSM_JOB_SECRET       32 random hex characters, new for every job
   DSM_LAUNCHER         dsmrun
+  DSM_LOCAL_RANK       the rank's index among the ranks on this host (= rank)
+  DSM_LOCAL_SIZE       ranks on this host (= N)
   DSM_SEGMENT          segment size in bytes          (only with --segment)
   DSM_CONNECT_TIMEOUT  seconds                        (only with --connect-timeout)
   DSM_RACE=1 and DSM_RACE_EXIT_CODE=CODE              (only with race detection)
   DSM_RACE_LOG         absolute path of --race-log    (only with --race-log)
   DSM_RACE_FIRST=1, DSM_RACE_STATS=1                  (only with --race-first/--race-stats)
+DSM_SEGMENT_ADDR, DSM_PIN, DSM_STATS_FILE, DSM_RACE_PHASES and DSM_LOG are
+passed through from dsmrun's environment (see the README).
 
 Stopping: when a rank exits non-zero (other than with the race exit code) or
 dies from a signal, dsmrun reports that first failure, sends SIGTERM to every
