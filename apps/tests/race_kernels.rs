@@ -82,10 +82,16 @@ fn documented_log_fields() -> Vec<(String, String)> {
             continue;
         }
         for name in cells[1].split(',') {
-            fields.push((name.trim().trim_matches('`').to_string(), cells[2].to_string()));
+            fields.push((
+                name.trim().trim_matches('`').to_string(),
+                cells[2].to_string(),
+            ));
         }
     }
-    assert!(fields.len() >= 10, "README race log table not found: {fields:?}");
+    assert!(
+        fields.len() >= 10,
+        "README race log table not found: {fields:?}"
+    );
     fields
 }
 

@@ -98,6 +98,23 @@ fn without_dsmrun_a_program_is_a_single_node() {
 }
 
 #[test]
+fn sor_refuses_a_relaxation_factor_where_it_cannot_converge() {
+    for omega in ["NaN", "inf", "-1", "0", "2", "2.5", "x"] {
+        let out = Command::new(SOR)
+            .args(["--size", "32", "--iters", "3", &format!("--omega={omega}")])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "--omega {omega}");
+        assert!(
+            text(&out.stderr).contains("--omega"),
+            "{}",
+            text(&out.stderr)
+        );
+        assert!(!text(&out.stdout).contains("verified"), "--omega {omega}");
+    }
+}
+
+#[test]
 fn rank_exiting_with_error_stops_the_job() {
     let t = Instant::now();
     let out = dsmrun(4, TEST, &["fail", "--rank", "2", "--code", "3"]);

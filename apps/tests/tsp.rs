@@ -273,3 +273,17 @@ fn help_describes_the_options() {
         assert!(r.stdout.contains(opt), "--help lacks {opt}: {r:?}");
     }
 }
+
+#[test]
+fn non_regular_and_oversized_inputs_are_refused_without_reading_them() {
+    let r = tsp_alone(&["--tsplib", "/dev/zero"]);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    assert!(r.stderr.contains("not a regular file"), "{r:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.tsp");
+    let file = std::fs::File::create(&big).unwrap();
+    file.set_len(apps::tsp::input::MAX_INPUT_BYTES + 1).unwrap();
+    let r = tsp_alone(&["--tsplib", big.to_str().unwrap()]);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    assert!(r.stderr.contains("larger than"), "{r:?}");
+}

@@ -139,9 +139,18 @@ fn main() -> anyhow::Result<ExitCode> {
         }
         Test::Hang { seconds } => {
             println!("pid {}", std::process::id());
+            // Rank 0 alone decides when time is up and tells the others through shared
+            // memory, so every rank stops after the same barrier whatever their clocks say.
+            let stop = dsm.alloc_with::<u64>("stop", 1, Distribution::OnNode(0))?;
             let t = Instant::now();
-            while t.elapsed() < Duration::from_secs(seconds) {
+            loop {
+                if dsm.rank() == 0 && t.elapsed() >= Duration::from_secs(seconds) {
+                    dsm.view(&stop).set(0, 1);
+                }
                 dsm.barrier()?;
+                if dsm.view(&stop).get(0) == 1 {
+                    break;
+                }
                 std::thread::sleep(Duration::from_millis(20));
             }
         }

@@ -19,12 +19,26 @@ struct Args {
     /// Red-black iterations.
     #[arg(long, default_value_t = 100)]
     iters: usize,
-    /// Over-relaxation factor.
-    #[arg(long, default_value_t = sor::DEFAULT_OMEGA)]
+    /// Over-relaxation factor, strictly between 0 and 2 (where SOR converges).
+    #[arg(long, default_value_t = sor::DEFAULT_OMEGA, value_parser = parse_omega)]
     omega: f64,
     /// Skip the sequential check (for timing runs only).
     #[arg(long)]
     no_verify: bool,
+}
+
+fn parse_omega(text: &str) -> Result<f64, String> {
+    let omega: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{text}' is not a number"))?;
+    if omega > 0.0 && omega < 2.0 {
+        Ok(omega)
+    } else {
+        Err(format!(
+            "{omega} is outside (0, 2), where successive over-relaxation converges"
+        ))
+    }
 }
 
 fn main() -> anyhow::Result<ExitCode> {

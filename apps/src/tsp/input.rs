@@ -77,9 +77,40 @@ pub fn random(n: usize, seed: u64, asymmetric: bool) -> Instance {
     Instance::new(format!("random {kind}, seed {seed}"), n, dist)
 }
 
-/// Reads an instance from a file.
+/// Largest instance file read: a full distance matrix of the largest instance the branch
+/// and bound can hope to solve (a few dozen cities) is a few KB; this leaves room for
+/// comments and coordinates with many digits while refusing to swallow `/dev/zero`.
+pub const MAX_INPUT_BYTES: u64 = 4 << 20;
+
+/// Reads an instance from a file: a regular file of at most [`MAX_INPUT_BYTES`].
 pub fn load(path: &Path, format: Format) -> Result<Instance, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    use std::io::Read;
+    let meta =
+        std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(format!(
+            "{}: not a regular file (instances are read from files)",
+            path.display()
+        ));
+    }
+    let too_large = || {
+        format!(
+            "{}: larger than {} MiB; TSP instances are a few KB",
+            path.display(),
+            MAX_INPUT_BYTES >> 20
+        )
+    };
+    if meta.len() > MAX_INPUT_BYTES {
+        return Err(too_large());
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_INPUT_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    // The file may have grown since it was measured.
+    if bytes.len() as u64 > MAX_INPUT_BYTES {
+        return Err(too_large());
+    }
     let text = std::str::from_utf8(&bytes).map_err(|e| {
         let line = 1 + bytes[..e.valid_up_to()]
             .iter()
