@@ -286,8 +286,9 @@ pub struct IntervalRecord {
     pub vt: VectorTime,
     /// Write notices: pages this node modified in the interval (coherence). For pages
     /// homed elsewhere, those whose diff was non-empty (the diff went to the home when the
-    /// interval closed); for its own home pages, those it wrote. A node learning of the
-    /// interval invalidates its copies of these pages.
+    /// interval closed); for its own home pages, those it wrote after serving a copy of
+    /// them (pages nobody copied need no notice). A node learning of the interval
+    /// invalidates its copies of these pages.
     pub writes: PageRuns,
     /// Read and write notices from the access recorder, present in race mode when the
     /// interval accessed shared memory through the typed API; `None` otherwise.
