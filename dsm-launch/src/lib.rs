@@ -64,34 +64,57 @@ const DRAIN_GRACE: Duration = Duration::from_secs(1);
 /// them the default 2 MiB reservation is pointless.
 const THREAD_STACK: usize = 128 * 1024;
 
-/// Errors that stop a job from being launched at all.
+/// Errors that stop a job from being launched at all. [`LaunchError::exit_code`] maps each
+/// to `dsmrun`'s exit status. When one happens after some ranks were started, [`run`] has
+/// killed those ranks (and waited a bounded time to reap them) before returning it.
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
+    /// [`LaunchConfig::ranks`] is 0 or above [`MAX_RANKS`]; carries the number given.
     #[error("the number of ranks must be between 1 and {MAX_RANKS}, got {0}")]
     InvalidRankCount(usize),
+    /// A bare program name was found neither next to `dsmrun` nor on `PATH`.
     #[error("cannot find program '{}' ({})", name.to_string_lossy(), looked_in(exe_dir.as_deref()))]
     ProgramNotFound {
+        /// The name as given.
         name: OsString,
+        /// The directory searched before `PATH` (where `dsmrun` lives), if known.
         exe_dir: Option<PathBuf>,
     },
+    /// A program given as a path (it contains `/`) does not exist.
     #[error("cannot find program '{}': no such file", .0.display())]
     ProgramPathNotFound(PathBuf),
+    /// The program exists but cannot be run: a directory, not a regular file, or without
+    /// execute permission. For a bare name, reported only if no runnable candidate exists.
     #[error("cannot run '{}': {reason}", path.display())]
-    NotExecutable { path: PathBuf, reason: &'static str },
+    NotExecutable {
+        /// The file found.
+        path: PathBuf,
+        /// Why it cannot be run.
+        reason: &'static str,
+    },
+    /// No free port on the loopback interface for rank 0's rendezvous.
     #[error("cannot pick a free TCP port on 127.0.0.1 for the rendezvous")]
     NoFreePort(#[source] io::Error),
+    /// The signal handlers that forward Ctrl-C and friends to the ranks could not be set.
     #[error("cannot install the SIGINT/SIGTERM/SIGHUP handlers")]
     Signals(#[source] io::Error),
+    /// Starting a rank process failed (e.g. the file is not a valid executable).
     #[error("cannot start rank {rank} ('{}')", program.display())]
     Spawn {
+        /// The rank that could not be started.
         rank: usize,
+        /// The resolved program.
         program: PathBuf,
+        /// The error from starting the process.
         #[source]
         source: io::Error,
     },
+    /// A thread that waits for a rank or forwards its output could not be started.
     #[error("cannot start a supervision thread for rank {rank}")]
     Thread {
+        /// The rank the thread was for.
         rank: usize,
+        /// The error from the thread spawn.
         #[source]
         source: io::Error,
     },
@@ -132,6 +155,7 @@ pub struct LaunchConfig {
     pub program: OsString,
     /// Passed to every rank untouched.
     pub args: Vec<OsString>,
+    /// Shared segment size in bytes, passed as `DSM_SEGMENT`; `None`: the ranks' default.
     pub segment_bytes: Option<u64>,
     /// How long ranks keep trying to reach each other at startup.
     pub connect_timeout: Option<Duration>,
@@ -159,9 +183,13 @@ impl LaunchConfig {
 /// How a rank process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RankStatus {
+    /// The rank exited on its own with this status.
     Exited(i32),
+    /// A signal killed the rank.
     Signaled {
+        /// The signal number (e.g. 11 for SIGSEGV).
         signal: i32,
+        /// Whether the kernel wrote a core dump.
         core_dumped: bool,
     },
     /// The wait itself failed; we no longer know anything about the rank.
@@ -235,16 +263,36 @@ pub enum JobOutcome {
     /// Every rank exited 0.
     Success,
     /// Some ranks exited with the race exit code and no rank failed.
-    RaceReported { ranks: Vec<usize>, exit_code: u8 },
+    RaceReported {
+        /// The ranks that exited with the race exit code, in exit order.
+        ranks: Vec<usize>,
+        /// That exit code, which `dsmrun` exits with too.
+        exit_code: u8,
+    },
     /// The first rank to fail, and how; the others were stopped.
-    RankFailed { rank: usize, status: RankStatus },
+    RankFailed {
+        /// The failing rank. A rank that exited only because it lost a peer is reported
+        /// only if no other rank's failure shows up shortly after.
+        rank: usize,
+        /// How it ended.
+        status: RankStatus,
+    },
     /// `--timeout` expired.
-    TimedOut { after: Duration },
+    TimedOut {
+        /// The limit that expired.
+        after: Duration,
+    },
     /// `dsmrun` received this signal and stopped the job.
-    Interrupted { signal: i32 },
+    Interrupted {
+        /// The signal number (SIGINT, SIGTERM or SIGHUP).
+        signal: i32,
+    },
 }
 
 impl JobOutcome {
+    /// The status `dsmrun` exits with: 0 on success, the race exit code, the failing
+    /// rank's [`RankStatus::failure_exit_code`], 124 on timeout, or 128 + the signal that
+    /// interrupted the job.
     pub fn exit_code(&self) -> u8 {
         match self {
             JobOutcome::Success => 0,

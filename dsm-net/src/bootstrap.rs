@@ -23,32 +23,71 @@ const MAX_HANDSHAKE: usize = 64 << 10;
 /// stranger cannot stall the job start.
 const HELLO_WAIT: Duration = Duration::from_secs(3);
 
+/// Why this node could not join the mesh. Each names the rank involved, so a failed job
+/// start says which node is missing or misconfigured.
 #[derive(Debug, Error)]
 pub enum BootstrapError {
+    /// Could not bind a listening socket: rank 0 at the rendezvous address (often: the
+    /// port was taken), or another rank on the interface that reaches rank 0.
     #[error("cannot listen on {addr}: {source}")]
-    Listen { addr: String, source: io::Error },
+    Listen {
+        /// The address it tried to bind.
+        addr: String,
+        /// The bind error.
+        source: io::Error,
+    },
+    /// The connect timeout expired before the mesh was complete.
     #[error("rank {rank}: timed out after {secs:.0} s waiting for {what}")]
     Timeout {
+        /// This node's rank.
         rank: usize,
+        /// The connect timeout, in seconds.
         secs: f64,
+        /// What never happened, e.g. which ranks never connected.
         what: String,
     },
+    /// A peer answered the handshake with [`HelloReply::Refused`] (wrong secret, version or
+    /// job size, duplicate rank, or rank 0 giving up on the start), or rank 0's welcome was
+    /// malformed.
     #[error("rank {by} refused this node: {reason}")]
-    Refused { by: usize, reason: String },
+    Refused {
+        /// The refusing rank.
+        by: usize,
+        /// Its reason.
+        reason: String,
+    },
+    /// A handshake frame could not be written or read (connection dropped, garbage,
+    /// oversized frame).
     #[error("rank {peer} broke the handshake: {source}")]
-    Handshake { peer: usize, source: WireError },
+    Handshake {
+        /// The rank at the other end.
+        peer: usize,
+        /// What went wrong on the wire.
+        source: WireError,
+    },
+    /// Any other socket error while connecting or accepting.
     #[error("i/o error during job start: {0}")]
     Io(#[from] io::Error),
 }
 
 /// The established connections: `streams[r]` links to rank `r` (`None` for oneself).
+/// The streams are blocking, with `TCP_NODELAY` set and no timeouts; the handshake has
+/// been consumed, so the next byte on each is the peer's first [`dsm_proto::Msg`] frame.
 pub struct Mesh {
+    /// This node's rank.
     pub rank: usize,
+    /// Number of nodes in the job; `streams.len()`.
     pub size: usize,
+    /// One connection per other rank, indexed by rank.
     pub streams: Vec<Option<TcpStream>>,
 }
 
 /// Connects this node to every other node of the job described by `env`.
+///
+/// Blocks until the whole mesh is up (every pair of ranks connected and handshaken) or
+/// `env.connect_timeout` has passed. A single-node job returns at once with no
+/// connections. Fails with a [`BootstrapError`] naming the rank that could not be reached,
+/// refused this node or broke the handshake.
 pub fn connect_mesh(env: &JobConfig) -> Result<Mesh, BootstrapError> {
     if env.size == 1 {
         return Ok(Mesh {

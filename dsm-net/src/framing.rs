@@ -8,21 +8,38 @@ use std::io::{self, Read, Write};
 use thiserror::Error;
 use tokio_util::codec::LengthDelimitedCodec;
 
-/// Largest frame a node sends or accepts (payload bytes).
+/// Largest frame a node sends or accepts, in payload bytes (the 4-byte length prefix not
+/// counted): 256 MiB.
 pub const MAX_FRAME: usize = 256 << 20;
 
+/// Why a message could not be encoded, sent or received.
 #[derive(Debug, Error)]
 pub enum WireError {
+    /// The payload does not decode as the expected message type (or has trailing bytes),
+    /// or a value could not be serialized.
     #[error("malformed message: {0}")]
     Malformed(#[from] postcard::Error),
+    /// A frame longer than allowed, sent or announced by a length prefix. The async
+    /// transport's codec does not report the length, so there `len` is `usize::MAX`.
     #[error("frame of {len} bytes exceeds the {max}-byte limit")]
-    TooLarge { len: usize, max: usize },
+    TooLarge {
+        /// Payload bytes of the frame.
+        len: usize,
+        /// The limit that applied ([`MAX_FRAME`], or a smaller one for handshakes).
+        max: usize,
+    },
+    /// The peer closed the connection where the next frame should have begun, or this
+    /// side was asked to send on a link it has closed (or to a rank it has no link to).
     #[error("connection closed")]
     Closed,
+    /// The socket failed (including read timeouts during the bootstrap).
     #[error("i/o error: {0}")]
     Io(#[from] io::Error),
 }
 
+/// Serializes `msg` into a frame payload (postcard, without the length prefix). Fails with
+/// [`WireError::TooLarge`] if the payload would exceed [`MAX_FRAME`], so an oversized
+/// message is caught at the sender rather than refused by the receiver.
 pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, WireError> {
     let bytes = postcard::to_stdvec(msg)?;
     if bytes.len() > MAX_FRAME {
@@ -54,7 +71,8 @@ pub fn codec() -> LengthDelimitedCodec {
         .new_codec()
 }
 
-/// Blocking write of one frame (bootstrap only).
+/// Blocking write of one frame (bootstrap only): the length prefix and the [`encode`]d
+/// payload in a single write, then a flush.
 pub fn write_frame<W: Write, T: Serialize>(w: &mut W, msg: &T) -> Result<(), WireError> {
     let payload = encode(msg)?;
     let mut buf = Vec::with_capacity(4 + payload.len());
@@ -65,7 +83,10 @@ pub fn write_frame<W: Write, T: Serialize>(w: &mut W, msg: &T) -> Result<(), Wir
     Ok(())
 }
 
-/// Blocking read of one frame (bootstrap only), bounded by `max` bytes.
+/// Blocking read of one frame (bootstrap only), bounded by `max` payload bytes. Fails with
+/// [`WireError::Closed`] on end-of-stream before the length prefix, [`WireError::TooLarge`]
+/// when the prefix announces more than `max` (before allocating anything), and otherwise
+/// as [`decode`] or the socket does.
 pub fn read_frame<R: Read, T: DeserializeOwned>(r: &mut R, max: usize) -> Result<T, WireError> {
     let mut len = [0u8; 4];
     match r.read_exact(&mut len) {

@@ -24,19 +24,28 @@ use tokio_util::codec::FramedRead;
 /// What a reader task reports about its peer.
 #[derive(Debug)]
 pub enum PeerEvent {
+    /// A whole, well-formed message from the peer.
     Message(Msg),
     /// The peer closed the connection (normal at job end, fatal before).
     Closed,
-    /// The connection broke or carried a malformed frame.
+    /// The connection broke or carried a malformed frame. Nothing more comes from this
+    /// peer; its writer task reports a failed send the same way.
     Failed(WireError),
 }
 
-/// Byte and message counters, for benchmarks and the race-detection statistics.
+/// Byte and message counters, for benchmarks and the race-detection statistics. Shared by
+/// every sender and reader task of a transport and updated with relaxed atomics, so a
+/// reading taken while messages flow is approximate. Byte counts include the 4-byte
+/// length prefix of each frame.
 #[derive(Default, Debug)]
 pub struct Traffic {
+    /// Messages handed to a link (written or queued), to all peers.
     pub messages_sent: AtomicU64,
+    /// Bytes of those messages' frames.
     pub bytes_sent: AtomicU64,
+    /// Frames received from all peers, including any that then failed to decode.
     pub messages_received: AtomicU64,
+    /// Bytes of those frames.
     pub bytes_received: AtomicU64,
 }
 
@@ -148,15 +157,24 @@ async fn drain_link(link: Arc<Link>, mut half: OwnedWriteHalf) -> io::Result<()>
 pub struct Outbox {
     me: usize,
     links: Vec<Option<Arc<Link>>>,
+    /// The transport's traffic counters (sends are counted here, receipts by the reader
+    /// tasks).
     pub traffic: Arc<Traffic>,
 }
 
 impl Outbox {
+    /// This node's rank.
     pub fn rank(&self) -> usize {
         self.me
     }
 
-    /// Encodes and sends (or queues) `msg` for `to`; returns the encoded size in bytes.
+    /// Encodes and sends (or queues) `msg` for `to`; returns the encoded size in bytes
+    /// (payload, without the length prefix). Frames to one peer leave in the order of the
+    /// calls. Fails if the message cannot be encoded or is too large, if there is no link
+    /// to `to` (itself, or out of range) or it was closed by shutdown
+    /// ([`WireError::Closed`]), or if the socket reports an error; a send that was only
+    /// queued can still fail later, which the link's writer reports as
+    /// [`PeerEvent::Failed`].
     pub fn send(&self, to: usize, msg: &Msg) -> Result<usize, WireError> {
         let payload = encode(msg)?;
         let len = payload.len();
@@ -182,16 +200,23 @@ impl Outbox {
     }
 }
 
+/// The running transport of one node: a reader and a writer task per peer on the current
+/// `LocalSet`, and the [`Outbox`] through which any thread sends.
 pub struct Transport {
     outbox: Arc<Outbox>,
     writers: Vec<tokio::task::JoinHandle<()>>,
 }
 
+/// Receives everything the reader and writer tasks report: `(peer rank, event)`, in arrival
+/// order per peer. Called on the comm thread (the `LocalSet`), never concurrently; after a
+/// [`PeerEvent::Closed`] or [`PeerEvent::Failed`] nothing more arrives from that peer's
+/// reader.
 pub type Handler = Rc<dyn Fn(usize, PeerEvent)>;
 
 impl Transport {
     /// Starts reader and writer tasks for every link of `mesh`. Must run inside a
-    /// `tokio::task::LocalSet` on a runtime with I/O enabled.
+    /// `tokio::task::LocalSet` on a runtime with I/O enabled. Fails if a socket cannot be
+    /// made non-blocking, duplicated or registered with the runtime.
     pub fn start(mesh: Mesh, handler: Handler) -> std::io::Result<Transport> {
         let traffic = Arc::new(Traffic::default());
         let mut outboxes = Vec::with_capacity(mesh.size);
@@ -270,11 +295,13 @@ impl Transport {
         self.outbox.clone()
     }
 
+    /// This node's rank.
     pub fn rank(&self) -> usize {
         self.outbox.me
     }
 
-    /// Encodes and queues `msg` for `to`; returns the encoded size in bytes.
+    /// Encodes and queues `msg` for `to`; returns the encoded size in bytes. The same as
+    /// [`Outbox::send`].
     pub fn send(&self, to: usize, msg: &Msg) -> Result<usize, WireError> {
         self.outbox.send(to, msg)
     }

@@ -178,12 +178,19 @@ impl JobConfig {
         }
     }
 
-    /// Reads the process environment.
+    /// Reads the process environment (see [`JobConfig::from_lookup`] for what is read and
+    /// when it fails).
     pub fn from_env() -> Result<JobConfig, ConfigError> {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
 
     /// Reads variables through `get` (tests pass a map).
+    ///
+    /// Rank and size come from `DSM_RANK`/`DSM_SIZE`, else Slurm, Open MPI or PMI
+    /// variables, else the job is a single node. Fails with [`ConfigError`] when a variable
+    /// does not parse, the size is outside `1..=MAX_NODES` or the rank not below it,
+    /// `DSM_RANK` comes without `DSM_SIZE`, or a multi-node job lacks `DSM_COORD` or
+    /// `DSM_JOB_SECRET`.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<JobConfig, ConfigError> {
         let (rank, size, launcher) = if let Some(rank) = get(vars::RANK) {
             let size = get(vars::SIZE).ok_or(ConfigError::Missing(vars::RANK, vars::SIZE))?;

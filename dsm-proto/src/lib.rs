@@ -21,7 +21,8 @@ pub use wire::*;
 
 /// Bytes per page of the shared segment: the unit of coherence, protection and transfer.
 pub const PAGE_SIZE: usize = 4096;
-/// `log2(PAGE_SIZE)`.
+/// `log2(PAGE_SIZE)`: `offset >> PAGE_SHIFT` is the page holding byte `offset` of the
+/// segment.
 pub const PAGE_SHIFT: u32 = 12;
 
 /// Upper bound on job size: node ids are 16-bit and vector timestamps grow with N.

@@ -4,30 +4,49 @@
 
 use std::time::Duration;
 
-/// A command-line value that does not parse.
+/// A size or duration that does not parse, from [`parse_size`] or [`parse_seconds`]. The
+/// message says what was expected, so dsmrun and the ranks print it as is.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ValueError {
+    /// The size was empty or only whitespace.
     #[error("empty size; expected a byte count such as 4096, 512M or 1G")]
     EmptySize,
+    /// The text does not start with a digit (e.g. `G`, `-1G`); carries the input.
     #[error("'{0}' is not a size; expected a byte count, optionally followed by K, M, G or T (powers of 1024), e.g. 512M")]
     NotASize(String),
+    /// A decimal point or comma follows the digits (`1.5G`): sizes are whole numbers of
+    /// their unit. Carries the input.
     #[error("'{0}': fractional sizes are not supported; use a smaller unit (e.g. 1536M instead of 1.5G)")]
     FractionalSize(String),
+    /// The suffix after the number is not one of the binary units.
     #[error(
         "'{input}': unknown unit '{unit}'; use K, M, G or T (powers of 1024), or no unit for bytes"
     )]
-    UnknownUnit { input: String, unit: String },
+    UnknownUnit {
+        /// The whole text as given.
+        input: String,
+        /// The unrecognised suffix, with leading whitespace removed.
+        unit: String,
+    },
+    /// The number, or the number times its unit, overflows a `u64` byte count; carries
+    /// the input.
     #[error("'{0}' is too large")]
     SizeTooLarge(String),
+    /// The size is zero bytes (`0`, `0M`); every size dsm reads must be positive.
     #[error("the size must be greater than zero")]
     ZeroSize,
+    /// Not a finite number of seconds greater than zero that fits a [`Duration`] (`0`,
+    /// `-1`, `inf`, `NaN`, text); carries the input.
     #[error("'{0}' is not a number of seconds greater than zero")]
     InvalidSeconds(String),
 }
 
 /// Parses a size such as `1G`, `512M`, `4096K`, `65536` (bytes) into bytes.
 /// Units are binary (K = 1024) and case-insensitive; `KB`/`KiB` spellings are
-/// accepted as the same unit.
+/// accepted as the same unit, and whitespace may separate number and unit (`64 KiB`).
+///
+/// Fails with the [`ValueError`] naming the problem: empty text, no leading digits, a
+/// fraction, an unknown unit, overflow of `u64`, or zero.
 pub fn parse_size(text: &str) -> Result<u64, ValueError> {
     let trimmed = text.trim();
     if trimmed.is_empty() {
@@ -71,7 +90,9 @@ pub fn parse_size(text: &str) -> Result<u64, ValueError> {
     Ok(bytes)
 }
 
-/// Parses a positive number of seconds, fractions allowed (`1`, `0.5`).
+/// Parses a positive number of seconds, fractions allowed (`1`, `0.5`). Fails with
+/// [`ValueError::InvalidSeconds`] for zero, negative, non-finite or unparsable text and for
+/// values too large for a [`Duration`].
 pub fn parse_seconds(text: &str) -> Result<Duration, ValueError> {
     let invalid = || ValueError::InvalidSeconds(text.to_owned());
     let secs: f64 = text.trim().parse().map_err(|_| invalid())?;

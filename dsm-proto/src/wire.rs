@@ -7,9 +7,10 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-/// A node's rank within the job.
+/// A node's rank within the job, `0..size` (at most [`MAX_NODES`](crate::MAX_NODES)).
 pub type NodeId = u16;
-/// Index of a page within the shared segment.
+/// Index of a page within the shared segment: page `p` covers segment bytes
+/// `p * PAGE_SIZE .. (p + 1) * PAGE_SIZE` (see [`PAGE_SIZE`](crate::PAGE_SIZE)).
 pub type PageNo = u32;
 /// Identifies a lock; plain small integers are app-chosen ids, named locks hash into the
 /// upper half of the space.
@@ -20,31 +21,45 @@ pub const PROTOCOL_VERSION: u32 = 4;
 
 /// A vector timestamp: entry `n` is the index of the latest interval of node `n` that is
 /// known (has been "seen"). Intervals are numbered from 1, so 0 means "nothing seen".
+///
+/// Knowing interval `i` of node `n` implies knowing all of `n`'s earlier intervals, so one
+/// number per node describes everything a node has seen. Every vector in a job has one entry
+/// per node; receivers reject messages whose vectors have another length. In messages
+/// (`known` fields) the sender's own entry counts only its closed intervals; in an
+/// [`IntervalRecord`] it is the interval's own index.
 #[derive(Serialize, Deserialize, Clone, PartialEq, Eq, Hash, Default)]
 pub struct VectorTime(pub Vec<u32>);
 
 impl VectorTime {
+    /// The timestamp of a job of `nodes` nodes that has seen nothing (every entry 0).
     pub fn zero(nodes: usize) -> Self {
         VectorTime(vec![0; nodes])
     }
 
+    /// Number of entries, i.e. nodes in the job.
     pub fn len(&self) -> usize {
         self.0.len()
     }
 
+    /// Whether the vector has no entries (only a default-constructed one; real timestamps
+    /// have one entry per node).
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
+    /// Latest interval of `node` seen. Panics if `node` is not below [`len`](Self::len).
     pub fn get(&self, node: NodeId) -> u32 {
         self.0[node as usize]
     }
 
+    /// Sets the latest interval of `node` seen. Panics if `node` is not below
+    /// [`len`](Self::len).
     pub fn set(&mut self, node: NodeId, value: u32) {
         self.0[node as usize] = value;
     }
 
-    /// Entry-wise maximum, in place.
+    /// Entry-wise maximum, in place: afterwards `self` knows what either vector knew.
+    /// Only the entries both vectors have are merged.
     pub fn merge(&mut self, other: &VectorTime) {
         for (mine, theirs) in self.0.iter_mut().zip(&other.0) {
             if *theirs > *mine {
@@ -74,10 +89,17 @@ impl fmt::Debug for VectorTime {
 
 /// A set of pages as sorted, disjoint, non-adjacent runs `(first, count)`. Apps mostly touch
 /// long contiguous ranges, so this is far smaller on the wire than a page list.
+///
+/// Invariant: runs are in increasing order of `first`, every `count` is at least 1, and a
+/// run ends strictly before the next one starts (`first + count < next_first`), so every
+/// set has exactly one representation and equal sets compare equal. The constructors
+/// establish it; the set operations rely on it. A value decoded from the wire is trusted
+/// to hold it (peers build theirs with the same constructors).
 #[derive(Serialize, Deserialize, Clone, PartialEq, Eq, Default)]
 pub struct PageRuns(Vec<(PageNo, u32)>);
 
 impl PageRuns {
+    /// The empty set.
     pub fn new() -> Self {
         PageRuns(Vec::new())
     }
@@ -90,7 +112,9 @@ impl PageRuns {
         Self::from_sorted_unique(&v)
     }
 
-    /// Builds runs from a strictly increasing page list.
+    /// Builds runs from a strictly increasing page list, in one pass. The order is not
+    /// checked: an unsorted or repeating list gives runs that break the invariant (use
+    /// [`from_pages`](Self::from_pages) for those).
     pub fn from_sorted_unique(pages: &[PageNo]) -> Self {
         let mut runs: Vec<(PageNo, u32)> = Vec::new();
         for &p in pages {
@@ -102,7 +126,8 @@ impl PageRuns {
         PageRuns(runs)
     }
 
-    /// Builds from runs that may be unsorted, overlapping or adjacent.
+    /// Builds from runs `(first, count)` that may be unsorted, overlapping or adjacent;
+    /// empty runs are dropped and the rest merged.
     pub fn from_runs(runs: impl IntoIterator<Item = (PageNo, u32)>) -> Self {
         let mut v: Vec<(PageNo, u32)> = runs.into_iter().filter(|r| r.1 > 0).collect();
         v.sort_unstable();
@@ -119,10 +144,12 @@ impl PageRuns {
         PageRuns(out)
     }
 
+    /// The runs `(first, count)`, in increasing page order (see the type's invariant).
     pub fn runs(&self) -> &[(PageNo, u32)] {
         &self.0
     }
 
+    /// Whether the set has no page.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
@@ -132,10 +159,12 @@ impl PageRuns {
         self.0.iter().map(|r| r.1 as u64).sum()
     }
 
+    /// Every page of the set, in increasing order.
     pub fn iter(&self) -> impl Iterator<Item = PageNo> + '_ {
         self.0.iter().flat_map(|&(f, c)| f..f + c)
     }
 
+    /// Whether `page` is in the set (binary search over the runs).
     pub fn contains(&self, page: PageNo) -> bool {
         match self.0.binary_search_by(|&(f, _)| f.cmp(&page)) {
             Ok(_) => true,
@@ -188,6 +217,7 @@ impl PageRuns {
         false
     }
 
+    /// Pages in either set, as runs (adjacent runs of the two sets are merged).
     pub fn union(&self, other: &PageRuns) -> PageRuns {
         PageRuns::from_runs(self.0.iter().chain(other.0.iter()).copied())
     }
@@ -224,29 +254,53 @@ pub enum SyncCause {
 }
 
 /// Pages read and written in an interval, as recorded by the typed access API when race
-/// detection is on.
+/// detection is on. For every page named here the recording node holds an access bitmap
+/// (see [`BitmapKey`]) until the next barrier, where the master may ask for it.
+///
+/// These are the detector's notices, distinct from the coherence write notices in
+/// [`IntervalRecord::writes`]: they count accesses through views (including reads and home
+/// pages), not pages that produced a diff.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 pub struct RaceNotices {
+    /// Read notices: pages with at least one recorded read in the interval.
     pub reads: PageRuns,
+    /// Write notices: pages with at least one recorded write in the interval.
     pub writes: PageRuns,
 }
 
 /// An interval: a stretch of one node's execution between synchronization operations.
+///
+/// Every acquire, release and barrier arrival (allocations included) closes the node's
+/// open interval and opens the next. Only intervals that carry a notice (a write notice,
+/// or a read or write notice in race mode) are recorded and travel in lock grants and
+/// barrier messages, so the indices a peer sees may have gaps. Records are dropped at every
+/// barrier, once every node has seen them.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct IntervalRecord {
+    /// The node that executed the interval.
     pub node: NodeId,
+    /// Its position in that node's execution: 1 for the first interval, one more for each
+    /// synchronization operation since.
     pub index: u32,
     /// What the node had seen when the interval began (`vt[node] == index`).
     pub vt: VectorTime,
-    /// Write notices: pages this node modified in the interval (coherence).
+    /// Write notices: pages this node modified in the interval (coherence). For pages
+    /// homed elsewhere, those whose diff was non-empty (the diff went to the home when the
+    /// interval closed); for its own home pages, those it wrote after serving a copy of
+    /// them (pages nobody copied need no notice). A node learning of the interval
+    /// invalidates its copies of these pages.
     pub writes: PageRuns,
-    /// Read and write notices from the access recorder, present in race mode.
+    /// Read and write notices from the access recorder, present in race mode when the
+    /// interval accessed shared memory through the typed API; `None` otherwise.
     pub race: Option<RaceNotices>,
+    /// The synchronization operation that opened the interval, for race reports.
     pub began_with: SyncCause,
 }
 
 impl IntervalRecord {
-    /// Happens-before-1: `self` precedes `other` if `other` began after seeing `self`.
+    /// Happens-before-1: `self` precedes `other` if `other` began after seeing `self`
+    /// (`other.vt[self.node] >= self.index`), or, on the same node, if it came earlier in
+    /// program order.
     pub fn precedes(&self, other: &IntervalRecord) -> bool {
         if self.node == other.node {
             self.index < other.index
@@ -255,23 +309,37 @@ impl IntervalRecord {
         }
     }
 
+    /// Neither interval precedes the other: their accesses are not ordered by any
+    /// synchronization, so conflicting ones are data races. Meant for intervals of
+    /// different nodes (an interval counts as concurrent with itself).
     pub fn concurrent_with(&self, other: &IntervalRecord) -> bool {
         !self.precedes(other) && !other.precedes(self)
     }
 }
 
 /// "Before serving this page, have the diff of `writer`'s interval `interval` applied."
+///
+/// A requester knows, from write notices, which diffs a page it fetches must already
+/// contain; a diff can still be on its way from the writer to the home, so the home parks
+/// the request until, for each requirement, it has applied a diff of `page` from `writer`
+/// for `interval` or a later interval.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Requirement {
+    /// The page the diff applies to (one of the requested pages).
     pub page: PageNo,
+    /// The node that wrote the page and sends its diff to the home.
     pub writer: NodeId,
+    /// The writer's interval whose diff must be in the copy (later ones also satisfy it).
     pub interval: u32,
 }
 
 /// A page's contents, sent by its home.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct PageCopy {
+    /// Which page.
     pub page: PageNo,
+    /// The whole page: exactly [`PAGE_SIZE`](crate::PAGE_SIZE) bytes (receivers reject any
+    /// other length).
     #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
 }
@@ -279,64 +347,130 @@ pub struct PageCopy {
 /// The encoded modifications of one page in one interval (encoding owned by dsm-core).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct PageDiff {
+    /// The modified page, homed at the receiver.
     pub page: PageNo,
+    /// The changed byte runs of the page against its twin, in `dsm_core::diff`'s encoding;
+    /// the home validates it before applying it. Never empty (unchanged pages send no
+    /// diff).
     #[serde(with = "serde_bytes")]
     pub runs: Vec<u8>,
 }
 
-/// Which access bitmap of an interval's page.
+/// Which access bitmap of an interval's page: a recording node keeps one for reads and one
+/// for writes.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum AccessKind {
+    /// The granules of the page the interval read.
     Read,
+    /// The granules of the page the interval wrote.
     Write,
 }
 
+/// Names one access bitmap on the node that recorded it: that node's interval, the page
+/// and whether reads or writes. The node itself is implied by who is asked or who answers.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BitmapKey {
+    /// Index of the recording node's interval (as in [`IntervalRecord::index`]).
     pub interval: u32,
+    /// The page, one of that interval's read or write notices.
     pub page: PageNo,
+    /// Read or write bitmap.
     pub kind: AccessKind,
 }
 
 /// An access bitmap (encoding owned by dsm-race).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct EncodedBitmap {
+    /// Which bitmap this is.
     pub key: BitmapKey,
+    /// One bit per granule of the page, in `dsm_race::record`'s encoding (little-endian
+    /// 64-bit words, or a compact form for bitmaps whose words are all equal). Empty when
+    /// the node has no such bitmap: nothing was accessed.
     #[serde(with = "serde_bytes")]
     pub bits: Vec<u8>,
 }
 
 /// Every message exchanged between nodes once the mesh is up.
+///
+/// Messages between two nodes arrive in the order they were sent (one TCP connection per
+/// pair). Vector timestamps in a message have one entry per node; a receiver treats any
+/// malformed message (wrong vector length, pages it does not home, unexpected replies) as
+/// fatal for the job.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub enum Msg {
     /// Fetch pages from their home; the home first applies the required diffs.
+    ///
+    /// Sent by a node that faults on invalid pages, or prefetches a range of them, to each
+    /// home involved (one request per home). The home answers with a
+    /// [`PageReply`](Msg::PageReply) once every requirement is met.
     PageRequest {
+        /// The pages wanted, all homed at the receiver.
         pages: Vec<PageNo>,
+        /// Diffs the copies must already contain, from write notices the requester has
+        /// seen for these pages.
         required: Vec<Requirement>,
     },
+    /// The home's answer to a [`PageRequest`](Msg::PageRequest).
+    ///
+    /// Before copying, the home write-protects its own pages, so that its next write to
+    /// one of them faults and produces the write notice that will invalidate this copy.
     PageReply {
+        /// A copy of every requested page.
         pages: Vec<PageCopy>,
     },
     /// Diffs of one interval, sent by the writer to the pages' home at interval end.
+    ///
+    /// One message per home; pages the interval left unchanged send nothing. The home
+    /// applies the diffs in place, notes `interval` as applied for this writer, and serves
+    /// page requests that were waiting for it.
     Diffs {
+        /// Index of the writer's interval that made the changes.
         interval: u32,
+        /// One diff per modified page homed at the receiver.
         diffs: Vec<PageDiff>,
     },
     /// Sent to a lock's manager, which forwards it to the last requester.
+    ///
+    /// The manager of a lock is fixed (`lock % nodes`); a node acquiring a lock whose token
+    /// it does not hold sends this (a manager handles its own request without a message). The manager remembers the requester as the lock's new
+    /// last requester and passes the request on as a [`LockForward`](Msg::LockForward)
+    /// (handling it itself when it was the last requester).
     LockRequest {
+        /// The lock wanted.
         lock: LockId,
+        /// The acquiring node; must be the sender.
         requester: NodeId,
+        /// What the requester has seen (closed intervals only), so the grantor can send
+        /// exactly the intervals it lacks.
         known: VectorTime,
     },
+    /// A lock request passed on by the manager to the node that holds the token or will
+    /// get it next (the previous requester).
+    ///
+    /// If that node holds the token and is not inside the critical section it grants at
+    /// once; otherwise it queues the requester and grants when it releases the lock.
     LockForward {
+        /// The lock wanted.
         lock: LockId,
+        /// The node that asked for it, and to which the grant goes.
         requester: NodeId,
+        /// As in [`LockRequest`](Msg::LockRequest): what the requester has seen.
         known: VectorTime,
     },
     /// The lock token, with every interval the grantor knows and the acquirer lacks.
+    ///
+    /// Sent by the token holder straight to the requester. The acquirer records the
+    /// intervals, invalidates the pages their write notices name, merges `known` into its
+    /// own vector time and enters the critical section.
     LockGrant {
+        /// The lock granted.
         lock: LockId,
+        /// What the grantor had seen when it last released this lock (all zeros if it never
+        /// held it). Only this knowledge is ordered before the acquirer: intervals the
+        /// grantor closed after its release are not, and claiming they were would hide
+        /// races.
         known: VectorTime,
+        /// The grantor's logged intervals within `known` that the requester had not seen.
         intervals: Vec<IntervalRecord>,
     },
     /// Arrival at barrier `epoch`, with the sender's own intervals since the last barrier.
@@ -344,30 +478,65 @@ pub enum Msg {
     /// allocations are caught. In race mode `bitmaps` carries, unasked, the access bitmaps
     /// of the epoch's pages that other nodes could also have touched, so the master can
     /// usually skip the extra bitmap round.
+    ///
+    /// Goes to rank 0, the barrier master, except in small jobs without race detection,
+    /// where every node sends it to every other node and each completes the barrier itself.
+    /// Allocations are barriers too and send it.
     BarrierArrive {
+        /// The barrier's number: 1 for the first barrier of the run, one more per barrier.
         epoch: u32,
+        /// What the sender has seen, its own closed intervals included.
         known: VectorTime,
+        /// The sender's own recorded intervals since the previous barrier.
         intervals: Vec<IntervalRecord>,
+        /// Digest of every allocation the sender has made so far; all arrivals must agree.
         check: u64,
+        /// This is the final barrier of the sender's run (from `Dsm::finish`); all arrivals
+        /// of a barrier must agree on it.
         finishing: bool,
+        /// Race mode: bitmaps shipped unasked (empty otherwise, or when they would be too
+        /// large to ship; the master then asks with [`BitmapRequest`](Msg::BitmapRequest)).
         bitmaps: Vec<EncodedBitmap>,
     },
+    /// The barrier master lets a node leave barrier `epoch`, once every node has arrived
+    /// and, in race mode, the epoch has been analyzed.
+    ///
+    /// The receiver records the intervals, invalidates the pages they name, and then knows
+    /// every interval up to the barrier, so it discards its interval log.
     BarrierRelease {
+        /// The barrier being left.
         epoch: u32,
+        /// The merge of every arrival's `known`: what everybody has seen at the barrier.
         known: VectorTime,
+        /// The epoch's intervals the receiver had not seen, from every node.
         intervals: Vec<IntervalRecord>,
+        /// Data races reported at this barrier (0 without race detection).
         races: u64,
     },
     /// The barrier master stops the job (e.g. ranks disagree on allocations).
+    ///
+    /// Sent to every other rank when the arrivals at a barrier are inconsistent (different
+    /// allocation digests, or some ranks finishing while others go on); each receiver stops
+    /// with the reason. (With all-to-all barriers every node sees the inconsistency itself.)
     Abort {
+        /// What went wrong, for the receiver's error message.
         reason: String,
     },
+    /// Race mode: the barrier master asks a node for access bitmaps its analysis needs that
+    /// were not shipped with the node's arrival. Answered with a
+    /// [`BitmapReply`](Msg::BitmapReply).
     BitmapRequest {
+        /// The barrier being analyzed.
         epoch: u32,
+        /// The bitmaps wanted, all of the receiver's intervals in this epoch.
         wanted: Vec<BitmapKey>,
     },
+    /// A node's answer to a [`BitmapRequest`](Msg::BitmapRequest), sent to rank 0.
     BitmapReply {
+        /// The barrier being analyzed, as in the request.
         epoch: u32,
+        /// One bitmap per requested key, in request order; a bitmap the node does not have
+        /// (nothing accessed) comes back with empty `bits`.
         bitmaps: Vec<EncodedBitmap>,
     },
 }
@@ -391,18 +560,26 @@ impl Msg {
     }
 }
 
-/// First frame on every connection, from the connecting side.
+/// First frame on every connection, from the connecting side. The accepting side checks
+/// every field and answers with a [`HelloReply`].
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct Hello {
+    /// Always [`HELLO_MAGIC`]: tells a dsm peer from a stray connection.
     pub magic: [u8; 4],
+    /// The sender's [`PROTOCOL_VERSION`]; must equal the acceptor's.
     pub version: u32,
+    /// The job secret (`DSM_JOB_SECRET`); a connection with another secret belongs to
+    /// another job and is refused.
     pub secret: String,
+    /// The sender's rank.
     pub rank: NodeId,
+    /// The number of ranks the sender believes the job has; must match the acceptor's.
     pub size: u16,
     /// Where the sender accepts mesh connections from higher ranks.
     pub listen: String,
 }
 
+/// The first four bytes of every [`Hello`] (`DSM!`).
 pub const HELLO_MAGIC: [u8; 4] = *b"DSM!";
 
 /// The accepting side's answer to a [`Hello`].
@@ -411,9 +588,15 @@ pub enum HelloReply {
     /// Accepted. From rank 0 this carries every rank's listen address (indexed by rank);
     /// from other ranks it is empty.
     Welcome {
+        /// `IP:PORT` of every rank, indexed by rank (rank 0's is the rendezvous address),
+        /// or empty.
         listen: Vec<String>,
     },
+    /// Not accepted: wrong magic, version, secret or job size, a rank that is unexpected
+    /// or already joined, or (from rank 0) the job start timed out. The connection is then
+    /// dropped.
     Refused {
+        /// Why, for the refused node's error message.
         reason: String,
     },
 }

@@ -22,32 +22,47 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 /// A named shared allocation, for turning addresses into variables.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VarInfo {
+    /// The name the program gave the allocation.
     pub name: String,
+    /// Its first page in the segment (allocations are page-aligned).
     pub first_page: PageNo,
+    /// Number of pages it spans.
     pub pages: u32,
+    /// Address of its first element in the app's view of the segment (the same on every
+    /// node), for reports.
     pub base_addr: usize,
+    /// Bytes per element.
     pub elem_size: usize,
+    /// Number of elements.
     pub len: usize,
     /// Columns, for 2-D arrays (reports give row and column).
     pub cols: Option<usize>,
+    /// `log2` of the bytes per bitmap bit for this allocation, as
+    /// [`granule_shift`](crate::granule_shift) computes it from the element size; must
+    /// match what the recorder used.
     pub granule_shift: u32,
 }
 
+/// The job's allocations by page, to name the variable a racing page belongs to. Rank 0
+/// builds it as allocations are made; allocations do not overlap.
 #[derive(Clone, Debug, Default)]
 pub struct VarTable {
     vars: Vec<VarInfo>,
 }
 
 impl VarTable {
+    /// An empty table.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// Adds an allocation (in any order; the table stays sorted by first page).
     pub fn push(&mut self, v: VarInfo) {
         self.vars.push(v);
         self.vars.sort_by_key(|v| v.first_page);
     }
 
+    /// The allocation that contains `page`, if any.
     pub fn lookup(&self, page: PageNo) -> Option<&VarInfo> {
         let i = self.vars.partition_point(|v| v.first_page <= page);
         let v = self.vars.get(i.checked_sub(1)?)?;
@@ -55,15 +70,19 @@ impl VarTable {
     }
 }
 
+/// Which conflicting accesses make a race.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub enum RaceKind {
+    /// Both sides wrote the element.
     #[serde(rename = "write-write")]
     WriteWrite,
+    /// One side read it and the other wrote it (either way round; see [`Access::write`]).
     #[serde(rename = "read-write")]
     ReadWrite,
 }
 
 impl RaceKind {
+    /// The name used in reports and in the JSON log: `write-write` or `read-write`.
     pub fn as_str(self) -> &'static str {
         match self {
             RaceKind::WriteWrite => "write-write",
@@ -75,9 +94,13 @@ impl RaceKind {
 /// One side of a race.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Access {
+    /// The node that made the access.
     pub node: NodeId,
+    /// The index of that node's interval in which it happened.
     pub interval: u32,
+    /// Whether this side wrote the element (otherwise it only read it).
     pub write: bool,
+    /// The synchronization operation that opened the interval.
     pub began_with: SyncCause,
 }
 
@@ -111,18 +134,28 @@ pub fn sync_text(
     }
 }
 
-/// A data race on one element.
+/// A data race on one element: two accesses from concurrent intervals of different nodes,
+/// at least one a write, to the same granule of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Race {
+    /// The epoch (number of the barrier that ended it) in which both accesses happened.
     pub epoch: u32,
+    /// The allocation's name, or `<unnamed>` for pages outside every known allocation.
     pub variable: String,
+    /// Element index within the variable; for `<unnamed>`, the byte offset in the segment.
     pub index: usize,
+    /// `(row, column)` of the element, for 2-D arrays.
     pub row_col: Option<(usize, usize)>,
+    /// Address of the element in the app's view of the segment (0 for `<unnamed>`).
     pub addr: usize,
-    /// Bytes of the element both sides touched (within the element).
+    /// Bytes of the element both sides touched (within the element), as a half-open range
+    /// `(start, end)`, at granule resolution.
     pub bytes: (usize, usize),
+    /// Write-write or read-write.
     pub kind: RaceKind,
+    /// The access from the lower-numbered node.
     pub first: Access,
+    /// The access from the higher-numbered node.
     pub second: Access,
 }
 
@@ -136,11 +169,15 @@ struct Check {
 /// The check list of one epoch and the bitmaps it needs.
 #[derive(Debug)]
 pub struct Plan {
+    /// The epoch analyzed (reported in every [`Race`]).
     pub epoch: u32,
     intervals: Vec<IntervalRecord>,
     checks: Vec<Check>,
-    /// Bitmaps to fetch, per owning node.
+    /// Bitmaps to fetch, per owning node: every bitmap some check compares, sorted and
+    /// without duplicates. Those already shipped with the barrier arrivals need no fetch.
     pub wanted: BTreeMap<NodeId, Vec<BitmapKey>>,
+    /// What the planning found (pairs considered, concurrent, overlapping; bitmaps wanted
+    /// out of all that exist).
     pub stats: PlanStats,
 }
 
@@ -148,7 +185,13 @@ fn notices(r: &IntervalRecord) -> Option<(&PageRuns, &PageRuns)> {
     r.race.as_ref().map(|n| (&n.reads, &n.writes))
 }
 
-/// Builds the check list for an epoch's intervals.
+/// Builds the check list for an epoch's intervals: for every concurrent pair of intervals
+/// of different nodes, the pages where one writes and the other reads or writes, and the
+/// read and write bitmaps those pages need. Intervals without race notices are ignored.
+///
+/// `intervals` are the epoch's intervals from all nodes, in any order. The pair search
+/// relies on what real executions guarantee: along one node's intervals, the vector time
+/// entries for other nodes never decrease.
 pub fn plan(epoch: u32, mut intervals: Vec<IntervalRecord>) -> Plan {
     intervals.retain(|r| r.race.is_some());
     intervals.sort_by_key(|r| (r.node, r.index));
@@ -247,21 +290,25 @@ pub fn plan(epoch: u32, mut intervals: Vec<IntervalRecord>) -> Plan {
     }
 }
 
-/// Bitmaps received from the nodes, by owner and key.
+/// Bitmaps received from the nodes, by owner and key, decoded to words. A bitmap that was
+/// never inserted reads as all zeros (nothing accessed).
 #[derive(Default)]
 pub struct Bitmaps {
     map: HashMap<(NodeId, BitmapKey), Vec<u64>>,
 }
 
 impl Bitmaps {
+    /// An empty collection.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// Adds `node`'s bitmap `b`, replacing any earlier one with the same key.
     pub fn insert(&mut self, node: NodeId, b: EncodedBitmap) {
         self.map.insert((node, b.key), decode_words(&b.bits));
     }
 
+    /// Whether `node`'s bitmap `key` has been inserted (to fetch only what is missing).
     pub fn contains(&self, node: NodeId, key: &BitmapKey) -> bool {
         self.map.contains_key(&(node, *key))
     }

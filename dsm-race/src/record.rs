@@ -58,6 +58,8 @@ impl AllocShadow {
         }
     }
 
+    /// `log2` of the bytes each bitmap bit stands for in this allocation (see
+    /// [`granule_shift`]).
     pub fn granule_shift(&self) -> u32 {
         self.shift
     }
@@ -292,13 +294,19 @@ impl EpochStore {
     }
 }
 
-/// Counters of the recorder, for `--race-stats`.
+/// Counters of the recorder, for `--race-stats`; totals over the run.
 #[derive(Clone, Debug, Default)]
 pub struct RecordStats {
+    /// Closed intervals that recorded at least one access.
     pub intervals_with_accesses: u64,
+    /// Pages named in read notices, summed over intervals.
     pub read_notices: u64,
+    /// Pages named in write notices, summed over intervals.
     pub write_notices: u64,
+    /// Bitmaps kept in the epoch store: one per read or write notice.
     pub bitmaps_stored: u64,
+    /// Bitmaps asked for by the barrier master through [`Recorder::bitmaps`] (shipped
+    /// bitmaps are not counted).
     pub bitmaps_served: u64,
     /// Largest amount of bitmap memory held at once (bytes).
     pub peak_store_bytes: usize,
@@ -321,6 +329,7 @@ impl Default for Recorder {
 }
 
 impl Recorder {
+    /// A recorder with no allocations, recording interval 1.
     pub fn new() -> Self {
         Recorder {
             allocs: Vec::new(),
@@ -337,14 +346,19 @@ impl Recorder {
         self.allocs.len() - 1
     }
 
+    /// The shadow of allocation `id` (as returned by [`Recorder::add_alloc`]), through
+    /// which views record their accesses. Panics for an unknown id.
     pub fn alloc(&self, id: usize) -> &AllocShadow {
         &self.allocs[id]
     }
 
+    /// Index of the interval being recorded; the protocol engine's open interval has the
+    /// same index.
     pub fn current_interval(&self) -> u32 {
         self.interval
     }
 
+    /// The run's counters so far.
     pub fn stats(&self) -> &RecordStats {
         &self.stats
     }
@@ -459,6 +473,7 @@ impl Recorder {
         self.store.bytes = 0;
     }
 
+    /// Bytes of bitmap memory held for the current epoch (words plus index).
     pub fn store_bytes(&self) -> usize {
         self.store.bytes
     }

@@ -216,7 +216,7 @@ pub struct AppRow {
     pub nodes: usize,
     pub oversubscribed: bool,
     pub input: String,
-    /// "ok", "failed" or "not run: <reason>".
+    /// `"ok"`, `"failed"` or `"not run: <reason>"`.
     pub status: String,
     pub race_off_s: Option<f64>,
     pub race_on_s: Option<f64>,

@@ -816,7 +816,7 @@ mod tests {
     }
 
     /// burma14 from TSPLIB (GEO, 14 cities): its published optimum is 3323.
-    pub const BURMA14: &str = "NAME: burma14\nTYPE: TSP\nCOMMENT: 14-Staedte in Burma (Zaw Win)\nDIMENSION: 14\nEDGE_WEIGHT_TYPE: GEO\nEDGE_WEIGHT_FORMAT: FUNCTION\nDISPLAY_DATA_TYPE: COORD_DISPLAY\nNODE_COORD_SECTION\n   1  16.47       96.10\n   2  16.47       94.44\n   3  20.09       92.54\n   4  22.39       93.37\n   5  25.23       97.24\n   6  22.00       96.05\n   7  20.47       97.02\n   8  17.20       96.29\n   9  16.30       97.38\n  10  14.05       98.12\n  11  16.53       97.38\n  12  21.52       95.59\n  13  19.41       97.13\n  14  20.09       94.55\nEOF\n";
+    const BURMA14: &str = "NAME: burma14\nTYPE: TSP\nCOMMENT: 14-Staedte in Burma (Zaw Win)\nDIMENSION: 14\nEDGE_WEIGHT_TYPE: GEO\nEDGE_WEIGHT_FORMAT: FUNCTION\nDISPLAY_DATA_TYPE: COORD_DISPLAY\nNODE_COORD_SECTION\n   1  16.47       96.10\n   2  16.47       94.44\n   3  20.09       92.54\n   4  22.39       93.37\n   5  25.23       97.24\n   6  22.00       96.05\n   7  20.47       97.02\n   8  17.20       96.29\n   9  16.30       97.38\n  10  14.05       98.12\n  11  16.53       97.38\n  12  21.52       95.59\n  13  19.41       97.13\n  14  20.09       94.55\nEOF\n";
 
     #[test]
     fn tsplib_geo_burma14_optimum() {

@@ -584,6 +584,8 @@ impl LockGuard<'_> {
         self.dsm.release(self.lock)
     }
 
+    /// The id of the held lock: the id given to [`Dsm::lock`], or the id a name hashes to
+    /// for [`Dsm::lock_named`] (with the top bit set).
     pub fn id(&self) -> LockId {
         self.lock
     }

@@ -11,7 +11,11 @@ use dsm_race::AllocShadow;
 use std::marker::PhantomData;
 use std::ops::Range;
 
-/// The `k`-th of `parts` near-equal contiguous pieces of `0..total`.
+/// The `k`-th of `parts` near-equal contiguous pieces of `0..total`: the pieces for
+/// `k = 0..parts` are disjoint, cover `0..total` in order and differ in length by at most
+/// one. [`Distribution::Block`](crate::Distribution::Block) homes 2-D arrays by these
+/// bands of rows, so a node working on `band(rows, size, rank)` writes pages it homes.
+/// `parts` of 0 counts as 1.
 pub fn band(total: usize, parts: usize, k: usize) -> Range<usize> {
     let parts = parts.max(1);
     (k * total / parts)..((k + 1) * total / parts)
@@ -45,10 +49,12 @@ impl<T> std::fmt::Debug for Array<T> {
 }
 
 impl<T> Array<T> {
+    /// Number of elements (`rows * cols` for 2-D arrays).
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the array has no elements (never true: empty allocations are refused).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -116,10 +122,12 @@ impl<T> Clone for View<'_, T> {
 impl<'a, T: Pod> View<'a, T> {
     const SIZE: usize = std::mem::size_of::<T>();
 
+    /// Number of elements of the array.
     pub fn len(&self) -> usize {
         self.mem.len()
     }
 
+    /// Whether the array has no elements.
     pub fn is_empty(&self) -> bool {
         self.mem.is_empty()
     }
@@ -129,7 +137,8 @@ impl<'a, T: Pod> View<'a, T> {
         self.cols
     }
 
-    /// Reads element `i`.
+    /// Reads element `i`, recorded as a read of that element. Panics if `i` is out of
+    /// bounds.
     #[inline(always)]
     pub fn get(&self, i: usize) -> T {
         if let Some(s) = self.shadow {
@@ -138,7 +147,8 @@ impl<'a, T: Pod> View<'a, T> {
         self.mem.get(i)
     }
 
-    /// Writes element `i`.
+    /// Writes element `i`, recorded as a write of that element. Panics if `i` is out of
+    /// bounds.
     #[inline(always)]
     pub fn set(&self, i: usize, value: T) {
         if let Some(s) = self.shadow {
@@ -401,15 +411,17 @@ pub struct Strided<'a, T> {
 }
 
 impl<T: Pod> Strided<'_, T> {
+    /// Number of elements in the set (the `count` it was made with).
     pub fn len(&self) -> usize {
         self.mem.len()
     }
 
+    /// Whether the set has no elements.
     pub fn is_empty(&self) -> bool {
         self.mem.is_empty()
     }
 
-    /// The `k`-th element of the set.
+    /// The `k`-th element of the set. Panics if `k` is not below [`len`](Self::len).
     #[inline(always)]
     pub fn get(&self, k: usize) -> T {
         self.mem.get(k)
@@ -423,15 +435,18 @@ pub struct StridedMut<'a, T> {
 }
 
 impl<T: Pod> StridedMut<'_, T> {
+    /// Number of elements in the set (the `count` it was made with).
     pub fn len(&self) -> usize {
         self.mem.len()
     }
 
+    /// Whether the set has no elements.
     pub fn is_empty(&self) -> bool {
         self.mem.is_empty()
     }
 
-    /// Writes the `k`-th element of the set.
+    /// Writes the `k`-th element of the set. Panics if `k` is not below
+    /// [`len`](Self::len).
     #[inline(always)]
     pub fn set(&self, k: usize, value: T) {
         self.mem.set(k, value)
