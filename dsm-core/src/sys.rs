@@ -796,6 +796,29 @@ pub(crate) fn install_alt_stack() -> io::Result<()> {
     Ok(())
 }
 
+/// Takes ownership of the launcher's lifeline, the inherited read end of a pipe
+/// (`DSM_LAUNCHER_FD`), after checking that `fd` is open and is a pipe.
+pub(crate) fn adopt_lifeline(fd: i32) -> io::Result<std::fs::File> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    // SAFETY: fstat writes into a zeroed, properly sized stat buffer; an invalid fd is
+    // reported as EBADF, not undefined behaviour.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(os_err(&format!("DSM_LAUNCHER_FD={fd}")));
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFIFO {
+        return Err(io::Error::other(format!(
+            "DSM_LAUNCHER_FD={fd} is not a pipe; it is set by dsmrun and must not be set by hand"
+        )));
+    }
+    // SAFETY: the fd is open (fstat succeeded) and was inherited for this purpose: the
+    // launcher made it for this process, and nothing else in the process knows its number,
+    // so this is its only owner.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok(std::fs::File::from(owned))
+}
+
 /// Exits immediately without unwinding or running destructors, for fatal errors found on
 /// the comm thread while the app thread may be parked inside the fault handler.
 pub(crate) fn exit_now(code: i32) -> ! {

@@ -25,6 +25,9 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
+use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
+use nix::unistd::pipe2;
+use std::os::fd::{AsRawFd, OwnedFd};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::{access, AccessFlags, Pid};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
@@ -429,6 +432,8 @@ pub fn rank_config(
             size: config.ranks,
         }),
         stats_file: None,
+        // Set by spawn_rank, which makes the pipe.
+        launcher_fd: None,
     }
 }
 
@@ -459,6 +464,7 @@ pub fn run(config: &LaunchConfig) -> Result<JobOutcome, LaunchError> {
     let _signals = SignalWatch::install(tx.clone()).map_err(LaunchError::Signals)?;
     let mut job = Job {
         ranks: Vec::with_capacity(config.ranks),
+        lifelines: Vec::with_capacity(config.ranks),
         rx,
         race_exit_code: config.race.races_found_exit(),
         started: Instant::now(),
@@ -470,7 +476,10 @@ pub fn run(config: &LaunchConfig) -> Result<JobOutcome, LaunchError> {
                 program: program.clone(),
                 source,
             })
-            .and_then(|child| job.adopt(rank, child, &tx));
+            .and_then(|(child, lifeline)| {
+                job.lifelines.push(lifeline);
+                job.adopt(rank, child, &tx)
+            });
         if let Err(err) = started {
             job.abort();
             return Err(err);
@@ -479,20 +488,33 @@ pub fn run(config: &LaunchConfig) -> Result<JobOutcome, LaunchError> {
     Ok(job.supervise(config.timeout))
 }
 
+/// A pipe whose read end the rank inherits and whose write end only dsmrun holds (it is
+/// close-on-exec, so no rank inherits another's). However dsmrun ends, even by SIGKILL,
+/// the kernel closes the write end, the rank reads end-of-file and stops: no rank outlives
+/// its launcher, even behind a wrapper script that keeps the fd.
+fn lifeline() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (read, write) = pipe2(OFlag::O_CLOEXEC)?;
+    fcntl(read.as_raw_fd(), FcntlArg::F_SETFD(FdFlag::empty()))?;
+    Ok((read, write))
+}
+
 fn spawn_rank(
     config: &LaunchConfig,
     program: &Path,
     rank: usize,
     coord: SocketAddr,
     secret: &str,
-) -> io::Result<Child> {
+) -> io::Result<(Child, OwnedFd)> {
     let mut command = Command::new(program);
     command.args(&config.args);
     for var in env_vars::LAUNCHER_OWNED {
         command.env_remove(var);
     }
+    let (lifeline_read, lifeline_write) = lifeline()?;
+    let mut job = rank_config(config, rank, coord, secret);
+    job.launcher_fd = Some(lifeline_read.as_raw_fd());
     command
-        .envs(rank_config(config, rank, coord, secret).to_env())
+        .envs(job.to_env())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -500,7 +522,10 @@ fn spawn_rank(
         // and a terminal's Ctrl-C reaches only dsmrun, which stops the job in
         // order instead of every process dying at once.
         .process_group(0);
-    command.spawn()
+    let child = command.spawn()?;
+    // Only the rank may hold the read end, or the next rank would inherit it too.
+    drop(lifeline_read);
+    Ok((child, lifeline_write))
 }
 
 enum Event {
@@ -629,6 +654,8 @@ struct RankProc {
 
 struct Job {
     ranks: Vec<RankProc>,
+    /// Write ends of the ranks' lifelines, held until dsmrun exits.
+    lifelines: Vec<OwnedFd>,
     rx: Receiver<Event>,
     race_exit_code: Option<i32>,
     started: Instant,

@@ -154,6 +154,9 @@ pub struct JobConfig {
     pub local: Option<LocalPlacement>,
     /// Where to write this rank's counters at finish (`%r` becomes the rank).
     pub stats_file: Option<PathBuf>,
+    /// The inherited pipe end that ties the rank's life to its launcher's
+    /// (`DSM_LAUNCHER_FD`): end-of-file on it means the launcher died.
+    pub launcher_fd: Option<i32>,
 }
 
 /// How long ranks wait for each other at start unless told otherwise.
@@ -175,6 +178,7 @@ impl JobConfig {
             pin: false,
             local: None,
             stats_file: None,
+            launcher_fd: None,
         }
     }
 
@@ -346,6 +350,12 @@ impl JobConfig {
             stats_file: get(vars::STATS_FILE)
                 .filter(|s| !s.is_empty())
                 .map(PathBuf::from),
+            launcher_fd: match get(vars::LAUNCHER_FD) {
+                Some(v) => Some(v.trim().parse::<i32>().ok().filter(|&fd| fd > 2).ok_or_else(
+                    || invalid(vars::LAUNCHER_FD, &v, "expected a file descriptor above 2".into()),
+                )?),
+                None => None,
+            },
         })
     }
 
@@ -374,6 +384,9 @@ impl JobConfig {
                 vars::CONNECT_TIMEOUT,
                 format_secs(self.connect_timeout).into(),
             ));
+        }
+        if let Some(fd) = self.launcher_fd {
+            env.push((vars::LAUNCHER_FD, fd.to_string().into()));
         }
         if let Some(local) = self.local {
             env.push((vars::LOCAL_RANK, local.rank.to_string().into()));
@@ -548,6 +561,7 @@ mod tests {
         c.connect_timeout = Duration::from_millis(1500);
         c.segment_bytes = Some(64 << 20);
         c.local = Some(LocalPlacement { rank: 3, size: 8 });
+        c.launcher_fd = Some(7);
         c.race = RaceOptions {
             enabled: true,
             log: Some("/tmp/races.jsonl".into()),

@@ -79,6 +79,9 @@ pub mod env_vars {
     pub const LOCAL_RANK: &str = "DSM_LOCAL_RANK";
     /// Number of ranks on this rank's host (for pinning).
     pub const LOCAL_SIZE: &str = "DSM_LOCAL_SIZE";
+    /// File descriptor of the read end of a pipe whose write end only the launcher holds:
+    /// when it reports end-of-file, the launcher is gone and the rank stops.
+    pub const LAUNCHER_FD: &str = "DSM_LAUNCHER_FD";
     /// Path where the rank writes its protocol and detector counters as JSON at finish
     /// (`%r` is replaced by the rank).
     pub const STATS_FILE: &str = "DSM_STATS_FILE";
@@ -89,7 +92,7 @@ pub mod env_vars {
     /// its own, so a nested or leftover setting never leaks into a job. The others
     /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_PIN`, `DSM_STATS_FILE`, `DSM_LOG`) are the
     /// user's to set for a whole job and reach the ranks by inheritance.
-    pub const LAUNCHER_OWNED: [&str; 14] = [
+    pub const LAUNCHER_OWNED: [&str; 15] = [
         RANK,
         SIZE,
         COORD,
@@ -104,5 +107,6 @@ pub mod env_vars {
         RACE_STATS,
         LOCAL_RANK,
         LOCAL_SIZE,
+        LAUNCHER_FD,
     ];
 }

@@ -112,6 +112,33 @@ struct AllocMeta {
     elem_size: usize,
 }
 
+/// Stops this rank when its launcher is gone: a thread waits on the lifeline pipe dsmrun
+/// gave the rank, whose only writer is dsmrun, and end-of-file there means dsmrun has
+/// exited, however it died. Without it, `kill -9` of dsmrun would leave every rank running.
+fn watch_launcher(fd: i32, rank: usize) -> Result<(), DsmError> {
+    use std::io::Read;
+    let mut pipe = sys::adopt_lifeline(fd).map_err(DsmError::Io)?;
+    std::thread::Builder::new()
+        .name("dsm-lifeline".into())
+        .stack_size(64 << 10)
+        .spawn(move || {
+            let mut byte = [0u8; 1];
+            loop {
+                match pipe.read(&mut byte) {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+            crate::comm::fatal(&format!(
+                "rank {rank}: the launcher (dsmrun) is gone; stopping this rank"
+            ));
+        })
+        .map_err(DsmError::Io)?;
+    Ok(())
+}
+
 /// A node of the job. Create one per process with [`Dsm::init`].
 pub struct Dsm {
     rank: usize,
@@ -154,6 +181,9 @@ impl Dsm {
     pub fn init_with(env: JobConfig) -> Result<Dsm, DsmError> {
         if INITIALIZED.swap(true, Ordering::AcqRel) {
             return Err(DsmError::AlreadyInitialized);
+        }
+        if let Some(fd) = env.launcher_fd {
+            watch_launcher(fd, env.rank)?;
         }
         let seg_len = env
             .segment_bytes
