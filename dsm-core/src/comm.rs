@@ -5,19 +5,20 @@
 //! feeds it the faults handed over by the SIGSEGV handler and the messages from peers.
 //! Whatever the engine answers is carried out while the mutex is still held (messages
 //! queued for the link writers, the faulting thread released, replies queued for the app
-//! thread), so messages leave in the order the engine produced them. A fatal protocol
-//! condition (a lost peer, malformed traffic) ends the process with a message naming the
-//! cause: the app thread may be parked in the fault handler, and the job cannot continue.
+//! thread, page-state changes copied into the [`StateMirror`] the app thread reads), so
+//! messages leave in the order the engine produced them. A fatal protocol condition (a
+//! lost peer, malformed traffic) ends the process with a message naming the cause: the app
+//! thread may be parked in the fault handler, and the job cannot continue.
 
 use crate::engine::Prot;
-use crate::engine::{Command, Engine, Memory, Output, Reply};
+use crate::engine::{Command, Engine, Memory, Output, PageState, Reply};
 use crate::sys::{self, FaultMailbox, Segment};
 use dsm_net::{Mesh, Outbox, PeerEvent, Transport};
 use dsm_proto::exit_codes::PEER_LOST as PEER_LOST_EXIT;
 use dsm_proto::{NodeId, PageNo, PAGE_SIZE};
 use std::io;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
@@ -89,6 +90,57 @@ fn report_fatal(msg: &str) {
     let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
+/// The engine's page table as last reported in its outputs, readable from the app thread
+/// without the engine lock. Reads may be stale by the time they are used; they only decide
+/// whether to prefetch or to ship a bitmap, never what is correct.
+pub struct StateMirror {
+    states: Vec<AtomicU8>,
+    /// Pages another node may also access: not homed here, or homed here and served to
+    /// someone at least once. Only these can take part in a race.
+    shared: Vec<AtomicBool>,
+}
+
+impl StateMirror {
+    /// A mirror of `pages` pages, all unallocated and unshared, as in a new engine.
+    pub fn new(pages: usize) -> Self {
+        StateMirror {
+            states: (0..pages).map(|_| AtomicU8::new(0)).collect(),
+            shared: (0..pages).map(|_| AtomicBool::new(false)).collect(),
+        }
+    }
+
+    /// Whether another node may have accessed this page too (see the field).
+    pub fn shared(&self, page: usize) -> bool {
+        self.shared
+            .get(page)
+            .is_some_and(|s| s.load(Ordering::Relaxed))
+    }
+
+    /// Whether any page of `first..=last` would fault for this access.
+    pub fn any_missing(&self, first: usize, last: usize, write: bool) -> bool {
+        let need = if write {
+            PageState::ReadWrite as u8
+        } else {
+            PageState::ReadOnly as u8
+        };
+        self.states[first..=last.min(self.states.len() - 1)]
+            .iter()
+            .any(|s| s.load(Ordering::Relaxed) < need)
+    }
+
+    fn set(&self, first: PageNo, count: u32, state: PageState) {
+        for s in &self.states[first as usize..][..count as usize] {
+            s.store(state as u8, Ordering::Relaxed);
+        }
+    }
+
+    fn mark_shared(&self, first: PageNo, count: u32) {
+        for s in &self.shared[first as usize..][..count as usize] {
+            s.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
 /// What only the comm thread can do for the app thread.
 enum Control {
     /// Flush queued messages, then exit with this status (a fatal error was reported).
@@ -100,6 +152,8 @@ enum Control {
 /// State both threads use.
 struct Shared {
     engine: Mutex<Engine<SegmentMemory>>,
+    /// Follows the engine's page-state outputs, for the app thread.
+    states: Arc<StateMirror>,
     /// Set once the transport is up (before the app thread issues its first command).
     outbox: OnceLock<Arc<Outbox>>,
     mailbox: FaultMailbox,
@@ -141,6 +195,12 @@ impl Shared {
                         }
                     }
                 }
+                Output::PageStates {
+                    first,
+                    count,
+                    state,
+                } => self.states.set(first, count, state),
+                Output::PagesShared { first, count } => self.states.mark_shared(first, count),
                 Output::FaultResolved => self.mailbox.resolve(),
                 Output::FaultCrash => self.mailbox.crash(),
                 Output::Reply(mut r) => {
@@ -192,8 +252,15 @@ impl Comm {
         let kicks = mailbox
             .take_receiver()
             .ok_or_else(|| io::Error::other("fault mailbox receiver already taken"))?;
+        // Seeded from the engine so the mirror is right even for an engine that has
+        // already changed pages; from here on its outputs keep it current.
+        let states = Arc::new(StateMirror::new(engine.page_count()));
+        for p in 0..engine.page_count() as PageNo {
+            states.set(p, 1, engine.page_state(p));
+        }
         let shared = Arc::new(Shared {
             engine: Mutex::new(engine),
+            states,
             outbox: OnceLock::new(),
             mailbox,
             replies: reply_tx,
@@ -239,6 +306,11 @@ impl Comm {
                 std::thread::park();
             }
         }
+    }
+
+    /// The page states the app thread may consult to prefetch only what is missing.
+    pub fn states(&self) -> Arc<StateMirror> {
+        self.shared.states.clone()
     }
 
     /// Waits for the next reply.

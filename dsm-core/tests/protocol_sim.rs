@@ -6,7 +6,7 @@
 //! write made before it, for any home placement and any interleaving.
 
 use dsm_core::engine::Prot;
-use dsm_core::engine::{Command, Engine, Memory, Output, Reply};
+use dsm_core::engine::{Command, Engine, Memory, Output, PageState, Reply};
 use dsm_proto::{Msg, NodeId, PageNo, PAGE_SIZE};
 use proptest::prelude::*;
 use std::collections::VecDeque;
@@ -62,6 +62,8 @@ struct Node {
     eng: Engine<FakeMem>,
     script: VecDeque<Op>,
     wait: Wait,
+    /// The page table as rebuilt from the engine's state outputs (what the runtime mirrors).
+    mirror: Vec<PageState>,
 }
 
 struct Sim {
@@ -106,8 +108,26 @@ impl Sim {
                     assert_eq!(self.nodes[k].wait, Wait::Reply, "node {k}: reply {r:?}");
                     self.nodes[k].wait = Wait::Running;
                 }
+                Output::PageStates {
+                    first,
+                    count,
+                    state,
+                } => {
+                    for p in first..first + count {
+                        self.nodes[k].mirror[p as usize] = state;
+                    }
+                }
+                Output::PagesShared { .. } => {}
                 Output::Fatal(m) | Output::PeerLost(m) => panic!("node {k}: fatal: {m}"),
             }
+        }
+        let node = &self.nodes[k];
+        for (p, &state) in node.mirror.iter().enumerate() {
+            assert_eq!(
+                state,
+                node.eng.page_state(p as PageNo),
+                "node {k}: state outputs disagree with the engine on page {p}"
+            );
         }
     }
 
@@ -265,6 +285,7 @@ fn sim(n: usize, homes: &[usize], vars: usize, seed: u64) -> Sim {
             eng: Engine::new(k as NodeId, n, pages, mem, false),
             script: VecDeque::new(),
             wait: Wait::Running,
+            mirror: vec![PageState::Unallocated; pages],
         });
     }
     let mut s = Sim {

@@ -169,6 +169,21 @@ pub enum Output {
     Reply(Reply),
     /// The job cannot continue (malformed traffic, inconsistent collective call).
     Fatal(String),
+    /// Pages `first..first + count` are now in `state`. The engine never reads these
+    /// back; they let the runtime keep a copy of the page table that the app thread can
+    /// consult without taking the engine lock.
+    PageStates {
+        first: PageNo,
+        count: u32,
+        state: PageState,
+    },
+    /// Pages `first..first + count` may be accessed by another node as well (they are
+    /// homed elsewhere, or a copy was just served). Only such pages can take part in a
+    /// race, so race detection ships access bitmaps for these alone.
+    PagesShared {
+        first: PageNo,
+        count: u32,
+    },
     /// The job cannot continue because a peer went away (a consequence of another
     /// node's failure, reported with its own exit status).
     PeerLost(String),
@@ -235,57 +250,6 @@ pub struct Engine<M: Memory> {
     finished: bool,
     stats: Stats,
     out: Vec<Output>,
-    mirror: Option<std::sync::Arc<StateMirror>>,
-}
-
-/// Page states as the comm thread last set them, readable from the app thread. Reads may
-/// be stale by the time they are used; they only decide whether to prefetch, never what is
-/// correct.
-pub struct StateMirror {
-    states: Vec<std::sync::atomic::AtomicU8>,
-    /// Pages another node may also access: not homed here, or homed here and served to
-    /// someone at least once. Only these can take part in a race.
-    shared: Vec<std::sync::atomic::AtomicBool>,
-}
-
-impl StateMirror {
-    pub fn new(pages: usize) -> Self {
-        StateMirror {
-            states: (0..pages)
-                .map(|_| std::sync::atomic::AtomicU8::new(0))
-                .collect(),
-            shared: (0..pages)
-                .map(|_| std::sync::atomic::AtomicBool::new(false))
-                .collect(),
-        }
-    }
-
-    fn mark_shared(&self, page: usize) {
-        self.shared[page].store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Whether another node may have accessed this page too (see the field).
-    pub fn shared(&self, page: usize) -> bool {
-        self.shared
-            .get(page)
-            .is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed))
-    }
-
-    fn set(&self, page: usize, state: PageState) {
-        self.states[page].store(state as u8, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Whether any page of `first..=last` would fault for this access.
-    pub fn any_missing(&self, first: usize, last: usize, write: bool) -> bool {
-        let need = if write {
-            PageState::ReadWrite as u8
-        } else {
-            PageState::ReadOnly as u8
-        };
-        self.states[first..=last.min(self.states.len() - 1)]
-            .iter()
-            .any(|s| s.load(std::sync::atomic::Ordering::Relaxed) < need)
-    }
 }
 
 impl<M: Memory> Engine<M> {
@@ -326,17 +290,7 @@ impl<M: Memory> Engine<M> {
             finished: false,
             stats: Stats::default(),
             out: Vec::new(),
-            mirror: None,
         }
-    }
-
-    /// Gives the app thread a read-only view of page states, so bulk accessors can fetch
-    /// the missing pages of a range in one request instead of faulting page by page.
-    pub fn share_states(&mut self, mirror: std::sync::Arc<StateMirror>) {
-        for (p, e) in self.pages.iter().enumerate() {
-            mirror.set(p, e.state);
-        }
-        self.mirror = Some(mirror);
     }
 
     pub fn memory(&self) -> &M {
@@ -349,6 +303,11 @@ impl<M: Memory> Engine<M> {
 
     pub fn page_state(&self, page: PageNo) -> PageState {
         self.pages[page as usize].state
+    }
+
+    /// Size of the page table: the segment's page count.
+    pub fn page_count(&self) -> usize {
+        self.pages.len()
     }
 
     pub fn stats(&self) -> &Stats {

@@ -46,9 +46,38 @@ pub(super) struct HomeWait {
 impl<M: Memory> Engine<M> {
     pub(super) fn set_state(&mut self, page: PageNo, state: PageState) {
         self.pages[page as usize].state = state;
-        if let Some(m) = &self.mirror {
-            m.set(page as usize, state);
+        // Extending the previous run keeps bulk changes (an allocation, a prefetch, the
+        // invalidations at a barrier) to one output instead of one per page.
+        if let Some(Output::PageStates {
+            first,
+            count,
+            state: last,
+        }) = self.out.last_mut()
+        {
+            if *last == state && *first + *count == page {
+                *count += 1;
+                return;
+            }
         }
+        self.out.push(Output::PageStates {
+            first: page,
+            count: 1,
+            state,
+        });
+    }
+
+    /// Reports pages another node may access too (see [`Output::PagesShared`]).
+    fn mark_shared(&mut self, page: PageNo, pages: u32) {
+        if let Some(Output::PagesShared { first, count }) = self.out.last_mut() {
+            if *first + *count == page {
+                *count += pages;
+                return;
+            }
+        }
+        self.out.push(Output::PagesShared {
+            first: page,
+            count: pages,
+        });
     }
 
     pub(super) fn is_home(&self, page: PageNo) -> bool {
@@ -245,10 +274,8 @@ impl<M: Memory> Engine<M> {
         for &p in &newly_shared {
             self.set_state(p, PageState::ReadOnly);
         }
-        if let Some(m) = &self.mirror {
-            for &p in &pages {
-                m.mark_shared(p as usize);
-            }
+        for &p in &pages {
+            self.mark_shared(p, 1);
         }
         let copies = pages
             .into_iter()
@@ -349,14 +376,11 @@ impl<M: Memory> Engine<M> {
                     PageState::Invalid
                 };
                 self.set_state(p, state);
-                if home != self.me {
-                    if let Some(m) = &self.mirror {
-                        m.mark_shared(p as usize);
-                    }
-                }
             }
             if home == self.me {
                 mine.push((first, count));
+            } else {
+                self.mark_shared(first, count);
             }
         }
         for (first, count) in mine {
