@@ -15,10 +15,10 @@ use crate::engine::{Command, Engine, Memory, Output, PageState, Reply};
 use crate::sys::{self, FaultMailbox, Segment};
 use dsm_net::{Mesh, Outbox, PeerEvent, Transport};
 use dsm_proto::exit_codes::PEER_LOST as PEER_LOST_EXIT;
-use dsm_proto::{NodeId, PageNo, PAGE_SIZE};
+use dsm_proto::{Msg, NodeId, PageNo, PAGE_SIZE};
 use std::io;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
@@ -141,6 +141,22 @@ impl StateMirror {
     }
 }
 
+/// Serialized size of the access notices (race mode) in the intervals `msg` carries; zero
+/// for messages without intervals and for every message when detection is off.
+fn race_notice_bytes(msg: &Msg) -> u64 {
+    let intervals = match msg {
+        Msg::LockGrant { intervals, .. }
+        | Msg::BarrierArrive { intervals, .. }
+        | Msg::BarrierRelease { intervals, .. } => intervals.as_slice(),
+        _ => return 0,
+    };
+    intervals
+        .iter()
+        .filter_map(|i| i.race.as_ref())
+        .map(|r| postcard::experimental::serialized_size(r).map_or(0, |s| s as u64))
+        .sum()
+}
+
 /// What only the comm thread can do for the app thread.
 enum Control {
     /// Flush queued messages, then exit with this status (a fatal error was reported).
@@ -161,6 +177,9 @@ struct Shared {
     control: mpsc::UnboundedSender<Control>,
     /// Set once a fatal error is being reported: nothing else is carried out.
     dying: AtomicBool,
+    /// Serialized size of the access notices in the messages handed to the transport
+    /// ([`Stats::race_notice_bytes`](crate::engine::Stats::race_notice_bytes)).
+    race_notice_bytes: AtomicU64,
 }
 
 impl Shared {
@@ -177,6 +196,10 @@ impl Shared {
             }
             match out {
                 Output::Send { to, msg } => {
+                    let notices = race_notice_bytes(&msg);
+                    if notices > 0 {
+                        self.race_notice_bytes.fetch_add(notices, Ordering::Relaxed);
+                    }
                     let Some(outbox) = self.outbox.get() else {
                         continue;
                     };
@@ -204,12 +227,15 @@ impl Shared {
                 Output::FaultResolved => self.mailbox.resolve(),
                 Output::FaultCrash => self.mailbox.crash(),
                 Output::Reply(mut r) => {
-                    if let (Reply::Stats(s), Some(outbox)) = (&mut r, self.outbox.get()) {
-                        let t = &outbox.traffic;
-                        s.messages_sent = t.messages_sent.load(Ordering::Relaxed);
-                        s.bytes_sent = t.bytes_sent.load(Ordering::Relaxed);
-                        s.messages_received = t.messages_received.load(Ordering::Relaxed);
-                        s.bytes_received = t.bytes_received.load(Ordering::Relaxed);
+                    if let Reply::Stats(s) = &mut r {
+                        s.race_notice_bytes = self.race_notice_bytes.load(Ordering::Relaxed);
+                        if let Some(outbox) = self.outbox.get() {
+                            let t = &outbox.traffic;
+                            s.messages_sent = t.messages_sent.load(Ordering::Relaxed);
+                            s.bytes_sent = t.bytes_sent.load(Ordering::Relaxed);
+                            s.messages_received = t.messages_received.load(Ordering::Relaxed);
+                            s.bytes_received = t.bytes_received.load(Ordering::Relaxed);
+                        }
                     }
                     // The app thread only goes away at process exit.
                     let _ = self.replies.send(r);
@@ -266,6 +292,7 @@ impl Comm {
             replies: reply_tx,
             control: control_tx,
             dying: AtomicBool::new(false),
+            race_notice_bytes: AtomicU64::new(0),
         });
         let rank = mesh.rank;
         let for_thread = shared.clone();

@@ -189,7 +189,9 @@ pub enum Output {
     PeerLost(String),
 }
 
-/// Protocol counters (the traffic counters are filled in by the comm thread).
+/// Protocol counters. The engine counts protocol events; the wire-level fields (traffic
+/// and `race_notice_bytes`) stay zero here and are filled in by the runtime, which sees the
+/// messages it hands to the transport.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Stats {
     pub read_faults: u64,
@@ -323,18 +325,6 @@ impl<M: Memory> Engine<M> {
     }
 
     pub(super) fn send(&mut self, to: NodeId, msg: Msg) {
-        if self.race_mode {
-            let intervals = match &msg {
-                Msg::LockGrant { intervals, .. }
-                | Msg::BarrierArrive { intervals, .. }
-                | Msg::BarrierRelease { intervals, .. } => intervals.as_slice(),
-                _ => &[],
-            };
-            for r in intervals.iter().filter_map(|i| i.race.as_ref()) {
-                self.stats.race_notice_bytes +=
-                    postcard::experimental::serialized_size(r).map_or(0, |s| s as u64);
-            }
-        }
         self.out.push(Output::Send { to, msg });
     }
 
