@@ -28,12 +28,15 @@ use tokio::sync::mpsc;
 /// Exit status of a node the runtime stops because the job cannot go on.
 pub const FATAL_EXIT: i32 = 70;
 
-/// [`Memory`] over the mapped segment.
+/// [`Memory`] over the mapped segment: what the engine's page operations do in a real
+/// process.
 pub struct SegmentMemory {
     seg: &'static Segment,
 }
 
 impl SegmentMemory {
+    /// Lets the engine work on `seg`: protection changes apply to its app view, page
+    /// copies and diffs go through its always-writable runtime view.
     pub fn new(seg: &'static Segment) -> Self {
         SegmentMemory { seg }
     }

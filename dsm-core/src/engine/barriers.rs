@@ -3,14 +3,30 @@
 //! and the race-detection rounds the master runs between arrival and release.
 
 use super::{Engine, Memory, Reply};
-use dsm_proto::{EncodedBitmap, IntervalRecord, Msg, NodeId, RaceNotices, SyncCause, VectorTime};
+use dsm_proto::{
+    BitmapKey, EncodedBitmap, IntervalRecord, Msg, NodeId, RaceNotices, SyncCause, VectorTime,
+};
 
+/// One node's arrival at a barrier, as received (see `Msg::BarrierArrive`).
 pub(super) struct Arrival {
     pub(super) known: VectorTime,
     pub(super) intervals: Vec<IntervalRecord>,
+    /// The sender's allocation digest, which must match everyone else's.
     pub(super) check: u64,
     pub(super) finishing: bool,
     pub(super) bitmaps: Vec<EncodedBitmap>,
+}
+
+/// What the master needs to release a barrier once every node has arrived; with race
+/// detection it waits here while the app analyzes the epoch.
+pub(super) struct MasterRelease {
+    epoch: u32,
+    /// Everything anyone knew at arrival: everyone's knowledge after the release.
+    global: VectorTime,
+    /// Every interval of the epoch, in (node, index) order.
+    all: Vec<IntervalRecord>,
+    /// Each node's knowledge at arrival, so each is sent only the intervals it lacks.
+    knowns: Vec<VectorTime>,
 }
 
 /// Largest job whose barriers are all-to-all (without race detection); beyond it the
@@ -155,10 +171,20 @@ impl<M: Memory> Engine<M> {
             // Every node did this same computation from the same arrivals.
             self.on_release(epoch, global, all, 0);
         } else if !self.race_mode {
-            self.master_release = Some((epoch, global, all, knowns));
+            self.master_release = Some(MasterRelease {
+                epoch,
+                global,
+                all,
+                knowns,
+            });
             self.master_release(0);
         } else {
-            self.master_release = Some((epoch, global, all.clone(), knowns));
+            self.master_release = Some(MasterRelease {
+                epoch,
+                global,
+                all: all.clone(),
+                knowns,
+            });
             self.reply(Reply::AnalyzeEpoch {
                 epoch,
                 intervals: all,
@@ -167,8 +193,16 @@ impl<M: Memory> Engine<M> {
         }
     }
 
+    /// Sends each node the barrier release with the intervals it has not seen, this node's
+    /// own included (through `handle`, as if it had come by message).
     pub(super) fn master_release(&mut self, races: u64) {
-        let Some((epoch, global, all, knowns)) = self.master_release.take() else {
+        let Some(MasterRelease {
+            epoch,
+            global,
+            all,
+            knowns,
+        }) = self.master_release.take()
+        else {
             self.fatal("barrier release requested outside a barrier".into());
             return;
         };
@@ -217,5 +251,35 @@ impl<M: Memory> Engine<M> {
             self.finished = true;
         }
         self.reply_after_home_diffs(waits, Reply::BarrierDone { epoch, races });
+    }
+
+    // ---------------------------------------------------------------- race-mode rounds
+    // Between arrival and release the master's app may need bitmaps that were not shipped
+    // with the arrivals. The engine only carries them: deciding what to ask for and
+    // answering is the app thread's job, since it owns the access recorder.
+
+    pub(super) fn request_bitmaps(&mut self, node: NodeId, epoch: u32, keys: Vec<BitmapKey>) {
+        self.send(
+            node,
+            Msg::BitmapRequest {
+                epoch,
+                wanted: keys,
+            },
+        );
+    }
+
+    pub(super) fn send_bitmaps(&mut self, epoch: u32, bitmaps: Vec<EncodedBitmap>) {
+        self.send(0, Msg::BitmapReply { epoch, bitmaps });
+    }
+
+    pub(super) fn on_bitmap_request(&mut self, epoch: u32, wanted: Vec<BitmapKey>) {
+        self.reply(Reply::BitmapsWanted {
+            epoch,
+            keys: wanted,
+        });
+    }
+
+    pub(super) fn on_bitmap_reply(&mut self, from: NodeId, bitmaps: Vec<EncodedBitmap>) {
+        self.reply(Reply::BitmapsArrived { from, bitmaps });
     }
 }

@@ -5,14 +5,21 @@
 use super::{Engine, Memory, Reply};
 use dsm_proto::{IntervalRecord, LockId, Msg, NodeId, RaceNotices, SyncCause, VectorTime};
 
+/// This node's view of one lock: as a possible holder, and at the manager, as the end of
+/// the forwarding chain.
 #[derive(Debug)]
 pub(super) struct LockState {
     /// At the manager: where the next request is forwarded (initially the manager itself,
     /// which also holds the token of a lock nobody has used).
     last_requester: NodeId,
+    /// The lock's token is here: it can be taken or granted without asking anyone.
     token: bool,
+    /// The app holds the lock (implies `token`).
     held: bool,
+    /// An acquire is under way; a grant is expected.
     waiting: bool,
+    /// The successor a request was forwarded here for, with its knowledge, granted at the
+    /// next release (or at once if the token is idle).
     next: Option<(NodeId, VectorTime)>,
     /// What this node knew when it last released the lock. A later grant passes on exactly
     /// this: intervals closed after the release (by a barrier arrival, another lock) are

@@ -40,7 +40,7 @@ mod locks;
 mod pages;
 
 use crate::diff::{self, DiffError};
-use barriers::Arrival;
+use barriers::{Arrival, MasterRelease};
 use dsm_proto::{
     BitmapKey, EncodedBitmap, IntervalRecord, LockId, Msg, NodeId, PageNo, PageRuns, RaceNotices,
     SyncCause, VectorTime, PAGE_SIZE,
@@ -52,138 +52,212 @@ use std::collections::{BTreeMap, HashMap};
 pub use barriers::ALL_TO_ALL_MAX_NODES;
 pub use locks::lock_manager;
 
-/// Protection of a page in the app view.
+/// Protection of a page in the app view, as the engine asks [`Memory::protect`] to set it.
+/// Protection is how the engine notices accesses: a page it must hear about on the next
+/// read is `None`, on the next write `Read`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Prot {
+    /// Any access faults: the local copy is missing or stale.
     None,
+    /// Reads go through; a write faults, so a twin or a write notice can be made first.
     Read,
+    /// No access faults: the page is being written in the open interval (or, at the home,
+    /// nobody holds a copy that a write could make stale).
     ReadWrite,
 }
 
 /// What the engine needs from memory. The real implementation wraps the mapped segment;
-/// tests use plain buffers.
+/// tests use plain buffers. "Runtime view" is a second mapping of the same pages that is
+/// always writable, so the engine can fill and diff pages the app may not touch.
 pub trait Memory {
-    /// Sets the app view's protection of a run of pages.
+    /// Sets the app view's protection of pages `first..first + count`.
     fn protect(&mut self, first: PageNo, count: u32, prot: Prot);
-    /// Copies a page out of the runtime view.
+    /// Copies a page out of the runtime view into `out` (one page long): to make a twin or
+    /// a copy to serve.
     fn read_page(&self, page: PageNo, out: &mut [u8]);
-    /// Installs a whole page into the runtime view.
+    /// Installs a whole page fetched from its home into the runtime view.
     fn write_page(&mut self, page: PageNo, data: &[u8]);
-    /// Applies a (validated) diff to a page of the runtime view.
+    /// Applies a diff, already checked with [`diff::validate`], to a page of the runtime
+    /// view (at the page's home).
     fn apply_diff(&mut self, page: PageNo, diff: &[u8]);
-    /// Diff of the page's current contents against `twin`.
+    /// Encodes (see [`diff`]) how the page's current contents differ from `twin`.
     fn make_diff(&self, page: PageNo, twin: &[u8]) -> Vec<u8>;
 }
 
+/// A page's state in this node's page table. The order matters: a state at least
+/// `ReadOnly` allows reads, `ReadWrite` allows writes, which is how the runtime's mirror
+/// answers "would this access fault" with one comparison.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 #[repr(u8)]
 pub enum PageState {
     /// Not part of any allocation: an access is a genuine segmentation fault.
     Unallocated,
+    /// Allocated, but the local copy is missing or stale: an access fetches the page from
+    /// its home. Never the state of a page at its home.
     Invalid,
+    /// A valid copy that is write-protected: the next write makes a twin (or, at the home,
+    /// a write notice) first.
     ReadOnly,
+    /// Being written in the open interval (or, at the home, not served since its last
+    /// write notice).
     ReadWrite,
 }
 
-/// Commands from the app thread.
+/// Requests from the app thread. Each is answered by exactly one [`Reply`] (possibly
+/// later, after messages) except where a variant says otherwise.
 #[derive(Debug)]
 pub enum Command {
-    /// Registers the pages of a new collective allocation (`homes` as runs
-    /// `(first, count, home)`), then behaves as a barrier.
+    /// Registers the pages of a new collective allocation, then behaves as a barrier.
     Alloc {
+        /// The allocation's pages as runs `(first, count, home)`.
         homes: Vec<(PageNo, u32, NodeId)>,
+        /// Hash of the allocation's name and shape; folded into a running digest that the
+        /// barrier compares across ranks, so differing alloc calls fail loudly.
         digest: u64,
+        /// Race mode: the accesses of the interval this barrier closes.
         race: Option<RaceNotices>,
     },
+    /// Acquires a lock; replies [`Reply::Done`] once the lock is held and the writes
+    /// ordered before it are visible.
     Acquire {
+        /// The lock to take.
         lock: LockId,
+        /// Race mode: the accesses of the interval the acquire closes.
         race: Option<RaceNotices>,
     },
+    /// Releases a held lock, handing it to a queued successor if there is one.
     Release {
+        /// The lock to give up; this node must hold it.
         lock: LockId,
+        /// Race mode: the accesses of the interval the release closes.
         race: Option<RaceNotices>,
     },
+    /// Waits until every node has arrived; replies [`Reply::BarrierDone`] (or, at the race
+    /// master, first [`Reply::AnalyzeEpoch`]).
     Barrier {
+        /// The final barrier of the run: peers leaving afterwards is expected.
         finishing: bool,
+        /// Race mode: the accesses of the interval the arrival closes.
         race: Option<RaceNotices>,
         /// Race mode: bitmaps shipped with the arrival (see `Msg::BarrierArrive`).
         bitmaps: Vec<EncodedBitmap>,
     },
     /// Makes pages valid (and writable if `write`) ahead of a bulk access, fetching all
     /// missing ones with one request per home instead of one fault per page.
-    Prefetch { pages: PageRuns, write: bool },
-    /// Race mode, barrier master: ask `node` for these bitmaps.
+    Prefetch {
+        /// The pages the access will touch; those beyond the segment are ignored.
+        pages: PageRuns,
+        /// Whether the access writes, so the pages end up writable.
+        write: bool,
+    },
+    /// Race mode, barrier master: ask `node` for these bitmaps. No reply of its own; the
+    /// bitmaps come back as [`Reply::BitmapsArrived`].
     RequestBitmaps {
+        /// The node that recorded the bitmaps.
         node: NodeId,
+        /// The barrier epoch being analyzed.
         epoch: u32,
+        /// Which bitmaps the analysis needs.
         keys: Vec<BitmapKey>,
     },
-    /// Race mode: answer the master's bitmap request.
+    /// Race mode: answer the master's bitmap request. No reply.
     SendBitmaps {
+        /// The epoch named in the request.
         epoch: u32,
+        /// The bitmaps asked for.
         bitmaps: Vec<EncodedBitmap>,
     },
-    /// Race mode, barrier master: analysis done, let everyone go.
-    ReleaseBarrier { races: u64 },
-    /// Snapshot of the protocol counters.
+    /// Race mode, barrier master: analysis done, let everyone go. The master's own
+    /// [`Reply::BarrierDone`] follows.
+    ReleaseBarrier {
+        /// Races reported for the epoch, passed on to every node.
+        races: u64,
+    },
+    /// Snapshot of the protocol counters, answered with [`Reply::Stats`].
     Stats,
 }
 
 /// Answers for the app thread.
 #[derive(Debug)]
 pub enum Reply {
+    /// An acquire, release or prefetch has completed.
     Done,
+    /// A barrier (or allocation) has completed: every node's writes before it are
+    /// visible here.
     BarrierDone {
+        /// Number of the barrier just passed, counting from 1.
         epoch: u32,
+        /// Races the master reported for the epoch (0 without race detection).
         races: u64,
     },
     /// Race mode, barrier master: every interval of the epoch, for analysis, and the
-    /// bitmaps the nodes shipped with their arrivals.
+    /// bitmaps the nodes shipped with their arrivals. The app answers with
+    /// [`Command::ReleaseBarrier`].
     AnalyzeEpoch {
+        /// The epoch that just ended.
         epoch: u32,
+        /// Every interval any node closed in the epoch.
         intervals: Vec<IntervalRecord>,
+        /// Access bitmaps shipped with the arrivals, by the node that recorded them.
         bitmaps: Vec<(NodeId, EncodedBitmap)>,
     },
-    /// Race mode: the master wants these bitmaps.
+    /// Race mode: the master wants these bitmaps; the app answers with
+    /// [`Command::SendBitmaps`].
     BitmapsWanted {
+        /// The epoch being analyzed.
         epoch: u32,
+        /// The bitmaps wanted.
         keys: Vec<BitmapKey>,
     },
-    /// Race mode, master: bitmaps from `from`.
+    /// Race mode, master: bitmaps from `from`, answering a [`Command::RequestBitmaps`].
     BitmapsArrived {
+        /// The node that sent them.
         from: NodeId,
+        /// The bitmaps.
         bitmaps: Vec<EncodedBitmap>,
     },
+    /// The protocol counters, answering [`Command::Stats`].
     Stats(Box<Stats>),
 }
 
+/// What the engine asks the runtime to carry out, in order.
 #[derive(Debug)]
 pub enum Output {
+    /// Hand a message to the transport.
     Send {
+        /// The destination rank (never this node).
         to: NodeId,
+        /// The message.
         msg: Msg,
     },
+    /// The faulting access may now proceed: let the app thread retry it.
     FaultResolved,
     /// The faulting access is outside every allocation: let it crash.
     FaultCrash,
+    /// Deliver an answer to the app thread.
     Reply(Reply),
-    /// The job cannot continue (malformed traffic, inconsistent collective call).
-    Fatal(String),
     /// Pages `first..first + count` are now in `state`. The engine never reads these
     /// back; they let the runtime keep a copy of the page table that the app thread can
     /// consult without taking the engine lock.
     PageStates {
+        /// First page of the run.
         first: PageNo,
+        /// Pages in the run (at least 1).
         count: u32,
+        /// Their new state.
         state: PageState,
     },
     /// Pages `first..first + count` may be accessed by another node as well (they are
     /// homed elsewhere, or a copy was just served). Only such pages can take part in a
     /// race, so race detection ships access bitmaps for these alone.
     PagesShared {
+        /// First page of the run.
         first: PageNo,
+        /// Pages in the run.
         count: u32,
     },
+    /// The job cannot continue (malformed traffic, inconsistent collective call).
+    Fatal(String),
     /// The job cannot continue because a peer went away (a consequence of another
     /// node's failure, reported with its own exit status).
     PeerLost(String),
@@ -191,31 +265,54 @@ pub enum Output {
 
 /// Protocol counters. The engine counts protocol events; the wire-level fields (traffic
 /// and `race_notice_bytes`) stay zero here and are filled in by the runtime, which sees the
-/// messages it hands to the transport.
+/// messages it hands to the transport. Serialized as the `protocol` object of the stats
+/// file, so the field names are a format.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Stats {
+    /// Reads that found the page invalid.
     pub read_faults: u64,
+    /// Writes that found the page invalid or read-only.
     pub write_faults: u64,
+    /// Page copies received from homes.
     pub pages_fetched: u64,
+    /// Page requests sent (a prefetch sends one per home).
     pub fetch_requests: u64,
+    /// Page copies served to other nodes, as a home.
     pub pages_served: u64,
+    /// Twins taken at the first write to a non-home page in an interval.
     pub twins_made: u64,
+    /// Non-empty page diffs sent to homes.
     pub diffs_sent: u64,
+    /// Encoded size of those diffs.
     pub diff_bytes_sent: u64,
+    /// Diffs applied to pages homed here.
     pub diffs_applied: u64,
+    /// Valid copies dropped because a write notice named them.
     pub invalidations: u64,
+    /// Intervals ended (at every acquire, release and barrier arrival).
     pub intervals_closed: u64,
+    /// Lock acquires started.
     pub lock_acquires: u64,
+    /// Acquires that needed no message because the lock's token was already here.
     pub lock_acquires_local: u64,
+    /// Barriers (and allocations) completed.
     pub barriers: u64,
-    /// Bytes of read/write notices from the access recorder in sent messages (race mode).
+    /// Serialized size of the read/write notices from the access recorder in sent
+    /// messages (race mode); filled in by the runtime.
     pub race_notice_bytes: u64,
+    /// Messages handed to the transport; filled in by the runtime.
     pub messages_sent: u64,
+    /// Their framed size on the wire; filled in by the runtime.
     pub bytes_sent: u64,
+    /// Messages received from peers; filled in by the runtime.
     pub messages_received: u64,
+    /// Their framed size on the wire; filled in by the runtime.
     pub bytes_received: u64,
 }
 
+/// One node's protocol state. Feed it with [`Engine::on_fault`], [`Engine::on_command`],
+/// [`Engine::on_peer_message`] and [`Engine::on_peer_lost`]; each returns the [`Output`]s
+/// to carry out, in order. It never blocks and does no I/O of its own.
 pub struct Engine<M: Memory> {
     me: NodeId,
     n: usize,
@@ -223,11 +320,13 @@ pub struct Engine<M: Memory> {
     pages: Vec<PageEntry>,
     /// Current knowledge; `vt[me]` is the index of the open interval.
     vt: VectorTime,
+    /// `vt` when the open interval began: what its accesses are ordered after.
     cur_start: VectorTime,
     cur_cause: SyncCause,
     /// Non-home pages with a twin in this interval.
     dirty: Vec<PageNo>,
     twins: HashMap<PageNo, Box<[u8]>>,
+    /// Page buffers of closed intervals' twins, reused so a write fault rarely allocates.
     spare_twins: Vec<Box<[u8]>>,
     /// Home pages written (write-faulted) in this interval.
     home_writes: Vec<PageNo>,
@@ -237,24 +336,37 @@ pub struct Engine<M: Memory> {
     required: HashMap<PageNo, Vec<(NodeId, u32)>>,
     /// At the home: per page, the latest interval of each writer whose diff is applied.
     applied: HashMap<PageNo, Vec<(NodeId, u32)>>,
+    /// Page requests waiting at the home for diffs they require.
     parked: Vec<ParkedServe>,
+    /// A reply held back until diffs to home pages arrive (at most one: the app thread
+    /// waits for it).
     home_wait: Option<HomeWait>,
+    /// The fetch the app thread is waiting for (at most one, for the same reason).
     fetch: Option<FetchInFlight>,
     locks: HashMap<LockId, LockState>,
+    /// Barriers entered so far; the current barrier's number while in one.
     epoch: u32,
+    /// Running hash of the allocations made, compared at every barrier.
     alloc_digest: u64,
     /// Barrier arrivals by epoch (a fast node's arrival at the next barrier can come in
     /// before this node has finished the current one).
     arrivals: BTreeMap<u32, Vec<Option<Arrival>>>,
-    master_release: Option<(u32, VectorTime, Vec<IntervalRecord>, Vec<VectorTime>)>,
+    /// Race mode, master: the release prepared while the app analyzes the epoch.
+    master_release: Option<MasterRelease>,
     race_mode: bool,
+    /// In the final barrier: peers may leave once they have arrived.
     finishing: bool,
+    /// Past the final barrier: peers leaving is expected.
     finished: bool,
     stats: Stats,
+    /// Outputs of the event being handled, returned when it is done.
     out: Vec<Output>,
 }
 
 impl<M: Memory> Engine<M> {
+    /// The engine of node `me` in an `n`-node job over a segment of `pages` pages, none of
+    /// them allocated yet. `race_mode` must be the same on every node: it changes the
+    /// barrier protocol (arrivals always go through rank 0, which analyzes the epoch).
     pub fn new(me: NodeId, n: usize, pages: usize, mem: M, race_mode: bool) -> Self {
         let mut vt = VectorTime::zero(n);
         vt.set(me, 1);
@@ -295,27 +407,33 @@ impl<M: Memory> Engine<M> {
         }
     }
 
+    /// The memory the engine works on (tests inspect page contents through it).
     pub fn memory(&self) -> &M {
         &self.mem
     }
 
+    /// Mutable access to the memory, for a harness that plays the app's writes.
     pub fn memory_mut(&mut self) -> &mut M {
         &mut self.mem
     }
 
+    /// The page's current state in this node's page table. Panics if `page` lies beyond
+    /// the segment.
     pub fn page_state(&self, page: PageNo) -> PageState {
         self.pages[page as usize].state
     }
 
-    /// Size of the page table: the segment's page count.
+    /// Size of the page table: the segment's page count, as given to [`Engine::new`].
     pub fn page_count(&self) -> usize {
         self.pages.len()
     }
 
+    /// The counters so far (without the runtime's wire-level fields; see [`Stats`]).
     pub fn stats(&self) -> &Stats {
         &self.stats
     }
 
+    /// Whether the final barrier ([`Command::Barrier`] with `finishing`) has completed.
     pub fn is_finished(&self) -> bool {
         self.finished
     }
@@ -338,6 +456,8 @@ impl<M: Memory> Engine<M> {
 
     // ---------------------------------------------------------------- commands
 
+    /// Handles a request of the app thread; its [`Reply`] is among the outputs if it could
+    /// be answered at once, otherwise it follows from a later event.
     pub fn on_command(&mut self, cmd: Command) -> Vec<Output> {
         match cmd {
             Command::Alloc {
@@ -353,16 +473,10 @@ impl<M: Memory> Engine<M> {
                 bitmaps,
             } => self.barrier(finishing, race, bitmaps),
             Command::Prefetch { pages, write } => self.prefetch(pages, write),
-            Command::RequestBitmaps { node, epoch, keys } => self.send(
-                node,
-                Msg::BitmapRequest {
-                    epoch,
-                    wanted: keys,
-                },
-            ),
-            Command::SendBitmaps { epoch, bitmaps } => {
-                self.send(0, Msg::BitmapReply { epoch, bitmaps })
+            Command::RequestBitmaps { node, epoch, keys } => {
+                self.request_bitmaps(node, epoch, keys)
             }
+            Command::SendBitmaps { epoch, bitmaps } => self.send_bitmaps(epoch, bitmaps),
             Command::ReleaseBarrier { races } => self.master_release(races),
             Command::Stats => {
                 let s = Box::new(self.stats.clone());
@@ -374,11 +488,15 @@ impl<M: Memory> Engine<M> {
 
     // ---------------------------------------------------------------- peer messages
 
+    /// Handles a message from rank `from`. Malformed or unexpected traffic yields
+    /// [`Output::Fatal`] rather than a panic: a peer's bug must not look like this node's.
     pub fn on_peer_message(&mut self, from: NodeId, msg: Msg) -> Vec<Output> {
         self.handle(from, msg);
         self.take_out()
     }
 
+    /// Routes a message to its concern; also used for messages this node addresses to
+    /// itself, which never go through the runtime.
     pub(super) fn handle(&mut self, from: NodeId, msg: Msg) {
         match msg {
             Msg::PageRequest { pages, required } => self.on_page_request(from, pages, required),
@@ -442,11 +560,8 @@ impl<M: Memory> Engine<M> {
                 races,
             } => self.on_release(epoch, known, intervals, races),
             Msg::Abort { reason } => self.fatal(format!("job aborted by rank {from}: {reason}")),
-            Msg::BitmapRequest { epoch, wanted } => self.reply(Reply::BitmapsWanted {
-                epoch,
-                keys: wanted,
-            }),
-            Msg::BitmapReply { bitmaps, .. } => self.reply(Reply::BitmapsArrived { from, bitmaps }),
+            Msg::BitmapRequest { epoch, wanted } => self.on_bitmap_request(epoch, wanted),
+            Msg::BitmapReply { bitmaps, .. } => self.on_bitmap_reply(from, bitmaps),
         }
     }
 

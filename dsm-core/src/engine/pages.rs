@@ -10,14 +10,18 @@ use dsm_proto::{
 };
 use std::collections::BTreeMap;
 
+/// A page-table entry. The home is fixed at allocation, so every node can route a fetch or
+/// a diff without asking anyone.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct PageEntry {
     pub(super) state: PageState,
     pub(super) home: NodeId,
 }
 
+/// A fetch the app thread waits for; it may span several homes.
 #[derive(Debug)]
 pub(super) struct FetchInFlight {
+    /// Homes that have not replied yet.
     outstanding: usize,
     then: AfterFetch,
     write: bool,
@@ -25,12 +29,15 @@ pub(super) struct FetchInFlight {
     pages: Vec<PageNo>,
 }
 
+/// How to tell the app thread a fetch is complete: a fault is released, a prefetch
+/// answered.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum AfterFetch {
     ResolveFault,
     ReplyDone,
 }
 
+/// A page request the home cannot serve yet: a diff it requires is still on its way.
 pub(super) struct ParkedServe {
     from: NodeId,
     pages: Vec<PageNo>,
