@@ -51,6 +51,7 @@ pub(super) struct HomeWait {
 }
 
 impl<M: Memory> Engine<M> {
+    /// Every page-table change goes through here so the runtime's mirror hears of it.
     pub(super) fn set_state(&mut self, page: PageNo, state: PageState) {
         self.pages[page as usize].state = state;
         // Extending the previous run keeps bulk changes (an allocation, a prefetch, the
