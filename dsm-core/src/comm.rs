@@ -5,19 +5,20 @@
 //! feeds it the faults handed over by the SIGSEGV handler and the messages from peers.
 //! Whatever the engine answers is carried out while the mutex is still held (messages
 //! queued for the link writers, the faulting thread released, replies queued for the app
-//! thread), so messages leave in the order the engine produced them. A fatal protocol
-//! condition (a lost peer, malformed traffic) ends the process with a message naming the
-//! cause: the app thread may be parked in the fault handler, and the job cannot continue.
+//! thread, page-state changes copied into the [`StateMirror`] the app thread reads), so
+//! messages leave in the order the engine produced them. A fatal protocol condition (a
+//! lost peer, malformed traffic) ends the process with a message naming the cause: the app
+//! thread may be parked in the fault handler, and the job cannot continue.
 
 use crate::engine::Prot;
-use crate::engine::{Command, Engine, Memory, Output, Reply};
+use crate::engine::{Command, Engine, Memory, Output, PageState, Reply};
 use crate::sys::{self, FaultMailbox, Segment};
 use dsm_net::{Mesh, Outbox, PeerEvent, Transport};
 use dsm_proto::exit_codes::PEER_LOST as PEER_LOST_EXIT;
-use dsm_proto::{NodeId, PageNo, PAGE_SIZE};
+use dsm_proto::{Msg, NodeId, PageNo, PAGE_SIZE};
 use std::io;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
@@ -25,15 +26,18 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 /// Exit status of a node the runtime stops because the job cannot go on.
-pub const FATAL_EXIT: i32 = 70;
+pub(crate) const FATAL_EXIT: i32 = 70;
 
-/// [`Memory`] over the mapped segment.
-pub struct SegmentMemory {
+/// [`Memory`] over the mapped segment: what the engine's page operations do in a real
+/// process.
+pub(crate) struct SegmentMemory {
     seg: &'static Segment,
 }
 
 impl SegmentMemory {
-    pub fn new(seg: &'static Segment) -> Self {
+    /// Lets the engine work on `seg`: protection changes apply to its app view, page
+    /// copies and diffs go through its always-writable runtime view.
+    pub(crate) fn new(seg: &'static Segment) -> Self {
         SegmentMemory { seg }
     }
 }
@@ -70,7 +74,7 @@ impl Memory for SegmentMemory {
 }
 
 /// Prints a fatal error and ends the process at once.
-pub fn fatal(msg: &str) -> ! {
+pub(crate) fn fatal(msg: &str) -> ! {
     fatal_with(msg, FATAL_EXIT)
 }
 
@@ -88,6 +92,73 @@ fn report_fatal(msg: &str) {
     let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
+/// The engine's page table as last reported in its outputs, readable from the app thread
+/// without the engine lock. Reads may be stale by the time they are used; they only decide
+/// whether to prefetch or to ship a bitmap, never what is correct.
+pub(crate) struct StateMirror {
+    states: Vec<AtomicU8>,
+    /// Pages another node may also access: not homed here, or homed here and served to
+    /// someone at least once. Only these can take part in a race.
+    shared: Vec<AtomicBool>,
+}
+
+impl StateMirror {
+    /// A mirror of `pages` pages, all unallocated and unshared, as in a new engine.
+    pub(crate) fn new(pages: usize) -> Self {
+        StateMirror {
+            states: (0..pages).map(|_| AtomicU8::new(0)).collect(),
+            shared: (0..pages).map(|_| AtomicBool::new(false)).collect(),
+        }
+    }
+
+    /// Whether another node may have accessed this page too (see the field).
+    pub(crate) fn shared(&self, page: usize) -> bool {
+        self.shared
+            .get(page)
+            .is_some_and(|s| s.load(Ordering::Relaxed))
+    }
+
+    /// Whether any page of `first..=last` would fault for this access.
+    pub(crate) fn any_missing(&self, first: usize, last: usize, write: bool) -> bool {
+        let need = if write {
+            PageState::ReadWrite as u8
+        } else {
+            PageState::ReadOnly as u8
+        };
+        self.states[first..=last.min(self.states.len() - 1)]
+            .iter()
+            .any(|s| s.load(Ordering::Relaxed) < need)
+    }
+
+    fn set(&self, first: PageNo, count: u32, state: PageState) {
+        for s in &self.states[first as usize..][..count as usize] {
+            s.store(state as u8, Ordering::Relaxed);
+        }
+    }
+
+    fn mark_shared(&self, first: PageNo, count: u32) {
+        for s in &self.shared[first as usize..][..count as usize] {
+            s.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Serialized size of the access notices (race mode) in the intervals `msg` carries; zero
+/// for messages without intervals and for every message when detection is off.
+fn race_notice_bytes(msg: &Msg) -> u64 {
+    let intervals = match msg {
+        Msg::LockGrant { intervals, .. }
+        | Msg::BarrierArrive { intervals, .. }
+        | Msg::BarrierRelease { intervals, .. } => intervals.as_slice(),
+        _ => return 0,
+    };
+    intervals
+        .iter()
+        .filter_map(|i| i.race.as_ref())
+        .map(|r| postcard::experimental::serialized_size(r).map_or(0, |s| s as u64))
+        .sum()
+}
+
 /// What only the comm thread can do for the app thread.
 enum Control {
     /// Flush queued messages, then exit with this status (a fatal error was reported).
@@ -99,6 +170,8 @@ enum Control {
 /// State both threads use.
 struct Shared {
     engine: Mutex<Engine<SegmentMemory>>,
+    /// Follows the engine's page-state outputs, for the app thread.
+    states: Arc<StateMirror>,
     /// Set once the transport is up (before the app thread issues its first command).
     outbox: OnceLock<Arc<Outbox>>,
     mailbox: FaultMailbox,
@@ -106,6 +179,9 @@ struct Shared {
     control: mpsc::UnboundedSender<Control>,
     /// Set once a fatal error is being reported: nothing else is carried out.
     dying: AtomicBool,
+    /// Serialized size of the access notices in the messages handed to the transport
+    /// ([`Stats::race_notice_bytes`](crate::engine::Stats::race_notice_bytes)).
+    race_notice_bytes: AtomicU64,
 }
 
 impl Shared {
@@ -122,6 +198,10 @@ impl Shared {
             }
             match out {
                 Output::Send { to, msg } => {
+                    let notices = race_notice_bytes(&msg);
+                    if notices > 0 {
+                        self.race_notice_bytes.fetch_add(notices, Ordering::Relaxed);
+                    }
                     let Some(outbox) = self.outbox.get() else {
                         continue;
                     };
@@ -140,15 +220,24 @@ impl Shared {
                         }
                     }
                 }
+                Output::PageStates {
+                    first,
+                    count,
+                    state,
+                } => self.states.set(first, count, state),
+                Output::PagesShared { first, count } => self.states.mark_shared(first, count),
                 Output::FaultResolved => self.mailbox.resolve(),
                 Output::FaultCrash => self.mailbox.crash(),
                 Output::Reply(mut r) => {
-                    if let (Reply::Stats(s), Some(outbox)) = (&mut r, self.outbox.get()) {
-                        let t = &outbox.traffic;
-                        s.messages_sent = t.messages_sent.load(Ordering::Relaxed);
-                        s.bytes_sent = t.bytes_sent.load(Ordering::Relaxed);
-                        s.messages_received = t.messages_received.load(Ordering::Relaxed);
-                        s.bytes_received = t.bytes_received.load(Ordering::Relaxed);
+                    if let Reply::Stats(s) = &mut r {
+                        s.race_notice_bytes = self.race_notice_bytes.load(Ordering::Relaxed);
+                        if let Some(outbox) = self.outbox.get() {
+                            let t = &outbox.traffic;
+                            s.messages_sent = t.messages_sent.load(Ordering::Relaxed);
+                            s.bytes_sent = t.bytes_sent.load(Ordering::Relaxed);
+                            s.messages_received = t.messages_received.load(Ordering::Relaxed);
+                            s.bytes_received = t.bytes_received.load(Ordering::Relaxed);
+                        }
                     }
                     // The app thread only goes away at process exit.
                     let _ = self.replies.send(r);
@@ -169,7 +258,7 @@ impl Shared {
 }
 
 /// The app thread's handle on the engine and the comm thread.
-pub struct Comm {
+pub(crate) struct Comm {
     shared: Arc<Shared>,
     replies: std_mpsc::Receiver<Reply>,
     thread: Option<JoinHandle<()>>,
@@ -178,7 +267,7 @@ pub struct Comm {
 impl Comm {
     /// Starts the comm thread with the engine and the established mesh; returns once the
     /// transport is up.
-    pub fn start(
+    pub(crate) fn start(
         mesh: Mesh,
         engine: Engine<SegmentMemory>,
         mailbox: FaultMailbox,
@@ -191,13 +280,21 @@ impl Comm {
         let kicks = mailbox
             .take_receiver()
             .ok_or_else(|| io::Error::other("fault mailbox receiver already taken"))?;
+        // Seeded from the engine so the mirror is right even for an engine that has
+        // already changed pages; from here on its outputs keep it current.
+        let states = Arc::new(StateMirror::new(engine.page_count()));
+        for p in 0..engine.page_count() as PageNo {
+            states.set(p, 1, engine.page_state(p));
+        }
         let shared = Arc::new(Shared {
             engine: Mutex::new(engine),
+            states,
             outbox: OnceLock::new(),
             mailbox,
             replies: reply_tx,
             control: control_tx,
             dying: AtomicBool::new(false),
+            race_notice_bytes: AtomicU64::new(0),
         });
         let rank = mesh.rank;
         let for_thread = shared.clone();
@@ -227,7 +324,7 @@ impl Comm {
 
     /// Executes a command on this (the app) thread; its reply, if it is ready at once, is
     /// already queued for [`Comm::recv`], otherwise it comes from the comm thread later.
-    pub fn send(&self, cmd: Command) {
+    pub(crate) fn send(&self, cmd: Command) {
         let mut engine = self.shared.engine();
         let outputs = engine.on_command(cmd);
         self.shared.dispatch(&mut engine, outputs);
@@ -240,8 +337,13 @@ impl Comm {
         }
     }
 
+    /// The page states the app thread may consult to prefetch only what is missing.
+    pub(crate) fn states(&self) -> Arc<StateMirror> {
+        self.shared.states.clone()
+    }
+
     /// Waits for the next reply.
-    pub fn recv(&self) -> Reply {
+    pub(crate) fn recv(&self) -> Reply {
         match self.replies.recv() {
             Ok(r) => r,
             Err(_) => fatal("the comm thread has stopped"),
@@ -249,13 +351,13 @@ impl Comm {
     }
 
     /// Executes a command and waits for its reply.
-    pub fn call(&self, cmd: Command) -> Reply {
+    pub(crate) fn call(&self, cmd: Command) -> Reply {
         self.send(cmd);
         self.recv()
     }
 
     /// Stops the comm thread after it has flushed what it still has to send.
-    pub fn shutdown(mut self) {
+    pub(crate) fn shutdown(mut self) {
         let _ = self.shared.control.send(Control::Shutdown);
         if let Some(t) = self.thread.take() {
             let _ = t.join();

@@ -9,10 +9,19 @@
 use dsm_proto::PAGE_SIZE;
 use thiserror::Error;
 
+/// Why an encoded diff was rejected. Diffs come from peers, so a malformed one is reported
+/// rather than trusted.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum DiffError {
+    /// A run would write past the end of the page.
     #[error("diff run at offset {offset} with {len} bytes overruns the page")]
-    Overrun { offset: usize, len: usize },
+    Overrun {
+        /// Where the run starts in the page.
+        offset: usize,
+        /// How many bytes it claims.
+        len: usize,
+    },
+    /// The diff ends inside a run's header or bytes.
     #[error("diff is truncated")]
     Truncated,
 }

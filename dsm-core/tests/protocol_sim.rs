@@ -15,12 +15,11 @@
 //! which the run granted each lock, barriers, program order), and calls two accesses a race
 //! when they conflict and neither clock is below the other.
 
-use dsm_core::engine::{Command, Engine, Memory, Output, Prot, Reply, StateMirror};
+use dsm_core::engine::{Command, Engine, Memory, Output, PageState, Prot, Reply};
 use dsm_proto::{EncodedBitmap, Msg, NodeId, PageNo, PageRuns, RaceNotices, SyncCause, PAGE_SIZE};
 use dsm_race::{Access, Bitmaps, Plan, Race, RaceKind, Recorder, VarInfo, VarTable};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
-use std::sync::Arc;
 
 /// Most bitmap bytes a node ships with a barrier arrival (as `api.rs`).
 const MAX_SHIPPED_BITMAP_BYTES: usize = 256 << 10;
@@ -137,7 +136,10 @@ struct Node {
     pending: Option<Op>,
     /// Race mode: the access recorder, as `api.rs` keeps one per node.
     rec: Option<Recorder>,
-    mirror: Arc<StateMirror>,
+    /// The page table as rebuilt from the engine's state outputs (what the runtime mirrors).
+    mirror: Vec<PageState>,
+    /// Pages served to another node, from the engine's outputs (the runtime's mirror too).
+    shared: Vec<bool>,
     /// Race mode: requests the app thread serves while it waits in a barrier.
     inbox: VecDeque<Reply>,
     /// The oracle's view of this node: its vector clock (an index into `Oracle::clocks`),
@@ -146,6 +148,19 @@ struct Node {
     interval: u32,
     epoch: u32,
     began: SyncCause,
+}
+
+/// Whether any page of `first..=last` would fault for this access, by the mirrored page
+/// table (what the runtime's prefetch asks).
+fn any_missing(mirror: &[PageState], first: usize, last: usize, write: bool) -> bool {
+    let need = if write {
+        PageState::ReadWrite
+    } else {
+        PageState::ReadOnly
+    };
+    mirror[first..=last.min(mirror.len() - 1)]
+        .iter()
+        .any(|&s| (s as u8) < (need as u8))
 }
 
 /// Race mode, barrier master: an analysis waiting for bitmaps.
@@ -382,8 +397,30 @@ impl Sim {
                         r => panic!("node {k}: unexpected reply {r:?}"),
                     }
                 }
+                Output::PageStates {
+                    first,
+                    count,
+                    state,
+                } => {
+                    for p in first..first + count {
+                        self.nodes[k].mirror[p as usize] = state;
+                    }
+                }
+                Output::PagesShared { first, count } => {
+                    for p in first..first + count {
+                        self.nodes[k].shared[p as usize] = true;
+                    }
+                }
                 Output::Fatal(m) | Output::PeerLost(m) => panic!("node {k}: fatal: {m}"),
             }
+        }
+        let node = &self.nodes[k];
+        for (p, &state) in node.mirror.iter().enumerate() {
+            assert_eq!(
+                state,
+                node.eng.page_state(p as PageNo),
+                "node {k}: state outputs disagree with the engine on page {p}"
+            );
         }
     }
 
@@ -553,7 +590,7 @@ impl Sim {
         };
         let out = match how {
             0 => None,
-            1 => r.shippable(|p| node.mirror.shared(p as usize), MAX_SHIPPED_BITMAP_BYTES),
+            1 => r.shippable(|p| node.shared[p as usize], MAX_SHIPPED_BITMAP_BYTES),
             _ => r.shippable(|_| true, MAX_SHIPPED_BITMAP_BYTES),
         };
         out.unwrap_or_default()
@@ -757,7 +794,7 @@ impl Sim {
                         (base + start * size) / PAGE_SIZE,
                         (base + (start + count) * size - 1) / PAGE_SIZE,
                     );
-                    if p1 > p0 && self.nodes[k].mirror.any_missing(p0, p1, write) {
+                    if p1 > p0 && any_missing(&self.nodes[k].mirror, p0, p1, write) {
                         let node = &mut self.nodes[k];
                         node.wait = Wait::Reply;
                         node.pending = Some(op.clone());
@@ -989,9 +1026,7 @@ fn sim_with(n: usize, specs: &[AllocSpec], vars: usize, seed: u64, race: bool) -
             data: vec![0; pages * PAGE_SIZE],
             prot: vec![Prot::None; pages],
         };
-        let mut eng = Engine::new(k as NodeId, n, pages, mem, race);
-        let mirror = Arc::new(StateMirror::new(pages));
-        eng.share_states(mirror.clone());
+        let eng = Engine::new(k as NodeId, n, pages, mem, race);
         let mut clock = vec![0; n];
         clock[k] = 1;
         nodes.push(Node {
@@ -1000,7 +1035,8 @@ fn sim_with(n: usize, specs: &[AllocSpec], vars: usize, seed: u64, race: bool) -
             wait: Wait::Running,
             pending: None,
             rec: race.then(Recorder::new),
-            mirror,
+            mirror: vec![PageState::Unallocated; pages],
+            shared: vec![false; pages],
             inbox: VecDeque::new(),
             clock: oracle.clock(clock),
             interval: 1,

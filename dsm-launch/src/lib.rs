@@ -26,12 +26,12 @@ use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
-use nix::unistd::pipe2;
-use std::os::fd::{AsRawFd, OwnedFd};
 use nix::sys::signal::{killpg, Signal};
+use nix::unistd::pipe2;
 use nix::unistd::{access, AccessFlags, Pid};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
+use std::os::fd::{AsRawFd, OwnedFd};
 use tracing::{debug, warn};
 
 use dsm_proto::config::{DEFAULT_CONNECT_TIMEOUT, DSMRUN};

@@ -351,9 +351,19 @@ impl JobConfig {
                 .filter(|s| !s.is_empty())
                 .map(PathBuf::from),
             launcher_fd: match get(vars::LAUNCHER_FD) {
-                Some(v) => Some(v.trim().parse::<i32>().ok().filter(|&fd| fd > 2).ok_or_else(
-                    || invalid(vars::LAUNCHER_FD, &v, "expected a file descriptor above 2".into()),
-                )?),
+                Some(v) => Some(
+                    v.trim()
+                        .parse::<i32>()
+                        .ok()
+                        .filter(|&fd| fd > 2)
+                        .ok_or_else(|| {
+                            invalid(
+                                vars::LAUNCHER_FD,
+                                &v,
+                                "expected a file descriptor above 2".into(),
+                            )
+                        })?,
+                ),
                 None => None,
             },
         })

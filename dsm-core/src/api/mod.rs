@@ -22,8 +22,8 @@ mod view;
 
 pub use view::{band, Array, Block, Strided, StridedMut, View};
 
-use crate::comm::{Comm, SegmentMemory};
-use crate::engine::{self, Command, Engine, Reply, StateMirror};
+use crate::comm::{Comm, SegmentMemory, StateMirror};
+use crate::engine::{self, Command, Engine, Reply};
 use crate::error::DsmError;
 use crate::sys::{self, AppSlice, Segment};
 use bytemuck::Pod;
@@ -198,18 +198,16 @@ impl Dsm {
         } else {
             None
         };
-        let mut engine = Engine::new(
+        let engine = Engine::new(
             env.rank as NodeId,
             env.size,
             seg.pages(),
             SegmentMemory::new(seg),
             race.is_some(),
         );
-        let states = Arc::new(StateMirror::new(seg.pages()));
-        engine.share_states(states.clone());
         let comm = Comm::start(mesh, engine, mailbox, seg).map_err(DsmError::Io)?;
         Ok(Dsm {
-            states,
+            states: comm.states(),
             rank: env.rank,
             size: env.size,
             seg,

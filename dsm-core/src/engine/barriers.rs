@@ -1,0 +1,285 @@
+//! Barriers: arrivals (all-to-all or through rank 0), the consistency checks on them, the
+//! release that spreads every interval of the epoch and then discards the interval logs,
+//! and the race-detection rounds the master runs between arrival and release.
+
+use super::{Engine, Memory, Reply};
+use dsm_proto::{
+    BitmapKey, EncodedBitmap, IntervalRecord, Msg, NodeId, RaceNotices, SyncCause, VectorTime,
+};
+
+/// One node's arrival at a barrier, as received (see `Msg::BarrierArrive`).
+pub(super) struct Arrival {
+    pub(super) known: VectorTime,
+    pub(super) intervals: Vec<IntervalRecord>,
+    /// The sender's allocation digest, which must match everyone else's.
+    pub(super) check: u64,
+    pub(super) finishing: bool,
+    pub(super) bitmaps: Vec<EncodedBitmap>,
+}
+
+/// What the master needs to release a barrier once every node has arrived; with race
+/// detection it waits here while the app analyzes the epoch.
+pub(super) struct MasterRelease {
+    epoch: u32,
+    /// Everything anyone knew at arrival: everyone's knowledge after the release.
+    global: VectorTime,
+    /// Every interval of the epoch, in (node, index) order.
+    all: Vec<IntervalRecord>,
+    /// Each node's knowledge at arrival, so each is sent only the intervals it lacks.
+    knowns: Vec<VectorTime>,
+}
+
+/// Largest job whose barriers are all-to-all (without race detection); beyond it the
+/// N(N-1) messages cost more than the master's extra message delay.
+pub const ALL_TO_ALL_MAX_NODES: usize = 4;
+
+impl<M: Memory> Engine<M> {
+    /// Whether barriers are all-to-all (see [`Engine::barrier`]).
+    pub(super) fn all_to_all(&self) -> bool {
+        !self.race_mode && self.n <= ALL_TO_ALL_MAX_NODES
+    }
+
+    /// Barriers. In small jobs without race detection every node sends its arrival (with
+    /// the intervals it created since the last barrier) to every other node and leaves once
+    /// it holds all of them: one message delay. Otherwise the arrivals go to rank 0, which
+    /// releases everyone (after analyzing the epoch, with race detection): two message
+    /// delays, but 2(N-1) messages instead of N(N-1).
+    pub(super) fn barrier(
+        &mut self,
+        finishing: bool,
+        race: Option<RaceNotices>,
+        bitmaps: Vec<EncodedBitmap>,
+    ) {
+        self.close_interval(race);
+        self.epoch += 1;
+        self.finishing = finishing;
+        let msg = Msg::BarrierArrive {
+            epoch: self.epoch,
+            known: self.known(),
+            intervals: self.log[self.me as usize].clone(),
+            check: self.alloc_digest,
+            finishing,
+            bitmaps,
+        };
+        if !self.all_to_all() {
+            if self.me == 0 {
+                self.handle(0, msg);
+            } else {
+                self.send(0, msg);
+            }
+        } else {
+            let me = self.me;
+            for to in (0..self.n as NodeId).filter(|&k| k != me) {
+                self.send(to, msg.clone());
+            }
+            self.handle(self.me, msg);
+        }
+    }
+
+    pub(super) fn on_arrive(&mut self, from: NodeId, epoch: u32, arrival: Arrival) {
+        if !self.all_to_all() && self.me != 0 {
+            self.fatal(format!(
+                "rank {from} sent a barrier arrival to a non-master"
+            ));
+            return;
+        }
+        if epoch != self.epoch && !(epoch == self.epoch + 1 && from != self.me) {
+            self.fatal(format!(
+                "rank {from} arrived at barrier {epoch} while rank {} is at barrier {}: \
+                 ranks called barrier/alloc a different number of times",
+                self.me, self.epoch
+            ));
+            return;
+        }
+        let n = self.n;
+        let slots = self
+            .arrivals
+            .entry(epoch)
+            .or_insert_with(|| (0..n).map(|_| None).collect());
+        if slots[from as usize].is_some() {
+            self.fatal(format!("rank {from} arrived twice at barrier {epoch}"));
+            return;
+        }
+        slots[from as usize] = Some(arrival);
+        self.try_complete_barrier();
+    }
+
+    /// Completes the current barrier once every arrival (this node's included) is in.
+    fn try_complete_barrier(&mut self) {
+        let epoch = self.epoch;
+        let complete = self
+            .arrivals
+            .get(&epoch)
+            .is_some_and(|slots| slots.iter().all(Option::is_some));
+        if !complete {
+            return;
+        }
+        let arrivals: Vec<Arrival> = self
+            .arrivals
+            .remove(&epoch)
+            .expect("checked")
+            .into_iter()
+            .map(|a| a.expect("checked"))
+            .collect();
+        let abort = |engine: &mut Self, reason: String| {
+            if !engine.all_to_all() {
+                for to in 1..engine.n as NodeId {
+                    engine.send(
+                        to,
+                        Msg::Abort {
+                            reason: reason.clone(),
+                        },
+                    );
+                }
+            }
+            engine.fatal(reason);
+        };
+        if let Some(k) = (0..self.n).find(|&k| arrivals[k].check != arrivals[0].check) {
+            abort(
+                self,
+                format!(
+                    "rank {k} and rank 0 disagree on the shared allocations at barrier {epoch} \
+                     (every rank must make the same alloc calls in the same order)"
+                ),
+            );
+            return;
+        }
+        if arrivals.iter().any(|a| a.finishing) != arrivals.iter().all(|a| a.finishing) {
+            let who: Vec<usize> = (0..self.n).filter(|&k| arrivals[k].finishing).collect();
+            abort(
+                self,
+                format!(
+                    "ranks {who:?} finished while others are still at barrier {epoch}: \
+                     every rank must call barrier the same number of times before finishing"
+                ),
+            );
+            return;
+        }
+        let mut global = VectorTime::zero(self.n);
+        let mut all = Vec::new();
+        let mut knowns = Vec::with_capacity(self.n);
+        let mut shipped = Vec::new();
+        for (node, a) in arrivals.into_iter().enumerate() {
+            global.merge(&a.known);
+            knowns.push(a.known);
+            all.extend(a.intervals);
+            shipped.extend(a.bitmaps.into_iter().map(|b| (node as NodeId, b)));
+        }
+        all.sort_by_key(|r| (r.node, r.index));
+        all.dedup_by_key(|r| (r.node, r.index));
+        if self.all_to_all() {
+            // Every node did this same computation from the same arrivals.
+            self.on_release(epoch, global, all, 0);
+        } else if !self.race_mode {
+            self.master_release = Some(MasterRelease {
+                epoch,
+                global,
+                all,
+                knowns,
+            });
+            self.master_release(0);
+        } else {
+            self.master_release = Some(MasterRelease {
+                epoch,
+                global,
+                all: all.clone(),
+                knowns,
+            });
+            self.reply(Reply::AnalyzeEpoch {
+                epoch,
+                intervals: all,
+                bitmaps: shipped,
+            });
+        }
+    }
+
+    /// Sends each node the barrier release with the intervals it has not seen, this node's
+    /// own included (through `handle`, as if it had come by message).
+    pub(super) fn master_release(&mut self, races: u64) {
+        let Some(MasterRelease {
+            epoch,
+            global,
+            all,
+            knowns,
+        }) = self.master_release.take()
+        else {
+            self.fatal("barrier release requested outside a barrier".into());
+            return;
+        };
+        for (k, known) in knowns.iter().enumerate() {
+            let intervals: Vec<IntervalRecord> = all
+                .iter()
+                .filter(|r| r.index > known.get(r.node))
+                .cloned()
+                .collect();
+            let msg = Msg::BarrierRelease {
+                epoch,
+                known: global.clone(),
+                intervals,
+                races,
+            };
+            if k == 0 {
+                self.handle(0, msg);
+            } else {
+                self.send(k as NodeId, msg);
+            }
+        }
+    }
+
+    pub(super) fn on_release(
+        &mut self,
+        epoch: u32,
+        known: VectorTime,
+        intervals: Vec<IntervalRecord>,
+        races: u64,
+    ) {
+        if epoch != self.epoch {
+            self.fatal(format!(
+                "barrier release for {epoch} while at barrier {}",
+                self.epoch
+            ));
+            return;
+        }
+        let waits = self.apply_intervals(intervals, &known);
+        self.stats.barriers += 1;
+        // Everyone has now seen every interval up to this barrier: the logs can go.
+        for l in self.log.iter_mut() {
+            l.clear();
+        }
+        self.begin_interval(SyncCause::Barrier(epoch));
+        if self.finishing {
+            self.finished = true;
+        }
+        self.reply_after_home_diffs(waits, Reply::BarrierDone { epoch, races });
+    }
+
+    // ---------------------------------------------------------------- race-mode rounds
+    // Between arrival and release the master's app may need bitmaps that were not shipped
+    // with the arrivals. The engine only carries them: deciding what to ask for and
+    // answering is the app thread's job, since it owns the access recorder.
+
+    pub(super) fn request_bitmaps(&mut self, node: NodeId, epoch: u32, keys: Vec<BitmapKey>) {
+        self.send(
+            node,
+            Msg::BitmapRequest {
+                epoch,
+                wanted: keys,
+            },
+        );
+    }
+
+    pub(super) fn send_bitmaps(&mut self, epoch: u32, bitmaps: Vec<EncodedBitmap>) {
+        self.send(0, Msg::BitmapReply { epoch, bitmaps });
+    }
+
+    pub(super) fn on_bitmap_request(&mut self, epoch: u32, wanted: Vec<BitmapKey>) {
+        self.reply(Reply::BitmapsWanted {
+            epoch,
+            keys: wanted,
+        });
+    }
+
+    pub(super) fn on_bitmap_reply(&mut self, from: NodeId, bitmaps: Vec<EncodedBitmap>) {
+        self.reply(Reply::BitmapsArrived { from, bitmaps });
+    }
+}

@@ -1,0 +1,166 @@
+//! Intervals and vector time: closing the open interval (diffs out, pages write-protected,
+//! the interval logged), opening the next one, and taking in intervals learned from others
+//! (logging them and invalidating the pages their write notices name). Locks and barriers
+//! decide when; this module decides what an interval boundary does to pages and logs.
+
+use super::{Engine, Memory, PageState, Prot};
+use dsm_proto::{
+    IntervalRecord, Msg, NodeId, PageDiff, PageNo, PageRuns, RaceNotices, Requirement, SyncCause,
+    VectorTime,
+};
+use std::collections::BTreeMap;
+
+impl<M: Memory> Engine<M> {
+    /// What this node has seen, counting only its closed intervals.
+    pub(super) fn known(&self) -> VectorTime {
+        let mut k = self.vt.clone();
+        k.set(self.me, self.vt.get(self.me) - 1);
+        k
+    }
+
+    // ---------------------------------------------------------------- intervals
+
+    /// Ends the open interval: diffs go to homes, pages are write-protected, and the
+    /// interval is logged if it carries any notice.
+    pub(super) fn close_interval(&mut self, race: Option<RaceNotices>) {
+        let index = self.vt.get(self.me);
+        let mut dirty = std::mem::take(&mut self.dirty);
+        self.protect_runs(&mut dirty, Prot::Read);
+        let mut by_home: BTreeMap<NodeId, Vec<PageDiff>> = BTreeMap::new();
+        let mut written: Vec<PageNo> = std::mem::take(&mut self.home_writes);
+        for &p in &dirty {
+            let twin = self.twins.remove(&p).expect("dirty page has a twin");
+            let runs = self.mem.make_diff(p, &twin);
+            self.spare_twins.push(twin);
+            self.set_state(p, PageState::ReadOnly);
+            if !runs.is_empty() {
+                self.stats.diffs_sent += 1;
+                self.stats.diff_bytes_sent += runs.len() as u64;
+                by_home
+                    .entry(self.pages[p as usize].home)
+                    .or_default()
+                    .push(PageDiff { page: p, runs });
+                written.push(p);
+            }
+        }
+        for (home, diffs) in by_home {
+            self.send(
+                home,
+                Msg::Diffs {
+                    interval: index,
+                    diffs,
+                },
+            );
+        }
+        let writes = PageRuns::from_pages(written);
+        let race = race.filter(|r| !r.reads.is_empty() || !r.writes.is_empty());
+        if !writes.is_empty() || race.is_some() {
+            self.log[self.me as usize].push(IntervalRecord {
+                node: self.me,
+                index,
+                vt: self.cur_start.clone(),
+                writes,
+                race,
+                began_with: self.cur_cause,
+            });
+        }
+        self.stats.intervals_closed += 1;
+        self.vt.set(self.me, index + 1);
+    }
+
+    pub(super) fn begin_interval(&mut self, cause: SyncCause) {
+        self.cur_start = self.vt.clone();
+        self.cur_cause = cause;
+    }
+
+    /// Intervals in the log that a node with knowledge `known` has not seen.
+    pub(super) fn unseen_by(&self, known: &VectorTime) -> Vec<IntervalRecord> {
+        let mut out = Vec::new();
+        for (node, list) in self.log.iter().enumerate() {
+            let seen = known.0.get(node).copied().unwrap_or(0);
+            let start = list.partition_point(|r| r.index <= seen);
+            out.extend_from_slice(&list[start..]);
+        }
+        out
+    }
+
+    /// Incorporates intervals learned at an acquire or barrier: logs them, invalidates the
+    /// pages their write notices name, and returns the diffs this node must have applied to
+    /// its home pages before the app may continue.
+    pub(super) fn apply_intervals(
+        &mut self,
+        mut records: Vec<IntervalRecord>,
+        known: &VectorTime,
+    ) -> Vec<Requirement> {
+        if known.len() != self.n {
+            self.fatal(format!(
+                "received a vector timestamp for {} nodes in a {}-node job",
+                known.len(),
+                self.n
+            ));
+            return Vec::new();
+        }
+        records.sort_by_key(|r| (r.node, r.index));
+        let mut invalidate: Vec<PageNo> = Vec::new();
+        let mut home_waits = Vec::new();
+        for rec in records {
+            let node = rec.node;
+            if node as usize >= self.n || node == self.me {
+                continue;
+            }
+            let last_logged = self.log[node as usize].last().map_or(0, |r| r.index);
+            if rec.index <= self.vt.get(node) || rec.index <= last_logged {
+                continue;
+            }
+            for &(first, count) in rec.writes.runs() {
+                let end = (first as usize).saturating_add(count as usize);
+                if end > self.pages.len() {
+                    self.fatal(format!(
+                        "rank {node} sent a write notice for pages beyond the segment"
+                    ));
+                    return Vec::new();
+                }
+                for p in first..first + count {
+                    let entry = self.pages[p as usize];
+                    if entry.home == self.me {
+                        if node != self.me {
+                            home_waits.push(Requirement {
+                                page: p,
+                                writer: node,
+                                interval: rec.index,
+                            });
+                        }
+                        continue;
+                    }
+                    if entry.home != node {
+                        // The writer is not the home, so its changes reach the home as a
+                        // diff: a later fetch must wait for it.
+                        let req = self.required.entry(p).or_default();
+                        match req.iter_mut().find(|(w, _)| *w == node) {
+                            Some((_, i)) => *i = (*i).max(rec.index),
+                            None => req.push((node, rec.index)),
+                        }
+                    }
+                    if matches!(entry.state, PageState::ReadOnly | PageState::ReadWrite) {
+                        invalidate.push(p);
+                    }
+                }
+            }
+            self.log[node as usize].push(rec);
+        }
+        invalidate.sort_unstable();
+        invalidate.dedup();
+        for &p in &invalidate {
+            debug_assert!(
+                self.pages[p as usize].state != PageState::ReadWrite,
+                "interval closed before invalidation"
+            );
+            self.set_state(p, PageState::Invalid);
+        }
+        self.stats.invalidations += invalidate.len() as u64;
+        self.protect_runs(&mut invalidate, Prot::None);
+        self.vt.merge(known);
+        home_waits.retain(|r| !self.requirements_met(std::slice::from_ref(r)));
+        home_waits
+    }
+}

@@ -1,0 +1,598 @@
+//! The coherence protocol as a state machine: home-based, multi-writer lazy release
+//! consistency. The engine owns the page table, twins, intervals and their vector
+//! timestamps, the lock and barrier state and the diff bookkeeping at homes. It is fed
+//! events (an app-thread fault, an app-thread command, a peer message) and answers with
+//! [`Output`]s (messages to send, a fault to resolve, a reply for the app thread). It
+//! touches memory only through the [`Memory`] trait, so the whole protocol runs in tests
+//! without sockets, signals or `mmap`.
+//!
+//! Protocol summary:
+//! - Every page has a home. At the home the page is always valid; other nodes hold it
+//!   invalid, read-only or read-write (with a twin).
+//! - A fault on an invalid page fetches the whole page from its home. The request names the
+//!   diffs the requester knows must be in it ("requirements" from write notices); the home
+//!   parks the request until it has applied them.
+//! - A first write to a read-only non-home page makes a twin. At interval end the page is
+//!   write-protected again, diffed against its twin and the diff sent to the home.
+//! - The home writes in place. It write-protects a page only when it serves a copy to some
+//!   other node; its next write then faults and records a write notice. Pages nobody else
+//!   has copied stay writable across intervals, so a node working on its own pages takes no
+//!   faults at all. (DESIGN.md asks for one fault per interval at the home; this is the
+//!   cheaper equivalent: a notice is needed exactly when a copy may have gone stale.)
+//! - Intervals end at acquires, releases and barrier arrivals. A lock grant carries every
+//!   interval the grantor knew at its release and the acquirer has not seen; the acquirer
+//!   invalidates the pages they name. At a barrier every node's new intervals reach every
+//!   other node (all-to-all in small jobs, through rank 0 otherwise and always with race
+//!   detection, where rank 0 analyzes the epoch first); afterwards everyone has seen
+//!   everything, so interval logs are discarded there.
+//!
+//! Layout: this module holds the types the runtime sees ([`Engine`], [`Command`],
+//! [`Reply`], [`Output`], [`Memory`], [`Stats`]) and routes each event to the concern that
+//! handles it: `pages` (page table, faults, fetches, twins, serving, diffs at homes),
+//! `intervals` (interval boundaries, write notices, invalidation), `locks` (lock manager,
+//! forwarding, grants) and `barriers` (arrivals, releases, log discard, race-mode rounds).
+//! Each is an `impl Engine` block over the one state struct, so a protocol step that
+//! spans concerns (an acquire closes an interval, which sends diffs) stays a plain call.
+
+mod barriers;
+mod intervals;
+mod locks;
+mod pages;
+
+use crate::diff::{self, DiffError};
+use barriers::{Arrival, MasterRelease};
+use dsm_proto::{
+    BitmapKey, EncodedBitmap, IntervalRecord, LockId, Msg, NodeId, PageNo, PageRuns, RaceNotices,
+    SyncCause, VectorTime, PAGE_SIZE,
+};
+use locks::LockState;
+use pages::{FetchInFlight, HomeWait, PageEntry, ParkedServe};
+use std::collections::{BTreeMap, HashMap};
+
+pub use barriers::ALL_TO_ALL_MAX_NODES;
+pub use locks::lock_manager;
+
+/// Protection of a page in the app view, as the engine asks [`Memory::protect`] to set it.
+/// Protection is how the engine notices accesses: a page it must hear about on the next
+/// read is `None`, on the next write `Read`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prot {
+    /// Any access faults: the local copy is missing or stale.
+    None,
+    /// Reads go through; a write faults, so a twin or a write notice can be made first.
+    Read,
+    /// No access faults: the page is being written in the open interval (or, at the home,
+    /// nobody holds a copy that a write could make stale).
+    ReadWrite,
+}
+
+/// What the engine needs from memory. The real implementation wraps the mapped segment;
+/// tests use plain buffers. "Runtime view" is a second mapping of the same pages that is
+/// always writable, so the engine can fill and diff pages the app may not touch.
+pub trait Memory {
+    /// Sets the app view's protection of pages `first..first + count`.
+    fn protect(&mut self, first: PageNo, count: u32, prot: Prot);
+    /// Copies a page out of the runtime view into `out` (one page long): to make a twin or
+    /// a copy to serve.
+    fn read_page(&self, page: PageNo, out: &mut [u8]);
+    /// Installs a whole page fetched from its home into the runtime view.
+    fn write_page(&mut self, page: PageNo, data: &[u8]);
+    /// Applies a diff, already checked with [`diff::validate`], to a page of the runtime
+    /// view (at the page's home).
+    fn apply_diff(&mut self, page: PageNo, diff: &[u8]);
+    /// Encodes (see [`diff`]) how the page's current contents differ from `twin`.
+    fn make_diff(&self, page: PageNo, twin: &[u8]) -> Vec<u8>;
+}
+
+/// A page's state in this node's page table. The order matters: a state at least
+/// `ReadOnly` allows reads, `ReadWrite` allows writes, which is how the runtime's mirror
+/// answers "would this access fault" with one comparison.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum PageState {
+    /// Not part of any allocation: an access is a genuine segmentation fault.
+    Unallocated,
+    /// Allocated, but the local copy is missing or stale: an access fetches the page from
+    /// its home. Never the state of a page at its home.
+    Invalid,
+    /// A valid copy that is write-protected: the next write makes a twin (or, at the home,
+    /// a write notice) first.
+    ReadOnly,
+    /// Being written in the open interval (or, at the home, not served since its last
+    /// write notice).
+    ReadWrite,
+}
+
+/// Requests from the app thread. Each is answered by exactly one [`Reply`] (possibly
+/// later, after messages) except where a variant says otherwise.
+#[derive(Debug)]
+pub enum Command {
+    /// Registers the pages of a new collective allocation, then behaves as a barrier.
+    Alloc {
+        /// The allocation's pages as runs `(first, count, home)`.
+        homes: Vec<(PageNo, u32, NodeId)>,
+        /// Hash of the allocation's name and shape; folded into a running digest that the
+        /// barrier compares across ranks, so differing alloc calls fail loudly.
+        digest: u64,
+        /// Race mode: the accesses of the interval this barrier closes.
+        race: Option<RaceNotices>,
+    },
+    /// Acquires a lock; replies [`Reply::Done`] once the lock is held and the writes
+    /// ordered before it are visible.
+    Acquire {
+        /// The lock to take.
+        lock: LockId,
+        /// Race mode: the accesses of the interval the acquire closes.
+        race: Option<RaceNotices>,
+    },
+    /// Releases a held lock, handing it to a queued successor if there is one.
+    Release {
+        /// The lock to give up; this node must hold it.
+        lock: LockId,
+        /// Race mode: the accesses of the interval the release closes.
+        race: Option<RaceNotices>,
+    },
+    /// Waits until every node has arrived; replies [`Reply::BarrierDone`] (or, at the race
+    /// master, first [`Reply::AnalyzeEpoch`]).
+    Barrier {
+        /// The final barrier of the run: peers leaving afterwards is expected.
+        finishing: bool,
+        /// Race mode: the accesses of the interval the arrival closes.
+        race: Option<RaceNotices>,
+        /// Race mode: bitmaps shipped with the arrival (see `Msg::BarrierArrive`).
+        bitmaps: Vec<EncodedBitmap>,
+    },
+    /// Makes pages valid (and writable if `write`) ahead of a bulk access, fetching all
+    /// missing ones with one request per home instead of one fault per page.
+    Prefetch {
+        /// The pages the access will touch; those beyond the segment are ignored.
+        pages: PageRuns,
+        /// Whether the access writes, so the pages end up writable.
+        write: bool,
+    },
+    /// Race mode, barrier master: ask `node` for these bitmaps. No reply of its own; the
+    /// bitmaps come back as [`Reply::BitmapsArrived`].
+    RequestBitmaps {
+        /// The node that recorded the bitmaps.
+        node: NodeId,
+        /// The barrier epoch being analyzed.
+        epoch: u32,
+        /// Which bitmaps the analysis needs.
+        keys: Vec<BitmapKey>,
+    },
+    /// Race mode: answer the master's bitmap request. No reply.
+    SendBitmaps {
+        /// The epoch named in the request.
+        epoch: u32,
+        /// The bitmaps asked for.
+        bitmaps: Vec<EncodedBitmap>,
+    },
+    /// Race mode, barrier master: analysis done, let everyone go. The master's own
+    /// [`Reply::BarrierDone`] follows.
+    ReleaseBarrier {
+        /// Races reported for the epoch, passed on to every node.
+        races: u64,
+    },
+    /// Snapshot of the protocol counters, answered with [`Reply::Stats`].
+    Stats,
+}
+
+/// Answers for the app thread.
+#[derive(Debug)]
+pub enum Reply {
+    /// An acquire, release or prefetch has completed.
+    Done,
+    /// A barrier (or allocation) has completed: every node's writes before it are
+    /// visible here.
+    BarrierDone {
+        /// Number of the barrier just passed, counting from 1.
+        epoch: u32,
+        /// Races the master reported for the epoch (0 without race detection).
+        races: u64,
+    },
+    /// Race mode, barrier master: every interval of the epoch, for analysis, and the
+    /// bitmaps the nodes shipped with their arrivals. The app answers with
+    /// [`Command::ReleaseBarrier`].
+    AnalyzeEpoch {
+        /// The epoch that just ended.
+        epoch: u32,
+        /// Every interval any node closed in the epoch.
+        intervals: Vec<IntervalRecord>,
+        /// Access bitmaps shipped with the arrivals, by the node that recorded them.
+        bitmaps: Vec<(NodeId, EncodedBitmap)>,
+    },
+    /// Race mode: the master wants these bitmaps; the app answers with
+    /// [`Command::SendBitmaps`].
+    BitmapsWanted {
+        /// The epoch being analyzed.
+        epoch: u32,
+        /// The bitmaps wanted.
+        keys: Vec<BitmapKey>,
+    },
+    /// Race mode, master: bitmaps from `from`, answering a [`Command::RequestBitmaps`].
+    BitmapsArrived {
+        /// The node that sent them.
+        from: NodeId,
+        /// The bitmaps.
+        bitmaps: Vec<EncodedBitmap>,
+    },
+    /// The protocol counters, answering [`Command::Stats`].
+    Stats(Box<Stats>),
+}
+
+/// What the engine asks the runtime to carry out, in order.
+#[derive(Debug)]
+pub enum Output {
+    /// Hand a message to the transport.
+    Send {
+        /// The destination rank (never this node).
+        to: NodeId,
+        /// The message.
+        msg: Msg,
+    },
+    /// The faulting access may now proceed: let the app thread retry it.
+    FaultResolved,
+    /// The faulting access is outside every allocation: let it crash.
+    FaultCrash,
+    /// Deliver an answer to the app thread.
+    Reply(Reply),
+    /// Pages `first..first + count` are now in `state`. The engine never reads these
+    /// back; they let the runtime keep a copy of the page table that the app thread can
+    /// consult without taking the engine lock.
+    PageStates {
+        /// First page of the run.
+        first: PageNo,
+        /// Pages in the run (at least 1).
+        count: u32,
+        /// Their new state.
+        state: PageState,
+    },
+    /// Pages `first..first + count` may be accessed by another node as well (they are
+    /// homed elsewhere, or a copy was just served). Only such pages can take part in a
+    /// race, so race detection ships access bitmaps for these alone.
+    PagesShared {
+        /// First page of the run.
+        first: PageNo,
+        /// Pages in the run.
+        count: u32,
+    },
+    /// The job cannot continue (malformed traffic, inconsistent collective call).
+    Fatal(String),
+    /// The job cannot continue because a peer went away (a consequence of another
+    /// node's failure, reported with its own exit status).
+    PeerLost(String),
+}
+
+/// Protocol counters. The engine counts protocol events; the wire-level fields (traffic
+/// and `race_notice_bytes`) stay zero here and are filled in by the runtime, which sees the
+/// messages it hands to the transport. Serialized as the `protocol` object of the stats
+/// file, so the field names are a format.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Stats {
+    /// Reads that found the page invalid.
+    pub read_faults: u64,
+    /// Writes that found the page invalid or read-only.
+    pub write_faults: u64,
+    /// Page copies received from homes.
+    pub pages_fetched: u64,
+    /// Page requests sent (a prefetch sends one per home).
+    pub fetch_requests: u64,
+    /// Page copies served to other nodes, as a home.
+    pub pages_served: u64,
+    /// Twins taken at the first write to a non-home page in an interval.
+    pub twins_made: u64,
+    /// Non-empty page diffs sent to homes.
+    pub diffs_sent: u64,
+    /// Encoded size of those diffs.
+    pub diff_bytes_sent: u64,
+    /// Diffs applied to pages homed here.
+    pub diffs_applied: u64,
+    /// Valid copies dropped because a write notice named them.
+    pub invalidations: u64,
+    /// Intervals ended (at every acquire, release and barrier arrival).
+    pub intervals_closed: u64,
+    /// Lock acquires started.
+    pub lock_acquires: u64,
+    /// Acquires that needed no message because the lock's token was already here.
+    pub lock_acquires_local: u64,
+    /// Barriers (and allocations) completed.
+    pub barriers: u64,
+    /// Serialized size of the read/write notices from the access recorder in sent
+    /// messages (race mode); filled in by the runtime.
+    pub race_notice_bytes: u64,
+    /// Messages handed to the transport; filled in by the runtime.
+    pub messages_sent: u64,
+    /// Their framed size on the wire; filled in by the runtime.
+    pub bytes_sent: u64,
+    /// Messages received from peers; filled in by the runtime.
+    pub messages_received: u64,
+    /// Their framed size on the wire; filled in by the runtime.
+    pub bytes_received: u64,
+}
+
+/// One node's protocol state. Feed it with [`Engine::on_fault`], [`Engine::on_command`],
+/// [`Engine::on_peer_message`] and [`Engine::on_peer_lost`]; each returns the [`Output`]s
+/// to carry out, in order. It never blocks and does no I/O of its own.
+pub struct Engine<M: Memory> {
+    me: NodeId,
+    n: usize,
+    mem: M,
+    pages: Vec<PageEntry>,
+    /// Current knowledge; `vt[me]` is the index of the open interval.
+    vt: VectorTime,
+    /// `vt` when the open interval began: what its accesses are ordered after.
+    cur_start: VectorTime,
+    cur_cause: SyncCause,
+    /// Non-home pages with a twin in this interval.
+    dirty: Vec<PageNo>,
+    twins: HashMap<PageNo, Box<[u8]>>,
+    /// Page buffers of closed intervals' twins, reused so a write fault rarely allocates.
+    spare_twins: Vec<Box<[u8]>>,
+    /// Home pages written (write-faulted) in this interval.
+    home_writes: Vec<PageNo>,
+    /// Intervals known since the last barrier, per creating node, in index order.
+    log: Vec<Vec<IntervalRecord>>,
+    /// Diffs a fetch of this (non-home) page must wait for, per writer.
+    required: HashMap<PageNo, Vec<(NodeId, u32)>>,
+    /// At the home: per page, the latest interval of each writer whose diff is applied.
+    applied: HashMap<PageNo, Vec<(NodeId, u32)>>,
+    /// Page requests waiting at the home for diffs they require.
+    parked: Vec<ParkedServe>,
+    /// A reply held back until diffs to home pages arrive (at most one: the app thread
+    /// waits for it).
+    home_wait: Option<HomeWait>,
+    /// The fetch the app thread is waiting for (at most one, for the same reason).
+    fetch: Option<FetchInFlight>,
+    locks: HashMap<LockId, LockState>,
+    /// Barriers entered so far; the current barrier's number while in one.
+    epoch: u32,
+    /// Running hash of the allocations made, compared at every barrier.
+    alloc_digest: u64,
+    /// Barrier arrivals by epoch (a fast node's arrival at the next barrier can come in
+    /// before this node has finished the current one).
+    arrivals: BTreeMap<u32, Vec<Option<Arrival>>>,
+    /// Race mode, master: the release prepared while the app analyzes the epoch.
+    master_release: Option<MasterRelease>,
+    race_mode: bool,
+    /// In the final barrier: peers may leave once they have arrived.
+    finishing: bool,
+    /// Past the final barrier: peers leaving is expected.
+    finished: bool,
+    stats: Stats,
+    /// Outputs of the event being handled, returned when it is done.
+    out: Vec<Output>,
+}
+
+impl<M: Memory> Engine<M> {
+    /// The engine of node `me` in an `n`-node job over a segment of `pages` pages, none of
+    /// them allocated yet. `race_mode` must be the same on every node: it changes the
+    /// barrier protocol (arrivals always go through rank 0, which analyzes the epoch).
+    pub fn new(me: NodeId, n: usize, pages: usize, mem: M, race_mode: bool) -> Self {
+        let mut vt = VectorTime::zero(n);
+        vt.set(me, 1);
+        Engine {
+            me,
+            n,
+            mem,
+            pages: vec![
+                PageEntry {
+                    state: PageState::Unallocated,
+                    home: 0
+                };
+                pages
+            ],
+            cur_start: vt.clone(),
+            vt,
+            cur_cause: SyncCause::Start,
+            dirty: Vec::new(),
+            twins: HashMap::new(),
+            spare_twins: (0..64).map(|_| vec![0u8; PAGE_SIZE].into()).collect(),
+            home_writes: Vec::new(),
+            log: vec![Vec::new(); n],
+            required: HashMap::new(),
+            applied: HashMap::new(),
+            parked: Vec::new(),
+            home_wait: None,
+            fetch: None,
+            locks: HashMap::new(),
+            epoch: 0,
+            alloc_digest: 0,
+            arrivals: BTreeMap::new(),
+            master_release: None,
+            race_mode,
+            finishing: false,
+            finished: false,
+            stats: Stats::default(),
+            out: Vec::new(),
+        }
+    }
+
+    /// The memory the engine works on (tests inspect page contents through it).
+    pub fn memory(&self) -> &M {
+        &self.mem
+    }
+
+    /// Mutable access to the memory, for a harness that plays the app's writes.
+    pub fn memory_mut(&mut self) -> &mut M {
+        &mut self.mem
+    }
+
+    /// The page's current state in this node's page table. Panics if `page` lies beyond
+    /// the segment.
+    pub fn page_state(&self, page: PageNo) -> PageState {
+        self.pages[page as usize].state
+    }
+
+    /// Size of the page table: the segment's page count, as given to [`Engine::new`].
+    pub fn page_count(&self) -> usize {
+        self.pages.len()
+    }
+
+    /// The counters so far (without the runtime's wire-level fields; see [`Stats`]).
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Whether the final barrier ([`Command::Barrier`] with `finishing`) has completed.
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    pub(super) fn take_out(&mut self) -> Vec<Output> {
+        std::mem::take(&mut self.out)
+    }
+
+    pub(super) fn send(&mut self, to: NodeId, msg: Msg) {
+        self.out.push(Output::Send { to, msg });
+    }
+
+    pub(super) fn reply(&mut self, r: Reply) {
+        self.out.push(Output::Reply(r));
+    }
+
+    pub(super) fn fatal(&mut self, why: String) {
+        self.out.push(Output::Fatal(why));
+    }
+
+    // ---------------------------------------------------------------- commands
+
+    /// Handles a request of the app thread; its [`Reply`] is among the outputs if it could
+    /// be answered at once, otherwise it follows from a later event.
+    pub fn on_command(&mut self, cmd: Command) -> Vec<Output> {
+        match cmd {
+            Command::Alloc {
+                homes,
+                digest,
+                race,
+            } => self.alloc(homes, digest, race),
+            Command::Acquire { lock, race } => self.acquire(lock, race),
+            Command::Release { lock, race } => self.release(lock, race),
+            Command::Barrier {
+                finishing,
+                race,
+                bitmaps,
+            } => self.barrier(finishing, race, bitmaps),
+            Command::Prefetch { pages, write } => self.prefetch(pages, write),
+            Command::RequestBitmaps { node, epoch, keys } => {
+                self.request_bitmaps(node, epoch, keys)
+            }
+            Command::SendBitmaps { epoch, bitmaps } => self.send_bitmaps(epoch, bitmaps),
+            Command::ReleaseBarrier { races } => self.master_release(races),
+            Command::Stats => {
+                let s = Box::new(self.stats.clone());
+                self.reply(Reply::Stats(s));
+            }
+        }
+        self.take_out()
+    }
+
+    // ---------------------------------------------------------------- peer messages
+
+    /// Handles a message from rank `from`. Malformed or unexpected traffic yields
+    /// [`Output::Fatal`] rather than a panic: a peer's bug must not look like this node's.
+    pub fn on_peer_message(&mut self, from: NodeId, msg: Msg) -> Vec<Output> {
+        self.handle(from, msg);
+        self.take_out()
+    }
+
+    /// Routes a message to its concern; also used for messages this node addresses to
+    /// itself, which never go through the runtime.
+    pub(super) fn handle(&mut self, from: NodeId, msg: Msg) {
+        match msg {
+            Msg::PageRequest { pages, required } => self.on_page_request(from, pages, required),
+            Msg::PageReply { pages } => self.on_page_reply(from, pages),
+            Msg::Diffs { interval, diffs } => self.on_diffs(from, interval, diffs),
+            Msg::LockRequest {
+                lock,
+                requester,
+                known,
+            } => {
+                if requester != from || known.len() != self.n {
+                    self.fatal(format!("rank {from} sent a malformed lock request"));
+                } else {
+                    self.on_lock_request(lock, requester, known)
+                }
+            }
+            Msg::LockForward {
+                lock,
+                requester,
+                known,
+            } => {
+                if requester as usize >= self.n || known.len() != self.n {
+                    self.fatal(format!("rank {from} sent a malformed lock forward"));
+                } else {
+                    self.on_lock_forward(lock, requester, known)
+                }
+            }
+            Msg::LockGrant {
+                lock,
+                known,
+                intervals,
+            } => self.on_lock_grant(from, lock, known, intervals),
+            Msg::BarrierArrive {
+                epoch,
+                known,
+                intervals,
+                check,
+                finishing,
+                bitmaps,
+            } => {
+                if known.len() != self.n {
+                    self.fatal(format!("rank {from} sent a malformed barrier arrival"));
+                } else {
+                    self.on_arrive(
+                        from,
+                        epoch,
+                        Arrival {
+                            known,
+                            intervals,
+                            check,
+                            finishing,
+                            bitmaps,
+                        },
+                    )
+                }
+            }
+            Msg::BarrierRelease {
+                epoch,
+                known,
+                intervals,
+                races,
+            } => self.on_release(epoch, known, intervals, races),
+            Msg::Abort { reason } => self.fatal(format!("job aborted by rank {from}: {reason}")),
+            Msg::BitmapRequest { epoch, wanted } => self.on_bitmap_request(epoch, wanted),
+            Msg::BitmapReply { bitmaps, .. } => self.on_bitmap_reply(from, bitmaps),
+        }
+    }
+
+    /// A peer's connection ended or broke. At the end of the run that is expected from a
+    /// peer that has already done its part of the final barrier: TCP delivers a peer's
+    /// messages before its close, so its arrival (or, with race detection, the master's
+    /// release to it) is known here by then.
+    pub fn on_peer_lost(&mut self, peer: NodeId, why: &str) -> Vec<Output> {
+        let expected = self.finished
+            || self.finishing
+                && if !self.all_to_all() {
+                    // Non-masters leave after the master's release; only the master's
+                    // own departure before releasing is a failure.
+                    self.me != 0 && peer != 0
+                } else {
+                    self.arrivals
+                        .get(&self.epoch)
+                        .and_then(|slots| slots.get(peer as usize))
+                        .is_some_and(Option::is_some)
+                };
+        if !expected {
+            self.out.push(Output::PeerLost(format!(
+                "rank {}: lost rank {peer} ({why}); it probably exited or crashed",
+                self.me
+            )));
+        }
+        self.take_out()
+    }
+}
+
+/// Runs of a validated diff applied to a byte buffer (for [`Memory`] implementations).
+pub fn apply_diff_to(page: &mut [u8], runs: &[u8]) -> Result<(), DiffError> {
+    diff::apply(page, runs)
+}

@@ -1,0 +1,419 @@
+//! The page table and everything that moves page contents: faults and prefetches, fetches
+//! from homes, twins and the write notices of home pages, serving copies at the home,
+//! applying incoming diffs, and the requirements that make a fetch (or the app, for home
+//! pages) wait until the diffs a write notice promised have reached the home.
+
+use super::{Engine, Memory, Output, PageState, Prot, Reply};
+use crate::diff;
+use dsm_proto::{
+    Msg, NodeId, PageCopy, PageDiff, PageNo, PageRuns, RaceNotices, Requirement, PAGE_SIZE,
+};
+use std::collections::BTreeMap;
+
+/// A page-table entry. The home is fixed at allocation, so every node can route a fetch or
+/// a diff without asking anyone.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct PageEntry {
+    pub(super) state: PageState,
+    pub(super) home: NodeId,
+}
+
+/// A fetch the app thread waits for; it may span several homes.
+#[derive(Debug)]
+pub(super) struct FetchInFlight {
+    /// Homes that have not replied yet.
+    outstanding: usize,
+    then: AfterFetch,
+    write: bool,
+    /// Pages to make writable once they arrive.
+    pages: Vec<PageNo>,
+}
+
+/// How to tell the app thread a fetch is complete: a fault is released, a prefetch
+/// answered.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum AfterFetch {
+    ResolveFault,
+    ReplyDone,
+}
+
+/// A page request the home cannot serve yet: a diff it requires is still on its way.
+pub(super) struct ParkedServe {
+    from: NodeId,
+    pages: Vec<PageNo>,
+    required: Vec<Requirement>,
+}
+
+/// Something the app waits for until diffs of home pages have arrived.
+pub(super) struct HomeWait {
+    waits: Vec<Requirement>,
+    reply: Reply,
+}
+
+impl<M: Memory> Engine<M> {
+    /// Every page-table change goes through here so the runtime's mirror hears of it.
+    pub(super) fn set_state(&mut self, page: PageNo, state: PageState) {
+        self.pages[page as usize].state = state;
+        // Extending the previous run keeps bulk changes (an allocation, a prefetch, the
+        // invalidations at a barrier) to one output instead of one per page.
+        if let Some(Output::PageStates {
+            first,
+            count,
+            state: last,
+        }) = self.out.last_mut()
+        {
+            if *last == state && *first + *count == page {
+                *count += 1;
+                return;
+            }
+        }
+        self.out.push(Output::PageStates {
+            first: page,
+            count: 1,
+            state,
+        });
+    }
+
+    /// Reports pages another node may access too (see [`Output::PagesShared`]).
+    fn mark_shared(&mut self, page: PageNo, pages: u32) {
+        if let Some(Output::PagesShared { first, count }) = self.out.last_mut() {
+            if *first + *count == page {
+                *count += pages;
+                return;
+            }
+        }
+        self.out.push(Output::PagesShared {
+            first: page,
+            count: pages,
+        });
+    }
+
+    pub(super) fn is_home(&self, page: PageNo) -> bool {
+        self.pages[page as usize].home == self.me
+    }
+
+    pub(super) fn protect_runs(&mut self, pages: &mut [PageNo], prot: Prot) {
+        pages.sort_unstable();
+        let runs = PageRuns::from_sorted_unique(pages);
+        for &(first, count) in runs.runs() {
+            self.mem.protect(first, count, prot);
+        }
+    }
+
+    fn take_twin(&mut self) -> Box<[u8]> {
+        self.spare_twins
+            .pop()
+            .unwrap_or_else(|| vec![0u8; PAGE_SIZE].into())
+    }
+
+    // ---------------------------------------------------------------- faults
+
+    /// A fault of the app thread at `page`. `write` is `None` when the architecture does
+    /// not say; the access is then treated as a read and a write retries as a write fault.
+    pub fn on_fault(&mut self, page: Option<PageNo>, write: Option<bool>) -> Vec<Output> {
+        let Some(page) = page.filter(|&p| (p as usize) < self.pages.len()) else {
+            self.out.push(Output::FaultCrash);
+            return self.take_out();
+        };
+        let entry = self.pages[page as usize];
+        let write = write.unwrap_or(false);
+        match entry.state {
+            PageState::Unallocated => self.out.push(Output::FaultCrash),
+            PageState::Invalid => {
+                self.stats.read_faults += u64::from(!write);
+                self.stats.write_faults += u64::from(write);
+                self.start_fetch(vec![page], write, AfterFetch::ResolveFault);
+            }
+            PageState::ReadOnly if write => {
+                self.stats.write_faults += 1;
+                self.make_writable(page);
+                self.out.push(Output::FaultResolved);
+            }
+            // Spurious: the page became accessible in the meantime (e.g. a prefetch).
+            PageState::ReadOnly | PageState::ReadWrite => self.out.push(Output::FaultResolved),
+        }
+        self.take_out()
+    }
+
+    /// Read-only -> read-write: a twin for non-home pages, a write notice at the home.
+    fn make_writable(&mut self, page: PageNo) {
+        if self.is_home(page) {
+            self.home_writes.push(page);
+        } else {
+            let mut twin = self.take_twin();
+            self.mem.read_page(page, &mut twin);
+            self.twins.insert(page, twin);
+            self.dirty.push(page);
+            self.stats.twins_made += 1;
+        }
+        self.mem.protect(page, 1, Prot::ReadWrite);
+        self.set_state(page, PageState::ReadWrite);
+    }
+
+    fn start_fetch(&mut self, pages: Vec<PageNo>, write: bool, then: AfterFetch) {
+        let mut by_home: BTreeMap<NodeId, Vec<PageNo>> = BTreeMap::new();
+        for &p in &pages {
+            by_home
+                .entry(self.pages[p as usize].home)
+                .or_default()
+                .push(p);
+        }
+        self.fetch = Some(FetchInFlight {
+            outstanding: by_home.len(),
+            then,
+            write,
+            pages,
+        });
+        for (home, pages) in by_home {
+            let required =
+                pages
+                    .iter()
+                    .flat_map(|&p| {
+                        self.required.get(&p).into_iter().flatten().map(
+                            move |&(writer, interval)| Requirement {
+                                page: p,
+                                writer,
+                                interval,
+                            },
+                        )
+                    })
+                    .collect();
+            self.stats.fetch_requests += 1;
+            self.send(home, Msg::PageRequest { pages, required });
+        }
+    }
+
+    pub(super) fn on_page_reply(&mut self, from: NodeId, copies: Vec<PageCopy>) {
+        let Some(fetch) = self.fetch.as_mut() else {
+            self.fatal(format!("rank {from} sent pages nobody asked for"));
+            return;
+        };
+        fetch.outstanding = fetch.outstanding.saturating_sub(1);
+        for copy in &copies {
+            let p = copy.page as usize;
+            if p >= self.pages.len()
+                || copy.data.len() != PAGE_SIZE
+                || self.pages[p].state != PageState::Invalid
+                || self.pages[p].home != from
+            {
+                self.fatal(format!(
+                    "rank {from} sent a bad copy of page {} ({} bytes)",
+                    copy.page,
+                    copy.data.len()
+                ));
+                return;
+            }
+        }
+        let mut readable = Vec::with_capacity(copies.len());
+        for copy in copies {
+            self.mem.write_page(copy.page, &copy.data);
+            self.required.remove(&copy.page);
+            self.set_state(copy.page, PageState::ReadOnly);
+            self.stats.pages_fetched += 1;
+            readable.push(copy.page);
+        }
+        self.protect_runs(&mut readable, Prot::Read);
+        let fetch = self.fetch.as_ref().expect("checked above");
+        if fetch.outstanding > 0 {
+            return;
+        }
+        let fetch = self.fetch.take().expect("checked above");
+        if fetch.write {
+            for p in fetch.pages {
+                if self.pages[p as usize].state == PageState::ReadOnly {
+                    self.make_writable(p);
+                }
+            }
+        }
+        match fetch.then {
+            AfterFetch::ResolveFault => self.out.push(Output::FaultResolved),
+            AfterFetch::ReplyDone => self.reply(Reply::Done),
+        }
+    }
+
+    // ---------------------------------------------------------------- serving pages
+
+    pub(super) fn requirements_met(&self, required: &[Requirement]) -> bool {
+        required.iter().all(|r| {
+            self.applied
+                .get(&r.page)
+                .and_then(|v| v.iter().find(|(w, _)| *w == r.writer))
+                .is_some_and(|&(_, i)| i >= r.interval)
+        })
+    }
+
+    pub(super) fn on_page_request(
+        &mut self,
+        from: NodeId,
+        pages: Vec<PageNo>,
+        required: Vec<Requirement>,
+    ) {
+        for &p in &pages {
+            if (p as usize) >= self.pages.len()
+                || !self.is_home(p)
+                || self.pages[p as usize].state == PageState::Unallocated
+            {
+                self.fatal(format!(
+                    "rank {from} asked for page {p}, which is not homed here"
+                ));
+                return;
+            }
+        }
+        if self.requirements_met(&required) {
+            self.serve(from, pages);
+        } else {
+            self.parked.push(ParkedServe {
+                from,
+                pages,
+                required,
+            });
+        }
+    }
+
+    fn serve(&mut self, to: NodeId, pages: Vec<PageNo>) {
+        // Write-protect first, so that any later write by the home faults and produces the
+        // write notice that will invalidate the copy we hand out.
+        let mut newly_shared: Vec<PageNo> = pages
+            .iter()
+            .copied()
+            .filter(|&p| self.pages[p as usize].state == PageState::ReadWrite)
+            .collect();
+        self.protect_runs(&mut newly_shared, Prot::Read);
+        for &p in &newly_shared {
+            self.set_state(p, PageState::ReadOnly);
+        }
+        for &p in &pages {
+            self.mark_shared(p, 1);
+        }
+        let copies = pages
+            .into_iter()
+            .map(|page| {
+                let mut data = vec![0u8; PAGE_SIZE];
+                self.mem.read_page(page, &mut data);
+                PageCopy { page, data }
+            })
+            .collect::<Vec<_>>();
+        self.stats.pages_served += copies.len() as u64;
+        self.send(to, Msg::PageReply { pages: copies });
+    }
+
+    pub(super) fn on_diffs(&mut self, from: NodeId, interval: u32, diffs: Vec<PageDiff>) {
+        for d in &diffs {
+            if (d.page as usize) >= self.pages.len() || !self.is_home(d.page) {
+                self.fatal(format!(
+                    "rank {from} sent a diff for page {}, which is not homed here",
+                    d.page
+                ));
+                return;
+            }
+            if let Err(e) = diff::validate(&d.runs) {
+                self.fatal(format!(
+                    "rank {from} sent a malformed diff for page {}: {e}",
+                    d.page
+                ));
+                return;
+            }
+        }
+        for d in diffs {
+            self.mem.apply_diff(d.page, &d.runs);
+            self.stats.diffs_applied += 1;
+            let v = self.applied.entry(d.page).or_default();
+            match v.iter_mut().find(|(w, _)| *w == from) {
+                Some((_, i)) => *i = (*i).max(interval),
+                None => v.push((from, interval)),
+            }
+        }
+        self.recheck_waits();
+    }
+
+    fn recheck_waits(&mut self) {
+        if !self.parked.is_empty() {
+            let parked = std::mem::take(&mut self.parked);
+            for p in parked {
+                if self.requirements_met(&p.required) {
+                    self.serve(p.from, p.pages);
+                } else {
+                    self.parked.push(p);
+                }
+            }
+        }
+        if let Some(hw) = self.home_wait.take() {
+            if self.requirements_met(&hw.waits) {
+                self.reply(hw.reply);
+            } else {
+                self.home_wait = Some(hw);
+            }
+        }
+    }
+
+    /// Replies to the app once the diffs of home pages named in newly seen write notices
+    /// have arrived (the app reads home pages without faulting).
+    pub(super) fn reply_after_home_diffs(&mut self, waits: Vec<Requirement>, reply: Reply) {
+        if self.requirements_met(&waits) {
+            self.reply(reply);
+        } else {
+            self.home_wait = Some(HomeWait { waits, reply });
+        }
+    }
+
+    pub(super) fn alloc(
+        &mut self,
+        homes: Vec<(PageNo, u32, NodeId)>,
+        digest: u64,
+        race: Option<RaceNotices>,
+    ) {
+        let mut mine = Vec::new();
+        for (first, count, home) in homes {
+            let end = first as usize + count as usize;
+            if end > self.pages.len() || home as usize >= self.n {
+                self.fatal(format!(
+                    "allocation of pages {first}..{end} does not fit the segment"
+                ));
+                return;
+            }
+            for p in first..first + count {
+                let e = &mut self.pages[p as usize];
+                if e.state != PageState::Unallocated {
+                    self.fatal(format!("page {p} allocated twice"));
+                    return;
+                }
+                e.home = home;
+                let state = if home == self.me {
+                    PageState::ReadWrite
+                } else {
+                    PageState::Invalid
+                };
+                self.set_state(p, state);
+            }
+            if home == self.me {
+                mine.push((first, count));
+            } else {
+                self.mark_shared(first, count);
+            }
+        }
+        for (first, count) in mine {
+            self.mem.protect(first, count, Prot::ReadWrite);
+        }
+        self.alloc_digest = self.alloc_digest.rotate_left(7) ^ digest;
+        self.barrier(false, race, Vec::new());
+    }
+
+    pub(super) fn prefetch(&mut self, pages: PageRuns, write: bool) {
+        let mut missing = Vec::new();
+        for p in pages.iter() {
+            if (p as usize) >= self.pages.len() {
+                break;
+            }
+            match self.pages[p as usize].state {
+                PageState::Invalid => missing.push(p),
+                PageState::ReadOnly if write => self.make_writable(p),
+                _ => {}
+            }
+        }
+        if missing.is_empty() {
+            self.reply(Reply::Done);
+        } else {
+            self.start_fetch(missing, write, AfterFetch::ReplyDone);
+        }
+    }
+}
