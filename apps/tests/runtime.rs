@@ -213,6 +213,48 @@ fn killed_rank_stops_the_job() {
     );
 }
 
+/// Gone, or a zombie waiting for its new parent to reap it.
+fn is_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z')),
+    }
+}
+
+#[test]
+fn no_rank_outlives_a_killed_dsmrun() {
+    let mut child = dsm_testkit::dsmrun_command(3, &[], TEST, &["hang", "--seconds", "120"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut pids = Vec::new();
+    for line in BufReader::new(stdout).lines() {
+        let line = line.unwrap();
+        if let Some((_, pid)) = line.split_once("] pid ") {
+            pids.push(pid.trim().parse::<i32>().unwrap());
+            if pids.len() == 3 {
+                break;
+            }
+        }
+    }
+    assert_eq!(pids.len(), 3, "every rank printed its pid");
+    child.kill().unwrap(); // SIGKILL: dsmrun gets no chance to stop anyone
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !pids.iter().all(|&p| is_gone(p)) {
+        assert!(
+            Instant::now() < deadline,
+            "ranks still running 5 s after dsmrun was killed: {:?}",
+            pids.iter().filter(|&&p| !is_gone(p)).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
