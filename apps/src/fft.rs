@@ -383,27 +383,43 @@ pub fn six_step_shape(m: u32) -> (usize, usize) {
 // ---------------------------------------------------------------------------------------
 // Line passes shared by the sequential and parallel versions
 
-/// Lines of `len` points that the sequential z-pass gathers into one local block: at
-/// least 4, so that every cache line read is used whole (4 points of 16 bytes), and few
-/// enough that the block (16 KiB) stays in the L1 cache. Each line is still transformed
-/// on its own, so the blocking does not change the result.
+/// Lines of `len` points that the strided passes (y, and z in the sequential version)
+/// gather into one local block: at least 4, so that every cache line read is used
+/// whole (4 points of 16 bytes), and few enough that the block (16 KiB) stays in the L1
+/// cache. Each line is still transformed on its own, so the blocking does not change the
+/// result.
 fn lines_per_block(len: usize) -> usize {
     (1024 / len.max(1)).clamp(4, 16)
 }
 
-/// X- then y-pass on one `nx x ny` plane held locally (`col` is scratch of length `ny`).
-fn xy_pass(plane: &mut [C64], px: &Fft, py: &Fft, dir: Direction, col: &mut [C64]) {
-    let nx = px.len();
+/// Scratch for [`xy_pass`] on planes with `ny` rows.
+fn xy_scratch(ny: usize) -> Vec<C64> {
+    vec![C64::ZERO; lines_per_block(ny) * ny]
+}
+
+/// X- then y-pass on one `nx x ny` plane held locally (`cols` is scratch from
+/// [`xy_scratch`]). The y-pass gathers a few columns at a time into `cols`.
+fn xy_pass(plane: &mut [C64], px: &Fft, py: &Fft, dir: Direction, cols: &mut [C64]) {
+    let (nx, ny) = (px.len(), py.len());
     for row in plane.chunks_exact_mut(nx) {
         px.transform(row, dir);
     }
-    for x in 0..nx {
-        for (y, c) in col.iter_mut().enumerate() {
-            *c = plane[y * nx + x];
+    let width = cols.len() / ny;
+    for x0 in (0..nx).step_by(width) {
+        let xs = x0..(x0 + width).min(nx);
+        let block = &mut cols[..xs.len() * ny];
+        for (y, row) in plane.chunks_exact(nx).enumerate() {
+            for (i, v) in row[xs.clone()].iter().enumerate() {
+                block[i * ny + y] = *v;
+            }
         }
-        py.transform(col, dir);
-        for (y, c) in col.iter().enumerate() {
-            plane[y * nx + x] = *c;
+        for col in block.chunks_exact_mut(ny) {
+            py.transform(col, dir);
+        }
+        for (y, row) in plane.chunks_exact_mut(nx).enumerate() {
+            for (i, v) in row[xs.clone()].iter_mut().enumerate() {
+                *v = block[i * ny + y];
+            }
         }
     }
 }
@@ -485,9 +501,9 @@ impl Fft3dSeq {
     }
 
     fn xy(&self, a: &mut [C64], dir: Direction) {
-        let mut col = vec![C64::ZERO; self.dims.ny];
+        let mut cols = xy_scratch(self.dims.ny);
         for p in a.chunks_exact_mut(self.dims.plane()) {
-            xy_pass(p, &self.px, &self.py, dir, &mut col);
+            xy_pass(p, &self.px, &self.py, dir, &mut cols);
         }
     }
 
@@ -743,10 +759,10 @@ impl Fft3d {
         let plane = self.dims.plane();
         let v = dsm.view(&self.data);
         let mut buf = vec![C64::ZERO; plane];
-        let mut col = vec![C64::ZERO; self.dims.ny];
+        let mut cols = xy_scratch(self.dims.ny);
         for z in self.my_planes(dsm) {
             v.read_into(z * plane, &mut buf);
-            xy_pass(&mut buf, &self.px, &self.py, dir, &mut col);
+            xy_pass(&mut buf, &self.px, &self.py, dir, &mut cols);
             v.write_from(z * plane, &buf);
         }
     }
