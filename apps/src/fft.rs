@@ -383,19 +383,43 @@ pub fn six_step_shape(m: u32) -> (usize, usize) {
 // ---------------------------------------------------------------------------------------
 // Line passes shared by the sequential and parallel versions
 
-/// X- then y-pass on one `nx x ny` plane held locally (`col` is scratch of length `ny`).
-fn xy_pass(plane: &mut [C64], px: &Fft, py: &Fft, dir: Direction, col: &mut [C64]) {
-    let nx = px.len();
+/// Lines of `len` points that the strided passes (y, and z in the sequential version)
+/// gather into one local block: at least 4, so that every cache line read is used
+/// whole (4 points of 16 bytes), and few enough that the block (16 KiB) stays in the L1
+/// cache. Each line is still transformed on its own, so the blocking does not change the
+/// result.
+fn lines_per_block(len: usize) -> usize {
+    (1024 / len.max(1)).clamp(4, 16)
+}
+
+/// Scratch for [`xy_pass`] on planes with `ny` rows.
+fn xy_scratch(ny: usize) -> Vec<C64> {
+    vec![C64::ZERO; lines_per_block(ny) * ny]
+}
+
+/// X- then y-pass on one `nx x ny` plane held locally (`cols` is scratch from
+/// [`xy_scratch`]). The y-pass gathers a few columns at a time into `cols`.
+fn xy_pass(plane: &mut [C64], px: &Fft, py: &Fft, dir: Direction, cols: &mut [C64]) {
+    let (nx, ny) = (px.len(), py.len());
     for row in plane.chunks_exact_mut(nx) {
         px.transform(row, dir);
     }
-    for x in 0..nx {
-        for (y, c) in col.iter_mut().enumerate() {
-            *c = plane[y * nx + x];
+    let width = cols.len() / ny;
+    for x0 in (0..nx).step_by(width) {
+        let xs = x0..(x0 + width).min(nx);
+        let block = &mut cols[..xs.len() * ny];
+        for (y, row) in plane.chunks_exact(nx).enumerate() {
+            for (i, v) in row[xs.clone()].iter().enumerate() {
+                block[i * ny + y] = *v;
+            }
         }
-        py.transform(col, dir);
-        for (y, c) in col.iter().enumerate() {
-            plane[y * nx + x] = *c;
+        for col in block.chunks_exact_mut(ny) {
+            py.transform(col, dir);
+        }
+        for (y, row) in plane.chunks_exact_mut(nx).enumerate() {
+            for (i, v) in row[xs.clone()].iter_mut().enumerate() {
+                *v = block[i * ny + y];
+            }
         }
     }
 }
@@ -407,78 +431,170 @@ fn twiddle_row(row: &mut [C64], j1: usize, n: usize, dir: Direction) {
     }
 }
 
+/// Side of the square tiles [`transpose`] works in: a tile's rows and columns stay in
+/// the cache while it is copied.
+const TILE: usize = 16;
+
 /// Transpose of a local `rows x cols` row-major matrix.
 fn transpose(a: &[C64], rows: usize, cols: usize) -> Vec<C64> {
     let mut t = vec![C64::ZERO; a.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            t[c * rows + r] = a[r * cols + c];
+    transpose_into(a, rows, cols, &mut t);
+    t
+}
+
+/// Writes the transpose of the local `rows x cols` row-major matrix `a` into `t`, tile
+/// by tile.
+fn transpose_into(a: &[C64], rows: usize, cols: usize, t: &mut [C64]) {
+    assert_eq!(a.len(), rows * cols);
+    assert_eq!(t.len(), a.len());
+    for r0 in (0..rows).step_by(TILE) {
+        let r1 = (r0 + TILE).min(rows);
+        for c0 in (0..cols).step_by(TILE) {
+            let c1 = (c0 + TILE).min(cols);
+            for r in r0..r1 {
+                for (c, v) in (c0..c1).zip(&a[r * cols + c0..r * cols + c1]) {
+                    t[c * rows + r] = *v;
+                }
+            }
         }
     }
-    t
 }
 
 // ---------------------------------------------------------------------------------------
 // Sequential references
 
-/// Sequential 3-D FFT in place on `a` (natural order, `(z * ny + y) * nx + x`), with the
-/// same passes in the same order as the parallel version: forward x, y, then z; inverse z,
-/// then x, y.
-pub fn fft3d_seq(a: &mut [C64], d: Dims, dir: Direction) {
-    assert_eq!(a.len(), d.len());
-    let (px, py, pz) = (Fft::new(d.nx), Fft::new(d.ny), Fft::new(d.nz));
-    let plane = d.plane();
-    let xy = |a: &mut [C64]| {
-        let mut col = vec![C64::ZERO; d.ny];
-        for p in a.chunks_exact_mut(plane) {
-            xy_pass(p, &px, &py, dir, &mut col);
+/// The sequential 3-D FFT: the plans made once (as the parallel version makes them in
+/// its setup), so that timing [`Fft3dSeq::transform`] times the transform only.
+pub struct Fft3dSeq {
+    dims: Dims,
+    px: Fft,
+    py: Fft,
+    pz: Fft,
+}
+
+impl Fft3dSeq {
+    pub fn new(dims: Dims) -> Fft3dSeq {
+        Fft3dSeq {
+            dims,
+            px: Fft::new(dims.nx),
+            py: Fft::new(dims.ny),
+            pz: Fft::new(dims.nz),
         }
-    };
-    let z = |a: &mut [C64]| {
-        let mut line = vec![C64::ZERO; d.nz];
-        for l in 0..plane {
-            for (z, v) in line.iter_mut().enumerate() {
-                *v = a[z * plane + l];
+    }
+
+    /// The 3-D FFT in place on `a` (natural order, `(z * ny + y) * nx + x`), with the
+    /// same passes in the same order as the parallel version, each line transformed by
+    /// the same routine: forward x, y, then z; inverse z, then x, y. Bitwise the
+    /// parallel result.
+    pub fn transform(&self, a: &mut [C64], dir: Direction) {
+        assert_eq!(a.len(), self.dims.len());
+        match dir {
+            Direction::Forward => {
+                self.xy(a, dir);
+                self.z(a, dir);
             }
-            pz.transform(&mut line, dir);
-            for (z, v) in line.iter().enumerate() {
-                a[z * plane + l] = *v;
+            Direction::Inverse => {
+                self.z(a, dir);
+                self.xy(a, dir);
             }
         }
-    };
-    match dir {
-        Direction::Forward => {
-            xy(a);
-            z(a);
+    }
+
+    fn xy(&self, a: &mut [C64], dir: Direction) {
+        let mut cols = xy_scratch(self.dims.ny);
+        for p in a.chunks_exact_mut(self.dims.plane()) {
+            xy_pass(p, &self.px, &self.py, dir, &mut cols);
         }
-        Direction::Inverse => {
-            z(a);
-            xy(a);
+    }
+
+    /// The z-pass, a few lines at a time: one short contiguous read per plane (whole
+    /// cache lines) rather than one strided read of each line (a cache line per point).
+    fn z(&self, a: &mut [C64], dir: Direction) {
+        let (nz, plane) = (self.dims.nz, self.dims.plane());
+        let width = lines_per_block(nz);
+        let mut buf = vec![C64::ZERO; width.min(plane) * nz];
+        for l0 in (0..plane).step_by(width) {
+            let lines = l0..(l0 + width).min(plane);
+            let block = &mut buf[..lines.len() * nz];
+            for (z, p) in a.chunks_exact(plane).enumerate() {
+                for (i, v) in p[lines.clone()].iter().enumerate() {
+                    block[i * nz + z] = *v;
+                }
+            }
+            for line in block.chunks_exact_mut(nz) {
+                self.pz.transform(line, dir);
+            }
+            for (z, p) in a.chunks_exact_mut(plane).enumerate() {
+                for (i, v) in p[lines.clone()].iter_mut().enumerate() {
+                    *v = block[i * nz + z];
+                }
+            }
         }
     }
 }
 
-/// Sequential six-step FFT of `x` (`2^m` points, natural order in and out).
+/// Sequential 3-D FFT in place on `a` (natural order): [`Fft3dSeq`] with its plans made
+/// on the spot.
+pub fn fft3d_seq(a: &mut [C64], d: Dims, dir: Direction) {
+    Fft3dSeq::new(d).transform(a, dir);
+}
+
+/// The sequential six-step FFT on `2^m` points, its plans made once (as the parallel
+/// version makes them in its setup), so that timing [`SixStepSeq::transform`] times the
+/// transform only.
+pub struct SixStepSeq {
+    m: u32,
+    p1: Fft,
+    p2: Fft,
+}
+
+impl SixStepSeq {
+    pub fn new(m: u32) -> SixStepSeq {
+        let (n1, n2) = six_step_shape(m);
+        SixStepSeq {
+            m,
+            p1: Fft::new(n1),
+            p2: Fft::new(n2),
+        }
+    }
+
+    /// The six steps on `x` (natural order in and out), each row transformed and
+    /// twiddled exactly as in the parallel version: bitwise the parallel result.
+    pub fn transform(&self, x: &[C64], dir: Direction) -> Vec<C64> {
+        let mut out = vec![C64::ZERO; x.len()];
+        let mut scratch = vec![C64::ZERO; x.len()];
+        self.transform_into(x, &mut out, &mut scratch, dir);
+        out
+    }
+
+    /// [`SixStepSeq::transform`] into `out`, with `scratch` (both of `x`'s length) as the
+    /// intermediate matrix: no allocation, so that it can be timed alone.
+    pub fn transform_into(&self, x: &[C64], out: &mut [C64], scratch: &mut [C64], dir: Direction) {
+        let (n1, n2) = six_step_shape(self.m);
+        let n = n1 * n2;
+        assert_eq!(x.len(), n);
+        // 1: n2 x n1 -> n1 x n2.
+        transpose_into(x, n2, n1, out);
+        // 2, 3: FFT rows (n2), twiddle.
+        for (j1, row) in out.chunks_exact_mut(n2).enumerate() {
+            self.p2.transform(row, dir);
+            twiddle_row(row, j1, n, dir);
+        }
+        // 4: n1 x n2 -> n2 x n1.
+        transpose_into(out, n1, n2, scratch);
+        // 5: FFT rows (n1).
+        for row in scratch.chunks_exact_mut(n1) {
+            self.p1.transform(row, dir);
+        }
+        // 6: n2 x n1 -> n1 x n2, natural order.
+        transpose_into(scratch, n2, n1, out);
+    }
+}
+
+/// Sequential six-step FFT of `x` (`2^m` points, natural order in and out):
+/// [`SixStepSeq`] with its plans made on the spot.
 pub fn six_step_seq(x: &[C64], m: u32, dir: Direction) -> Vec<C64> {
-    let (n1, n2) = six_step_shape(m);
-    let n = n1 * n2;
-    assert_eq!(x.len(), n);
-    let (p1, p2) = (Fft::new(n1), Fft::new(n2));
-    // 1: n2 x n1 -> n1 x n2.
-    let mut b = transpose(x, n2, n1);
-    // 2, 3: FFT rows (n2), twiddle.
-    for (j1, row) in b.chunks_exact_mut(n2).enumerate() {
-        p2.transform(row, dir);
-        twiddle_row(row, j1, n, dir);
-    }
-    // 4: n1 x n2 -> n2 x n1.
-    let mut d = transpose(&b, n1, n2);
-    // 5: FFT rows (n1).
-    for row in d.chunks_exact_mut(n1) {
-        p1.transform(row, dir);
-    }
-    // 6: n2 x n1 -> n1 x n2, natural order.
-    transpose(&d, n2, n1)
+    SixStepSeq::new(m).transform(x, dir)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -643,10 +759,10 @@ impl Fft3d {
         let plane = self.dims.plane();
         let v = dsm.view(&self.data);
         let mut buf = vec![C64::ZERO; plane];
-        let mut col = vec![C64::ZERO; self.dims.ny];
+        let mut cols = xy_scratch(self.dims.ny);
         for z in self.my_planes(dsm) {
             v.read_into(z * plane, &mut buf);
-            xy_pass(&mut buf, &self.px, &self.py, dir, &mut col);
+            xy_pass(&mut buf, &self.px, &self.py, dir, &mut cols);
             v.write_from(z * plane, &buf);
         }
     }

@@ -447,7 +447,16 @@ pub fn predict(m: &mut Molecule) {
 /// molecules per step (plus two for the start-up). Returns the energies of steps
 /// 0..=steps and the final state.
 pub fn sequential(p: &Params) -> (Vec<Energies>, Vec<Molecule>) {
+    simulate(p, initial_state(p))
+}
+
+/// [`sequential`] from the given initial state ([`initial_state`]), so that the
+/// simulation can be timed without it, as the parallel run is timed without its setup.
+/// Plain local memory, no DSM: the same force pass, corrector and predictor as the
+/// parallel run.
+pub fn simulate(p: &Params, mut mols: Vec<Molecule>) -> (Vec<Energies>, Vec<Molecule>) {
     let n = p.molecules;
+    assert_eq!(mols.len(), n, "one state per molecule");
     let geo = p.geometry();
     let forces = |mols: &[Molecule]| {
         let x: Vec<Sites> = mols.iter().map(|m| m.d[0]).collect();
@@ -455,7 +464,6 @@ pub fn sequential(p: &Params) -> (Vec<Energies>, Vec<Molecule>) {
         let e = force_pass(&x, 0..n, &geo, &mut f, &mut vec![false; n]);
         (f, e)
     };
-    let mut mols = initial_state(p);
     let mut out = Vec::with_capacity(p.steps + 1);
     let (f0, mut e) = forces(&mols);
     e.kinetic = mols.iter().map(|m| kinetic(m, p.dt)).sum();

@@ -41,6 +41,11 @@ fn verified(out: &Out, what: &str) -> (String, String) {
         line.contains("parallel ") && line.contains("sequential "),
         "{line}"
     );
+    // The timed sequential reference is the same computation, not just a close one.
+    assert!(
+        line.contains("vs sequential (bitwise identical)"),
+        "{what}: {line}"
+    );
     let after = |key: &str| -> String {
         let rest = &line[line
             .find(key)

@@ -23,6 +23,10 @@ const DEFAULT_SEED: u64 = 1;
 /// lock (a deliberate data race; `--locked-bound` is the race-free variant). Rank 0
 /// checks the optimal length with Held-Karp (up to 20 cities) and prints a `verified:`
 /// line; a disagreement exits with status 1, an unreadable input with status 2.
+///
+/// The `sequential(Held-Karp)` time on that line is the verifier's: dynamic programming,
+/// a different algorithm from the branch and bound, so a speedup computed against it
+/// compares different algorithms (compare parallel times across node counts instead).
 #[derive(Parser, Debug)]
 #[command(name = "tsp", version)]
 struct Args {
