@@ -93,6 +93,12 @@ fn main() -> anyhow::Result<ExitCode> {
                 ));
             }
             let checksum: f64 = got.iter().sum();
+            if !checksum.is_finite() {
+                // Bitwise agreement of two NaN grids is not a verified result.
+                fail(&format!(
+                    "sor {n}x{n}: the result is not finite (checksum {checksum})"
+                ));
+            }
             println!(
                 "verified: sor {n}x{n}, {} iterations, {} nodes: bitwise identical to sequential (checksum {checksum:.6}); parallel {parallel:.4} s, sequential {sequential:.4} s, speedup {:.2}x",
                 args.iters,
