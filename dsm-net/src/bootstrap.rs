@@ -1,27 +1,24 @@
 //! Setting up the full TCP mesh between the nodes of a job, before the async transport
 //! starts. Rank 0 listens at the rendezvous address; every other rank connects there with a
-//! [`Hello`] carrying the protocol version, the job secret and the address where it accepts
+//! [`dsm_proto::Hello`] carrying the protocol version and the address where it accepts
 //! connections from higher ranks. When all ranks have joined, rank 0 answers each with the
 //! address table; then every rank connects to the lower ranks it has no link to yet. Every
-//! connection starts with the same versioned, secret-checked handshake: a peer with the wrong
-//! secret or version is refused with a reason and never becomes part of the job. All waits
-//! are bounded by the connect timeout, so a rank that never shows up is an error naming it.
+//! connection starts with the same versioned, mutually authenticated handshake
+//! ([`crate::handshake`]): a peer with the wrong secret or version is refused with a reason
+//! and never becomes part of the job, and strangers' connections are handshaken
+//! concurrently and evicted, so they cannot delay the ranks. All waits are bounded by the
+//! connect timeout, so a rank that never shows up is an error naming it.
 
-use crate::framing::{read_frame, write_frame, WireError};
+use crate::framing::{write_frame, WireError};
+use crate::handshake::{self, Admission, ConnectFailure, Local};
+use dsm_proto::HelloReply;
 use dsm_proto::JobConfig;
-use dsm_proto::{Hello, HelloReply, NodeId, HELLO_MAGIC, PROTOCOL_VERSION};
 use std::io;
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::thread;
 use std::time::{Duration, Instant};
 use thiserror::Error;
 use tracing::{debug, warn};
-
-/// Handshake frames are small; anything bigger is not a dsm peer.
-const MAX_HANDSHAKE: usize = 64 << 10;
-/// How long an accepted connection may take to say hello before it is dropped, so a silent
-/// stranger cannot stall the job start.
-const HELLO_WAIT: Duration = Duration::from_secs(3);
 
 /// Why this node could not join the mesh. Each names the rank involved, so a failed job
 /// start says which node is missing or misconfigured.
@@ -55,6 +52,15 @@ pub enum BootstrapError {
         by: usize,
         /// Its reason.
         reason: String,
+    },
+    /// The peer at this address answered the handshake but could not prove it knows the
+    /// job secret.
+    #[error("rank {peer} at {addr} could not prove it knows the job secret: a process of another job holds that address, or this rank's DSM_JOB_SECRET is not the job's")]
+    Impostor {
+        /// The rank this node meant to reach.
+        peer: usize,
+        /// Where it connected.
+        addr: SocketAddr,
     },
     /// A handshake frame could not be written or read (connection dropped, garbage,
     /// oversized frame).
@@ -114,81 +120,12 @@ pub fn connect_mesh(env: &JobConfig) -> Result<Mesh, BootstrapError> {
     Ok(mesh)
 }
 
-fn hello(env: &JobConfig, listen: String) -> Hello {
-    Hello {
-        magic: HELLO_MAGIC,
-        version: PROTOCOL_VERSION,
-        secret: env.secret.clone(),
-        rank: env.rank as NodeId,
-        size: env.size as u16,
-        listen,
+fn local(env: &JobConfig) -> Local {
+    Local {
+        rank: env.rank,
+        size: env.size,
+        secret: env.secret.as_bytes().into(),
     }
-}
-
-/// Constant-time comparison, so the secret cannot be guessed byte by byte from timing.
-fn secrets_match(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// Why a hello is refused, or `None` if it is acceptable. `lowest` is the smallest rank this
-/// acceptor takes connections from.
-fn check_hello(env: &JobConfig, h: &Hello, lowest: usize, taken: &[bool]) -> Option<String> {
-    if h.magic != HELLO_MAGIC {
-        return Some("not a dsm peer (bad magic)".into());
-    }
-    if h.version != PROTOCOL_VERSION {
-        return Some(format!(
-            "protocol version mismatch: peer speaks v{}, this node v{PROTOCOL_VERSION}",
-            h.version
-        ));
-    }
-    if !secrets_match(&h.secret, &env.secret) {
-        return Some("wrong job secret".into());
-    }
-    if h.size as usize != env.size {
-        return Some(format!(
-            "job size mismatch: peer thinks {} nodes, this node {}",
-            h.size, env.size
-        ));
-    }
-    let r = h.rank as usize;
-    if r < lowest || r >= env.size || r == env.rank {
-        return Some(format!("unexpected rank {r}"));
-    }
-    if taken[r] {
-        return Some(format!("rank {r} has already joined"));
-    }
-    None
-}
-
-/// Reads and checks one hello on a freshly accepted connection. Returns the peer's rank and
-/// hello if accepted; refusals are answered and logged here.
-fn admit(
-    env: &JobConfig,
-    mut s: TcpStream,
-    peer: SocketAddr,
-    lowest: usize,
-    taken: &[bool],
-) -> Option<(TcpStream, Hello)> {
-    s.set_nonblocking(false).ok()?;
-    s.set_read_timeout(Some(HELLO_WAIT)).ok()?;
-    let h: Hello = match read_frame(&mut s, MAX_HANDSHAKE) {
-        Ok(h) => h,
-        Err(e) => {
-            warn!("rank {}: dropped connection from {peer}: {e}", env.rank);
-            return None;
-        }
-    };
-    if let Some(reason) = check_hello(env, &h, lowest, taken) {
-        warn!(
-            "rank {}: refused connection from {peer} (claims rank {}): {reason}",
-            env.rank, h.rank
-        );
-        let _ = write_frame(&mut s, &HelloReply::Refused { reason });
-        return None;
-    }
-    Some((s, h))
 }
 
 fn missing(taken: &[bool], range: std::ops::Range<usize>) -> Vec<usize> {
@@ -211,41 +148,41 @@ fn rendezvous_as_rank0(
     let mut listen = vec![String::new(); env.size];
     listen[0] = coord.to_string();
     let mut joined = 1;
+    let mut admission = Admission::new(local(env), 1);
     while joined < env.size {
-        match listener.accept() {
-            Ok((s, peer)) => {
-                if let Some((s, h)) = admit(env, s, peer, 1, &taken) {
-                    let r = h.rank as usize;
-                    debug!("rank 0: rank {r} joined from {peer}");
-                    taken[r] = true;
-                    listen[r] = h.listen;
-                    streams[r] = Some(s);
-                    joined += 1;
-                }
+        for mut a in admission.poll(&listener)? {
+            let r = a.hello.rank as usize;
+            if taken[r] {
+                let reason = format!("rank {r} has already joined");
+                warn!("rank 0: refused connection from {}: {reason}", a.from);
+                let _ = write_frame(&mut a.stream, &HelloReply::Refused { reason });
+                continue;
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    let lost = missing(&taken, 1..env.size);
-                    let reason = format!("job start timed out; ranks {lost:?} never connected");
-                    for s in streams.iter_mut().flatten() {
-                        let _ = write_frame(
-                            s,
-                            &HelloReply::Refused {
-                                reason: reason.clone(),
-                            },
-                        );
-                    }
-                    return Err(BootstrapError::Timeout {
-                        rank: 0,
-                        secs: env.connect_timeout.as_secs_f64(),
-                        what: format!("ranks {lost:?} to connect to {coord}"),
-                    });
-                }
-                thread::sleep(Duration::from_millis(2));
+            debug!("rank 0: rank {r} joined from {}", a.from);
+            taken[r] = true;
+            listen[r] = a.hello.listen;
+            streams[r] = Some(a.stream);
+            joined += 1;
+        }
+        if joined < env.size && Instant::now() >= deadline {
+            let lost = missing(&taken, 1..env.size);
+            let reason = format!("job start timed out; ranks {lost:?} never connected");
+            for s in streams.iter_mut().flatten() {
+                let _ = write_frame(
+                    s,
+                    &HelloReply::Refused {
+                        reason: reason.clone(),
+                    },
+                );
             }
-            Err(e) => return Err(e.into()),
+            return Err(BootstrapError::Timeout {
+                rank: 0,
+                secs: env.connect_timeout.as_secs_f64(),
+                what: format!("ranks {lost:?} to connect to {coord}"),
+            });
         }
     }
+    admission.close();
     for (r, s) in streams.iter_mut().enumerate() {
         if let Some(s) = s {
             write_frame(
@@ -298,37 +235,57 @@ fn connect_retrying(
 }
 
 /// Sends our hello on `s` and waits (until `deadline`) for the answer.
-fn greet(
+/// Connects to rank `peer` at `addr` and completes the handshake, redialling when the
+/// connection breaks before it is authenticated (strangers flooding the peer's port may
+/// have evicted it), until `deadline`.
+fn dial(
     env: &JobConfig,
-    s: &mut TcpStream,
+    addr: SocketAddr,
     peer: usize,
-    listen: String,
+    listen: &str,
     deadline: Instant,
-) -> Result<HelloReply, BootstrapError> {
-    write_frame(s, &hello(env, listen))
-        .map_err(|source| BootstrapError::Handshake { peer, source })?;
-    let left = deadline.saturating_duration_since(Instant::now());
-    s.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
-    match read_frame::<_, HelloReply>(s, MAX_HANDSHAKE) {
-        Ok(HelloReply::Refused { reason }) => Err(BootstrapError::Refused { by: peer, reason }),
-        Ok(reply) => Ok(reply),
-        Err(WireError::Io(e))
-            if matches!(
-                e.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-            ) =>
-        {
-            Err(BootstrapError::Timeout {
-                rank: env.rank,
-                secs: env.connect_timeout.as_secs_f64(),
-                what: if peer == 0 {
-                    "rank 0 to admit this node (some other rank has not joined)".into()
-                } else {
-                    format!("rank {peer} to answer the handshake")
-                },
-            })
+) -> Result<(TcpStream, HelloReply), BootstrapError> {
+    let who = if peer == 0 {
+        "rank 0".to_string()
+    } else {
+        format!("rank {peer}")
+    };
+    let me = local(env);
+    loop {
+        let mut s = connect_retrying(env, addr, deadline, &who)?;
+        match handshake::connect(&mut s, &me, peer, listen.to_string(), deadline) {
+            Ok(reply) => return Ok((s, reply)),
+            Err(ConnectFailure::Refused(reason)) => {
+                return Err(BootstrapError::Refused { by: peer, reason })
+            }
+            Err(ConnectFailure::Impostor) => return Err(BootstrapError::Impostor { peer, addr }),
+            Err(ConnectFailure::Broken(WireError::Io(e)))
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(BootstrapError::Timeout {
+                    rank: env.rank,
+                    secs: env.connect_timeout.as_secs_f64(),
+                    what: if peer == 0 {
+                        "rank 0 to admit this node (some other rank has not joined)".into()
+                    } else {
+                        format!("rank {peer} to answer the handshake")
+                    },
+                });
+            }
+            Err(ConnectFailure::Broken(source)) => {
+                if Instant::now() >= deadline {
+                    return Err(BootstrapError::Handshake { peer, source });
+                }
+                debug!(
+                    "rank {}: handshake with {who} broke ({source}); redialling",
+                    env.rank
+                );
+                thread::sleep(Duration::from_millis(10));
+            }
         }
-        Err(source) => Err(BootstrapError::Handshake { peer, source }),
     }
 }
 
@@ -337,16 +294,28 @@ fn join_as_peer(
     coord: SocketAddr,
     deadline: Instant,
 ) -> Result<Mesh, BootstrapError> {
-    let mut to_root = connect_retrying(env, coord, deadline, "rank 0")?;
     // Listen on the interface that reaches rank 0: loopback for local jobs, the right NIC
-    // (or namespace veth) for multi-host ones.
-    let ip: IpAddr = to_root.local_addr()?.ip();
+    // (or namespace veth) for multi-host ones. Connecting a UDP socket asks the kernel's
+    // routing for it without sending anything.
+    let ip: IpAddr = {
+        let probe = UdpSocket::bind(SocketAddr::new(
+            if coord.is_ipv4() {
+                IpAddr::from([0, 0, 0, 0])
+            } else {
+                IpAddr::from([0u16; 8])
+            },
+            0,
+        ))?;
+        probe.connect(coord)?;
+        probe.local_addr()?.ip()
+    };
     let listener = TcpListener::bind((ip, 0)).map_err(|source| BootstrapError::Listen {
         addr: format!("{ip}:0"),
         source,
     })?;
     let my_addr = listener.local_addr()?;
-    let table = match greet(env, &mut to_root, 0, my_addr.to_string(), deadline)? {
+    let (to_root, reply) = dial(env, coord, 0, &my_addr.to_string(), deadline)?;
+    let table = match reply {
         HelloReply::Welcome { listen } if listen.len() == env.size => listen,
         other => {
             return Err(BootstrapError::Refused {
@@ -365,31 +334,33 @@ fn join_as_peer(
         let env = accept_env;
         let mut taken = vec![false; env.size];
         let mut got = Vec::new();
+        let mut admission = Admission::new(local(&env), env.rank + 1);
         while got.len() < env.size - env.rank - 1 {
-            match listener.accept() {
-                Ok((s, peer)) => {
-                    if let Some((mut s, h)) = admit(&env, s, peer, env.rank + 1, &taken) {
-                        let r = h.rank as usize;
-                        write_frame(&mut s, &HelloReply::Welcome { listen: vec![] })
-                            .map_err(|source| BootstrapError::Handshake { peer: r, source })?;
-                        taken[r] = true;
-                        got.push((r, s));
-                    }
+            for mut a in admission.poll(&listener)? {
+                let r = a.hello.rank as usize;
+                if taken[r] {
+                    let reason = format!("rank {r} has already connected");
+                    warn!(
+                        "rank {}: refused connection from {}: {reason}",
+                        env.rank, a.from
+                    );
+                    let _ = write_frame(&mut a.stream, &HelloReply::Refused { reason });
+                    continue;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
-                        return Err(BootstrapError::Timeout {
-                            rank: env.rank,
-                            secs: env.connect_timeout.as_secs_f64(),
-                            what: format!(
-                                "ranks {:?} to connect",
-                                missing(&taken, env.rank + 1..env.size)
-                            ),
-                        });
-                    }
-                    thread::sleep(Duration::from_millis(2));
-                }
-                Err(e) => return Err(e.into()),
+                write_frame(&mut a.stream, &HelloReply::Welcome { listen: vec![] })
+                    .map_err(|source| BootstrapError::Handshake { peer: r, source })?;
+                taken[r] = true;
+                got.push((r, a.stream));
+            }
+            if got.len() < env.size - env.rank - 1 && Instant::now() >= deadline {
+                return Err(BootstrapError::Timeout {
+                    rank: env.rank,
+                    secs: env.connect_timeout.as_secs_f64(),
+                    what: format!(
+                        "ranks {:?} to connect",
+                        missing(&taken, env.rank + 1..env.size)
+                    ),
+                });
             }
         }
         Ok(got)
@@ -403,11 +374,8 @@ fn join_as_peer(
                 by: 0,
                 reason: format!("bad address {addr:?} for rank {r}"),
             })
-            .and_then(|a| connect_retrying(env, a, deadline, &format!("rank {r}")))
-            .and_then(|mut s| {
-                greet(env, &mut s, r, my_addr.to_string(), deadline)?;
-                Ok(s)
-            });
+            .and_then(|a| dial(env, a, r, &my_addr.to_string(), deadline))
+            .map(|(s, _welcome)| s);
         match result {
             Ok(s) => streams[r] = Some(s),
             Err(e) => {
@@ -491,10 +459,10 @@ mod tests {
         let root = thread::spawn(move || connect_mesh(&job(0, 2, coord, "right", 10.0)));
         let intruder = connect_mesh(&job(1, 2, coord, "wrong", 10.0));
         match intruder {
-            Err(BootstrapError::Refused { by: 0, reason }) => {
-                assert!(reason.contains("wrong job secret"), "{reason}")
-            }
-            Err(e) => panic!("expected refusal, got {e}"),
+            // Rank 0's proof does not check out with the intruder's secret, so the intruder
+            // stops first; rank 0 refuses its proof and logs why.
+            Err(BootstrapError::Impostor { peer: 0, .. }) => {}
+            Err(e) => panic!("expected the secrets to disagree, got {e}"),
             Ok(_) => panic!("intruder was admitted"),
         }
         let legit = connect_mesh(&job(1, 2, coord, "right", 10.0)).unwrap();
@@ -509,16 +477,102 @@ mod tests {
         let env = job(1, 2, coord, "s", 3.0);
         let mut s =
             connect_retrying(&env, coord, Instant::now() + Duration::from_secs(3), "r0").unwrap();
-        let mut h = hello(&env, "127.0.0.1:1".into());
-        h.version += 1;
+        let h = dsm_proto::Hello {
+            magic: dsm_proto::HELLO_MAGIC,
+            version: dsm_proto::PROTOCOL_VERSION + 1,
+            rank: 1,
+            size: 2,
+            listen: "127.0.0.1:1".into(),
+            nonce: [0; 32],
+        };
         write_frame(&mut s, &h).unwrap();
-        let reply: HelloReply = read_frame(&mut s, MAX_HANDSHAKE).unwrap();
+        let reply: HelloReply =
+            crate::framing::read_frame(&mut s, crate::handshake::MAX_HANDSHAKE).unwrap();
         match reply {
             HelloReply::Refused { reason } => assert!(reason.contains("version"), "{reason}"),
             other => panic!("{other:?}"),
         }
         let err = root.join().unwrap().err().expect("rank 0 must time out");
         assert!(err.to_string().contains("[1]"), "{err}");
+    }
+
+    /// A stranger records a genuine rank's handshake and plays it back: the acceptor's
+    /// fresh nonce makes the recorded proof worthless.
+    #[test]
+    fn replayed_handshake_is_refused() {
+        use crate::framing::read_frame;
+        use crate::handshake::MAX_HANDSHAKE;
+        use dsm_proto::{Hello, HelloProof, HELLO_MAGIC, PROTOCOL_VERSION};
+        let coord = free_addr();
+        let root = thread::spawn(move || connect_mesh(&job(0, 2, coord, "k", 5.0)));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let env = job(1, 2, coord, "k", 5.0);
+        let hello = Hello {
+            magic: HELLO_MAGIC,
+            version: PROTOCOL_VERSION,
+            rank: 1,
+            size: 2,
+            listen: "127.0.0.1:1".into(),
+            nonce: [9; 32],
+        };
+        // What an eavesdropper saw of a genuine exchange: the hello and the proof.
+        let mut first = connect_retrying(&env, coord, deadline, "r0").unwrap();
+        write_frame(&mut first, &hello).unwrap();
+        let HelloReply::Challenge { nonce, .. } = read_frame(&mut first, MAX_HANDSHAKE).unwrap()
+        else {
+            panic!("expected a challenge")
+        };
+        let recorded = HelloProof {
+            proof: crate::handshake::connector_proof_for_tests(b"k", &hello.nonce, &nonce, 1, 0, 2),
+        };
+        drop(first);
+        // The replay: same hello, same proof, new connection.
+        let mut replay = connect_retrying(&env, coord, deadline, "r0").unwrap();
+        write_frame(&mut replay, &hello).unwrap();
+        let _challenge: HelloReply = read_frame(&mut replay, MAX_HANDSHAKE).unwrap();
+        write_frame(&mut replay, &recorded).unwrap();
+        match read_frame::<_, HelloReply>(&mut replay, MAX_HANDSHAKE).unwrap() {
+            HelloReply::Refused { reason } => {
+                assert!(reason.contains("wrong job secret"), "{reason}")
+            }
+            other => panic!("replay admitted: {other:?}"),
+        }
+        // The job still forms with the real rank 1.
+        let real = connect_mesh(&env).unwrap();
+        assert!(real.streams[0].is_some());
+        assert!(root.join().unwrap().is_ok());
+    }
+
+    /// 200 idle connections and 50 that send garbage, opened before the ranks join, must not
+    /// delay the job's start beyond a small margin.
+    #[test]
+    fn strangers_flooding_the_rendezvous_do_not_delay_the_job() {
+        let coord = free_addr();
+        let root = thread::spawn(move || connect_mesh(&job(0, 4, coord, "k", 20.0)));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let env = job(1, 4, coord, "k", 5.0);
+        let mut strangers = Vec::new();
+        for i in 0..250 {
+            let mut s = connect_retrying(&env, coord, deadline, "r0").unwrap();
+            if i % 5 == 0 {
+                let _ = s.write_all(&[0xff; 64]);
+            }
+            strangers.push(s);
+        }
+        let started = Instant::now();
+        let peers: Vec<_> = (1..4)
+            .map(|r| thread::spawn(move || connect_mesh(&job(r, 4, coord, "k", 20.0))))
+            .collect();
+        for p in peers {
+            p.join().unwrap().unwrap();
+        }
+        root.join().unwrap().unwrap();
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(2),
+            "the job took {took:?} to start"
+        );
+        drop(strangers);
     }
 
     #[test]

@@ -323,10 +323,10 @@ mod tests {
         let hello = Hello {
             magic: HELLO_MAGIC,
             version: PROTOCOL_VERSION,
-            secret: "s".into(),
             rank: 3,
             size: 4,
             listen: "127.0.0.1:1".into(),
+            nonce: [7; 32],
         };
         let mut buf = Vec::new();
         write_frame(&mut buf, &hello).unwrap();

@@ -6,6 +6,7 @@
 
 pub mod bootstrap;
 pub mod framing;
+pub mod handshake;
 pub mod transport;
 
 pub use bootstrap::{connect_mesh, BootstrapError, Mesh};

@@ -17,7 +17,7 @@ pub type PageNo = u32;
 pub type LockId = u64;
 
 /// Protocol version spoken in the handshake; bump it when any message layout changes.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// A vector timestamp: entry `n` is the index of the latest interval of node `n` that is
 /// known (has been "seen"). Intervals are numbered from 1, so 0 means "nothing seen".
@@ -561,30 +561,39 @@ impl Msg {
 }
 
 /// First frame on every connection, from the connecting side. The accepting side checks
-/// every field and answers with a [`HelloReply`].
+/// every field, then answers with a [`HelloReply::Challenge`] (or a refusal). No secret
+/// travels: both sides prove they know the job secret with MACs over fresh nonces.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct Hello {
     /// Always [`HELLO_MAGIC`]: tells a dsm peer from a stray connection.
     pub magic: [u8; 4],
     /// The sender's [`PROTOCOL_VERSION`]; must equal the acceptor's.
     pub version: u32,
-    /// The job secret (`DSM_JOB_SECRET`); a connection with another secret belongs to
-    /// another job and is refused.
-    pub secret: String,
     /// The sender's rank.
     pub rank: NodeId,
     /// The number of ranks the sender believes the job has; must match the acceptor's.
     pub size: u16,
     /// Where the sender accepts mesh connections from higher ranks.
     pub listen: String,
+    /// Fresh random bytes the acceptor's proof must cover, so that no recorded proof can
+    /// be replayed to the connector.
+    pub nonce: [u8; 32],
 }
 
 /// The first four bytes of every [`Hello`] (`DSM!`).
 pub const HELLO_MAGIC: [u8; 4] = *b"DSM!";
 
-/// The accepting side's answer to a [`Hello`].
+/// The accepting side's answers during the handshake.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub enum HelloReply {
+    /// The acceptor's proof that it knows the job secret (a MAC over both nonces and both
+    /// ranks), and its own fresh nonce, which the connector's [`HelloProof`] must cover.
+    Challenge {
+        /// Fresh random bytes of the acceptor.
+        nonce: [u8; 32],
+        /// MAC of the acceptor's role, both nonces, both ranks and the job size.
+        proof: [u8; 32],
+    },
     /// Accepted. From rank 0 this carries every rank's listen address (indexed by rank);
     /// from other ranks it is empty.
     Welcome {
@@ -592,13 +601,21 @@ pub enum HelloReply {
         /// or empty.
         listen: Vec<String>,
     },
-    /// Not accepted: wrong magic, version, secret or job size, a rank that is unexpected
+    /// Not accepted: wrong magic, version, job size or secret, a rank that is unexpected
     /// or already joined, or (from rank 0) the job start timed out. The connection is then
     /// dropped.
     Refused {
         /// Why, for the refused node's error message.
         reason: String,
     },
+}
+
+/// The connector's answer to a [`HelloReply::Challenge`]: its own proof that it knows the
+/// job secret.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct HelloProof {
+    /// MAC of the connector's role, both nonces, both ranks and the job size.
+    pub proof: [u8; 32],
 }
 
 #[cfg(test)]

@@ -1,0 +1,425 @@
+//! The handshake that opens every connection of a job, and the admission of incoming
+//! connections.
+//!
+//! Authentication is mutual and sends no secret: the connector's [`Hello`] carries a fresh
+//! nonce; the acceptor answers with its own nonce and an HMAC-SHA256, keyed by the job
+//! secret, over both nonces, both ranks and the job size; the connector checks it and
+//! answers with its own MAC ([`HelloProof`]). A passive observer learns only MACs over
+//! nonces it cannot choose, and a recorded proof is useless on another connection because
+//! the other side's nonce is new. The acceptor refuses a wrong proof with a reason it logs;
+//! the connector refuses to go on with an acceptor that cannot prove it knows the secret
+//! (another job, or a stranger who took the port).
+//!
+//! Admission ([`Admission`]) handshakes incoming connections concurrently, each on its own
+//! short-lived thread with a short deadline, and keeps at most [`MAX_UNAUTHENTICATED`] of
+//! them: when a new connection arrives at the cap, the oldest unauthenticated one is
+//! dropped. Idle or garbage connections from strangers therefore cannot delay a legitimate
+//! rank, which sends its hello at once and completes in a few round trips.
+
+use crate::framing::{read_frame, write_frame, WireError};
+use dsm_proto::{Hello, HelloProof, HelloReply, NodeId, HELLO_MAGIC, PROTOCOL_VERSION};
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use std::collections::VecDeque;
+use std::io;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+use tracing::{debug, warn};
+
+/// Handshake frames are small; anything bigger is not a dsm peer.
+pub(crate) const MAX_HANDSHAKE: usize = 64 << 10;
+
+/// How long an accepted connection has to complete the handshake. A dsm rank sends its
+/// hello as soon as it is connected, so this only needs to cover scheduling delays.
+pub const HANDSHAKE_WAIT: Duration = Duration::from_secs(3);
+
+/// Most connections being handshaken at once; beyond it the oldest is dropped.
+pub const MAX_UNAUTHENTICATED: usize = 64;
+
+/// Stack of a handshake thread: it only parses small frames.
+const HANDSHAKE_STACK: usize = 64 << 10;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// What one side knows about itself and its job, shared by handshake threads.
+#[derive(Clone)]
+pub(crate) struct Local {
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    pub(crate) secret: Arc<[u8]>,
+}
+
+/// Which side of the handshake a MAC proves.
+#[derive(Clone, Copy)]
+enum Role {
+    Acceptor,
+    Connector,
+}
+
+/// The MAC one side sends: keyed by the job secret, over its role, the connector's and the
+/// acceptor's nonces, the connector's and the acceptor's ranks and the job size.
+fn proof(
+    secret: &[u8],
+    role: Role,
+    connector_nonce: &[u8; 32],
+    acceptor_nonce: &[u8; 32],
+    connector: usize,
+    acceptor: usize,
+    size: usize,
+) -> [u8; 32] {
+    let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC takes keys of any length");
+    mac.update(match role {
+        Role::Acceptor => b"dsm-handshake-v1 acceptor ",
+        Role::Connector => b"dsm-handshake-v1 connector",
+    });
+    mac.update(connector_nonce);
+    mac.update(acceptor_nonce);
+    for v in [connector, acceptor, size] {
+        mac.update(&(v as u64).to_le_bytes());
+    }
+    mac.finalize().into_bytes().into()
+}
+
+/// The proof a connector would send, for tests that play an eavesdropper.
+#[cfg(test)]
+pub(crate) fn connector_proof_for_tests(
+    secret: &[u8],
+    connector_nonce: &[u8; 32],
+    acceptor_nonce: &[u8; 32],
+    connector: usize,
+    acceptor: usize,
+    size: usize,
+) -> [u8; 32] {
+    proof(
+        secret,
+        Role::Connector,
+        connector_nonce,
+        acceptor_nonce,
+        connector,
+        acceptor,
+        size,
+    )
+}
+
+/// Compares MACs in constant time (the `hmac` crate's verification).
+fn proof_matches(
+    secret: &[u8],
+    role: Role,
+    nonces: (&[u8; 32], &[u8; 32]),
+    ranks: (usize, usize),
+    size: usize,
+    claimed: &[u8; 32],
+) -> bool {
+    let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC takes keys of any length");
+    mac.update(match role {
+        Role::Acceptor => b"dsm-handshake-v1 acceptor ",
+        Role::Connector => b"dsm-handshake-v1 connector",
+    });
+    mac.update(nonces.0);
+    mac.update(nonces.1);
+    for v in [ranks.0, ranks.1, size] {
+        mac.update(&(v as u64).to_le_bytes());
+    }
+    mac.verify_slice(claimed).is_ok()
+}
+
+/// How the connecting side's handshake can fail.
+#[derive(Debug)]
+pub(crate) enum ConnectFailure {
+    /// The acceptor refused, with its reason.
+    Refused(String),
+    /// The acceptor could not prove it knows the job secret.
+    Impostor,
+    /// The connection broke or carried garbage before the handshake completed; worth
+    /// retrying (a stranger's flood may have evicted it).
+    Broken(WireError),
+}
+
+/// The connecting side: hello, check the acceptor's proof, send ours, read the verdict
+/// (waiting until `deadline`: rank 0 answers only once every rank has joined).
+pub(crate) fn connect(
+    s: &mut TcpStream,
+    local: &Local,
+    acceptor: usize,
+    listen: String,
+    deadline: Instant,
+) -> Result<HelloReply, ConnectFailure> {
+    let nonce: [u8; 32] = rand::random();
+    let hello = Hello {
+        magic: HELLO_MAGIC,
+        version: PROTOCOL_VERSION,
+        rank: local.rank as NodeId,
+        size: local.size as u16,
+        listen,
+        nonce,
+    };
+    let wait = |s: &mut TcpStream| {
+        let left = deadline.saturating_duration_since(Instant::now());
+        s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+    };
+    write_frame(s, &hello).map_err(ConnectFailure::Broken)?;
+    wait(s).map_err(|e| ConnectFailure::Broken(e.into()))?;
+    let (their_nonce, their_proof) = match read_frame::<_, HelloReply>(s, MAX_HANDSHAKE) {
+        Ok(HelloReply::Challenge { nonce, proof }) => (nonce, proof),
+        Ok(HelloReply::Refused { reason }) => return Err(ConnectFailure::Refused(reason)),
+        Ok(other) => {
+            return Err(ConnectFailure::Refused(format!(
+                "answered the hello with {other:?} instead of a challenge"
+            )))
+        }
+        Err(e) => return Err(ConnectFailure::Broken(e)),
+    };
+    let genuine = proof_matches(
+        &local.secret,
+        Role::Acceptor,
+        (&nonce, &their_nonce),
+        (local.rank, acceptor),
+        local.size,
+        &their_proof,
+    );
+    // Our proof goes out either way, so that a peer of another job logs why it refused us.
+    let ours = proof(
+        &local.secret,
+        Role::Connector,
+        &nonce,
+        &their_nonce,
+        local.rank,
+        acceptor,
+        local.size,
+    );
+    write_frame(s, &HelloProof { proof: ours }).map_err(ConnectFailure::Broken)?;
+    if !genuine {
+        return Err(ConnectFailure::Impostor);
+    }
+    wait(s).map_err(|e| ConnectFailure::Broken(e.into()))?;
+    match read_frame::<_, HelloReply>(s, MAX_HANDSHAKE) {
+        Ok(HelloReply::Refused { reason }) => Err(ConnectFailure::Refused(reason)),
+        Ok(reply) => Ok(reply),
+        Err(e) => Err(ConnectFailure::Broken(e)),
+    }
+}
+
+/// The accepting side, up to the point where the connector is authenticated: returns its
+/// hello, or the reason it was refused (already sent to it when it could be).
+fn accept(s: &mut TcpStream, local: &Local, lowest: usize) -> Result<Hello, String> {
+    s.set_nonblocking(false).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(HANDSHAKE_WAIT))
+        .map_err(|e| e.to_string())?;
+    let hello: Hello = read_frame(s, MAX_HANDSHAKE).map_err(|e| e.to_string())?;
+    let refuse = |s: &mut TcpStream, reason: String| {
+        let _ = write_frame(
+            s,
+            &HelloReply::Refused {
+                reason: reason.clone(),
+            },
+        );
+        reason
+    };
+    if hello.magic != HELLO_MAGIC {
+        return Err(refuse(s, "not a dsm peer (bad magic)".into()));
+    }
+    if hello.version != PROTOCOL_VERSION {
+        return Err(refuse(
+            s,
+            format!(
+                "protocol version mismatch: peer speaks v{}, this node v{PROTOCOL_VERSION}",
+                hello.version
+            ),
+        ));
+    }
+    if hello.size as usize != local.size {
+        return Err(refuse(
+            s,
+            format!(
+                "job size mismatch: peer thinks {} nodes, this node {}",
+                hello.size, local.size
+            ),
+        ));
+    }
+    let r = hello.rank as usize;
+    if r < lowest || r >= local.size || r == local.rank {
+        return Err(refuse(s, format!("unexpected rank {r}")));
+    }
+    let nonce: [u8; 32] = rand::random();
+    let ours = proof(
+        &local.secret,
+        Role::Acceptor,
+        &hello.nonce,
+        &nonce,
+        r,
+        local.rank,
+        local.size,
+    );
+    write_frame(s, &HelloReply::Challenge { nonce, proof: ours }).map_err(|e| e.to_string())?;
+    let theirs: HelloProof = read_frame(s, MAX_HANDSHAKE).map_err(|e| e.to_string())?;
+    if !proof_matches(
+        &local.secret,
+        Role::Connector,
+        (&hello.nonce, &nonce),
+        (r, local.rank),
+        local.size,
+        &theirs.proof,
+    ) {
+        return Err(refuse(s, "wrong job secret".into()));
+    }
+    Ok(hello)
+}
+
+/// An authenticated incoming connection.
+pub(crate) struct Admitted {
+    pub(crate) stream: TcpStream,
+    pub(crate) hello: Hello,
+    pub(crate) from: SocketAddr,
+}
+
+/// Handshakes incoming connections concurrently, bounded in number and in time.
+pub(crate) struct Admission {
+    local: Local,
+    lowest: usize,
+    next_id: u64,
+    /// Connections being handshaken, oldest first, with a handle to drop each.
+    pending: VecDeque<(u64, TcpStream)>,
+    done_tx: Sender<(u64, Option<Admitted>)>,
+    done_rx: Receiver<(u64, Option<Admitted>)>,
+}
+
+impl Admission {
+    /// Admission for connections from ranks `lowest..size`.
+    pub(crate) fn new(local: Local, lowest: usize) -> Admission {
+        let (done_tx, done_rx) = mpsc::channel();
+        Admission {
+            local,
+            lowest,
+            next_id: 0,
+            pending: VecDeque::new(),
+            done_tx,
+            done_rx,
+        }
+    }
+
+    /// Accepts what is waiting on the (non-blocking) listener and starts its handshakes;
+    /// returns the connections authenticated since the last call. Sleeps briefly when
+    /// nothing happened, so a loop around it does not spin.
+    pub(crate) fn poll(&mut self, listener: &TcpListener) -> io::Result<Vec<Admitted>> {
+        let mut idle = true;
+        loop {
+            match listener.accept() {
+                Ok((stream, from)) => {
+                    idle = false;
+                    self.start(stream, from);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // A connection that died in the backlog (reset before accept) is not ours
+                // to worry about.
+                Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let mut admitted = Vec::new();
+        while let Ok((id, result)) = self.done_rx.try_recv() {
+            idle = false;
+            self.pending.retain(|(pid, _)| *pid != id);
+            if let Some(a) = result {
+                admitted.push(a);
+            }
+        }
+        if idle {
+            thread::sleep(Duration::from_millis(2));
+        }
+        Ok(admitted)
+    }
+
+    fn start(&mut self, stream: TcpStream, from: SocketAddr) {
+        if self.pending.len() >= MAX_UNAUTHENTICATED {
+            if let Some((_, oldest)) = self.pending.pop_front() {
+                debug!(
+                    "rank {}: too many unauthenticated connections; dropping the oldest",
+                    self.local.rank
+                );
+                let _ = oldest.shutdown(Shutdown::Both);
+            }
+        }
+        let Ok(handle) = stream.try_clone() else {
+            return;
+        };
+        let id = self.next_id;
+        self.next_id += 1;
+        self.pending.push_back((id, handle));
+        let local = self.local.clone();
+        let lowest = self.lowest;
+        let done = self.done_tx.clone();
+        let spawned = thread::Builder::new()
+            .name("dsm-handshake".into())
+            .stack_size(HANDSHAKE_STACK)
+            .spawn(move || {
+                let mut stream = stream;
+                let result = match accept(&mut stream, &local, lowest) {
+                    Ok(hello) => Some(Admitted {
+                        stream,
+                        hello,
+                        from,
+                    }),
+                    Err(reason) => {
+                        warn!(
+                            "rank {}: refused connection from {from}: {reason}",
+                            local.rank
+                        );
+                        None
+                    }
+                };
+                let _ = done.send((id, result));
+            });
+        if spawned.is_err() {
+            // Out of threads: treat it like an evicted stranger.
+            if let Some((_, s)) = self.pending.pop_back() {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+    }
+
+    /// Drops every connection still being handshaken (the job is complete or has failed).
+    pub(crate) fn close(&mut self) {
+        for (_, s) in self.pending.drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proofs_bind_role_nonces_ranks_and_size() {
+        let secret = b"k";
+        let (a, b) = ([1u8; 32], [2u8; 32]);
+        let p = proof(secret, Role::Acceptor, &a, &b, 1, 0, 4);
+        assert!(proof_matches(
+            secret,
+            Role::Acceptor,
+            (&a, &b),
+            (1, 0),
+            4,
+            &p
+        ));
+        for (role, nonces, ranks, size, key) in [
+            (Role::Connector, (&a, &b), (1, 0), 4, &secret[..]),
+            (Role::Acceptor, (&b, &a), (1, 0), 4, &secret[..]),
+            (Role::Acceptor, (&a, &b), (2, 0), 4, &secret[..]),
+            (Role::Acceptor, (&a, &b), (1, 0), 5, &secret[..]),
+            (Role::Acceptor, (&a, &b), (1, 0), 4, &b"other"[..]),
+        ] {
+            assert!(!proof_matches(key, role, nonces, ranks, size, &p));
+        }
+    }
+}
