@@ -307,7 +307,12 @@ fn wrong_job_secret_is_refused() {
     let out1 = r1.wait_with_output().unwrap();
     assert!(!out1.status.success());
     let err1 = text(&out1.stderr);
-    assert!(err1.contains("wrong job secret"), "{err1}");
+    assert!(
+        err1.contains("rank 0 at") && err1.contains("could not prove it knows the job secret"),
+        "{err1}"
+    );
+    // Each cause is printed once.
+    assert_eq!(err1.matches("could not prove").count(), 1, "{err1}");
     let out0 = r0.wait_with_output().unwrap();
     assert!(
         !out0.status.success(),
@@ -315,6 +320,8 @@ fn wrong_job_secret_is_refused() {
     );
     let err0 = text(&out0.stderr);
     assert!(err0.contains("[1]") && err0.contains("timed out"), "{err0}");
+    // The refusing side logs why.
+    assert!(err0.contains("wrong job secret"), "{err0}");
 }
 
 #[test]

@@ -13,11 +13,11 @@ pub enum DsmError {
     /// [`Dsm::init`](crate::Dsm::init) found `DSM_*` (or launcher) variables missing or
     /// malformed.
     #[error("bad job environment: {0}")]
-    Env(#[from] dsm_proto::ConfigError),
+    Env(dsm_proto::ConfigError),
     /// The connections to the other nodes could not be set up (a rank never showed up,
     /// refused this one, or the rendezvous address was unusable).
     #[error("job start failed: {0}")]
-    Bootstrap(#[from] dsm_net::BootstrapError),
+    Bootstrap(dsm_net::BootstrapError),
     /// The shared segment could not be mapped at its address, or the page-fault handler
     /// could not be installed.
     #[error("shared segment: {0}")]
@@ -58,4 +58,18 @@ pub enum DsmError {
     /// log, writing race reports or the `DSM_STATS_FILE`.
     #[error("i/o: {0}")]
     Io(std::io::Error),
+}
+
+// The variants above print their cause in their own message, so they do not also expose it
+// as `source()`: error reporters (anyhow's `{:?}`) would print every cause twice.
+impl From<dsm_proto::ConfigError> for DsmError {
+    fn from(e: dsm_proto::ConfigError) -> Self {
+        DsmError::Env(e)
+    }
+}
+
+impl From<dsm_net::BootstrapError> for DsmError {
+    fn from(e: dsm_net::BootstrapError) -> Self {
+        DsmError::Bootstrap(e)
+    }
 }
