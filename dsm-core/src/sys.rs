@@ -819,6 +819,36 @@ pub(crate) fn adopt_lifeline(fd: i32) -> io::Result<std::fs::File> {
     Ok(std::fs::File::from(owned))
 }
 
+/// Takes ownership of the inherited rendezvous socket (`DSM_COORD_FD`), after checking
+/// that `fd` is an open socket listening at `coord`.
+pub(crate) fn adopt_rendezvous(
+    fd: i32,
+    coord: std::net::SocketAddr,
+) -> io::Result<std::net::TcpListener> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    // SAFETY: fstat writes into a zeroed stat buffer; an invalid fd is reported as EBADF.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(os_err(&format!("DSM_COORD_FD={fd}")));
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return Err(io::Error::other(format!(
+            "DSM_COORD_FD={fd} is not a socket; it is set by dsmrun and must not be set by hand"
+        )));
+    }
+    // SAFETY: the fd is open (fstat succeeded) and was inherited for this purpose; nothing
+    // else in the process knows its number, so this is its only owner.
+    let listener = std::net::TcpListener::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    let bound = listener.local_addr()?;
+    if bound != coord {
+        return Err(io::Error::other(format!(
+            "DSM_COORD_FD={fd} listens at {bound}, not at DSM_COORD={coord}"
+        )));
+    }
+    Ok(listener)
+}
+
 /// Exits immediately without unwinding or running destructors, for fatal errors found on
 /// the comm thread while the app thread may be parked inside the fault handler.
 pub(crate) fn exit_now(code: i32) -> ! {

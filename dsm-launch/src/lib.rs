@@ -398,13 +398,11 @@ pub fn generate_secret() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A currently free port on 127.0.0.1 for rank 0's rendezvous.
-///
-/// The listener is dropped before the ranks start because rank 0 must bind the
-/// port itself; another process could grab it in between, which rank 0 then
-/// reports as a bind error rather than anything subtle.
-pub fn pick_rendezvous_addr() -> io::Result<SocketAddr> {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()
+/// Rank 0's rendezvous socket: bound to a free port on 127.0.0.1 and listening. Rank 0
+/// inherits the socket itself (`DSM_COORD_FD`), so no other process can take the port
+/// between the launcher's choice and rank 0's start.
+pub fn bind_rendezvous() -> io::Result<TcpListener> {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
 }
 
 /// The job configuration of one rank, as the launcher hands it over.
@@ -434,6 +432,7 @@ pub fn rank_config(
         stats_file: None,
         // Set by spawn_rank, which makes the pipe.
         launcher_fd: None,
+        coord_fd: None,
     }
 }
 
@@ -454,7 +453,9 @@ pub fn run(config: &LaunchConfig) -> Result<JobOutcome, LaunchError> {
         exe_dir.as_deref(),
         std::env::var_os("PATH").as_deref(),
     )?;
-    let coord = pick_rendezvous_addr().map_err(LaunchError::NoFreePort)?;
+    let rendezvous = bind_rendezvous().map_err(LaunchError::NoFreePort)?;
+    let coord = rendezvous.local_addr().map_err(LaunchError::NoFreePort)?;
+    let mut rendezvous = Some(rendezvous);
     let secret = generate_secret();
     debug!(program = %program.display(), ranks = config.ranks, %coord, "launching job");
 
@@ -470,7 +471,9 @@ pub fn run(config: &LaunchConfig) -> Result<JobOutcome, LaunchError> {
         started: Instant::now(),
     };
     for rank in 0..config.ranks {
-        let started = spawn_rank(config, &program, rank, coord, &secret)
+        // Only rank 0 gets the socket; dsmrun's own copy closes once rank 0 has it.
+        let listener = if rank == 0 { rendezvous.take() } else { None };
+        let started = spawn_rank(config, &program, rank, coord, listener, &secret)
             .map_err(|source| LaunchError::Spawn {
                 rank,
                 program: program.clone(),
@@ -503,6 +506,7 @@ fn spawn_rank(
     program: &Path,
     rank: usize,
     coord: SocketAddr,
+    rendezvous: Option<TcpListener>,
     secret: &str,
 ) -> io::Result<(Child, OwnedFd)> {
     let mut command = Command::new(program);
@@ -513,6 +517,11 @@ fn spawn_rank(
     let (lifeline_read, lifeline_write) = lifeline()?;
     let mut job = rank_config(config, rank, coord, secret);
     job.launcher_fd = Some(lifeline_read.as_raw_fd());
+    if let Some(listener) = &rendezvous {
+        // Inherited by this child only: no other spawn happens while the flag is clear.
+        fcntl(listener.as_raw_fd(), FcntlArg::F_SETFD(FdFlag::empty()))?;
+        job.coord_fd = Some(listener.as_raw_fd());
+    }
     command
         .envs(job.to_env())
         .stdin(Stdio::null())
@@ -525,6 +534,7 @@ fn spawn_rank(
     let child = command.spawn()?;
     // Only the rank may hold the read end, or the next rank would inherit it too.
     drop(lifeline_read);
+    drop(rendezvous);
     Ok((child, lifeline_write))
 }
 
@@ -1067,7 +1077,7 @@ mod tests {
 
     #[test]
     fn rendezvous_is_on_loopback_with_a_real_port() {
-        let addr = pick_rendezvous_addr().unwrap();
+        let addr = bind_rendezvous().unwrap().local_addr().unwrap();
         assert!(addr.ip().is_loopback());
         assert_ne!(addr.port(), 0);
     }

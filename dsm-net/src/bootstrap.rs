@@ -95,6 +95,15 @@ pub struct Mesh {
 /// connections. Fails with a [`BootstrapError`] naming the rank that could not be reached,
 /// refused this node or broke the handshake.
 pub fn connect_mesh(env: &JobConfig) -> Result<Mesh, BootstrapError> {
+    connect_mesh_with(env, None)
+}
+
+/// [`connect_mesh`] for rank 0 with its rendezvous socket already bound and listening
+/// (inherited from the launcher, `DSM_COORD_FD`) instead of binding `env.coord` itself.
+pub fn connect_mesh_with(
+    env: &JobConfig,
+    rendezvous: Option<TcpListener>,
+) -> Result<Mesh, BootstrapError> {
     if env.size == 1 {
         return Ok(Mesh {
             rank: 0,
@@ -107,7 +116,7 @@ pub fn connect_mesh(env: &JobConfig) -> Result<Mesh, BootstrapError> {
         .expect("JobConfig guarantees a rendezvous address for multi-node jobs");
     let deadline = Instant::now() + env.connect_timeout;
     let mut mesh = if env.rank == 0 {
-        rendezvous_as_rank0(env, coord, deadline)?
+        rendezvous_as_rank0(env, coord, rendezvous, deadline)?
     } else {
         join_as_peer(env, coord, deadline)?
     };
@@ -135,12 +144,16 @@ fn missing(taken: &[bool], range: std::ops::Range<usize>) -> Vec<usize> {
 fn rendezvous_as_rank0(
     env: &JobConfig,
     coord: SocketAddr,
+    inherited: Option<TcpListener>,
     deadline: Instant,
 ) -> Result<Mesh, BootstrapError> {
-    let listener = TcpListener::bind(coord).map_err(|source| BootstrapError::Listen {
-        addr: coord.to_string(),
-        source,
-    })?;
+    let listener = match inherited {
+        Some(l) => l,
+        None => TcpListener::bind(coord).map_err(|source| BootstrapError::Listen {
+            addr: coord.to_string(),
+            source,
+        })?,
+    };
     listener.set_nonblocking(true)?;
     let mut streams: Vec<Option<TcpStream>> = (0..env.size).map(|_| None).collect();
     let mut taken = vec![false; env.size];

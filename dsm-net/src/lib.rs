@@ -9,6 +9,6 @@ pub mod framing;
 pub mod handshake;
 pub mod transport;
 
-pub use bootstrap::{connect_mesh, BootstrapError, Mesh};
+pub use bootstrap::{connect_mesh, connect_mesh_with, BootstrapError, Mesh};
 pub use framing::{decode, encode, WireError, MAX_FRAME};
 pub use transport::{Outbox, PeerEvent, Transport};

@@ -154,6 +154,9 @@ pub struct JobConfig {
     pub local: Option<LocalPlacement>,
     /// Where to write this rank's counters at finish (`%r` becomes the rank).
     pub stats_file: Option<PathBuf>,
+    /// Rank 0: the inherited rendezvous socket, bound to `coord` and listening
+    /// (`DSM_COORD_FD`).
+    pub coord_fd: Option<i32>,
     /// The inherited pipe end that ties the rank's life to its launcher's
     /// (`DSM_LAUNCHER_FD`): end-of-file on it means the launcher died.
     pub launcher_fd: Option<i32>,
@@ -178,6 +181,7 @@ impl JobConfig {
             pin: false,
             local: None,
             stats_file: None,
+            coord_fd: None,
             launcher_fd: None,
         }
     }
@@ -350,6 +354,7 @@ impl JobConfig {
             stats_file: get(vars::STATS_FILE)
                 .filter(|s| !s.is_empty())
                 .map(PathBuf::from),
+            coord_fd: parse_fd(vars::COORD_FD, get(vars::COORD_FD))?,
             launcher_fd: match get(vars::LAUNCHER_FD) {
                 Some(v) => Some(
                     v.trim()
@@ -395,6 +400,9 @@ impl JobConfig {
                 format_secs(self.connect_timeout).into(),
             ));
         }
+        if let Some(fd) = self.coord_fd {
+            env.push((vars::COORD_FD, fd.to_string().into()));
+        }
         if let Some(fd) = self.launcher_fd {
             env.push((vars::LAUNCHER_FD, fd.to_string().into()));
         }
@@ -422,6 +430,21 @@ impl JobConfig {
 
 /// Value of `DSM_LAUNCHER` when dsmrun started the rank.
 pub const DSMRUN: &str = "dsmrun";
+
+/// An inherited file descriptor: above the standard streams.
+fn parse_fd(var: &'static str, v: Option<String>) -> Result<Option<i32>, ConfigError> {
+    let Some(v) = v else {
+        return Ok(None);
+    };
+    match v.trim().parse::<i32>() {
+        Ok(fd) if fd > 2 => Ok(Some(fd)),
+        _ => Err(ConfigError::Invalid {
+            var,
+            value: v,
+            why: "expected a file descriptor above 2".into(),
+        }),
+    }
+}
 
 fn parse_num(var: &'static str, v: &str) -> Result<usize, ConfigError> {
     v.trim().parse().map_err(|_| ConfigError::Invalid {
@@ -572,6 +595,7 @@ mod tests {
         c.segment_bytes = Some(64 << 20);
         c.local = Some(LocalPlacement { rank: 3, size: 8 });
         c.launcher_fd = Some(7);
+        c.coord_fd = Some(8);
         c.race = RaceOptions {
             enabled: true,
             log: Some("/tmp/races.jsonl".into()),

@@ -51,6 +51,9 @@ pub mod env_vars {
     pub const SIZE: &str = "DSM_SIZE";
     /// `IP:PORT` where rank 0 listens for the rendezvous.
     pub const COORD: &str = "DSM_COORD";
+    /// Rank 0 only: file descriptor of the rendezvous socket, already bound and listening,
+    /// inherited from the launcher so that no other process can take the port first.
+    pub const COORD_FD: &str = "DSM_COORD_FD";
     /// Random per-job secret that ranks use to recognise each other.
     pub const JOB_SECRET: &str = "DSM_JOB_SECRET";
     /// Name of the launcher that started the rank (`dsmrun`).
@@ -92,10 +95,11 @@ pub mod env_vars {
     /// its own, so a nested or leftover setting never leaks into a job. The others
     /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_PIN`, `DSM_STATS_FILE`, `DSM_LOG`) are the
     /// user's to set for a whole job and reach the ranks by inheritance.
-    pub const LAUNCHER_OWNED: [&str; 15] = [
+    pub const LAUNCHER_OWNED: [&str; 16] = [
         RANK,
         SIZE,
         COORD,
+        COORD_FD,
         JOB_SECRET,
         LAUNCHER,
         SEGMENT,

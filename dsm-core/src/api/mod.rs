@@ -191,7 +191,13 @@ impl Dsm {
             .unwrap_or(DEFAULT_SEGMENT);
         let seg_addr = env.segment_addr.unwrap_or(DEFAULT_SEGMENT_ADDR);
         let (seg, mailbox) = sys::start(seg_addr, seg_len).map_err(DsmError::Segment)?;
-        let mesh = dsm_net::connect_mesh(&env)?;
+        let rendezvous = match (env.rank, env.coord_fd, env.coord) {
+            (0, Some(fd), Some(coord)) => {
+                Some(sys::adopt_rendezvous(fd, coord).map_err(DsmError::Io)?)
+            }
+            _ => None,
+        };
+        let mesh = dsm_net::connect_mesh_with(&env, rendezvous)?;
         place_on_core(&env);
         let race = if env.race.enabled {
             Some(RaceState::new(env.race.clone(), env.rank == 0).map_err(DsmError::Io)?)
