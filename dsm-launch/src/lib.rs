@@ -579,29 +579,50 @@ fn note(args: fmt::Arguments<'_>) {
 
 /// Copies `source` to `sink` line by line with a `[rank] ` prefix. Works on
 /// bytes so non-UTF-8 output passes through unchanged.
+/// Longest piece of a line dsmrun holds: a rank printing more without a newline has its
+/// output forwarded in pieces of this size, each on a prefixed line of its own, so that
+/// dsmrun's memory stays bounded whatever the rank prints.
+pub const MAX_FORWARDED_LINE: usize = 64 * 1024;
+
 fn forward_lines(rank: usize, source: impl Read, sink: Sink) {
     let prefix = format!("[{rank}] ");
-    let mut reader = BufReader::with_capacity(64 * 1024, source);
-    let mut line = Vec::new();
+    let mut reader = BufReader::with_capacity(MAX_FORWARDED_LINE, source);
+    let mut line = Vec::with_capacity(prefix.len() + MAX_FORWARDED_LINE + 1);
+    line.extend_from_slice(prefix.as_bytes());
     loop {
-        line.clear();
-        line.extend_from_slice(prefix.as_bytes());
-        match reader.read_until(b'\n', &mut line) {
-            Ok(0) => return,
-            Ok(_) => {}
+        let chunk = match reader.fill_buf() {
+            Ok(chunk) => chunk,
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
             Err(err) => {
                 debug!(rank, %err, "reading rank output failed");
                 return;
             }
+        };
+        let eof = chunk.is_empty();
+        let room = prefix.len() + MAX_FORWARDED_LINE - line.len();
+        let take = match chunk.iter().position(|&b| b == b'\n') {
+            Some(nl) if nl < room => nl + 1,
+            _ => chunk.len().min(room),
+        };
+        line.extend_from_slice(&chunk[..take]);
+        reader.consume(take);
+        let complete = line.last() == Some(&b'\n');
+        let full = line.len() >= prefix.len() + MAX_FORWARDED_LINE;
+        let pending = line.len() > prefix.len();
+        if complete || full || (eof && pending) {
+            if !complete {
+                line.push(b'\n');
+            }
+            if let Err(err) = sink.write_line(&line) {
+                // Our own output is gone (e.g. piped into `head`). Returning drops
+                // the pipe, so the rank sees EPIPE/SIGPIPE just as it would have
+                // writing there directly, instead of us draining it forever.
+                debug!(rank, %err, "forwarding rank output failed");
+                return;
+            }
+            line.truncate(prefix.len());
         }
-        if line.last() != Some(&b'\n') {
-            line.push(b'\n');
-        }
-        if let Err(err) = sink.write_line(&line) {
-            // Our own output is gone (e.g. piped into `head`). Returning drops
-            // the pipe, so the rank sees EPIPE/SIGPIPE just as it would have
-            // writing there directly, instead of us draining it forever.
-            debug!(rank, %err, "forwarding rank output failed");
+        if eof {
             return;
         }
     }

@@ -642,3 +642,26 @@ fn ranks_read_stdin_from_dev_null() {
     assert_eq!(out.code, Some(0), "{out:?}");
     assert_eq!(out.stdout_lines(), vec!["[0] /dev/null".to_owned()]);
 }
+
+#[test]
+fn long_lines_are_forwarded_in_bounded_pieces() {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = script(
+        &dir,
+        "long.sh",
+        r#"head -c 1000000 /dev/zero | tr '\0' x; echo; echo end"#,
+    );
+    let out = run([OsStr::new("-n"), OsStr::new("1"), prog.as_os_str()]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let lines = out.stdout_lines();
+    assert_eq!(lines.last().map(String::as_str), Some("[0] end"));
+    let mut xs = 0;
+    for line in &lines[..lines.len() - 1] {
+        let body = line.strip_prefix("[0] ").expect("every piece is prefixed");
+        assert!(body.len() <= dsm_launch::MAX_FORWARDED_LINE, "{}", body.len());
+        assert!(body.bytes().all(|b| b == b'x'));
+        xs += body.len();
+    }
+    assert_eq!(xs, 1_000_000);
+    assert!(lines.len() > 10, "split into pieces: {}", lines.len());
+}

@@ -20,7 +20,8 @@ use tracing_subscriber::EnvFilter;
 const AFTER_HELP: &str = "\
 Each rank runs PROGRAM in its own process group, with stdin from /dev/null.
 Every line a rank writes is printed as \"[RANK] line\" on dsmrun's stdout (or
-stderr, for the rank's stderr). A PROGRAM containing '/' is used as a path;
+stderr, for the rank's stderr); a line longer than 64 KiB is forwarded in 64 KiB
+pieces, each on a prefixed line of its own. A PROGRAM containing '/' is used as a path;
 otherwise it is looked up next to the dsmrun executable, then on PATH.
 Everything after PROGRAM is passed to it untouched, even if it looks like a
 dsmrun option.
