@@ -142,6 +142,17 @@ fn failed_job_with_race_detection_says_the_analysis_is_incomplete() {
 }
 
 #[test]
+fn a_rank_leaving_early_with_status_0_is_named_as_the_cause() {
+    let out = dsmrun(3, TEST, &["fail", "--rank", "1", "--code", "0"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("dsmrun: rank 1 exited with status 0 while the other ranks still needed it"),
+        "{err}"
+    );
+}
+
+#[test]
 fn segfault_in_a_rank_is_reported_as_sigsegv() {
     let t = Instant::now();
     let out = dsmrun(3, TEST, &["segv", "--rank", "1"]);

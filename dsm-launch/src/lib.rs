@@ -825,15 +825,33 @@ impl Job {
                     if now >= until || self.running() == 0 {
                         collateral = None;
                         let others = self.running();
-                        note(format_args!(
-                            "rank {rank} {status} after losing a peer, and no other failure was seen; stopping the other {}",
-                            plural(others, "rank", &format!("{others} ranks"))
-                        ));
-                        stopping = Some(self.begin_stop(
-                            StopCause::RankFailed { rank, status },
-                            Signal::SIGTERM,
-                            TERM_GRACE,
-                        ));
+                        // A rank that exited 0 while its peers still needed it left the job
+                        // early (e.g. returned from main before finish()): that is the
+                        // cause, not the rank that noticed.
+                        let left_early = self
+                            .ranks
+                            .iter()
+                            .position(|r| r.status == Some(RankStatus::Exited(0)));
+                        let cause = match left_early {
+                            Some(early) => {
+                                note(format_args!(
+                                    "rank {early} exited with status 0 while the other ranks still needed it (did it end before finish()?); rank {rank} then lost it and {status}{}",
+                                    stopping_the_others(others)
+                                ));
+                                StopCause::RankFailed {
+                                    rank: early,
+                                    status: RankStatus::Exited(0),
+                                }
+                            }
+                            None => {
+                                note(format_args!(
+                                    "rank {rank} {status} after losing a peer, and no other failure was seen{}",
+                                    stopping_the_others(others)
+                                ));
+                                StopCause::RankFailed { rank, status }
+                            }
+                        };
+                        stopping = Some(self.begin_stop(cause, Signal::SIGTERM, TERM_GRACE));
                         continue;
                     }
                 }
@@ -1023,6 +1041,15 @@ impl Job {
                 Err(RecvTimeoutError::Disconnected) => return,
             }
         }
+    }
+}
+
+/// `; stopping the other N ranks`, or nothing when none is left.
+fn stopping_the_others(others: usize) -> String {
+    match others {
+        0 => String::new(),
+        1 => "; stopping the other rank".into(),
+        n => format!("; stopping the other {n} ranks"),
     }
 }
 

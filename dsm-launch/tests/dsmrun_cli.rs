@@ -658,7 +658,11 @@ fn long_lines_are_forwarded_in_bounded_pieces() {
     let mut xs = 0;
     for line in &lines[..lines.len() - 1] {
         let body = line.strip_prefix("[0] ").expect("every piece is prefixed");
-        assert!(body.len() <= dsm_launch::MAX_FORWARDED_LINE, "{}", body.len());
+        assert!(
+            body.len() <= dsm_launch::MAX_FORWARDED_LINE,
+            "{}",
+            body.len()
+        );
         assert!(body.bytes().all(|b| b == b'x'));
         xs += body.len();
     }
