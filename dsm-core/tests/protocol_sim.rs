@@ -15,7 +15,7 @@
 //! which the run granted each lock, barriers, program order), and calls two accesses a race
 //! when they conflict and neither clock is below the other.
 
-use dsm_core::engine::{Command, Engine, Memory, Output, PageState, Prot, Reply};
+use dsm_core::engine::{Command, Engine, Output, PageState, Prot, Reply, VecMemory};
 use dsm_proto::{EncodedBitmap, Msg, NodeId, PageNo, PageRuns, RaceNotices, SyncCause, PAGE_SIZE};
 use dsm_race::{Access, Bitmaps, Plan, Race, RaceKind, Recorder, VarInfo, VarTable};
 use proptest::prelude::*;
@@ -23,35 +23,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
 /// Most bitmap bytes a node ships with a barrier arrival (as `api.rs`).
 const MAX_SHIPPED_BITMAP_BYTES: usize = 256 << 10;
-
-struct FakeMem {
-    data: Vec<u8>,
-    prot: Vec<Prot>,
-}
-
-impl Memory for FakeMem {
-    fn protect(&mut self, first: PageNo, count: u32, prot: Prot) {
-        for p in first..first + count {
-            self.prot[p as usize] = prot;
-        }
-    }
-    fn read_page(&self, page: PageNo, out: &mut [u8]) {
-        let s = page as usize * PAGE_SIZE;
-        out.copy_from_slice(&self.data[s..s + PAGE_SIZE]);
-    }
-    fn write_page(&mut self, page: PageNo, data: &[u8]) {
-        let s = page as usize * PAGE_SIZE;
-        self.data[s..s + PAGE_SIZE].copy_from_slice(data);
-    }
-    fn apply_diff(&mut self, page: PageNo, diff: &[u8]) {
-        let s = page as usize * PAGE_SIZE;
-        dsm_core::engine::apply_diff_to(&mut self.data[s..s + PAGE_SIZE], diff).unwrap();
-    }
-    fn make_diff(&self, page: PageNo, twin: &[u8]) -> Vec<u8> {
-        let s = page as usize * PAGE_SIZE;
-        dsm_core::diff::create(twin, &self.data[s..s + PAGE_SIZE])
-    }
-}
 
 /// How a [`Op::Touch`] is recorded: the three ways the typed API marks accesses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,7 +100,7 @@ enum Wait {
 }
 
 struct Node {
-    eng: Engine<FakeMem>,
+    eng: Engine<VecMemory>,
     script: VecDeque<Op>,
     wait: Wait,
     /// The synchronization operation whose reply the node waits for.
@@ -1022,10 +993,7 @@ fn sim_with(n: usize, specs: &[AllocSpec], vars: usize, seed: u64, race: bool) -
     let mut oracle = Oracle::default();
     let mut nodes = Vec::new();
     for k in 0..n {
-        let mem = FakeMem {
-            data: vec![0; pages * PAGE_SIZE],
-            prot: vec![Prot::None; pages],
-        };
+        let mem = VecMemory::new(pages);
         let eng = Engine::new(k as NodeId, n, pages, mem, race);
         let mut clock = vec![0; n];
         clock[k] = 1;

@@ -398,6 +398,59 @@ impl Drop for Admission {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use std::io::Write;
+
+    /// Sends `bytes` (and, if given, a well-formed hello first) on a new connection to an
+    /// acceptor and waits until its handshake thread has given up on it.
+    fn hostile_connection(hello_first: bool, bytes: &[u8]) -> usize {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let local = Local {
+            rank: 0,
+            size: 2,
+            secret: b"k".as_slice().into(),
+        };
+        let mut admission = Admission::new(local, 1);
+        let mut s = TcpStream::connect(addr).unwrap();
+        if hello_first {
+            let hello = Hello {
+                magic: HELLO_MAGIC,
+                version: PROTOCOL_VERSION,
+                rank: 1,
+                size: 2,
+                listen: "127.0.0.1:1".into(),
+                nonce: [3; 32],
+            };
+            write_frame(&mut s, &hello).unwrap();
+        }
+        let _ = s.write_all(bytes);
+        let _ = s.shutdown(Shutdown::Write);
+        let mut admitted = 0;
+        let deadline = Instant::now() + HANDSHAKE_WAIT * 2;
+        loop {
+            admitted += admission.poll(&listener).unwrap().len();
+            if admission.next_id > 0 && admission.pending.is_empty() {
+                return admitted;
+            }
+            assert!(Instant::now() < deadline, "the handshake never ended");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 128, .. ProptestConfig::default() })]
+
+        /// Garbage, or a real hello followed by garbage instead of a proof, is never
+        /// admitted, and the acceptor's thread ends at once (the peer closed its side).
+        #[test]
+        fn garbage_is_never_admitted(
+            hello_first in any::<bool>(),
+            bytes in proptest::collection::vec(any::<u8>(), 0..300),
+        ) {
+            prop_assert_eq!(hostile_connection(hello_first, &bytes), 0);
+        }
+    }
 
     #[test]
     fn proofs_bind_role_nonces_ranks_and_size() {

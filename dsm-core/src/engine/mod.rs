@@ -38,6 +38,7 @@ mod barriers;
 mod intervals;
 mod locks;
 mod pages;
+mod vec_memory;
 
 use crate::diff::{self, DiffError};
 use barriers::{Arrival, MasterRelease};
@@ -51,6 +52,7 @@ use std::collections::{BTreeMap, HashMap};
 
 pub use barriers::ALL_TO_ALL_MAX_NODES;
 pub use locks::lock_manager;
+pub use vec_memory::VecMemory;
 
 /// Protection of a page in the app view, as the engine asks [`Memory::protect`] to set it.
 /// Protection is how the engine notices accesses: a page it must hear about on the next
