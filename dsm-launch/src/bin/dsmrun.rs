@@ -30,6 +30,9 @@ Environment of every rank (inherited DSM_* values of these names are dropped):
   DSM_RANK             the rank, 0..N-1
   DSM_SIZE             N
   DSM_COORD            127.0.0.1:PORT, a free port for rank 0's rendezvous
+  DSM_COORD_FD         rank 0 only: that socket, bound and listening, inherited
+  DSM_LAUNCHER_FD      a pipe only dsmrun writes; ranks stop at its end-of-file,
+                       so no rank outlives dsmrun, even after kill -9
   DSM_JOB_SECRET       32 random hex characters, new for every job
   DSM_LAUNCHER         dsmrun
   DSM_LOCAL_RANK       the rank's index among the ranks on this host (= rank)
