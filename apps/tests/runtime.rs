@@ -348,3 +348,52 @@ fn peer_that_never_connects_is_a_clear_error() {
     assert!(err.contains("timed out") && err.contains("[1, 2]"), "{err}");
     assert!(out.status.signal().is_none(), "an error exit, not a crash");
 }
+
+/// 200 idle and 50 garbage connections to rank 0's rendezvous, opened as soon as it
+/// listens: the job still starts and verifies in about its normal time.
+#[test]
+fn strangers_at_the_rendezvous_do_not_stop_the_job() {
+    let port = free_port();
+    let start = |r: usize| {
+        Command::new(SOR)
+            .args(["--size", "64", "--iters", "4"])
+            .env("DSM_RANK", r.to_string())
+            .env("DSM_SIZE", "3")
+            .env("DSM_COORD", format!("127.0.0.1:{port}"))
+            .env("DSM_JOB_SECRET", "job-secret")
+            .env("DSM_CONNECT_TIMEOUT", "30")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let r0 = start(0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut strangers = Vec::new();
+    while strangers.len() < 250 {
+        match std::net::TcpStream::connect(("127.0.0.1", port)) {
+            Ok(mut s) => {
+                if strangers.len() % 5 == 0 {
+                    use std::io::Write;
+                    let _ = s.write_all(b"GET / HTTP/1.0\r\n\r\n garbage \xff\xfe");
+                }
+                strangers.push(s);
+            }
+            Err(_) => {
+                assert!(Instant::now() < deadline, "rank 0 never listened");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+    let t = Instant::now();
+    let others: Vec<_> = (1..3).map(start).collect();
+    let out0 = r0.wait_with_output().unwrap();
+    for o in others {
+        assert!(o.wait_with_output().unwrap().status.success());
+    }
+    let took = t.elapsed();
+    assert!(out0.status.success(), "{}", text(&out0.stderr));
+    assert!(text(&out0.stdout).contains("verified:"), "{}", text(&out0.stdout));
+    assert!(took < Duration::from_secs(5), "the job took {took:?} with strangers connected");
+    drop(strangers);
+}
