@@ -1,6 +1,7 @@
 //! Multi-process tests of the runtime over real loopback sockets and real page faults:
-//! correctness scenarios at N = 1, 2, 4, 8 through dsmrun, and failure handling (a rank
-//! that exits with an error or is killed, a peer that never connects, a wrong job secret).
+//! correctness scenarios at N = 1, 2, 4, 8 through dsmrun, segments up to 16T at small
+//! memory, and failure handling (a rank that exits with an error or is killed, a peer that
+//! never connects, a wrong job secret, bookkeeping that does not fit in memory).
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -83,6 +84,112 @@ fn sparse_touch_of_a_large_allocation() {
             &format!("sparse at N={n}"),
         );
     }
+}
+
+/// Heap a rank may use in the large-segment tests (`ulimit -d`, RLIMIT_DATA): far above
+/// what a 256x256 SOR needs, far below bookkeeping sized by the segment (1 GiB at 1T,
+/// 16 GiB at 16T), so a regression fails the job instead of pushing the machine into its
+/// OOM killer. The segment itself is shared memory, which this limit does not count.
+const RANK_HEAP_LIMIT_KIB: u64 = 256 << 10;
+
+/// Peak RSS a rank may reach in a small run, whatever the segment size.
+const SMALL_RUN_RSS_KIB: u64 = 64 << 10;
+
+/// `dsmrun -n 2 --segment SEGMENT PROGRAM ARGS` with the ranks' heap capped at
+/// [`RANK_HEAP_LIMIT_KIB`], each rank writing its stats file into `stats`.
+fn capped(
+    segment: &str,
+    program: &str,
+    args: &[&str],
+    stats: &std::path::Path,
+) -> dsm_testkit::Run {
+    let run =
+        dsm_testkit::dsmrun_command(2, &["--timeout", "60", "--segment", segment], program, args);
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!(
+            "ulimit -d {RANK_HEAP_LIMIT_KIB} && exec \"$0\" \"$@\""
+        ))
+        .arg(run.get_program())
+        .args(run.get_args())
+        .env("DSM_STATS_FILE", stats.join("rank-%r.json"));
+    dsm_testkit::start_with_watchdog(cmd, Duration::from_secs(90)).finish()
+}
+
+/// Every rank's `peak_rss_kib` from the stats files of a finished 2-rank job.
+fn peak_rss_kib(stats: &std::path::Path) -> Vec<u64> {
+    (0..2)
+        .map(|r| {
+            let path = stats.join(format!("rank-{r}.json"));
+            let json: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            json["peak_rss_kib"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("no peak_rss_kib in {}", path.display()))
+        })
+        .collect()
+}
+
+#[test]
+fn a_1t_segment_costs_only_what_is_touched() {
+    let stats = tempfile::tempdir().unwrap();
+    let out = capped("1T", SOR, &["--size", "256", "--iters", "5"], stats.path());
+    assert_verified(&out.into_output(), "sor in a 1T segment");
+    for (rank, rss) in peak_rss_kib(stats.path()).into_iter().enumerate() {
+        assert!(
+            rss < SMALL_RUN_RSS_KIB,
+            "rank {rank} peaked at {rss} KiB of RSS in a 1T segment"
+        );
+    }
+}
+
+#[test]
+fn a_16t_segment_works_or_is_refused_clearly() {
+    let stats = tempfile::tempdir().unwrap();
+    let out = capped("16T", SOR, &["--size", "256", "--iters", "5"], stats.path());
+    if out.code == Some(0) {
+        assert!(out.stdout.contains("[0] verified:"), "{out:?}");
+        for (rank, rss) in peak_rss_kib(stats.path()).into_iter().enumerate() {
+            assert!(
+                rss < SMALL_RUN_RSS_KIB,
+                "rank {rank} peaked at {rss} KiB of RSS in a 16T segment"
+            );
+        }
+        return;
+    }
+    // A machine without 32 TiB of free address space (two views of the segment) may
+    // refuse; it must say so and name the option, never abort or crash.
+    assert!(
+        out.signal.is_none()
+            && !out.stderr.contains("killed by signal")
+            && !out.all_output().contains("memory allocation of")
+            && out.all_output().contains("--segment"),
+        "{out:?}"
+    );
+    dsm_testkit::skip(
+        "a_16t_segment_works_or_is_refused_clearly",
+        "this machine refused a 16T segment (clearly)",
+    );
+}
+
+#[test]
+fn bookkeeping_that_does_not_fit_is_an_error_not_an_abort() {
+    // A 700 GiB allocation fits the 1T segment, but its page table (4 bytes a page,
+    // 700 MiB) does not fit the capped heap: every rank must return the error, not abort.
+    let stats = tempfile::tempdir().unwrap();
+    let args = ["sparse", "--mib", "716800", "--touches", "1"];
+    let out = capped("1T", TEST, &args, stats.path());
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.all_output()
+            .contains("out of memory: cannot allocate the page table of 'huge'"),
+        "{out:?}"
+    );
+    assert!(
+        !out.all_output().contains("memory allocation of"),
+        "{out:?}"
+    );
+    assert!(!out.stderr.contains("killed by signal"), "{out:?}");
 }
 
 #[test]

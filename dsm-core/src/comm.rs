@@ -16,6 +16,7 @@ use crate::sys::{self, FaultMailbox, Segment};
 use dsm_net::{Mesh, Outbox, PeerEvent, Transport};
 use dsm_proto::exit_codes::PEER_LOST as PEER_LOST_EXIT;
 use dsm_proto::{Msg, NodeId, PageNo, PAGE_SIZE};
+use std::collections::TryReserveError;
 use std::io;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -92,54 +93,137 @@ fn report_fatal(msg: &str) {
     let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
+/// log2 of the pages per chunk of the [`StateMirror`]: 64 KiB of mirror for each 256 MiB
+/// of segment that allocations reach.
+const MIRROR_CHUNK_SHIFT: u32 = 16;
+/// Pages per chunk of the [`StateMirror`].
+const MIRROR_CHUNK: usize = 1 << MIRROR_CHUNK_SHIFT;
+/// The bit of a mirror byte that says the page is shared; the bits below it hold the
+/// page's [`PageState`].
+const MIRROR_SHARED: u8 = 0x80;
+
+/// One chunk of the mirror: a byte per page.
+type MirrorChunk = Box<[AtomicU8; MIRROR_CHUNK]>;
+
 /// The engine's page table as last reported in its outputs, readable from the app thread
 /// without the engine lock. Reads may be stale by the time they are used; they only decide
 /// whether to prefetch or to ship a bitmap, never what is correct.
+///
+/// One byte per page: its [`PageState`], and [`MIRROR_SHARED`] for pages another node may
+/// also access (not homed here, or homed here and served to someone at least once; only
+/// these can take part in a race). The bytes live in chunks of [`MIRROR_CHUNK`] pages
+/// made when an allocation first reaches them ([`StateMirror::reserve`]), so the mirror
+/// follows the allocation high-water mark, not the segment: the fixed directory costs 16
+/// bytes per 256 MiB of segment (1 MiB at the 16 TiB maximum). A chunk is published once
+/// through its `OnceLock` and never moves or goes away, so the app thread reads it with
+/// no lock while the comm thread writes it.
+///
+/// Writers (`set`, `mark_shared`) run only in `Shared::dispatch`, with the engine lock
+/// held, so there is one writer at a time and a byte's read-modify-write needs no atomic
+/// read-modify-write.
 pub(crate) struct StateMirror {
-    states: Vec<AtomicU8>,
-    /// Pages another node may also access: not homed here, or homed here and served to
-    /// someone at least once. Only these can take part in a race.
-    shared: Vec<AtomicBool>,
+    chunks: Box<[OnceLock<MirrorChunk>]>,
 }
 
 impl StateMirror {
-    /// A mirror of `pages` pages, all unallocated and unshared, as in a new engine.
-    pub(crate) fn new(pages: usize) -> Self {
-        StateMirror {
-            states: (0..pages).map(|_| AtomicU8::new(0)).collect(),
-            shared: (0..pages).map(|_| AtomicBool::new(false)).collect(),
+    /// A mirror for a segment of `pages` pages, all unallocated and unshared, as in a new
+    /// engine. Only the chunk directory is allocated here.
+    pub(crate) fn new(pages: usize) -> Result<Self, TryReserveError> {
+        let dir = pages.div_ceil(MIRROR_CHUNK);
+        let mut chunks = Vec::new();
+        chunks.try_reserve_exact(dir)?;
+        chunks.resize_with(dir, OnceLock::new);
+        Ok(StateMirror {
+            chunks: chunks.into_boxed_slice(),
+        })
+    }
+
+    /// Makes the chunks covering pages `..end` (allocations grow from page 0 upwards), so
+    /// that the states of a new allocation have somewhere to go.
+    pub(crate) fn reserve(&self, end: usize) -> Result<(), TryReserveError> {
+        let last = end.div_ceil(MIRROR_CHUNK).min(self.chunks.len());
+        for slot in &self.chunks[..last] {
+            if slot.get().is_none() {
+                let mut bytes = Vec::new();
+                bytes.try_reserve_exact(MIRROR_CHUNK)?;
+                bytes.resize_with(MIRROR_CHUNK, || AtomicU8::new(PageState::Unallocated as u8));
+                let chunk: MirrorChunk = bytes
+                    .into_boxed_slice()
+                    .try_into()
+                    .expect("a chunk has MIRROR_CHUNK bytes");
+                // Only the thread holding the engine lock reserves, so the slot is empty.
+                let _ = slot.set(chunk);
+            }
         }
+        Ok(())
     }
 
-    /// Whether another node may have accessed this page too (see the field).
+    /// The byte of `page`, if an allocation has reached its chunk.
+    #[inline]
+    fn byte(&self, page: usize) -> Option<&AtomicU8> {
+        let chunk = self.chunks.get(page >> MIRROR_CHUNK_SHIFT)?.get()?;
+        Some(&chunk[page & (MIRROR_CHUNK - 1)])
+    }
+
+    /// Whether another node may have accessed this page too (see [`StateMirror`]).
     pub(crate) fn shared(&self, page: usize) -> bool {
-        self.shared
-            .get(page)
-            .is_some_and(|s| s.load(Ordering::Relaxed))
+        self.byte(page)
+            .is_some_and(|b| b.load(Ordering::Relaxed) & MIRROR_SHARED != 0)
     }
 
-    /// Whether any page of `first..=last` would fault for this access.
+    /// Whether any page of `first..=last` would fault for this access (pages no
+    /// allocation has reached count as missing).
     pub(crate) fn any_missing(&self, first: usize, last: usize, write: bool) -> bool {
         let need = if write {
             PageState::ReadWrite as u8
         } else {
             PageState::ReadOnly as u8
         };
-        self.states[first..=last.min(self.states.len() - 1)]
-            .iter()
-            .any(|s| s.load(Ordering::Relaxed) < need)
+        let mut page = first;
+        while page <= last {
+            let Some(chunk) = self
+                .chunks
+                .get(page >> MIRROR_CHUNK_SHIFT)
+                .and_then(OnceLock::get)
+            else {
+                return true;
+            };
+            let from = page & (MIRROR_CHUNK - 1);
+            let to = (last - page + from).min(MIRROR_CHUNK - 1);
+            if chunk[from..=to]
+                .iter()
+                .any(|b| b.load(Ordering::Relaxed) & !MIRROR_SHARED < need)
+            {
+                return true;
+            }
+            page += to - from + 1;
+        }
+        false
+    }
+
+    /// Applies `f` to the bytes of pages `first..first + count`. The engine reports only
+    /// allocated pages, whose chunks [`StateMirror::reserve`] made before the allocation
+    /// was registered; a page without one is skipped (the mirror only advises).
+    fn update(&self, first: PageNo, count: u32, f: impl Fn(&AtomicU8)) {
+        for page in first as usize..first as usize + count as usize {
+            match self.byte(page) {
+                Some(b) => f(b),
+                None => debug_assert!(false, "page {page} reported before it was reserved"),
+            }
+        }
     }
 
     fn set(&self, first: PageNo, count: u32, state: PageState) {
-        for s in &self.states[first as usize..][..count as usize] {
-            s.store(state as u8, Ordering::Relaxed);
-        }
+        self.update(first, count, |b| {
+            let shared = b.load(Ordering::Relaxed) & MIRROR_SHARED;
+            b.store(shared | state as u8, Ordering::Relaxed);
+        });
     }
 
     fn mark_shared(&self, first: PageNo, count: u32) {
-        for s in &self.shared[first as usize..][..count as usize] {
-            s.store(true, Ordering::Relaxed);
-        }
+        self.update(first, count, |b| {
+            b.fetch_or(MIRROR_SHARED, Ordering::Relaxed);
+        });
     }
 }
 
@@ -282,10 +366,20 @@ impl Comm {
             .ok_or_else(|| io::Error::other("fault mailbox receiver already taken"))?;
         // Seeded from the engine so the mirror is right even for an engine that has
         // already changed pages; from here on its outputs keep it current.
-        let states = Arc::new(StateMirror::new(engine.page_count()));
-        for p in 0..engine.page_count() as PageNo {
+        let no_memory = |e: TryReserveError| {
+            io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                format!("cannot allocate the page-state mirror: {e}"),
+            )
+        };
+        let states = StateMirror::new(engine.page_limit()).map_err(no_memory)?;
+        states
+            .reserve(engine.allocated_pages())
+            .map_err(no_memory)?;
+        for p in 0..engine.allocated_pages() as PageNo {
             states.set(p, 1, engine.page_state(p));
         }
+        let states = Arc::new(states);
         let shared = Arc::new(Shared {
             engine: Mutex::new(engine),
             states,
@@ -335,6 +429,16 @@ impl Comm {
                 std::thread::park();
             }
         }
+    }
+
+    /// Makes room for an allocation that ends at page `end` (allocations grow from page 0
+    /// upwards) in the engine's page table and the page-state mirror, before the
+    /// collective allocation is registered: a node short of memory then gets an error to
+    /// return instead of aborting.
+    pub(crate) fn reserve_pages(&self, end: usize) -> Result<(), TryReserveError> {
+        let mut engine = self.shared.engine();
+        engine.reserve_pages(end)?;
+        self.shared.states.reserve(end)
     }
 
     /// The page states the app thread may consult to prefetch only what is missing.
@@ -444,4 +548,47 @@ fn comm_main(
         }
         Ok::<(), io::Error>(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mirror_follows_the_allocations_not_the_segment() {
+        // A 16 TiB segment: only the chunk directory is allocated up front.
+        let m = StateMirror::new(1 << 32).unwrap();
+        assert_eq!(m.chunks.len(), (1 << 32) / MIRROR_CHUNK);
+        assert!(m.chunks.iter().all(|c| c.get().is_none()));
+        m.reserve(MIRROR_CHUNK + 5).unwrap();
+        let made = m.chunks.iter().filter(|c| c.get().is_some()).count();
+        assert_eq!(made, 2, "chunks up to the high-water mark only");
+        // Unreached pages read as unallocated and unshared.
+        assert!(!m.shared(3 * MIRROR_CHUNK));
+        assert!(m.any_missing(3 * MIRROR_CHUNK, 3 * MIRROR_CHUNK, false));
+    }
+
+    #[test]
+    fn state_and_shared_bit_live_side_by_side() {
+        let m = StateMirror::new(4 * MIRROR_CHUNK).unwrap();
+        let end = 2 * MIRROR_CHUNK + 10;
+        m.reserve(end).unwrap();
+        m.set(0, end as u32, PageState::ReadOnly);
+        assert!(!m.any_missing(0, end - 1, false));
+        assert!(m.any_missing(0, end - 1, true));
+        assert!(m.any_missing(0, end, false), "page `end` is not allocated");
+        // Across the chunk boundary.
+        let b = MIRROR_CHUNK as PageNo;
+        m.set(b - 2, 4, PageState::ReadWrite);
+        assert!(!m.any_missing(b as usize - 2, b as usize + 1, true));
+        assert!(m.any_missing(b as usize - 3, b as usize + 1, true));
+        m.mark_shared(b - 1, 2);
+        assert!(m.shared(b as usize - 1) && m.shared(b as usize));
+        assert!(!m.shared(b as usize + 1));
+        // A state change keeps the shared bit, and the shared bit the state.
+        m.set(b - 1, 1, PageState::Invalid);
+        assert!(m.shared(b as usize - 1));
+        assert!(m.any_missing(b as usize - 1, b as usize - 1, false));
+        assert!(!m.any_missing(b as usize, b as usize, true));
+    }
 }

@@ -50,6 +50,12 @@ pub enum DsmError {
         /// Size of the whole segment in bytes.
         segment: usize,
     },
+    /// This node could not allocate the bookkeeping a collective allocation needs (its
+    /// page-table entries and page-state mirror, or with race detection the shadow of the
+    /// allocation). Nothing was allocated; the other nodes, already in the collective
+    /// allocation, stop once this one exits.
+    #[error("out of memory: {0}")]
+    OutOfMemory(String),
     /// The node's protocol thread answered the app thread with something the current
     /// call did not expect: an internal inconsistency of dsm, not of the program.
     #[error("protocol error: {0}")]

@@ -74,7 +74,11 @@ impl Segment {
         };
         // SAFETY: ftruncate on our own descriptor.
         if unsafe { libc::ftruncate(memfd, len as libc::off_t) } != 0 {
-            return Err(fail("ftruncate of the segment memfd"));
+            return Err(fail(&format!(
+                "cannot size the segment's memfd to {} MiB (use a smaller dsmrun \
+                 --segment or DSM_SEGMENT)",
+                len >> 20
+            )));
         }
         // SAFETY: MAP_FIXED_NOREPLACE never clobbers an existing mapping; we check below
         // that the kernel honoured the address.
@@ -96,7 +100,8 @@ impl Segment {
                 e.kind(),
                 format!(
                     "cannot reserve the shared segment at {addr:#x} ({} MiB): {e}; \
-                     set DSM_SEGMENT_ADDR to a free address range or a smaller DSM_SEGMENT",
+                     set DSM_SEGMENT_ADDR to a free address range or use a smaller segment \
+                     (dsmrun --segment, DSM_SEGMENT)",
                     len >> 20
                 ),
             ));
@@ -123,7 +128,11 @@ impl Segment {
         if runtime == libc::MAP_FAILED {
             // SAFETY: unmapping the app view we created above.
             unsafe { libc::munmap(app, len) };
-            return Err(fail("mmap of the runtime view"));
+            return Err(fail(&format!(
+                "cannot map the runtime view of the {} MiB segment (use a smaller dsmrun \
+                 --segment or DSM_SEGMENT, or raise ulimit -v)",
+                len >> 20
+            )));
         }
         Ok(Segment {
             app_base: addr,

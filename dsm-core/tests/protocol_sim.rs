@@ -686,7 +686,7 @@ impl Sim {
                 if let Some(r) = self.nodes[k].rec.as_mut() {
                     assert_eq!(
                         r.add_alloc(a.first_page as PageNo, a.len * a.elem, a.elem),
-                        i
+                        Ok(i)
                     );
                 }
                 let outs = self.nodes[k].eng.on_command(Command::Alloc {
@@ -1201,6 +1201,45 @@ fn false_sharing_writers_all_survive_the_barrier() {
     }
     s.run();
     assert!(s.model.iter().all(|&x| x == 1));
+}
+
+#[test]
+fn the_page_table_follows_the_allocations_not_the_segment() {
+    // A 16 TiB segment: 2^32 pages, of which allocations may use all but the last (page
+    // numbers and their sums are 32-bit). Nothing may be sized by it.
+    let mem = FakeMem {
+        data: vec![0; 8 * PAGE_SIZE],
+        prot: vec![Prot::None; 8],
+    };
+    let mut eng = Engine::new(0, 1, 1 << 32, mem, false);
+    assert_eq!(eng.page_limit(), PageNo::MAX as usize);
+    assert_eq!(eng.allocated_pages(), 0);
+    assert_eq!(eng.page_state(PageNo::MAX), PageState::Unallocated);
+    let fatal = |outs: &[Output]| outs.iter().any(|o| matches!(o, Output::Fatal(_)));
+    let crash = |outs: &[Output]| outs.iter().any(|o| matches!(o, Output::FaultCrash));
+    for (first, count) in [(0, 3), (3, 2)] {
+        eng.reserve_pages(first as usize + count as usize).unwrap();
+        let outs = eng.on_command(Command::Alloc {
+            homes: vec![(first, count, 0)],
+            digest: 7,
+            race: None,
+        });
+        assert!(!fatal(&outs), "{outs:?}");
+        assert_eq!(eng.allocated_pages(), (first + count) as usize);
+    }
+    assert_eq!(eng.page_state(4), PageState::ReadWrite);
+    assert_eq!(eng.page_state(5), PageState::Unallocated);
+    // Above the high-water mark, in the segment or not, an access is a wild one.
+    assert!(crash(&eng.on_fault(Some(5), Some(false))));
+    assert!(crash(&eng.on_fault(Some(PageNo::MAX), Some(true))));
+    // An allocation past the usable pages is refused, not wrapped.
+    let outs = eng.on_command(Command::Alloc {
+        homes: vec![(PageNo::MAX - 1, 2, 0)],
+        digest: 8,
+        race: None,
+    });
+    assert!(fatal(&outs), "{outs:?}");
+    assert_eq!(eng.allocated_pages(), 5);
 }
 
 #[test]

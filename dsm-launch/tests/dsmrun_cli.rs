@@ -532,6 +532,10 @@ fn bad_command_lines_are_clear_errors() {
         (vec!["--segment", "1.5G", "true"], "fractional"),
         (vec!["--segment", "0", "true"], "greater than zero"),
         (
+            vec!["--segment", "17T", "true"],
+            "largest shared segment, 16T",
+        ),
+        (
             vec!["--timeout", "-1", "true"],
             "'-1' is not a number of seconds",
         ),

@@ -6,7 +6,7 @@
 
 use crate::env_vars as vars;
 use crate::exit_codes;
-use crate::units::{format_secs, parse_seconds, parse_size};
+use crate::units::{format_secs, parse_seconds, parse_segment_size};
 use crate::MAX_NODES;
 use std::ffi::OsString;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -278,7 +278,9 @@ impl JobConfig {
             None => DEFAULT_CONNECT_TIMEOUT,
         };
         let segment_bytes = match get(vars::SEGMENT) {
-            Some(v) => Some(parse_size(&v).map_err(|e| invalid(vars::SEGMENT, &v, e.to_string()))?),
+            Some(v) => Some(
+                parse_segment_size(&v).map_err(|e| invalid(vars::SEGMENT, &v, e.to_string()))?,
+            ),
             None => None,
         };
         let segment_addr = match get(vars::SEGMENT_ADDR) {
@@ -577,6 +579,8 @@ mod tests {
                 ..
             })
         ));
+        let msg = env(&[("DSM_SEGMENT", "17T")]).unwrap_err().to_string();
+        assert!(msg.contains("DSM_SEGMENT") && msg.contains("16T"), "{msg}");
         let msg = env(&[("DSM_RANK", "0"), ("DSM_SIZE", "0")])
             .unwrap_err()
             .to_string();

@@ -16,7 +16,7 @@ pub mod wire;
 
 pub use config::{ConfigError, JobConfig, Launcher, LocalPlacement, RaceOptions, RacePhases};
 pub use stats::PlanStats;
-pub use units::{format_secs, parse_seconds, parse_size, ValueError};
+pub use units::{format_secs, parse_seconds, parse_segment_size, parse_size, ValueError};
 pub use wire::*;
 
 /// Bytes per page of the shared segment: the unit of coherence, protection and transfer.
@@ -24,6 +24,10 @@ pub const PAGE_SIZE: usize = 4096;
 /// `log2(PAGE_SIZE)`: `offset >> PAGE_SHIFT` is the page holding byte `offset` of the
 /// segment.
 pub const PAGE_SHIFT: u32 = 12;
+/// Largest shared segment (16 TiB): page numbers ([`PageNo`]) are 32-bit. A node's
+/// bookkeeping grows with the pages allocated, not with this size, so reserving the
+/// maximum costs address space only.
+pub const MAX_SEGMENT_BYTES: u64 = (PageNo::MAX as u64 + 1) * PAGE_SIZE as u64;
 
 /// Upper bound on job size: node ids are 16-bit and vector timestamps grow with N.
 pub const MAX_NODES: usize = 1024;

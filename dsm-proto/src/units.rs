@@ -32,6 +32,10 @@ pub enum ValueError {
     /// the input.
     #[error("'{0}' is too large")]
     SizeTooLarge(String),
+    /// A shared segment larger than [`MAX_SEGMENT_BYTES`](crate::MAX_SEGMENT_BYTES) (16
+    /// TiB, once rounded up to whole pages); carries the input.
+    #[error("'{0}' is larger than the largest shared segment, 16T (page numbers are 32-bit)")]
+    SegmentTooLarge(String),
     /// The size is zero bytes (`0`, `0M`); every size dsm reads must be positive.
     #[error("the size must be greater than zero")]
     ZeroSize,
@@ -86,6 +90,18 @@ pub fn parse_size(text: &str) -> Result<u64, ValueError> {
         .ok_or_else(|| ValueError::SizeTooLarge(text.to_owned()))?;
     if bytes == 0 {
         return Err(ValueError::ZeroSize);
+    }
+    Ok(bytes)
+}
+
+/// [`parse_size`] for a shared segment size (`--segment`, `DSM_SEGMENT`): also fails with
+/// [`ValueError::SegmentTooLarge`] above [`MAX_SEGMENT_BYTES`](crate::MAX_SEGMENT_BYTES)
+/// once rounded up to whole pages.
+pub fn parse_segment_size(text: &str) -> Result<u64, ValueError> {
+    let bytes = parse_size(text)?;
+    if bytes.div_ceil(crate::PAGE_SIZE as u64) > crate::MAX_SEGMENT_BYTES / crate::PAGE_SIZE as u64
+    {
+        return Err(ValueError::SegmentTooLarge(text.to_owned()));
     }
     Ok(bytes)
 }
@@ -154,6 +170,24 @@ mod tests {
             Err(ValueError::SizeTooLarge("16777216T".into()))
         );
         assert!(parse_size("12X").unwrap_err().to_string().contains("'X'"));
+    }
+
+    #[test]
+    fn segment_sizes_stop_at_16_tib() {
+        assert_eq!(parse_segment_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_segment_size("16T"), Ok(16 << 40));
+        assert_eq!(parse_segment_size("16T"), Ok(crate::MAX_SEGMENT_BYTES));
+        for big in ["17T", "17592186044417", "1024T"] {
+            assert_eq!(
+                parse_segment_size(big),
+                Err(ValueError::SegmentTooLarge(big.into()))
+            );
+        }
+        assert!(parse_segment_size("17T")
+            .unwrap_err()
+            .to_string()
+            .contains("16T"));
+        assert_eq!(parse_segment_size("0"), Err(ValueError::ZeroSize));
     }
 
     #[test]

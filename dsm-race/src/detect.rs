@@ -770,8 +770,8 @@ mod tests {
         // shared element.
         let mut r0 = Recorder::new();
         let mut r1 = Recorder::new();
-        let a0 = r0.add_alloc(0, 16 * PAGE_SIZE, 8);
-        let a1 = r1.add_alloc(0, 16 * PAGE_SIZE, 8);
+        let a0 = r0.add_alloc(0, 16 * PAGE_SIZE, 8).unwrap();
+        let a1 = r1.add_alloc(0, 16 * PAGE_SIZE, 8).unwrap();
         r0.alloc(a0).write(8 * 100, 8);
         r0.alloc(a0).read(8 * 600, 8);
         r1.alloc(a1).write(8 * 101, 8);

@@ -16,6 +16,7 @@ use dsm_proto::{
     AccessKind, BitmapKey, EncodedBitmap, PageNo, PageRuns, RaceNotices, PAGE_SHIFT, PAGE_SIZE,
 };
 use std::cell::{Cell, RefCell};
+use std::collections::TryReserveError;
 
 const READ: u8 = 1;
 const WRITE: u8 = 2;
@@ -42,20 +43,29 @@ pub struct AllocShadow {
 }
 
 impl AllocShadow {
-    fn new(first_page: PageNo, bytes: usize, elem_size: usize) -> Self {
+    /// The shadow of an allocation of `bytes` bytes from `first_page`, or the reason its
+    /// bitmaps could not be allocated (their size is the program's to choose).
+    fn new(first_page: PageNo, bytes: usize, elem_size: usize) -> Result<Self, TryReserveError> {
         let pages = bytes.div_ceil(PAGE_SIZE).max(1);
         let shift = granule_shift(elem_size);
         let words_per_page = (PAGE_SIZE >> shift) / 64;
-        AllocShadow {
+        fn zeroed<T: Clone>(len: usize, zero: T) -> Result<Vec<T>, TryReserveError> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(len)?;
+            v.resize(len, zero);
+            Ok(v)
+        }
+        // `pages * words_per_page` cannot overflow: it is at most `bytes / 8` rounded up.
+        Ok(AllocShadow {
             first_page,
             shift,
             words_per_page,
-            read: vec![Cell::new(0); pages * words_per_page],
-            write: vec![Cell::new(0); pages * words_per_page],
-            flags: vec![Cell::new(0); pages],
+            read: zeroed(pages * words_per_page, Cell::new(0))?,
+            write: zeroed(pages * words_per_page, Cell::new(0))?,
+            flags: zeroed(pages, Cell::new(0))?,
             touched: RefCell::new(Vec::new()),
             pattern: Cell::new((0, 0, 0)),
-        }
+        })
     }
 
     /// `log2` of the bytes each bitmap bit stands for in this allocation (see
@@ -339,11 +349,18 @@ impl Recorder {
         }
     }
 
-    /// Adds the shadow for a new allocation; returns its id.
-    pub fn add_alloc(&mut self, first_page: PageNo, bytes: usize, elem_size: usize) -> usize {
-        self.allocs
-            .push(AllocShadow::new(first_page, bytes, elem_size));
-        self.allocs.len() - 1
+    /// Adds the shadow for a new allocation of `bytes` bytes from `first_page`; returns its
+    /// id. Fails, adding nothing, when the memory for its bitmaps cannot be had.
+    pub fn add_alloc(
+        &mut self,
+        first_page: PageNo,
+        bytes: usize,
+        elem_size: usize,
+    ) -> Result<usize, TryReserveError> {
+        let shadow = AllocShadow::new(first_page, bytes, elem_size)?;
+        self.allocs.try_reserve(1)?;
+        self.allocs.push(shadow);
+        Ok(self.allocs.len() - 1)
     }
 
     /// The shadow of allocation `id` (as returned by [`Recorder::add_alloc`]), through
@@ -533,7 +550,7 @@ mod tests {
     #[test]
     fn element_accesses_become_notices_and_bitmaps() {
         let mut r = Recorder::new();
-        let id = r.add_alloc(10, 3 * PAGE_SIZE, 8);
+        let id = r.add_alloc(10, 3 * PAGE_SIZE, 8).unwrap();
         r.alloc(id).read(0, 8); // element 0, page 10
         r.alloc(id).write(PAGE_SIZE + 16, 8); // element 514, page 11
         r.alloc(id).read(2 * PAGE_SIZE - 4, 8); // hypothetical straddle: pages 11 and 12
@@ -552,7 +569,7 @@ mod tests {
     #[test]
     fn byte_granules_separate_neighbouring_bytes() {
         let mut r = Recorder::new();
-        let id = r.add_alloc(0, PAGE_SIZE, 1);
+        let id = r.add_alloc(0, PAGE_SIZE, 1).unwrap();
         r.alloc(id).write(5, 1);
         r.close_interval();
         let w = bits_of(&mut r, 1, 0, AccessKind::Write);
@@ -574,10 +591,10 @@ mod tests {
         ] {
             let bytes = offset + stride * count + elem;
             let mut a = Recorder::new();
-            let ida = a.add_alloc(0, bytes, elem);
+            let ida = a.add_alloc(0, bytes, elem).unwrap();
             a.alloc(ida).strided(true, offset, elem, stride, count);
             let mut b = Recorder::new();
-            let idb = b.add_alloc(0, bytes, elem);
+            let idb = b.add_alloc(0, bytes, elem).unwrap();
             for k in 0..count {
                 b.alloc(idb).write(offset + k * stride, elem);
             }
@@ -608,10 +625,10 @@ mod tests {
             let offset = start * elem;
             let bytes = offset + stride * count + elem + 1;
             let mut a = Recorder::new();
-            let ida = a.add_alloc(0, bytes, elem);
+            let ida = a.add_alloc(0, bytes, elem).unwrap();
             a.alloc(ida).strided(false, offset, elem, stride, count);
             let mut b = Recorder::new();
-            let idb = b.add_alloc(0, bytes, elem);
+            let idb = b.add_alloc(0, bytes, elem).unwrap();
             for k in 0..count {
                 b.alloc(idb).read(offset + k * stride, elem);
             }
@@ -629,7 +646,7 @@ mod tests {
     #[test]
     fn shippable_bitmaps_round_trip_and_respect_the_cap() {
         let mut r = Recorder::new();
-        let id = r.add_alloc(0, 4 * PAGE_SIZE, 8);
+        let id = r.add_alloc(0, 4 * PAGE_SIZE, 8).unwrap();
         r.alloc(id).write(0, 2 * PAGE_SIZE); // pages 0, 1: uniform
         r.alloc(id).read(2 * PAGE_SIZE + 8, 8); // page 2: one element
         r.alloc(id).read(3 * PAGE_SIZE, 8); // page 3
@@ -649,7 +666,7 @@ mod tests {
     #[test]
     fn epoch_discard_frees_bitmaps() {
         let mut r = Recorder::new();
-        let id = r.add_alloc(0, 4 * PAGE_SIZE, 8);
+        let id = r.add_alloc(0, 4 * PAGE_SIZE, 8).unwrap();
         r.alloc(id).write(0, 4 * PAGE_SIZE);
         r.close_interval();
         // Four fully written pages: uniform bitmaps, one word each plus the index.

@@ -27,7 +27,7 @@ use crate::engine::{self, Command, Engine, Reply};
 use crate::error::DsmError;
 use crate::sys::{self, AppSlice, Segment};
 use bytemuck::Pod;
-use dsm_proto::{JobConfig, LockId, NodeId, PageNo, PageRuns, PAGE_SIZE};
+use dsm_proto::{JobConfig, LockId, NodeId, PageNo, PageRuns, MAX_SEGMENT_BYTES, PAGE_SIZE};
 use dsm_race::{Point, VarInfo};
 use race::RaceState;
 use std::marker::PhantomData;
@@ -148,7 +148,10 @@ pub struct Dsm {
     /// Page states as the comm thread sees them, to prefetch only what is missing.
     states: Arc<StateMirror>,
     allocs: Vec<AllocMeta>,
+    /// The allocation high-water mark: allocations are contiguous from page 0 upwards.
     next_page: usize,
+    /// Pages allocations may use (the segment's, at most `PageNo::MAX`).
+    page_limit: usize,
     race: Option<RaceState>,
     finished: bool,
     started: Instant,
@@ -185,10 +188,18 @@ impl Dsm {
         if let Some(fd) = env.launcher_fd {
             watch_launcher(fd, env.rank)?;
         }
-        let seg_len = env
-            .segment_bytes
-            .map(|b| (b as usize).div_ceil(PAGE_SIZE) * PAGE_SIZE)
-            .unwrap_or(DEFAULT_SEGMENT);
+        let seg_len = match env.segment_bytes {
+            None => DEFAULT_SEGMENT,
+            Some(b) if b.div_ceil(PAGE_SIZE as u64) <= MAX_SEGMENT_BYTES / PAGE_SIZE as u64 => {
+                (b as usize).div_ceil(PAGE_SIZE) * PAGE_SIZE
+            }
+            Some(b) => {
+                return Err(DsmError::Config(format!(
+                    "a shared segment of {b} bytes (dsmrun --segment, DSM_SEGMENT) is larger \
+                     than the largest, 16T ({MAX_SEGMENT_BYTES} bytes): page numbers are 32-bit"
+                )))
+            }
+        };
         let seg_addr = env.segment_addr.unwrap_or(DEFAULT_SEGMENT_ADDR);
         let (seg, mailbox) = sys::start(seg_addr, seg_len).map_err(DsmError::Segment)?;
         let rendezvous = match (env.rank, env.coord_fd, env.coord) {
@@ -211,8 +222,10 @@ impl Dsm {
             SegmentMemory::new(seg),
             race.is_some(),
         );
+        let page_limit = engine.page_limit();
         let comm = Comm::start(mesh, engine, mailbox, seg).map_err(DsmError::Io)?;
         Ok(Dsm {
+            page_limit,
             states: comm.states(),
             rank: env.rank,
             size: env.size,
@@ -309,24 +322,37 @@ impl Dsm {
             .checked_mul(elem)
             .ok_or_else(|| DsmError::InvalidAlloc(format!("'{name}': size overflows")))?;
         let pages = bytes.div_ceil(PAGE_SIZE);
-        if self.next_page + pages > self.seg.pages() {
+        if pages > self.page_limit - self.next_page {
             return Err(DsmError::SegmentFull {
                 name: name.into(),
                 bytes,
-                free: (self.seg.pages() - self.next_page) * PAGE_SIZE,
+                free: (self.page_limit - self.next_page) * PAGE_SIZE,
                 segment: self.seg.len(),
             });
         }
         let first = self.next_page;
+        // The bookkeeping of the new pages (page table, state mirror, race shadow) is made
+        // now, before anything changes, so that a node short of memory returns an error.
+        let out_of_memory = |what: &str, e: std::collections::TryReserveError| {
+            DsmError::OutOfMemory(format!(
+                "cannot allocate the {what} of '{name}' ({bytes} bytes, {pages} pages): {e}"
+            ))
+        };
+        self.comm()
+            .reserve_pages(first + pages)
+            .map_err(|e| out_of_memory("page table", e))?;
+        if let Some(r) = self.race.as_mut() {
+            r.recorder
+                .add_alloc(first as PageNo, bytes, elem)
+                .map_err(|e| out_of_memory("race-detection shadow", e))?;
+        }
         let homes = self.homes(first, pages, bytes, elem, cols, dist);
         let mut digest = fnv(FNV_OFFSET, name.as_bytes());
         for v in [elem, std::mem::align_of::<T>(), len, cols, first] {
             digest = fnv(digest, &(v as u64).to_le_bytes());
         }
         let race = self.close_race_interval();
-        let shadow_elem = elem;
         if let Some(r) = self.race.as_mut() {
-            r.recorder.add_alloc(first as PageNo, bytes, shadow_elem);
             r.vars.push(VarInfo {
                 name: name.to_string(),
                 first_page: first as PageNo,

@@ -116,7 +116,7 @@ impl<M: Memory> Engine<M> {
                 let end = (first as usize).saturating_add(count as usize);
                 if end > self.pages.len() {
                     self.fatal(format!(
-                        "rank {node} sent a write notice for pages beyond the segment"
+                        "rank {node} sent a write notice for pages beyond the allocations"
                     ));
                     return Vec::new();
                 }

@@ -48,7 +48,7 @@ use dsm_proto::{
 };
 use locks::LockState;
 use pages::{FetchInFlight, HomeWait, PageEntry, ParkedServe};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, TryReserveError};
 
 pub use barriers::ALL_TO_ALL_MAX_NODES;
 pub use locks::lock_manager;
@@ -147,7 +147,7 @@ pub enum Command {
     /// Makes pages valid (and writable if `write`) ahead of a bulk access, fetching all
     /// missing ones with one request per home instead of one fault per page.
     Prefetch {
-        /// The pages the access will touch; those beyond the segment are ignored.
+        /// The pages the access will touch; pages no allocation covers are ignored.
         pages: PageRuns,
         /// Whether the access writes, so the pages end up writable.
         write: bool,
@@ -319,7 +319,13 @@ pub struct Engine<M: Memory> {
     me: NodeId,
     n: usize,
     mem: M,
+    /// The page table, covering the allocated pages only: allocations are contiguous from
+    /// page 0 up, so it grows to the allocation high-water mark at each allocation and a
+    /// page beyond it is unallocated. Its size follows what the program allocates, never
+    /// the segment's size.
     pages: Vec<PageEntry>,
+    /// Pages in the segment that allocations may use (see [`Engine::new`]).
+    page_limit: usize,
     /// Current knowledge; `vt[me]` is the index of the open interval.
     vt: VectorTime,
     /// `vt` when the open interval began: what its accesses are ordered after.
@@ -369,6 +375,10 @@ impl<M: Memory> Engine<M> {
     /// The engine of node `me` in an `n`-node job over a segment of `pages` pages, none of
     /// them allocated yet. `race_mode` must be the same on every node: it changes the
     /// barrier protocol (arrivals always go through rank 0, which analyzes the epoch).
+    ///
+    /// Allocations may use at most [`PageNo::MAX`] pages, whatever `pages` says, so that
+    /// every page-number sum fits a [`PageNo`]. The page table starts empty: its memory
+    /// follows the pages allocated, not `pages`.
     pub fn new(me: NodeId, n: usize, pages: usize, mem: M, race_mode: bool) -> Self {
         let mut vt = VectorTime::zero(n);
         vt.set(me, 1);
@@ -376,13 +386,8 @@ impl<M: Memory> Engine<M> {
             me,
             n,
             mem,
-            pages: vec![
-                PageEntry {
-                    state: PageState::Unallocated,
-                    home: 0
-                };
-                pages
-            ],
+            pages: Vec::new(),
+            page_limit: pages.min(PageNo::MAX as usize),
             cur_start: vt.clone(),
             vt,
             cur_cause: SyncCause::Start,
@@ -419,15 +424,38 @@ impl<M: Memory> Engine<M> {
         &mut self.mem
     }
 
-    /// The page's current state in this node's page table. Panics if `page` lies beyond
-    /// the segment.
+    /// The page's current state in this node's page table ([`PageState::Unallocated`] for
+    /// any page no allocation covers, including pages beyond the segment).
     pub fn page_state(&self, page: PageNo) -> PageState {
-        self.pages[page as usize].state
+        self.pages
+            .get(page as usize)
+            .map_or(PageState::Unallocated, |e| e.state)
     }
 
-    /// Size of the page table: the segment's page count, as given to [`Engine::new`].
-    pub fn page_count(&self) -> usize {
+    /// Pages allocations may use: the segment's page count given to [`Engine::new`], at
+    /// most [`PageNo::MAX`].
+    pub fn page_limit(&self) -> usize {
+        self.page_limit
+    }
+
+    /// The allocation high-water mark: pages `0..allocated_pages()` are covered by the page
+    /// table (and allocated once the allocation that grew it has been registered), every
+    /// page above is unallocated.
+    pub fn allocated_pages(&self) -> usize {
         self.pages.len()
+    }
+
+    /// Makes room in the page table for pages `..end`, so that registering an allocation
+    /// that ends there cannot fail for want of memory. The runtime calls it before a
+    /// collective allocation, so that a node short of memory returns an error instead of
+    /// aborting; pages stay unallocated until [`Command::Alloc`] registers them.
+    pub fn reserve_pages(&mut self, end: usize) -> Result<(), TryReserveError> {
+        let more = end.saturating_sub(self.pages.len());
+        // Amortized growth for many small allocations; exactly what is needed when the
+        // doubled table would not fit but the table itself does.
+        self.pages
+            .try_reserve(more)
+            .or_else(|_| self.pages.try_reserve_exact(more))
     }
 
     /// The counters so far (without the runtime's wire-level fields; see [`Stats`]).

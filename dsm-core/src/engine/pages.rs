@@ -18,6 +18,14 @@ pub(super) struct PageEntry {
     pub(super) home: NodeId,
 }
 
+impl PageEntry {
+    /// A page no allocation covers yet.
+    const UNALLOCATED: PageEntry = PageEntry {
+        state: PageState::Unallocated,
+        home: 0,
+    };
+}
+
 /// A fetch the app thread waits for; it may span several homes.
 #[derive(Debug)]
 pub(super) struct FetchInFlight {
@@ -365,11 +373,22 @@ impl<M: Memory> Engine<M> {
         let mut mine = Vec::new();
         for (first, count, home) in homes {
             let end = first as usize + count as usize;
-            if end > self.pages.len() || home as usize >= self.n {
+            if end > self.page_limit || home as usize >= self.n {
                 self.fatal(format!(
                     "allocation of pages {first}..{end} does not fit the segment"
                 ));
                 return;
+            }
+            if end > self.pages.len() {
+                // The table covers the allocated pages only; grow it to the new high-water
+                // mark (the runtime has reserved the room already, see `reserve_pages`).
+                if let Err(e) = self.reserve_pages(end) {
+                    self.fatal(format!(
+                        "out of memory for the page table of pages {first}..{end}: {e}"
+                    ));
+                    return;
+                }
+                self.pages.resize(end, PageEntry::UNALLOCATED);
             }
             for p in first..first + count {
                 let e = &mut self.pages[p as usize];

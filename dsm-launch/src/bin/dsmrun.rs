@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use dsm_launch::{self as launcher, JobOutcome, LaunchConfig, LaunchError};
-use dsm_proto::{exit_codes, parse_seconds, parse_size, RaceOptions};
+use dsm_proto::{exit_codes, parse_seconds, parse_segment_size, RaceOptions};
 use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
@@ -81,8 +81,8 @@ struct Cli {
     ranks: u16,
 
     /// Size of the shared segment, e.g. 1G, 512M, 4096K or plain bytes (binary
-    /// units); passed to the ranks as a byte count in DSM_SEGMENT
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    /// units), at most 16T; passed to the ranks as a byte count in DSM_SEGMENT
+    #[arg(long, value_name = "SIZE", value_parser = parse_segment_size)]
     segment: Option<u64>,
 
     /// Wall-clock limit for the whole job; on expiry all ranks are stopped and
