@@ -500,7 +500,14 @@ fn strangers_at_the_rendezvous_do_not_stop_the_job() {
     }
     let took = t.elapsed();
     assert!(out0.status.success(), "{}", text(&out0.stderr));
-    assert!(text(&out0.stdout).contains("verified:"), "{}", text(&out0.stdout));
-    assert!(took < Duration::from_secs(5), "the job took {took:?} with strangers connected");
+    assert!(
+        text(&out0.stdout).contains("verified:"),
+        "{}",
+        text(&out0.stdout)
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "the job took {took:?} with strangers connected"
+    );
     drop(strangers);
 }

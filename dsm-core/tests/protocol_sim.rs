@@ -1207,10 +1207,7 @@ fn false_sharing_writers_all_survive_the_barrier() {
 fn the_page_table_follows_the_allocations_not_the_segment() {
     // A 16 TiB segment: 2^32 pages, of which allocations may use all but the last (page
     // numbers and their sums are 32-bit). Nothing may be sized by it.
-    let mem = FakeMem {
-        data: vec![0; 8 * PAGE_SIZE],
-        prot: vec![Prot::None; 8],
-    };
+    let mem = VecMemory::new(8);
     let mut eng = Engine::new(0, 1, 1 << 32, mem, false);
     assert_eq!(eng.page_limit(), PageNo::MAX as usize);
     assert_eq!(eng.allocated_pages(), 0);
