@@ -205,7 +205,7 @@ impl Dsm {
             SegmentMemory::new(seg),
             race.is_some(),
         );
-        let comm = Comm::start(mesh, engine, mailbox, seg).map_err(DsmError::Io)?;
+        let comm = Comm::start(mesh, engine, mailbox, seg, env.liveness).map_err(DsmError::Io)?;
         Ok(Dsm {
             states: comm.states(),
             rank: env.rank,
