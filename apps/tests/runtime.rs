@@ -1,7 +1,8 @@
 //! Multi-process tests of the runtime over real loopback sockets and real page faults:
 //! correctness scenarios at N = 1, 2, 4, 8 through dsmrun, segments up to 16T at small
-//! memory, and failure handling (a rank that exits with an error or is killed, a peer that
-//! never connects, a wrong job secret, bookkeeping that does not fit in memory).
+//! memory, and failure handling (a rank that exits with an error, is killed or is stopped,
+//! a peer that never connects, a wrong job secret, bookkeeping that does not fit in
+//! memory), and a long computation that must not pass for a stopped rank.
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -371,6 +372,125 @@ fn no_rank_outlives_a_killed_dsmrun() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// SIGKILLs, when a test ends however it ends, whichever of a job's ranks are still there
+/// (SIGKILL ends stopped processes too), so a failing test leaves nothing behind.
+struct Reaper(Vec<i32>);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            let ours = std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("dsm-test"));
+            if ours && !is_gone(pid) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn stopped_rank_is_named_and_the_job_ends_after_the_liveness_deadline() {
+    let mut child = dsm_testkit::dsmrun_command(
+        3,
+        &["--liveness", "2", "--timeout", "60"],
+        TEST,
+        &["hang", "--seconds", "60"],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        text
+    });
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut pids = [0i32; 3];
+    let mut reaper = Reaper(Vec::new());
+    while reaper.0.len() < 3 {
+        let line = lines.next().expect("every rank prints its pid").unwrap();
+        if let Some((rank, pid)) = line.strip_prefix('[').and_then(|l| l.split_once("] pid ")) {
+            let pid = pid.trim().parse().unwrap();
+            pids[rank.parse::<usize>().unwrap()] = pid;
+            reaper.0.push(pid);
+        }
+    }
+    // Keep reading, so the job's output never blocks.
+    std::thread::spawn(move || lines.for_each(drop));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pids[1]),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
+    let stopped = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if stopped.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("the job with a stopped rank was still running after 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let elapsed = stopped.elapsed();
+    let err = stderr.join().unwrap();
+    assert!(
+        !status.success(),
+        "{status:?}
+{err}"
+    );
+    // Not before the peers could know (rank 1 synchronizes every 20 ms until stopped),
+    // and not much after: detection takes at most a quarter deadline more.
+    assert!(
+        elapsed >= Duration::from_millis(1500) && elapsed < Duration::from_secs(10),
+        "ended {elapsed:?} after the stop
+{err}"
+    );
+    assert!(
+        err.contains("dsmrun: rank 1 has sent nothing to rank "),
+        "dsmrun does not name the stopped rank:
+{err}"
+    );
+    assert!(
+        err.contains(": rank 1 has sent nothing for "),
+        "no rank reported the silence:
+{err}"
+    );
+    // dsmrun killed the stopped rank; the others stopped on their own or by SIGTERM.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !pids.iter().all(|&p| is_gone(p)) {
+        assert!(
+            Instant::now() < deadline,
+            "ranks left behind: {:?}
+{err}",
+            pids.iter().filter(|&&p| !is_gone(p)).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_rank_computing_for_twice_the_deadline_is_not_taken_for_silent() {
+    let out = dsm_testkit::dsmrun(
+        3,
+        &["--liveness", "1", "--timeout", "60"],
+        TEST,
+        &["compute", "--seconds", "2.5"],
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stdout.contains("[0] verified: rank 0 computed"),
+        "{out:?}"
+    );
+    assert!(!out.stderr.contains("sent nothing"), "{out:?}");
 }
 
 fn free_port() -> u16 {

@@ -9,12 +9,18 @@
 //! messages leave in the order the engine produced them. A fatal protocol condition (a
 //! lost peer, malformed traffic) ends the process with a message naming the cause: the app
 //! thread may be parked in the fault handler, and the job cannot continue.
+//!
+//! Liveness is the transport's, on this thread: heartbeats go out on idle links whatever
+//! the app thread does (it holds the engine lock only for the span of one command, never
+//! while the program computes), and a peer silent for the job's liveness deadline ends
+//! this process with the peer-lost status and a [`Silence`] line naming the peer.
 
 use crate::engine::Prot;
 use crate::engine::{Command, Engine, Memory, Output, PageState, Reply};
 use crate::sys::{self, FaultMailbox, Segment};
 use dsm_net::{Mesh, Outbox, PeerEvent, Transport};
 use dsm_proto::exit_codes::PEER_LOST as PEER_LOST_EXIT;
+use dsm_proto::liveness::Silence;
 use dsm_proto::{Msg, NodeId, PageNo, PAGE_SIZE};
 use std::collections::TryReserveError;
 use std::io;
@@ -350,12 +356,14 @@ pub(crate) struct Comm {
 
 impl Comm {
     /// Starts the comm thread with the engine and the established mesh; returns once the
-    /// transport is up.
+    /// transport is up. With a `liveness` deadline, a peer that sends nothing for that
+    /// long ends this process (see the module documentation).
     pub(crate) fn start(
         mesh: Mesh,
         engine: Engine<SegmentMemory>,
         mailbox: FaultMailbox,
         seg: &'static Segment,
+        liveness: Option<Duration>,
     ) -> io::Result<Comm> {
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         let (reply_tx, reply_rx) = std_mpsc::channel();
@@ -396,7 +404,7 @@ impl Comm {
             .name(format!("dsm-comm-{rank}"))
             .spawn(move || {
                 let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    comm_main(mesh, for_thread, kicks, seg, control_rx, ready_tx)
+                    comm_main(mesh, for_thread, kicks, seg, liveness, control_rx, ready_tx)
                 }));
                 match result {
                     Ok(Ok(())) => {}
@@ -479,6 +487,7 @@ fn comm_main(
     shared: Arc<Shared>,
     kicks: std::os::unix::net::UnixStream,
     seg: &'static Segment,
+    liveness: Option<Duration>,
     mut control: mpsc::UnboundedReceiver<Control>,
     ready: std_mpsc::Sender<io::Result<()>>,
 ) -> io::Result<()> {
@@ -490,16 +499,26 @@ fn comm_main(
     local.block_on(&rt, async move {
         let kicks = tokio::net::UnixStream::from_std(kicks)?;
         let s = shared.clone();
+        let me = mesh.rank;
         let on_peer = Rc::new(move |peer: usize, ev: PeerEvent| {
             let mut engine = s.engine();
             let outputs = match ev {
                 PeerEvent::Message(msg) => engine.on_peer_message(peer as NodeId, msg),
                 PeerEvent::Closed => engine.on_peer_lost(peer as NodeId, "connection closed"),
                 PeerEvent::Failed(err) => engine.on_peer_lost(peer as NodeId, &err.to_string()),
+                PeerEvent::Silent(after) => {
+                    // Whatever the engine's state, a peer that is alive but says nothing
+                    // leaves the job stuck. The line names the peer, for dsmrun too.
+                    if s.dying.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let silence = Silence::new(me, peer, after, liveness.unwrap_or(after));
+                    fatal_with(&silence.to_string(), PEER_LOST_EXIT)
+                }
             };
             s.dispatch(&mut engine, outputs);
         });
-        let transport = match Transport::start(mesh, on_peer) {
+        let transport = match Transport::start(mesh, on_peer, liveness) {
             Ok(t) => t,
             Err(e) => {
                 let _ = ready.send(Err(io::Error::new(e.kind(), e.to_string())));

@@ -5,6 +5,9 @@
 //! starting every rank in its own process group, forwarding the ranks' output
 //! line by line with a `[rank] ` prefix, and stopping the whole job on the
 //! first failure, on timeout or on a signal, so that no rank outlives the job.
+//! A rank that stops responding (a peer reports it silent for the liveness
+//! deadline, see [`dsm_proto::liveness`]) counts as the first failure: it is
+//! named and killed, since a stopped process never exits by itself.
 //! The rank-side reading of the environment lives with the bootstrap code, not
 //! here: both sides share [`dsm_proto::JobConfig`], which the launcher writes with
 //! [`JobConfig::to_env`] and every rank reads back.
@@ -35,6 +38,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use tracing::{debug, warn};
 
 use dsm_proto::config::{DEFAULT_CONNECT_TIMEOUT, DSMRUN};
+use dsm_proto::liveness::{Silence, DEFAULT_LIVENESS};
 use dsm_proto::{
     env_vars, exit_codes, format_secs, JobConfig, Launcher, LocalPlacement, RaceOptions,
 };
@@ -164,6 +168,9 @@ pub struct LaunchConfig {
     pub connect_timeout: Option<Duration>,
     /// Wall-clock limit for the whole job.
     pub timeout: Option<Duration>,
+    /// How long a rank may send its peers nothing before they stop the job naming it
+    /// (`None`: never); [`DEFAULT_LIVENESS`] unless set.
+    pub liveness: Option<Duration>,
     /// Race detection (`enabled` off: none).
     pub race: RaceOptions,
 }
@@ -178,6 +185,7 @@ impl LaunchConfig {
             segment_bytes: None,
             connect_timeout: None,
             timeout: None,
+            liveness: Some(DEFAULT_LIVENESS),
             race: RaceOptions::default(),
         }
     }
@@ -280,6 +288,9 @@ pub enum JobOutcome {
         /// How it ended.
         status: RankStatus,
     },
+    /// A peer reported this rank silent for the liveness deadline (stopped, wedged or
+    /// unreachable); it was killed and the others stopped.
+    RankSilent(Silence),
     /// `--timeout` expired.
     TimedOut {
         /// The limit that expired.
@@ -294,13 +305,14 @@ pub enum JobOutcome {
 
 impl JobOutcome {
     /// The status `dsmrun` exits with: 0 on success, the race exit code, the failing
-    /// rank's [`RankStatus::failure_exit_code`], 124 on timeout, or 128 + the signal that
-    /// interrupted the job.
+    /// rank's [`RankStatus::failure_exit_code`], 1 for a silent rank, 124 on timeout, or
+    /// 128 + the signal that interrupted the job.
     pub fn exit_code(&self) -> u8 {
         match self {
             JobOutcome::Success => 0,
             JobOutcome::RaceReported { exit_code, .. } => *exit_code,
             JobOutcome::RankFailed { status, .. } => status.failure_exit_code(),
+            JobOutcome::RankSilent(_) => 1,
             JobOutcome::TimedOut { .. } => 124,
             JobOutcome::Interrupted { signal } => signal_exit_code(*signal),
         }
@@ -419,6 +431,7 @@ pub fn rank_config(
         coord: Some(coord),
         secret: secret.to_owned(),
         connect_timeout: config.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+        liveness: config.liveness,
         segment_bytes: config.segment_bytes,
         // Inherited from dsmrun's environment by the ranks, not written by it.
         segment_addr: None,
@@ -538,10 +551,16 @@ fn spawn_rank(
     Ok((child, lifeline_write))
 }
 
+/// What the waiter, forwarder and signal threads tell the supervisor.
 enum Event {
+    /// A rank was reaped.
     Exited { rank: usize, status: RankStatus },
+    /// One of a rank's output streams reached end-of-file.
     StreamClosed { rank: usize },
+    /// dsmrun received this signal.
     Signal(i32),
+    /// A rank printed that a peer has been silent for the liveness deadline.
+    Silent(Silence),
 }
 
 #[derive(Clone, Copy)]
@@ -578,13 +597,14 @@ fn note(args: fmt::Arguments<'_>) {
 }
 
 /// Copies `source` to `sink` line by line with a `[rank] ` prefix. Works on
-/// bytes so non-UTF-8 output passes through unchanged.
+/// bytes so non-UTF-8 output passes through unchanged. With `silences`, a line
+/// in which the rank reports a silent peer ([`Silence`]) is also sent there.
 /// Longest piece of a line dsmrun holds: a rank printing more without a newline has its
 /// output forwarded in pieces of this size, each on a prefixed line of its own, so that
 /// dsmrun's memory stays bounded whatever the rank prints.
 pub const MAX_FORWARDED_LINE: usize = 64 * 1024;
 
-fn forward_lines(rank: usize, source: impl Read, sink: Sink) {
+fn forward_lines(rank: usize, source: impl Read, sink: Sink, silences: Option<Sender<Event>>) {
     let prefix = format!("[{rank}] ");
     let mut reader = BufReader::with_capacity(MAX_FORWARDED_LINE, source);
     let mut line = Vec::with_capacity(prefix.len() + MAX_FORWARDED_LINE + 1);
@@ -612,6 +632,15 @@ fn forward_lines(rank: usize, source: impl Read, sink: Sink) {
         if complete || full || (eof && pending) {
             if !complete {
                 line.push(b'\n');
+            }
+            if let Some(tx) = &silences {
+                let silence = std::str::from_utf8(&line[prefix.len()..])
+                    .ok()
+                    .and_then(Silence::parse)
+                    .filter(|s| s.reporter == rank);
+                if let Some(silence) = silence {
+                    let _ = tx.send(Event::Silent(silence));
+                }
             }
             if let Err(err) = sink.write_line(&line) {
                 // Our own output is gone (e.g. piped into `head`). Returning drops
@@ -695,6 +724,7 @@ struct Job {
 /// Why the job is being stopped early; the first cause wins.
 enum StopCause {
     RankFailed { rank: usize, status: RankStatus },
+    RankSilent(Silence),
     TimedOut(Duration),
     Signal(i32),
 }
@@ -753,8 +783,10 @@ impl Job {
         {
             let Some(source) = source else { continue };
             let tx = tx.clone();
+            // Ranks print fatal errors, silences among them, on stderr.
+            let silences = matches!(sink, Sink::Stderr).then(|| tx.clone());
             spawn_thread(rank, format!("dsmrun-{kind}-{rank}"), move || {
-                forward_lines(rank, source, sink);
+                forward_lines(rank, source, sink, silences);
                 let _ = tx.send(Event::StreamClosed { rank });
             })?;
             self.ranks[rank].open_streams += 1;
@@ -964,6 +996,29 @@ impl Job {
                     ));
                 }
                 Event::StreamClosed { rank } => self.ranks[rank].open_streams -= 1,
+                Event::Silent(silence) => {
+                    let rank = silence.silent;
+                    // A rank that has exited is not silent: its own exit tells the story.
+                    if stopping.is_some() || self.ranks.get(rank).is_none_or(|r| r.status.is_some())
+                    {
+                        continue;
+                    }
+                    // This is the root cause the peer-lost exits were waiting for.
+                    collateral = None;
+                    note(format_args!(
+                        "rank {rank} has sent nothing to rank {} for {} s (liveness deadline {} s): it is stopped, wedged or unreachable; killing it and stopping the job",
+                        silence.reporter,
+                        format_secs(silence.after),
+                        format_secs(silence.deadline),
+                    ));
+                    // SIGKILL, because a stopped process acts on nothing else.
+                    signal_group(self.ranks[rank].pid, Signal::SIGKILL);
+                    stopping = Some(self.begin_stop(
+                        StopCause::RankSilent(silence),
+                        Signal::SIGTERM,
+                        TERM_GRACE,
+                    ));
+                }
                 Event::Signal(raw) => {
                     let signal = Signal::try_from(raw).unwrap_or(Signal::SIGTERM);
                     match &mut stopping {
@@ -997,6 +1052,7 @@ impl Job {
         self.drain_output();
         match stopping.map(|stop| stop.cause) {
             Some(StopCause::RankFailed { rank, status }) => JobOutcome::RankFailed { rank, status },
+            Some(StopCause::RankSilent(silence)) => JobOutcome::RankSilent(silence),
             Some(StopCause::TimedOut(after)) => JobOutcome::TimedOut { after },
             Some(StopCause::Signal(signal)) => JobOutcome::Interrupted { signal },
             None if !race_ranks.is_empty() => JobOutcome::RaceReported {
@@ -1037,7 +1093,7 @@ impl Job {
             match self.rx.recv_timeout(give_up - now) {
                 Ok(Event::StreamClosed { rank }) => self.ranks[rank].open_streams -= 1,
                 Ok(Event::Exited { rank, status }) => self.handle_exit(rank, status),
-                Ok(Event::Signal(_)) | Err(RecvTimeoutError::Timeout) => {}
+                Ok(Event::Signal(_) | Event::Silent(_)) | Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
             }
         }
@@ -1113,6 +1169,8 @@ mod tests {
             66
         );
         assert_eq!(JobOutcome::Success.exit_code(), 0);
+        let silence = Silence::new(0, 1, Duration::from_secs(10), Duration::from_secs(10));
+        assert_eq!(JobOutcome::RankSilent(silence).exit_code(), 1);
     }
 
     #[test]

@@ -111,7 +111,7 @@ fn env_report(out: &Finished) -> BTreeMap<usize, BTreeMap<String, String>> {
     ranks
 }
 
-const PRINT_ENV: &str = r#"echo "DSM_RANK=${DSM_RANK-<unset>} DSM_SIZE=${DSM_SIZE-<unset>} DSM_COORD=${DSM_COORD-<unset>} DSM_JOB_SECRET=${DSM_JOB_SECRET-<unset>} DSM_LAUNCHER=${DSM_LAUNCHER-<unset>} DSM_SEGMENT=${DSM_SEGMENT-<unset>} DSM_CONNECT_TIMEOUT=${DSM_CONNECT_TIMEOUT-<unset>} DSM_RACE=${DSM_RACE-<unset>} DSM_RACE_LOG=${DSM_RACE_LOG-<unset>} DSM_RACE_EXIT_CODE=${DSM_RACE_EXIT_CODE-<unset>} DSM_RACE_FIRST=${DSM_RACE_FIRST-<unset>} DSM_RACE_STATS=${DSM_RACE_STATS-<unset>}""#;
+const PRINT_ENV: &str = r#"echo "DSM_RANK=${DSM_RANK-<unset>} DSM_SIZE=${DSM_SIZE-<unset>} DSM_COORD=${DSM_COORD-<unset>} DSM_JOB_SECRET=${DSM_JOB_SECRET-<unset>} DSM_LAUNCHER=${DSM_LAUNCHER-<unset>} DSM_SEGMENT=${DSM_SEGMENT-<unset>} DSM_CONNECT_TIMEOUT=${DSM_CONNECT_TIMEOUT-<unset>} DSM_LIVENESS=${DSM_LIVENESS-<unset>} DSM_RACE=${DSM_RACE-<unset>} DSM_RACE_LOG=${DSM_RACE_LOG-<unset>} DSM_RACE_EXIT_CODE=${DSM_RACE_EXIT_CODE-<unset>} DSM_RACE_FIRST=${DSM_RACE_FIRST-<unset>} DSM_RACE_STATS=${DSM_RACE_STATS-<unset>}""#;
 
 #[test]
 fn ranks_get_distinct_ranks_and_a_shared_job() {
@@ -129,6 +129,7 @@ fn ranks_get_distinct_ranks_and_a_shared_job() {
         for unset in [
             "DSM_SEGMENT",
             "DSM_CONNECT_TIMEOUT",
+            "DSM_LIVENESS",
             "DSM_RACE",
             "DSM_RACE_LOG",
             "DSM_RACE_EXIT_CODE",
@@ -165,7 +166,9 @@ fn options_become_environment_and_inherited_values_are_dropped() {
         // Left over from an outer job: must not reach the ranks.
         .env("DSM_RACE_STATS", "1")
         .env("DSM_RANK", "7")
+        .env("DSM_LIVENESS", "7")
         .args(["-n", "2", "--segment", "512M", "--connect-timeout", "2.5"])
+        .args(["--liveness", "0"])
         .args(["--race-log", "races.log", "--race-first"])
         .arg(&prog);
     let out = start(cmd).finish();
@@ -176,6 +179,7 @@ fn options_become_environment_and_inherited_values_are_dropped() {
         assert_eq!(vars["DSM_RANK"], rank.to_string());
         assert_eq!(vars["DSM_SEGMENT"], (512u64 << 20).to_string());
         assert_eq!(vars["DSM_CONNECT_TIMEOUT"], "2.5");
+        assert_eq!(vars["DSM_LIVENESS"], "off");
         // --race-log/--race-first imply --race.
         assert_eq!(vars["DSM_RACE"], "1");
         assert_eq!(vars["DSM_RACE_EXIT_CODE"], "66");
@@ -545,6 +549,8 @@ fn bad_command_lines_are_clear_errors() {
             "--connect-timeout",
         ),
         (vec!["--race-exit-code", "300", "true"], "--race-exit-code"),
+        (vec!["--liveness", "-1", "true"], "or 0 or off for none"),
+        (vec!["--liveness", "never", "true"], "--liveness"),
         (vec!["--no-such-option", "true"], "--no-such-option"),
         (vec![], "PROGRAM"),
     ] {
@@ -565,6 +571,8 @@ fn help_documents_options_environment_and_exit_codes() {
         "--segment",
         "--timeout",
         "--connect-timeout",
+        "--liveness",
+        "0 or off turns the check off",
         "--race-log",
         "--race-exit-code",
         "--race-first",
@@ -577,6 +585,7 @@ fn help_documents_options_environment_and_exit_codes() {
         "DSM_LAUNCHER",
         "DSM_SEGMENT",
         "DSM_CONNECT_TIMEOUT",
+        "DSM_LIVENESS",
         "DSM_RACE_LOG",
         "DSM_RACE_EXIT_CODE",
         "DSM_RACE_FIRST",
@@ -589,6 +598,58 @@ fn help_documents_options_environment_and_exit_codes() {
     ] {
         assert!(help.contains(needle), "--help lacks {needle}:\n{help}");
     }
+    // The help states the default as text; it must be the one the ranks apply.
+    let default = dsm_proto::format_secs(dsm_proto::liveness::DEFAULT_LIVENESS);
+    assert!(
+        help.contains(&format!("DSM_LIVENESS [default: {default}]"))
+            && help.contains(&format!("--liveness other than {default})")),
+        "{help}"
+    );
+}
+
+#[test]
+fn a_rank_reported_silent_is_named_and_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    // What a real rank prints when a peer has sent nothing for the liveness deadline.
+    let silence =
+        dsm_proto::liveness::Silence::new(0, 1, Duration::from_secs(2), Duration::from_secs(2));
+    // Rank 1 stops itself; rank 0 then reports it and exits with the peer-lost status
+    // (71); rank 2 waits to be stopped.
+    let prog = script(
+        &dir,
+        "silent.sh",
+        &format!(
+            r#"if [ "$DSM_RANK" = 1 ]; then
+  echo $$ > {dir}/tmp.1 && mv {dir}/tmp.1 {dir}/pid.1
+  kill -STOP $$
+  exit 0
+fi
+while [ ! -f {dir}/pid.1 ]; do sleep 0.05; done
+if [ "$DSM_RANK" = 0 ]; then
+  sleep 0.2
+  echo "dsm: fatal: {silence}" >&2
+  exit 71
+fi
+exec sleep 60"#,
+            dir = dir.path().display()
+        ),
+    );
+    let out = run([OsStr::new("-n"), OsStr::new("3"), prog.as_os_str()]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.elapsed < Duration::from_secs(5), "{out:?}");
+    assert!(
+        out.stderr.contains(
+            "dsmrun: rank 1 has sent nothing to rank 0 for 2 s (liveness deadline 2 s): it is stopped, wedged or unreachable; killing it and stopping the job"
+        ),
+        "{out:?}"
+    );
+    // Rank 0's peer-lost exit is a consequence, not reported as the failure.
+    assert_eq!(out.stderr.matches("dsmrun: rank").count(), 1, "{out:?}");
+    let stopped = wait_for_pid(&dir.path().join("pid.1"));
+    assert!(
+        is_gone(stopped),
+        "the stopped rank {stopped} survived: {out:?}"
+    );
 }
 
 #[test]

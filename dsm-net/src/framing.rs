@@ -257,6 +257,7 @@ mod tests {
                     races
                 }),
             ".{0,40}".prop_map(|reason| Msg::Abort { reason }),
+            Just(Msg::Heartbeat),
             (
                 any::<u32>(),
                 proptest::collection::vec((any::<u32>(), any::<u32>(), any::<bool>()), 0..5)
@@ -300,6 +301,14 @@ mod tests {
                 prop_assert!(decode::<Msg>(&bytes[..cut]).is_err());
             }
         }
+    }
+
+    #[test]
+    fn heartbeat_is_one_byte_and_roundtrips() {
+        let bytes = encode(&Msg::Heartbeat).unwrap();
+        assert_eq!(bytes.len(), 1, "a heartbeat costs a 5-byte frame");
+        assert_eq!(decode::<Msg>(&bytes).unwrap(), Msg::Heartbeat);
+        assert_eq!(Msg::Heartbeat.kind(), "heartbeat");
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! the connector refuses to go on with an acceptor that cannot prove it knows the secret
 //! (another job, or a stranger who took the port).
 //!
-//! Admission ([`Admission`]) handshakes incoming connections concurrently, each on its own
+//! Admission (`Admission`) handshakes incoming connections concurrently, each on its own
 //! short-lived thread with a short deadline, and keeps at most [`MAX_UNAUTHENTICATED`] of
 //! them: when a new connection arrives at the cap, the oldest unauthenticated one is
 //! dropped. Idle or garbage connections from strangers therefore cannot delay a legitimate

@@ -4,17 +4,27 @@
 //! to the socket when nothing is queued on that link, so a message leaves without waking
 //! another thread; what the socket does not take at once is queued for the link's writer
 //! task. A malformed frame or a lost peer is reported to the callback, never a panic.
+//!
+//! Liveness: with a deadline, a keep-alive task on the same runtime sends a
+//! [`Msg::Heartbeat`] on every link that carried nothing outgoing during the last
+//! [`heartbeat_period`], and reports a peer from which nothing at all arrived for the
+//! deadline as [`PeerEvent::Silent`]. Heartbeats are consumed here and never reach the
+//! callback. Because the task runs on the comm thread, a program busy computing keeps its
+//! links alive; only a process that is stopped, wedged or cut off falls silent.
 
 use crate::bootstrap::Mesh;
 use crate::framing::{codec, decode, encode, WireError};
 use bytes::Bytes;
+use dsm_proto::liveness::heartbeat_period;
 use dsm_proto::Msg;
 use futures_util::StreamExt;
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
@@ -31,6 +41,10 @@ pub enum PeerEvent {
     /// The connection broke or carried a malformed frame. Nothing more comes from this
     /// peer; its writer task reports a failed send the same way.
     Failed(WireError),
+    /// Nothing at all, not even a heartbeat, has arrived from the peer for this long, at
+    /// least the liveness deadline given to [`Transport::start`]: the peer is stopped,
+    /// wedged or unreachable. Reported once per peer; the connection stays open.
+    Silent(Duration),
 }
 
 /// Byte and message counters, for benchmarks and the race-detection statistics. Shared by
@@ -39,7 +53,7 @@ pub enum PeerEvent {
 /// length prefix of each frame.
 #[derive(Default, Debug)]
 pub struct Traffic {
-    /// Messages handed to a link (written or queued), to all peers.
+    /// Messages handed to a link (written or queued), to all peers, heartbeats included.
     pub messages_sent: AtomicU64,
     /// Bytes of those messages' frames.
     pub bytes_sent: AtomicU64,
@@ -62,6 +76,9 @@ struct Link {
     raw: std::net::TcpStream,
     queue: Mutex<LinkQueue>,
     wake: Notify,
+    /// Something other than a heartbeat was handed to the link since the keep-alive task
+    /// last looked.
+    active: AtomicBool,
 }
 
 #[derive(Default)]
@@ -72,10 +89,17 @@ struct LinkQueue {
 
 impl Link {
     fn send(&self, frame: Bytes) -> Result<(), WireError> {
-        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         if q.closed {
             return Err(WireError::Closed);
         }
+        self.active.store(true, Ordering::Relaxed);
+        self.push(q, frame)
+    }
+
+    /// Writes `frame` straight to the socket when nothing is queued, and queues what the
+    /// socket does not take.
+    fn push(&self, mut q: MutexGuard<'_, LinkQueue>, frame: Bytes) -> Result<(), WireError> {
         if q.frames.is_empty() {
             match (&self.raw).write(&frame) {
                 Ok(n) if n == frame.len() => return Ok(()),
@@ -96,6 +120,16 @@ impl Link {
         drop(q);
         self.wake.notify_one();
         Ok(())
+    }
+
+    /// Sends a heartbeat frame unless something else went out since the last look (or the
+    /// link is closed). Returns whether it sent one.
+    fn keep_alive(&self, heartbeat: &Bytes) -> Result<bool, WireError> {
+        let q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if q.closed || self.active.swap(false, Ordering::Relaxed) {
+            return Ok(false);
+        }
+        self.push(q, heartbeat.clone()).map(|()| true)
     }
 
     fn close(&self) {
@@ -153,6 +187,73 @@ async fn drain_link(link: Arc<Link>, mut half: OwnedWriteHalf) -> io::Result<()>
     }
 }
 
+/// `msg` encoded behind its length prefix.
+fn frame(msg: &Msg) -> Result<Bytes, WireError> {
+    let payload = encode(msg)?;
+    let mut frame = Vec::with_capacity(4 + payload.len());
+    frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&payload);
+    Ok(Bytes::from(frame))
+}
+
+/// What the keep-alive task knows about one peer's incoming side.
+struct Hearing {
+    /// When the last frame arrived (or the transport started).
+    last: Cell<Instant>,
+    /// The reader ended (the peer closed or failed, which it reports): silence means
+    /// nothing for this peer any more.
+    ended: Cell<bool>,
+}
+
+/// Sends heartbeats on idle links and reports peers silent for `deadline`, every
+/// [`heartbeat_period`] until the transport shuts down.
+async fn keep_alive(
+    outbox: Arc<Outbox>,
+    hearing: Rc<[Hearing]>,
+    deadline: Duration,
+    handler: Handler,
+) {
+    let Ok(heartbeat) = frame(&Msg::Heartbeat) else {
+        return;
+    };
+    let period = heartbeat_period(deadline);
+    let mut ticks = tokio::time::interval(period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks.tick().await; // The first tick is immediate.
+    let mut last_look = Instant::now();
+    loop {
+        ticks.tick().await;
+        let now = Instant::now();
+        // A late tick means this thread did not run for a while (this process was stopped
+        // or starved of CPU): frames may be waiting unread, so silence meanwhile is no
+        // evidence against the peers. Their clocks start again.
+        let stalled = now.duration_since(last_look) > 2 * period;
+        last_look = now;
+        for (peer, h) in hearing.iter().enumerate() {
+            let Some(link) = outbox.links.get(peer).and_then(Option::as_ref) else {
+                continue;
+            };
+            if let Ok(true) = link.keep_alive(&heartbeat) {
+                bump(&outbox.traffic.messages_sent, 1);
+                bump(&outbox.traffic.bytes_sent, heartbeat.len() as u64);
+            }
+            // (A failed heartbeat is the peer's reader's and writer's to report.)
+            if h.ended.get() {
+                continue;
+            }
+            if stalled {
+                h.last.set(now);
+                continue;
+            }
+            let silent = now.duration_since(h.last.get());
+            if silent >= deadline {
+                h.ended.set(true);
+                handler(peer, PeerEvent::Silent(silent));
+            }
+        }
+    }
+}
+
 /// The sending side of the transport, usable from any thread.
 pub struct Outbox {
     me: usize,
@@ -176,17 +277,14 @@ impl Outbox {
     /// queued can still fail later, which the link's writer reports as
     /// [`PeerEvent::Failed`].
     pub fn send(&self, to: usize, msg: &Msg) -> Result<usize, WireError> {
-        let payload = encode(msg)?;
-        let len = payload.len();
+        let frame = frame(msg)?;
+        let len = frame.len() - 4;
         let link = self
             .links
             .get(to)
             .and_then(|o| o.as_ref())
             .ok_or(WireError::Closed)?;
-        let mut frame = Vec::with_capacity(4 + len);
-        frame.extend_from_slice(&(len as u32).to_be_bytes());
-        frame.extend_from_slice(&payload);
-        link.send(Bytes::from(frame))?;
+        link.send(frame)?;
         bump(&self.traffic.messages_sent, 1);
         bump(&self.traffic.bytes_sent, len as u64 + 4);
         Ok(len)
@@ -205,6 +303,8 @@ impl Outbox {
 pub struct Transport {
     outbox: Arc<Outbox>,
     writers: Vec<tokio::task::JoinHandle<()>>,
+    /// The keep-alive task, with a liveness deadline.
+    keep_alive: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Receives everything the reader and writer tasks report: `(peer rank, event)`, in arrival
@@ -214,13 +314,26 @@ pub struct Transport {
 pub type Handler = Rc<dyn Fn(usize, PeerEvent)>;
 
 impl Transport {
-    /// Starts reader and writer tasks for every link of `mesh`. Must run inside a
-    /// `tokio::task::LocalSet` on a runtime with I/O enabled. Fails if a socket cannot be
-    /// made non-blocking, duplicated or registered with the runtime.
-    pub fn start(mesh: Mesh, handler: Handler) -> std::io::Result<Transport> {
+    /// Starts reader and writer tasks for every link of `mesh`, and with a `liveness`
+    /// deadline the keep-alive task (heartbeats on idle links, [`PeerEvent::Silent`] for a
+    /// peer that sent nothing for the deadline). Must run inside a
+    /// `tokio::task::LocalSet` on a runtime with I/O and time enabled. Fails if a socket
+    /// cannot be made non-blocking, duplicated or registered with the runtime.
+    pub fn start(
+        mesh: Mesh,
+        handler: Handler,
+        liveness: Option<Duration>,
+    ) -> std::io::Result<Transport> {
         let traffic = Arc::new(Traffic::default());
         let mut outboxes = Vec::with_capacity(mesh.size);
         let mut writers = Vec::new();
+        let started = Instant::now();
+        let hearing: Rc<[Hearing]> = (0..mesh.size)
+            .map(|_| Hearing {
+                last: Cell::new(started),
+                ended: Cell::new(false),
+            })
+            .collect();
         for (peer, stream) in mesh.streams.into_iter().enumerate() {
             let Some(stream) = stream else {
                 outboxes.push(None);
@@ -231,6 +344,7 @@ impl Transport {
                 raw: stream.try_clone()?,
                 queue: Mutex::new(LinkQueue::default()),
                 wake: Notify::new(),
+                active: AtomicBool::new(false),
             });
             outboxes.push(Some(link.clone()));
             let stream = TcpStream::from_std(stream)?;
@@ -238,22 +352,28 @@ impl Transport {
 
             let h = handler.clone();
             let t = traffic.clone();
+            let ears = hearing.clone();
             tokio::task::spawn_local(async move {
                 let mut frames = FramedRead::new(read_half, codec());
+                let hearing = &ears[peer];
                 loop {
                     match frames.next().await {
                         Some(Ok(frame)) => {
+                            hearing.last.set(Instant::now());
                             bump(&t.messages_received, 1);
                             bump(&t.bytes_received, frame.len() as u64 + 4);
                             match decode::<Msg>(&frame) {
+                                Ok(Msg::Heartbeat) => {}
                                 Ok(msg) => h(peer, PeerEvent::Message(msg)),
                                 Err(e) => {
+                                    hearing.ended.set(true);
                                     h(peer, PeerEvent::Failed(e));
                                     return;
                                 }
                             }
                         }
                         Some(Err(e)) => {
+                            hearing.ended.set(true);
                             let err = if e.kind() == std::io::ErrorKind::InvalidData {
                                 WireError::TooLarge {
                                     len: usize::MAX,
@@ -266,6 +386,7 @@ impl Transport {
                             return;
                         }
                         None => {
+                            hearing.ended.set(true);
                             h(peer, PeerEvent::Closed);
                             return;
                         }
@@ -280,13 +401,18 @@ impl Transport {
                 }
             }));
         }
+        let outbox = Arc::new(Outbox {
+            me: mesh.rank,
+            links: outboxes,
+            traffic,
+        });
+        let keep_alive = liveness.filter(|_| mesh.size > 1).map(|deadline| {
+            tokio::task::spawn_local(keep_alive(outbox.clone(), hearing, deadline, handler))
+        });
         Ok(Transport {
-            outbox: Arc::new(Outbox {
-                me: mesh.rank,
-                links: outboxes,
-                traffic,
-            }),
+            outbox,
             writers,
+            keep_alive,
         })
     }
 
@@ -309,6 +435,9 @@ impl Transport {
     /// Stops sending: writers flush what is queued and close their side of each
     /// connection. Waits up to `grace` for that to happen.
     pub async fn shutdown(mut self, grace: std::time::Duration) {
+        if let Some(k) = self.keep_alive.take() {
+            k.abort();
+        }
         self.outbox.close();
         let writers = std::mem::take(&mut self.writers);
         let _ = tokio::time::timeout(grace, async move {
@@ -328,7 +457,7 @@ mod tests {
     use std::cell::RefCell;
     use std::io::Write;
     use std::net::TcpListener;
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     fn job(rank: usize, coord: std::net::SocketAddr) -> JobConfig {
         JobConfig {
@@ -375,6 +504,7 @@ mod tests {
             let _t = Transport::start(
                 mesh0,
                 Rc::new(move |p, e| ev.borrow_mut().push((p, format!("{e:?}")))),
+                None,
             )
             .unwrap();
             for _ in 0..200 {
@@ -387,6 +517,121 @@ mod tests {
             assert_eq!(got.len(), 2, "{got:?}");
             assert!(got[0].1.contains("hi"), "{got:?}");
             assert!(got[1].1.contains("Malformed"), "{got:?}");
+        });
+    }
+
+    fn pair() -> (Mesh, Mesh) {
+        let coord = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let peer = std::thread::spawn(move || connect_mesh(&job(1, coord)).unwrap());
+        let mesh0 = connect_mesh(&job(0, coord)).unwrap();
+        (mesh0, peer.join().unwrap())
+    }
+
+    type Events = Rc<RefCell<Vec<(usize, String, Instant)>>>;
+
+    fn recorder(events: &Events) -> Handler {
+        let ev = events.clone();
+        Rc::new(move |p, e| ev.borrow_mut().push((p, format!("{e:?}"), Instant::now())))
+    }
+
+    #[test]
+    fn heartbeats_keep_idle_links_alive_and_stay_in_the_transport() {
+        let (mesh0, mesh1) = pair();
+        let events: Events = Rc::default();
+        let deadline = Duration::from_millis(200);
+        run_local(async {
+            let t0 = Transport::start(mesh0, recorder(&events), Some(deadline)).unwrap();
+            let t1 = Transport::start(mesh1, recorder(&events), Some(deadline)).unwrap();
+            // Nothing but heartbeats for four deadlines.
+            tokio::time::sleep(deadline * 4).await;
+            assert!(events.borrow().is_empty(), "{:?}", events.borrow());
+            for t in [&t0, &t1] {
+                let sent = t.outbox().traffic.messages_sent.load(Ordering::Relaxed);
+                let received = t.outbox().traffic.messages_received.load(Ordering::Relaxed);
+                assert!(
+                    sent >= 4 && received >= 4,
+                    "{sent} sent, {received} received"
+                );
+            }
+            // A link busy with other messages needs no heartbeats, and loses nothing.
+            for i in 0..20u32 {
+                t0.send(
+                    1,
+                    &Msg::Abort {
+                        reason: i.to_string(),
+                    },
+                )
+                .unwrap();
+                tokio::time::sleep(deadline / 10).await;
+            }
+            tokio::time::sleep(deadline / 2).await;
+            let got = events.borrow();
+            assert_eq!(got.len(), 20, "{got:?}");
+            assert!(got.iter().all(|(p, e, _)| *p == 0 && e.contains("Abort")));
+        });
+    }
+
+    #[test]
+    fn a_peer_that_sends_nothing_is_reported_silent_once() {
+        let (mesh0, mut mesh1) = pair();
+        // Rank 1 keeps its socket open and says nothing, as a stopped process would.
+        let _quiet = mesh1.streams[0].take().unwrap();
+        let events: Events = Rc::default();
+        let deadline = Duration::from_millis(200);
+        run_local(async {
+            let started = Instant::now();
+            let _t = Transport::start(mesh0, recorder(&events), Some(deadline)).unwrap();
+            tokio::time::sleep(deadline * 3).await;
+            let got = events.borrow();
+            assert_eq!(got.len(), 1, "{got:?}");
+            let (peer, event, at) = &got[0];
+            assert_eq!(*peer, 1);
+            assert!(event.starts_with("Silent("), "{event}");
+            let waited = at.duration_since(started);
+            assert!(
+                waited >= deadline && waited <= deadline + heartbeat_period(deadline) * 2,
+                "reported after {waited:?}"
+            );
+        });
+    }
+
+    #[test]
+    fn a_node_that_was_stalled_itself_does_not_blame_its_peers() {
+        let (mesh0, mesh1) = pair();
+        let deadline = Duration::from_millis(200);
+        // Rank 1 runs on its own thread and keeps sending heartbeats.
+        let peer = std::thread::spawn(move || {
+            run_local(async {
+                let _t = Transport::start(mesh1, Rc::new(|_, _| {}), Some(deadline)).unwrap();
+                tokio::time::sleep(deadline * 10).await;
+            })
+        });
+        let events: Events = Rc::default();
+        run_local(async {
+            let _t = Transport::start(mesh0, recorder(&events), Some(deadline)).unwrap();
+            tokio::time::sleep(deadline).await;
+            // This thread stops running for three deadlines, as a process under SIGSTOP or
+            // starved of CPU would: rank 1's heartbeats wait unread in the socket.
+            std::thread::sleep(deadline * 3);
+            tokio::time::sleep(deadline * 2).await;
+            assert!(events.borrow().is_empty(), "{:?}", events.borrow());
+        });
+        peer.join().unwrap();
+    }
+
+    #[test]
+    fn without_a_deadline_silence_is_never_reported() {
+        let (mesh0, mut mesh1) = pair();
+        let _quiet = mesh1.streams[0].take().unwrap();
+        let events: Events = Rc::default();
+        run_local(async {
+            let t = Transport::start(mesh0, recorder(&events), None).unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert!(events.borrow().is_empty(), "{:?}", events.borrow());
+            assert_eq!(t.outbox().traffic.messages_sent.load(Ordering::Relaxed), 0);
         });
     }
 }

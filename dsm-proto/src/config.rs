@@ -6,7 +6,10 @@
 
 use crate::env_vars as vars;
 use crate::exit_codes;
-use crate::units::{format_secs, parse_seconds, parse_segment_size};
+use crate::liveness::DEFAULT_LIVENESS;
+use crate::units::{
+    format_secs, format_secs_or_off, parse_seconds, parse_seconds_or_off, parse_segment_size,
+};
 use crate::MAX_NODES;
 use std::ffi::OsString;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -142,6 +145,10 @@ pub struct JobConfig {
     pub secret: String,
     /// How long ranks keep trying to reach each other at start.
     pub connect_timeout: Duration,
+    /// How long a peer may send nothing (not even a heartbeat) before this rank stops the
+    /// job naming it (`DSM_LIVENESS`); `None`: never, e.g. while a rank sits in a debugger.
+    /// See [`liveness`](crate::liveness).
+    pub liveness: Option<Duration>,
     /// Bytes of shared segment to reserve, if overridden.
     pub segment_bytes: Option<u64>,
     /// Address of the segment in every rank, if overridden.
@@ -175,6 +182,7 @@ impl JobConfig {
             coord: None,
             secret: String::new(),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            liveness: Some(DEFAULT_LIVENESS),
             segment_bytes: None,
             segment_addr: None,
             race: RaceOptions::default(),
@@ -277,6 +285,12 @@ impl JobConfig {
             }
             None => DEFAULT_CONNECT_TIMEOUT,
         };
+        let liveness = match get(vars::LIVENESS) {
+            Some(v) => {
+                parse_seconds_or_off(&v).map_err(|e| invalid(vars::LIVENESS, &v, e.to_string()))?
+            }
+            None => Some(DEFAULT_LIVENESS),
+        };
         let segment_bytes = match get(vars::SEGMENT) {
             Some(v) => Some(
                 parse_segment_size(&v).map_err(|e| invalid(vars::SEGMENT, &v, e.to_string()))?,
@@ -348,6 +362,7 @@ impl JobConfig {
             coord,
             secret,
             connect_timeout,
+            liveness,
             segment_bytes,
             segment_addr,
             race,
@@ -404,6 +419,9 @@ impl JobConfig {
         }
         if let Some(fd) = self.coord_fd {
             env.push((vars::COORD_FD, fd.to_string().into()));
+        }
+        if self.liveness != Some(DEFAULT_LIVENESS) {
+            env.push((vars::LIVENESS, format_secs_or_off(self.liveness).into()));
         }
         if let Some(fd) = self.launcher_fd {
             env.push((vars::LAUNCHER_FD, fd.to_string().into()));
@@ -596,6 +614,7 @@ mod tests {
         c.coord = Some("127.0.0.1:4000".parse().unwrap());
         c.secret = "s3cret".into();
         c.connect_timeout = Duration::from_millis(1500);
+        c.liveness = Some(Duration::from_millis(2500));
         c.segment_bytes = Some(64 << 20);
         c.local = Some(LocalPlacement { rank: 3, size: 8 });
         c.launcher_fd = Some(7);
@@ -613,7 +632,38 @@ mod tests {
             .into_iter()
             .map(|(k, v)| (k.to_string(), v.into_string().unwrap()))
             .collect();
-        assert_eq!(JobConfig::from_lookup(|k| env.get(k).cloned()), Ok(c));
+        assert_eq!(
+            JobConfig::from_lookup(|k| env.get(k).cloned()),
+            Ok(c.clone())
+        );
+        // Off survives the round trip too, and the default is not written at all.
+        for (liveness, written) in [(None, Some("off")), (Some(DEFAULT_LIVENESS), None)] {
+            c.liveness = liveness;
+            let env: HashMap<String, String> = c
+                .to_env()
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.into_string().unwrap()))
+                .collect();
+            assert_eq!(env.get("DSM_LIVENESS").map(String::as_str), written);
+            assert_eq!(
+                JobConfig::from_lookup(|k| env.get(k).cloned()),
+                Ok(c.clone())
+            );
+        }
+    }
+
+    #[test]
+    fn liveness_is_seconds_or_off() {
+        assert_eq!(env(&[]).unwrap().liveness, Some(DEFAULT_LIVENESS));
+        assert_eq!(
+            env(&[("DSM_LIVENESS", "2.5")]).unwrap().liveness,
+            Some(Duration::from_millis(2500))
+        );
+        for off in ["0", "off"] {
+            assert_eq!(env(&[("DSM_LIVENESS", off)]).unwrap().liveness, None);
+        }
+        let err = env(&[("DSM_LIVENESS", "soon")]).unwrap_err().to_string();
+        assert!(err.contains("DSM_LIVENESS") && err.contains("off"), "{err}");
     }
 
     #[test]

@@ -2,21 +2,25 @@
 //! and the values they carry ([`wire`]: node ids, page numbers and runs, vector time,
 //! interval records, read/write notices, bitmaps), the job configuration a launcher writes
 //! and every rank reads ([`config`]), the units it is written in ([`units`]), the names of
-//! the environment variables ([`env_vars`]), the exit statuses ([`exit_codes`]) and the page
-//! size. The protocol engine, the transport, the race detector and the launcher all build on
+//! the environment variables ([`env_vars`]), the exit statuses ([`exit_codes`]), the page
+//! size, and the liveness rules with the message that names a silent rank ([`liveness`]). The protocol engine, the transport, the race detector and the launcher all build on
 //! these single definitions.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod liveness;
 pub mod stats;
 pub mod units;
 pub mod wire;
 
 pub use config::{ConfigError, JobConfig, Launcher, LocalPlacement, RaceOptions, RacePhases};
 pub use stats::PlanStats;
-pub use units::{format_secs, parse_seconds, parse_segment_size, parse_size, ValueError};
+pub use units::{
+    format_secs, format_secs_or_off, parse_seconds, parse_seconds_or_off, parse_segment_size,
+    parse_size, ValueError,
+};
 pub use wire::*;
 
 /// Bytes per page of the shared segment: the unit of coherence, protection and transfer.
@@ -36,8 +40,9 @@ pub const MAX_NODES: usize = 1024;
 pub mod exit_codes {
     /// Default exit status of rank 0 when data races were reported.
     pub const RACES_FOUND: u8 = 66;
-    /// A rank stopped because it lost a peer (the peer crashed or was killed). Such exits
-    /// are consequences, not causes: the launcher reports the rank that really failed.
+    /// A rank stopped because it lost a peer (the peer crashed or was killed, or sent
+    /// nothing for the liveness deadline). Such exits are consequences, not causes: the
+    /// launcher reports the rank that really failed.
     pub const PEER_LOST: i32 = 71;
     /// The job's wall-clock limit expired (as `timeout(1)`).
     pub const TIMED_OUT: u8 = 124;
@@ -68,6 +73,9 @@ pub mod env_vars {
     pub const SEGMENT_ADDR: &str = "DSM_SEGMENT_ADDR";
     /// Seconds to keep trying to connect to the other ranks.
     pub const CONNECT_TIMEOUT: &str = "DSM_CONNECT_TIMEOUT";
+    /// Seconds a peer may send nothing before the rank stops the job; `0` or `off` turns
+    /// the check off.
+    pub const LIVENESS: &str = "DSM_LIVENESS";
     /// `1` when race detection is on.
     pub const RACE: &str = "DSM_RACE";
     /// Absolute path of the JSON-lines race log (rank 0 writes it).
@@ -99,7 +107,7 @@ pub mod env_vars {
     /// its own, so a nested or leftover setting never leaks into a job. The others
     /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_PIN`, `DSM_STATS_FILE`, `DSM_LOG`) are the
     /// user's to set for a whole job and reach the ranks by inheritance.
-    pub const LAUNCHER_OWNED: [&str; 16] = [
+    pub const LAUNCHER_OWNED: [&str; 17] = [
         RANK,
         SIZE,
         COORD,
@@ -108,6 +116,7 @@ pub mod env_vars {
         LAUNCHER,
         SEGMENT,
         CONNECT_TIMEOUT,
+        LIVENESS,
         RACE,
         RACE_LOG,
         RACE_EXIT_CODE,

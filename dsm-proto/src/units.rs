@@ -1,6 +1,7 @@
-//! One parser per unit: byte sizes (`512M`, `1G`) and seconds (`0.5`), shared by dsmrun's
-//! command line and the ranks' reading of their job configuration, and the matching
-//! formatter so that what dsmrun writes is exactly what the ranks read back.
+//! One parser per unit: byte sizes (`512M`, `1G`), seconds (`0.5`) and deadlines that can be
+//! turned off (`10`, `off`), shared by dsmrun's command line and the ranks' reading of their
+//! job configuration, and the matching formatters so that what dsmrun writes is exactly
+//! what the ranks read back.
 
 use std::time::Duration;
 
@@ -43,6 +44,10 @@ pub enum ValueError {
     /// `-1`, `inf`, `NaN`, text); carries the input.
     #[error("'{0}' is not a number of seconds greater than zero")]
     InvalidSeconds(String),
+    /// Neither a number of seconds greater than zero nor `0`/`off` (from
+    /// [`parse_seconds_or_off`]); carries the input.
+    #[error("'{0}' is not a deadline; expected seconds greater than zero (e.g. 10 or 0.5), or 0 or off for none")]
+    InvalidDeadline(String),
 }
 
 /// Parses a size such as `1G`, `512M`, `4096K`, `65536` (bytes) into bytes.
@@ -123,6 +128,23 @@ pub fn format_secs(duration: Duration) -> String {
     duration.as_secs_f64().to_string()
 }
 
+/// Parses a deadline that can be turned off: `0` or `off` (any case) is `None`, anything
+/// else must be what [`parse_seconds`] accepts. Fails with [`ValueError::InvalidDeadline`].
+pub fn parse_seconds_or_off(text: &str) -> Result<Option<Duration>, ValueError> {
+    let trimmed = text.trim();
+    if trimmed.eq_ignore_ascii_case("off") || trimmed.parse::<f64>() == Ok(0.0) {
+        return Ok(None);
+    }
+    parse_seconds(trimmed)
+        .map(Some)
+        .map_err(|_| ValueError::InvalidDeadline(text.to_owned()))
+}
+
+/// A deadline as [`parse_seconds_or_off`] reads it back: seconds, or `off`.
+pub fn format_secs_or_off(deadline: Option<Duration>) -> String {
+    deadline.map_or_else(|| "off".to_owned(), format_secs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,6 +218,35 @@ mod tests {
         assert_eq!(parse_seconds("0.5"), Ok(Duration::from_millis(500)));
         for bad in ["0", "-1", "abc", "", "inf", "NaN", "1e300"] {
             assert!(parse_seconds(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn deadlines_are_seconds_or_off() {
+        assert_eq!(
+            parse_seconds_or_off("10"),
+            Ok(Some(Duration::from_secs(10)))
+        );
+        assert_eq!(
+            parse_seconds_or_off(" 0.25 "),
+            Ok(Some(Duration::from_millis(250)))
+        );
+        for off in ["0", "0.0", "off", "OFF", " Off "] {
+            assert_eq!(parse_seconds_or_off(off), Ok(None), "{off:?}");
+        }
+        for bad in ["-1", "", "never", "inf", "NaN", "-0.5"] {
+            assert_eq!(
+                parse_seconds_or_off(bad),
+                Err(ValueError::InvalidDeadline(bad.into())),
+                "{bad:?}"
+            );
+        }
+        for d in [
+            None,
+            Some(Duration::from_secs(10)),
+            Some(Duration::from_millis(1500)),
+        ] {
+            assert_eq!(parse_seconds_or_off(&format_secs_or_off(d)), Ok(d));
         }
     }
 

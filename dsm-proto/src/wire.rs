@@ -17,7 +17,7 @@ pub type PageNo = u32;
 pub type LockId = u64;
 
 /// Protocol version spoken in the handshake; bump it when any message layout changes.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// A vector timestamp: entry `n` is the index of the latest interval of node `n` that is
 /// known (has been "seen"). Intervals are numbered from 1, so 0 means "nothing seen".
@@ -539,6 +539,15 @@ pub enum Msg {
         /// (nothing accessed) comes back with empty `bits`.
         bitmaps: Vec<EncodedBitmap>,
     },
+    /// "Still here": keeps an idle link alive under the job's liveness deadline
+    /// ([`JobConfig::liveness`](crate::JobConfig::liveness)).
+    ///
+    /// The transport on a node's comm thread sends it to a peer it has sent nothing else to
+    /// for a while (see [`heartbeat_period`](crate::liveness::heartbeat_period)), whatever
+    /// the app thread is doing, and the receiving transport consumes it: it only tells the
+    /// receiver that the sender's comm thread is running, and never reaches the protocol
+    /// engine.
+    Heartbeat,
 }
 
 impl Msg {
@@ -556,6 +565,7 @@ impl Msg {
             Msg::Abort { .. } => "abort",
             Msg::BitmapRequest { .. } => "bitmap-request",
             Msg::BitmapReply { .. } => "bitmap-reply",
+            Msg::Heartbeat => "heartbeat",
         }
     }
 }

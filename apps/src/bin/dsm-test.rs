@@ -80,6 +80,13 @@ enum Test {
         #[arg(long, default_value_t = 60)]
         seconds: u64,
     },
+    /// After a barrier, rank 0 computes for `seconds` without touching the network or
+    /// shared memory while the others wait at the next barrier: a long computation must
+    /// not look like a silent rank to the liveness check.
+    Compute {
+        #[arg(long, default_value_t = 2.5)]
+        seconds: f64,
+    },
 }
 
 fn main() -> anyhow::Result<ExitCode> {
@@ -137,6 +144,7 @@ fn main() -> anyhow::Result<ExitCode> {
                 fail("a barrier completed without rank 1");
             }
         }
+        Test::Compute { seconds } => compute(&mut dsm, seconds)?,
         Test::Hang { seconds } => {
             println!("pid {}", std::process::id());
             // Rank 0 alone decides when time is up and tells the others through shared
@@ -156,6 +164,43 @@ fn main() -> anyhow::Result<ExitCode> {
         }
     }
     Ok(dsm.finish()?.exit_code())
+}
+
+fn compute(dsm: &mut Dsm, seconds: f64) -> anyhow::Result<()> {
+    let span = Duration::try_from_secs_f64(seconds).context("--seconds must be >= 0")?;
+    let result = dsm.alloc_with::<u64>("result", 1, Distribution::OnNode(0))?;
+    dsm.barrier()?;
+    if dsm.rank() == 0 {
+        // Pure CPU: no page fault, no message, no call into dsm.
+        let t = Instant::now();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut steps = 0u64;
+        while t.elapsed() < span {
+            for _ in 0..10_000 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+            }
+            steps += 1;
+        }
+        dsm.view(&result).set(0, std::hint::black_box(x) | 1);
+        eprintln!(
+            "rank 0 computed for {:.1} s ({steps} x 10000 steps) without the network",
+            t.elapsed().as_secs_f64()
+        );
+    }
+    dsm.barrier()?;
+    if dsm.view(&result).get(0) == 0 {
+        fail(&format!("rank {}: rank 0's result is missing", dsm.rank()));
+    }
+    dsm.barrier()?;
+    if dsm.rank() == 0 {
+        println!(
+            "verified: rank 0 computed for {seconds} s while {} other ranks waited; no rank was taken for silent",
+            dsm.size() - 1
+        );
+    }
+    Ok(())
 }
 
 fn counter(dsm: &mut Dsm, iters: u64) -> anyhow::Result<()> {

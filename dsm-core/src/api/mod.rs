@@ -223,7 +223,7 @@ impl Dsm {
             race.is_some(),
         );
         let page_limit = engine.page_limit();
-        let comm = Comm::start(mesh, engine, mailbox, seg).map_err(DsmError::Io)?;
+        let comm = Comm::start(mesh, engine, mailbox, seg, env.liveness).map_err(DsmError::Io)?;
         Ok(Dsm {
             page_limit,
             states: comm.states(),

@@ -592,6 +592,8 @@ impl<M: Memory> Engine<M> {
             Msg::Abort { reason } => self.fatal(format!("job aborted by rank {from}: {reason}")),
             Msg::BitmapRequest { epoch, wanted } => self.on_bitmap_request(epoch, wanted),
             Msg::BitmapReply { bitmaps, .. } => self.on_bitmap_reply(from, bitmaps),
+            // Liveness belongs to the transport, which consumes heartbeats.
+            Msg::Heartbeat => {}
         }
     }
 

@@ -13,7 +13,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use dsm_launch::{self as launcher, JobOutcome, LaunchConfig, LaunchError};
-use dsm_proto::{exit_codes, parse_seconds, parse_segment_size, RaceOptions};
+use dsm_proto::liveness::DEFAULT_LIVENESS;
+use dsm_proto::{exit_codes, parse_seconds, parse_seconds_or_off, parse_segment_size, RaceOptions};
 use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
@@ -39,6 +40,7 @@ Environment of every rank (inherited DSM_* values of these names are dropped):
   DSM_LOCAL_SIZE       ranks on this host (= N)
   DSM_SEGMENT          segment size in bytes          (only with --segment)
   DSM_CONNECT_TIMEOUT  seconds                        (only with --connect-timeout)
+  DSM_LIVENESS         seconds, or off                (only with --liveness other than 10)
   DSM_RACE=1 and DSM_RACE_EXIT_CODE=CODE              (only with race detection)
   DSM_RACE_LOG         absolute path of --race-log    (only with --race-log)
   DSM_RACE_FIRST=1, DSM_RACE_STATS=1                  (only with --race-first/--race-stats)
@@ -48,15 +50,21 @@ passed through from dsmrun's environment (see the README).
 Stopping: when a rank exits non-zero (other than with the race exit code) or
 dies from a signal, dsmrun reports that first failure, sends SIGTERM to every
 rank's process group and SIGKILL to those still running 2 s later; --timeout
-does the same. On SIGINT, SIGTERM or SIGHUP, dsmrun forwards that signal to
-every rank's process group and sends SIGKILL 3 s later (at once on a second
-Ctrl-C). Processes a rank started are in its process group and stop with it;
-any still holding its output after all ranks exited are killed.
+does the same. A rank that exits because it lost a peer (status 71) is not
+taken for the cause at once: dsmrun waits 1 s for the failure behind it. When
+a rank reports that a peer has sent nothing for the liveness deadline,
+dsmrun names that peer as the failure and kills it with SIGKILL (a stopped
+process acts on no other signal). On SIGINT, SIGTERM or SIGHUP, dsmrun
+forwards that signal to every rank's process group and sends SIGKILL 3 s
+later (at once on a second Ctrl-C). Processes a rank started are in its
+process group and stop with it; any still holding its output after all ranks
+exited are killed.
 
 Exit status:
   0      every rank exited 0
-  1      a rank exited non-zero (the first failure is reported), or dsmrun
-         itself failed (e.g. could not start a rank)
+  1      a rank exited non-zero (the first failure is reported), a rank
+         stopped responding (sent nothing for the liveness deadline), or
+         dsmrun itself failed (e.g. could not start a rank)
   2      invalid command line
   124    --timeout expired
   126    PROGRAM is not executable
@@ -101,6 +109,16 @@ struct Cli {
           allow_negative_numbers = true)]
     connect_timeout: Option<Duration>,
 
+    /// How long a rank may send its peers nothing before they stop the job
+    /// naming it; dsmrun then kills it. Each rank's communication thread sends
+    /// heartbeats on idle links, so a rank that only computes for a long time
+    /// is not affected: this catches ranks that are stopped, wedged or cut
+    /// off. 0 or off turns the check off, e.g. to stop a rank in a debugger.
+    /// Passed in DSM_LIVENESS [default: 10]
+    #[arg(long, value_name = "SECS", value_parser = parse_deadline,
+          allow_negative_numbers = true)]
+    liveness: Option<Deadline>,
+
     /// Turn on data-race detection in the ranks (DSM_RACE=1). Each --race-*
     /// option below implies --race
     #[arg(long)]
@@ -135,6 +153,14 @@ struct Cli {
     #[arg(value_name = "PROGRAM [ARGS]", required = true, num_args = 1..,
           trailing_var_arg = true)]
     command: Vec<OsString>,
+}
+
+/// A `--liveness` value: seconds, or `None` for off.
+#[derive(Debug, Clone, Copy)]
+struct Deadline(Option<Duration>);
+
+fn parse_deadline(text: &str) -> Result<Deadline, dsm_proto::ValueError> {
+    parse_seconds_or_off(text).map(Deadline)
 }
 
 impl Cli {
@@ -175,6 +201,7 @@ impl Cli {
             segment_bytes: self.segment,
             connect_timeout: self.connect_timeout,
             timeout: self.timeout,
+            liveness: self.liveness.map_or(Some(DEFAULT_LIVENESS), |d| d.0),
             race,
         })
     }
