@@ -39,6 +39,10 @@ pub const HANDSHAKE_WAIT: Duration = Duration::from_secs(3);
 /// Most connections being handshaken at once; beyond it the oldest is dropped.
 pub const MAX_UNAUTHENTICATED: usize = 64;
 
+/// How a refusal reason starts when the connection never sent a readable hello: port
+/// scanners and strangers' idle connections, worth a debug line, not a warning each.
+const NO_HELLO: &str = "no hello: ";
+
 /// Stack of a handshake thread: it only parses small frames.
 const HANDSHAKE_STACK: usize = 64 << 10;
 
@@ -208,7 +212,7 @@ fn accept(s: &mut TcpStream, local: &Local, lowest: usize) -> Result<Hello, Stri
     s.set_nonblocking(false).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(HANDSHAKE_WAIT))
         .map_err(|e| e.to_string())?;
-    let hello: Hello = read_frame(s, MAX_HANDSHAKE).map_err(|e| e.to_string())?;
+    let hello: Hello = read_frame(s, MAX_HANDSHAKE).map_err(|e| format!("{NO_HELLO}{e}"))?;
     let refuse = |s: &mut TcpStream, reason: String| {
         let _ = write_frame(
             s,
@@ -363,6 +367,13 @@ impl Admission {
                         hello,
                         from,
                     }),
+                    Err(reason) if reason.starts_with(NO_HELLO) => {
+                        debug!(
+                            "rank {}: dropped connection from {from}: {reason}",
+                            local.rank
+                        );
+                        None
+                    }
                     Err(reason) => {
                         warn!(
                             "rank {}: refused connection from {from}: {reason}",
