@@ -11,7 +11,9 @@ pub mod detect;
 pub mod record;
 pub mod report;
 
-pub use detect::{first_races, plan, Access, Bitmaps, Plan, Race, RaceKind, VarInfo, VarTable};
+pub use detect::{
+    first_races, plan, plan_pairwise, Access, Bitmaps, Plan, Race, RaceKind, VarInfo, VarTable,
+};
 pub use dsm_proto::PlanStats;
 pub use record::{granule_shift, AllocShadow, RecordStats, Recorder};
 pub use report::{Point, Reporter};
