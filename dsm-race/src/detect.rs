@@ -20,6 +20,7 @@ use dsm_proto::{
 };
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 
 /// A named shared allocation, for turning addresses into variables.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -536,11 +537,50 @@ pub fn plan_pairwise(epoch: u32, mut intervals: Vec<IntervalRecord>) -> Plan {
     }
 }
 
+/// A multiply-rotate hasher (after rustc's FxHash) for bitmap keys: [`Plan::compare`]
+/// looks up four bitmaps per check, tens of thousands of checks a barrier at Water's scale,
+/// and SipHash made those lookups most of the comparison. The keys are small integers the
+/// nodes chose, not attacker-controlled, so no flooding resistance is needed.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+
+    fn write_u8(&mut self, i: u8) {
+        self.write_u64(i as u64);
+    }
+
+    fn write_u16(&mut self, i: u16) {
+        self.write_u64(i as u64);
+    }
+
+    fn write_u32(&mut self, i: u32) {
+        self.write_u64(i as u64);
+    }
+
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn write_usize(&mut self, i: usize) {
+        self.write_u64(i as u64);
+    }
+}
+
 /// Bitmaps received from the nodes, by owner and key, decoded to words. A bitmap that was
 /// never inserted reads as all zeros (nothing accessed).
 #[derive(Default)]
 pub struct Bitmaps {
-    map: HashMap<(NodeId, BitmapKey), Vec<u64>>,
+    map: HashMap<(NodeId, BitmapKey), Vec<u64>, BuildHasherDefault<KeyHasher>>,
 }
 
 impl Bitmaps {
