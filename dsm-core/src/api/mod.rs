@@ -18,6 +18,7 @@
 
 mod race;
 mod stats;
+mod trace;
 mod view;
 
 pub use view::{band, Array, Block, Strided, StridedMut, View};
@@ -35,6 +36,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
+use trace::TraceState;
 
 pub use crate::engine::Stats;
 
@@ -110,6 +112,12 @@ struct AllocMeta {
     name: String,
     first_page: PageNo,
     elem_size: usize,
+    /// Elements.
+    len: usize,
+    /// Columns of a 2-D array, 0 for 1-D.
+    cols: usize,
+    /// The element type's name, for value traces.
+    type_name: &'static str,
 }
 
 /// Stops this rank when its launcher is gone: a thread waits on the lifeline pipe dsmrun
@@ -153,6 +161,10 @@ pub struct Dsm {
     /// Pages allocations may use (the segment's, at most `PageNo::MAX`).
     page_limit: usize,
     race: Option<RaceState>,
+    /// Value tracing or comparison is on (every rank takes part in its barriers).
+    tracing: bool,
+    /// Rank 0's trace file, when tracing.
+    trace: Option<TraceState>,
     finished: bool,
     started: Instant,
     /// The program's `barrier()` calls so far: epochs are numbered by them in reports.
@@ -215,6 +227,12 @@ impl Dsm {
         } else {
             None
         };
+        let tracing = env.trace.mode != dsm_proto::TraceMode::Off;
+        let trace = if env.rank == 0 {
+            TraceState::open(&env.trace)?
+        } else {
+            None
+        };
         let engine = Engine::new(
             env.rank as NodeId,
             env.size,
@@ -234,6 +252,8 @@ impl Dsm {
             allocs: Vec::new(),
             next_page: 0,
             race,
+            tracing,
+            trace,
             finished: false,
             started: Instant::now(),
             stats_file: env.stats_file.clone(),
@@ -369,6 +389,9 @@ impl Dsm {
             name: name.to_string(),
             first_page: first as PageNo,
             elem_size: elem,
+            len,
+            cols,
+            type_name: std::any::type_name::<T>(),
         });
         self.sync_point = Point::Allocation {
             name: name.to_string(),
@@ -448,6 +471,18 @@ impl Dsm {
     pub fn barrier(&mut self) -> Result<(), DsmError> {
         self.barriers_called += 1;
         self.sync_point = Point::Barrier(self.barriers_called);
+        let race = self.close_race_interval();
+        let bitmaps = self.shippable_bitmaps();
+        self.sync(Command::Barrier {
+            finishing: false,
+            race,
+            bitmaps,
+        })?;
+        self.trace_point(false)
+    }
+
+    /// A barrier the program did not call (value tracing): not counted in its epochs.
+    fn internal_barrier(&mut self) -> Result<(), DsmError> {
         let race = self.close_race_interval();
         let bitmaps = self.shippable_bitmaps();
         self.sync(Command::Barrier {
@@ -579,6 +614,12 @@ impl Dsm {
         self.sync_point = Point::Exit {
             after: self.barriers_called,
         };
+        if self.tracing {
+            // The last epoch's writes become visible, then rank 0 takes the final trace
+            // point while the others wait.
+            self.internal_barrier()?;
+            self.trace_point(true)?;
+        }
         let race = self.close_race_interval();
         let bitmaps = self.shippable_bitmaps();
         let result = self.sync(Command::Barrier {
@@ -593,10 +634,18 @@ impl Dsm {
             comm.shutdown();
         }
         result?;
-        match self.race.as_mut() {
-            Some(r) => r.finish().map_err(DsmError::Io),
-            None => Ok(Outcome::default()),
+        let differ = match self.trace.as_mut() {
+            Some(t) => t.finish()?,
+            None => false,
+        };
+        let mut outcome = match self.race.as_mut() {
+            Some(r) => r.finish().map_err(DsmError::Io)?,
+            None => Outcome::default(),
+        };
+        if differ && outcome.exit_status == 0 {
+            outcome.exit_status = dsm_proto::exit_codes::VALUES_DIFFER;
         }
+        Ok(outcome)
     }
 }
 
