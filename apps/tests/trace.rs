@@ -215,3 +215,42 @@ fn bad_trace_files_are_clear_errors() {
         "{out:?}"
     );
 }
+
+#[test]
+fn water_within_a_tolerance_and_racy_water_differs_on_forces() {
+    let water = env!("CARGO_BIN_EXE_water");
+    let dir = tempfile::tempdir().unwrap();
+    let reference = path(dir.path(), "water.dsmtrace");
+    let args = ["--molecules", "27", "--steps", "2"];
+    let out = kit::dsmrun(
+        1,
+        &["--trace-values", &reference, "--trace-values-full"],
+        water,
+        &args,
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let tol = [
+        "--compare",
+        &reference,
+        "--tolerance",
+        "1e-12",
+        "--rel-tolerance",
+        "1e-9",
+    ];
+    // Forces are summed under locks in arrival order: equal within rounding only.
+    let out = kit::dsmrun(2, &tol, water, &args);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    // The racy version loses force updates (a write-write race on 'forces'); a lost update
+    // is likely but not certain in any one run.
+    let mut racy = args.to_vec();
+    racy.push("--racy");
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        let out = kit::dsmrun(4, &tol, water, &racy);
+        if out.code == Some(68) && out.all_output().contains("'forces' element") {
+            return;
+        }
+        seen.push(out);
+    }
+    panic!("racy water never differed on 'forces': {seen:?}");
+}

@@ -28,6 +28,10 @@ pub const MAGIC: [u8; 8] = *b"DSMTRACE";
 pub const FORMAT_VERSION: u32 = 1;
 /// Bytes per hashed block (one page of the allocation).
 pub const BLOCK_BYTES: usize = 4096;
+/// Suffix of [`AllocTrace::type_name`] for allocations whose elements are declared to be
+/// made of `f64` fields only (`Dsm::trace_as_f64`): they are compared field by field, within
+/// the tolerance, and printed as numbers.
+pub const F64_FIELDS: &str = " (f64 fields)";
 /// Largest record accepted when reading (guards against corrupt lengths).
 const MAX_RECORD: u64 = 1 << 40;
 
@@ -211,10 +215,15 @@ enum Kind {
     U64,
     I32,
     U32,
+    /// A struct of f64 fields.
+    F64Fields,
     Bytes,
 }
 
 fn kind(type_name: &str, elem_size: u32) -> Kind {
+    if type_name.ends_with(F64_FIELDS) && elem_size.is_multiple_of(8) {
+        return Kind::F64Fields;
+    }
     match (type_name, elem_size) {
         ("f64", 8) => Kind::F64,
         ("f32", 4) => Kind::F32,
@@ -236,7 +245,7 @@ fn show(kind: Kind, b: &[u8]) -> String {
         Kind::U64 => arr8().map(|a| u64::from_le_bytes(a).to_string()),
         Kind::I32 => arr4().map(|a| i32::from_le_bytes(a).to_string()),
         Kind::U32 => arr4().map(|a| u32::from_le_bytes(a).to_string()),
-        Kind::Bytes => None,
+        Kind::F64Fields | Kind::Bytes => None,
     }
     .unwrap_or_else(|| {
         let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
@@ -262,6 +271,10 @@ fn same(kind: Kind, a: &[u8], b: &[u8], tol: Option<Tolerance>) -> bool {
             ),
             _ => false,
         },
+        Kind::F64Fields => a
+            .chunks_exact(8)
+            .zip(b.chunks_exact(8))
+            .all(|(x, y)| same(Kind::F64, x, y, Some(tol))),
         _ => false,
     }
 }
@@ -386,13 +399,27 @@ pub fn compare_alloc(
                 }
             }
             let i = first?;
-            let r = i as usize * es..(i as usize + 1) * es;
+            let mut r = i as usize * es..(i as usize + 1) * es;
+            let mut place = reference.place(i);
+            let mut shown = k;
+            if k == Kind::F64Fields {
+                // Name the first field that differs.
+                let field = (0..es / 8)
+                    .find(|f| {
+                        let lane = r.start + f * 8..r.start + f * 8 + 8;
+                        !same(Kind::F64, &rv[lane.clone()], &mv[lane], tol)
+                    })
+                    .unwrap_or(0);
+                place = format!("{place} field {field}");
+                r = r.start + field * 8..r.start + field * 8 + 8;
+                shown = Kind::F64;
+            }
             Some(Difference::Element {
                 alloc: reference.name.clone(),
                 index: i,
-                place: reference.place(i),
-                reference: show(k, &rv[r.clone()]),
-                run: show(k, &mv[r]),
+                place,
+                reference: show(shown, &rv[r.clone()]),
+                run: show(shown, &mv[r]),
                 more: count - 1,
             })
         }

@@ -117,7 +117,7 @@ struct AllocMeta {
     /// Columns of a 2-D array, 0 for 1-D.
     cols: usize,
     /// The element type's name, for value traces.
-    type_name: &'static str,
+    type_name: String,
 }
 
 /// Stops this rank when its launcher is gone: a thread waits on the lifeline pipe dsmrun
@@ -391,7 +391,7 @@ impl Dsm {
             elem_size: elem,
             len,
             cols,
-            type_name: std::any::type_name::<T>(),
+            type_name: std::any::type_name::<T>().to_string(),
         });
         self.sync_point = Point::Allocation {
             name: name.to_string(),
@@ -461,6 +461,25 @@ impl Dsm {
             first_page: meta.first_page,
             dsm: self,
         }
+    }
+
+    /// Declares that the elements of `array` are made of `f64` fields only (a struct of
+    /// f64s or an array of them), so value traces (`dsmrun --trace-values`, `--compare`)
+    /// compare them field by field within `--tolerance` and print the differing field as a
+    /// number; other element types are compared bit for bit and printed as bytes. Fails if
+    /// the element size is not a multiple of 8. Local: every rank may call it or not.
+    pub fn trace_as_f64<T: Pod>(&mut self, array: &Array<T>) -> Result<(), DsmError> {
+        let meta = &mut self.allocs[array.id];
+        if !meta.elem_size.is_multiple_of(8) {
+            return Err(DsmError::InvalidAlloc(format!(
+                "'{}': elements of {} bytes cannot be f64 fields",
+                meta.name, meta.elem_size
+            )));
+        }
+        if !meta.type_name.ends_with(dsm_trace::F64_FIELDS) {
+            meta.type_name.push_str(dsm_trace::F64_FIELDS);
+        }
+        Ok(())
     }
 
     /// Name of an allocation (for messages).

@@ -200,7 +200,7 @@ impl Dsm {
                 let keep = state.keeps_values(&a.name);
                 allocs.push(AllocTrace::from_bytes(
                     &a.name,
-                    a.type_name,
+                    &a.type_name,
                     a.elem_size,
                     a.cols,
                     &buf,
