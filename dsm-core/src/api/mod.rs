@@ -118,6 +118,10 @@ struct AllocMeta {
     cols: usize,
     /// The element type's name, for value traces.
     type_name: String,
+    /// Home of each page, as runs `(first, count, home)`.
+    homes: Vec<(PageNo, u32, NodeId)>,
+    /// dsm's own allocation (value-trace hashes): not traced.
+    internal: bool,
 }
 
 /// Stops this rank when its launcher is gone: a thread waits on the lifeline pipe dsmrun
@@ -165,6 +169,13 @@ pub struct Dsm {
     tracing: bool,
     /// Rank 0's trace file, when tracing.
     trace: Option<TraceState>,
+    /// The value-trace hash array (one u64 per traced block), once allocated.
+    trace_hashes: Option<(Array<u64>, usize)>,
+    /// Rank 0 reads values at trace points (comparison, or a trace with values), so
+    /// every node waits for it at a second internal barrier.
+    trace_reads_values: bool,
+    /// dsm is making its own allocation (the only time a reserved name is accepted).
+    allocating_internal: bool,
     finished: bool,
     started: Instant,
     /// The program's `barrier()` calls so far: epochs are numbered by them in reports.
@@ -254,6 +265,11 @@ impl Dsm {
             race,
             tracing,
             trace,
+            trace_hashes: None,
+            trace_reads_values: matches!(env.trace.mode, dsm_proto::TraceMode::Compare(_))
+                || env.trace.full
+                || !env.trace.vars.is_empty(),
+            allocating_internal: false,
             finished: false,
             started: Instant::now(),
             stats_file: env.stats_file.clone(),
@@ -325,6 +341,12 @@ impl Dsm {
         if name.is_empty() {
             return Err(DsmError::InvalidAlloc("allocations need a name".into()));
         }
+        if name.starts_with(trace::INTERNAL_PREFIX) && !self.allocating_internal {
+            return Err(DsmError::InvalidAlloc(format!(
+                "'{name}': names starting with '{}' are dsm's own",
+                trace::INTERNAL_PREFIX
+            )));
+        }
         if len == 0 || elem == 0 {
             return Err(DsmError::InvalidAlloc(format!(
                 "'{name}': empty allocation ({len} elements of {elem} bytes)"
@@ -392,6 +414,8 @@ impl Dsm {
             len,
             cols,
             type_name: std::any::type_name::<T>().to_string(),
+            homes: homes.clone(),
+            internal: name.starts_with(trace::INTERNAL_PREFIX),
         });
         self.sync_point = Point::Allocation {
             name: name.to_string(),
