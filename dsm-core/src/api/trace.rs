@@ -1,11 +1,13 @@
 //! Value tracing and comparison on a node (`dsmrun --trace-values FILE` / `--compare
-//! FILE`): at every barrier and at `finish()`, rank 0 reads every shared allocation
-//! (pages are coherent after a barrier; reading fetches the pages homed elsewhere) and
-//! hashes it per 4 KiB block in allocation coordinates, so traces do not depend on the node
-//! count. A second, internal barrier (not counted in the program's epochs) keeps the other
-//! nodes from writing the next epoch while rank 0 reads. Recording appends the trace point
-//! to the file; comparing reads the reference's next trace point and reports differences
-//! ([`dsm_trace::compare_epoch`]).
+//! FILE`): at every barrier and at `finish()`, every node hashes the 4 KiB blocks it homes
+//! of every shared allocation (blocks are pages of the allocation, so hashes are in
+//! allocation coordinates and traces do not depend on the node count) into a shared hash
+//! array, dsm's own allocation `__dsm_trace_hashes`, which is not traced. An internal
+//! barrier (not counted in the program's epochs) publishes the hashes; rank 0 reads them,
+//! and records the trace point or compares it with the reference's next one
+//! ([`dsm_trace::compare_epoch`]). Rank 0 reads values only for a trace that keeps them or
+//! for allocations whose hashes differ from the reference; then a second internal barrier
+//! keeps the others from writing the next epoch while it reads.
 //!
 //! The one place besides `comm::fatal` where the library ends the process: at the first
 //! difference (without `--compare-continue`) rank 0 prints it and exits with
