@@ -254,3 +254,33 @@ fn water_within_a_tolerance_and_racy_water_differs_on_forces() {
     }
     panic!("racy water never differed on 'forces': {seen:?}");
 }
+
+#[test]
+fn dsmrun_documents_and_checks_the_trace_options() {
+    let mut help = Command::new(kit::bin("dsmrun"));
+    help.arg("--help");
+    let out = kit::run(help);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    for flag in [
+        "--trace-values",
+        "--trace-values-full",
+        "--trace-vars",
+        "--compare",
+        "--compare-continue",
+        "--tolerance",
+        "--rel-tolerance",
+        "DSM_COMPARE",
+        "68",
+    ] {
+        assert!(out.stdout.contains(flag), "--help lacks {flag}: {out:?}");
+    }
+    // Recording and comparing exclude each other; the compare options need --compare.
+    for args in [
+        &["--trace-values", "a", "--compare", "b"][..],
+        &["--tolerance", "1e-9"][..],
+        &["--compare", "x", "--tolerance", "-1"][..],
+    ] {
+        let out = kit::dsmrun(1, args, sor(), &["--size", "8", "--iters", "1"]);
+        assert_eq!(out.code, Some(2), "{args:?}: {out:?}");
+    }
+}

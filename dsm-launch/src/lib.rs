@@ -1198,6 +1198,7 @@ mod tests {
             66
         );
         assert_eq!(JobOutcome::Success.exit_code(), 0);
+        assert_eq!(JobOutcome::ValuesDiffer { rank: 0 }.exit_code(), 68);
         let silence = Silence::new(0, 1, Duration::from_secs(10), Duration::from_secs(10));
         assert_eq!(JobOutcome::RankSilent(silence).exit_code(), 1);
     }
