@@ -204,7 +204,7 @@ fn bad_trace_files_are_clear_errors() {
         assert!(cmp.stderr.contains(says), "{says}: {cmp:?}");
         assert!(!cmp.stderr.contains("panicked"), "{cmp:?}");
         let out = kit::dsmrun(2, &["--compare", file], sor(), &args);
-        assert_ne!(out.code, Some(0), "{out:?}");
+        assert_eq!(out.code, Some(1), "{out:?}");
         assert!(out.all_output().contains(says), "{says}: {out:?}");
         assert!(!out.all_output().contains("panicked"), "{out:?}");
     }

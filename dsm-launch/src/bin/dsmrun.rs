@@ -272,9 +272,13 @@ impl Cli {
             (None, Some(p)) => {
                 // Open it here so a missing file is dsmrun's clear error, not N ranks'.
                 let reference = absolute(p, "--compare")?;
-                std::fs::File::open(&reference).with_context(|| {
+                let file = std::fs::File::open(&reference).with_context(|| {
                     format!("cannot open the reference trace '{}'", p.display())
                 })?;
+                // A file that is not a trace is dsmrun's one error, not every rank's; a
+                // truncation further in is found by rank 0 when it gets there.
+                dsm_trace::TraceReader::new(std::io::BufReader::new(file))
+                    .with_context(|| format!("reference trace '{}'", p.display()))?;
                 TraceMode::Compare(reference)
             }
             (None, None) => TraceMode::Off,
