@@ -44,6 +44,8 @@ pub(super) struct TraceState {
     /// Bytes written to the trace.
     pub(super) bytes: u64,
     points: u64,
+    /// Names of the allocations traced so far (to warn about `--trace-vars` typos).
+    seen: std::collections::BTreeSet<String>,
 }
 
 fn header() -> Header {
@@ -107,6 +109,7 @@ impl TraceState {
             differing: 0,
             bytes: 0,
             points: 0,
+            seen: Default::default(),
         }))
     }
 
@@ -129,6 +132,11 @@ impl TraceState {
     /// Appends a trace point to a recorded trace.
     fn record(&mut self, epoch: &EpochTrace) -> Result<(), DsmError> {
         self.points += 1;
+        for a in &epoch.allocs {
+            if !self.seen.contains(&a.name) {
+                self.seen.insert(a.name.clone());
+            }
+        }
         if let Some(Sink::Record(w)) = self.sink.as_mut() {
             self.bytes += w
                 .write_epoch(epoch)
@@ -173,6 +181,14 @@ impl TraceState {
     /// End of the run: closes a recorded trace; says whether a comparison found
     /// differences.
     pub(super) fn finish(&mut self) -> Result<bool, DsmError> {
+        for v in &self.options.vars {
+            if !self.seen.contains(v) {
+                eprintln!(
+                    "dsm: note: --trace-vars names '{v}', but no shared allocation has that name (traced: {})",
+                    self.seen.iter().cloned().collect::<Vec<_>>().join(", ")
+                );
+            }
+        }
         if let Some(Sink::Record(w)) = self.sink.take() {
             w.finish()
                 .map_err(|e| DsmError::Config(format!("value trace '{}': {e}", self.path)))?;
