@@ -139,6 +139,24 @@ pub fn setup(dsm: &mut Dsm, n: usize) -> Result<Array<f64>, DsmError> {
     Ok(grid)
 }
 
+/// A deliberate bug for testing value-trace comparison (`sor --inject-bug E,R,C`): the
+/// node owning row `row` adds 1.0 to element `(row, col)` just before the program's
+/// `epoch`-th barrier (the grid's initialisation is barrier 1, so `epoch` >= 2), so the
+/// trace point of barrier `epoch` is the first to differ. Epoch `e` updates colour
+/// `(e - 2) % 2` (red: `row + col` even); an element of that colour is read by no node
+/// during the epoch, so only it differs at barrier `epoch`. An element of the other colour
+/// may be read meanwhile by a neighbouring node (the injection races), and its neighbours
+/// may differ too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Inject {
+    /// The barrier before which the element is perturbed.
+    pub epoch: u32,
+    /// Row of the element.
+    pub row: usize,
+    /// Column of the element.
+    pub col: usize,
+}
+
 /// Runs `iters` red-black iterations on the shared grid.
 ///
 /// What each phase reads and writes is declared in a few bulk views, so race detection
@@ -152,7 +170,21 @@ pub fn run(
     iters: usize,
     omega: f64,
 ) -> Result<(), DsmError> {
+    run_with(dsm, grid, n, iters, omega, None)
+}
+
+/// [`run`], with a perturbation injected (see [`Inject`]).
+pub fn run_with(
+    dsm: &mut Dsm,
+    grid: &Array<f64>,
+    n: usize,
+    iters: usize,
+    omega: f64,
+    inject: Option<Inject>,
+) -> Result<(), DsmError> {
     let band = my_rows(dsm, n);
+    // Barriers the program has called: setup's is the first.
+    let mut barriers = 1u32;
     let interior = band.start.max(1)..band.end.min(n - 1);
     for _ in 0..iters {
         for colour in 0..2 {
@@ -189,6 +221,11 @@ pub fn run(
                         out.set(k, x);
                     }
                 }
+            }
+            barriers += 1;
+            if let Some(bug) = inject.filter(|b| b.epoch == barriers && band.contains(&b.row)) {
+                let g = dsm.view(grid);
+                g.set2(bug.row, bug.col, g.get2(bug.row, bug.col) + 1.0);
             }
             dsm.barrier()?;
         }

@@ -511,6 +511,11 @@ pub fn setup(dsm: &mut Dsm, p: &Params) -> Result<Shared, DsmError> {
     let positions = dsm.alloc::<Sites>("positions", p.molecules)?;
     let forces = dsm.alloc::<Sites>("forces", p.molecules)?;
     let energy = dsm.alloc_with::<Energies>("energy", p.steps + 1, Distribution::OnNode(0))?;
+    // All four hold f64 fields only: value traces compare them within a tolerance.
+    dsm.trace_as_f64(&mol)?;
+    dsm.trace_as_f64(&positions)?;
+    dsm.trace_as_f64(&forces)?;
+    dsm.trace_as_f64(&energy)?;
     let mine = band(p.molecules, dsm.size(), dsm.rank());
     if !mine.is_empty() {
         let init = initial_state(p);

@@ -40,7 +40,8 @@ use tracing::{debug, warn};
 use dsm_proto::config::{DEFAULT_CONNECT_TIMEOUT, DSMRUN};
 use dsm_proto::liveness::{Silence, DEFAULT_LIVENESS};
 use dsm_proto::{
-    env_vars, exit_codes, format_secs, JobConfig, Launcher, LocalPlacement, RaceOptions,
+    env_vars, exit_codes, format_secs, JobConfig, Launcher, LocalPlacement, RaceOptions, TraceMode,
+    TraceOptions,
 };
 
 /// Largest job `dsmrun` starts; ranks are processes on one machine, so more
@@ -173,6 +174,8 @@ pub struct LaunchConfig {
     pub liveness: Option<Duration>,
     /// Race detection (`enabled` off: none).
     pub race: RaceOptions,
+    /// Value tracing or comparison with a reference trace.
+    pub trace: TraceOptions,
 }
 
 impl LaunchConfig {
@@ -187,6 +190,7 @@ impl LaunchConfig {
             timeout: None,
             liveness: Some(DEFAULT_LIVENESS),
             race: RaceOptions::default(),
+            trace: TraceOptions::default(),
         }
     }
 }
@@ -296,6 +300,12 @@ pub enum JobOutcome {
         /// The limit that expired.
         after: Duration,
     },
+    /// With `--compare`, a rank (rank 0) found values that differ from the reference
+    /// trace and exited with [`exit_codes::VALUES_DIFFER`]; the others were stopped.
+    ValuesDiffer {
+        /// The rank that reported it.
+        rank: usize,
+    },
     /// `dsmrun` received this signal and stopped the job.
     Interrupted {
         /// The signal number (SIGINT, SIGTERM or SIGHUP).
@@ -314,6 +324,7 @@ impl JobOutcome {
             JobOutcome::RankFailed { status, .. } => status.failure_exit_code(),
             JobOutcome::RankSilent(_) => 1,
             JobOutcome::TimedOut { .. } => 124,
+            JobOutcome::ValuesDiffer { .. } => exit_codes::VALUES_DIFFER,
             JobOutcome::Interrupted { signal } => signal_exit_code(*signal),
         }
     }
@@ -436,6 +447,7 @@ pub fn rank_config(
         // Inherited from dsmrun's environment by the ranks, not written by it.
         segment_addr: None,
         race: config.race.clone(),
+        trace: config.trace.clone(),
         pin: false,
         // Every rank of a dsmrun job runs on this machine.
         local: Some(LocalPlacement {
@@ -481,6 +493,7 @@ pub fn run(config: &LaunchConfig) -> Result<JobOutcome, LaunchError> {
         lifelines: Vec::with_capacity(config.ranks),
         rx,
         race_exit_code: config.race.races_found_exit(),
+        compare: matches!(config.trace.mode, TraceMode::Compare(_)),
         started: Instant::now(),
     };
     for rank in 0..config.ranks {
@@ -718,12 +731,15 @@ struct Job {
     lifelines: Vec<OwnedFd>,
     rx: Receiver<Event>,
     race_exit_code: Option<i32>,
+    /// `--compare` is on: the values-differ exit status is an outcome, not a crash.
+    compare: bool,
     started: Instant,
 }
 
 /// Why the job is being stopped early; the first cause wins.
 enum StopCause {
     RankFailed { rank: usize, status: RankStatus },
+    ValuesDiffer { rank: usize },
     RankSilent(Silence),
     TimedOut(Duration),
     Signal(i32),
@@ -980,6 +996,18 @@ impl Job {
                             }
                             continue;
                         }
+                        if self.compare && code == i32::from(exit_codes::VALUES_DIFFER) {
+                            note(format_args!(
+                                "values differ from the reference trace (rank {rank} exited with status {code}){}",
+                                stopping_the_others(others)
+                            ));
+                            stopping = Some(self.begin_stop(
+                                StopCause::ValuesDiffer { rank },
+                                Signal::SIGTERM,
+                                TERM_GRACE,
+                            ));
+                            continue;
+                        }
                     }
                     if others > 0 {
                         note(format_args!(
@@ -1053,6 +1081,7 @@ impl Job {
         match stopping.map(|stop| stop.cause) {
             Some(StopCause::RankFailed { rank, status }) => JobOutcome::RankFailed { rank, status },
             Some(StopCause::RankSilent(silence)) => JobOutcome::RankSilent(silence),
+            Some(StopCause::ValuesDiffer { rank }) => JobOutcome::ValuesDiffer { rank },
             Some(StopCause::TimedOut(after)) => JobOutcome::TimedOut { after },
             Some(StopCause::Signal(signal)) => JobOutcome::Interrupted { signal },
             None if !race_ranks.is_empty() => JobOutcome::RaceReported {
@@ -1169,6 +1198,7 @@ mod tests {
             66
         );
         assert_eq!(JobOutcome::Success.exit_code(), 0);
+        assert_eq!(JobOutcome::ValuesDiffer { rank: 0 }.exit_code(), 68);
         let silence = Silence::new(0, 1, Duration::from_secs(10), Duration::from_secs(10));
         assert_eq!(JobOutcome::RankSilent(silence).exit_code(), 1);
     }

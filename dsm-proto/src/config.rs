@@ -121,6 +121,47 @@ impl RaceOptions {
     }
 }
 
+/// What value tracing does (`dsmrun --trace-values` / `--compare`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum TraceMode {
+    /// No tracing.
+    #[default]
+    Off,
+    /// Rank 0 writes a trace to this (absolute) path.
+    Record(PathBuf),
+    /// Rank 0 compares with the reference trace at this (absolute) path.
+    Compare(PathBuf),
+}
+
+/// Value tracing and comparison switches.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TraceOptions {
+    /// Record, compare or nothing.
+    pub mode: TraceMode,
+    /// Recording: keep the values of every allocation, not only hashes.
+    pub full: bool,
+    /// Recording: keep the values of these allocations.
+    pub vars: Vec<String>,
+    /// Comparing: report every differing trace point and exit 68 at the end, instead of
+    /// stopping at the first.
+    pub continue_all: bool,
+    /// Comparing: absolute tolerance for f64/f32 elements, as its bit pattern (0: exact).
+    pub abs_tolerance_bits: u64,
+    /// Comparing: relative tolerance for f64/f32 elements, as its bit pattern (0: exact).
+    pub rel_tolerance_bits: u64,
+}
+
+impl TraceOptions {
+    /// The absolute tolerance.
+    pub fn abs_tolerance(&self) -> f64 {
+        f64::from_bits(self.abs_tolerance_bits)
+    }
+    /// The relative tolerance.
+    pub fn rel_tolerance(&self) -> f64 {
+        f64::from_bits(self.rel_tolerance_bits)
+    }
+}
+
 /// This rank's place among the ranks of its host, when the launcher knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LocalPlacement {
@@ -155,6 +196,8 @@ pub struct JobConfig {
     pub segment_addr: Option<usize>,
     /// Race detection.
     pub race: RaceOptions,
+    /// Value tracing and comparison.
+    pub trace: TraceOptions,
     /// Pin each rank to its own core (`DSM_PIN=1`).
     pub pin: bool,
     /// Where this rank sits among the ranks of its host.
@@ -186,6 +229,7 @@ impl JobConfig {
             segment_bytes: None,
             segment_addr: None,
             race: RaceOptions::default(),
+            trace: TraceOptions::default(),
             pin: false,
             local: None,
             stats_file: None,
@@ -338,6 +382,50 @@ impl JobConfig {
             stats: flag(vars::RACE_STATS),
             phases,
         };
+        let tolerance = |var: &'static str| -> Result<u64, ConfigError> {
+            match get(var) {
+                None => Ok(0),
+                Some(v) => v
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|x| *x >= 0.0 && x.is_finite())
+                    .map(f64::to_bits)
+                    .ok_or_else(|| invalid(var, &v, "expected a non-negative number".into())),
+            }
+        };
+        let mode = match (get(vars::TRACE_VALUES), get(vars::COMPARE)) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    vars::COMPARE,
+                    "",
+                    format!(
+                        "{} and {} exclude each other",
+                        vars::TRACE_VALUES,
+                        vars::COMPARE
+                    ),
+                ))
+            }
+            (Some(p), None) if !p.is_empty() => TraceMode::Record(PathBuf::from(p)),
+            (None, Some(p)) if !p.is_empty() => TraceMode::Compare(PathBuf::from(p)),
+            _ => TraceMode::Off,
+        };
+        let trace = TraceOptions {
+            mode,
+            full: flag(vars::TRACE_FULL),
+            vars: get(vars::TRACE_VARS)
+                .map(|v| {
+                    v.split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(String::from)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            continue_all: flag(vars::COMPARE_CONTINUE),
+            abs_tolerance_bits: tolerance(vars::TOLERANCE)?,
+            rel_tolerance_bits: tolerance(vars::REL_TOLERANCE)?,
+        };
         let local = match (get(vars::LOCAL_RANK), get(vars::LOCAL_SIZE)) {
             (Some(r), Some(s)) => {
                 let local = LocalPlacement {
@@ -366,6 +454,7 @@ impl JobConfig {
             segment_bytes,
             segment_addr,
             race,
+            trace,
             pin: get(vars::PIN).as_deref() == Some("1"),
             local,
             stats_file: get(vars::STATS_FILE)
@@ -429,6 +518,33 @@ impl JobConfig {
         if let Some(local) = self.local {
             env.push((vars::LOCAL_RANK, local.rank.to_string().into()));
             env.push((vars::LOCAL_SIZE, local.size.to_string().into()));
+        }
+        let trace = &self.trace;
+        match &trace.mode {
+            TraceMode::Off => {}
+            TraceMode::Record(p) => env.push((vars::TRACE_VALUES, p.clone().into_os_string())),
+            TraceMode::Compare(p) => env.push((vars::COMPARE, p.clone().into_os_string())),
+        }
+        if trace.full {
+            env.push((vars::TRACE_FULL, "1".into()));
+        }
+        if !trace.vars.is_empty() {
+            env.push((vars::TRACE_VARS, trace.vars.join(",").into()));
+        }
+        if trace.continue_all {
+            env.push((vars::COMPARE_CONTINUE, "1".into()));
+        }
+        if trace.abs_tolerance_bits != 0 {
+            env.push((
+                vars::TOLERANCE,
+                format!("{:?}", trace.abs_tolerance()).into(),
+            ));
+        }
+        if trace.rel_tolerance_bits != 0 {
+            env.push((
+                vars::REL_TOLERANCE,
+                format!("{:?}", trace.rel_tolerance()).into(),
+            ));
         }
         let race = &self.race;
         if race.enabled {
@@ -626,6 +742,14 @@ mod tests {
             first_only: true,
             stats: true,
             phases: RacePhases::Full,
+        };
+        c.trace = TraceOptions {
+            mode: TraceMode::Compare("/tmp/ref.dsmtrace".into()),
+            full: true,
+            vars: vec!["grid".into(), "forces".into()],
+            continue_all: true,
+            abs_tolerance_bits: 1e-12f64.to_bits(),
+            rel_tolerance_bits: 0.1f64.to_bits(),
         };
         let env: HashMap<String, String> = c
             .to_env()

@@ -15,7 +15,10 @@ pub mod stats;
 pub mod units;
 pub mod wire;
 
-pub use config::{ConfigError, JobConfig, Launcher, LocalPlacement, RaceOptions, RacePhases};
+pub use config::{
+    ConfigError, JobConfig, Launcher, LocalPlacement, RaceOptions, RacePhases, TraceMode,
+    TraceOptions,
+};
 pub use stats::PlanStats;
 pub use units::{
     format_secs, format_secs_or_off, parse_seconds, parse_seconds_or_off, parse_segment_size,
@@ -40,6 +43,10 @@ pub const MAX_NODES: usize = 1024;
 pub mod exit_codes {
     /// Default exit status of rank 0 when data races were reported.
     pub const RACES_FOUND: u8 = 66;
+    /// Rank 0 of a `--compare` run found values that differ from the reference trace
+    /// (`dsm-compare` exits with it too). The launcher reports it as "values differ",
+    /// not as a crash.
+    pub const VALUES_DIFFER: u8 = 68;
     /// A rank stopped because it lost a peer (the peer crashed or was killed, or sent
     /// nothing for the liveness deadline). Such exits are consequences, not causes: the
     /// launcher reports the rank that really failed.
@@ -100,6 +107,20 @@ pub mod env_vars {
     /// Path where the rank writes its protocol and detector counters as JSON at finish
     /// (`%r` is replaced by the rank).
     pub const STATS_FILE: &str = "DSM_STATS_FILE";
+    /// Value tracing: path of the trace file rank 0 writes (`dsmrun --trace-values`).
+    pub const TRACE_VALUES: &str = "DSM_TRACE_VALUES";
+    /// `1`: traces keep every allocation's values (`--trace-values-full`).
+    pub const TRACE_FULL: &str = "DSM_TRACE_FULL";
+    /// Comma-separated allocations whose values traces keep (`--trace-vars`).
+    pub const TRACE_VARS: &str = "DSM_TRACE_VARS";
+    /// Path of the reference trace rank 0 compares with at every barrier (`--compare`).
+    pub const COMPARE: &str = "DSM_COMPARE";
+    /// `1`: report every differing trace point instead of stopping at the first.
+    pub const COMPARE_CONTINUE: &str = "DSM_COMPARE_CONTINUE";
+    /// Absolute tolerance for f64/f32 elements in comparisons.
+    pub const TOLERANCE: &str = "DSM_TOLERANCE";
+    /// Relative tolerance for f64/f32 elements in comparisons.
+    pub const REL_TOLERANCE: &str = "DSM_REL_TOLERANCE";
     /// Log filter for binaries that install dsm's logging (`tracing` env-filter syntax).
     pub const LOG: &str = "DSM_LOG";
 
@@ -107,7 +128,14 @@ pub mod env_vars {
     /// its own, so a nested or leftover setting never leaks into a job. The others
     /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_PIN`, `DSM_STATS_FILE`, `DSM_LOG`) are the
     /// user's to set for a whole job and reach the ranks by inheritance.
-    pub const LAUNCHER_OWNED: [&str; 17] = [
+    pub const LAUNCHER_OWNED: [&str; 24] = [
+        TRACE_VALUES,
+        TRACE_FULL,
+        TRACE_VARS,
+        COMPARE,
+        COMPARE_CONTINUE,
+        TOLERANCE,
+        REL_TOLERANCE,
         RANK,
         SIZE,
         COORD,

@@ -28,6 +28,27 @@ struct Args {
     /// Skip the sequential check (for timing runs only).
     #[arg(long)]
     no_verify: bool,
+    /// Testing value traces: add 1.0 to element (ROW, COL) just before the program's
+    /// EPOCH-th barrier (initialisation is barrier 1; EPOCH is 2..=2*iters+1), so a
+    /// comparison reports barrier EPOCH first. Implies --no-verify.
+    #[arg(long, value_name = "EPOCH,ROW,COL", value_parser = parse_inject)]
+    inject_bug: Option<sor::Inject>,
+}
+
+fn parse_inject(text: &str) -> Result<sor::Inject, String> {
+    let parts: Vec<&str> = text.split(',').map(str::trim).collect();
+    let [e, r, c] = parts[..] else {
+        return Err(format!("'{text}' is not EPOCH,ROW,COL"));
+    };
+    let num = |s: &str| {
+        s.parse::<usize>()
+            .map_err(|_| format!("'{s}' is not a number"))
+    };
+    Ok(sor::Inject {
+        epoch: u32::try_from(num(e)?).map_err(|e| e.to_string())?,
+        row: num(r)?,
+        col: num(c)?,
+    })
 }
 
 fn parse_omega(text: &str) -> Result<f64, String> {
@@ -51,15 +72,26 @@ fn main() -> anyhow::Result<ExitCode> {
         anyhow::bail!("--size must be at least 3 (got {})", args.size);
     }
     let n = args.size;
+    if let Some(bug) = args.inject_bug {
+        let last = 2 * args.iters + 1;
+        if bug.epoch < 2 || bug.epoch as usize > last || bug.row >= n || bug.col >= n {
+            anyhow::bail!(
+                "--inject-bug {},{},{}: EPOCH must be 2..={last} and ROW, COL below {n}",
+                bug.epoch,
+                bug.row,
+                bug.col
+            );
+        }
+    }
     let mut dsm = Dsm::init().context("joining the DSM job")?;
     let grid = sor::setup(&mut dsm, n)?;
     let t = Instant::now();
-    sor::run(&mut dsm, &grid, n, args.iters, args.omega)?;
+    sor::run_with(&mut dsm, &grid, n, args.iters, args.omega, args.inject_bug)?;
     let parallel = secs(t);
     if dsm.rank() == 0 {
         let mut got = vec![0.0f64; n * n];
         dsm.view(&grid).read_into(0, &mut got);
-        if args.no_verify {
+        if args.no_verify || args.inject_bug.is_some() {
             println!(
                 "done: sor {n}x{n}, {} iterations, {} nodes: parallel {parallel:.4} s (not verified)",
                 args.iters,

@@ -18,6 +18,7 @@
 
 mod race;
 mod stats;
+mod trace;
 mod view;
 
 pub use view::{band, Array, Block, Strided, StridedMut, View};
@@ -35,6 +36,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
+use trace::TraceState;
 
 pub use crate::engine::Stats;
 
@@ -110,6 +112,16 @@ struct AllocMeta {
     name: String,
     first_page: PageNo,
     elem_size: usize,
+    /// Elements.
+    len: usize,
+    /// Columns of a 2-D array, 0 for 1-D.
+    cols: usize,
+    /// The element type's name, for value traces.
+    type_name: String,
+    /// Home of each page, as runs `(first, count, home)`.
+    homes: Vec<(PageNo, u32, NodeId)>,
+    /// dsm's own allocation (value-trace hashes): not traced.
+    internal: bool,
 }
 
 /// Stops this rank when its launcher is gone: a thread waits on the lifeline pipe dsmrun
@@ -153,6 +165,17 @@ pub struct Dsm {
     /// Pages allocations may use (the segment's, at most `PageNo::MAX`).
     page_limit: usize,
     race: Option<RaceState>,
+    /// Value tracing or comparison is on (every rank takes part in its barriers).
+    tracing: bool,
+    /// Rank 0's trace file, when tracing.
+    trace: Option<TraceState>,
+    /// The value-trace hash array (one u64 per traced block), once allocated.
+    trace_hashes: Option<(Array<u64>, usize)>,
+    /// Rank 0 reads values at trace points (comparison, or a trace with values), so
+    /// every node waits for it at a second internal barrier.
+    trace_reads_values: bool,
+    /// dsm is making its own allocation (the only time a reserved name is accepted).
+    allocating_internal: bool,
     finished: bool,
     started: Instant,
     /// The program's `barrier()` calls so far: epochs are numbered by them in reports.
@@ -215,6 +238,12 @@ impl Dsm {
         } else {
             None
         };
+        let tracing = env.trace.mode != dsm_proto::TraceMode::Off;
+        let trace = if env.rank == 0 {
+            TraceState::open(&env.trace)?
+        } else {
+            None
+        };
         let engine = Engine::new(
             env.rank as NodeId,
             env.size,
@@ -234,6 +263,13 @@ impl Dsm {
             allocs: Vec::new(),
             next_page: 0,
             race,
+            tracing,
+            trace,
+            trace_hashes: None,
+            trace_reads_values: matches!(env.trace.mode, dsm_proto::TraceMode::Compare(_))
+                || env.trace.full
+                || !env.trace.vars.is_empty(),
+            allocating_internal: false,
             finished: false,
             started: Instant::now(),
             stats_file: env.stats_file.clone(),
@@ -305,6 +341,12 @@ impl Dsm {
         if name.is_empty() {
             return Err(DsmError::InvalidAlloc("allocations need a name".into()));
         }
+        if name.starts_with(trace::INTERNAL_PREFIX) && !self.allocating_internal {
+            return Err(DsmError::InvalidAlloc(format!(
+                "'{name}': names starting with '{}' are dsm's own",
+                trace::INTERNAL_PREFIX
+            )));
+        }
         if len == 0 || elem == 0 {
             return Err(DsmError::InvalidAlloc(format!(
                 "'{name}': empty allocation ({len} elements of {elem} bytes)"
@@ -369,6 +411,11 @@ impl Dsm {
             name: name.to_string(),
             first_page: first as PageNo,
             elem_size: elem,
+            len,
+            cols,
+            type_name: std::any::type_name::<T>().to_string(),
+            homes: homes.clone(),
+            internal: name.starts_with(trace::INTERNAL_PREFIX),
         });
         self.sync_point = Point::Allocation {
             name: name.to_string(),
@@ -440,6 +487,25 @@ impl Dsm {
         }
     }
 
+    /// Declares that the elements of `array` are made of `f64` fields only (a struct of
+    /// f64s or an array of them), so value traces (`dsmrun --trace-values`, `--compare`)
+    /// compare them field by field within `--tolerance` and print the differing field as a
+    /// number; other element types are compared bit for bit and printed as bytes. Fails if
+    /// the element size is not a multiple of 8. Local: every rank may call it or not.
+    pub fn trace_as_f64<T: Pod>(&mut self, array: &Array<T>) -> Result<(), DsmError> {
+        let meta = &mut self.allocs[array.id];
+        if !meta.elem_size.is_multiple_of(8) {
+            return Err(DsmError::InvalidAlloc(format!(
+                "'{}': elements of {} bytes cannot be f64 fields",
+                meta.name, meta.elem_size
+            )));
+        }
+        if !meta.type_name.ends_with(dsm_trace::F64_FIELDS) {
+            meta.type_name.push_str(dsm_trace::F64_FIELDS);
+        }
+        Ok(())
+    }
+
     /// Name of an allocation (for messages).
     pub fn name_of<T>(&self, array: &Array<T>) -> &str {
         &self.allocs[array.id].name
@@ -448,6 +514,18 @@ impl Dsm {
     pub fn barrier(&mut self) -> Result<(), DsmError> {
         self.barriers_called += 1;
         self.sync_point = Point::Barrier(self.barriers_called);
+        let race = self.close_race_interval();
+        let bitmaps = self.shippable_bitmaps();
+        self.sync(Command::Barrier {
+            finishing: false,
+            race,
+            bitmaps,
+        })?;
+        self.trace_point(false)
+    }
+
+    /// A barrier the program did not call (value tracing): not counted in its epochs.
+    fn internal_barrier(&mut self) -> Result<(), DsmError> {
         let race = self.close_race_interval();
         let bitmaps = self.shippable_bitmaps();
         self.sync(Command::Barrier {
@@ -579,6 +657,12 @@ impl Dsm {
         self.sync_point = Point::Exit {
             after: self.barriers_called,
         };
+        if self.tracing {
+            // The last epoch's writes become visible, then rank 0 takes the final trace
+            // point while the others wait.
+            self.internal_barrier()?;
+            self.trace_point(true)?;
+        }
         let race = self.close_race_interval();
         let bitmaps = self.shippable_bitmaps();
         let result = self.sync(Command::Barrier {
@@ -593,10 +677,18 @@ impl Dsm {
             comm.shutdown();
         }
         result?;
-        match self.race.as_mut() {
-            Some(r) => r.finish().map_err(DsmError::Io),
-            None => Ok(Outcome::default()),
+        let differ = match self.trace.as_mut() {
+            Some(t) => t.finish()?,
+            None => false,
+        };
+        let mut outcome = match self.race.as_mut() {
+            Some(r) => r.finish().map_err(DsmError::Io)?,
+            None => Outcome::default(),
+        };
+        if differ && outcome.exit_status == 0 {
+            outcome.exit_status = dsm_proto::exit_codes::VALUES_DIFFER;
         }
+        Ok(outcome)
     }
 }
 

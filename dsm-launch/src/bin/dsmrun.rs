@@ -14,7 +14,10 @@ use anyhow::Context;
 use clap::Parser;
 use dsm_launch::{self as launcher, JobOutcome, LaunchConfig, LaunchError};
 use dsm_proto::liveness::DEFAULT_LIVENESS;
-use dsm_proto::{exit_codes, parse_seconds, parse_seconds_or_off, parse_segment_size, RaceOptions};
+use dsm_proto::{
+    exit_codes, parse_seconds, parse_seconds_or_off, parse_segment_size, RaceOptions, TraceMode,
+    TraceOptions,
+};
 use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
@@ -44,6 +47,11 @@ Environment of every rank (inherited DSM_* values of these names are dropped):
   DSM_RACE=1 and DSM_RACE_EXIT_CODE=CODE              (only with race detection)
   DSM_RACE_LOG         absolute path of --race-log    (only with --race-log)
   DSM_RACE_FIRST=1, DSM_RACE_STATS=1                  (only with --race-first/--race-stats)
+  DSM_TRACE_VALUES     absolute path of --trace-values FILE
+  DSM_TRACE_FULL=1, DSM_TRACE_VARS=a,b                (--trace-values-full, --trace-vars)
+  DSM_COMPARE          absolute path of --compare FILE
+  DSM_COMPARE_CONTINUE=1                              (--compare-continue)
+  DSM_TOLERANCE, DSM_REL_TOLERANCE                    (--tolerance, --rel-tolerance)
 DSM_SEGMENT_ADDR, DSM_PIN, DSM_STATS_FILE, DSM_RACE_PHASES and DSM_LOG are
 passed through from dsmrun's environment (see the README).
 
@@ -72,7 +80,20 @@ Exit status:
   128+S  the first failing rank was killed by signal S (e.g. 139 for SIGSEGV),
          or dsmrun received signal S (130 for Ctrl-C)
   CODE   with race detection, a rank exited with the race exit code (default
-         66) and nothing else failed";
+         66) and nothing else failed
+  68     with --compare, values differ from the reference trace (the first
+         difference, or with --compare-continue every differing trace point, is
+         printed by rank 0)
+
+Value traces: --trace-values FILE records, at every barrier (epochs numbered
+as the program counts its barrier() calls) and at finish(), a hash of every
+4 KiB block of every named shared allocation, in allocation coordinates, so a
+trace made on 1 node compares with a run on any number of nodes. --compare FILE
+checks a run against such a trace at every barrier; the first difference is
+reported with its epoch, allocation, element ((row, col) for 2-D arrays) and
+both values when the reference holds values (--trace-values-full or
+--trace-vars), else with the differing block's element range. dsm-compare A B
+compares two saved traces.";
 
 /// Launch N processes of a dsm program on this machine and supervise them.
 #[derive(Debug, Parser)]
@@ -149,6 +170,49 @@ struct Cli {
     #[arg(long)]
     race_stats: bool,
 
+    /// Record a value trace of the run in FILE: at every barrier and at finish,
+    /// a hash of each 4 KiB block of every shared allocation (rank 0 reads them;
+    /// DSM_TRACE_VALUES, made absolute)
+    #[arg(long, value_name = "FILE", conflicts_with = "compare")]
+    trace_values: Option<PathBuf>,
+
+    /// With --trace-values: keep every allocation's values too, so that a
+    /// comparison can name the element and both values (DSM_TRACE_FULL=1)
+    #[arg(long, requires = "trace_values")]
+    trace_values_full: bool,
+
+    /// With --trace-values: keep the values of these allocations only
+    /// (comma-separated names, e.g. grid,forces) (DSM_TRACE_VARS)
+    #[arg(
+        long,
+        value_name = "NAMES",
+        requires = "trace_values",
+        value_delimiter = ','
+    )]
+    trace_vars: Vec<String>,
+
+    /// Compare the run at every barrier with the reference trace FILE; at the
+    /// first difference rank 0 prints epoch, allocation, element and values and
+    /// the job stops with exit status 68 (DSM_COMPARE, made absolute)
+    #[arg(long, value_name = "FILE")]
+    compare: Option<PathBuf>,
+
+    /// With --compare: report every differing trace point and exit 68 at the
+    /// end instead of stopping at the first (DSM_COMPARE_CONTINUE=1)
+    #[arg(long, requires = "compare")]
+    compare_continue: bool,
+
+    /// With --compare: f64/f32 elements within this absolute difference count
+    /// as equal. Needs a reference with values: hashes cannot be compared
+    /// within a tolerance (DSM_TOLERANCE) [default: exact]
+    #[arg(long, value_name = "ABS", requires = "compare", value_parser = parse_tolerance)]
+    tolerance: Option<f64>,
+
+    /// With --compare: f64/f32 elements within REL * max(|a|, |b|) count as
+    /// equal (DSM_REL_TOLERANCE) [default: exact]
+    #[arg(long, value_name = "REL", requires = "compare", value_parser = parse_tolerance)]
+    rel_tolerance: Option<f64>,
+
     /// The program to run, followed by its arguments
     #[arg(value_name = "PROGRAM [ARGS]", required = true, num_args = 1..,
           trailing_var_arg = true)]
@@ -158,6 +222,19 @@ struct Cli {
 /// A `--liveness` value: seconds, or `None` for off.
 #[derive(Debug, Clone, Copy)]
 struct Deadline(Option<Duration>);
+
+fn parse_tolerance(text: &str) -> Result<f64, String> {
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|x| *x >= 0.0 && x.is_finite())
+        .ok_or_else(|| format!("'{text}' is not a non-negative number"))
+}
+
+fn absolute(path: &std::path::Path, flag: &str) -> anyhow::Result<PathBuf> {
+    std::path::absolute(path)
+        .with_context(|| format!("cannot make {flag} '{}' absolute", path.display()))
+}
 
 fn parse_deadline(text: &str) -> Result<Deadline, dsm_proto::ValueError> {
     parse_seconds_or_off(text).map(Deadline)
@@ -190,6 +267,30 @@ impl Cli {
         } else {
             RaceOptions::default()
         };
+        let mode = match (&self.trace_values, &self.compare) {
+            (Some(p), _) => TraceMode::Record(absolute(p, "--trace-values")?),
+            (None, Some(p)) => {
+                // Open it here so a missing file is dsmrun's clear error, not N ranks'.
+                let reference = absolute(p, "--compare")?;
+                let file = std::fs::File::open(&reference).with_context(|| {
+                    format!("cannot open the reference trace '{}'", p.display())
+                })?;
+                // A file that is not a trace is dsmrun's one error, not every rank's; a
+                // truncation further in is found by rank 0 when it gets there.
+                dsm_trace::TraceReader::new(std::io::BufReader::new(file))
+                    .with_context(|| format!("reference trace '{}'", p.display()))?;
+                TraceMode::Compare(reference)
+            }
+            (None, None) => TraceMode::Off,
+        };
+        let trace = TraceOptions {
+            mode,
+            full: self.trace_values_full,
+            vars: self.trace_vars,
+            continue_all: self.compare_continue,
+            abs_tolerance_bits: self.tolerance.unwrap_or(0.0).to_bits(),
+            rel_tolerance_bits: self.rel_tolerance.unwrap_or(0.0).to_bits(),
+        };
         let mut command = self.command.into_iter();
         let program = command
             .next()
@@ -203,6 +304,7 @@ impl Cli {
             timeout: self.timeout,
             liveness: self.liveness.map_or(Some(DEFAULT_LIVENESS), |d| d.0),
             race,
+            trace,
         })
     }
 }
