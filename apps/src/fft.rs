@@ -533,6 +533,83 @@ impl Fft3dSeq {
     }
 }
 
+impl Fft3dSeq {
+    /// The forward transform split over `threads` plain threads of one process (at least
+    /// 1): the limit that dsm at N ranks on one host can approach. The work is banded as
+    /// [`Fft3d::forward`] bands it across nodes: thread `k` transforms its band of planes
+    /// of `a` along x and y; a [`Barrier`](std::sync::Barrier); then it gathers its band
+    /// of z-lines from every plane (a few lines at a time, as [`Fft3dSeq::transform`]
+    /// does), transforms them along z and writes them as its rows of `trans`. As in the
+    /// dsm version the spectrum is left transposed, `trans[(ky * nx + kx) * nz + kz]`
+    /// (natural order: [`transpose_spectrum`]); `a` holds the x-y pass afterwards.
+    ///
+    /// No unsafe code: each band of planes sits behind a [`RwLock`](std::sync::RwLock),
+    /// written by its owner in the first phase and read by everyone in the second, and
+    /// each band of `trans` is owned by its thread. Every line goes through the same
+    /// routine as in the sequential code, so the spectrum is bitwise the same.
+    pub fn forward_threads(&self, a: &mut [C64], trans: &mut [C64], threads: usize) {
+        use std::sync::{Barrier, RwLock};
+        let (nz, plane) = (self.dims.nz, self.dims.plane());
+        assert_eq!(a.len(), self.dims.len());
+        assert_eq!(trans.len(), self.dims.len());
+        let threads = threads.max(1);
+        let mut planes = Vec::with_capacity(threads);
+        let mut lines = Vec::with_capacity(threads);
+        let (mut rest_a, mut rest_t) = (a, trans);
+        for k in 0..threads {
+            let (mine, tail) = rest_a.split_at_mut(band(nz, threads, k).len() * plane);
+            planes.push(RwLock::new(mine));
+            rest_a = tail;
+            let ls = band(plane, threads, k);
+            let (mine, tail) = rest_t.split_at_mut(ls.len() * nz);
+            lines.push((ls, mine));
+            rest_t = tail;
+        }
+        let barrier = Barrier::new(threads);
+        let (barrier, planes) = (&barrier, &planes);
+        std::thread::scope(|s| {
+            for (k, (ls, out)) in lines.into_iter().enumerate() {
+                s.spawn(move || {
+                    {
+                        let mut cols = xy_scratch(self.dims.ny);
+                        let mut mine = planes[k].write().expect("plane lock");
+                        for p in mine.chunks_exact_mut(plane) {
+                            xy_pass(p, &self.px, &self.py, Direction::Forward, &mut cols);
+                        }
+                    }
+                    barrier.wait();
+                    let all: Vec<_> = planes
+                        .iter()
+                        .map(|b| b.read().expect("plane lock"))
+                        .collect();
+                    let width = lines_per_block(nz);
+                    for (l0, block) in (ls.start..ls.end)
+                        .step_by(width)
+                        .zip(out.chunks_mut(width * nz))
+                    {
+                        let cols = l0..l0 + block.len() / nz;
+                        let ps = all.iter().flat_map(|b| b.chunks_exact(plane));
+                        for (z, p) in ps.enumerate() {
+                            for (i, v) in p[cols.clone()].iter().enumerate() {
+                                block[i * nz + z] = *v;
+                            }
+                        }
+                        for line in block.chunks_exact_mut(nz) {
+                            self.pz.transform(line, Direction::Forward);
+                        }
+                    }
+                });
+            }
+        });
+    }
+}
+
+/// The spectrum in natural order from its transposed layout (`trans`, z-lines
+/// contiguous), as [`Fft3d::spectrum`] and [`Fft3dSeq::forward_threads`] leave it.
+pub fn transpose_spectrum(trans: &[C64], d: Dims) -> Vec<C64> {
+    transpose(trans, d.plane(), d.nz)
+}
+
 /// Sequential 3-D FFT in place on `a` (natural order): [`Fft3dSeq`] with its plans made
 /// on the spot.
 pub fn fft3d_seq(a: &mut [C64], d: Dims, dir: Direction) {
@@ -1072,6 +1149,24 @@ mod tests {
             fft3d_seq(&mut y, d, Direction::Inverse);
             let err = max_rel_err(&y, &x);
             assert!(err <= 1e-13, "{d}: round-trip error {err:e}");
+        }
+    }
+
+    #[test]
+    fn threaded_3d_fft_is_bitwise_the_sequential_one() {
+        for (nx, ny, nz) in [(1, 1, 1), (4, 2, 8), (8, 8, 4), (16, 4, 2), (2, 2, 16)] {
+            let d = Dims { nx, ny, nz };
+            let input = random(d.len(), nx + ny + nz);
+            let seq = Fft3dSeq::new(d);
+            let mut want = input.clone();
+            seq.transform(&mut want, Direction::Forward);
+            for threads in [1, 2, 3, 4, 5, 17] {
+                let mut a = input.clone();
+                let mut trans = vec![C64::ZERO; d.len()];
+                seq.forward_threads(&mut a, &mut trans, threads);
+                let got = transpose_spectrum(&trans, d);
+                assert!(bitwise_eq(&got, &want), "{d}, {threads} threads");
+            }
         }
     }
 

@@ -40,22 +40,38 @@ pub fn initial_grid(n: usize) -> Vec<f64> {
 
 /// Updates the points of colour `colour` in interior row `i` of the row-major `n x n`
 /// grid `g` in place: the same `relax` on the same operands as [`run`], on plain slices.
+#[inline]
+fn relax_row(g: &mut [f64], n: usize, i: usize, colour: usize, omega: f64) {
+    let (above, rest) = g.split_at_mut(i * n);
+    let (row, below) = rest.split_at_mut(n);
+    relax_line(row, &above[(i - 1) * n..], &below[..n], n, i, colour, omega);
+}
+
+/// Updates the points of colour `colour` of interior row `i`, held in `row`, with the
+/// rows above and below in `up` and `down` (only their points of the other colour are
+/// read).
 ///
 /// The row is walked in pairs `[me, right]` starting at the first point of the colour;
 /// `left` is the previous pair's `right` (or the point before the first), which this
 /// sweep never writes, so carrying it over reads the same value. All slices are cut to
 /// exactly `count` pairs up front, so the loop has no bounds checks.
-#[inline]
-fn relax_row(g: &mut [f64], n: usize, i: usize, colour: usize, omega: f64) {
+#[inline(always)]
+fn relax_line(
+    row: &mut [f64],
+    up: &[f64],
+    down: &[f64],
+    n: usize,
+    i: usize,
+    colour: usize,
+    omega: f64,
+) {
     let (j0, count) = colour_span(n, i, colour);
     if count == 0 {
         return;
     }
-    let (above, rest) = g.split_at_mut(i * n);
-    let (row, below) = rest.split_at_mut(n);
     let span = j0..j0 + 2 * count;
-    let up = &above[(i - 1) * n..][span.clone()];
-    let down = &below[..n][span.clone()];
+    let up = &up[span.clone()];
+    let down = &down[span.clone()];
     let mut left = row[j0 - 1];
     for ((pair, u), d) in row[span]
         .chunks_exact_mut(2)
@@ -88,6 +104,106 @@ pub fn sequential(n: usize, iters: usize, omega: f64) -> Vec<f64> {
     let mut g = initial_grid(n);
     iterate(&mut g, n, iters, omega);
     g
+}
+
+/// The boundary rows a thread publishes for its neighbours: its band's first and last
+/// row, as they stood at the end of a phase.
+struct Edges {
+    first: Vec<f64>,
+    last: Vec<f64>,
+}
+
+/// [`iterate`] split over `threads` plain threads of one process (at most `n`; at least
+/// 1): the limit that dsm at N ranks on one host can approach. Rows are banded across the
+/// threads exactly as [`run`] bands them across nodes ([`band`]), each thread updates the
+/// interior rows of its band, and a [`Barrier`](std::sync::Barrier) follows each colour,
+/// as dsm's barrier does.
+///
+/// Each thread owns its band of the grid (`split_at_mut`), so there is no unsafe code:
+/// the rows just outside a band are read from copies that their owners publish at the end
+/// of every phase (double-buffered by phase parity, so that one barrier per phase
+/// suffices). A colour's update reads only points of the other colour, which nobody
+/// writes during the phase, so the copies hold exactly what [`iterate`] reads and the
+/// result is bitwise the same.
+pub fn iterate_threads(g: &mut [f64], n: usize, iters: usize, omega: f64, threads: usize) {
+    use std::sync::{Barrier, Mutex};
+    assert_eq!(g.len(), n * n, "grid length");
+    let threads = threads.clamp(1, n.max(1));
+    if n < 3 || iters == 0 {
+        return;
+    }
+    let barrier = Barrier::new(threads);
+    let edges = || -> Vec<Mutex<Edges>> {
+        (0..threads)
+            .map(|_| {
+                Mutex::new(Edges {
+                    first: vec![0.0; n],
+                    last: vec![0.0; n],
+                })
+            })
+            .collect()
+    };
+    // slots[phase % 2][k]: band k's edge rows at the start of that phase.
+    let slots = [edges(), edges()];
+    let mut bands = Vec::with_capacity(threads);
+    let mut rest = g;
+    for k in 0..threads {
+        let rows = band(n, threads, k);
+        let (mine, tail) = rest.split_at_mut(rows.len() * n);
+        bands.push((rows, mine));
+        rest = tail;
+    }
+    let (barrier, slots) = (&barrier, &slots);
+    std::thread::scope(|s| {
+        for (k, (rows, mine)) in bands.into_iter().enumerate() {
+            s.spawn(move || {
+                let publish = |mine: &[f64], parity: usize| {
+                    let mut e = slots[parity][k].lock().expect("edge lock");
+                    e.first.copy_from_slice(&mine[..n]);
+                    e.last.copy_from_slice(&mine[mine.len() - n..]);
+                };
+                let interior = rows.start.max(1)..rows.end.min(n - 1);
+                let (mut up, mut down) = (vec![0.0; n], vec![0.0; n]);
+                publish(mine, 0);
+                barrier.wait();
+                let mut phase = 0;
+                for _ in 0..iters {
+                    for colour in 0..2 {
+                        let parity = phase % 2;
+                        if k > 0 {
+                            up.copy_from_slice(
+                                &slots[parity][k - 1].lock().expect("edge lock").last,
+                            );
+                        }
+                        if k + 1 < threads {
+                            down.copy_from_slice(
+                                &slots[parity][k + 1].lock().expect("edge lock").first,
+                            );
+                        }
+                        for i in interior.clone() {
+                            let li = i - rows.start;
+                            let (above, rest) = mine.split_at_mut(li * n);
+                            let (row, below) = rest.split_at_mut(n);
+                            let u = if li == 0 {
+                                &up[..]
+                            } else {
+                                &above[(li - 1) * n..]
+                            };
+                            let d = if below.is_empty() {
+                                &down[..]
+                            } else {
+                                &below[..n]
+                            };
+                            relax_line(row, u, d, n, i, colour, omega);
+                        }
+                        phase += 1;
+                        publish(mine, phase % 2);
+                        barrier.wait();
+                    }
+                }
+            });
+        }
+    });
 }
 
 /// The straightforward sequential loop (indexing the whole grid point by point), kept as
@@ -250,6 +366,24 @@ mod tests {
                         bits(&sequential(n, iters, omega)),
                         bits(&sequential_simple(n, iters, omega)),
                         "n {n}, {iters} iterations, omega {omega}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn threaded_kernel_is_bitwise_the_sequential_one() {
+        for n in [3, 4, 5, 8, 13, 33, 64] {
+            for iters in [0, 1, 3] {
+                let want = sequential(n, iters, DEFAULT_OMEGA);
+                for threads in [1, 2, 3, 4, 7, n, n + 5] {
+                    let mut g = initial_grid(n);
+                    iterate_threads(&mut g, n, iters, DEFAULT_OMEGA, threads);
+                    assert_eq!(
+                        bits(&g),
+                        bits(&want),
+                        "n {n}, {iters} iterations, {threads} threads"
                     );
                 }
             }

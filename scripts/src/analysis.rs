@@ -541,6 +541,67 @@ pub fn speedup_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<SpeedupRow> {
     rows
 }
 
+/// The "dsm vs threads" table: for each scaled input in the settings, the threaded and
+/// the dsm times by repetition, their paired ratios, and the sequential time (timed in
+/// every run of both kinds).
+pub fn threads_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<ThreadsRow> {
+    let s = &ctx.settings;
+    let mut rows = Vec::new();
+    for (app, input) in &s.vs_threads {
+        let mut row = ThreadsRow {
+            app: app.clone(),
+            input: input.clone(),
+            nodes: s.vs_threads_nodes,
+            oversubscribed: s.vs_threads_nodes > ctx.machine.cores,
+            ..ThreadsRow::default()
+        };
+        if let Some(why) = ctx.missing_apps.get(app) {
+            row.status = format!("not run: {why}");
+            rows.push(row);
+            continue;
+        }
+        let outs: Vec<(Runner, usize, &Outcome)> = runs
+            .iter()
+            .filter_map(|r| match &r.job {
+                Job::VsThreads {
+                    app: a,
+                    args,
+                    nodes,
+                    runner,
+                    rep,
+                } if a == app && args.join(" ") == *input && *nodes == s.vs_threads_nodes => {
+                    Some((*runner, *rep, &r.outcome))
+                }
+                _ => None,
+            })
+            .collect();
+        let by_rep = |which: Runner| -> Vec<f64> {
+            let mut v: Vec<(usize, f64)> = outs
+                .iter()
+                .filter(|(r, _, _)| *r == which)
+                .map(|(_, rep, o)| (*rep, o.parallel_s.filter(|_| o.ok).unwrap_or(f64::NAN)))
+                .collect();
+            v.sort_by_key(|(rep, _)| *rep);
+            v.into_iter().map(|(_, t)| t).collect()
+        };
+        let (threads, dsm) = (by_rep(Runner::Threads), by_rep(Runner::Dsm));
+        let seq: Vec<f64> = outs
+            .iter()
+            .filter(|(_, _, o)| o.ok)
+            .filter_map(|(_, _, o)| o.sequential_s)
+            .collect();
+        row.status = status_of(outs.len(), outs.iter().filter(|(_, _, o)| !o.ok).count());
+        row.sequential_s = median(&seq);
+        row.threads = summary(&threads);
+        row.dsm = summary(&dsm);
+        row.ratio = summary(&paired_ratios(&threads, &dsm));
+        row.threads_speedup = row.sequential_s.zip(row.threads).map(|(q, t)| q / t.median);
+        row.dsm_speedup = row.sequential_s.zip(row.dsm).map(|(q, d)| q / d.median);
+        rows.push(row);
+    }
+    rows
+}
+
 fn fmt_x(x: f64) -> String {
     format!("{x:.2}x")
 }
@@ -696,6 +757,7 @@ fn failure_group(job: &Job) -> String {
         Job::CKernel { tool, .. } => format!("C kernel {tool:?}"),
         Job::DsmKernel { .. } => "race-kernel".into(),
         Job::Primitives { .. } => "dsm-bench".into(),
+        Job::VsThreads { app, runner, .. } => format!("{app} {}", runner.label()),
     }
 }
 
@@ -758,6 +820,7 @@ pub fn analyze(ctx: &Context, runs: Vec<RunRecord>, command: &dyn Fn(&Job) -> St
         dynamic: dynamic_rows(ctx, &runs),
         breakdown: breakdown_rows(ctx, &runs),
         speedup: speedup_rows(ctx, &runs),
+        threads: threads_rows(ctx, &runs),
         failures: failures(&runs, command),
         apps,
         peers,
@@ -916,6 +979,66 @@ mod tests {
         let t = targets(&c, &apps, &[], &prim);
         assert_eq!(t[2].met, Some(true));
         assert!((t[2].value.unwrap() - 2.0).abs() < 1e-12);
+    }
+
+    fn vs_run(app: &str, input: &str, runner: Runner, rep: usize, t: Option<f64>) -> RunRecord {
+        RunRecord {
+            job: Job::VsThreads {
+                app: app.into(),
+                args: input.split(' ').map(String::from).collect(),
+                nodes: 2,
+                runner,
+                rep,
+            },
+            outcome: Outcome {
+                ok: t.is_some(),
+                parallel_s: t,
+                sequential_s: t.map(|_| 1.0),
+                ..Outcome::default()
+            },
+        }
+    }
+
+    #[test]
+    fn dsm_vs_threads_pairs_repetitions() {
+        let mut c = ctx();
+        c.settings.vs_threads = vec![
+            ("sor".into(), "--size 2048 --iters 50".into()),
+            ("fft".into(), "--dims 128x128x64".into()),
+            ("water".into(), "--big".into()),
+        ];
+        c.settings.vs_threads_nodes = 2;
+        c.missing_apps
+            .insert("water".into(), "binary not found".into());
+        let sor = "--size 2048 --iters 50";
+        let runs = vec![
+            vs_run("sor", sor, Runner::Threads, 0, Some(0.5)),
+            vs_run("sor", sor, Runner::Dsm, 0, Some(0.6)),
+            vs_run("sor", sor, Runner::Dsm, 1, Some(1.0)),
+            vs_run("sor", sor, Runner::Threads, 1, Some(0.5)),
+            vs_run("sor", sor, Runner::Threads, 2, None),
+            vs_run("sor", sor, Runner::Dsm, 2, Some(9.0)),
+            // Another input of the same app is another row.
+            vs_run("sor", "--size 1024 --iters 100", Runner::Dsm, 0, Some(7.0)),
+            // The app table's runs are not this table's.
+            app_run("sor", 2, Variant::Off, 0, Some(5.0)),
+        ];
+        let rows = threads_rows(&c, &runs);
+        assert_eq!(rows.len(), 3);
+        let r = &rows[0];
+        assert_eq!(r.status, "ok (1 of 6 runs failed)");
+        assert_eq!(r.sequential_s, Some(1.0));
+        assert_eq!(r.threads.unwrap().median, 0.5);
+        assert_eq!(r.dsm.unwrap().median, 1.0);
+        let ratio = r.ratio.unwrap();
+        assert_eq!(ratio.n, 2);
+        assert!((ratio.median - 1.6).abs() < 1e-12);
+        assert!((ratio.min - 1.2).abs() < 1e-12 && (ratio.max - 2.0).abs() < 1e-12);
+        assert_eq!(r.threads_speedup, Some(2.0));
+        assert_eq!(r.dsm_speedup, Some(1.0));
+        assert_eq!(rows[1].status, "not run");
+        assert_eq!(rows[1].ratio, None);
+        assert!(rows[2].status.starts_with("not run: binary"));
     }
 
     #[test]

@@ -59,6 +59,25 @@ pub enum Purpose {
     Speedup,
 }
 
+/// How a "dsm vs threads" job runs its kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Runner {
+    /// `app --threads N args`: plain threads of one process, no DSM.
+    Threads,
+    /// `dsmrun -n N app args`.
+    Dsm,
+}
+
+impl Runner {
+    pub fn label(self) -> &'static str {
+        match self {
+            Runner::Threads => "threads",
+            Runner::Dsm => "dsm",
+        }
+    }
+}
+
 /// One run the suite makes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -90,6 +109,15 @@ pub enum Job {
     DsmKernel { kernel: String, nodes: usize },
     /// `dsm-bench --reps reps`, repeated.
     Primitives { reps: usize, rep: usize },
+    /// An app on a scaled input, either over N plain threads or on dsm at N nodes (race
+    /// detection off), for the "dsm vs threads" table.
+    VsThreads {
+        app: String,
+        args: Vec<String>,
+        nodes: usize,
+        runner: Runner,
+        rep: usize,
+    },
 }
 
 impl Job {
@@ -129,6 +157,18 @@ impl Job {
                 format!("race-kernel {kernel} N={nodes} --race")
             }
             Job::Primitives { reps, rep } => format!("dsm-bench --reps {reps} (run {})", rep + 1),
+            Job::VsThreads {
+                app,
+                args,
+                nodes,
+                runner,
+                rep,
+            } => format!(
+                "{app} {} N={nodes} {} (rep {})",
+                args.join(" "),
+                runner.label(),
+                rep + 1
+            ),
         }
     }
 }
@@ -207,6 +247,15 @@ pub struct Settings {
     pub valgrind_reps: usize,
     pub kernel_nodes: usize,
     pub bench_reps: usize,
+    /// The "dsm vs threads" table: app and its scaled input (arguments)...
+    #[serde(default)]
+    pub vs_threads: Vec<(String, String)>,
+    /// ...at this N (threads and nodes)...
+    #[serde(default)]
+    pub vs_threads_nodes: usize,
+    /// ...with this many alternating repetitions of each.
+    #[serde(default)]
+    pub vs_threads_reps: usize,
 }
 
 /// One row of the application table (Table 1), with the race-detection slowdown.
@@ -348,6 +397,30 @@ pub struct SpeedupRow {
     pub self_relative: Option<f64>,
 }
 
+/// A row of the "dsm vs threads" table: one app on a scaled input, sequential, over N
+/// plain threads of one process and on dsm at N nodes, measured in the same run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ThreadsRow {
+    pub app: String,
+    /// The app's arguments.
+    pub input: String,
+    pub nodes: usize,
+    pub oversubscribed: bool,
+    pub status: String,
+    /// Median of the sequential times timed in every run (both kinds).
+    pub sequential_s: Option<f64>,
+    /// The threaded kernel's time.
+    pub threads: Option<Summary>,
+    /// dsm's parallel time (race detection off).
+    pub dsm: Option<Summary>,
+    /// dsm over threads, paired by repetition: the ratio that matters.
+    pub ratio: Option<Summary>,
+    /// sequential / threads (median).
+    pub threads_speedup: Option<f64>,
+    /// sequential / dsm (median).
+    pub dsm_speedup: Option<f64>,
+}
+
 /// One of the targets the report checks.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Target {
@@ -388,6 +461,9 @@ pub struct Report {
     pub peers: Vec<PeerRow>,
     pub primitives: Primitives,
     pub speedup: Vec<SpeedupRow>,
+    /// dsm against plain threads on scaled inputs.
+    #[serde(default)]
+    pub threads: Vec<ThreadsRow>,
     pub targets: Vec<Target>,
     /// PNG files written next to the report (file names).
     pub plots: Vec<String>,

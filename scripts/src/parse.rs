@@ -183,6 +183,21 @@ pub fn combine_stats(files: &[Value]) -> Result<JobStats, String> {
     })
 }
 
+/// An app's `--threads N` line (`threads: ...; threads <x> s, sequential <y> s, ...`):
+/// the threaded kernel's time and the sequential one, both timed in that process.
+pub fn parse_threads(stdout: &str) -> Result<AppTimes, String> {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("threads:"))
+        .ok_or_else(|| "no `threads:` line".to_string())?;
+    let parallel_s = seconds_after(line, "threads")
+        .ok_or_else(|| format!("no `threads <float> s` in: {line}"))?;
+    Ok(AppTimes {
+        parallel_s,
+        sequential_s: seconds_after(line, "sequential"),
+    })
+}
+
 /// The C programs' timing: `... time <x> s`.
 pub fn parse_c_time(stdout: &str) -> Option<f64> {
     stdout.lines().find_map(|l| seconds_after(l, "time"))
@@ -286,6 +301,23 @@ pub fn tail(text: &str, n: usize) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn threads_line() {
+        let t = parse_threads(
+            "threads: sor 2048x2048, 50 iterations, 2 threads: bitwise identical to sequential (checksum 12.5); threads 0.1250 s, sequential 0.2400 s, speedup 1.92x\n",
+        )
+        .unwrap();
+        assert_eq!(t.parallel_s, 0.125);
+        assert_eq!(t.sequential_s, Some(0.24));
+        let t = parse_threads(
+            "threads: fft 3-D 128x128x64, 2 threads: bitwise identical to sequential (checksum 00ff); threads 12 ms, sequential 0.0200 s, speedup 1.67x",
+        )
+        .unwrap();
+        assert_eq!(t.parallel_s, 0.012);
+        assert!(parse_threads("verified: sor ... parallel 0.1 s").is_err());
+        assert!(parse_threads("threads: sor 2 threads: wrong").is_err());
+    }
 
     #[test]
     fn sor_verified_line() {

@@ -448,6 +448,38 @@ pub fn render(r: &Report) -> String {
         }
     }
 
+    // 7. dsm against plain threads.
+    let _ = writeln!(o, "## 7. dsm vs threads\n");
+    if r.threads.is_empty() {
+        let _ = writeln!(o, "Not measured.\n");
+    } else {
+        let _ = writeln!(
+            o,
+            "| app | input | N | sequential (s) | threads (s) | dsm (s) | dsm / threads | speedup: threads, dsm | status |\n|---|---|---|---|---|---|---|---|---|"
+        );
+        for t in &r.threads {
+            let _ = writeln!(
+                o,
+                "| {} | `{}` | {} | {} | {} | {} | {} | {}, {} | {} |",
+                t.app,
+                cell(&t.input),
+                nodes(t.nodes, t.oversubscribed),
+                opt(t.sequential_s, secs),
+                times(t.threads),
+                times(t.dsm),
+                ratio(t.ratio),
+                opt(t.threads_speedup, |x| format!("{x:.2}")),
+                opt(t.dsm_speedup, |x| format!("{x:.2}")),
+                cell(&t.status)
+            );
+        }
+        let _ = writeln!(
+            o,
+            "\nScaled inputs, race detection off, measured in the same run with the two kinds alternating ({} repetitions each). *threads* is the same kernel split over N plain threads of one process (`--threads N`: rows or planes banded as across dsm's nodes, a barrier between phases, bitwise the sequential result): the limit for N ranks on one host. *dsm* is `dsmrun -n N`. *sequential* is the app's plain optimised sequential code, timed in every run of both kinds. **dsm / threads** is the ratio that matters: the median of the per-repetition ratios, with min{DASH}max.\n",
+            r.settings.vs_threads_reps
+        );
+    }
+
     if r.plots.iter().any(|p| p == "slowdown.png") {
         let _ = writeln!(o, "![race-detection slowdown per app](slowdown.png)\n");
     }
@@ -509,6 +541,18 @@ pub fn summary(r: &Report) -> String {
             t.name, t.measured, t.goal
         );
     }
+    let ratios: Vec<String> = r
+        .threads
+        .iter()
+        .filter_map(|t| {
+            t.ratio
+                .map(|x| format!("{} {} {:.2}x", t.app, t.input, x.median))
+        })
+        .collect();
+    if !ratios.is_empty() {
+        let n = r.threads.first().map_or(0, |t| t.nodes);
+        let _ = writeln!(o, "  dsm / threads at N = {n}: {}", ratios.join("; "));
+    }
     if !r.failures.is_empty() {
         let total: usize = r.failures.iter().map(|f| f.count.max(1)).sum();
         let _ = writeln!(o, "  {total} run(s) failed: see the report");
@@ -536,9 +580,31 @@ mod tests {
             "## 4. Against other race detectors",
             "## 5. DSM primitives",
             "## 6. Speedup",
+            "## 7. dsm vs threads",
         ] {
             assert!(md.contains(h), "missing {h}");
         }
+    }
+
+    #[test]
+    fn dsm_vs_threads_table_and_summary() {
+        let r = fixture();
+        let md = render(&r);
+        assert!(
+            md.contains("| sor | `--size 2048 --iters 50` | 2 | 0.420 | 0.230 (0.220–0.250) | 0.310 (0.290–0.360) | **1.35** (1.20–1.50) | 1.83, 1.35 | ok |"),
+            "{md}"
+        );
+        assert!(md.contains("| fft | `--dims 128x128x64` | 2 | – | – | – | – | –, – | failed |"));
+        assert!(md.contains("(5 repetitions each)"));
+        let s = summary(&r);
+        assert!(
+            s.contains("dsm / threads at N = 2: sor --size 2048 --iters 50 1.35x\n"),
+            "{s}"
+        );
+        let mut empty = r.clone();
+        empty.threads.clear();
+        assert!(render(&empty).contains("## 7. dsm vs threads\n\nNot measured."));
+        assert!(!summary(&empty).contains("dsm / threads"));
     }
 
     #[test]

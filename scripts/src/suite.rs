@@ -4,7 +4,7 @@
 //! 2-core machine two measured jobs at once would time each other.
 
 use crate::measure::{self, Spec};
-use crate::model::{Job, Outcome, Purpose, RunRecord, Settings, Variant};
+use crate::model::{Job, Outcome, Purpose, RunRecord, Runner, Settings, Variant};
 use crate::parse::{self, Tool};
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -85,6 +85,28 @@ pub fn app_specs(mode: Mode) -> Vec<AppSpec> {
     ]
 }
 
+/// The scaled inputs of the "dsm vs threads" table (the same in every mode): large enough
+/// that the kernels run for tenths of a second rather than milliseconds.
+pub fn vs_threads_specs() -> Vec<AppSpec> {
+    vec![
+        AppSpec {
+            name: "sor",
+            paper: "512x512",
+            args: strs(&["--size", "2048", "--iters", "50"]),
+        },
+        AppSpec {
+            name: "sor",
+            paper: "512x512",
+            args: strs(&["--size", "1024", "--iters", "100"]),
+        },
+        AppSpec {
+            name: "fft",
+            paper: "64x64x16",
+            args: strs(&["--dims", "128x128x64"]),
+        },
+    ]
+}
+
 /// Repetitions, node counts and limits of a mode.
 #[derive(Clone, Debug)]
 pub struct Knobs {
@@ -109,6 +131,9 @@ pub struct Knobs {
     /// takes the median of several runs' medians.
     pub bench_runs: usize,
     pub app_timeout_s: u64,
+    /// N of the "dsm vs threads" table, and its alternating repetitions.
+    pub vs_threads_nodes: usize,
+    pub vs_threads_reps: usize,
 }
 
 impl Knobs {
@@ -134,6 +159,8 @@ impl Knobs {
             bench_reps: if quick { 300 } else { 1000 },
             bench_runs: 3,
             app_timeout_s: if quick { 60 } else { 300 },
+            vs_threads_nodes: 2,
+            vs_threads_reps: if quick { 2 } else { 5 },
         }
     }
 
@@ -182,6 +209,13 @@ impl Knobs {
             valgrind_reps: if self.valgrind { self.valgrind_reps } else { 0 },
             kernel_nodes: self.kernel_nodes,
             bench_reps: self.bench_reps,
+            vs_threads: vs_threads_specs()
+                .iter()
+                .filter(|v| apps.iter().any(|a| a.name == v.name))
+                .map(|v| (v.name.to_string(), v.args.join(" ")))
+                .collect(),
+            vs_threads_nodes: self.vs_threads_nodes,
+            vs_threads_reps: self.vs_threads_reps,
         }
     }
 }
@@ -386,6 +420,24 @@ pub fn plan(knobs: &Knobs, apps: &[AppSpec], tools: &Tools, paths: &Paths) -> Ve
             }
         }
     }
+    // dsm against plain threads: the two runners alternate, first one then the other.
+    let scaled: Vec<AppSpec> = vs_threads_specs()
+        .into_iter()
+        .filter(|v| apps.iter().any(|a| a.name == v.name))
+        .collect();
+    for rep in 0..knobs.vs_threads_reps {
+        for v in &scaled {
+            for runner in rotate(&[Runner::Threads, Runner::Dsm], rep) {
+                jobs.push(Job::VsThreads {
+                    app: v.name.into(),
+                    args: v.args.clone(),
+                    nodes: knobs.vs_threads_nodes,
+                    runner,
+                    rep,
+                });
+            }
+        }
+    }
     let have_kernels = app_available(paths, "race-kernel").is_ok();
     for &(kernel, _) in KERNELS {
         if have_kernels {
@@ -543,6 +595,39 @@ pub fn spec_for(
             vec!["--reps".into(), reps.to_string()],
             Duration::from_secs(600),
         ),
+        Job::VsThreads {
+            app,
+            args,
+            nodes,
+            runner: Runner::Threads,
+            ..
+        } => {
+            let mut a = vec!["--threads".to_string(), nodes.to_string()];
+            a.extend(args.iter().cloned());
+            Spec::new(
+                paths.bin_dir.join(app),
+                a,
+                Duration::from_secs(knobs.app_timeout_s),
+            )
+        }
+        Job::VsThreads {
+            app,
+            args,
+            nodes,
+            runner: Runner::Dsm,
+            ..
+        } => {
+            let mut a = vec![
+                "-n".to_string(),
+                nodes.to_string(),
+                "--timeout".into(),
+                knobs.app_timeout_s.to_string(),
+                "--".into(),
+                paths.bin_dir.join(app).display().to_string(),
+            ];
+            a.extend(args.iter().cloned());
+            Spec::new(&dsmrun, a, Duration::from_secs(knobs.app_timeout_s + 20))
+        }
     })
 }
 
@@ -614,6 +699,22 @@ pub fn interpret(job: &Job, raw: &measure::Raw, scratch: &Path) -> Outcome {
                 }
             }
         }
+        Job::VsThreads { runner, .. } => {
+            if code != Some(0) {
+                return failed(raw.exit_text(), Some(raw));
+            }
+            let times = match runner {
+                Runner::Threads => parse::parse_threads(&raw.stdout),
+                Runner::Dsm => parse::parse_verified(&raw.stdout),
+            };
+            match times {
+                Ok(t) => {
+                    o.parallel_s = Some(t.parallel_s);
+                    o.sequential_s = t.sequential_s;
+                }
+                Err(e) => return failed(e, Some(raw)),
+            }
+        }
         Job::Primitives { .. } => {
             if code != Some(0) {
                 return failed(raw.exit_text(), Some(raw));
@@ -679,6 +780,7 @@ pub fn execute(
             Job::CSor { .. } => "SOR under other race detectors",
             Job::CKernel { .. } | Job::DsmKernel { .. } => "race kernels",
             Job::Primitives { .. } => "DSM primitives",
+            Job::VsThreads { .. } => "dsm vs threads",
         };
         if part != last_part && !tty {
             eprintln!("bench: [{}/{}] {part}", i + 1, jobs.len());
@@ -753,5 +855,25 @@ mod tests {
         let n = Knobs::new(Mode::Normal, 2);
         assert_eq!((n.reps_at(2), n.reps_at(8)), (7, 7));
         assert!(!n.valgrind && Knobs::new(Mode::Full, 2).valgrind);
+        assert_eq!((q.vs_threads_nodes, q.vs_threads_reps), (2, 2));
+    }
+
+    #[test]
+    fn vs_threads_inputs_follow_the_apps() {
+        let k = Knobs::new(Mode::Quick, 2);
+        let all = k.settings(&app_specs(Mode::Quick));
+        assert_eq!(
+            all.vs_threads,
+            vec![
+                ("sor".to_string(), "--size 2048 --iters 50".to_string()),
+                ("sor".to_string(), "--size 1024 --iters 100".to_string()),
+                ("fft".to_string(), "--dims 128x128x64".to_string()),
+            ]
+        );
+        let only_tsp: Vec<AppSpec> = app_specs(Mode::Quick)
+            .into_iter()
+            .filter(|a| a.name == "tsp")
+            .collect();
+        assert!(k.settings(&only_tsp).vs_threads.is_empty());
     }
 }

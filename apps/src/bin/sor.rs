@@ -33,6 +33,13 @@ struct Args {
     /// comparison reports barrier EPOCH first. Implies --no-verify.
     #[arg(long, value_name = "EPOCH,ROW,COL", value_parser = parse_inject)]
     inject_bug: Option<sor::Inject>,
+    /// No DSM: run the same kernel split over N plain threads of this one process (rows
+    /// banded as across dsm's nodes, a barrier after each colour), check it bitwise
+    /// against the sequential code and print a `threads:` line with both times. The
+    /// baseline dsm at N nodes is measured against.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..),
+          conflicts_with = "inject_bug")]
+    threads: Option<u64>,
 }
 
 fn parse_inject(text: &str) -> Result<sor::Inject, String> {
@@ -65,6 +72,43 @@ fn parse_omega(text: &str) -> Result<f64, String> {
     }
 }
 
+/// `--threads N`: the threaded kernel and the sequential one on local grids, each timed
+/// over the iterations only (the grid initialised beforehand), compared bitwise.
+fn run_threads(n: usize, iters: usize, omega: f64, threads: usize) -> ExitCode {
+    if threads > n {
+        fail(&format!("--threads {threads} is more than the {n} rows"));
+    }
+    let mut want = sor::initial_grid(n);
+    let t = Instant::now();
+    sor::iterate(&mut want, n, iters, omega);
+    let sequential = secs(t);
+    let mut got = sor::initial_grid(n);
+    let t = Instant::now();
+    sor::iterate_threads(&mut got, n, iters, omega, threads);
+    let threaded = secs(t);
+    let diffs = got
+        .iter()
+        .zip(&want)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    if diffs > 0 {
+        fail(&format!(
+            "sor {n}x{n}, {threads} threads: {diffs} points differ from the sequential result"
+        ));
+    }
+    let checksum: f64 = got.iter().sum();
+    if !checksum.is_finite() {
+        fail(&format!(
+            "sor {n}x{n}: the result is not finite (checksum {checksum})"
+        ));
+    }
+    println!(
+        "threads: sor {n}x{n}, {iters} iterations, {threads} threads: bitwise identical to sequential (checksum {checksum:.6}); threads {threaded:.4} s, sequential {sequential:.4} s, speedup {:.2}x",
+        sequential / threaded
+    );
+    ExitCode::SUCCESS
+}
+
 fn main() -> anyhow::Result<ExitCode> {
     apps::init_logging();
     let args = Args::parse();
@@ -82,6 +126,9 @@ fn main() -> anyhow::Result<ExitCode> {
                 bug.col
             );
         }
+    }
+    if let Some(threads) = args.threads {
+        return Ok(run_threads(n, args.iters, args.omega, threads as usize));
     }
     let mut dsm = Dsm::init().context("joining the DSM job")?;
     let grid = sor::setup(&mut dsm, n)?;
