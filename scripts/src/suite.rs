@@ -160,7 +160,7 @@ impl Knobs {
             bench_runs: 3,
             app_timeout_s: if quick { 60 } else { 300 },
             vs_threads_nodes: 2,
-            vs_threads_reps: if quick { 2 } else { 5 },
+            vs_threads_reps: if quick { 1 } else { 5 },
         }
     }
 
@@ -855,7 +855,7 @@ mod tests {
         let n = Knobs::new(Mode::Normal, 2);
         assert_eq!((n.reps_at(2), n.reps_at(8)), (7, 7));
         assert!(!n.valgrind && Knobs::new(Mode::Full, 2).valgrind);
-        assert_eq!((q.vs_threads_nodes, q.vs_threads_reps), (2, 2));
+        assert_eq!((q.vs_threads_nodes, q.vs_threads_reps), (2, 1));
     }
 
     #[test]
