@@ -475,8 +475,11 @@ pub fn render(r: &Report) -> String {
         }
         let _ = writeln!(
             o,
-            "\nScaled inputs, race detection off, measured in the same run with the two kinds alternating ({} repetitions each). *threads* is the same kernel split over N plain threads of one process (`--threads N`: rows or planes banded as across dsm's nodes, a barrier between phases, bitwise the sequential result): the limit for N ranks on one host. *dsm* is `dsmrun -n N`. *sequential* is the app's plain optimised sequential code, timed in every run of both kinds. **dsm / threads** is the ratio that matters: the median of the per-repetition ratios, with min{DASH}max.\n",
-            r.settings.vs_threads_reps
+            "\nScaled inputs, race detection off, measured in the same run with the two kinds alternating ({} each). *threads* is the same kernel split over N plain threads of one process (`--threads N`: rows or planes banded as across dsm's nodes, a barrier between phases, bitwise the sequential result): the limit for N ranks on one host. *dsm* is `dsmrun -n N`. *sequential* is the app's plain optimised sequential code, timed in every run of both kinds. **dsm / threads** is the ratio that matters: the median of the per-repetition ratios, with min{DASH}max.\n",
+            match r.settings.vs_threads_reps {
+                1 => "1 repetition".to_string(),
+                n => format!("{n} repetitions"),
+            }
         );
     }
 
