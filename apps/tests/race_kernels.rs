@@ -113,6 +113,9 @@ fn assert_matches_documented_fields(v: &Value, ctx: &str) {
             "[integer, integer]" => value
                 .as_array()
                 .is_some_and(|a| a.len() == 2 && a.iter().all(Value::is_u64)),
+            "[string]" => value
+                .as_array()
+                .is_some_and(|a| a.iter().all(Value::is_string)),
             "object" => value.as_object().is_some_and(|side| {
                 side.len() == 4
                     && side["rank"].is_u64()
