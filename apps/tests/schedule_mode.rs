@@ -166,6 +166,24 @@ fn schedule_ignore_mutes_a_variable() {
 }
 
 #[test]
+fn the_program_can_mark_a_variable_order_independent() {
+    let (out, log) = run_logged(
+        2,
+        &["--race=schedule"],
+        env!("CARGO_BIN_EXE_water"),
+        &["--steps", "2", "--order-independent-sums"],
+    );
+    let c = ctx(&out);
+    assert_eq!(out.code, Some(0), "{c}");
+    assert!(log.is_empty(), "{log:?}\n{c}");
+    assert!(
+        out.stderr
+            .contains("dsm: 0 data races, 0 lock-order dependences on 0 variables (schedule mode)"),
+        "{c}"
+    );
+}
+
+#[test]
 fn real_data_races_stay_data_races_in_schedule_mode() {
     let (out, log) = run_logged(
         2,

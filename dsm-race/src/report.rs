@@ -153,6 +153,11 @@ impl Reporter {
         self.ignore = ignore.into_iter().collect();
     }
 
+    /// Stops reporting lock-order dependences on `variable` (an order-independent one).
+    pub fn ignore(&mut self, variable: &str) {
+        self.ignore.insert(variable.to_string());
+    }
+
     /// Lock-order dependences reported so far (schedule mode).
     pub fn lock_order_total(&self) -> u64 {
         self.lock_order_total
