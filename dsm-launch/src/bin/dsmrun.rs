@@ -81,7 +81,8 @@ Exit status:
   128+S  the first failing rank was killed by signal S (e.g. 139 for SIGSEGV),
          or dsmrun received signal S (130 for Ctrl-C)
   CODE   with race detection, a rank exited with the race exit code (default
-         66) and nothing else failed
+         66: data races were reported) and nothing else failed; lock-order
+         dependences alone (--race=schedule) leave the status 0
   68     with --compare, values differ from the reference trace (the first
          difference, or with --compare-continue every differing trace point, is
          printed by rank 0)
