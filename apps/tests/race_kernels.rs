@@ -20,12 +20,19 @@ const AT_EIGHT: &[&str] = &[
 ];
 
 fn check(name: &str, n: usize, expect: &Expect) {
+    check_mode(name, n, expect, "--race");
+}
+
+/// [`check`] under `race_flag` (`--race`, or `--race=schedule`, where lock-order
+/// dependences may come on top but the data races must be the same).
+fn check_mode(name: &str, n: usize, expect: &Expect, race_flag: &str) {
+    let schedule = race_flag == "--race=schedule";
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("races.jsonl");
     let log_arg = log.to_str().expect("temporary paths are UTF-8");
     let out = dsm_testkit::dsmrun(
         n,
-        &["--timeout", "60", "--race", "--race-log", log_arg],
+        &["--timeout", "60", race_flag, "--race-log", log_arg],
         KERNEL,
         &["run", name],
     )
@@ -38,6 +45,14 @@ fn check(name: &str, n: usize, expect: &Expect) {
     for line in std::fs::read_to_string(&log).unwrap_or_default().lines() {
         let v: Value = serde_json::from_str(line).unwrap();
         assert_matches_documented_fields(&v, &ctx);
+        if v["class"] == "lock-order" {
+            assert!(
+                schedule,
+                "lock-order dependence outside schedule mode\n{ctx}"
+            );
+            continue;
+        }
+        assert_eq!(v["class"], "data-race", "{ctx}");
         found
             .entry(v["variable"].as_str().unwrap().to_string())
             .or_default()
@@ -48,6 +63,7 @@ fn check(name: &str, n: usize, expect: &Expect) {
             assert_eq!(out.status.code(), Some(0), "{ctx}");
             assert!(found.is_empty(), "false positives {found:?}\n{ctx}");
             assert!(stderr.contains("dsm: 0 data races"), "{ctx}");
+            assert!(!stderr.contains("DATA RACE"), "{ctx}");
         }
         Expect::Races(want) => {
             assert_eq!(out.status.code(), Some(66), "{ctx}");
@@ -113,6 +129,9 @@ fn assert_matches_documented_fields(v: &Value, ctx: &str) {
             "[integer, integer]" => value
                 .as_array()
                 .is_some_and(|a| a.len() == 2 && a.iter().all(Value::is_u64)),
+            "[string]" => value
+                .as_array()
+                .is_some_and(|a| a.iter().all(Value::is_string)),
             "object" => value.as_object().is_some_and(|side| {
                 side.len() == 4
                     && side["rank"].is_u64()
@@ -239,6 +258,15 @@ fn at_least_twenty_kernels_of_both_kinds() {
         "{racy} racy of {}",
         all.len()
     );
+}
+
+/// Schedule mode keeps every kernel's data-race answer (lock-order dependences may be
+/// reported on top: the kernels' locks are real orderings there).
+#[test]
+fn schedule_mode_keeps_the_data_race_answers_at_two_nodes() {
+    for k in kernels::all().iter().filter(|k| k.min_nodes <= 2) {
+        check_mode(k.name, 2, &(k.expect)(2), "--race=schedule");
+    }
 }
 
 #[test]

@@ -99,6 +99,12 @@ pub struct RaceOptions {
     pub stats: bool,
     /// How much of the detector runs (benchmarks only).
     pub phases: RacePhases,
+    /// Schedule mode (`--race=schedule`): lock acquire/release edges are left out of the
+    /// happens-before order (barriers kept), and conflicts that only lock order separates
+    /// are reported as lock-order dependences.
+    pub schedule: bool,
+    /// Variables whose lock-order dependences are not reported (`--schedule-ignore`).
+    pub schedule_ignore: Vec<String>,
 }
 
 impl Default for RaceOptions {
@@ -110,6 +116,8 @@ impl Default for RaceOptions {
             first_only: false,
             stats: false,
             phases: RacePhases::Full,
+            schedule: false,
+            schedule_ignore: Vec::new(),
         }
     }
 }
@@ -381,6 +389,30 @@ impl JobConfig {
             first_only: flag(vars::RACE_FIRST),
             stats: flag(vars::RACE_STATS),
             phases,
+            schedule: match get(vars::RACE_MODE).filter(|_| enabled) {
+                None => false,
+                Some(v) => match v.trim() {
+                    "" | "race" => false,
+                    "schedule" => true,
+                    _ => {
+                        return Err(invalid(
+                            vars::RACE_MODE,
+                            &v,
+                            "expected race or schedule".into(),
+                        ))
+                    }
+                },
+            },
+            schedule_ignore: get(vars::SCHEDULE_IGNORE)
+                .filter(|_| enabled)
+                .map(|v| {
+                    v.split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(String::from)
+                        .collect()
+                })
+                .unwrap_or_default(),
         };
         let tolerance = |var: &'static str| -> Result<u64, ConfigError> {
             match get(var) {
@@ -558,6 +590,12 @@ impl JobConfig {
             }
             if race.stats {
                 env.push((vars::RACE_STATS, "1".into()));
+            }
+            if race.schedule {
+                env.push((vars::RACE_MODE, "schedule".into()));
+            }
+            if !race.schedule_ignore.is_empty() {
+                env.push((vars::SCHEDULE_IGNORE, race.schedule_ignore.join(",").into()));
             }
         }
         env
@@ -742,6 +780,8 @@ mod tests {
             first_only: true,
             stats: true,
             phases: RacePhases::Full,
+            schedule: true,
+            schedule_ignore: vec!["sum".into(), "forces".into()],
         };
         c.trace = TraceOptions {
             mode: TraceMode::Compare("/tmp/ref.dsmtrace".into()),

@@ -91,6 +91,11 @@ pub mod env_vars {
     pub const RACE_EXIT_CODE: &str = "DSM_RACE_EXIT_CODE";
     /// `1`: report only first races (the paper's section 6.4).
     pub const RACE_FIRST: &str = "DSM_RACE_FIRST";
+    /// `schedule`: schedule mode, lock edges left out of the order (`--race=schedule`).
+    pub const RACE_MODE: &str = "DSM_RACE_MODE";
+    /// Comma-separated variables whose lock-order dependences are muted
+    /// (`--schedule-ignore`).
+    pub const SCHEDULE_IGNORE: &str = "DSM_SCHEDULE_IGNORE";
     /// `1`: print race detector statistics.
     pub const RACE_STATS: &str = "DSM_RACE_STATS";
     /// How much of the detector runs (`record`, `notices`, `compare`, `full`); benchmarks only.
@@ -128,7 +133,7 @@ pub mod env_vars {
     /// its own, so a nested or leftover setting never leaks into a job. The others
     /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_PIN`, `DSM_STATS_FILE`, `DSM_LOG`) are the
     /// user's to set for a whole job and reach the ranks by inheritance.
-    pub const LAUNCHER_OWNED: [&str; 24] = [
+    pub const LAUNCHER_OWNED: [&str; 26] = [
         TRACE_VALUES,
         TRACE_FULL,
         TRACE_VARS,
@@ -150,6 +155,8 @@ pub mod env_vars {
         RACE_EXIT_CODE,
         RACE_FIRST,
         RACE_STATS,
+        RACE_MODE,
+        SCHEDULE_IGNORE,
         LOCAL_RANK,
         LOCAL_SIZE,
         LAUNCHER_FD,

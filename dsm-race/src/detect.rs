@@ -94,6 +94,31 @@ impl RaceKind {
     }
 }
 
+/// What a reported conflict means.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum RaceClass {
+    /// The two accesses are concurrent under the full happens-before order (locks and
+    /// barriers): a data race.
+    #[default]
+    #[serde(rename = "data-race")]
+    DataRace,
+    /// Schedule mode only: the accesses are ordered by lock acquire/release edges but not
+    /// by barriers, so which comes first depends on which node got a lock first. The
+    /// program is race-free there, but its result may depend on the schedule.
+    #[serde(rename = "lock-order")]
+    LockOrder,
+}
+
+impl RaceClass {
+    /// The name used in the JSON log: `data-race` or `lock-order`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RaceClass::DataRace => "data-race",
+            RaceClass::LockOrder => "lock-order",
+        }
+    }
+}
+
 /// One side of a race.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Access {
@@ -160,6 +185,8 @@ pub struct Race {
     pub first: Access,
     /// The access from the higher-numbered node.
     pub second: Access,
+    /// A data race, or (schedule mode) a lock-order dependence.
+    pub class: RaceClass,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -202,7 +229,17 @@ fn notices(r: &IntervalRecord) -> Option<(&PageRuns, &PageRuns)> {
 /// touch the page are one contiguous slice of that page's entries, found by binary search
 /// within the node's concurrency range. The cost is the size of the index plus the output,
 /// not the number of concurrent pairs; the result is the one [`plan_pairwise`] computes.
-pub fn plan(epoch: u32, mut intervals: Vec<IntervalRecord>) -> Plan {
+pub fn plan(epoch: u32, intervals: Vec<IntervalRecord>) -> Plan {
+    plan_with(epoch, intervals, false)
+}
+
+/// [`plan`], or with `schedule` the plan of schedule mode (Hood, Kennedy and
+/// Mellor-Crummey): lock acquire/release edges are left out of the happens-before order,
+/// barriers kept. Within one epoch that makes every pair of intervals of different nodes
+/// concurrent, so every such pair that shares a page is checked; [`Plan::compare`] then
+/// labels each conflict a data race when the pair is concurrent under the full order too,
+/// and a lock-order dependence otherwise. Without `schedule` this is exactly [`plan`].
+pub fn plan_with(epoch: u32, mut intervals: Vec<IntervalRecord>, schedule: bool) -> Plan {
     intervals.retain(|r| r.race.is_some());
     intervals.sort_by_key(|r| (r.node, r.index));
     let n = intervals.len();
@@ -254,7 +291,7 @@ pub fn plan(epoch: u32, mut intervals: Vec<IntervalRecord>) -> Plan {
                 while hi < qe && vt[hi * ng + pk] < own[ai] {
                     hi += 1;
                 }
-                let hi = hi.max(lo);
+                let (lo, hi) = if schedule { (qs, qe) } else { (lo, hi.max(lo)) };
                 ranges[ai * ng + qk] = (lo as u32, hi as u32);
                 if pk < qk {
                     stats.concurrent_pairs += (hi - lo) as u64;
@@ -624,6 +661,11 @@ impl Plan {
         let mut races: BTreeMap<(String, usize, Access, Access), Race> = BTreeMap::new();
         for c in &self.checks {
             let (a, b) = (&self.intervals[c.a], &self.intervals[c.b]);
+            let class = if a.concurrent_with(b) {
+                RaceClass::DataRace
+            } else {
+                RaceClass::LockOrder
+            };
             let aw = bitmaps.get(a, c.page, AccessKind::Write);
             let ar = bitmaps.get(a, c.page, AccessKind::Read);
             let bw = bitmaps.get(b, c.page, AccessKind::Write);
@@ -650,7 +692,7 @@ impl Plan {
                     let granule = i * 64 + bit;
                     let page_offset = granule << shift;
                     let granule_bytes = 1usize << shift;
-                    let race = describe(
+                    let mut race = describe(
                         self.epoch,
                         var,
                         c.page,
@@ -669,6 +711,7 @@ impl Plan {
                             began_with: b.began_with,
                         },
                     );
+                    race.class = class;
                     let key = (race.variable.clone(), race.index, race.first, race.second);
                     match races.get_mut(&key) {
                         Some(r) => {
@@ -725,6 +768,7 @@ fn describe(
                 kind,
                 first,
                 second,
+                class: RaceClass::DataRace,
             }
         }
         None => Race {
@@ -737,6 +781,7 @@ fn describe(
             kind,
             first,
             second,
+            class: RaceClass::DataRace,
         },
     }
 }
@@ -943,6 +988,37 @@ mod tests {
     }
 
     #[test]
+    fn schedule_mode_checks_lock_ordered_pairs_as_lock_order() {
+        // Node 0's interval 1 writes grid[0][3] and releases a lock that node 1's interval
+        // 2 acquires; node 1 writes the same element there, and in its concurrent interval
+        // 1 it writes grid[0][5], which node 0 also writes: a real data race.
+        let a = iv(0, 1, vec![1, 0], &[], &[0]);
+        let b1 = iv(1, 1, vec![0, 1], &[], &[0]);
+        let mut b2 = iv(1, 2, vec![1, 2], &[], &[0]);
+        b2.began_with = SyncCause::Acquire(7);
+        let all = vec![a, b1, b2];
+        let mut bitmaps = Bitmaps::new();
+        for (node, b) in [
+            bitmap(0, 1, 0, AccessKind::Write, &[3, 5]),
+            bitmap(1, 1, 0, AccessKind::Write, &[5]),
+            bitmap(1, 2, 0, AccessKind::Write, &[3]),
+        ] {
+            bitmaps.insert(node, b);
+        }
+        let plain = plan(1, all.clone());
+        let races = plain.compare(&bitmaps, &vars());
+        assert_eq!(races.len(), 1);
+        assert_eq!((races[0].index, races[0].class), (5, RaceClass::DataRace));
+        let sched = plan_with(1, all, true);
+        assert_eq!(sched.stats.concurrent_pairs, 2);
+        let races = sched.compare(&bitmaps, &vars());
+        assert_eq!(races.len(), 2, "{races:?}");
+        assert_eq!((races[0].index, races[0].class), (3, RaceClass::LockOrder));
+        assert_eq!(races[0].second.began_with, SyncCause::Acquire(7));
+        assert_eq!((races[1].index, races[1].class), (5, RaceClass::DataRace));
+    }
+
+    #[test]
     fn disjoint_pages_need_no_bitmaps() {
         let a = iv(0, 1, vec![1, 0], &[1], &[2]);
         let b = iv(1, 1, vec![0, 1], &[5], &[6]);
@@ -1107,6 +1183,40 @@ mod tests {
 
     proptest::proptest! {
         #[test]
+        fn schedule_plan_checks_every_cross_node_overlap(
+            seed in proptest::prelude::any::<u64>(),
+            nodes in 1usize..5,
+            steps in 0usize..40,
+            pages in 1u32..12,
+        ) {
+            let epoch = random_epoch(seed, nodes, steps, pages);
+            let sched = plan_with(1, epoch.clone(), true);
+            // Brute force: every pair of intervals of different nodes, and every page one
+            // writes and the other reads or writes.
+            let mut want = BTreeSet::new();
+            for a in epoch.iter().filter(|r| r.race.is_some()) {
+                for b in epoch.iter().filter(|r| r.race.is_some() && r.node > a.node) {
+                    let (ar, aw) = notices(a).unwrap();
+                    let (br, bw) = notices(b).unwrap();
+                    let pages = aw.intersect(bw).union(&aw.intersect(br)).union(&ar.intersect(bw));
+                    for page in pages.iter() {
+                        want.insert((a.node, a.index, b.node, b.index, page));
+                    }
+                }
+            }
+            let got: BTreeSet<(NodeId, u32, NodeId, u32, PageNo)> = sched
+                .checks
+                .iter()
+                .map(|c| {
+                    let (a, b) = (&sched.intervals[c.a], &sched.intervals[c.b]);
+                    (a.node, a.index, b.node, b.index, c.page)
+                })
+                .collect();
+            proptest::prop_assert_eq!(got.len(), sched.checks.len());
+            proptest::prop_assert_eq!(got, want);
+        }
+
+        #[test]
         fn indexed_plan_equals_pairwise(
             seed in proptest::prelude::any::<u64>(),
             nodes in 1usize..6,
@@ -1189,6 +1299,7 @@ mod tests {
                 write: true,
                 began_with: SyncCause::Start,
             },
+            class: RaceClass::DataRace,
         };
         let races = vec![mk(0, 1, 1, 1, 0), mk(0, 2, 1, 2, 600)];
         let first = first_races(races, &all);
@@ -1230,6 +1341,7 @@ mod tests {
                 write: true,
                 began_with: SyncCause::Start,
             },
+            class: RaceClass::DataRace,
         };
         let x = mk(1, 2, 0);
         let y = mk(2, 1, 1);

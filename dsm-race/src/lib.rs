@@ -12,7 +12,8 @@ pub mod record;
 pub mod report;
 
 pub use detect::{
-    first_races, plan, plan_pairwise, Access, Bitmaps, Plan, Race, RaceKind, VarInfo, VarTable,
+    first_races, plan, plan_pairwise, plan_with, Access, Bitmaps, Plan, Race, RaceClass, RaceKind,
+    VarInfo, VarTable,
 };
 pub use dsm_proto::PlanStats;
 pub use record::{granule_shift, AllocShadow, RecordStats, Recorder};

@@ -9,7 +9,8 @@
 //! runtime but are not counted; a race found at one is reported within the epoch it
 //! belongs to, naming the allocation.
 
-use crate::detect::{sync_text, Race, RaceKind};
+use crate::detect::{sync_text, Race, RaceClass, RaceKind};
+use dsm_proto::SyncCause;
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -33,10 +34,17 @@ pub struct Reporter {
     /// What each of the runtime's synchronization epochs was in the program's terms
     /// (`barrier 3`, `the allocation of 'grid'`), for "after barrier N" in reports.
     sync_points: std::collections::HashMap<u32, String>,
+    /// Schedule mode: lock edges are left out of the order, and lock-order dependences
+    /// are reported (and counted) apart from data races.
+    schedule: bool,
+    /// Variables whose lock-order dependences are not reported (`--schedule-ignore`).
+    ignore: BTreeSet<String>,
+    lock_order_total: u64,
+    lock_order_variables: BTreeSet<String>,
 }
 
-/// Races collapse into one block per variable, interval pair and kind.
-type BlockKey<'a> = (&'a str, (u16, u32), (u16, u32), RaceKind);
+/// Races collapse into one block per variable, interval pair, class and kind.
+type BlockKey<'a> = (&'a str, (u16, u32), (u16, u32), RaceClass, RaceKind);
 
 /// Where in the program an analysis happened, in the program's own terms.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -130,7 +138,29 @@ impl Reporter {
             first_epoch_done: false,
             lock_names: Default::default(),
             sync_points: Default::default(),
+            schedule: false,
+            ignore: BTreeSet::new(),
+            lock_order_total: 0,
+            lock_order_variables: BTreeSet::new(),
         })
+    }
+
+    /// Schedule mode (`--race=schedule`): the summary counts lock-order dependences apart
+    /// from data races, and those on the `ignore`d variables (order-independent ones, such
+    /// as a commutative sum) are not reported at all.
+    pub fn set_schedule(&mut self, ignore: impl IntoIterator<Item = String>) {
+        self.schedule = true;
+        self.ignore = ignore.into_iter().collect();
+    }
+
+    /// Stops reporting lock-order dependences on `variable` (an order-independent one).
+    pub fn ignore(&mut self, variable: &str) {
+        self.ignore.insert(variable.to_string());
+    }
+
+    /// Lock-order dependences reported so far (schedule mode).
+    pub fn lock_order_total(&self) -> u64 {
+        self.lock_order_total
     }
 
     /// Records what the runtime's synchronization epoch `epoch` was in the program's terms,
@@ -155,7 +185,7 @@ impl Reporter {
         !(self.first_only && self.first_epoch_done)
     }
 
-    /// Races reported so far.
+    /// Data races reported so far (not counting lock-order dependences).
     pub fn total(&self) -> u64 {
         self.total
     }
@@ -165,8 +195,21 @@ impl Reporter {
         self.variables.len()
     }
 
-    /// Prints the epoch's races to `out` and logs them; returns how many there were.
+    /// Prints the epoch's races (and, in schedule mode, lock-order dependences) to `out`
+    /// and logs them; returns how many were reported. Lock-order dependences on ignored
+    /// variables are dropped first.
     pub fn report(&mut self, at: &Point, races: &[Race], out: &mut dyn Write) -> io::Result<u64> {
+        let kept: Vec<Race>;
+        let races = if self.ignore.is_empty() {
+            races
+        } else {
+            kept = races
+                .iter()
+                .filter(|r| !(r.class == RaceClass::LockOrder && self.ignore.contains(&r.variable)))
+                .cloned()
+                .collect();
+            &kept[..]
+        };
         if races.is_empty() || !self.wants_more() {
             return Ok(0);
         }
@@ -180,6 +223,7 @@ impl Reporter {
                     r.variable.as_str(),
                     (r.first.node, r.first.interval),
                     (r.second.node, r.second.interval),
+                    r.class,
                     r.kind,
                 ))
                 .or_default()
@@ -202,16 +246,37 @@ impl Reporter {
             }
             log.flush()?;
         }
-        self.total += races.len() as u64;
         for r in races {
-            self.variables.insert(r.variable.clone());
+            if r.class == RaceClass::LockOrder {
+                self.lock_order_total += 1;
+                self.lock_order_variables.insert(r.variable.clone());
+            } else {
+                self.total += 1;
+                self.variables.insert(r.variable.clone());
+            }
         }
         Ok(races.len() as u64)
     }
 
-    /// `dsm: N data races on M variables`.
+    /// `dsm: N data races on M variables`; in schedule mode `dsm: N data races, K lock-order
+    /// dependences on M variables (schedule mode)`, M counting the variables of both.
     pub fn summary(&self) -> String {
         let n = self.total;
+        if self.schedule {
+            let k = self.lock_order_total;
+            let m = self.variables.union(&self.lock_order_variables).count();
+            return format!(
+                "dsm: {n} data race{}, {k} lock-order dependence{} on {m} variable{} (schedule mode){}",
+                if n == 1 { "" } else { "s" },
+                if k == 1 { "" } else { "s" },
+                if m == 1 { "" } else { "s" },
+                if self.first_only {
+                    " (first races only)"
+                } else {
+                    ""
+                }
+            );
+        }
         let m = self.variables.len();
         format!(
             "dsm: {n} data race{} on {m} variable{}{}",
@@ -255,18 +320,46 @@ struct Names<'a> {
 }
 
 impl Names<'_> {
-    fn sync_text(&self, cause: dsm_proto::SyncCause) -> String {
+    fn sync_text(&self, cause: SyncCause) -> String {
         sync_text(cause, &|l| self.locks.get(&l).cloned(), &|e| {
             self.syncs.get(&e).cloned()
         })
+    }
+
+    /// The name of lock `l` as reports give it: the program's name, or its number.
+    fn lock(&self, l: u64) -> String {
+        match self.locks.get(&l) {
+            Some(name) => name.clone(),
+            None if l >= 1 << 63 => format!("#{:x}", l & !(1 << 63)),
+            None => l.to_string(),
+        }
+    }
+
+    /// The locks whose acquire or release began either side's interval: the locks whose
+    /// order decided a lock-order dependence (sorted, without duplicates).
+    fn locks_of(&self, r: &Race) -> Vec<String> {
+        let mut ls: Vec<String> = [r.first.began_with, r.second.began_with]
+            .into_iter()
+            .filter_map(|c| match c {
+                SyncCause::Acquire(l) | SyncCause::Release(l) => Some(self.lock(l)),
+                _ => None,
+            })
+            .collect();
+        ls.sort();
+        ls.dedup();
+        ls
     }
 }
 
 fn block(at: &Point, races: &[&Race], names: &Names<'_>) -> String {
     let r = races[0];
     let access = |w: bool| if w { "write" } else { "read" };
+    let title = match r.class {
+        RaceClass::DataRace => "DATA RACE",
+        RaceClass::LockOrder => "LOCK-ORDER DEPENDENCE",
+    };
     let mut s = format!(
-        "==================\ndsm: DATA RACE ({}) on {} {}\n  address {:#x}, bytes {}..{} of the element\n  {} by rank {} in interval {} ({})\n  {} by rank {} in interval {} ({})\n",
+        "==================\ndsm: {title} ({}) on {} {}\n  address {:#x}, bytes {}..{} of the element\n  {} by rank {} in interval {} ({})\n  {} by rank {} in interval {} ({})\n",
         r.kind.as_str(),
         element(r),
         at.describe(),
@@ -282,6 +375,26 @@ fn block(at: &Point, races: &[&Race], names: &Names<'_>) -> String {
         r.second.interval,
         names.sync_text(r.second.began_with),
     );
+    if r.class == RaceClass::LockOrder {
+        let locks = names.locks_of(r);
+        s.push_str(&if locks.is_empty() {
+            "  ordered only through a chain of lock transfers: the order depends on which node got the locks first\n".to_string()
+        } else {
+            format!(
+                "  ordered by lock{} {}: the result may depend on which node got the lock first\n",
+                if locks.len() == 1 { "" } else { "s" },
+                locks
+                    .iter()
+                    .map(|l| if l.parse::<u64>().is_ok() || l.starts_with('#') {
+                        l.clone()
+                    } else {
+                        format!("\"{l}\"")
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        });
+    }
     if races.len() > 1 {
         let shown: Vec<String> = races
             .iter()
@@ -325,6 +438,11 @@ fn json_of(at: &Point, r: &Race, names: &Names<'_>) -> serde_json::Value {
         "address": format!("{:#x}", r.addr),
         "bytes": [r.bytes.0, r.bytes.1],
         "kind": r.kind.as_str(),
+        "class": r.class.as_str(),
+        "locks": match r.class {
+            RaceClass::LockOrder => names.locks_of(r),
+            RaceClass::DataRace => Vec::new(),
+        },
         "first": side(&r.first),
         "second": side(&r.second),
     })
@@ -334,7 +452,6 @@ fn json_of(at: &Point, r: &Race, names: &Names<'_>) -> serde_json::Value {
 mod tests {
     use super::*;
     use crate::detect::Access;
-    use dsm_proto::SyncCause;
 
     fn race(index: usize, interval: u32) -> Race {
         Race {
@@ -357,6 +474,7 @@ mod tests {
                 write: true,
                 began_with: SyncCause::Barrier(1),
             },
+            class: RaceClass::DataRace,
         }
     }
 
@@ -384,6 +502,48 @@ mod tests {
         assert_eq!(first["second"]["rank"], 2);
         assert_eq!(rep.summary(), "dsm: 8 data races on 1 variable");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn schedule_mode_labels_counts_and_mutes_lock_order() {
+        let mut rep = Reporter::new(None, false).unwrap();
+        rep.set_schedule(["muted".to_string()]);
+        rep.name_lock(3, "queue");
+        let mut dep = race(0, 4);
+        dep.class = RaceClass::LockOrder;
+        dep.second.began_with = SyncCause::Release(5);
+        let mut muted = dep.clone();
+        muted.variable = "muted".into();
+        let mut muted_race = race(1, 4);
+        muted_race.variable = "muted".into();
+        let mut out = Vec::new();
+        let n = rep
+            .report(
+                &Point::Barrier(2),
+                &[dep, muted, race(2, 4), muted_race],
+                &mut out,
+            )
+            .unwrap();
+        assert_eq!(n, 3);
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("LOCK-ORDER DEPENDENCE (read-write) on bound[0]"),
+            "{text}"
+        );
+        assert!(text.contains("ordered by locks 5, \"queue\""), "{text}");
+        assert!(
+            text.contains("DATA RACE (read-write) on bound[2]"),
+            "{text}"
+        );
+        assert!(
+            text.contains("DATA RACE (read-write) on muted[1]"),
+            "{text}"
+        );
+        assert_eq!((rep.total(), rep.lock_order_total()), (2, 1));
+        assert_eq!(
+            rep.summary(),
+            "dsm: 2 data races, 1 lock-order dependence on 2 variables (schedule mode)"
+        );
     }
 
     #[test]

@@ -42,6 +42,11 @@ struct Args {
     /// Skip the sequential check (for timing runs only).
     #[arg(long)]
     no_verify: bool,
+    /// Mark the lock-protected sums ("forces", "energy") as order-independent, so that
+    /// schedule mode (`dsmrun --race=schedule`) does not report their lock-order
+    /// dependences (`Dsm::order_independent`; floating-point sums commute up to rounding).
+    #[arg(long)]
+    order_independent_sums: bool,
 }
 
 fn parse_molecules(s: &str) -> Result<usize, String> {
@@ -73,6 +78,10 @@ fn main() -> anyhow::Result<ExitCode> {
     };
     let mut dsm = Dsm::init().context("joining the DSM job")?;
     let (rank, nodes) = (dsm.rank(), dsm.size());
+    if args.order_independent_sums {
+        dsm.order_independent("forces");
+        dsm.order_independent("energy");
+    }
     if rank == 0 {
         let geo = p.geometry();
         println!(

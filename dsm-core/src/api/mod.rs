@@ -586,6 +586,16 @@ impl Dsm {
         self.acquire(id)
     }
 
+    /// Marks the allocation `name` as order-independent (a commutative sum, say): in schedule
+    /// mode (`dsmrun --race=schedule`) its lock-order dependences are not reported, as with
+    /// `--schedule-ignore NAME`. Data races on it are still reported; without schedule mode
+    /// this does nothing. Only rank 0's call matters (it reports), but every rank may make it.
+    pub fn order_independent(&mut self, name: &str) {
+        if let Some(rep) = self.race.as_mut().and_then(|r| r.reporter.as_mut()) {
+            rep.ignore(name);
+        }
+    }
+
     /// Acquires the lock with this name (the same name means the same lock on every node).
     pub fn lock_named(&mut self, name: &str) -> Result<LockGuard<'_>, DsmError> {
         let id = (1u64 << 63) | (fnv(FNV_OFFSET, name.as_bytes()) & !(1u64 << 63));

@@ -34,7 +34,11 @@ impl RaceState {
     /// Detection state for a node; rank 0 (`master`) also owns the reporter.
     pub(super) fn new(options: RaceOptions, master: bool) -> io::Result<RaceState> {
         let reporter = if master {
-            Some(Reporter::new(options.log.as_deref(), options.first_only)?)
+            let mut rep = Reporter::new(options.log.as_deref(), options.first_only)?;
+            if options.schedule {
+                rep.set_schedule(options.schedule_ignore.iter().cloned());
+            }
+            Some(rep)
         } else {
             None
         };
@@ -147,7 +151,7 @@ impl Dsm {
             .map(|n| postcard::experimental::serialized_size(n).map_or(0, |s| s as u64))
             .sum();
         let t0 = Instant::now();
-        let mut plan = dsm_race::plan(epoch, intervals);
+        let mut plan = dsm_race::plan_with(epoch, intervals, r.options.schedule);
         let t1 = Instant::now();
         if r.phases < RacePhases::Full {
             plan.wanted.clear();

@@ -47,6 +47,7 @@ Environment of every rank (inherited DSM_* values of these names are dropped):
   DSM_RACE=1 and DSM_RACE_EXIT_CODE=CODE              (only with race detection)
   DSM_RACE_LOG         absolute path of --race-log    (only with --race-log)
   DSM_RACE_FIRST=1, DSM_RACE_STATS=1                  (only with --race-first/--race-stats)
+  DSM_RACE_MODE=schedule, DSM_SCHEDULE_IGNORE=a,b     (--race=schedule, --schedule-ignore)
   DSM_TRACE_VALUES     absolute path of --trace-values FILE
   DSM_TRACE_FULL=1, DSM_TRACE_VARS=a,b                (--trace-values-full, --trace-vars)
   DSM_COMPARE          absolute path of --compare FILE
@@ -80,7 +81,8 @@ Exit status:
   128+S  the first failing rank was killed by signal S (e.g. 139 for SIGSEGV),
          or dsmrun received signal S (130 for Ctrl-C)
   CODE   with race detection, a rank exited with the race exit code (default
-         66) and nothing else failed
+         66: data races were reported) and nothing else failed; lock-order
+         dependences alone (--race=schedule) leave the status 0
   68     with --compare, values differ from the reference trace (the first
          difference, or with --compare-continue every differing trace point, is
          printed by rank 0)
@@ -141,9 +143,29 @@ struct Cli {
     liveness: Option<Deadline>,
 
     /// Turn on data-race detection in the ranks (DSM_RACE=1). Each --race-*
-    /// option below implies --race
-    #[arg(long)]
-    race: bool,
+    /// option below implies --race. --race=schedule is schedule mode
+    /// (DSM_RACE_MODE=schedule): lock acquire/release edges are left out of
+    /// the happens-before order (barriers kept), so accesses that only lock
+    /// order separates are reported as lock-order dependences naming the locks:
+    /// the program is race-free there but its result may depend on which node
+    /// got a lock first. Lock-order dependences alone do not make the race exit
+    /// status. The value must be attached (--race=schedule): a bare --race is
+    /// plain race detection
+    #[arg(
+        long,
+        value_name = "MODE",
+        value_parser = ["race", "schedule"],
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "race"
+    )]
+    race: Option<String>,
+
+    /// Schedule mode: do not report lock-order dependences on VAR, an
+    /// order-independent variable such as a commutative sum (repeatable or
+    /// comma-separated; DSM_SCHEDULE_IGNORE=a,b; implies --race=schedule)
+    #[arg(long, value_name = "VAR", value_delimiter = ',')]
+    schedule_ignore: Vec<String>,
 
     /// Write every race as one JSON object per line to FILE (all fields, no
     /// collapsing; rank 0 writes it; relative paths are taken from the current
@@ -242,7 +264,9 @@ fn parse_deadline(text: &str) -> Result<Deadline, dsm_proto::ValueError> {
 
 impl Cli {
     fn into_config(self) -> anyhow::Result<LaunchConfig> {
-        let race_on = self.race
+        let schedule = self.race.as_deref() == Some("schedule") || !self.schedule_ignore.is_empty();
+        let race_on = self.race.is_some()
+            || schedule
             || self.race_log.is_some()
             || self.race_exit_code.is_some()
             || self.race_first
@@ -262,6 +286,8 @@ impl Cli {
                 exit_code: self.race_exit_code.unwrap_or(exit_codes::RACES_FOUND),
                 first_only: self.race_first,
                 stats: self.race_stats,
+                schedule,
+                schedule_ignore: self.schedule_ignore,
                 ..RaceOptions::default()
             }
         } else {

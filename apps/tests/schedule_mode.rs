@@ -1,0 +1,224 @@
+//! Schedule mode (`dsmrun --race=schedule`, Hood/Kennedy/Mellor-Crummey): lock edges are
+//! left out of the happens-before order, so updates that only lock order separates are
+//! reported as lock-order dependences, while plain `--race` reports nothing on the same
+//! race-free programs. Real multi-process runs.
+
+use dsm_testkit::Run;
+use serde_json::Value;
+use std::collections::BTreeSet;
+
+/// Runs `dsmrun -n N FLAGS --race-log LOG PROGRAM ARGS`; returns the run and the log lines.
+fn run_logged(n: usize, flags: &[&str], program: &str, args: &[&str]) -> (Run, Vec<Value>) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("races.jsonl");
+    let log_arg = log.to_str().expect("temporary paths are UTF-8");
+    let mut all = vec!["--timeout", "120", "--race-log", log_arg];
+    all.extend_from_slice(flags);
+    let out = dsm_testkit::dsmrun(n, &all, program, args);
+    let lines = std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    (out, lines)
+}
+
+fn ctx(out: &Run) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.code,
+        out.stdout,
+        tail(&out.stderr)
+    )
+}
+
+fn tail(s: &str) -> &str {
+    &s[s.len().saturating_sub(4000)..]
+}
+
+/// Schedule mode reports lock-order dependences (on one of `want` at least), no data
+/// races, and exits 0; plain race mode reports nothing.
+fn dependences_in_schedule_mode_only(n: usize, program: &str, args: &[&str], want: &[&str]) {
+    let (out, log) = run_logged(n, &["--race=schedule"], program, args);
+    let c = ctx(&out);
+    assert_eq!(
+        out.code,
+        Some(0),
+        "lock-order dependences alone exit 0\n{c}"
+    );
+    assert!(out.stdout.contains("[0] verified:"), "{c}");
+    assert!(out.stderr.contains("LOCK-ORDER DEPENDENCE"), "{c}");
+    assert!(!out.stderr.contains("DATA RACE"), "{c}");
+    assert!(out.stderr.contains("dsm: 0 data races, "), "{c}");
+    assert!(out.stderr.contains("(schedule mode)"), "{c}");
+    assert!(!log.is_empty(), "{c}");
+    let vars: BTreeSet<&str> = log
+        .iter()
+        .map(|v| v["variable"].as_str().unwrap())
+        .collect();
+    assert!(want.iter().any(|w| vars.contains(w)), "{vars:?}\n{c}");
+    for v in &log {
+        assert_eq!(v["class"], "lock-order", "{v}");
+        let locks = v["locks"].as_array().unwrap();
+        assert!(locks.iter().all(Value::is_string), "{v}");
+    }
+    assert!(
+        log.iter()
+            .any(|v| !v["locks"].as_array().unwrap().is_empty()),
+        "some dependence names its lock\n{c}"
+    );
+
+    let (out, log) = run_logged(n, &["--race"], program, args);
+    let c = ctx(&out);
+    assert_eq!(out.code, Some(0), "{c}");
+    assert!(out.stdout.contains("[0] verified:"), "{c}");
+    assert!(log.is_empty(), "{log:?}\n{c}");
+    assert!(
+        out.stderr.contains("dsm: 0 data races on 0 variables"),
+        "{c}"
+    );
+    assert!(!out.stderr.contains("LOCK-ORDER"), "{c}");
+}
+
+/// Nothing in either mode.
+fn clean_in_both_modes(n: usize, program: &str, args: &[&str]) {
+    for (flag, summary) in [
+        ("--race", "dsm: 0 data races on 0 variables"),
+        (
+            "--race=schedule",
+            "dsm: 0 data races, 0 lock-order dependences on 0 variables (schedule mode)",
+        ),
+    ] {
+        let (out, log) = run_logged(n, &[flag], program, args);
+        let c = ctx(&out);
+        assert_eq!(out.code, Some(0), "{flag}\n{c}");
+        assert!(out.stdout.contains("[0] verified:"), "{flag}\n{c}");
+        assert!(log.is_empty(), "{flag}: {log:?}\n{c}");
+        assert!(out.stderr.contains(summary), "{flag}\n{c}");
+    }
+}
+
+#[test]
+fn water_has_lock_order_dependences_on_forces() {
+    dependences_in_schedule_mode_only(
+        2,
+        env!("CARGO_BIN_EXE_water"),
+        &["--steps", "2"],
+        &["forces"],
+    );
+}
+
+#[test]
+fn water_at_four_nodes_too() {
+    dependences_in_schedule_mode_only(
+        4,
+        env!("CARGO_BIN_EXE_water"),
+        &["--molecules", "64", "--steps", "2"],
+        &["forces"],
+    );
+}
+
+#[test]
+fn tsp_work_queue_has_lock_order_dependences() {
+    dependences_in_schedule_mode_only(
+        2,
+        env!("CARGO_BIN_EXE_tsp"),
+        &["--cities", "12", "--locked-bound"],
+        // The work queue's entries and its head/tail (which of them depends on timing).
+        &["queue", "pool_meta"],
+    );
+}
+
+#[test]
+fn sor_and_fft_are_clean_in_both_modes() {
+    clean_in_both_modes(
+        4,
+        env!("CARGO_BIN_EXE_sor"),
+        &["--size", "128", "--iters", "10"],
+    );
+    clean_in_both_modes(4, env!("CARGO_BIN_EXE_fft"), &[]);
+}
+
+#[test]
+fn schedule_ignore_mutes_a_variable() {
+    let water = env!("CARGO_BIN_EXE_water");
+    let args = ["--steps", "2"];
+    let (out, log) = run_logged(2, &["--schedule-ignore", "forces"], water, &args);
+    let c = ctx(&out);
+    assert_eq!(out.code, Some(0), "{c}");
+    assert!(log.iter().all(|v| v["variable"] != "forces"), "{c}");
+    assert!(!out.stderr.contains("on forces["), "{c}");
+    assert!(out.stderr.contains("(schedule mode)"), "{c}");
+    let (out, log) = run_logged(
+        2,
+        &["--schedule-ignore", "forces", "--schedule-ignore", "energy"],
+        water,
+        &args,
+    );
+    let c = ctx(&out);
+    assert_eq!(out.code, Some(0), "{c}");
+    assert!(log.is_empty(), "{log:?}\n{c}");
+    assert!(
+        out.stderr
+            .contains("dsm: 0 data races, 0 lock-order dependences on 0 variables (schedule mode)"),
+        "{c}"
+    );
+}
+
+#[test]
+fn the_program_can_mark_a_variable_order_independent() {
+    let (out, log) = run_logged(
+        2,
+        &["--race=schedule"],
+        env!("CARGO_BIN_EXE_water"),
+        &["--steps", "2", "--order-independent-sums"],
+    );
+    let c = ctx(&out);
+    assert_eq!(out.code, Some(0), "{c}");
+    assert!(log.is_empty(), "{log:?}\n{c}");
+    assert!(
+        out.stderr
+            .contains("dsm: 0 data races, 0 lock-order dependences on 0 variables (schedule mode)"),
+        "{c}"
+    );
+}
+
+#[test]
+fn real_data_races_stay_data_races_in_schedule_mode() {
+    let (out, log) = run_logged(
+        2,
+        &["--race=schedule"],
+        env!("CARGO_BIN_EXE_race-kernel"),
+        &["run", "write-write"],
+    );
+    let c = ctx(&out);
+    assert_eq!(out.code, Some(66), "{c}");
+    assert!(
+        out.stderr.contains("DATA RACE (write-write) on cell[9]"),
+        "{c}"
+    );
+    assert!(
+        log.iter()
+            .any(|v| v["class"] == "data-race" && v["variable"] == "cell"),
+        "{c}"
+    );
+}
+
+#[test]
+fn race_mode_value_is_checked_and_needs_equals() {
+    let out = dsm_testkit::dsmrun(2, &["--race=bogus"], "sor", &["--size", "64"]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    // `--race PROGRAM` keeps PROGRAM as the program.
+    let out = dsm_testkit::dsmrun(
+        2,
+        &["--timeout", "60", "--race"],
+        env!("CARGO_BIN_EXE_sor"),
+        &["--size", "64", "--iters", "2"],
+    );
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("dsm: 0 data races on 0 variables"),
+        "{}",
+        out.stderr
+    );
+}
