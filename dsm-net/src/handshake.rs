@@ -63,9 +63,10 @@ enum Role {
     Connector,
 }
 
-/// The MAC one side sends: keyed by the job secret, over its role, the connector's and the
-/// acceptor's nonces, the connector's and the acceptor's ranks and the job size.
-fn proof(
+/// The keyed MAC one side computes: keyed by the job secret, over its role, the
+/// connector's and the acceptor's nonces, the connector's and the acceptor's ranks and the
+/// job size.
+fn mac(
     secret: &[u8],
     role: Role,
     connector_nonce: &[u8; 32],
@@ -73,7 +74,7 @@ fn proof(
     connector: usize,
     acceptor: usize,
     size: usize,
-) -> [u8; 32] {
+) -> HmacSha256 {
     let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC takes keys of any length");
     mac.update(match role {
         Role::Acceptor => b"dsm-handshake-v1 acceptor ",
@@ -84,10 +85,34 @@ fn proof(
     for v in [connector, acceptor, size] {
         mac.update(&(v as u64).to_le_bytes());
     }
-    mac.finalize().into_bytes().into()
+    mac
 }
 
-/// The proof a connector would send, for tests that play an eavesdropper.
+/// The proof one side sends (see [`mac`]).
+fn proof(
+    secret: &[u8],
+    role: Role,
+    connector_nonce: &[u8; 32],
+    acceptor_nonce: &[u8; 32],
+    connector: usize,
+    acceptor: usize,
+    size: usize,
+) -> [u8; 32] {
+    mac(
+        secret,
+        role,
+        connector_nonce,
+        acceptor_nonce,
+        connector,
+        acceptor,
+        size,
+    )
+    .finalize()
+    .into_bytes()
+    .into()
+}
+
+/// The proof for tests that play an eavesdropper.
 #[cfg(test)]
 pub(crate) fn connector_proof_for_tests(
     secret: &[u8],
@@ -108,7 +133,7 @@ pub(crate) fn connector_proof_for_tests(
     )
 }
 
-/// Compares MACs in constant time (the `hmac` crate's verification).
+/// Checks a claimed proof in constant time (the `hmac` crate's verification).
 fn proof_matches(
     secret: &[u8],
     role: Role,
@@ -117,17 +142,9 @@ fn proof_matches(
     size: usize,
     claimed: &[u8; 32],
 ) -> bool {
-    let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC takes keys of any length");
-    mac.update(match role {
-        Role::Acceptor => b"dsm-handshake-v1 acceptor ",
-        Role::Connector => b"dsm-handshake-v1 connector",
-    });
-    mac.update(nonces.0);
-    mac.update(nonces.1);
-    for v in [ranks.0, ranks.1, size] {
-        mac.update(&(v as u64).to_le_bytes());
-    }
-    mac.verify_slice(claimed).is_ok()
+    mac(secret, role, nonces.0, nonces.1, ranks.0, ranks.1, size)
+        .verify_slice(claimed)
+        .is_ok()
 }
 
 /// How the connecting side's handshake can fail.

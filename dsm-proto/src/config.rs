@@ -405,13 +405,7 @@ impl JobConfig {
             },
             schedule_ignore: get(vars::SCHEDULE_IGNORE)
                 .filter(|_| enabled)
-                .map(|v| {
-                    v.split(',')
-                        .map(str::trim)
-                        .filter(|s| !s.is_empty())
-                        .map(String::from)
-                        .collect()
-                })
+                .map(|v| name_list(&v))
                 .unwrap_or_default(),
         };
         let tolerance = |var: &'static str| -> Result<u64, ConfigError> {
@@ -446,13 +440,7 @@ impl JobConfig {
             mode,
             full: flag(vars::TRACE_FULL),
             vars: get(vars::TRACE_VARS)
-                .map(|v| {
-                    v.split(',')
-                        .map(str::trim)
-                        .filter(|s| !s.is_empty())
-                        .map(String::from)
-                        .collect()
-                })
+                .map(|v| name_list(&v))
                 .unwrap_or_default(),
             continue_all: flag(vars::COMPARE_CONTINUE),
             abs_tolerance_bits: tolerance(vars::TOLERANCE)?,
@@ -493,22 +481,7 @@ impl JobConfig {
                 .filter(|s| !s.is_empty())
                 .map(PathBuf::from),
             coord_fd: parse_fd(vars::COORD_FD, get(vars::COORD_FD))?,
-            launcher_fd: match get(vars::LAUNCHER_FD) {
-                Some(v) => Some(
-                    v.trim()
-                        .parse::<i32>()
-                        .ok()
-                        .filter(|&fd| fd > 2)
-                        .ok_or_else(|| {
-                            invalid(
-                                vars::LAUNCHER_FD,
-                                &v,
-                                "expected a file descriptor above 2".into(),
-                            )
-                        })?,
-                ),
-                None => None,
-            },
+            launcher_fd: parse_fd(vars::LAUNCHER_FD, get(vars::LAUNCHER_FD))?,
         })
     }
 
@@ -604,6 +577,15 @@ impl JobConfig {
 
 /// Value of `DSM_LAUNCHER` when dsmrun started the rank.
 pub const DSMRUN: &str = "dsmrun";
+
+/// A comma-separated list of names, blanks dropped (`grid, forces`).
+fn name_list(v: &str) -> Vec<String> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
+}
 
 /// An inherited file descriptor: above the standard streams.
 fn parse_fd(var: &'static str, v: Option<String>) -> Result<Option<i32>, ConfigError> {
