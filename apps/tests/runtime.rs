@@ -332,16 +332,6 @@ fn killed_rank_stops_the_job() {
     );
 }
 
-/// Gone, or a zombie waiting for its new parent to reap it.
-fn is_gone(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| rest.starts_with('Z')),
-    }
-}
-
 #[test]
 fn no_rank_outlives_a_killed_dsmrun() {
     let mut child = dsm_testkit::dsmrun_command(3, &[], TEST, &["hang", "--seconds", "120"])
@@ -364,11 +354,13 @@ fn no_rank_outlives_a_killed_dsmrun() {
     child.kill().unwrap(); // SIGKILL: dsmrun gets no chance to stop anyone
     child.wait().unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
-    while !pids.iter().all(|&p| is_gone(p)) {
+    while !pids.iter().all(|&p| dsm_testkit::is_gone(p)) {
         assert!(
             Instant::now() < deadline,
             "ranks still running 5 s after dsmrun was killed: {:?}",
-            pids.iter().filter(|&&p| !is_gone(p)).collect::<Vec<_>>()
+            pids.iter()
+                .filter(|&&p| !dsm_testkit::is_gone(p))
+                .collect::<Vec<_>>()
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -383,7 +375,7 @@ impl Drop for Reaper {
         for &pid in &self.0 {
             let ours = std::fs::read(format!("/proc/{pid}/cmdline"))
                 .is_ok_and(|c| String::from_utf8_lossy(&c).contains("dsm-test"));
-            if ours && !is_gone(pid) {
+            if ours && !dsm_testkit::is_gone(pid) {
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(pid),
                     nix::sys::signal::Signal::SIGKILL,
@@ -466,12 +458,14 @@ fn stopped_rank_is_named_and_the_job_ends_after_the_liveness_deadline() {
     );
     // dsmrun killed the stopped rank; the others stopped on their own or by SIGTERM.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while !pids.iter().all(|&p| is_gone(p)) {
+    while !pids.iter().all(|&p| dsm_testkit::is_gone(p)) {
         assert!(
             Instant::now() < deadline,
             "ranks left behind: {:?}
 {err}",
-            pids.iter().filter(|&&p| !is_gone(p)).collect::<Vec<_>>()
+            pids.iter()
+                .filter(|&&p| !dsm_testkit::is_gone(p))
+                .collect::<Vec<_>>()
         );
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -11,7 +11,6 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use nix::errno::Errno;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tempfile::TempDir;
@@ -80,19 +79,8 @@ fn wait_for_pid(path: &Path) -> Pid {
     }
 }
 
-/// True once `pid` has exited. A killed grandchild is reparented and stays a
-/// zombie until its new parent reaps it, which counts as gone.
 fn is_gone(pid: Pid) -> bool {
-    if kill(pid, None::<Signal>) == Err(Errno::ESRCH) {
-        return true;
-    }
-    fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|stat| {
-            // The state follows the parenthesised command name.
-            stat.rsplit_once(") ")
-                .is_some_and(|(_, rest)| rest.starts_with('Z'))
-        })
-        .unwrap_or(true)
+    dsm_testkit::is_gone(pid.as_raw())
 }
 
 /// Parses `[r] KEY=VALUE KEY=VALUE ...` lines into one map per rank.

@@ -536,7 +536,14 @@ mod tests {
             panic!("expected a challenge")
         };
         let recorded = HelloProof {
-            proof: crate::handshake::connector_proof_for_tests(b"k", &hello.nonce, &nonce, 1, 0, 2),
+            proof: crate::handshake::Transcript {
+                connector_nonce: &hello.nonce,
+                acceptor_nonce: &nonce,
+                connector: 1,
+                acceptor: 0,
+                size: 2,
+            }
+            .proof(b"k", crate::handshake::Role::Connector),
         };
         drop(first);
         // The replay: same hello, same proof, new connection.

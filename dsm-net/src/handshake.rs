@@ -58,93 +58,47 @@ pub(crate) struct Local {
 
 /// Which side of the handshake a MAC proves.
 #[derive(Clone, Copy)]
-enum Role {
+pub(crate) enum Role {
     Acceptor,
     Connector,
 }
 
-/// The keyed MAC one side computes: keyed by the job secret, over its role, the
-/// connector's and the acceptor's nonces, the connector's and the acceptor's ranks and the
-/// job size.
-fn mac(
-    secret: &[u8],
-    role: Role,
-    connector_nonce: &[u8; 32],
-    acceptor_nonce: &[u8; 32],
-    connector: usize,
-    acceptor: usize,
-    size: usize,
-) -> HmacSha256 {
-    let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC takes keys of any length");
-    mac.update(match role {
-        Role::Acceptor => b"dsm-handshake-v1 acceptor ",
-        Role::Connector => b"dsm-handshake-v1 connector",
-    });
-    mac.update(connector_nonce);
-    mac.update(acceptor_nonce);
-    for v in [connector, acceptor, size] {
-        mac.update(&(v as u64).to_le_bytes());
+/// What both proofs of one handshake cover: both sides' nonces, both ranks and the job
+/// size. Each side's MAC is keyed by the job secret and also covers its role, so neither
+/// proof can be reflected back as the other.
+#[derive(Clone, Copy)]
+pub(crate) struct Transcript<'a> {
+    pub(crate) connector_nonce: &'a [u8; 32],
+    pub(crate) acceptor_nonce: &'a [u8; 32],
+    pub(crate) connector: usize,
+    pub(crate) acceptor: usize,
+    pub(crate) size: usize,
+}
+
+impl Transcript<'_> {
+    fn mac(&self, secret: &[u8], role: Role) -> HmacSha256 {
+        let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC takes keys of any length");
+        mac.update(match role {
+            Role::Acceptor => b"dsm-handshake-v1 acceptor ",
+            Role::Connector => b"dsm-handshake-v1 connector",
+        });
+        mac.update(self.connector_nonce);
+        mac.update(self.acceptor_nonce);
+        for v in [self.connector, self.acceptor, self.size] {
+            mac.update(&(v as u64).to_le_bytes());
+        }
+        mac
     }
-    mac
-}
 
-/// The proof one side sends (see [`mac`]).
-fn proof(
-    secret: &[u8],
-    role: Role,
-    connector_nonce: &[u8; 32],
-    acceptor_nonce: &[u8; 32],
-    connector: usize,
-    acceptor: usize,
-    size: usize,
-) -> [u8; 32] {
-    mac(
-        secret,
-        role,
-        connector_nonce,
-        acceptor_nonce,
-        connector,
-        acceptor,
-        size,
-    )
-    .finalize()
-    .into_bytes()
-    .into()
-}
+    /// The proof the side in `role` sends.
+    pub(crate) fn proof(&self, secret: &[u8], role: Role) -> [u8; 32] {
+        self.mac(secret, role).finalize().into_bytes().into()
+    }
 
-/// The proof for tests that play an eavesdropper.
-#[cfg(test)]
-pub(crate) fn connector_proof_for_tests(
-    secret: &[u8],
-    connector_nonce: &[u8; 32],
-    acceptor_nonce: &[u8; 32],
-    connector: usize,
-    acceptor: usize,
-    size: usize,
-) -> [u8; 32] {
-    proof(
-        secret,
-        Role::Connector,
-        connector_nonce,
-        acceptor_nonce,
-        connector,
-        acceptor,
-        size,
-    )
-}
-
-/// Checks a claimed proof in constant time (the `hmac` crate's verification).
-fn proof_matches(
-    secret: &[u8],
-    role: Role,
-    nonces: (&[u8; 32], &[u8; 32]),
-    ranks: (usize, usize),
-    size: usize,
-    claimed: &[u8; 32],
-) -> bool {
-    mac(secret, role, nonces.0, nonces.1, ranks.0, ranks.1, size)
-        .verify_slice(claimed)
-        .is_ok()
+    /// Checks a claimed proof in constant time (the `hmac` crate's verification).
+    fn verifies(&self, secret: &[u8], role: Role, claimed: &[u8; 32]) -> bool {
+        self.mac(secret, role).verify_slice(claimed).is_ok()
+    }
 }
 
 /// How the connecting side's handshake can fail.
@@ -193,24 +147,16 @@ pub(crate) fn connect(
         }
         Err(e) => return Err(ConnectFailure::Broken(e)),
     };
-    let genuine = proof_matches(
-        &local.secret,
-        Role::Acceptor,
-        (&nonce, &their_nonce),
-        (local.rank, acceptor),
-        local.size,
-        &their_proof,
-    );
-    // Our proof goes out either way, so that a peer of another job logs why it refused us.
-    let ours = proof(
-        &local.secret,
-        Role::Connector,
-        &nonce,
-        &their_nonce,
-        local.rank,
+    let transcript = Transcript {
+        connector_nonce: &nonce,
+        acceptor_nonce: &their_nonce,
+        connector: local.rank,
         acceptor,
-        local.size,
-    );
+        size: local.size,
+    };
+    let genuine = transcript.verifies(&local.secret, Role::Acceptor, &their_proof);
+    // Our proof goes out either way, so that a peer of another job logs why it refused us.
+    let ours = transcript.proof(&local.secret, Role::Connector);
     write_frame(s, &HelloProof { proof: ours }).map_err(ConnectFailure::Broken)?;
     if !genuine {
         return Err(ConnectFailure::Impostor);
@@ -265,25 +211,17 @@ fn accept(s: &mut TcpStream, local: &Local, lowest: usize) -> Result<Hello, Stri
         return Err(refuse(s, format!("unexpected rank {r}")));
     }
     let nonce: [u8; 32] = rand::random();
-    let ours = proof(
-        &local.secret,
-        Role::Acceptor,
-        &hello.nonce,
-        &nonce,
-        r,
-        local.rank,
-        local.size,
-    );
+    let transcript = Transcript {
+        connector_nonce: &hello.nonce,
+        acceptor_nonce: &nonce,
+        connector: r,
+        acceptor: local.rank,
+        size: local.size,
+    };
+    let ours = transcript.proof(&local.secret, Role::Acceptor);
     write_frame(s, &HelloReply::Challenge { nonce, proof: ours }).map_err(|e| e.to_string())?;
     let theirs: HelloProof = read_frame(s, MAX_HANDSHAKE).map_err(|e| e.to_string())?;
-    if !proof_matches(
-        &local.secret,
-        Role::Connector,
-        (&hello.nonce, &nonce),
-        (r, local.rank),
-        local.size,
-        &theirs.proof,
-    ) {
+    if !transcript.verifies(&local.secret, Role::Connector, &theirs.proof) {
         return Err(refuse(s, "wrong job secret".into()));
     }
     Ok(hello)
@@ -484,23 +422,23 @@ mod tests {
     fn proofs_bind_role_nonces_ranks_and_size() {
         let secret = b"k";
         let (a, b) = ([1u8; 32], [2u8; 32]);
-        let p = proof(secret, Role::Acceptor, &a, &b, 1, 0, 4);
-        assert!(proof_matches(
-            secret,
-            Role::Acceptor,
-            (&a, &b),
-            (1, 0),
-            4,
-            &p
-        ));
-        for (role, nonces, ranks, size, key) in [
+        let t = |c, d, connector, size| Transcript {
+            connector_nonce: c,
+            acceptor_nonce: d,
+            connector,
+            acceptor: 0,
+            size,
+        };
+        let p = t(&a, &b, 1, 4).proof(secret, Role::Acceptor);
+        assert!(t(&a, &b, 1, 4).verifies(secret, Role::Acceptor, &p));
+        for (role, (c, d), (connector, _), size, key) in [
             (Role::Connector, (&a, &b), (1, 0), 4, &secret[..]),
             (Role::Acceptor, (&b, &a), (1, 0), 4, &secret[..]),
             (Role::Acceptor, (&a, &b), (2, 0), 4, &secret[..]),
             (Role::Acceptor, (&a, &b), (1, 0), 5, &secret[..]),
             (Role::Acceptor, (&a, &b), (1, 0), 4, &b"other"[..]),
         ] {
-            assert!(!proof_matches(key, role, nonces, ranks, size, &p));
+            assert!(!t(c, d, connector, size).verifies(key, role, &p));
         }
     }
 }

@@ -211,6 +211,18 @@ pub fn run(cmd: Command) -> Run {
     start(cmd).finish()
 }
 
+/// True once process `pid` has exited: its `/proc` entry is gone, or it is a zombie (a
+/// killed grandchild is reparented and stays a zombie until its new parent reaps it).
+pub fn is_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // The state follows the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z')),
+    }
+}
+
 /// Says, where the test runner shows it even for passing tests, that `test` did not run
 /// and why. Write directly to the stderr handle: the harness captures `eprintln!`, not that.
 pub fn skip(test: &str, reason: &str) {

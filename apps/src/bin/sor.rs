@@ -72,6 +72,29 @@ fn parse_omega(text: &str) -> Result<f64, String> {
     }
 }
 
+/// Fails (the app convention) unless `got` equals the sequential `want` bit for bit and is
+/// finite: bitwise agreement of two NaN grids is not a verified result. Returns the checksum.
+fn verified_checksum(what: &str, n: usize, got: &[f64], want: &[f64]) -> f64 {
+    let differ = |(a, b): (&f64, &f64)| a.to_bits() != b.to_bits();
+    let diffs = got.iter().zip(want).filter(|&p| differ(p)).count();
+    if let Some(k) = got.iter().zip(want).position(differ) {
+        fail(&format!(
+            "{what}: {diffs} points differ from the sequential result; first at ({}, {}): got {} want {}",
+            k / n,
+            k % n,
+            got[k],
+            want[k]
+        ));
+    }
+    let checksum: f64 = got.iter().sum();
+    if !checksum.is_finite() {
+        fail(&format!(
+            "{what}: the result is not finite (checksum {checksum})"
+        ));
+    }
+    checksum
+}
+
 /// `--threads N`: the threaded kernel and the sequential one on local grids, each timed
 /// over the iterations only (the grid initialised beforehand), compared bitwise.
 fn run_threads(n: usize, iters: usize, omega: f64, threads: usize) -> ExitCode {
@@ -86,22 +109,7 @@ fn run_threads(n: usize, iters: usize, omega: f64, threads: usize) -> ExitCode {
     let t = Instant::now();
     sor::iterate_threads(&mut got, n, iters, omega, threads);
     let threaded = secs(t);
-    let diffs = got
-        .iter()
-        .zip(&want)
-        .filter(|(a, b)| a.to_bits() != b.to_bits())
-        .count();
-    if diffs > 0 {
-        fail(&format!(
-            "sor {n}x{n}, {threads} threads: {diffs} points differ from the sequential result"
-        ));
-    }
-    let checksum: f64 = got.iter().sum();
-    if !checksum.is_finite() {
-        fail(&format!(
-            "sor {n}x{n}: the result is not finite (checksum {checksum})"
-        ));
-    }
+    let checksum = verified_checksum(&format!("sor {n}x{n}, {threads} threads"), n, &got, &want);
     println!(
         "threads: sor {n}x{n}, {iters} iterations, {threads} threads: bitwise identical to sequential (checksum {checksum:.6}); threads {threaded:.4} s, sequential {sequential:.4} s, speedup {:.2}x",
         sequential / threaded
@@ -150,34 +158,7 @@ fn main() -> anyhow::Result<ExitCode> {
             let t = Instant::now();
             sor::iterate(&mut want, n, args.iters, args.omega);
             let sequential = secs(t);
-            let diffs = got
-                .iter()
-                .zip(&want)
-                .filter(|(a, b)| a.to_bits() != b.to_bits())
-                .count();
-            if diffs > 0 {
-                let (k, _) = got
-                    .iter()
-                    .zip(&want)
-                    .enumerate()
-                    .find(|(_, (a, b))| a.to_bits() != b.to_bits())
-                    .map(|(k, (a, b))| (k, (*a, *b)))
-                    .unwrap();
-                fail(&format!(
-                    "sor {n}x{n}: {diffs} points differ from the sequential result; first at ({}, {}): got {} want {}",
-                    k / n,
-                    k % n,
-                    got[k],
-                    want[k]
-                ));
-            }
-            let checksum: f64 = got.iter().sum();
-            if !checksum.is_finite() {
-                // Bitwise agreement of two NaN grids is not a verified result.
-                fail(&format!(
-                    "sor {n}x{n}: the result is not finite (checksum {checksum})"
-                ));
-            }
+            let checksum = verified_checksum(&format!("sor {n}x{n}"), n, &got, &want);
             println!(
                 "verified: sor {n}x{n}, {} iterations, {} nodes: bitwise identical to sequential (checksum {checksum:.6}); parallel {parallel:.4} s, sequential {sequential:.4} s, speedup {:.2}x",
                 args.iters,

@@ -514,22 +514,22 @@ impl Dsm {
     pub fn barrier(&mut self) -> Result<(), DsmError> {
         self.barriers_called += 1;
         self.sync_point = Point::Barrier(self.barriers_called);
-        let race = self.close_race_interval();
-        let bitmaps = self.shippable_bitmaps();
-        self.sync(Command::Barrier {
-            finishing: false,
-            race,
-            bitmaps,
-        })?;
+        self.barrier_command(false)?;
         self.trace_point(false)
     }
 
     /// A barrier the program did not call (value tracing): not counted in its epochs.
     fn internal_barrier(&mut self) -> Result<(), DsmError> {
+        self.barrier_command(false)
+    }
+
+    /// Closes the interval and waits at a barrier (the last one of the run when
+    /// `finishing`), serving race-detection rounds meanwhile.
+    fn barrier_command(&mut self, finishing: bool) -> Result<(), DsmError> {
         let race = self.close_race_interval();
         let bitmaps = self.shippable_bitmaps();
         self.sync(Command::Barrier {
-            finishing: false,
+            finishing,
             race,
             bitmaps,
         })
@@ -673,13 +673,7 @@ impl Dsm {
             self.internal_barrier()?;
             self.trace_point(true)?;
         }
-        let race = self.close_race_interval();
-        let bitmaps = self.shippable_bitmaps();
-        let result = self.sync(Command::Barrier {
-            finishing: true,
-            race,
-            bitmaps,
-        });
+        let result = self.barrier_command(true);
         if result.is_ok() {
             self.write_stats_file()?;
         }

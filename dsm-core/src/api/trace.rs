@@ -277,18 +277,16 @@ impl Dsm {
         let traced: Vec<usize> = (0..self.allocs.len())
             .filter(|&i| !self.allocs[i].internal)
             .collect();
+        // Where each traced allocation's block hashes start, and how many there are in all.
+        let mut total = 0;
         let firsts: Vec<usize> = traced
             .iter()
-            .scan(0usize, |acc, &i| {
-                let at = *acc;
-                *acc += blocks(self.allocs[i].len * self.allocs[i].elem_size);
-                Some(at)
+            .map(|&i| {
+                let at = total;
+                total += blocks(self.allocs[i].len * self.allocs[i].elem_size);
+                at
             })
             .collect();
-        let total: usize = traced
-            .iter()
-            .map(|&i| blocks(self.allocs[i].len * self.allocs[i].elem_size))
-            .sum();
         // Every traced block's hash, in trace order (rank 0 only).
         let mut hashes = Vec::new();
         if self.size == 1 {
