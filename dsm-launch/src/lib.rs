@@ -493,6 +493,7 @@ pub fn run(config: &LaunchConfig) -> Result<JobOutcome, LaunchError> {
         lifelines: Vec::with_capacity(config.ranks),
         rx,
         race_exit_code: config.race.races_found_exit(),
+        checking: config.race.check,
         compare: matches!(config.trace.mode, TraceMode::Compare(_)),
         started: Instant::now(),
     };
@@ -731,6 +732,8 @@ struct Job {
     lifelines: Vec<OwnedFd>,
     rx: Receiver<Event>,
     race_exit_code: Option<i32>,
+    /// `--check` is on: the race exit code also means check findings.
+    checking: bool,
     /// `--compare` is on: the values-differ exit status is an outcome, not a crash.
     compare: bool,
     started: Instant,
@@ -990,7 +993,8 @@ impl Job {
                             race_ranks.push(rank);
                             if others > 0 {
                                 note(format_args!(
-                                    "rank {rank} exited with the race exit code {code} (data race found); waiting for the other {}",
+                                    "rank {rank} exited with the race exit code {code} ({}); waiting for the other {}",
+                                    if self.checking { "data races or --check findings reported" } else { "data race found" },
                                     plural(others, "rank", &format!("{others} ranks"))
                                 ));
                             }

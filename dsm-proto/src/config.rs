@@ -105,6 +105,9 @@ pub struct RaceOptions {
     pub schedule: bool,
     /// Variables whose lock-order dependences are not reported (`--schedule-ignore`).
     pub schedule_ignore: Vec<String>,
+    /// DVM-style dynamic checks (`--check`): uninitialised reads and accesses outside
+    /// declared regions, found from the same access records as races.
+    pub check: bool,
 }
 
 impl Default for RaceOptions {
@@ -118,6 +121,7 @@ impl Default for RaceOptions {
             phases: RacePhases::Full,
             schedule: false,
             schedule_ignore: Vec::new(),
+            check: false,
         }
     }
 }
@@ -407,6 +411,7 @@ impl JobConfig {
                 .filter(|_| enabled)
                 .map(|v| name_list(&v))
                 .unwrap_or_default(),
+            check: enabled && flag(vars::CHECK),
         };
         let tolerance = |var: &'static str| -> Result<u64, ConfigError> {
             match get(var) {
@@ -569,6 +574,9 @@ impl JobConfig {
             }
             if !race.schedule_ignore.is_empty() {
                 env.push((vars::SCHEDULE_IGNORE, race.schedule_ignore.join(",").into()));
+            }
+            if race.check {
+                env.push((vars::CHECK, "1".into()));
             }
         }
         env
@@ -764,6 +772,7 @@ mod tests {
             phases: RacePhases::Full,
             schedule: true,
             schedule_ignore: vec!["sum".into(), "forces".into()],
+            check: true,
         };
         c.trace = TraceOptions {
             mode: TraceMode::Compare("/tmp/ref.dsmtrace".into()),

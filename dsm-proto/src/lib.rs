@@ -96,6 +96,8 @@ pub mod env_vars {
     /// Comma-separated variables whose lock-order dependences are muted
     /// (`--schedule-ignore`).
     pub const SCHEDULE_IGNORE: &str = "DSM_SCHEDULE_IGNORE";
+    /// `1`: DVM-style dynamic checks (`--check`); needs `DSM_RACE=1`.
+    pub const CHECK: &str = "DSM_CHECK";
     /// `1`: print race detector statistics.
     pub const RACE_STATS: &str = "DSM_RACE_STATS";
     /// How much of the detector runs (`record`, `notices`, `compare`, `full`); benchmarks only.
@@ -133,7 +135,7 @@ pub mod env_vars {
     /// its own, so a nested or leftover setting never leaks into a job. The others
     /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_PIN`, `DSM_STATS_FILE`, `DSM_LOG`) are the
     /// user's to set for a whole job and reach the ranks by inheritance.
-    pub const LAUNCHER_OWNED: [&str; 26] = [
+    pub const LAUNCHER_OWNED: [&str; 27] = [
         TRACE_VALUES,
         TRACE_FULL,
         TRACE_VARS,
@@ -157,6 +159,7 @@ pub mod env_vars {
         RACE_STATS,
         RACE_MODE,
         SCHEDULE_IGNORE,
+        CHECK,
         LOCAL_RANK,
         LOCAL_SIZE,
         LAUNCHER_FD,

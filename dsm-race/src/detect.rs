@@ -636,7 +636,7 @@ impl Bitmaps {
         self.map.contains_key(&(node, *key))
     }
 
-    fn get(&self, r: &IntervalRecord, page: PageNo, kind: AccessKind) -> &[u64] {
+    pub(crate) fn get(&self, r: &IntervalRecord, page: PageNo, kind: AccessKind) -> &[u64] {
         self.map
             .get(&(
                 r.node,

@@ -7,10 +7,12 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod check;
 pub mod detect;
 pub mod record;
 pub mod report;
 
+pub use check::{Checker, Finding, FindingKind, RegionRule};
 pub use detect::{
     first_races, plan, plan_pairwise, plan_with, Access, Bitmaps, Plan, Race, RaceClass, RaceKind,
     VarInfo, VarTable,

@@ -9,6 +9,7 @@
 //! runtime but are not counted; a race found at one is reported within the epoch it
 //! belongs to, naming the allocation.
 
+use crate::check::{Finding, FindingKind};
 use crate::detect::{sync_text, Race, RaceClass, RaceKind};
 use dsm_proto::SyncCause;
 use serde_json::json;
@@ -41,6 +42,10 @@ pub struct Reporter {
     ignore: BTreeSet<String>,
     lock_order_total: u64,
     lock_order_variables: BTreeSet<String>,
+    /// `--check`: the summary counts check findings too.
+    checking: bool,
+    /// Elements reported by checks, per kind.
+    check_totals: BTreeMap<FindingKind, u64>,
 }
 
 /// Races collapse into one block per variable, interval pair, class and kind.
@@ -142,6 +147,8 @@ impl Reporter {
             ignore: BTreeSet::new(),
             lock_order_total: 0,
             lock_order_variables: BTreeSet::new(),
+            checking: false,
+            check_totals: BTreeMap::new(),
         })
     }
 
@@ -151,6 +158,53 @@ impl Reporter {
     pub fn set_schedule(&mut self, ignore: impl IntoIterator<Item = String>) {
         self.schedule = true;
         self.ignore = ignore.into_iter().collect();
+    }
+
+    /// `--check`: the summary says what the checks found (even when nothing).
+    pub fn set_checking(&mut self) {
+        self.checking = true;
+    }
+
+    /// Elements reported by `--check` so far, all kinds together.
+    pub fn check_total(&self) -> u64 {
+        self.check_totals.values().sum()
+    }
+
+    /// Prints the epoch's check findings to `out`, one block per variable, interval and
+    /// kind, and logs each block as one JSON object; returns the number of elements
+    /// reported.
+    pub fn report_findings(
+        &mut self,
+        at: &Point,
+        findings: &[Finding],
+        out: &mut dyn Write,
+    ) -> io::Result<u64> {
+        if findings.is_empty() {
+            return Ok(0);
+        }
+        let names = Names {
+            locks: &self.lock_names,
+            syncs: &self.sync_points,
+        };
+        let mut text = String::new();
+        for f in findings {
+            text.push_str(&finding_block(at, f, &names));
+        }
+        out.write_all(text.as_bytes())?;
+        out.flush()?;
+        if let Some(log) = self.log.as_mut() {
+            for f in findings {
+                serde_json::to_writer(&mut *log, &finding_json(at, f, &names))?;
+                log.write_all(b"\n")?;
+            }
+            log.flush()?;
+        }
+        let mut n = 0;
+        for f in findings {
+            *self.check_totals.entry(f.kind).or_default() += f.indices.len() as u64;
+            n += f.indices.len() as u64;
+        }
+        Ok(n)
     }
 
     /// Stops reporting lock-order dependences on `variable` (an order-independent one).
@@ -261,6 +315,22 @@ impl Reporter {
     /// `dsm: N data races on M variables`; in schedule mode `dsm: N data races, K lock-order
     /// dependences on M variables (schedule mode)`, M counting the variables of both.
     pub fn summary(&self) -> String {
+        let races = self.race_summary();
+        if !self.checking {
+            return races;
+        }
+        let count = |k| self.check_totals.get(&k).copied().unwrap_or(0);
+        let outside =
+            count(FindingKind::ReadOutsideRegion) + count(FindingKind::WriteOutsideRegion);
+        let uninit = count(FindingKind::UninitialisedRead);
+        format!(
+            "{races}; --check: {uninit} uninitialised read{}, {outside} access{} outside declared regions",
+            if uninit == 1 { "" } else { "s" },
+            if outside == 1 { "" } else { "es" },
+        )
+    }
+
+    fn race_summary(&self) -> String {
         let n = self.total;
         if self.schedule {
             let k = self.lock_order_total;
@@ -445,6 +515,91 @@ fn json_of(at: &Point, r: &Race, names: &Names<'_>) -> serde_json::Value {
         },
         "first": side(&r.first),
         "second": side(&r.second),
+    })
+}
+
+/// An element of a finding's variable, as reports write it.
+fn finding_element(f: &Finding, index: usize) -> String {
+    match f.cols {
+        Some(c) if c > 0 => format!("{}[{}][{}]", f.variable, index / c, index % c),
+        _ => format!("{}[{index}]", f.variable),
+    }
+}
+
+fn finding_block(at: &Point, f: &Finding, names: &Names<'_>) -> String {
+    let first = f.indices[0];
+    let (title, what) = match f.kind {
+        FindingKind::UninitialisedRead => ("UNINITIALISED READ", "read"),
+        FindingKind::ReadOutsideRegion => ("READ OUTSIDE REGION", "read"),
+        FindingKind::WriteOutsideRegion => ("WRITE OUTSIDE REGION", "write"),
+    };
+    let mut s = format!(
+        "==================\ndsm: {title} of {} {}\n  {what} by rank {} in interval {} ({}){}\n",
+        finding_element(f, first),
+        at.describe(),
+        f.node,
+        f.interval,
+        names.sync_text(f.began_with),
+        match f.intervals {
+            1 => String::new(),
+            n => format!(
+                " and {} later interval{} of rank {}",
+                n - 1,
+                if n == 2 { "" } else { "s" },
+                f.node
+            ),
+        }
+    );
+    match (&f.region, f.kind) {
+        (_, FindingKind::UninitialisedRead) => s.push_str(
+            "  no node wrote the element since its allocation, and no write of this epoch happens before the read\n",
+        ),
+        (Some(r), _) if r.is_empty() => s.push_str(&format!(
+            "  rank {} declared no region of {}\n",
+            f.node, f.variable
+        )),
+        (Some(r), _) => s.push_str(&format!(
+            "  rank {}'s declared region of {} is elements {}..{}\n",
+            f.node, f.variable, r.start, r.end
+        )),
+        (None, _) => {}
+    }
+    if f.indices.len() > 1 {
+        let shown: Vec<String> = f
+            .indices
+            .iter()
+            .skip(1)
+            .take(SHOWN_INDICES)
+            .map(|&i| finding_element(f, i))
+            .collect();
+        let more = f.indices.len() - 1 - shown.len();
+        s.push_str(&format!(
+            "  and {} more element{}: {}{}\n",
+            f.indices.len() - 1,
+            if f.indices.len() == 2 { "" } else { "s" },
+            shown.join(", "),
+            if more > 0 { ", ..." } else { "" }
+        ));
+    }
+    s
+}
+
+/// How many element indices a logged finding lists.
+const LOGGED_INDICES: usize = 64;
+
+fn finding_json(at: &Point, f: &Finding, names: &Names<'_>) -> serde_json::Value {
+    json!({
+        "check": f.kind.as_str(),
+        "epoch": at.epoch(),
+        "found_at": at.found_at(),
+        "variable": f.variable,
+        "count": f.indices.len(),
+        "indices": f.indices.iter().take(LOGGED_INDICES).collect::<Vec<_>>(),
+        "rank": f.node,
+        "interval": f.interval,
+        "intervals": f.intervals,
+        "sync": names.sync_text(f.began_with),
+        "region": f.region.as_ref().map(|r| [r.start, r.end]),
     })
 }
 

@@ -522,6 +522,10 @@ pub fn setup(dsm: &mut Dsm, solver: &Solver, cfg: &Config) -> Result<Shared, Dsm
         meta: dsm.alloc_with::<u32>("pool_meta", FREE_STACK + cap, here)?,
         stats: dsm.alloc_with::<u64>("node_stats", dsm.size() * STATS_FIELDS, here)?,
     };
+    // The heap length, busy count and `done` flag start at the allocation's zero fill
+    // (`dsmrun --check` would otherwise report their first reads as uninitialised).
+    dsm.assume_initialised(&sh.meta);
+    dsm.assume_initialised(&sh.stats);
     if dsm.rank() == 0 {
         dsm.view(&sh.bound).set(0, NO_TOUR);
         let q = Queue::new(dsm, &sh);

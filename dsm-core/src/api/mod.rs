@@ -29,6 +29,7 @@ use crate::error::DsmError;
 use crate::sys::{self, AppSlice, Segment};
 use bytemuck::Pod;
 use dsm_proto::{JobConfig, LockId, NodeId, PageNo, PageRuns, MAX_SEGMENT_BYTES, PAGE_SIZE};
+pub use dsm_race::RegionRule;
 use dsm_race::{Point, VarInfo};
 use race::RaceState;
 use std::marker::PhantomData;
@@ -593,6 +594,39 @@ impl Dsm {
     pub fn order_independent(&mut self, name: &str) {
         if let Some(rep) = self.race.as_mut().and_then(|r| r.reporter.as_mut()) {
             rep.ignore(name);
+        }
+    }
+
+    /// `dsmrun --check`: takes the zero fill of `array` as its initial value, so reading
+    /// elements nobody wrote (a counter that starts at zero) is not reported as an
+    /// uninitialised read. Call it right after the allocation. Only rank 0's call matters
+    /// (it runs the checks), but every rank may make it; without `--check` it does nothing.
+    pub fn assume_initialised<T: Pod>(&mut self, array: &Array<T>) {
+        let first = self.allocs[array.id].first_page;
+        if let Some(r) = self.race.as_mut() {
+            if let (Some(checker), Some(var)) = (r.checker.as_mut(), r.vars.lookup(first)) {
+                checker.initialised(var);
+            }
+        }
+    }
+
+    /// `dsmrun --check`: declares which elements of `array` each rank may write
+    /// ([`RegionRule::Writes`]) or touch at all ([`RegionRule::Accesses`]): `region(rank)`
+    /// for every rank of the job, like the local part of a distributed array. Accesses
+    /// outside a rank's region are reported. Every rank may call it with the same
+    /// function; only rank 0's call matters. Without `--check` it does nothing.
+    pub fn declare_region<T: Pod>(
+        &mut self,
+        array: &Array<T>,
+        rule: RegionRule,
+        region: impl Fn(usize) -> std::ops::Range<usize>,
+    ) {
+        let first = self.allocs[array.id].first_page;
+        let ranges = (0..self.size).map(region).collect();
+        if let Some(r) = self.race.as_mut() {
+            if let (Some(checker), Some(var)) = (r.checker.as_mut(), r.vars.lookup(first)) {
+                checker.declare_region(var, rule, ranges);
+            }
         }
     }
 

@@ -7,7 +7,7 @@ use super::{Dsm, Outcome, MAX_SHIPPED_BITMAP_BYTES};
 use crate::engine::{Command, Reply};
 use crate::error::DsmError;
 use dsm_proto::{EncodedBitmap, NodeId, RaceNotices, RaceOptions, RacePhases};
-use dsm_race::{Recorder, Reporter, VarTable};
+use dsm_race::{Checker, Recorder, Reporter, VarTable};
 use std::io::{self, Write};
 use std::time::{Duration, Instant};
 
@@ -28,6 +28,8 @@ pub(super) struct RaceState {
     /// Bitmaps the master had to fetch in an extra round (not shipped with arrivals).
     pub(super) fetched_late: u64,
     pub(super) sum: dsm_race::PlanStats,
+    /// Rank 0 with `--check`: the dynamic checks' state across epochs.
+    pub(super) checker: Option<Checker>,
 }
 
 impl RaceState {
@@ -38,10 +40,14 @@ impl RaceState {
             if options.schedule {
                 rep.set_schedule(options.schedule_ignore.iter().cloned());
             }
+            if options.check {
+                rep.set_checking();
+            }
             Some(rep)
         } else {
             None
         };
+        let checker = (master && options.check).then(Checker::new);
         Ok(RaceState {
             phases: options.phases,
             recorder: Recorder::new(),
@@ -56,6 +62,7 @@ impl RaceState {
             notice_bytes: 0,
             fetched_late: 0,
             sum: Default::default(),
+            checker,
         })
     }
 
@@ -91,7 +98,7 @@ impl RaceState {
         let races_reported = rep.total();
         Ok(Outcome {
             races_reported,
-            exit_status: if races_reported > 0 {
+            exit_status: if races_reported + rep.check_total() > 0 {
                 self.options.exit_code
             } else {
                 0
@@ -156,12 +163,21 @@ impl Dsm {
         if r.phases < RacePhases::Full {
             plan.wanted.clear();
         }
+        let mut wanted = std::mem::take(&mut plan.wanted);
+        if let Some(checker) = r.checker.as_ref() {
+            for (node, keys) in checker.wanted(plan.intervals(), &r.vars) {
+                let w = wanted.entry(node).or_default();
+                w.extend(keys);
+                w.sort_unstable();
+                w.dedup();
+            }
+        }
         let mut bitmaps = dsm_race::Bitmaps::new();
         for (node, b) in shipped {
             bitmaps.insert(node, b);
         }
         let mut pending = 0;
-        for (&node, keys) in &plan.wanted {
+        for (&node, keys) in &wanted {
             let missing: Vec<_> = keys
                 .iter()
                 .filter(|k| !bitmaps.contains(node, k))
@@ -199,6 +215,10 @@ impl Dsm {
                 }
             }
         }
+        let findings = match r.checker.as_mut() {
+            Some(checker) => checker.check(epoch, plan.intervals(), &bitmaps, &r.vars),
+            None => Vec::new(),
+        };
         let mut races = plan.compare(&bitmaps, &r.vars);
         if r.options.first_only {
             races = dsm_race::first_races(races, plan.intervals());
@@ -223,7 +243,10 @@ impl Dsm {
         let reporter = r.reporter.as_mut().expect("rank 0 has the reporter");
         let reported = reporter
             .report(point, &races, &mut std::io::stderr())
-            .map_err(DsmError::Io)?;
+            .map_err(DsmError::Io)?
+            + reporter
+                .report_findings(point, &findings, &mut std::io::stderr())
+                .map_err(DsmError::Io)?;
         if r.options.stats {
             eprintln!(
                 "dsm-race-stats: {} (epoch {}): intervals {}, interval pairs {} considered / {} concurrent / {} overlapping, bitmaps {} of {} fetched, notice bytes {}, interval comparison {:.3} ms, bitmap round {:.3} ms, races {}",

@@ -81,8 +81,9 @@ Exit status:
   128+S  the first failing rank was killed by signal S (e.g. 139 for SIGSEGV),
          or dsmrun received signal S (130 for Ctrl-C)
   CODE   with race detection, a rank exited with the race exit code (default
-         66: data races were reported) and nothing else failed; lock-order
-         dependences alone (--race=schedule) leave the status 0
+         66: data races, or with --check check findings, were reported) and
+         nothing else failed; lock-order dependences alone (--race=schedule)
+         leave the status 0
   68     with --compare, values differ from the reference trace (the first
          difference, or with --compare-continue every differing trace point, is
          printed by rank 0)
@@ -192,6 +193,15 @@ struct Cli {
     #[arg(long)]
     race_stats: bool,
 
+    /// Dynamic checks (as the DVM debugger's), from the race detector's access
+    /// records: reads of shared elements no node has written since the
+    /// allocation (uninitialised use), and accesses outside the region a program
+    /// declared for a rank (Dsm::declare_region). Reported like races, in the
+    /// race log too; findings make the race exit status (DSM_CHECK=1; implies
+    /// --race)
+    #[arg(long)]
+    check: bool,
+
     /// Record a value trace of the run in FILE: at every barrier and at finish,
     /// a hash of each 4 KiB block of every shared allocation (rank 0 reads them;
     /// DSM_TRACE_VALUES, made absolute)
@@ -270,7 +280,8 @@ impl Cli {
             || self.race_log.is_some()
             || self.race_exit_code.is_some()
             || self.race_first
-            || self.race_stats;
+            || self.race_stats
+            || self.check;
         let race = if race_on {
             let log = self
                 .race_log
@@ -288,6 +299,7 @@ impl Cli {
                 stats: self.race_stats,
                 schedule,
                 schedule_ignore: self.schedule_ignore,
+                check: self.check,
                 ..RaceOptions::default()
             }
         } else {
