@@ -121,6 +121,11 @@ fn an_injected_sor_bug_is_reported_at_its_epoch_and_element() {
             "dsmrun says what happened: {out:?}"
         );
         assert!(!all.contains("more elements"), "one element: {out:?}");
+        // The ranks leave together: none takes rank 0's exit for a crash.
+        assert!(
+            !all.contains("lost rank") && !all.contains("fatal"),
+            "bug {bug} at N={nodes}: {out:?}"
+        );
     }
     // --compare-continue lists every later trace point too and exits 68 at the end.
     let out = kit::dsmrun(

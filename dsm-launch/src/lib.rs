@@ -1002,7 +1002,7 @@ impl Job {
                         }
                         if self.compare && code == i32::from(exit_codes::VALUES_DIFFER) {
                             note(format_args!(
-                                "values differ from the reference trace (rank {rank} exited with status {code}){}",
+                                "values differ from the reference trace (rank 0 printed where; every rank exits with status {code}){}",
                                 stopping_the_others(others)
                             ));
                             stopping = Some(self.begin_stop(

@@ -10,9 +10,10 @@
 //! keeps the others from writing the next epoch while it reads.
 //!
 //! The one place besides `comm::fatal` where the library ends the process: at the first
-//! difference (without `--compare-continue`) rank 0 prints it and exits with
-//! [`exit_codes::VALUES_DIFFER`]; the launcher then stops the other ranks and reports
-//! "values differ".
+//! difference (without `--compare-continue`) rank 0 prints it and sets a stop word (one
+//! slot past the hashes) before the second internal barrier; after it every rank sees the
+//! word and exits with [`exit_codes::VALUES_DIFFER`], together, so that no rank mistakes
+//! rank 0's exit for a crash. The launcher reports "values differ".
 
 use super::{AllocMeta, Array, Dsm};
 use crate::error::DsmError;
@@ -160,22 +161,18 @@ impl TraceState {
         matches!(self.sink, Some(Sink::Compare(_)))
     }
 
-    /// Prints the differences of a trace point; at the first, unless `--compare-continue`,
-    /// ends the process with the values-differ status.
-    fn report(&mut self, label: &str, epoch: u32, diffs: &[dsm_trace::Difference]) {
+    /// Prints the differences of a trace point; says whether the job must stop (the first
+    /// difference, unless `--compare-continue`).
+    fn report(&mut self, label: &str, epoch: u32, diffs: &[dsm_trace::Difference]) -> bool {
         if diffs.is_empty() {
-            return;
+            return false;
         }
         self.differing += 1;
         eprintln!("dsm: values differ from the reference trace at {label} (epoch {epoch}):");
         for d in diffs {
             eprintln!("dsm:   {d}");
         }
-        if !self.options.continue_all {
-            let _ = std::io::stdout().flush();
-            let _ = std::io::stderr().flush();
-            std::process::exit(i32::from(exit_codes::VALUES_DIFFER));
-        }
+        !self.options.continue_all
     }
 
     /// End of the run: closes a recorded trace; says whether a comparison found
@@ -289,6 +286,8 @@ impl Dsm {
             .collect();
         // Every traced block's hash, in trace order (rank 0 only).
         let mut hashes = Vec::new();
+        // The shared hash array: `total` hashes, then the stop word.
+        let mut shared = None;
         if self.size == 1 {
             for &i in &traced {
                 let mut h = self.home_block_hashes(&self.allocs[i], true);
@@ -296,7 +295,8 @@ impl Dsm {
                 hashes.extend(h.into_iter().map(|(_, x)| x));
             }
         } else {
-            let array = self.trace_hash_array(total)?;
+            let array = self.trace_hash_array(total + 1)?;
+            shared = Some(array);
             {
                 let v = self.view(&array).unrecorded();
                 for (&i, &at) in traced.iter().zip(&firsts) {
@@ -311,13 +311,31 @@ impl Dsm {
                 self.view(&array).unrecorded().read_into(0, &mut hashes);
             }
         }
+        let mut stop = false;
         if let Some(mut state) = self.trace.take() {
             let done = self.trace_point_rank0(&mut state, at_exit, &traced, &firsts, &hashes);
             self.trace = Some(state);
-            done?;
+            stop = done?;
         }
-        if self.size > 1 && self.trace_reads_values {
+        if let (Some(array), true) = (shared, self.trace_reads_values) {
+            if self.rank == 0 {
+                self.view(&array).unrecorded().set(total, u64::from(stop));
+            }
             self.internal_barrier()?;
+            stop = self.view(&array).unrecorded().get(total) != 0;
+        }
+        if stop {
+            // Leave the way finish() does (the closing barrier tells every peer this is
+            // the end, so no one takes the closed connections for a crash), then exit.
+            self.finished = true;
+            let left = self.barrier_command(true);
+            if let Some(comm) = self.comm.take() {
+                comm.shutdown();
+            }
+            left?;
+            let _ = std::io::stdout().flush();
+            let _ = std::io::stderr().flush();
+            std::process::exit(i32::from(exit_codes::VALUES_DIFFER));
         }
         Ok(())
     }
@@ -329,7 +347,7 @@ impl Dsm {
         traced: &[usize],
         firsts: &[usize],
         hashes: &[u64],
-    ) -> Result<(), DsmError> {
+    ) -> Result<bool, DsmError> {
         let comparing = state.comparing();
         let mut epoch = EpochTrace {
             epoch: self.barriers_called,
@@ -351,7 +369,8 @@ impl Dsm {
             });
         }
         if !comparing {
-            return state.record(&epoch);
+            state.record(&epoch)?;
+            return Ok(false);
         }
         let tol = state.tolerance();
         let diffs = match state.next_reference()? {
@@ -377,7 +396,6 @@ impl Dsm {
                 epoch.label()
             ))],
         };
-        state.report(&epoch.label(), epoch.epoch, &diffs);
-        Ok(())
+        Ok(state.report(&epoch.label(), epoch.epoch, &diffs))
     }
 }
