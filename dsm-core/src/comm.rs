@@ -16,7 +16,7 @@
 //! this process with the peer-lost status and a [`Silence`] line naming the peer.
 
 use crate::engine::Prot;
-use crate::engine::{Command, Engine, Memory, Output, PageState, Reply};
+use crate::engine::{Command, Engine, Memory, Output, PageState, RaceBatch, Reply};
 use crate::sys::{self, FaultMailbox, Segment};
 use dsm_net::{Mesh, Outbox, PeerEvent, Transport};
 use dsm_proto::exit_codes::PEER_LOST as PEER_LOST_EXIT;
@@ -238,6 +238,7 @@ impl StateMirror {
 fn race_notice_bytes(msg: &Msg) -> u64 {
     let intervals = match msg {
         Msg::LockGrant { intervals, .. }
+        | Msg::RaceBatch { intervals, .. }
         | Msg::BarrierArrive { intervals, .. }
         | Msg::BarrierRelease { intervals, .. } => intervals.as_slice(),
         _ => return 0,
@@ -272,6 +273,9 @@ struct Shared {
     /// Serialized size of the access notices in the messages handed to the transport
     /// ([`Stats::race_notice_bytes`](crate::engine::Stats::race_notice_bytes)).
     race_notice_bytes: AtomicU64,
+    /// Race master: batches of intervals that arrived between barriers, waiting for the
+    /// app thread's incremental analysis.
+    race_inbox: Mutex<Vec<RaceBatch>>,
 }
 
 impl Shared {
@@ -342,6 +346,11 @@ impl Shared {
                     }
                 }
                 Output::PeerLost(msg) => fatal_with(&msg, PEER_LOST_EXIT),
+                Output::RaceBatch(batch) => self
+                    .race_inbox
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(batch),
             }
         }
     }
@@ -397,6 +406,7 @@ impl Comm {
             control: control_tx,
             dying: AtomicBool::new(false),
             race_notice_bytes: AtomicU64::new(0),
+            race_inbox: Mutex::new(Vec::new()),
         });
         let rank = mesh.rank;
         let for_thread = shared.clone();
@@ -460,6 +470,17 @@ impl Comm {
             Ok(r) => r,
             Err(_) => fatal("the comm thread has stopped"),
         }
+    }
+
+    /// Race master: the race batches that arrived since the last call, in arrival order.
+    pub(crate) fn take_race_batches(&self) -> Vec<RaceBatch> {
+        std::mem::take(
+            &mut *self
+                .shared
+                .race_inbox
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        )
     }
 
     /// Executes a command and waits for its reply.

@@ -78,7 +78,9 @@ impl Net {
                     self.fatal_outputs += 1;
                     self.nodes[k].dead = true;
                 }
-                Output::PageStates { .. } | Output::PagesShared { .. } => {}
+                // A (possibly corrupted, yet well-formed) race batch reached the master:
+                // its app thread would analyse it; nothing to do here.
+                Output::PageStates { .. } | Output::PagesShared { .. } | Output::RaceBatch(_) => {}
             }
         }
     }

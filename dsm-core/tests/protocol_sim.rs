@@ -331,6 +331,11 @@ struct Sim {
     first_races: BTreeMap<u32, Vec<Race>>,
     /// Value stored by the next `Touch` write.
     counter: u8,
+    /// Race mode, every other seed: nodes ship race batches at random lock operations and
+    /// the master analyses them between barriers, as `api/race.rs` does.
+    incremental: Option<dsm_race::Incremental>,
+    /// Races the incremental analysis reported (between barriers).
+    incremental_races: usize,
 }
 
 impl Sim {
@@ -383,6 +388,24 @@ impl Sim {
                     }
                 }
                 Output::Fatal(m) | Output::PeerLost(m) => panic!("node {k}: fatal: {m}"),
+                Output::RaceBatch(b) => {
+                    assert_eq!(k, 0, "race batches go to the master");
+                    let epoch = self.nodes[0].epoch;
+                    let inc = self
+                        .incremental
+                        .as_mut()
+                        .expect("race batches only in incremental runs");
+                    let races = inc.absorb(
+                        epoch,
+                        &self.vars_table,
+                        b.from,
+                        b.known,
+                        b.intervals,
+                        b.bitmaps,
+                    );
+                    self.incremental_races += races.len();
+                    self.races.extend(races);
+                }
             }
         }
         let node = &self.nodes[k];
@@ -397,6 +420,13 @@ impl Sim {
 
     /// An acquire or release completed.
     fn completed(&mut self, k: usize) {
+        if self.incremental.is_some() && self.rand(3) == 0 {
+            let bitmaps = self.nodes[k].rec.as_mut().expect("race mode").drain_all();
+            let outs = self.nodes[k]
+                .eng
+                .on_command(Command::ShipRaceBatch { bitmaps });
+            self.outputs(k, outs);
+        }
         let node = &mut self.nodes[k];
         node.wait = Wait::Running;
         match node.pending.take() {
@@ -586,8 +616,19 @@ impl Sim {
             } => {
                 assert_eq!(k, 0, "only the master analyzes");
                 assert!(self.analysis.is_none(), "two analyses at once");
-                let plan = dsm_race::plan(epoch, intervals);
+                // As `Dsm::analyze`: shipped intervals were analysed between barriers;
+                // the pending ones stand in for their notices.
+                let mut intervals = intervals;
                 let mut bitmaps = Bitmaps::new();
+                let inc = self.incremental.as_ref().filter(|inc| inc.active());
+                if let Some(inc) = inc {
+                    intervals.retain(|i| !inc.shipped(i.node, i.index));
+                    intervals.extend(inc.pending_intervals().iter().cloned());
+                    bitmaps.extend(inc.bitmaps());
+                }
+                let plan = dsm_race::plan_fresh(epoch, intervals, false, |i| {
+                    inc.is_none_or(|inc| !inc.shipped(i.node, i.index))
+                });
                 for (node, b) in shipped {
                     bitmaps.insert(node, b);
                 }
@@ -664,6 +705,9 @@ impl Sim {
         let first = dsm_race::first_races(races.clone(), a.plan.intervals());
         self.first_races.insert(a.epoch, first);
         self.races.extend(races);
+        if let Some(inc) = self.incremental.as_mut() {
+            inc.reset();
+        }
         let outs = self.nodes[0]
             .eng
             .on_command(Command::ReleaseBarrier { races: count });
@@ -915,7 +959,13 @@ impl Sim {
                 leq(&clocks[o.clock], &clocks[m.clock])
             }
         };
-        for (&epoch, first) in &self.first_races {
+        // First races are a barrier-time notion (`--race-first` ships no batches).
+        let first_races = if self.incremental.is_some() {
+            BTreeMap::new()
+        } else {
+            self.first_races.clone()
+        };
+        for (&epoch, first) in &first_races {
             let of_epoch: Vec<(&RaceKey, &[End; 2])> =
                 ends.iter().filter(|(k, _)| k.0 == epoch).collect();
             let m = of_epoch.len();
@@ -1060,6 +1110,8 @@ fn sim_with(n: usize, specs: &[AllocSpec], vars: usize, seed: u64, race: bool) -
         races_per_epoch: BTreeMap::new(),
         first_races: BTreeMap::new(),
         counter: 0,
+        incremental: (race && seed.is_multiple_of(2)).then(|| dsm_race::Incremental::new(n, false)),
+        incremental_races: 0,
     };
     // Variables spread over the pages, several per page (false sharing across locks).
     let slots = specs[0].homes.len() * PAGE_SIZE / 8;
@@ -1500,7 +1552,7 @@ fn race_case(
     locks: usize,
     phases: usize,
     violate: usize,
-) -> (OracleCounts, Vec<Race>) {
+) -> (OracleCounts, Vec<Race>, usize) {
     let homes = |count: usize, shift: usize| -> Vec<usize> {
         (0..count)
             .map(|p| (mix(home_seed ^ (shift + p) as u64) as usize) % n)
@@ -1528,7 +1580,7 @@ fn race_case(
             "a disciplined program raced:\n{program}"
         );
     }
-    (counts, s.races)
+    (counts, s.races, s.incremental_races)
 }
 
 proptest! {
@@ -1546,23 +1598,27 @@ proptest! {
         phases in 1usize..5,
         violate in prop::sample::select(vec![0usize, 1, 2, 4, 8]),
     ) {
-        race_case(n, (pages0, pages1), elem, home_seed, seed, locks, phases, violate);
+        let _ = race_case(n, (pages0, pages1), elem, home_seed, seed, locks, phases, violate);
     }
 }
 
 /// The random race programs are not vacuous: across fixed seeds, some report races and
-/// some do not, races of both kinds occur, and many conflicting pairs within an epoch are
-/// ordered only by lock chains (so the detector's happens-before is really exercised).
+/// some do not, races of both kinds occur, many conflicting pairs within an epoch are
+/// ordered only by lock chains (so the detector's happens-before is really exercised), and
+/// the incremental analysis finds races between barriers.
 #[test]
 fn race_programs_cover_races_and_ordered_conflicts() {
     let (mut racy, mut clean) = (0, 0);
     let mut total = OracleCounts::default();
     let mut kinds = BTreeSet::new();
+    let mut between_barriers = 0;
     for i in 0..60u64 {
         let n = 2 + (i % 4) as usize;
         let violate = [0, 1, 2, 4, 8][(i % 5) as usize];
         let elem = ELEM_SIZES[(i % 7) as usize];
-        let (c, races) = race_case(n, (2, 2), elem, i * 77, i * 1013 + 5, 2, 3, violate);
+        let (c, races, incremental) =
+            race_case(n, (2, 2), elem, i * 77, i * 1013 + 5, 2, 3, violate);
+        between_barriers += incremental;
         if races.is_empty() {
             clean += 1;
         } else {
@@ -1574,6 +1630,13 @@ fn race_programs_cover_races_and_ordered_conflicts() {
         total.concurrent += c.concurrent;
     }
     assert!(racy >= 20 && clean >= 12, "racy {racy}, clean {clean}");
+    // Half the seeds run the incremental analysis, and it finds races of its own (checked
+    // against the oracle with the others).
+    println!("{between_barriers} races found between barriers");
+    assert!(
+        between_barriers >= 20,
+        "{between_barriers} races found between barriers"
+    );
     assert_eq!(kinds.len(), 2, "{kinds:?}");
     assert!(
         total.ordered >= 500 && total.across_barriers >= 500 && total.concurrent >= 300,

@@ -108,7 +108,19 @@ pub struct RaceOptions {
     /// DVM-style dynamic checks (`--check`): uninitialised reads and accesses outside
     /// declared regions, found from the same access records as races.
     pub check: bool,
+    /// Intervals a node closes between barriers before it ships them (with their bitmaps)
+    /// to the race master for incremental analysis (`DSM_RACE_BATCH`); a node also ships
+    /// what it has once a second has passed since its last batch.
+    pub batch_intervals: u32,
+    /// Tests: at every barrier, also run the full barrier-time analysis over everything
+    /// the incremental analysis saw and stop with an error if the two disagree
+    /// (`DSM_RACE_VERIFY_INCREMENTAL=1`).
+    pub verify_incremental: bool,
 }
+
+/// Default of [`RaceOptions::batch_intervals`]: programs with barriers rarely close this
+/// many intervals per node between two of them, so they never ship a batch.
+pub const DEFAULT_RACE_BATCH: u32 = 1024;
 
 impl Default for RaceOptions {
     fn default() -> Self {
@@ -122,6 +134,8 @@ impl Default for RaceOptions {
             schedule: false,
             schedule_ignore: Vec::new(),
             check: false,
+            batch_intervals: DEFAULT_RACE_BATCH,
+            verify_incremental: false,
         }
     }
 }
@@ -412,6 +426,22 @@ impl JobConfig {
                 .map(|v| name_list(&v))
                 .unwrap_or_default(),
             check: enabled && flag(vars::CHECK),
+            batch_intervals: match get(vars::RACE_BATCH).filter(|_| enabled) {
+                None => DEFAULT_RACE_BATCH,
+                Some(v) => v
+                    .trim()
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|&b| b > 0)
+                    .ok_or_else(|| {
+                        invalid(
+                            vars::RACE_BATCH,
+                            &v,
+                            "expected a number of intervals, at least 1".into(),
+                        )
+                    })?,
+            },
+            verify_incremental: enabled && flag(vars::RACE_VERIFY_INCREMENTAL),
         };
         let tolerance = |var: &'static str| -> Result<u64, ConfigError> {
             match get(var) {
@@ -773,6 +803,8 @@ mod tests {
             schedule: true,
             schedule_ignore: vec!["sum".into(), "forces".into()],
             check: true,
+            batch_intervals: DEFAULT_RACE_BATCH,
+            verify_incremental: false,
         };
         c.trace = TraceOptions {
             mode: TraceMode::Compare("/tmp/ref.dsmtrace".into()),

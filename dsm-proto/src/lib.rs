@@ -98,6 +98,12 @@ pub mod env_vars {
     pub const SCHEDULE_IGNORE: &str = "DSM_SCHEDULE_IGNORE";
     /// `1`: DVM-style dynamic checks (`--check`); needs `DSM_RACE=1`.
     pub const CHECK: &str = "DSM_CHECK";
+    /// Intervals a node closes between barriers before shipping them to the race master
+    /// for incremental analysis (default 1024).
+    pub const RACE_BATCH: &str = "DSM_RACE_BATCH";
+    /// `1` (tests): check the incremental race analysis against barrier-time analysis at
+    /// every barrier.
+    pub const RACE_VERIFY_INCREMENTAL: &str = "DSM_RACE_VERIFY_INCREMENTAL";
     /// `1`: print race detector statistics.
     pub const RACE_STATS: &str = "DSM_RACE_STATS";
     /// How much of the detector runs (`record`, `notices`, `compare`, `full`); benchmarks only.
@@ -133,7 +139,7 @@ pub mod env_vars {
 
     /// The variables a launcher owns: it clears them all from what ranks inherit and sets
     /// its own, so a nested or leftover setting never leaks into a job. The others
-    /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_PIN`, `DSM_STATS_FILE`, `DSM_LOG`) are the
+    /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_RACE_BATCH`, `DSM_PIN`, `DSM_STATS_FILE`, `DSM_LOG`) are the
     /// user's to set for a whole job and reach the ranks by inheritance.
     pub const LAUNCHER_OWNED: [&str; 27] = [
         TRACE_VALUES,

@@ -17,7 +17,7 @@ pub type PageNo = u32;
 pub type LockId = u64;
 
 /// Protocol version spoken in the handshake; bump it when any message layout changes.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// A vector timestamp: entry `n` is the index of the latest interval of node `n` that is
 /// known (has been "seen"). Intervals are numbered from 1, so 0 means "nothing seen".
@@ -539,6 +539,19 @@ pub enum Msg {
         /// (nothing accessed) comes back with empty `bits`.
         bitmaps: Vec<EncodedBitmap>,
     },
+    /// Race mode, to the race master (rank 0), between barriers: the sender's intervals
+    /// closed since its previous batch, every access bitmap they recorded (the sender
+    /// keeps none of them), and what the sender had seen. Lets programs that synchronize
+    /// only through locks get their races reported while they run (incremental analysis).
+    RaceBatch {
+        /// What the sender had seen when it sent the batch, its own closed intervals
+        /// included: none of its later intervals can precede an interval covered here.
+        known: VectorTime,
+        /// The sender's own intervals closed since its previous batch (or barrier).
+        intervals: Vec<IntervalRecord>,
+        /// Every bitmap those intervals recorded.
+        bitmaps: Vec<EncodedBitmap>,
+    },
     /// "Still here": keeps an idle link alive under the job's liveness deadline
     /// ([`JobConfig::liveness`](crate::JobConfig::liveness)).
     ///
@@ -565,6 +578,7 @@ impl Msg {
             Msg::Abort { .. } => "abort",
             Msg::BitmapRequest { .. } => "bitmap-request",
             Msg::BitmapReply { .. } => "bitmap-reply",
+            Msg::RaceBatch { .. } => "race-batch",
             Msg::Heartbeat => "heartbeat",
         }
     }

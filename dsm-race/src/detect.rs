@@ -239,10 +239,23 @@ pub fn plan(epoch: u32, intervals: Vec<IntervalRecord>) -> Plan {
 /// concurrent, so every such pair that shares a page is checked; [`Plan::compare`] then
 /// labels each conflict a data race when the pair is concurrent under the full order too,
 /// and a lock-order dependence otherwise. Without `schedule` this is exactly [`plan`].
-pub fn plan_with(epoch: u32, mut intervals: Vec<IntervalRecord>, schedule: bool) -> Plan {
+pub fn plan_with(epoch: u32, intervals: Vec<IntervalRecord>, schedule: bool) -> Plan {
+    plan_fresh(epoch, intervals, schedule, |_| true)
+}
+
+/// [`plan_with`] restricted to pairs with at least one `fresh` interval: the incremental
+/// analysis plans new intervals against those it keeps without checking the kept pairs
+/// again. The cost still includes indexing every interval.
+pub fn plan_fresh(
+    epoch: u32,
+    mut intervals: Vec<IntervalRecord>,
+    schedule: bool,
+    fresh: impl Fn(&IntervalRecord) -> bool,
+) -> Plan {
     intervals.retain(|r| r.race.is_some());
     intervals.sort_by_key(|r| (r.node, r.index));
     let n = intervals.len();
+    let is_fresh: Vec<bool> = intervals.iter().map(&fresh).collect();
     // Entries pack the interval position in 30 bits (see below).
     assert!(n < 1 << 30, "too many intervals in one epoch: {n}");
     // Each node's intervals are one contiguous slice of the sorted list: (node, start, end).
@@ -403,7 +416,7 @@ pub fn plan_with(epoch: u32, mut intervals: Vec<IntervalRecord>, schedule: bool)
                     let from = seg.partition_point(|&f| pos(f) < lo as usize);
                     let to = seg.partition_point(|&f| pos(f) < hi as usize);
                     for (jf, &f) in seg[from..to].iter().enumerate() {
-                        if a_w || f & WRITE != 0 {
+                        if (a_w || f & WRITE != 0) && (is_fresh[ai] || is_fresh[pos(f)]) {
                             let jf = (s + from + jf) as u32;
                             found.push((qk, pos(f) as u32, page_of(e), j, jf));
                         }
@@ -631,6 +644,27 @@ impl Bitmaps {
         self.map.insert((node, b.key), decode_words(&b.bits));
     }
 
+    /// Keeps the bitmaps `keep` accepts.
+    pub fn retain(&mut self, mut keep: impl FnMut(NodeId, &BitmapKey) -> bool) {
+        self.map.retain(|(node, key), _| keep(*node, key));
+    }
+
+    /// Adds every bitmap of `other`.
+    pub fn extend(&mut self, other: &Bitmaps) {
+        self.map
+            .extend(other.map.iter().map(|(k, v)| (*k, v.clone())));
+    }
+
+    /// Number of bitmaps held.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether no bitmap is held.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
     /// Whether `node`'s bitmap `key` has been inserted (to fetch only what is missing).
     pub fn contains(&self, node: NodeId, key: &BitmapKey) -> bool {
         self.map.contains_key(&(node, *key))
@@ -736,6 +770,24 @@ impl Plan {
     /// The intervals the plan was built from.
     pub fn intervals(&self) -> &[IntervalRecord] {
         &self.intervals
+    }
+
+    /// Keeps only the checks of interval pairs `keep` accepts (in either order), and
+    /// narrows [`Plan::wanted`] to the bitmaps those still need.
+    pub fn retain_pairs(&mut self, keep: impl Fn(&IntervalRecord, &IntervalRecord) -> bool) {
+        let intervals = &self.intervals;
+        self.checks
+            .retain(|c| keep(&intervals[c.a], &intervals[c.b]));
+        let needed: std::collections::HashSet<(NodeId, u32, PageNo)> = self
+            .checks
+            .iter()
+            .flat_map(|c| [c.a, c.b].map(|i| (intervals[i].node, intervals[i].index, c.page)))
+            .collect();
+        for (node, keys) in self.wanted.iter_mut() {
+            keys.retain(|k| needed.contains(&(*node, k.interval, k.page)));
+        }
+        self.wanted.retain(|_, keys| !keys.is_empty());
+        self.stats.bitmaps_wanted = self.wanted.values().map(|v| v.len() as u64).sum();
     }
 }
 

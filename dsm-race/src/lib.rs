@@ -9,14 +9,16 @@
 
 pub mod check;
 pub mod detect;
+pub mod incremental;
 pub mod record;
 pub mod report;
 
 pub use check::{Checker, Finding, FindingKind, RegionRule};
 pub use detect::{
-    first_races, plan, plan_pairwise, plan_with, Access, Bitmaps, Plan, Race, RaceClass, RaceKind,
-    VarInfo, VarTable,
+    first_races, plan, plan_fresh, plan_pairwise, plan_with, Access, Bitmaps, Plan, Race,
+    RaceClass, RaceKind, VarInfo, VarTable,
 };
 pub use dsm_proto::PlanStats;
+pub use incremental::Incremental;
 pub use record::{granule_shift, AllocShadow, RecordStats, Recorder};
 pub use report::{Point, Reporter};

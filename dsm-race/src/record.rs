@@ -484,6 +484,14 @@ impl Recorder {
         (bytes <= max_bytes).then_some(out)
     }
 
+    /// Every stored bitmap, for a race batch; the store is emptied (the race master keeps
+    /// them from now on).
+    pub fn drain_all(&mut self) -> Vec<EncodedBitmap> {
+        let out = self.store.encoded(|_| true);
+        self.discard_epoch();
+        out
+    }
+
     /// Forgets the epoch's bitmaps (after the barrier analysis).
     pub fn discard_epoch(&mut self) {
         self.store.intervals = Vec::new();

@@ -68,6 +68,11 @@ pub enum Point {
         /// Barriers the program had passed.
         after: u32,
     },
+    /// Between barriers, by the incremental analysis, after `after` barriers.
+    Running {
+        /// Barriers the program had passed.
+        after: u32,
+    },
 }
 
 impl Point {
@@ -75,7 +80,9 @@ impl Point {
     pub fn epoch(&self) -> u32 {
         match self {
             Point::Barrier(n) => *n,
-            Point::Allocation { after, .. } | Point::Exit { after } => after + 1,
+            Point::Allocation { after, .. } | Point::Exit { after } | Point::Running { after } => {
+                after + 1
+            }
         }
     }
 
@@ -93,6 +100,11 @@ impl Point {
                 after + 1,
                 after_barriers(*after)
             ),
+            Point::Running { after } => format!(
+                "in epoch {} ({}, found while the program runs)",
+                after + 1,
+                after_barriers(*after)
+            ),
         }
     }
 
@@ -103,6 +115,7 @@ impl Point {
             Point::Barrier(n) => format!("barrier {n}"),
             Point::Allocation { name, .. } => format!("the allocation of '{name}'"),
             Point::Exit { .. } => "finish".into(),
+            Point::Running { .. } => "the incremental analysis".into(),
         }
     }
 
@@ -111,6 +124,7 @@ impl Point {
             Point::Barrier(_) => "barrier",
             Point::Allocation { .. } => "allocation",
             Point::Exit { .. } => "exit",
+            Point::Running { .. } => "running",
         }
     }
 }

@@ -82,12 +82,24 @@ enum Test {
     },
     /// A program for `dsmrun --check`: every rank writes its band of `field` (its declared
     /// region) and, under a lock, rank 0 hands a message to rank 1 within the epoch; then
-    /// every rank reads the whole field. `--bug uninit` leaves field[3..6] unwritten
-    /// (uninitialised reads); `--bug region` has the last rank write field[0], in rank 0's
+    /// every rank reads the whole field. `--bug uninit` leaves `field[3..6]` unwritten
+    /// (uninitialised reads); `--bug region` has the last rank write `field[0]`, in rank 0's
     /// band, after another barrier (a write outside its region); `--bug none` is clean.
     Checks {
         #[arg(long, default_value = "none", value_parser = ["none", "uninit", "region"])]
         bug: String,
+    },
+    /// A program that synchronizes through locks alone (no barrier until `finish`): each
+    /// rank closes `intervals / N` intervals with its own lock, every 64 iterations meets
+    /// the others under a shared lock, and every 1024 waits for them at a rendezvous built
+    /// from that lock. With `--plant`, halfway through, rank 0 writes `planted[0]` outside
+    /// any lock while rank 1 polls it, also outside any lock, after every lock operation
+    /// (a data race whatever the lock order). Prints each rank's peak resident memory.
+    LockOnly {
+        #[arg(long, default_value_t = 100_000)]
+        intervals: u64,
+        #[arg(long)]
+        plant: bool,
     },
     /// After a barrier, rank 0 computes for `seconds` without touching the network or
     /// shared memory while the others wait at the next barrier: a long computation must
@@ -155,6 +167,7 @@ fn main() -> anyhow::Result<ExitCode> {
         }
         Test::Compute { seconds } => compute(&mut dsm, seconds)?,
         Test::Checks { bug } => checks(&mut dsm, &bug)?,
+        Test::LockOnly { intervals, plant } => lock_only(&mut dsm, intervals, plant)?,
         Test::Hang { seconds } => {
             println!("pid {}", std::process::id());
             // Rank 0 alone decides when time is up and tells the others through shared
@@ -174,6 +187,100 @@ fn main() -> anyhow::Result<ExitCode> {
         }
     }
     Ok(dsm.finish()?.exit_code())
+}
+
+fn lock_only(dsm: &mut Dsm, intervals: u64, plant: bool) -> anyhow::Result<()> {
+    const MEET_EVERY: u64 = 64;
+    const ROUND: u64 = 1024;
+    /// u64s per page: each rank's counter on a page of its own.
+    const STRIDE: usize = dsm_core::PAGE_SIZE / 8;
+    let (rank, n) = (dsm.rank(), dsm.size());
+    // Each iteration closes two intervals (the acquire and the release of the rank's lock).
+    let iters = (intervals / (2 * n as u64)).max(1);
+    let counters = dsm.alloc::<u64>("counters", n * STRIDE)?;
+    let meetings = dsm.alloc::<u64>("meetings", 2)?;
+    let planted = dsm.alloc::<u64>("planted", 1)?;
+    dsm.assume_initialised(&meetings);
+    dsm.assume_initialised(&planted);
+    let start = Instant::now();
+    // Rank 1 reads `planted` without a lock after every lock operation, as a server loop
+    // polls a flag: whatever the lock order, the read just before its first lock operation
+    // that follows rank 0's first release after the write is concurrent with the write.
+    let poll = |dsm: &Dsm| {
+        if plant && rank == 1 {
+            std::hint::black_box(dsm.view(&planted).get(0));
+        }
+    };
+    for it in 0..iters {
+        {
+            // Lock `rank` is managed by this rank: taking it sends no message.
+            let g = dsm.lock(rank as u64)?;
+            g.view(&counters).set(rank * STRIDE, it + 1);
+        }
+        poll(dsm);
+        if it % MEET_EVERY == MEET_EVERY - 1 {
+            let g = dsm.lock_named("meet")?;
+            let m = g.view(&meetings);
+            m.set(0, m.get(0) + 1);
+            drop(g);
+            poll(dsm);
+        }
+        if it % ROUND == ROUND - 1 {
+            // A rendezvous built from the lock (no dsm barrier): keeps the ranks within a
+            // round of each other, so the detector can discard what all have seen.
+            let round = it / ROUND + 1;
+            {
+                let g = dsm.lock_named("meet")?;
+                let m = g.view(&meetings);
+                m.set(1, m.get(1) + 1);
+            }
+            poll(dsm);
+            loop {
+                let g = dsm.lock_named("meet")?;
+                let arrived = g.view(&meetings).get(1);
+                drop(g);
+                poll(dsm);
+                if arrived >= n as u64 * round {
+                    break;
+                }
+                std::thread::yield_now();
+            }
+        }
+        if plant && rank == 0 && it == iters / 2 {
+            dsm.view(&planted).set(0, it);
+            println!(
+                "planted: rank 0 wrote planted[0] at iteration {it}, {:.3} s after start",
+                start.elapsed().as_secs_f64()
+            );
+        }
+    }
+    poll(dsm);
+    let peak = peak_rss_kib()?;
+    println!("rank {rank}: {iters} iterations, peak RSS {peak} KiB");
+    dsm.barrier()?;
+    if rank == 0 {
+        let met = dsm.view(&meetings).get(0);
+        let want = n as u64 * (iters / MEET_EVERY);
+        if met != want {
+            fail(&format!("{met} meetings under the lock, expected {want}"));
+        }
+        println!(
+            "verified: lock-only, {n} ranks x {iters} iterations ({} intervals), {met} meetings, {:.3} s",
+            2 * iters * n as u64,
+            start.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+/// This process's peak resident memory (VmHWM), in KiB.
+fn peak_rss_kib() -> anyhow::Result<usize> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no VmHWM in /proc/self/status")
 }
 
 fn checks(dsm: &mut Dsm, bug: &str) -> anyhow::Result<()> {

@@ -235,7 +235,7 @@ impl Dsm {
         let mesh = dsm_net::connect_mesh_with(&env, rendezvous)?;
         place_on_core(&env);
         let race = if env.race.enabled {
-            Some(RaceState::new(env.race.clone(), env.rank == 0).map_err(DsmError::Io)?)
+            Some(RaceState::new(env.race.clone(), env.rank == 0, env.size).map_err(DsmError::Io)?)
         } else {
             None
         };
@@ -541,10 +541,11 @@ impl Dsm {
         self.comm().send(cmd);
         loop {
             match self.comm().recv() {
-                Reply::BarrierDone { epoch, races } => {
+                // The count of races is rank 0's, which reports them itself.
+                Reply::BarrierDone { epoch, races: _ } => {
                     if let Some(r) = self.race.as_mut() {
                         r.recorder.discard_epoch();
-                        r.races_total += races;
+                        r.epoch_done();
                         r.barriers += 1;
                         if let Some(rep) = r.reporter.as_mut() {
                             rep.note_sync(epoch, &self.sync_point);
@@ -642,7 +643,7 @@ impl Dsm {
     fn acquire(&mut self, lock: LockId) -> Result<LockGuard<'_>, DsmError> {
         let race = self.close_race_interval();
         match self.comm().call(Command::Acquire { lock, race }) {
-            Reply::Done => Ok(LockGuard {
+            Reply::Done => self.after_lock_sync().map(|()| LockGuard {
                 dsm: self,
                 lock,
                 released: false,
@@ -656,7 +657,7 @@ impl Dsm {
     fn release(&mut self, lock: LockId) -> Result<(), DsmError> {
         let race = self.close_race_interval();
         match self.comm().call(Command::Release { lock, race }) {
-            Reply::Done => Ok(()),
+            Reply::Done => self.after_lock_sync(),
             other => Err(DsmError::Protocol(format!(
                 "unexpected reply to release: {other:?}"
             ))),

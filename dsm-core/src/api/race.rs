@@ -7,7 +7,7 @@ use super::{Dsm, Outcome, MAX_SHIPPED_BITMAP_BYTES};
 use crate::engine::{Command, Reply};
 use crate::error::DsmError;
 use dsm_proto::{EncodedBitmap, NodeId, RaceNotices, RaceOptions, RacePhases};
-use dsm_race::{Checker, Recorder, Reporter, VarTable};
+use dsm_race::{Checker, Incremental, Point, Recorder, Reporter, VarTable};
 use std::io::{self, Write};
 use std::time::{Duration, Instant};
 
@@ -19,7 +19,6 @@ pub(super) struct RaceState {
     pub(super) reporter: Option<Reporter>,
     pub(super) vars: VarTable,
     pub(super) options: RaceOptions,
-    pub(super) races_total: u64,
     pub(super) close_time: Duration,
     pub(super) plan_time: Duration,
     pub(super) bitmap_time: Duration,
@@ -30,11 +29,24 @@ pub(super) struct RaceState {
     pub(super) sum: dsm_race::PlanStats,
     /// Rank 0 with `--check`: the dynamic checks' state across epochs.
     pub(super) checker: Option<Checker>,
+    /// Rank 0: the incremental analysis of race batches between barriers.
+    pub(super) incremental: Option<Incremental>,
+    /// Lock operations (each closes an interval) since this node's last race batch or
+    /// barrier.
+    unshipped: u32,
+    /// When this node last shipped a race batch (or passed a barrier).
+    last_ship: Instant,
+    /// Time spent absorbing race batches (rank 0).
+    pub(super) incremental_time: Duration,
 }
+
+/// A node ships its closed intervals at least this often between barriers, so races in
+/// programs without barriers are reported within about this long.
+const BATCH_PERIOD: Duration = Duration::from_secs(1);
 
 impl RaceState {
     /// Detection state for a node; rank 0 (`master`) also owns the reporter.
-    pub(super) fn new(options: RaceOptions, master: bool) -> io::Result<RaceState> {
+    pub(super) fn new(options: RaceOptions, master: bool, nodes: usize) -> io::Result<RaceState> {
         let reporter = if master {
             let mut rep = Reporter::new(options.log.as_deref(), options.first_only)?;
             if options.schedule {
@@ -48,13 +60,19 @@ impl RaceState {
             None
         };
         let checker = (master && options.check).then(Checker::new);
+        let incremental = master.then(|| {
+            let mut inc = Incremental::new(nodes, options.schedule);
+            if options.verify_incremental {
+                inc.keep_oracle();
+            }
+            inc
+        });
         Ok(RaceState {
             phases: options.phases,
             recorder: Recorder::new(),
             reporter,
             vars: VarTable::new(),
             options,
-            races_total: 0,
             close_time: Duration::ZERO,
             plan_time: Duration::ZERO,
             bitmap_time: Duration::ZERO,
@@ -63,7 +81,20 @@ impl RaceState {
             fetched_late: 0,
             sum: Default::default(),
             checker,
+            incremental,
+            unshipped: 0,
+            last_ship: Instant::now(),
+            incremental_time: Duration::ZERO,
         })
+    }
+
+    /// A barrier completed: what was shipped or kept before it is analysed.
+    pub(super) fn epoch_done(&mut self) {
+        self.unshipped = 0;
+        self.last_ship = Instant::now();
+        if let Some(inc) = self.incremental.as_mut() {
+            inc.reset();
+        }
     }
 
     /// End of the run: rank 0 prints the run's statistics (if asked) and the summary, and
@@ -92,6 +123,14 @@ impl RaceState {
                 self.bitmap_time.as_secs_f64() * 1e3,
                 rs.peak_store_bytes
             );
+            if let Some(inc) = self.incremental.as_ref().filter(|inc| inc.batches > 0) {
+                eprintln!(
+                    "dsm-race-stats: incremental: {} race batches absorbed between barriers, at most {} intervals pending, {:.3} ms",
+                    inc.batches,
+                    inc.peak_pending,
+                    self.incremental_time.as_secs_f64() * 1e3
+                );
+            }
         }
         eprintln!("{}", rep.summary());
         io::stderr().flush()?;
@@ -117,6 +156,64 @@ impl Dsm {
             return Some(RaceNotices::default());
         }
         Some(n)
+    }
+
+    /// After a lock operation (it closed an interval): between barriers, ship the closed
+    /// intervals' bitmaps to the race master once enough have gathered or a second has
+    /// passed; on rank 0, analyse the batches that have arrived.
+    pub(super) fn after_lock_sync(&mut self) -> Result<(), DsmError> {
+        let Some(r) = self.race.as_mut() else {
+            return Ok(());
+        };
+        // First races are a whole-epoch notion: `--race-first` analyses at barriers only.
+        if r.phases < RacePhases::Full || r.options.first_only {
+            return Ok(());
+        }
+        r.unshipped += 1;
+        if r.unshipped >= r.options.batch_intervals || r.last_ship.elapsed() >= BATCH_PERIOD {
+            r.unshipped = 0;
+            r.last_ship = Instant::now();
+            let bitmaps = r.recorder.drain_all();
+            self.comm().send(Command::ShipRaceBatch { bitmaps });
+        }
+        if self.rank == 0 {
+            self.absorb_race_batches()?;
+        }
+        Ok(())
+    }
+
+    /// Rank 0: analyses the race batches that have arrived and reports their races.
+    fn absorb_race_batches(&mut self) -> Result<u64, DsmError> {
+        let batches = self.comm().take_race_batches();
+        if batches.is_empty() {
+            return Ok(0);
+        }
+        let at = Point::Running {
+            after: self.barriers_called,
+        };
+        let Some(r) = self.race.as_mut() else {
+            return Ok(0);
+        };
+        let (Some(inc), Some(reporter)) = (r.incremental.as_mut(), r.reporter.as_mut()) else {
+            return Ok(0);
+        };
+        let t = Instant::now();
+        let mut reported = 0;
+        for b in batches {
+            let races = inc.absorb(
+                r.barriers as u32 + 1,
+                &r.vars,
+                b.from,
+                b.known,
+                b.intervals,
+                b.bitmaps,
+            );
+            reported += reporter
+                .report(&at, &races, &mut std::io::stderr())
+                .map_err(DsmError::Io)?;
+        }
+        r.incremental_time += t.elapsed();
+        Ok(reported)
     }
 
     /// Race mode: the epoch's bitmaps of pages another node may have touched, shipped with
@@ -145,7 +242,6 @@ impl Dsm {
         intervals: Vec<dsm_proto::IntervalRecord>,
         shipped: Vec<(NodeId, EncodedBitmap)>,
     ) -> Result<u64, DsmError> {
-        let comm = self.comm.as_ref().expect("comm alive during barrier");
         let r = self.race.as_mut().ok_or_else(|| {
             DsmError::Protocol("analysis requested without race detection".into())
         })?;
@@ -157,13 +253,57 @@ impl Dsm {
             .filter_map(|i| i.race.as_ref())
             .map(|n| postcard::experimental::serialized_size(n).map_or(0, |s| s as u64))
             .sum();
+        // Batches sent before the arrivals are all here: analyse them first; the barrier's
+        // plan then skips the pairs they covered.
+        self.absorb_race_batches()?;
+        let comm = self.comm.as_ref().expect("comm alive during barrier");
+        let r = self.race.as_mut().expect("checked above");
         let t0 = Instant::now();
-        let mut plan = dsm_race::plan_with(epoch, intervals, r.options.schedule);
+        // Shipped intervals come without their notices (the nodes sent those in race
+        // batches); the ones still pending here take their place. Pairs of two shipped
+        // intervals were checked between barriers.
+        let mut intervals = intervals;
+        let mut bitmaps = dsm_race::Bitmaps::new();
+        let inc = r.incremental.as_ref().filter(|inc| inc.active());
+        if let Some(inc) = inc {
+            intervals.retain(|i| !inc.shipped(i.node, i.index));
+            intervals.extend(inc.pending_intervals().iter().cloned());
+            bitmaps.extend(inc.bitmaps());
+        }
+        // The oracle (tests): the whole epoch planned as if nothing had been analysed.
+        let full_plan = r
+            .incremental
+            .as_ref()
+            .and_then(|i| i.oracle())
+            .map(|(all, bs, _)| {
+                bitmaps.extend(bs);
+                let mut every = all.to_vec();
+                every.extend(
+                    intervals
+                        .iter()
+                        .filter(|i| inc.is_none_or(|inc| !inc.shipped(i.node, i.index)))
+                        .cloned(),
+                );
+                every.sort_by_key(|i| (i.node, i.index));
+                every.dedup_by_key(|i| (i.node, i.index));
+                dsm_race::plan_with(epoch, every, r.options.schedule)
+            });
+        let mut plan = dsm_race::plan_fresh(epoch, intervals, r.options.schedule, |i| {
+            inc.is_none_or(|inc| !inc.shipped(i.node, i.index))
+        });
         let t1 = Instant::now();
         if r.phases < RacePhases::Full {
             plan.wanted.clear();
         }
         let mut wanted = std::mem::take(&mut plan.wanted);
+        if let Some(full) = full_plan.as_ref() {
+            for (node, keys) in &full.wanted {
+                let w = wanted.entry(*node).or_default();
+                w.extend(keys.iter().copied());
+                w.sort_unstable();
+                w.dedup();
+            }
+        }
         if let Some(checker) = r.checker.as_ref() {
             for (node, keys) in checker.wanted(plan.intervals(), &r.vars) {
                 let w = wanted.entry(node).or_default();
@@ -172,7 +312,6 @@ impl Dsm {
                 w.dedup();
             }
         }
-        let mut bitmaps = dsm_race::Bitmaps::new();
         for (node, b) in shipped {
             bitmaps.insert(node, b);
         }
@@ -220,6 +359,12 @@ impl Dsm {
             None => Vec::new(),
         };
         let mut races = plan.compare(&bitmaps, &r.vars);
+        if let (Some(full), Some((_, _, found))) = (
+            full_plan.as_ref(),
+            r.incremental.as_ref().and_then(|inc| inc.oracle()),
+        ) {
+            verify_incremental(&full.compare(&bitmaps, &r.vars), found, &races)?;
+        }
         if r.options.first_only {
             races = dsm_race::first_races(races, plan.intervals());
         }
@@ -266,4 +411,38 @@ impl Dsm {
         }
         Ok(reported)
     }
+}
+
+/// The incremental analysis's oracle check: the races of the barrier-time analysis of the
+/// whole epoch must be exactly those reported between barriers plus those of the barrier's
+/// remaining pairs.
+fn verify_incremental(
+    expected: &[dsm_race::Race],
+    incremental: &[dsm_race::Race],
+    at_barrier: &[dsm_race::Race],
+) -> Result<(), DsmError> {
+    type Key = (String, usize, u16, u32, u16, u32);
+    let key = |r: &dsm_race::Race| -> Key {
+        (
+            r.variable.clone(),
+            r.index,
+            r.first.node,
+            r.first.interval,
+            r.second.node,
+            r.second.interval,
+        )
+    };
+    let want: std::collections::BTreeSet<Key> = expected.iter().map(key).collect();
+    let got: std::collections::BTreeSet<Key> =
+        incremental.iter().chain(at_barrier).map(key).collect();
+    if want == got {
+        return Ok(());
+    }
+    let missed: Vec<_> = want.difference(&got).take(5).collect();
+    let extra: Vec<_> = got.difference(&want).take(5).collect();
+    Err(DsmError::Protocol(format!(
+        "incremental race analysis disagrees with barrier-time analysis: {} expected, {} found; missed {missed:?}, extra {extra:?}",
+        want.len(),
+        got.len()
+    )))
 }

@@ -41,7 +41,13 @@ impl Dsm {
                 "analysis": r.sum,
                 "analysis_notice_bytes": r.notice_bytes,
                 "bitmaps_fetched_in_extra_round": r.fetched_late,
-                "races_reported": r.races_total,
+                // Rank 0 reports; the other ranks count nothing.
+                "races_reported": r.reporter.as_ref().map_or(0, |rep| rep.total()),
+                "lock_order_dependences_reported": r.reporter.as_ref().map_or(0, |rep| rep.lock_order_total()),
+                "check_findings_reported": r.reporter.as_ref().map_or(0, |rep| rep.check_total()),
+                "race_batches_absorbed": r.incremental.as_ref().map_or(0, |i| i.batches),
+                "peak_pending_intervals": r.incremental.as_ref().map_or(0, |i| i.peak_pending),
+                "incremental_analysis_ms": r.incremental_time.as_secs_f64() * 1e3,
             })
         });
         let peak_rss_kib = std::fs::read_to_string("/proc/self/status")

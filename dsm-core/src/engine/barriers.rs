@@ -2,7 +2,7 @@
 //! release that spreads every interval of the epoch and then discards the interval logs,
 //! and the race-detection rounds the master runs between arrival and release.
 
-use super::{Engine, Memory, Reply};
+use super::{Engine, Memory, Output, RaceBatch, Reply};
 use dsm_proto::{
     BitmapKey, EncodedBitmap, IntervalRecord, Msg, NodeId, RaceNotices, SyncCause, VectorTime,
 };
@@ -281,5 +281,70 @@ impl<M: Memory> Engine<M> {
 
     pub(super) fn on_bitmap_reply(&mut self, from: NodeId, bitmaps: Vec<EncodedBitmap>) {
         self.reply(Reply::BitmapsArrived { from, bitmaps });
+    }
+
+    /// Race mode: this node's intervals closed since its previous batch go to the race
+    /// master with `bitmaps` (all they recorded), and what this node has seen.
+    pub(super) fn ship_race_batch(&mut self, bitmaps: Vec<EncodedBitmap>) {
+        let shipped_upto = self.race_shipped;
+        let own = &mut self.log[self.me as usize];
+        let start = own.partition_point(|r| r.index <= shipped_upto);
+        let intervals = own[start..].to_vec();
+        // The master keeps the race notices from here on; coherence needs only the
+        // intervals with write notices.
+        let mut kept: Vec<IntervalRecord> = own
+            .drain(start..)
+            .filter(|r| !r.writes.is_empty())
+            .map(|mut r| {
+                r.race = None;
+                r
+            })
+            .collect();
+        own.append(&mut kept);
+        let known = self.known();
+        self.race_shipped = known.get(self.me);
+        if self.me == 0 {
+            self.out.push(Output::RaceBatch(RaceBatch {
+                from: 0,
+                known,
+                intervals,
+                bitmaps,
+            }));
+        } else {
+            self.send(
+                0,
+                Msg::RaceBatch {
+                    known,
+                    intervals,
+                    bitmaps,
+                },
+            );
+        }
+    }
+
+    /// The race master takes a node's batch (checked for shape) to its app thread.
+    pub(super) fn on_race_batch(
+        &mut self,
+        from: NodeId,
+        known: VectorTime,
+        intervals: Vec<IntervalRecord>,
+        bitmaps: Vec<EncodedBitmap>,
+    ) {
+        if self.me != 0
+            || from == 0
+            || known.len() != self.n
+            || intervals
+                .iter()
+                .any(|r| r.node != from || r.index > known.get(from))
+        {
+            self.fatal(format!("rank {from} sent a malformed race batch"));
+            return;
+        }
+        self.out.push(Output::RaceBatch(RaceBatch {
+            from,
+            known,
+            intervals,
+            bitmaps,
+        }));
     }
 }

@@ -73,13 +73,24 @@ impl<M: Memory> Engine<M> {
         self.cur_cause = cause;
     }
 
-    /// Intervals in the log that a node with knowledge `known` has not seen.
+    /// Intervals in the log that a node with knowledge `known` has not seen, as coherence
+    /// needs them: with their write notices, without race notices (the race master gets
+    /// those from the recording node itself, at barriers or in race batches), and only
+    /// those that have write notices.
     pub(super) fn unseen_by(&self, known: &VectorTime) -> Vec<IntervalRecord> {
         let mut out = Vec::new();
         for (node, list) in self.log.iter().enumerate() {
             let seen = known.0.get(node).copied().unwrap_or(0);
             let start = list.partition_point(|r| r.index <= seen);
-            out.extend_from_slice(&list[start..]);
+            out.extend(
+                list[start..]
+                    .iter()
+                    .filter(|r| !r.writes.is_empty())
+                    .map(|r| IntervalRecord {
+                        race: None,
+                        ..r.clone()
+                    }),
+            );
         }
         out
     }
@@ -146,7 +157,11 @@ impl<M: Memory> Engine<M> {
                     }
                 }
             }
-            self.log[node as usize].push(rec);
+            // Race notices are the recording node's to give the master; a record without
+            // write notices means nothing to coherence.
+            if !rec.writes.is_empty() {
+                self.log[node as usize].push(IntervalRecord { race: None, ..rec });
+            }
         }
         invalidate.sort_unstable();
         invalidate.dedup();

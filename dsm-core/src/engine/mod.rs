@@ -162,6 +162,13 @@ pub enum Command {
         /// Which bitmaps the analysis needs.
         keys: Vec<BitmapKey>,
     },
+    /// Race mode, between barriers: send the race master this node's intervals closed
+    /// since its previous batch with `bitmaps`, all the bitmaps they recorded. No reply;
+    /// the master's app thread takes the batch from [`Output::RaceBatch`].
+    ShipRaceBatch {
+        /// Every bitmap of the intervals closed since the previous batch.
+        bitmaps: Vec<EncodedBitmap>,
+    },
     /// Race mode: answer the master's bitmap request. No reply.
     SendBitmaps {
         /// The epoch named in the request.
@@ -222,6 +229,20 @@ pub enum Reply {
     Stats(Box<Stats>),
 }
 
+/// A node's intervals closed between two race batches, with their bitmaps (see
+/// [`Msg::RaceBatch`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RaceBatch {
+    /// The node that recorded them.
+    pub from: NodeId,
+    /// What it had seen when it sent them.
+    pub known: VectorTime,
+    /// Its intervals, in order.
+    pub intervals: Vec<IntervalRecord>,
+    /// Their bitmaps.
+    pub bitmaps: Vec<EncodedBitmap>,
+}
+
 /// What the engine asks the runtime to carry out, in order.
 #[derive(Debug)]
 pub enum Output {
@@ -258,6 +279,9 @@ pub enum Output {
         /// Pages in the run.
         count: u32,
     },
+    /// Race master: a node's batch of intervals and bitmaps, for the incremental analysis
+    /// on the app thread.
+    RaceBatch(RaceBatch),
     /// The job cannot continue (malformed traffic, inconsistent collective call).
     Fatal(String),
     /// The job cannot continue because a peer went away (a consequence of another
@@ -331,6 +355,9 @@ pub struct Engine<M: Memory> {
     /// `vt` when the open interval began: what its accesses are ordered after.
     cur_start: VectorTime,
     cur_cause: SyncCause,
+    /// Race mode: this node's last interval sent in a race batch (see
+    /// [`Command::ShipRaceBatch`]).
+    race_shipped: u32,
     /// Non-home pages with a twin in this interval.
     dirty: Vec<PageNo>,
     twins: HashMap<PageNo, Box<[u8]>>,
@@ -391,6 +418,7 @@ impl<M: Memory> Engine<M> {
             cur_start: vt.clone(),
             vt,
             cur_cause: SyncCause::Start,
+            race_shipped: 0,
             dirty: Vec::new(),
             twins: HashMap::new(),
             spare_twins: (0..64).map(|_| vec![0u8; PAGE_SIZE].into()).collect(),
@@ -507,6 +535,7 @@ impl<M: Memory> Engine<M> {
                 self.request_bitmaps(node, epoch, keys)
             }
             Command::SendBitmaps { epoch, bitmaps } => self.send_bitmaps(epoch, bitmaps),
+            Command::ShipRaceBatch { bitmaps } => self.ship_race_batch(bitmaps),
             Command::ReleaseBarrier { races } => self.master_release(races),
             Command::Stats => {
                 let s = Box::new(self.stats.clone());
@@ -592,6 +621,11 @@ impl<M: Memory> Engine<M> {
             Msg::Abort { reason } => self.fatal(format!("job aborted by rank {from}: {reason}")),
             Msg::BitmapRequest { epoch, wanted } => self.on_bitmap_request(epoch, wanted),
             Msg::BitmapReply { bitmaps, .. } => self.on_bitmap_reply(from, bitmaps),
+            Msg::RaceBatch {
+                known,
+                intervals,
+                bitmaps,
+            } => self.on_race_batch(from, known, intervals, bitmaps),
             // Liveness belongs to the transport, which consumes heartbeats.
             Msg::Heartbeat => {}
         }
