@@ -106,10 +106,56 @@ compares two saved traces.";
     after_help = AFTER_HELP
 )]
 struct Cli {
-    /// Number of ranks (node processes) to start, 1..=256
-    #[arg(short = 'n', value_name = "N", default_value_t = 1,
+    /// Number of ranks (node processes) to start, 1..=256 [default: 1, or with
+    /// --hostfile/-H the hosts' total slots]
+    #[arg(short = 'n', value_name = "N",
           value_parser = clap::value_parser!(u16).range(1..=launcher::MAX_RANKS as i64))]
-    ranks: u16,
+    ranks: Option<u16>,
+
+    /// Run the ranks on the hosts listed in FILE (Open MPI syntax: one host per
+    /// line, optionally "slots=K", default 1; "#" starts a comment; a host named
+    /// twice adds up). Hosts other than this machine are reached through the
+    /// launch agent; see "Running across machines" in the README
+    #[arg(long, value_name = "FILE", conflicts_with = "host")]
+    hostfile: Option<PathBuf>,
+
+    /// Run the ranks on these hosts: HOST[:SLOTS],... (slots default to 1)
+    #[arg(short = 'H', long = "host", value_name = "HOSTS")]
+    host: Option<String>,
+
+    /// The command that runs a command on another host, as "AGENT HOST COMMAND";
+    /// split into words like a shell would (e.g. 'ssh -x -p 2222') [default: ssh]
+    #[arg(long, value_name = "CMD")]
+    launch_agent: Option<String>,
+
+    /// How ranks are laid onto the hosts' slots: slot fills each host before the
+    /// next (ranks 0,1 on the first host of two slots), node deals one rank per
+    /// host in turn [default: slot]
+    #[arg(long, value_name = "POLICY")]
+    map_by: Option<launcher::hosts::MapBy>,
+
+    /// Allow more ranks than the hosts have slots; the extra ranks go round-robin
+    /// over the hosts
+    #[arg(long)]
+    oversubscribe: bool,
+
+    /// Set VAR in every rank's environment, on every host: to VALUE, or to its
+    /// value in dsmrun's environment (repeatable)
+    #[arg(short = 'x', value_name = "VAR[=VALUE]")]
+    export: Vec<String>,
+
+    /// Rank 0 listens for the rendezvous at ADDR (an IP address, optionally
+    /// with :PORT) on its host, and the other ranks reach it there [default:
+    /// 127.0.0.1 for a job on this machine; across hosts the address rank 0's
+    /// host was reached at (ssh's SSH_CONNECTION)]
+    #[arg(long, value_name = "ADDR", conflicts_with = "interface")]
+    bind_address: Option<String>,
+
+    /// Rank 0 listens for the rendezvous on the address of this network
+    /// interface of its host (e.g. eth1); the other ranks then connect from
+    /// the interface that routes to it
+    #[arg(long, value_name = "NAME")]
+    interface: Option<String>,
 
     /// Size of the shared segment, e.g. 1G, 512M, 4096K or plain bytes (binary
     /// units), at most 16T; passed to the ranks as a byte count in DSM_SEGMENT
@@ -258,6 +304,15 @@ fn absolute(path: &std::path::Path, flag: &str) -> anyhow::Result<PathBuf> {
         .with_context(|| format!("cannot make {flag} '{}' absolute", path.display()))
 }
 
+/// `--bind-address`: an IP address, with or without a port (`[v6]:port` for IPv6).
+fn parse_bind_address(text: &str) -> anyhow::Result<std::net::SocketAddr> {
+    if let Ok(ip) = text.parse::<std::net::IpAddr>() {
+        return Ok((ip, 0).into());
+    }
+    text.parse()
+        .with_context(|| format!("--bind-address {text:?} is not an IP address or IP:PORT"))
+}
+
 fn parse_deadline(text: &str) -> Result<Deadline, dsm_proto::ValueError> {
     parse_seconds_or_off(text).map(Deadline)
 }
@@ -317,12 +372,59 @@ impl Cli {
             abs_tolerance_bits: self.tolerance.unwrap_or(0.0).to_bits(),
             rel_tolerance_bits: self.rel_tolerance.unwrap_or(0.0).to_bits(),
         };
+        let hosts = match (&self.hostfile, &self.host) {
+            (Some(file), _) => Some(launcher::hosts::read_hostfile(file)?),
+            (None, Some(list)) => Some(launcher::hosts::parse_host_list(list)?),
+            (None, None) => None,
+        };
+        if hosts.is_none()
+            && (self.launch_agent.is_some() || self.map_by.is_some() || self.oversubscribe)
+        {
+            anyhow::bail!("--launch-agent, --map-by and --oversubscribe need --hostfile or -H");
+        }
+        let ranks = match (self.ranks, &hosts) {
+            (Some(n), _) => usize::from(n),
+            (None, Some(h)) => launcher::hosts::total_slots(h),
+            (None, None) => 1,
+        };
+        let launch_agent_text = self
+            .launch_agent
+            .unwrap_or_else(|| launcher::DEFAULT_LAUNCH_AGENT.to_owned());
+        let launch_agent = shell_words::split(&launch_agent_text)
+            .ok()
+            .filter(|w| !w.is_empty())
+            .with_context(|| format!("--launch-agent {launch_agent_text:?} is not a command"))?;
+        let hosts = hosts.map(|hosts| launcher::HostPlan {
+            hosts,
+            map_by: self.map_by.unwrap_or_default(),
+            oversubscribe: self.oversubscribe,
+            launch_agent,
+        });
+        let forward_env = self
+            .export
+            .iter()
+            .map(|x| match x.split_once('=') {
+                Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+                Some(_) => anyhow::bail!("-x {x:?}: expected VAR or VAR=VALUE"),
+                None => std::env::var(x)
+                    .map(|v| (x.clone(), v))
+                    .with_context(|| format!("-x {x}: {x} is not set in dsmrun's environment")),
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let bind = match (&self.bind_address, &self.interface) {
+            (Some(a), _) => Some(launcher::agent::BindTo::Addr(parse_bind_address(a)?)),
+            (None, Some(i)) => Some(launcher::agent::BindTo::Interface(i.clone())),
+            (None, None) => None,
+        };
         let mut command = self.command.into_iter();
         let program = command
             .next()
             .context("no PROGRAM given (see dsmrun --help)")?;
         Ok(LaunchConfig {
-            ranks: usize::from(self.ranks),
+            ranks,
+            hosts,
+            forward_env,
+            bind,
             program,
             args: command.collect(),
             segment_bytes: self.segment,
