@@ -100,6 +100,7 @@ compares two saved traces.";
 /// Launch N processes of a dsm program on this machine and supervise them.
 #[derive(Debug, Parser)]
 #[command(
+    group(clap::ArgGroup::new("hosts").args(["hostfile", "host"])),
     name = "dsmrun",
     version,
     override_usage = "dsmrun [OPTIONS] [--] PROGRAM [ARGS]...",
@@ -125,18 +126,18 @@ struct Cli {
 
     /// The command that runs a command on another host, as "AGENT HOST COMMAND";
     /// split into words like a shell would (e.g. 'ssh -x -p 2222') [default: ssh]
-    #[arg(long, value_name = "CMD")]
+    #[arg(long, value_name = "CMD", requires = "hosts")]
     launch_agent: Option<String>,
 
     /// How ranks are laid onto the hosts' slots: slot fills each host before the
     /// next (ranks 0,1 on the first host of two slots), node deals one rank per
     /// host in turn [default: slot]
-    #[arg(long, value_name = "POLICY")]
+    #[arg(long, value_name = "POLICY", requires = "hosts")]
     map_by: Option<launcher::hosts::MapBy>,
 
     /// Allow more ranks than the hosts have slots; the extra ranks go round-robin
     /// over the hosts
-    #[arg(long)]
+    #[arg(long, requires = "hosts")]
     oversubscribe: bool,
 
     /// Set VAR in every rank's environment, on every host: to VALUE, or to its
@@ -373,15 +374,14 @@ impl Cli {
             rel_tolerance_bits: self.rel_tolerance.unwrap_or(0.0).to_bits(),
         };
         let hosts = match (&self.hostfile, &self.host) {
-            (Some(file), _) => Some(launcher::hosts::read_hostfile(file)?),
-            (None, Some(list)) => Some(launcher::hosts::parse_host_list(list)?),
+            (Some(file), _) => {
+                Some(launcher::hosts::read_hostfile(file).map_err(LaunchError::from)?)
+            }
+            (None, Some(list)) => {
+                Some(launcher::hosts::parse_host_list(list).map_err(LaunchError::from)?)
+            }
             (None, None) => None,
         };
-        if hosts.is_none()
-            && (self.launch_agent.is_some() || self.map_by.is_some() || self.oversubscribe)
-        {
-            anyhow::bail!("--launch-agent, --map-by and --oversubscribe need --hostfile or -H");
-        }
         let ranks = match (self.ranks, &hosts) {
             (Some(n), _) => usize::from(n),
             (None, Some(h)) => launcher::hosts::total_slots(h),
