@@ -10,6 +10,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod launchers;
 pub mod liveness;
 pub mod stats;
 pub mod units;

