@@ -89,3 +89,89 @@ fn mpirun_starts_sor_without_dsmrun() {
         "{r:?}"
     );
 }
+
+/// The local Slurm of scripts/slurm-local.sh in a temporary directory; stopped on drop.
+struct LocalSlurm {
+    script: std::path::PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl LocalSlurm {
+    fn start() -> Result<LocalSlurm, String> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/slurm-local.sh");
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let slurm = LocalSlurm { script, dir };
+        // Ports of its own, so that it cannot meet another run's daemons.
+        let base = 17_000 + (std::process::id() % 1000) * 2;
+        let out = Command::new("sh")
+            .arg(&slurm.script)
+            .arg("start")
+            .arg(slurm.dir.path())
+            .env("SLURMCTLD_PORT", base.to_string())
+            .env("SLURMD_PORT", (base + 1).to_string())
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", slurm.script.display()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "{} start failed ({}): {}",
+                slurm.script.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(slurm)
+    }
+
+    fn conf(&self) -> std::path::PathBuf {
+        self.dir.path().join("slurm.conf")
+    }
+}
+
+impl Drop for LocalSlurm {
+    fn drop(&mut self) {
+        let _ = Command::new("sh")
+            .arg(&self.script)
+            .arg("stop")
+            .arg(self.dir.path())
+            .stdin(Stdio::null())
+            .status();
+    }
+}
+
+#[test]
+fn srun_starts_sor_without_dsmrun() {
+    const TEST: &str = "srun_starts_sor_without_dsmrun";
+    if !is_root() {
+        kit::skip(TEST, "the local Slurm (slurmd) needs root");
+        return;
+    }
+    let slurm = match LocalSlurm::start() {
+        Ok(s) => s,
+        Err(why) => {
+            kit::skip(TEST, &format!("cannot run a local Slurm here: {why}"));
+            return;
+        }
+    };
+    // The job secret comes from the user's key file; a home of the test's own keeps the
+    // key it makes out of the real one. No DSM_* variable is set.
+    let home = slurm.dir.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let mut cmd = without_dsm_vars("srun");
+    cmd.env("SLURM_CONF", slurm.conf())
+        .env("HOME", &home)
+        .args(["-n", "4", "--overcommit", "--time", "2"])
+        .arg(kit::bin("sor"))
+        .args(["--size", "256", "--iters", "10"]);
+    let r = kit::run(cmd);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(
+        r.stdout
+            .contains("verified: sor 256x256, 10 iterations, 4 nodes: bitwise identical"),
+        "{r:?}"
+    );
+    let key = home.join(".config/dsm/job-key");
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&key).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600, "{}", key.display());
+}

@@ -260,6 +260,16 @@ impl JobConfig {
     /// `DSM_RANK` comes without `DSM_SIZE`, or a multi-node job lacks `DSM_COORD` or
     /// `DSM_JOB_SECRET`.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<JobConfig, ConfigError> {
+        Self::from_lookup_keyed(get, || Err("no user key in this context".into()))
+    }
+
+    /// [`JobConfig::from_lookup`] that can also key a Slurm job: under `srun`, without
+    /// `DSM_JOB_SECRET`, the secret is derived from the user's key, which `user_key` reads
+    /// (it is called only then; see [`crate::launchers::slurm`]).
+    pub fn from_lookup_keyed(
+        get: impl Fn(&str) -> Option<String>,
+        user_key: impl FnOnce() -> Result<String, String>,
+    ) -> Result<JobConfig, ConfigError> {
         let (rank, size, launcher) = if let Some(rank) = get(vars::RANK) {
             let size = get(vars::SIZE).ok_or(ConfigError::Missing(vars::RANK, vars::SIZE))?;
             let launcher = if get(vars::LAUNCHER).as_deref() == Some(DSMRUN) {
@@ -313,6 +323,11 @@ impl JobConfig {
         // rendezvous and keys the job, unless the user set them.
         let derived = match launcher {
             Launcher::Mpi if size > 1 => crate::launchers::open_mpi(&get)?,
+            Launcher::Slurm if size > 1 => crate::launchers::slurm::rendezvous(
+                &get,
+                get(vars::JOB_SECRET).is_none(),
+                user_key,
+            )?,
             _ => None,
         };
         let coord = match get(vars::COORD) {

@@ -15,7 +15,15 @@
 //!   the allocation's first node, and rank 0 is placed there first). The port is
 //!   [`derived_port`] of the job id. The secret is the transports key with the job id: it
 //!   is never sent by dsm (the handshake proves knowledge of it without sending it).
-//! * **Slurm** (`srun`): see [`slurm`].
+//! * **Slurm** (`srun`): rank 0 listens on the first host of the step's node list
+//!   (`SLURM_STEP_NODELIST`, hostlist syntax expanded by [`slurm::expand_hostlist`]), at
+//!   127.0.0.1 when the step has one node, at the port [`slurm::step_port`] of the job and
+//!   step ids; Slurm places task 0 on the step's first node. Slurm gives the tasks nothing
+//!   secret, so the secret is derived from the user's key file (`DSM_KEY_FILE`, default
+//!   `~/.config/dsm/job-key`: 128 random bits, mode 0600, made on first use), mixed with
+//!   the job and step ids: only the user (and root) can read it, and it never crosses the
+//!   network; a job across nodes needs the same file on every node (a shared home
+//!   directory, as Slurm clusters usually have).
 
 use crate::config::ConfigError;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -208,6 +216,69 @@ pub mod slurm {
         Ok(out)
     }
 
+    /// Rendezvous and secret of a Slurm step (see the module documentation); `None` when
+    /// the Slurm variables are incomplete. `user_key` is read only when `need_secret`.
+    pub fn rendezvous(
+        get: &impl Fn(&str) -> Option<String>,
+        need_secret: bool,
+        user_key: impl FnOnce() -> Result<String, String>,
+    ) -> Result<Option<Derived>, ConfigError> {
+        let first = |names: &[&'static str]| {
+            names
+                .iter()
+                .find_map(|&n| get(n).filter(|v| !v.trim().is_empty()).map(|v| (n, v)))
+        };
+        let (Some((list_var, list)), Some((_, job)), Some((_, step))) = (
+            first(&[
+                "SLURM_STEP_NODELIST",
+                "SLURM_JOB_NODELIST",
+                "SLURM_NODELIST",
+            ]),
+            first(&["SLURM_JOB_ID", "SLURM_JOBID"]),
+            first(&["SLURM_STEP_ID", "SLURM_STEPID"]),
+        ) else {
+            return Ok(None);
+        };
+        let port = step_port(job.trim(), step.trim());
+        let one_node =
+            first(&["SLURM_STEP_NUM_NODES", "SLURM_NNODES"]).is_some_and(|(_, n)| n.trim() == "1");
+        let coord = if one_node {
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)
+        } else {
+            let hosts = expand_hostlist(&list, crate::MAX_NODES)
+                .map_err(|why| invalid(list_var, &list, &why))?;
+            let host = &hosts[0];
+            let addrs: Vec<SocketAddr> =
+                std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port))
+                    .map_err(|e| {
+                        invalid(
+                            list_var,
+                            &list,
+                            &format!("cannot resolve its first host {host}: {e}"),
+                        )
+                    })?
+                    .collect();
+            *addrs
+                .iter()
+                .find(|a| a.is_ipv4())
+                .or(addrs.first())
+                .ok_or_else(|| {
+                    invalid(list_var, &list, &format!("{host} resolves to no address"))
+                })?
+        };
+        let secret = if need_secret {
+            let key = user_key().map_err(|why| ConfigError::Invalid {
+                var: crate::env_vars::KEY_FILE,
+                value: String::new(),
+                why,
+            })?;
+            format!("slurm:{}:{}.{}", key.trim(), job.trim(), step.trim())
+        } else {
+            String::new()
+        };
+        Ok(Some(Derived { coord, secret }))
+    }
+
     /// The rendezvous port of Slurm step `job.step`.
     pub fn step_port(job: &str, step: &str) -> u16 {
         derived_port(&format!("slurm:{job}.{step}"))
@@ -234,6 +305,33 @@ pub mod slurm {
                 assert!(expand_hostlist(bad, 1000).is_err(), "{bad:?}");
             }
             assert!(expand_hostlist("n[1-2000]", 1024).is_err());
+        }
+
+        #[test]
+        fn a_step_names_its_first_node_and_keys_the_job() {
+            let vars: std::collections::HashMap<&str, &str> = [
+                ("SLURM_STEP_NODELIST", "localhost,other[1-2]"),
+                ("SLURM_JOB_ID", "42"),
+                ("SLURM_STEP_ID", "3"),
+                ("SLURM_STEP_NUM_NODES", "3"),
+            ]
+            .into();
+            let get = |k: &str| vars.get(k).map(|v| v.to_string());
+            let d = rendezvous(&get, true, || Ok("k3y".into()))
+                .unwrap()
+                .unwrap();
+            assert!(d.coord.ip().is_loopback(), "localhost resolves to loopback");
+            assert_eq!(d.coord.port(), step_port("42", "3"));
+            assert_eq!(d.secret, "slurm:k3y:42.3");
+            let err = rendezvous(&get, true, || Err("no key file".into())).unwrap_err();
+            assert!(err.to_string().contains("DSM_KEY_FILE"), "{err}");
+            // With DSM_JOB_SECRET set, the key is not read at all.
+            let d = rendezvous(&get, false, || panic!("read the key"))
+                .unwrap()
+                .unwrap();
+            assert!(d.secret.is_empty());
+            let none = |_: &str| None;
+            assert_eq!(rendezvous(&none, true, || Ok("k".into())).unwrap(), None);
         }
 
         #[test]

@@ -127,6 +127,9 @@ pub mod env_vars {
     pub const TOLERANCE: &str = "DSM_TOLERANCE";
     /// Relative tolerance for f64/f32 elements in comparisons.
     pub const REL_TOLERANCE: &str = "DSM_REL_TOLERANCE";
+    /// Path of the user's key file, from which jobs under Slurm's `srun` derive their
+    /// secret (default `~/.config/dsm/job-key`; see [`crate::launchers`]).
+    pub const KEY_FILE: &str = "DSM_KEY_FILE";
     /// Log filter for binaries that install dsm's logging (`tracing` env-filter syntax).
     pub const LOG: &str = "DSM_LOG";
 

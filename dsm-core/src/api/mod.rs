@@ -199,7 +199,11 @@ impl Dsm {
     /// Joins the job described by the environment (`dsmrun`, `srun` or `mpirun` with
     /// `DSM_COORD` and `DSM_JOB_SECRET`), or runs as a single node when started alone.
     pub fn init() -> Result<Dsm, DsmError> {
-        let env = JobConfig::from_env()?;
+        // The user's key is read (or made) only for a Slurm job without DSM_JOB_SECRET.
+        let env = JobConfig::from_lookup_keyed(
+            |k| std::env::var(k).ok(),
+            dsm_net::user_key::load_or_create,
+        )?;
         Self::init_with(env)
     }
 
