@@ -17,7 +17,7 @@ pub type PageNo = u32;
 pub type LockId = u64;
 
 /// Protocol version spoken in the handshake; bump it when any message layout changes.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// A vector timestamp: entry `n` is the index of the latest interval of node `n` that is
 /// known (has been "seen"). Intervals are numbered from 1, so 0 means "nothing seen".

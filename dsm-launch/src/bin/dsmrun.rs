@@ -113,6 +113,14 @@ struct Cli {
           value_parser = clap::value_parser!(u16).range(1..=launcher::MAX_RANKS as i64))]
     ranks: Option<u16>,
 
+    /// Map the shared segment at ADDR (hex, e.g. 0x2e0000000000, page-aligned) in
+    /// every rank, on every host (DSM_SEGMENT_ADDR). At start-up every rank checks
+    /// that it can map the segment there; if one cannot, the job stops naming the
+    /// rank, its host and the address. Without it the ranks agree on the first of
+    /// a few candidate bases that is free on every host [default: 0x3d0000000000]
+    #[arg(long, value_name = "ADDR", value_parser = parse_segment_base)]
+    segment_base: Option<u64>,
+
     /// Run the ranks on the hosts listed in FILE (Open MPI syntax: one host per
     /// line, optionally "slots=K", default 1; "#" starts a comment; a host named
     /// twice adds up). Hosts other than this machine are reached through the
@@ -305,6 +313,22 @@ fn absolute(path: &std::path::Path, flag: &str) -> anyhow::Result<PathBuf> {
         .with_context(|| format!("cannot make {flag} '{}' absolute", path.display()))
 }
 
+/// `--segment-base`: a page-aligned hex address in the 47-bit user address space.
+fn parse_segment_base(text: &str) -> Result<u64, String> {
+    let digits = text
+        .trim()
+        .trim_start_matches("0x")
+        .trim_start_matches("0X");
+    let addr = u64::from_str_radix(digits, 16)
+        .map_err(|_| format!("'{text}' is not a hex address (e.g. 0x2e0000000000)"))?;
+    if addr == 0 || addr % dsm_proto::PAGE_SIZE as u64 != 0 || addr >= 1 << 47 {
+        return Err(format!(
+            "'{text}' is not a page-aligned address in the user address space (4K-aligned, below 0x800000000000)"
+        ));
+    }
+    Ok(addr)
+}
+
 /// `--bind-address`: an IP address, with or without a port (`[v6]:port` for IPv6).
 fn parse_bind_address(text: &str) -> anyhow::Result<std::net::SocketAddr> {
     if let Ok(ip) = text.parse::<std::net::IpAddr>() {
@@ -400,7 +424,7 @@ impl Cli {
             oversubscribe: self.oversubscribe,
             launch_agent,
         });
-        let forward_env = self
+        let mut forward_env = self
             .export
             .iter()
             .map(|x| match x.split_once('=') {
@@ -411,6 +435,12 @@ impl Cli {
                     .with_context(|| format!("-x {x}: {x} is not set in dsmrun's environment")),
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
+        if let Some(base) = self.segment_base {
+            forward_env.push((
+                dsm_proto::env_vars::SEGMENT_ADDR.to_owned(),
+                format!("{base:x}"),
+            ));
+        }
         let bind = match (&self.bind_address, &self.interface) {
             (Some(a), _) => Some(launcher::agent::BindTo::Addr(parse_bind_address(a)?)),
             (None, Some(i)) => Some(launcher::agent::BindTo::Interface(i.clone())),
