@@ -553,11 +553,7 @@ fn dsmrun_hostfile_over_ssh_across_namespaces() {
 
     // A host nobody answers at is named, within the connect timeout.
     let dead = c.path("dead-hosts");
-    std::fs::write(
-        &dead,
-        format!("{}\n{} slots=1\n", c.addr(0), format!("{}.77", c.subnet)),
-    )
-    .unwrap();
+    std::fs::write(&dead, format!("{}\n{}.77 slots=1\n", c.addr(0), c.subnet)).unwrap();
     let r = kit::run(c.dsmrun(
         &dead,
         &["--connect-timeout", "10"],

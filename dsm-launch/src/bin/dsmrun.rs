@@ -87,6 +87,19 @@ Exit status:
          difference, or with --compare-continue every differing trace point, is
          printed by rank 0)
 
+Across hosts (--hostfile FILE or -H HOST[:SLOTS],...): each rank on another
+host is started as 'AGENT HOST DIR/dsmrun-agent -- PROGRAM ARGS' (AGENT from
+--launch-agent, default ssh; dsmrun-agent and PROGRAM at the same paths on every
+host). The rank's DSM_* configuration, secret included, goes to the agent's
+stdin, never on a command line; -x VAR[=VALUE] and DSM_SEGMENT_ADDR, DSM_PIN,
+DSM_STATS_FILE, DSM_RACE_PHASES, DSM_LOG from dsmrun's environment go with it.
+Rank 0 listens where its host was reached by ssh unless --bind-address or
+--interface say otherwise. Failures name the rank and its host; a host whose
+agent fails or does not answer within the connect timeout stops the job with
+status 1. Closing the agent's stdin (dsmrun exits, is killed, or the connection
+breaks) stops the rank. Hosts that are this machine (localhost, loopback
+addresses, its host name) run their ranks here.
+
 Value traces: --trace-values FILE records, at every barrier (epochs numbered
 as the program counts its barrier() calls) and at finish(), a hash of every
 4 KiB block of every named shared allocation, in allocation coordinates, so a
