@@ -141,8 +141,13 @@ struct Cli {
     #[arg(long, value_name = "FILE", conflicts_with = "host")]
     hostfile: Option<PathBuf>,
 
-    /// Run the ranks on these hosts: HOST[:SLOTS],... (slots default to 1)
-    #[arg(short = 'H', long = "host", value_name = "HOSTS")]
+    // Not a doc comment: rustdoc would read the brackets as a link.
+    #[arg(
+        short = 'H',
+        long = "host",
+        value_name = "HOSTS",
+        help = "Run the ranks on these hosts: HOST[:SLOTS],... (slots default to 1)"
+    )]
     host: Option<String>,
 
     /// The command that runs a command on another host, as "AGENT HOST COMMAND";
