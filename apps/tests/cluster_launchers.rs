@@ -9,6 +9,9 @@ use dsm_testkit as kit;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+/// The tests install packages (apt-get holds one lock) and run daemons: one at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn is_root() -> bool {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
@@ -69,6 +72,7 @@ fn without_dsm_vars(program: &str) -> Command {
 #[test]
 fn mpirun_starts_sor_without_dsmrun() {
     const TEST: &str = "mpirun_starts_sor_without_dsmrun";
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     if let Err(why) = ensure_installed("/usr/bin/mpirun", &["openmpi-bin"]) {
         kit::skip(TEST, &format!("Open MPI is not available: {why}"));
         return;
@@ -142,6 +146,7 @@ impl Drop for LocalSlurm {
 #[test]
 fn srun_starts_sor_without_dsmrun() {
     const TEST: &str = "srun_starts_sor_without_dsmrun";
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     if !is_root() {
         kit::skip(TEST, "the local Slurm (slurmd) needs root");
         return;

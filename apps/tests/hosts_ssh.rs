@@ -6,7 +6,9 @@
 //! is named with its host, an unreachable host is named within the connect timeout, and
 //! after every job, including one whose dsmrun was killed with SIGKILL, no process of the
 //! job is left in any namespace. Needs root; without it (or without sshd) the test says so
-//! and checks nothing else. Everything the test started is removed, even on failure.
+//! and checks nothing else. Also: `--interface`, and the segment base agreement when the
+//! default base is taken on one host. Everything the test started is removed, even on
+//! failure.
 
 use apps::kernels::{self, Expect};
 use dsm_testkit::{self as kit, Run};
@@ -512,6 +514,59 @@ fn dsmrun_hostfile_over_ssh_across_namespaces() {
         assert!(r.stdout.contains(want), "{want}\n{r:?}");
     }
     c.assert_clean("after the environment check");
+
+    // Rank 0 listens on the interface named by --interface (its host's veth), and the
+    // segment base taken on one host moves the whole job to one free on every host.
+    let iface = format!("{}i0", c.tag);
+    let mut cmd = c.dsmrun(
+        &hostfile,
+        &[
+            "-n",
+            "3",
+            "--map-by",
+            "node",
+            "--interface",
+            &iface,
+            "-x",
+            "DSM_TEST_OCCUPY_BASE=2",
+            "-x",
+            "DSM_LOG=warn",
+        ],
+        "sor",
+        &["--size", "128", "--iters", "4"],
+    );
+    cmd.env_remove("DSM_SEGMENT_ADDR");
+    let r = kit::run(cmd);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(r.stdout.contains("[0] verified: sor 128x128"), "{r:?}");
+    assert!(
+        r.stderr.contains("rank 2 (host ") && r.stderr.contains("at 0x2d0000000000 instead"),
+        "{r:?}"
+    );
+    // A base the user chose is not moved: the job stops naming the rank and the way out.
+    let r = kit::run(c.dsmrun(
+        &hostfile,
+        &[
+            "-n",
+            "3",
+            "--map-by",
+            "node",
+            "--segment-base",
+            "0x3d0000000000",
+            "-x",
+            "DSM_TEST_OCCUPY_BASE=1",
+        ],
+        "sor",
+        &["--size", "128", "--iters", "4"],
+    ));
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(
+        r.stderr.contains("rank 1 (host ")
+            && r.stderr.contains("0x3d0000000000")
+            && r.stderr.contains("--segment-base"),
+        "{r:?}"
+    );
+    c.assert_clean("after the segment base runs");
 
     // Kill the rank in the third namespace mid-run: dsmrun names it and its host.
     let long = ["--size", "1024", "--iters", "100000"];
