@@ -1,5 +1,7 @@
 //! The job launcher behind `dsmrun`: it owns turning a [`LaunchConfig`] into N
-//! running rank processes on this machine and supervising them to the end.
+//! running rank processes, on this machine or on other hosts (through [`agent`], one
+//! `dsmrun-agent` per rank started by `ssh` or another launch agent, on hosts laid out
+//! by [`hosts`]), and supervising them to the end.
 //!
 //! That covers finding the program, building each rank's `DSM_*` environment,
 //! starting every rank in its own process group, forwarding the ranks' output

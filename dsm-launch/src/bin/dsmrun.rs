@@ -110,7 +110,8 @@ both values when the reference holds values (--trace-values-full or
 --trace-vars), else with the differing block's element range. dsm-compare A B
 compares two saved traces.";
 
-/// Launch N processes of a dsm program on this machine and supervise them.
+/// Launch N processes of a dsm program, on this machine or on the hosts of a host list, and
+/// supervise them.
 #[derive(Debug, Parser)]
 #[command(
     group(clap::ArgGroup::new("hosts").args(["hostfile", "host"])),
