@@ -61,6 +61,10 @@ pub const TERM_GRACE: Duration = Duration::from_secs(2);
 /// How long a peer-lost exit waits for the root cause to show up.
 const COLLATERAL_WAIT: Duration = Duration::from_secs(1);
 
+/// The same across hosts: a remote rank's exit reaches dsmrun through its agent and the
+/// launch agent's session, later than its peers' reports of losing it may.
+const COLLATERAL_WAIT_ACROSS_HOSTS: Duration = Duration::from_secs(3);
+
 /// How long ranks get to exit after a forwarded SIGINT/SIGTERM/SIGHUP before
 /// SIGKILL; longer than [`TERM_GRACE`] because an interrupted program may want
 /// to print a report.
@@ -1425,7 +1429,12 @@ impl Job {
                     }
                     if status == RankStatus::Exited(exit_codes::PEER_LOST) {
                         if collateral.is_none() {
-                            collateral = Some((rank, status, now + COLLATERAL_WAIT));
+                            let wait = if self.agents {
+                                COLLATERAL_WAIT_ACROSS_HOSTS
+                            } else {
+                                COLLATERAL_WAIT
+                            };
+                            collateral = Some((rank, status, now + wait));
                         }
                         continue;
                     }

@@ -60,10 +60,10 @@ Stopping: when a rank exits non-zero (other than with the race exit code) or
 dies from a signal, dsmrun reports that first failure, sends SIGTERM to every
 rank's process group and SIGKILL to those still running 2 s later; --timeout
 does the same. A rank that exits because it lost a peer (status 71) is not
-taken for the cause at once: dsmrun waits 1 s for the failure behind it. When
-a rank reports that a peer has sent nothing for the liveness deadline,
-dsmrun names that peer as the failure and kills it with SIGKILL (a stopped
-process acts on no other signal). On SIGINT, SIGTERM or SIGHUP, dsmrun
+taken for the cause at once: dsmrun waits 1 s (3 s across hosts) for the
+failure behind it. When a rank reports that a peer has sent nothing for the
+liveness deadline, dsmrun names that peer as the failure and kills it with
+SIGKILL (a stopped process acts on no other signal). On SIGINT, SIGTERM or SIGHUP, dsmrun
 forwards that signal to every rank's process group and sends SIGKILL 3 s
 later (at once on a second Ctrl-C). Processes a rank started are in its
 process group and stop with it; any still holding its output after all ranks
