@@ -51,8 +51,8 @@ use dsm_proto::{
 };
 use hosts::{HostSlots, HostsError, MapBy};
 
-/// Largest job `dsmrun` starts; ranks are processes on one machine, so more
-/// would only oversubscribe it.
+/// Largest job `dsmrun` starts (vector times grow with the job, and dsmrun keeps three
+/// threads per rank).
 pub const MAX_RANKS: usize = 256;
 
 /// How long ranks get to exit after SIGTERM (failure or timeout) before SIGKILL.
