@@ -713,6 +713,63 @@ impl Drop for FaultMailbox {
     }
 }
 
+/// Whether `len` bytes at `addr` could be mapped now: reserves the range without access
+/// and releases it at once. The error says what holds it (or why not).
+pub(crate) fn address_range_free(addr: usize, len: usize) -> io::Result<()> {
+    // SAFETY: MAP_FIXED_NOREPLACE never clobbers an existing mapping; an anonymous
+    // PROT_NONE reservation commits no memory.
+    let got = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE
+                | libc::MAP_ANONYMOUS
+                | libc::MAP_FIXED_NOREPLACE
+                | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if got == libc::MAP_FAILED {
+        let e = io::Error::last_os_error();
+        return Err(if e.raw_os_error() == Some(libc::EEXIST) {
+            io::Error::new(e.kind(), "something is already mapped in that range")
+        } else {
+            e
+        });
+    }
+    // SAFETY: unmapping exactly the reservation made above.
+    unsafe { libc::munmap(got, len) };
+    if got as usize != addr {
+        return Err(io::Error::other(
+            "the kernel placed a test mapping elsewhere (kernel older than 4.17?)",
+        ));
+    }
+    Ok(())
+}
+
+/// Tests only (`DSM_TEST_OCCUPY_BASE`): maps one inaccessible page at `addr` for the rest
+/// of the process's life, as a library or another program's shared memory might.
+pub(crate) fn occupy_page_for_test(addr: usize) -> io::Result<()> {
+    // SAFETY: MAP_FIXED_NOREPLACE never clobbers an existing mapping; the page is never
+    // accessed or unmapped.
+    let got = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            PAGE_SIZE,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    if got == libc::MAP_FAILED {
+        return Err(os_err("mmap (DSM_TEST_OCCUPY_BASE)"));
+    }
+    Ok(())
+}
+
 /// Maps the process's segment at `addr` for the rest of its life, records it for
 /// [`AppSlice::new_in_global_segment`] and installs the fault handler for it: the safe entry
 /// point to everything below.

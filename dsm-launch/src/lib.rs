@@ -1,5 +1,7 @@
 //! The job launcher behind `dsmrun`: it owns turning a [`LaunchConfig`] into N
-//! running rank processes on this machine and supervising them to the end.
+//! running rank processes, on this machine or on other hosts (through [`agent`], one
+//! `dsmrun-agent` per rank started by `ssh` or another launch agent, on hosts laid out
+//! by [`hosts`]), and supervising them to the end.
 //!
 //! That covers finding the program, building each rank's `DSM_*` environment,
 //! starting every rank in its own process group, forwarding the ranks' output
@@ -15,6 +17,9 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod agent;
+pub mod hosts;
+
 use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -22,7 +27,7 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -37,15 +42,17 @@ use signal_hook::iterator::Signals;
 use std::os::fd::{AsRawFd, OwnedFd};
 use tracing::{debug, warn};
 
+use agent::{AgentOrder, BindTo};
 use dsm_proto::config::{DEFAULT_CONNECT_TIMEOUT, DSMRUN};
 use dsm_proto::liveness::{Silence, DEFAULT_LIVENESS};
 use dsm_proto::{
     env_vars, exit_codes, format_secs, JobConfig, Launcher, LocalPlacement, RaceOptions, TraceMode,
     TraceOptions,
 };
+use hosts::{HostSlots, HostsError, MapBy};
 
-/// Largest job `dsmrun` starts; ranks are processes on one machine, so more
-/// would only oversubscribe it.
+/// Largest job `dsmrun` starts (vector times grow with the job, and dsmrun keeps three
+/// threads per rank).
 pub const MAX_RANKS: usize = 256;
 
 /// How long ranks get to exit after SIGTERM (failure or timeout) before SIGKILL.
@@ -53,6 +60,10 @@ pub const TERM_GRACE: Duration = Duration::from_secs(2);
 
 /// How long a peer-lost exit waits for the root cause to show up.
 const COLLATERAL_WAIT: Duration = Duration::from_secs(1);
+
+/// The same across hosts: a remote rank's exit reaches dsmrun through its agent and the
+/// launch agent's session, later than its peers' reports of losing it may.
+const COLLATERAL_WAIT_ACROSS_HOSTS: Duration = Duration::from_secs(3);
 
 /// How long ranks get to exit after a forwarded SIGINT/SIGTERM/SIGHUP before
 /// SIGKILL; longer than [`TERM_GRACE`] because an interrupted program may want
@@ -117,6 +128,19 @@ pub enum LaunchError {
         #[source]
         source: io::Error,
     },
+    /// The host list cannot be used (bad hostfile, too few slots).
+    #[error(transparent)]
+    Hosts(#[from] HostsError),
+    /// `dsmrun-agent`, which runs ranks on other hosts, is not next to `dsmrun`.
+    #[error("cannot find dsmrun-agent next to dsmrun ({}): it starts the ranks on other hosts, and must be installed there at the same path", .0.display())]
+    AgentMissing(PathBuf),
+    /// `--launch-agent` is empty or does not split into words.
+    #[error("--launch-agent {0:?} is not a command")]
+    BadLaunchAgent(String),
+    /// The rendezvous address cannot be chosen (`--interface` unknown here, a host name
+    /// that does not resolve).
+    #[error("cannot choose the rendezvous address: {0}")]
+    Rendezvous(String),
     /// A thread that waits for a rank or forwards its output could not be started.
     #[error("cannot start a supervision thread for rank {rank}")]
     Thread {
@@ -140,7 +164,11 @@ impl LaunchError {
     /// conventions (127: not found, 126: found but cannot be executed).
     pub fn exit_code(&self) -> u8 {
         match self {
-            LaunchError::InvalidRankCount(_) => 2,
+            LaunchError::InvalidRankCount(_)
+            | LaunchError::Hosts(_)
+            | LaunchError::BadLaunchAgent(_) => 2,
+            LaunchError::AgentMissing(_) => 127,
+            LaunchError::Rendezvous(_) => 1,
             LaunchError::ProgramNotFound { .. } | LaunchError::ProgramPathNotFound(_) => 127,
             LaunchError::NotExecutable { .. } => 126,
             LaunchError::Spawn { source, .. } => match source.kind() {
@@ -176,7 +204,41 @@ pub struct LaunchConfig {
     pub race: RaceOptions,
     /// Value tracing or comparison with a reference trace.
     pub trace: TraceOptions,
+    /// The hosts to run on (`--hostfile`, `-H`); `None`: every rank on this machine.
+    pub hosts: Option<HostPlan>,
+    /// Variables set in every rank's environment (`-x VAR[=VALUE]`), on every host.
+    pub forward_env: Vec<(String, String)>,
+    /// Where rank 0 listens for the rendezvous (`--bind-address`, `--interface`); `None`:
+    /// 127.0.0.1 for a job on this machine, else the address its host was reached at.
+    pub bind: Option<BindTo>,
 }
+
+/// How a job spreads over hosts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPlan {
+    /// The hosts and their slots, in order.
+    pub hosts: Vec<HostSlots>,
+    /// How ranks are laid onto the slots.
+    pub map_by: MapBy,
+    /// Allow more ranks than slots.
+    pub oversubscribe: bool,
+    /// The command that runs a command on a host (`ssh`), split into words; the host name
+    /// and the command follow it.
+    pub launch_agent: Vec<String>,
+}
+
+/// The default `--launch-agent`.
+pub const DEFAULT_LAUNCH_AGENT: &str = "ssh";
+
+/// Variables the user sets for a whole job in dsmrun's environment: local ranks inherit
+/// them, ranks on other hosts get them from dsmrun.
+pub const JOB_WIDE_VARS: [&str; 5] = [
+    env_vars::SEGMENT_ADDR,
+    env_vars::RACE_PHASES,
+    env_vars::PIN,
+    env_vars::STATS_FILE,
+    env_vars::LOG,
+];
 
 impl LaunchConfig {
     /// One rank of `program` with no arguments and no options.
@@ -191,6 +253,9 @@ impl LaunchConfig {
             liveness: Some(DEFAULT_LIVENESS),
             race: RaceOptions::default(),
             trace: TraceOptions::default(),
+            hosts: None,
+            forward_env: Vec::new(),
+            bind: None,
         }
     }
 }
@@ -306,6 +371,14 @@ pub enum JobOutcome {
         /// The rank that reported it.
         rank: usize,
     },
+    /// A rank on another host never started: its launch agent failed before the rank ran
+    /// (e.g. the host is unreachable) or did not report within the connect timeout.
+    NotStarted {
+        /// The rank.
+        rank: usize,
+        /// Its host.
+        host: String,
+    },
     /// `dsmrun` received this signal and stopped the job.
     Interrupted {
         /// The signal number (SIGINT, SIGTERM or SIGHUP).
@@ -322,7 +395,7 @@ impl JobOutcome {
             JobOutcome::Success => 0,
             JobOutcome::RaceReported { exit_code, .. } => *exit_code,
             JobOutcome::RankFailed { status, .. } => status.failure_exit_code(),
-            JobOutcome::RankSilent(_) => 1,
+            JobOutcome::RankSilent(_) | JobOutcome::NotStarted { .. } => 1,
             JobOutcome::TimedOut { .. } => 124,
             JobOutcome::ValuesDiffer { .. } => exit_codes::VALUES_DIFFER,
             JobOutcome::Interrupted { signal } => signal_exit_code(*signal),
@@ -478,7 +551,24 @@ pub fn run(config: &LaunchConfig) -> Result<JobOutcome, LaunchError> {
         exe_dir.as_deref(),
         std::env::var_os("PATH").as_deref(),
     )?;
-    let rendezvous = bind_rendezvous().map_err(LaunchError::NoFreePort)?;
+    if let Some(plan) = &config.hosts {
+        let host_of = hosts::map_ranks(&plan.hosts, config.ranks, plan.map_by, plan.oversubscribe)?;
+        let this_host = this_host_name();
+        let all_here = host_of
+            .iter()
+            .all(|&h| hosts::is_local_host(&plan.hosts[h].name, this_host.as_deref()));
+        if !all_here {
+            return run_across_hosts(config, plan, &host_of, &program, exe_dir.as_deref());
+        }
+    }
+    let rendezvous = match &config.bind {
+        None => bind_rendezvous(),
+        Some(bind) => {
+            let addr = local_bind_addr(bind)?;
+            TcpListener::bind(addr)
+        }
+    }
+    .map_err(LaunchError::NoFreePort)?;
     let coord = rendezvous.local_addr().map_err(LaunchError::NoFreePort)?;
     let mut rendezvous = Some(rendezvous);
     let secret = generate_secret();
@@ -488,15 +578,7 @@ pub fn run(config: &LaunchConfig) -> Result<JobOutcome, LaunchError> {
     // Installed before the first spawn: a Ctrl-C that killed dsmrun with the
     // default action would orphan ranks sitting in their own process groups.
     let _signals = SignalWatch::install(tx.clone()).map_err(LaunchError::Signals)?;
-    let mut job = Job {
-        ranks: Vec::with_capacity(config.ranks),
-        lifelines: Vec::with_capacity(config.ranks),
-        rx,
-        race_exit_code: config.race.races_found_exit(),
-        checking: config.race.check,
-        compare: matches!(config.trace.mode, TraceMode::Compare(_)),
-        started: Instant::now(),
-    };
+    let mut job = Job::new(config, rx);
     for rank in 0..config.ranks {
         // Only rank 0 gets the socket; dsmrun's own copy closes once rank 0 has it.
         let listener = if rank == 0 { rendezvous.take() } else { None };
@@ -544,6 +626,7 @@ fn spawn_rank(
     let (lifeline_read, lifeline_write) = lifeline()?;
     let mut job = rank_config(config, rank, coord, secret);
     job.launcher_fd = Some(lifeline_read.as_raw_fd());
+    command.envs(config.forward_env.iter().map(|(k, v)| (k, v)));
     if let Some(listener) = &rendezvous {
         // Inherited by this child only: no other spawn happens while the flag is clear.
         fcntl(listener.as_raw_fd(), FcntlArg::F_SETFD(FdFlag::empty()))?;
@@ -565,6 +648,201 @@ fn spawn_rank(
     Ok((child, lifeline_write))
 }
 
+/// This machine's host name, to recognise it in a host list.
+fn this_host_name() -> Option<String> {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+}
+
+/// The address `bind` means on this machine.
+fn local_bind_addr(bind: &BindTo) -> Result<SocketAddr, LaunchError> {
+    match bind {
+        BindTo::Addr(a) => Ok(*a),
+        BindTo::Interface(name) => agent::interface_addr(name)
+            .map(|ip| SocketAddr::new(ip, 0))
+            .map_err(LaunchError::Rendezvous),
+        BindTo::Auto(host) => route_to(host),
+    }
+}
+
+/// The local address this machine uses to reach `host`: connecting a UDP socket asks the
+/// routing table without sending anything.
+fn route_to(host: &str) -> Result<SocketAddr, LaunchError> {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let target = std::net::ToSocketAddrs::to_socket_addrs(&(bare, 9))
+        .map_err(|e| LaunchError::Rendezvous(format!("cannot resolve host {host}: {e}")))?
+        .next()
+        .ok_or_else(|| LaunchError::Rendezvous(format!("host {host} resolves to no address")))?;
+    let any: SocketAddr = if target.is_ipv4() {
+        (Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let probe = std::net::UdpSocket::bind(any)
+        .and_then(|p| p.connect(target).map(|()| p))
+        .and_then(|p| p.local_addr())
+        .map_err(|e| LaunchError::Rendezvous(format!("no route to host {host}: {e}")))?;
+    Ok(SocketAddr::new(probe.ip(), 0))
+}
+
+/// The ranks' environment that dsmrun hands an agent, as text: the rank's configuration,
+/// the user's job-wide variables from dsmrun's environment, and the `-x` variables.
+fn agent_env(config: &LaunchConfig, job: &JobConfig) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = job
+        .to_env()
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_string_lossy().into_owned()))
+        .collect();
+    for var in JOB_WIDE_VARS {
+        if let Some(v) = std::env::var_os(var) {
+            env.push((var.to_owned(), v.to_string_lossy().into_owned()));
+        }
+    }
+    env.extend(config.forward_env.iter().cloned());
+    env
+}
+
+/// Runs a job whose ranks are (partly) on other hosts: one `dsmrun-agent` per rank, started
+/// through the launch agent (`ssh HOST`) or, for ranks on this machine, directly. See
+/// [`agent`] for what dsmrun and the agents say to each other.
+fn run_across_hosts(
+    config: &LaunchConfig,
+    plan: &HostPlan,
+    host_of: &[usize],
+    program: &Path,
+    exe_dir: Option<&Path>,
+) -> Result<JobOutcome, LaunchError> {
+    let agent_exe = exe_dir
+        .map(|d| d.join("dsmrun-agent"))
+        .unwrap_or_else(|| PathBuf::from("dsmrun-agent"));
+    if !agent_exe.is_file() {
+        return Err(LaunchError::AgentMissing(agent_exe));
+    }
+    if plan.launch_agent.is_empty() {
+        return Err(LaunchError::BadLaunchAgent(String::new()));
+    }
+    let this_host = this_host_name();
+    let is_here = |h: usize| hosts::is_local_host(&plan.hosts[h].name, this_host.as_deref());
+    let first_remote = host_of
+        .iter()
+        .copied()
+        .find(|&h| !is_here(h))
+        .expect("a job across hosts has a remote host");
+    let bind0 = match &config.bind {
+        Some(b) if is_here(host_of[0]) => BindTo::Addr(local_bind_addr(b)?),
+        Some(b) => b.clone(),
+        // Rank 0 here, others elsewhere: the address this machine reaches them from.
+        None if is_here(host_of[0]) => BindTo::Addr(route_to(&plan.hosts[first_remote].name)?),
+        None => BindTo::Auto(plan.hosts[host_of[0]].name.clone()),
+    };
+    let mut per_host = vec![0; plan.hosts.len()];
+    for &h in host_of {
+        per_host[h] += 1;
+    }
+    let mut seen = vec![0; plan.hosts.len()];
+    let secret = generate_secret();
+    let mut remote_words = vec![
+        agent_exe.to_string_lossy().into_owned(),
+        "--".to_owned(),
+        program.to_string_lossy().into_owned(),
+    ];
+    remote_words.extend(config.args.iter().map(|a| a.to_string_lossy().into_owned()));
+    let remote_command = shell_words::join(&remote_words);
+    debug!(program = %program.display(), ranks = config.ranks, hosts = ?plan.hosts, "launching job across hosts");
+
+    let (tx, rx) = mpsc::channel();
+    let _signals = SignalWatch::install(tx.clone()).map_err(LaunchError::Signals)?;
+    let mut job = Job::new(config, rx);
+    job.start_deadline =
+        Some(job.started + config.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT));
+    job.launch_agent = plan.launch_agent.join(" ");
+    for (rank, &h) in host_of.iter().enumerate() {
+        let host = &plan.hosts[h];
+        let mut rank_job = JobConfig {
+            coord: None,
+            ..rank_config(
+                config,
+                rank,
+                "0.0.0.0:0".parse().expect("an address"),
+                &secret,
+            )
+        };
+        rank_job.local = Some(LocalPlacement {
+            rank: seen[h],
+            size: per_host[h],
+        });
+        seen[h] += 1;
+        let order = AgentOrder {
+            env: agent_env(config, &rank_job),
+            bind: (rank == 0).then(|| bind0.clone()),
+        };
+        let mut command = if is_here(h) {
+            let mut c = Command::new(&agent_exe);
+            c.arg("--").arg(program).args(&config.args);
+            for var in env_vars::LAUNCHER_OWNED {
+                c.env_remove(var);
+            }
+            c
+        } else {
+            let mut c = Command::new(&plan.launch_agent[0]);
+            c.args(&plan.launch_agent[1..])
+                .arg(&host.name)
+                .arg(&remote_command);
+            c
+        };
+        command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        let started = command
+            .spawn()
+            .map_err(|source| LaunchError::Spawn {
+                rank,
+                program: PathBuf::from(if is_here(h) {
+                    agent_exe.as_os_str()
+                } else {
+                    OsStr::new(&plan.launch_agent[0])
+                }),
+                source,
+            })
+            .and_then(|mut child| {
+                let stdin = child.stdin.take();
+                job.adopt(rank, child, &tx)?;
+                job.ranks[rank].host = Some(host.name.clone());
+                job.ranks[rank].agent = Some(AgentLink {
+                    stdin,
+                    order: Some(order),
+                    ready: false,
+                });
+                Ok(())
+            });
+        if let Err(err) = started {
+            job.abort();
+            return Err(err);
+        }
+    }
+    // Rank 0 first: its agent binds the rendezvous, and its ready line tells the others
+    // where it is.
+    job.send_order(0, None);
+    Ok(job.supervise(config.timeout))
+}
+
+/// dsmrun's end of a rank's agent.
+struct AgentLink {
+    /// The agent's stdin: the order, then signals; dropping it tells the agent to stop.
+    stdin: Option<ChildStdin>,
+    /// The order not sent yet (ranks above 0 wait for rank 0's rendezvous address).
+    order: Option<AgentOrder>,
+    /// The agent reported the rank started.
+    ready: bool,
+}
+
+/// Largest status a rank under an agent exits with that means "killed by a signal": the
+/// agent reports a signal death as 128 + the signal, as a shell does.
+const AGENT_SIGNAL_EXITS: std::ops::RangeInclusive<i32> = 129..=(128 + 64);
+
 /// What the waiter, forwarder and signal threads tell the supervisor.
 enum Event {
     /// A rank was reaped.
@@ -575,6 +853,11 @@ enum Event {
     Signal(i32),
     /// A rank printed that a peer has been silent for the liveness deadline.
     Silent(Silence),
+    /// A rank's agent started it; rank 0's tells where the rendezvous is.
+    AgentReady {
+        rank: usize,
+        coord: Option<SocketAddr>,
+    },
 }
 
 #[derive(Clone, Copy)]
@@ -618,7 +901,13 @@ fn note(args: fmt::Arguments<'_>) {
 /// dsmrun's memory stays bounded whatever the rank prints.
 pub const MAX_FORWARDED_LINE: usize = 64 * 1024;
 
-fn forward_lines(rank: usize, source: impl Read, sink: Sink, silences: Option<Sender<Event>>) {
+fn forward_lines(
+    rank: usize,
+    source: impl Read,
+    sink: Sink,
+    silences: Option<Sender<Event>>,
+    mut agent_ready: Option<Sender<Event>>,
+) {
     let prefix = format!("[{rank}] ");
     let mut reader = BufReader::with_capacity(MAX_FORWARDED_LINE, source);
     let mut line = Vec::with_capacity(prefix.len() + MAX_FORWARDED_LINE + 1);
@@ -646,6 +935,20 @@ fn forward_lines(rank: usize, source: impl Read, sink: Sink, silences: Option<Se
         if complete || full || (eof && pending) {
             if !complete {
                 line.push(b'\n');
+            }
+            // An agent's first line says it started the rank; it is not the rank's.
+            if let Some(tx) = agent_ready.take() {
+                let coord = std::str::from_utf8(&line[prefix.len()..])
+                    .ok()
+                    .and_then(|l| agent::parse_ready(l.trim_end_matches('\n')));
+                if let Some(coord) = coord {
+                    let _ = tx.send(Event::AgentReady { rank, coord });
+                    line.truncate(prefix.len());
+                    if eof {
+                        return;
+                    }
+                    continue;
+                }
             }
             if let Some(tx) = &silences {
                 let silence = std::str::from_utf8(&line[prefix.len()..])
@@ -720,10 +1023,15 @@ impl Drop for SignalWatch {
 }
 
 struct RankProc {
-    /// Also the process group id, thanks to `process_group(0)`.
+    /// Also the process group id, thanks to `process_group(0)`. For a rank under an agent,
+    /// the agent's (or the launch agent's, e.g. ssh's) process.
     pid: Pid,
     status: Option<RankStatus>,
     open_streams: u8,
+    /// The host, in a job across hosts.
+    host: Option<String>,
+    /// The rank's agent, in a job across hosts.
+    agent: Option<AgentLink>,
 }
 
 struct Job {
@@ -737,6 +1045,12 @@ struct Job {
     /// `--compare` is on: the values-differ exit status is an outcome, not a crash.
     compare: bool,
     started: Instant,
+    /// Ranks run under agents (a job across hosts).
+    agents: bool,
+    /// Every agent must have started its rank by then.
+    start_deadline: Option<Instant>,
+    /// The launch agent command, for messages.
+    launch_agent: String,
 }
 
 /// Why the job is being stopped early; the first cause wins.
@@ -744,6 +1058,7 @@ enum StopCause {
     RankFailed { rank: usize, status: RankStatus },
     ValuesDiffer { rank: usize },
     RankSilent(Silence),
+    NotStarted { rank: usize, host: String },
     TimedOut(Duration),
     Signal(i32),
 }
@@ -760,6 +1075,76 @@ struct Stopping {
 }
 
 impl Job {
+    fn new(config: &LaunchConfig, rx: Receiver<Event>) -> Job {
+        Job {
+            ranks: Vec::with_capacity(config.ranks),
+            lifelines: Vec::with_capacity(config.ranks),
+            rx,
+            race_exit_code: config.race.races_found_exit(),
+            checking: config.race.check,
+            compare: matches!(config.trace.mode, TraceMode::Compare(_)),
+            started: Instant::now(),
+            agents: config.hosts.is_some(),
+            start_deadline: None,
+            launch_agent: String::new(),
+        }
+    }
+
+    /// `rank 3`, or `rank 3 (host node2)` in a job across hosts.
+    fn who(&self, rank: usize) -> String {
+        match self.ranks.get(rank).and_then(|r| r.host.as_deref()) {
+            Some(host) => format!("rank {rank} (host {host})"),
+            None => format!("rank {rank}"),
+        }
+    }
+
+    /// Sends `rank`'s agent its order, with the rendezvous address for ranks above 0.
+    fn send_order(&mut self, rank: usize, coord: Option<SocketAddr>) {
+        let Some(link) = self.ranks[rank].agent.as_mut() else {
+            return;
+        };
+        let Some(mut order) = link.order.take() else {
+            return;
+        };
+        if let Some(coord) = coord {
+            order
+                .env
+                .push((env_vars::COORD.to_owned(), coord.to_string()));
+        }
+        let written = match link.stdin.as_mut() {
+            Some(stdin) => stdin
+                .write_all(order.to_text().as_bytes())
+                .and_then(|()| stdin.flush()),
+            None => Err(io::ErrorKind::BrokenPipe.into()),
+        };
+        if let Err(err) = written {
+            // The agent is gone; its exit, reported by its waiter, tells the story.
+            debug!(rank, %err, "writing the order to the agent failed");
+        }
+    }
+
+    /// Sends `signal` to `rank`: to its process group here, or through its agent, which
+    /// signals the rank's group on its host. An agent that has not started its rank yet
+    /// (or cannot be written to) is itself signalled: the launch agent's end closes the
+    /// connection, and the remote agent stops whatever it started.
+    fn signal_rank(&self, rank: usize, signal: Signal) {
+        let proc = &self.ranks[rank];
+        if let Some(link) = &proc.agent {
+            if link.ready {
+                if let Some(mut stdin) = link.stdin.as_ref() {
+                    if stdin
+                        .write_all(format!("signal {}\n", signal as i32).as_bytes())
+                        .and_then(|()| stdin.flush())
+                        .is_ok()
+                    {
+                        return;
+                    }
+                }
+            }
+        }
+        signal_group(proc.pid, signal);
+    }
+
     /// Starts the waiter and output forwarders for a freshly spawned rank.
     fn adopt(
         &mut self,
@@ -774,7 +1159,10 @@ impl Job {
             pid,
             status: None,
             open_streams: 0,
+            host: None,
+            agent: None,
         });
+        let via_agent = self.agents;
         // The waiter comes first so a started rank is always reaped, even if
         // starting a forwarder fails below.
         let waiter_tx = tx.clone();
@@ -783,6 +1171,15 @@ impl Job {
                 warn!(rank, %err, "waiting for rank failed");
                 RankStatus::Unknown
             });
+            let status = match status {
+                RankStatus::Exited(code) if via_agent && AGENT_SIGNAL_EXITS.contains(&code) => {
+                    RankStatus::Signaled {
+                        signal: code - 128,
+                        core_dumped: false,
+                    }
+                }
+                other => other,
+            };
             let _ = waiter_tx.send(Event::Exited { rank, status });
         });
         if let Err(err) = waiter {
@@ -804,13 +1201,21 @@ impl Job {
             let tx = tx.clone();
             // Ranks print fatal errors, silences among them, on stderr.
             let silences = matches!(sink, Sink::Stderr).then(|| tx.clone());
+            let agent_ready = (via_agent && matches!(sink, Sink::Stdout)).then(|| tx.clone());
             spawn_thread(rank, format!("dsmrun-{kind}-{rank}"), move || {
-                forward_lines(rank, source, sink, silences);
+                forward_lines(rank, source, sink, silences, agent_ready);
                 let _ = tx.send(Event::StreamClosed { rank });
             })?;
             self.ranks[rank].open_streams += 1;
         }
         Ok(())
+    }
+
+    /// The first rank whose agent has not reported it started.
+    fn not_started(&self) -> Option<usize> {
+        self.ranks
+            .iter()
+            .position(|r| r.status.is_none() && r.agent.as_ref().is_some_and(|a| !a.ready))
     }
 
     fn running(&self) -> usize {
@@ -820,8 +1225,8 @@ impl Job {
     /// Signals every rank's process group, including those whose leader has
     /// exited, because descendants they left behind are still in it.
     fn signal_all(&self, signal: Signal) {
-        for rank in &self.ranks {
-            signal_group(rank.pid, signal);
+        for rank in 0..self.ranks.len() {
+            self.signal_rank(rank, signal);
         }
     }
 
@@ -911,6 +1316,24 @@ impl Job {
             // so a steady stream of events can never postpone them.
             match &mut stopping {
                 None => {
+                    if let Some(rank) = self
+                        .start_deadline
+                        .filter(|d| now >= *d)
+                        .and_then(|_| self.not_started())
+                    {
+                        let host = self.ranks[rank].host.clone().unwrap_or_default();
+                        note(format_args!(
+                            "rank {rank}: host {host} did not start it within the connect timeout ({} s) through '{}': is the host reachable, and dsmrun-agent installed there at the same path? Stopping the job",
+                            format_secs(self.start_deadline.map_or(Duration::ZERO, |d| d - self.started)),
+                            self.launch_agent,
+                        ));
+                        stopping = Some(self.begin_stop(
+                            StopCause::NotStarted { rank, host },
+                            Signal::SIGTERM,
+                            TERM_GRACE,
+                        ));
+                        continue;
+                    }
                     if let (Some(deadline), Some(timeout)) = (deadline, timeout) {
                         if now >= deadline {
                             note(format_args!(
@@ -954,11 +1377,12 @@ impl Job {
                     }
                 }
             }
+            let start_wake = self.start_deadline.filter(|_| self.not_started().is_some());
             let wake = match &stopping {
-                None => match (deadline, collateral) {
-                    (Some(d), Some((_, _, c))) => Some(d.min(c)),
-                    (d, c) => d.or(c.map(|c| c.2)),
-                },
+                None => [deadline, collateral.map(|c| c.2), start_wake]
+                    .into_iter()
+                    .flatten()
+                    .min(),
                 Some(stop) => stop.kill_at.or(stop.give_up_at),
             };
             let event = match wake {
@@ -973,8 +1397,34 @@ impl Job {
                 },
             };
             match event {
+                Event::AgentReady { rank, coord } => {
+                    if let Some(link) = self.ranks[rank].agent.as_mut() {
+                        link.ready = true;
+                    }
+                    if rank == 0 {
+                        debug!(?coord, elapsed = ?self.started.elapsed(), "rank 0's agent is listening");
+                        for other in 1..self.ranks.len() {
+                            self.send_order(other, coord);
+                        }
+                    }
+                }
                 Event::Exited { rank, status } => {
                     self.handle_exit(rank, status);
+                    let never_started = self.ranks[rank].agent.as_ref().is_some_and(|a| !a.ready);
+                    if never_started && stopping.is_none() {
+                        let host = self.ranks[rank].host.clone().unwrap_or_default();
+                        note(format_args!(
+                            "rank {rank}: cannot start it on host {host}: '{}' {status} before the rank started (its message, if any, is above){}",
+                            self.launch_agent,
+                            stopping_the_others(self.running())
+                        ));
+                        stopping = Some(self.begin_stop(
+                            StopCause::NotStarted { rank, host },
+                            Signal::SIGTERM,
+                            TERM_GRACE,
+                        ));
+                        continue;
+                    }
                     if stopping.is_some() || status.is_success() {
                         // Exits after we started stopping the job are
                         // consequences of that, not new failures.
@@ -982,7 +1432,12 @@ impl Job {
                     }
                     if status == RankStatus::Exited(exit_codes::PEER_LOST) {
                         if collateral.is_none() {
-                            collateral = Some((rank, status, now + COLLATERAL_WAIT));
+                            let wait = if self.agents {
+                                COLLATERAL_WAIT_ACROSS_HOSTS
+                            } else {
+                                COLLATERAL_WAIT
+                            };
+                            collateral = Some((rank, status, now + wait));
                         }
                         continue;
                     }
@@ -1013,13 +1468,14 @@ impl Job {
                             continue;
                         }
                     }
+                    let who = self.who(rank);
                     if others > 0 {
                         note(format_args!(
-                            "rank {rank} {status}; stopping the other {}",
+                            "{who} {status}; stopping the other {}",
                             plural(others, "rank", &format!("{others} ranks"))
                         ));
                     } else {
-                        note(format_args!("rank {rank} {status}"));
+                        note(format_args!("{who} {status}"));
                     }
                     stopping = Some(self.begin_stop(
                         StopCause::RankFailed { rank, status },
@@ -1038,13 +1494,14 @@ impl Job {
                     // This is the root cause the peer-lost exits were waiting for.
                     collateral = None;
                     note(format_args!(
-                        "rank {rank} has sent nothing to rank {} for {} s (liveness deadline {} s): it is stopped, wedged or unreachable; killing it and stopping the job",
+                        "{} has sent nothing to rank {} for {} s (liveness deadline {} s): it is stopped, wedged or unreachable; killing it and stopping the job",
+                        self.who(rank),
                         silence.reporter,
                         format_secs(silence.after),
                         format_secs(silence.deadline),
                     ));
                     // SIGKILL, because a stopped process acts on nothing else.
-                    signal_group(self.ranks[rank].pid, Signal::SIGKILL);
+                    self.signal_rank(rank, Signal::SIGKILL);
                     stopping = Some(self.begin_stop(
                         StopCause::RankSilent(silence),
                         Signal::SIGTERM,
@@ -1085,6 +1542,7 @@ impl Job {
         match stopping.map(|stop| stop.cause) {
             Some(StopCause::RankFailed { rank, status }) => JobOutcome::RankFailed { rank, status },
             Some(StopCause::RankSilent(silence)) => JobOutcome::RankSilent(silence),
+            Some(StopCause::NotStarted { rank, host }) => JobOutcome::NotStarted { rank, host },
             Some(StopCause::ValuesDiffer { rank }) => JobOutcome::ValuesDiffer { rank },
             Some(StopCause::TimedOut(after)) => JobOutcome::TimedOut { after },
             Some(StopCause::Signal(signal)) => JobOutcome::Interrupted { signal },
@@ -1126,7 +1584,8 @@ impl Job {
             match self.rx.recv_timeout(give_up - now) {
                 Ok(Event::StreamClosed { rank }) => self.ranks[rank].open_streams -= 1,
                 Ok(Event::Exited { rank, status }) => self.handle_exit(rank, status),
-                Ok(Event::Signal(_) | Event::Silent(_)) | Err(RecvTimeoutError::Timeout) => {}
+                Ok(Event::Signal(_) | Event::Silent(_) | Event::AgentReady { .. })
+                | Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
             }
         }

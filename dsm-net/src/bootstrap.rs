@@ -9,8 +9,9 @@
 //! concurrently and evicted, so they cannot delay the ranks. All waits are bounded by the
 //! connect timeout, so a rank that never shows up is an error naming it.
 
-use crate::framing::{write_frame, WireError};
+use crate::framing::{read_frame, write_frame, WireError};
 use crate::handshake::{self, Admission, ConnectFailure, Local};
+use dsm_proto::segment_base::{SegmentChoice, SegmentProbe};
 use dsm_proto::HelloReply;
 use dsm_proto::JobConfig;
 use std::io;
@@ -411,6 +412,46 @@ fn join_as_peer(
         size: env.size,
         streams,
     })
+}
+
+/// The segment base agreement ([`dsm_proto::segment_base`]), run on a fresh mesh before
+/// any protocol message: every rank sends rank 0 its probe, rank 0 decides with `decide`
+/// and sends every rank the choice, which all return. Bounded by `timeout` per read.
+pub fn agree_segment_base(
+    mesh: &mut Mesh,
+    probe: SegmentProbe,
+    decide: impl FnOnce(&[SegmentProbe]) -> SegmentChoice,
+    timeout: Duration,
+) -> Result<SegmentChoice, BootstrapError> {
+    const MAX_PROBE: usize = 64 << 10;
+    let broken = |peer: usize| move |source: WireError| BootstrapError::Handshake { peer, source };
+    for s in mesh.streams.iter_mut().flatten() {
+        s.set_read_timeout(Some(timeout))?;
+    }
+    let choice = if mesh.rank == 0 {
+        let mut probes = Vec::with_capacity(mesh.size);
+        probes.push(probe);
+        for (r, s) in mesh.streams.iter_mut().enumerate().skip(1) {
+            let s = s.as_mut().expect("rank 0 is linked to every rank");
+            probes.push(read_frame(s, MAX_PROBE).map_err(broken(r))?);
+        }
+        let choice = decide(&probes);
+        for (r, s) in mesh.streams.iter_mut().enumerate().skip(1) {
+            let s = s.as_mut().expect("rank 0 is linked to every rank");
+            write_frame(s, &choice).map_err(broken(r))?;
+        }
+        choice
+    } else {
+        let s = mesh.streams[0]
+            .as_mut()
+            .expect("every rank is linked to rank 0");
+        write_frame(s, &probe).map_err(broken(0))?;
+        read_frame(s, MAX_PROBE).map_err(broken(0))?
+    };
+    for s in mesh.streams.iter_mut().flatten() {
+        s.set_read_timeout(None)?;
+    }
+    Ok(choice)
 }
 
 #[cfg(test)]

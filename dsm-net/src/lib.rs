@@ -8,7 +8,8 @@ pub mod bootstrap;
 pub mod framing;
 pub mod handshake;
 pub mod transport;
+pub mod user_key;
 
-pub use bootstrap::{connect_mesh, connect_mesh_with, BootstrapError, Mesh};
+pub use bootstrap::{agree_segment_base, connect_mesh, connect_mesh_with, BootstrapError, Mesh};
 pub use framing::{decode, encode, WireError, MAX_FRAME};
 pub use transport::{Outbox, PeerEvent, Transport};

@@ -34,7 +34,7 @@ pub enum ConfigError {
     #[error("{0} is set but {1} is not; start the program with dsmrun, or set both")]
     Missing(&'static str, &'static str),
     /// A multi-node job without the rendezvous address or the job secret.
-    #[error("a {size}-node job needs {var} (rank 0's rendezvous address and the job secret); dsmrun sets them, other launchers need them exported")]
+    #[error("a {size}-node job needs {var} (rank 0's rendezvous address and the job secret); dsmrun sets them, under Open MPI's mpirun and Slurm's srun they are derived from the launcher's environment, other launchers need them exported")]
     NeedsRendezvous {
         /// The job size.
         size: usize,
@@ -278,6 +278,16 @@ impl JobConfig {
     /// `DSM_RANK` comes without `DSM_SIZE`, or a multi-node job lacks `DSM_COORD` or
     /// `DSM_JOB_SECRET`.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<JobConfig, ConfigError> {
+        Self::from_lookup_keyed(get, || Err("no user key in this context".into()))
+    }
+
+    /// [`JobConfig::from_lookup`] that can also key a Slurm job: under `srun`, without
+    /// `DSM_JOB_SECRET`, the secret is derived from the user's key, which `user_key` reads
+    /// (it is called only then; see [`crate::launchers::slurm`]).
+    pub fn from_lookup_keyed(
+        get: impl Fn(&str) -> Option<String>,
+        user_key: impl FnOnce() -> Result<String, String>,
+    ) -> Result<JobConfig, ConfigError> {
         let (rank, size, launcher) = if let Some(rank) = get(vars::RANK) {
             let size = get(vars::SIZE).ok_or(ConfigError::Missing(vars::RANK, vars::SIZE))?;
             let launcher = if get(vars::LAUNCHER).as_deref() == Some(DSMRUN) {
@@ -327,8 +337,20 @@ impl JobConfig {
                 why: format!("rank must be below the job size {size}"),
             });
         }
+        // Under mpirun and srun, what the launcher already gives every rank names the
+        // rendezvous and keys the job, unless the user set them.
+        let derived = match launcher {
+            Launcher::Mpi if size > 1 => crate::launchers::open_mpi(&get)?,
+            Launcher::Slurm if size > 1 => crate::launchers::slurm::rendezvous(
+                &get,
+                get(vars::JOB_SECRET).is_none(),
+                user_key,
+            )?,
+            _ => None,
+        };
         let coord = match get(vars::COORD) {
             Some(v) => Some(parse_addr(&v)?),
+            None if derived.is_some() => derived.as_ref().map(|d| d.coord),
             None if size > 1 => {
                 return Err(ConfigError::NeedsRendezvous {
                     size,
@@ -337,7 +359,9 @@ impl JobConfig {
             }
             None => None,
         };
-        let secret = get(vars::JOB_SECRET).unwrap_or_default();
+        let secret = get(vars::JOB_SECRET)
+            .or_else(|| derived.map(|d| d.secret))
+            .unwrap_or_default();
         if size > 1 && secret.is_empty() {
             return Err(ConfigError::NeedsRendezvous {
                 size,

@@ -10,7 +10,9 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod launchers;
 pub mod liveness;
+pub mod segment_base;
 pub mod stats;
 pub mod units;
 pub mod wire;
@@ -134,6 +136,13 @@ pub mod env_vars {
     pub const TOLERANCE: &str = "DSM_TOLERANCE";
     /// Relative tolerance for f64/f32 elements in comparisons.
     pub const REL_TOLERANCE: &str = "DSM_REL_TOLERANCE";
+    /// Path of the user's key file, from which jobs under Slurm's `srun` derive their
+    /// secret (default `~/.config/dsm/job-key`; see [`crate::launchers`]).
+    pub const KEY_FILE: &str = "DSM_KEY_FILE";
+    /// Tests only: `DSM_TEST_OCCUPY_BASE=R` makes rank R map a page at the default segment
+    /// base before start-up, as a library or a launcher's shared memory might on another
+    /// host, to exercise the segment base agreement ([`crate::segment_base`]).
+    pub const TEST_OCCUPY_BASE: &str = "DSM_TEST_OCCUPY_BASE";
     /// Log filter for binaries that install dsm's logging (`tracing` env-filter syntax).
     pub const LOG: &str = "DSM_LOG";
 

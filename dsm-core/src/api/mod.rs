@@ -28,6 +28,7 @@ use crate::engine::{self, Command, Engine, Reply};
 use crate::error::DsmError;
 use crate::sys::{self, AppSlice, Segment};
 use bytemuck::Pod;
+use dsm_proto::segment_base::{self, SegmentChoice, SegmentProbe};
 use dsm_proto::{JobConfig, LockId, NodeId, PageNo, PageRuns, MAX_SEGMENT_BYTES, PAGE_SIZE};
 pub use dsm_race::RegionRule;
 use dsm_race::{Point, VarInfo};
@@ -44,7 +45,7 @@ pub use crate::engine::Stats;
 /// Default shared segment: reserved, committed page by page as it is touched.
 pub const DEFAULT_SEGMENT: usize = 1 << 30;
 /// Default address of the segment (the same on every node).
-pub const DEFAULT_SEGMENT_ADDR: usize = 0x3d00_0000_0000;
+pub const DEFAULT_SEGMENT_ADDR: usize = dsm_proto::segment_base::CANDIDATE_BASES[0] as usize;
 /// Most bitmap bytes a node ships unasked with a barrier arrival; beyond this the master
 /// fetches what it needs instead.
 const MAX_SHIPPED_BITMAP_BYTES: usize = 256 << 10;
@@ -152,6 +153,36 @@ fn watch_launcher(fd: i32, rank: usize) -> Result<(), DsmError> {
     Ok(())
 }
 
+/// This rank's [`SegmentProbe`]: which candidate bases (the user's, or
+/// [`segment_base::CANDIDATE_BASES`]) it could map `seg_len` bytes at.
+fn probe_segment_bases(env: &JobConfig, seg_len: usize) -> Result<SegmentProbe, DsmError> {
+    // Fault injection for tests: a page in the way at the default base on one rank.
+    let occupy = std::env::var(dsm_proto::env_vars::TEST_OCCUPY_BASE).ok();
+    if occupy.and_then(|r| r.trim().parse::<usize>().ok()) == Some(env.rank) {
+        sys::occupy_page_for_test(DEFAULT_SEGMENT_ADDR).map_err(DsmError::Segment)?;
+    }
+    let bases: Vec<u64> = match env.segment_addr {
+        Some(a) => vec![a as u64],
+        None => segment_base::CANDIDATE_BASES.to_vec(),
+    };
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "?".into());
+    Ok(SegmentProbe {
+        host,
+        len: seg_len as u64,
+        bases: bases
+            .into_iter()
+            .map(|b| {
+                let why = sys::address_range_free(b as usize, seg_len)
+                    .err()
+                    .map(|e| e.to_string());
+                (b, why)
+            })
+            .collect(),
+    })
+}
+
 /// A node of the job. Create one per process with [`Dsm::init`].
 pub struct Dsm {
     rank: usize,
@@ -200,7 +231,11 @@ impl Dsm {
     /// Joins the job described by the environment (`dsmrun`, `srun` or `mpirun` with
     /// `DSM_COORD` and `DSM_JOB_SECRET`), or runs as a single node when started alone.
     pub fn init() -> Result<Dsm, DsmError> {
-        let env = JobConfig::from_env()?;
+        // The user's key is read (or made) only for a Slurm job without DSM_JOB_SECRET.
+        let env = JobConfig::from_lookup_keyed(
+            |k| std::env::var(k).ok(),
+            dsm_net::user_key::load_or_create,
+        )?;
         Self::init_with(env)
     }
 
@@ -224,15 +259,44 @@ impl Dsm {
                 )))
             }
         };
-        let seg_addr = env.segment_addr.unwrap_or(DEFAULT_SEGMENT_ADDR);
-        let (seg, mailbox) = sys::start(seg_addr, seg_len).map_err(DsmError::Segment)?;
+        let probe = probe_segment_bases(&env, seg_len)?;
         let rendezvous = match (env.rank, env.coord_fd, env.coord) {
             (0, Some(fd), Some(coord)) => {
                 Some(sys::adopt_rendezvous(fd, coord).map_err(DsmError::Io)?)
             }
             _ => None,
         };
-        let mesh = dsm_net::connect_mesh_with(&env, rendezvous)?;
+        let mut mesh = dsm_net::connect_mesh_with(&env, rendezvous)?;
+        // Every rank maps the segment at one address: agree on one free on every host
+        // before mapping, so that a clash is one clear message, never a crash later.
+        let explicit = env.segment_addr.is_some();
+        let choice = if env.size == 1 {
+            segment_base::choose(&[probe], explicit)
+        } else {
+            dsm_net::agree_segment_base(
+                &mut mesh,
+                probe,
+                |probes| segment_base::choose(probes, explicit),
+                env.connect_timeout,
+            )?
+        };
+        let seg_addr = match choice {
+            SegmentChoice::Use {
+                base,
+                moved_because,
+            } => {
+                if let (Some(why), 0) = (moved_because, env.rank) {
+                    tracing::warn!(
+                        "{why}; the job maps its shared segment at {base:#x} instead (free on every host)"
+                    );
+                }
+                base as usize
+            }
+            SegmentChoice::Stop { reason } => {
+                return Err(DsmError::Segment(std::io::Error::other(reason)))
+            }
+        };
+        let (seg, mailbox) = sys::start(seg_addr, seg_len).map_err(DsmError::Segment)?;
         place_on_core(&env);
         let race = if env.race.enabled {
             Some(RaceState::new(env.race.clone(), env.rank == 0, env.size).map_err(DsmError::Io)?)

@@ -60,10 +60,10 @@ Stopping: when a rank exits non-zero (other than with the race exit code) or
 dies from a signal, dsmrun reports that first failure, sends SIGTERM to every
 rank's process group and SIGKILL to those still running 2 s later; --timeout
 does the same. A rank that exits because it lost a peer (status 71) is not
-taken for the cause at once: dsmrun waits 1 s for the failure behind it. When
-a rank reports that a peer has sent nothing for the liveness deadline,
-dsmrun names that peer as the failure and kills it with SIGKILL (a stopped
-process acts on no other signal). On SIGINT, SIGTERM or SIGHUP, dsmrun
+taken for the cause at once: dsmrun waits 1 s (3 s across hosts) for the
+failure behind it. When a rank reports that a peer has sent nothing for the
+liveness deadline, dsmrun names that peer as the failure and kills it with
+SIGKILL (a stopped process acts on no other signal). On SIGINT, SIGTERM or SIGHUP, dsmrun
 forwards that signal to every rank's process group and sends SIGKILL 3 s
 later (at once on a second Ctrl-C). Processes a rank started are in its
 process group and stop with it; any still holding its output after all ranks
@@ -88,6 +88,19 @@ Exit status:
          difference, or with --compare-continue every differing trace point, is
          printed by rank 0)
 
+Across hosts (--hostfile FILE or -H HOST[:SLOTS],...): each rank on another
+host is started as 'AGENT HOST DIR/dsmrun-agent -- PROGRAM ARGS' (AGENT from
+--launch-agent, default ssh; dsmrun-agent and PROGRAM at the same paths on every
+host). The rank's DSM_* configuration, secret included, goes to the agent's
+stdin, never on a command line; -x VAR[=VALUE] and DSM_SEGMENT_ADDR, DSM_PIN,
+DSM_STATS_FILE, DSM_RACE_PHASES, DSM_LOG from dsmrun's environment go with it.
+Rank 0 listens where its host was reached by ssh unless --bind-address or
+--interface say otherwise. Failures name the rank and its host; a host whose
+agent fails or does not answer within the connect timeout stops the job with
+status 1. Closing the agent's stdin (dsmrun exits, is killed, or the connection
+breaks) stops the rank. Hosts that are this machine (localhost, loopback
+addresses, its host name) run their ranks here.
+
 Value traces: --trace-values FILE records, at every barrier (epochs numbered
 as the program counts its barrier() calls) and at finish(), a hash of every
 4 KiB block of every named shared allocation, in allocation coordinates, so a
@@ -98,19 +111,80 @@ both values when the reference holds values (--trace-values-full or
 --trace-vars), else with the differing block's element range. dsm-compare A B
 compares two saved traces.";
 
-/// Launch N processes of a dsm program on this machine and supervise them.
+/// Launch N processes of a dsm program, on this machine or on the hosts of a host list, and
+/// supervise them.
 #[derive(Debug, Parser)]
 #[command(
+    group(clap::ArgGroup::new("hosts").args(["hostfile", "host"])),
     name = "dsmrun",
     version,
     override_usage = "dsmrun [OPTIONS] [--] PROGRAM [ARGS]...",
     after_help = AFTER_HELP
 )]
 struct Cli {
-    /// Number of ranks (node processes) to start, 1..=256
-    #[arg(short = 'n', value_name = "N", default_value_t = 1,
+    /// Number of ranks (node processes) to start, 1..=256 [default: 1, or with
+    /// --hostfile/-H the hosts' total slots]
+    #[arg(short = 'n', value_name = "N",
           value_parser = clap::value_parser!(u16).range(1..=launcher::MAX_RANKS as i64))]
-    ranks: u16,
+    ranks: Option<u16>,
+
+    /// Map the shared segment at ADDR (hex, e.g. 0x2e0000000000, page-aligned) in
+    /// every rank, on every host (DSM_SEGMENT_ADDR). At start-up every rank checks
+    /// that it can map the segment there; if one cannot, the job stops naming the
+    /// rank, its host and the address. Without it the ranks agree on the first of
+    /// a few candidate bases that is free on every host [default: 0x3d0000000000]
+    #[arg(long, value_name = "ADDR", value_parser = parse_segment_base)]
+    segment_base: Option<u64>,
+
+    /// Run the ranks on the hosts listed in FILE (Open MPI syntax: one host per
+    /// line, optionally "slots=K", default 1; "#" starts a comment; a host named
+    /// twice adds up). Hosts other than this machine are reached through the
+    /// launch agent; see "Running across machines" in the README
+    #[arg(long, value_name = "FILE", conflicts_with = "host")]
+    hostfile: Option<PathBuf>,
+
+    // Not a doc comment: rustdoc would read the brackets as a link.
+    #[arg(
+        short = 'H',
+        long = "host",
+        value_name = "HOSTS",
+        help = "Run the ranks on these hosts: HOST[:SLOTS],... (slots default to 1)"
+    )]
+    host: Option<String>,
+
+    /// The command that runs a command on another host, as "AGENT HOST COMMAND";
+    /// split into words like a shell would (e.g. 'ssh -x -p 2222') [default: ssh]
+    #[arg(long, value_name = "CMD", requires = "hosts")]
+    launch_agent: Option<String>,
+
+    /// How ranks are laid onto the hosts' slots: slot fills each host before the
+    /// next (ranks 0,1 on the first host of two slots), node deals one rank per
+    /// host in turn [default: slot]
+    #[arg(long, value_name = "POLICY", requires = "hosts")]
+    map_by: Option<launcher::hosts::MapBy>,
+
+    /// Allow more ranks than the hosts have slots; the extra ranks go round-robin
+    /// over the hosts
+    #[arg(long, requires = "hosts")]
+    oversubscribe: bool,
+
+    /// Set VAR in every rank's environment, on every host: to VALUE, or to its
+    /// value in dsmrun's environment (repeatable)
+    #[arg(short = 'x', value_name = "VAR[=VALUE]")]
+    export: Vec<String>,
+
+    /// Rank 0 listens for the rendezvous at ADDR (an IP address, optionally
+    /// with :PORT) on its host, and the other ranks reach it there [default:
+    /// 127.0.0.1 for a job on this machine; across hosts the address rank 0's
+    /// host was reached at (ssh's SSH_CONNECTION)]
+    #[arg(long, value_name = "ADDR", conflicts_with = "interface")]
+    bind_address: Option<String>,
+
+    /// Rank 0 listens for the rendezvous on the address of this network
+    /// interface of its host (e.g. eth1); the other ranks then connect from
+    /// the interface that routes to it
+    #[arg(long, value_name = "NAME")]
+    interface: Option<String>,
 
     /// Size of the shared segment, e.g. 1G, 512M, 4096K or plain bytes (binary
     /// units), at most 16T; passed to the ranks as a byte count in DSM_SEGMENT
@@ -268,6 +342,31 @@ fn absolute(path: &std::path::Path, flag: &str) -> anyhow::Result<PathBuf> {
         .with_context(|| format!("cannot make {flag} '{}' absolute", path.display()))
 }
 
+/// `--segment-base`: a page-aligned hex address in the 47-bit user address space.
+fn parse_segment_base(text: &str) -> Result<u64, String> {
+    let digits = text
+        .trim()
+        .trim_start_matches("0x")
+        .trim_start_matches("0X");
+    let addr = u64::from_str_radix(digits, 16)
+        .map_err(|_| format!("'{text}' is not a hex address (e.g. 0x2e0000000000)"))?;
+    if addr == 0 || addr % dsm_proto::PAGE_SIZE as u64 != 0 || addr >= 1 << 47 {
+        return Err(format!(
+            "'{text}' is not a page-aligned address in the user address space (4K-aligned, below 0x800000000000)"
+        ));
+    }
+    Ok(addr)
+}
+
+/// `--bind-address`: an IP address, with or without a port (`[v6]:port` for IPv6).
+fn parse_bind_address(text: &str) -> anyhow::Result<std::net::SocketAddr> {
+    if let Ok(ip) = text.parse::<std::net::IpAddr>() {
+        return Ok((ip, 0).into());
+    }
+    text.parse()
+        .with_context(|| format!("--bind-address {text:?} is not an IP address or IP:PORT"))
+}
+
 fn parse_deadline(text: &str) -> Result<Deadline, dsm_proto::ValueError> {
     parse_seconds_or_off(text).map(Deadline)
 }
@@ -329,12 +428,64 @@ impl Cli {
             abs_tolerance_bits: self.tolerance.unwrap_or(0.0).to_bits(),
             rel_tolerance_bits: self.rel_tolerance.unwrap_or(0.0).to_bits(),
         };
+        let hosts = match (&self.hostfile, &self.host) {
+            (Some(file), _) => {
+                Some(launcher::hosts::read_hostfile(file).map_err(LaunchError::from)?)
+            }
+            (None, Some(list)) => {
+                Some(launcher::hosts::parse_host_list(list).map_err(LaunchError::from)?)
+            }
+            (None, None) => None,
+        };
+        let ranks = match (self.ranks, &hosts) {
+            (Some(n), _) => usize::from(n),
+            (None, Some(h)) => launcher::hosts::total_slots(h),
+            (None, None) => 1,
+        };
+        let launch_agent_text = self
+            .launch_agent
+            .unwrap_or_else(|| launcher::DEFAULT_LAUNCH_AGENT.to_owned());
+        let launch_agent = shell_words::split(&launch_agent_text)
+            .ok()
+            .filter(|w| !w.is_empty())
+            .with_context(|| format!("--launch-agent {launch_agent_text:?} is not a command"))?;
+        let hosts = hosts.map(|hosts| launcher::HostPlan {
+            hosts,
+            map_by: self.map_by.unwrap_or_default(),
+            oversubscribe: self.oversubscribe,
+            launch_agent,
+        });
+        let mut forward_env = self
+            .export
+            .iter()
+            .map(|x| match x.split_once('=') {
+                Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+                Some(_) => anyhow::bail!("-x {x:?}: expected VAR or VAR=VALUE"),
+                None => std::env::var(x)
+                    .map(|v| (x.clone(), v))
+                    .with_context(|| format!("-x {x}: {x} is not set in dsmrun's environment")),
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        if let Some(base) = self.segment_base {
+            forward_env.push((
+                dsm_proto::env_vars::SEGMENT_ADDR.to_owned(),
+                format!("{base:x}"),
+            ));
+        }
+        let bind = match (&self.bind_address, &self.interface) {
+            (Some(a), _) => Some(launcher::agent::BindTo::Addr(parse_bind_address(a)?)),
+            (None, Some(i)) => Some(launcher::agent::BindTo::Interface(i.clone())),
+            (None, None) => None,
+        };
         let mut command = self.command.into_iter();
         let program = command
             .next()
             .context("no PROGRAM given (see dsmrun --help)")?;
         Ok(LaunchConfig {
-            ranks: usize::from(self.ranks),
+            ranks,
+            hosts,
+            forward_env,
+            bind,
             program,
             args: command.collect(),
             segment_bytes: self.segment,

@@ -1,0 +1,202 @@
+//! Agreeing on the shared segment's address across hosts. Every rank maps the segment at
+//! the same address, and on another host that address may already hold a library, the heap
+//! or a launcher's shared memory. So before mapping, each rank checks which candidate
+//! bases it could map ([`SegmentProbe`]), rank 0 collects the probes over the freshly
+//! built mesh and decides ([`choose`]): the first candidate free on every rank, or a stop
+//! that names the rank, its host, the address and the way out ([`SegmentChoice`]). A base
+//! the user chose (`--segment-base`, `DSM_SEGMENT_ADDR`) is the only candidate: dsm never
+//! moves it behind the user's back. Pure decision logic; the exchange is dsm-net's and the
+//! probing dsm-core's.
+
+use serde::{Deserialize, Serialize};
+
+/// Candidate bases when the user chose none, in order of preference: the default first,
+/// then ranges far from where Linux puts the heap, libraries and stacks. Each leaves room
+/// for the largest segment (16 TiB) below the 128 TiB user address space limit.
+pub const CANDIDATE_BASES: [u64; 5] = [
+    0x3d00_0000_0000,
+    0x2d00_0000_0000,
+    0x4d00_0000_0000,
+    0x1d00_0000_0000,
+    0x5d00_0000_0000,
+];
+
+/// One rank's answer: which candidate bases it could map the segment at.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct SegmentProbe {
+    /// The rank's host name, for messages.
+    pub host: String,
+    /// The segment length in bytes every rank must use.
+    pub len: u64,
+    /// The candidates, in order, each with `None` if free here or why not.
+    pub bases: Vec<(u64, Option<String>)>,
+}
+
+/// Rank 0's decision, sent to every rank.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum SegmentChoice {
+    /// Map the segment here.
+    Use {
+        /// The base address.
+        base: u64,
+        /// When the first candidate was not free everywhere: which rank and host could
+        /// not take it and why (for a note).
+        moved_because: Option<String>,
+    },
+    /// The job cannot start: the reason names the rank, host, address and the way out.
+    Stop {
+        /// The message every rank prints.
+        reason: String,
+    },
+}
+
+/// Rank 0's decision from every rank's probe (`probes[r]` is rank `r`'s). `explicit`: the
+/// user chose the base, so it is not moved.
+pub fn choose(probes: &[SegmentProbe], explicit: bool) -> SegmentChoice {
+    let Some(first) = probes.first() else {
+        return SegmentChoice::Stop {
+            reason: "no segment probes".into(),
+        };
+    };
+    let way_out = "choose a range free on every host with dsmrun --segment-base ADDR \
+                   (DSM_SEGMENT_ADDR), or use a smaller segment (dsmrun --segment)";
+    for (rank, p) in probes.iter().enumerate() {
+        let bases: Vec<u64> = p.bases.iter().map(|b| b.0).collect();
+        let first_bases: Vec<u64> = first.bases.iter().map(|b| b.0).collect();
+        if p.len != first.len || bases != first_bases {
+            return SegmentChoice::Stop {
+                reason: format!(
+                    "ranks disagree on the shared segment: rank 0 (host {}) wants {} bytes at \
+                     {}, rank {rank} (host {}) {} bytes at {}; set the same DSM_SEGMENT and \
+                     DSM_SEGMENT_ADDR for every rank (dsmrun does)",
+                    first.host,
+                    first.len,
+                    hex_list(&first_bases),
+                    p.host,
+                    p.len,
+                    hex_list(&bases)
+                ),
+            };
+        }
+    }
+    let blocked = |i: usize| {
+        probes
+            .iter()
+            .enumerate()
+            .find_map(|(rank, p)| p.bases[i].1.as_ref().map(|why| (rank, &p.host, why)))
+    };
+    let first_problem = blocked(0).map(|(rank, host, why)| {
+        format!(
+            "rank {rank} (host {host}) cannot map the {} MiB shared segment at {:#x}: {why}",
+            first.len >> 20,
+            first.bases[0].0
+        )
+    });
+    let Some(problem) = first_problem else {
+        return SegmentChoice::Use {
+            base: first.bases[0].0,
+            moved_because: None,
+        };
+    };
+    if explicit {
+        return SegmentChoice::Stop {
+            reason: format!("{problem}; {way_out}"),
+        };
+    }
+    match (1..first.bases.len()).find(|&i| blocked(i).is_none()) {
+        Some(i) => SegmentChoice::Use {
+            base: first.bases[i].0,
+            moved_because: Some(problem),
+        },
+        None => SegmentChoice::Stop {
+            reason: format!(
+                "{problem}, and none of the other candidate bases ({}) is free on every host; \
+                 {way_out}",
+                hex_list(&first.bases[1..].iter().map(|b| b.0).collect::<Vec<_>>())
+            ),
+        },
+    }
+}
+
+fn hex_list(bases: &[u64]) -> String {
+    bases
+        .iter()
+        .map(|b| format!("{b:#x}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn probe(host: &str, taken: &[usize]) -> SegmentProbe {
+        SegmentProbe {
+            host: host.into(),
+            len: 1 << 30,
+            bases: CANDIDATE_BASES
+                .iter()
+                .enumerate()
+                .map(|(i, &b)| (b, taken.contains(&i).then(|| "File exists".to_string())))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_default_wins_when_free_everywhere() {
+        let c = choose(&[probe("a", &[]), probe("b", &[2])], false);
+        assert_eq!(
+            c,
+            SegmentChoice::Use {
+                base: CANDIDATE_BASES[0],
+                moved_because: None
+            }
+        );
+    }
+
+    #[test]
+    fn a_clash_moves_to_the_first_base_free_everywhere() {
+        let c = choose(
+            &[probe("a", &[1]), probe("b", &[0]), probe("c", &[])],
+            false,
+        );
+        match c {
+            SegmentChoice::Use {
+                base,
+                moved_because: Some(why),
+            } => {
+                assert_eq!(base, CANDIDATE_BASES[2]);
+                assert!(why.contains("rank 1 (host b)") && why.contains("0x3d0000000000"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn no_common_base_or_an_explicit_one_stops_naming_the_way_out() {
+        let c = choose(&[probe("a", &[0, 1, 2]), probe("b", &[3, 4])], false);
+        let SegmentChoice::Stop { reason } = c else {
+            panic!("{c:?}")
+        };
+        assert!(reason.contains("rank 0 (host a)") && reason.contains("--segment-base"));
+        let mut one = probe("b", &[0]);
+        one.bases.truncate(1);
+        let mut zero = probe("a", &[]);
+        zero.bases.truncate(1);
+        let c = choose(&[zero, one], true);
+        let SegmentChoice::Stop { reason } = c else {
+            panic!("{c:?}")
+        };
+        assert!(reason.contains("rank 1 (host b)") && reason.contains("0x3d0000000000"));
+    }
+
+    #[test]
+    fn ranks_that_disagree_are_stopped() {
+        let mut b = probe("b", &[]);
+        b.len = 1 << 20;
+        let SegmentChoice::Stop { reason } = choose(&[probe("a", &[]), b], false) else {
+            panic!()
+        };
+        assert!(reason.contains("disagree"), "{reason}");
+    }
+}

@@ -1,0 +1,104 @@
+#!/bin/bash
+# Across-hosts benchmark: SOR 2048 and TSP on 2 and 4 "hosts" (network namespaces joined
+# by veth pairs to a bridge in the root namespace, each running its own sshd, ranks started
+# by `dsmrun --hostfile` over real ssh) against the same N on loopback, and job start-up
+# time (dsmrun to exit, `dsm-test counter --iters 1`) for N = 2, 8, 32 on loopback.
+# Prints the median of REPS runs of each. Needs root, iproute2 and openssh-server
+# (installed when missing). Removes every namespace, daemon and file it made.
+#
+#   scripts/hosts-bench.sh [BIN_DIR [REPS]]     # BIN_DIR: target/release by default
+set -euo pipefail
+bin=$(cd "${1:-target/release}" && pwd)
+reps=${2:-3}
+[ "$(id -u)" -eq 0 ] || { echo "hosts-bench: needs root" >&2; exit 3; }
+if [ ! -x /usr/sbin/sshd ]; then
+    apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y openssh-server openssh-client >/dev/null
+fi
+tag=hb$$
+subnet=10.78.$(($$ % 250))
+dir=$(mktemp -d)
+hosts=4
+cleanup() {
+    for k in $(seq 0 $((hosts - 1))); do
+        for pid in $(ip netns pids "$tag-$k" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
+        ip netns del "$tag-$k" 2>/dev/null || true
+    done
+    ip link del "${tag}br" 2>/dev/null || true
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+ip link add "${tag}br" type bridge
+ip addr add "$subnet.254/24" dev "${tag}br"
+ip link set "${tag}br" up
+mkdir -p /run/sshd
+ssh-keygen -q -t ed25519 -N '' -f "$dir/id"
+ssh-keygen -q -t ed25519 -N '' -f "$dir/host"
+cp "$dir/id.pub" "$dir/authorized_keys"
+for k in $(seq 0 $((hosts - 1))); do
+    ip netns add "$tag-$k"
+    ip link add "${tag}o$k" type veth peer name "${tag}i$k"
+    ip link set "${tag}i$k" netns "$tag-$k"
+    ip link set "${tag}o$k" master "${tag}br"
+    ip link set "${tag}o$k" up
+    ip -n "$tag-$k" addr add "$subnet.$((k + 1))/24" dev "${tag}i$k"
+    ip -n "$tag-$k" link set "${tag}i$k" up
+    ip -n "$tag-$k" link set lo up
+    cat >"$dir/sshd-$k.conf" <<CONF
+ListenAddress $subnet.$((k + 1))
+HostKey $dir/host
+AuthorizedKeysFile $dir/authorized_keys
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+UsePAM no
+StrictModes no
+PidFile $dir/sshd-$k.pid
+CONF
+    ip netns exec "$tag-$k" /usr/sbin/sshd -f "$dir/sshd-$k.conf"
+done
+agent="ssh -F /dev/null -i $dir/id -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
+for k in $(seq 0 $((hosts - 1))); do
+    for _ in $(seq 50); do $agent "$subnet.$((k + 1))" true 2>/dev/null && break; sleep 0.1; done
+done
+
+median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+# parallel seconds printed by the app's verified line
+par() { sed -n 's/.*parallel \([0-9.]*\) s.*/\1/p' | head -n1; }
+
+run_app() { # where N app args...
+    local where=$1 n=$2; shift 2
+    if [ "$where" = loopback ]; then
+        "$bin/dsmrun" -n "$n" "$bin/$@"
+    else
+        : >"$dir/hosts"
+        for k in $(seq 0 $((n - 1))); do echo "$subnet.$((k + 1))" >>"$dir/hosts"; done
+        "$bin/dsmrun" --hostfile "$dir/hosts" --launch-agent "$agent" "$bin/$@"
+    fi
+}
+
+printf '%-28s %-10s %s\n' "run" "where" "median parallel s ($reps runs)"
+for n in 2 4; do
+    for app in "sor --size 2048 --iters 20" "tsp --random 19 --seed 7"; do
+        for where in loopback namespaces; do
+            t=$(for _ in $(seq "$reps"); do run_app "$where" "$n" $app 2>/dev/null | par; done | median)
+            printf '%-28s %-10s %s\n' "N=$n ${app%% *}" "$where" "$t"
+        done
+    done
+done
+
+printf '\n%-28s %s\n' "start-up (dsm-test counter)" "median wall s to exit ($reps runs)"
+for n in 2 8 32; do
+    t=$(for _ in $(seq "$reps"); do
+        s=$(date +%s.%N)
+        "$bin/dsmrun" -n "$n" "$bin/dsm-test" counter --iters 1 >/dev/null 2>&1
+        e=$(date +%s.%N)
+        awk -v e="$e" -v s="$s" "BEGIN { printf \"%.3f\\n\", e - s }"
+    done | median)
+    printf '%-28s %s\n' "N=$n loopback" "$t"
+done
+t=$(for _ in $(seq "$reps"); do
+    s=$(date +%s.%N)
+    run_app namespaces 4 dsm-test counter --iters 1 >/dev/null 2>&1
+    e=$(date +%s.%N)
+    awk -v e="$e" -v s="$s" "BEGIN { printf \"%.3f\\n\", e - s }"
+done | median)
+printf '%-28s %s\n' "N=4 over ssh, 4 namespaces" "$t"
