@@ -165,8 +165,9 @@ impl Dsm {
         let Some(r) = self.race.as_mut() else {
             return Ok(());
         };
-        // First races are a whole-epoch notion: `--race-first` analyses at barriers only.
-        if r.phases < RacePhases::Full || r.options.first_only {
+        // First races and the dynamic checks need whole epochs: `--race-first` and
+        // `--check` analyse at barriers only.
+        if r.phases < RacePhases::Full || r.options.first_only || r.options.check {
             return Ok(());
         }
         r.unshipped += 1;
