@@ -40,9 +40,11 @@ use tracing::{debug, warn};
 use dsm_proto::config::{DEFAULT_CONNECT_TIMEOUT, DSMRUN};
 use dsm_proto::liveness::{Silence, DEFAULT_LIVENESS};
 use dsm_proto::{
-    env_vars, exit_codes, format_secs, JobConfig, Launcher, LocalPlacement, RaceOptions, TraceMode,
-    TraceOptions,
+    env_vars, exit_codes, format_secs, JobConfig, Launcher, LocalPlacement, RaceOptions,
+    ReplayOptions, TraceMode, TraceOptions,
 };
+
+pub mod order;
 
 /// Largest job `dsmrun` starts; ranks are processes on one machine, so more
 /// would only oversubscribe it.
@@ -176,6 +178,9 @@ pub struct LaunchConfig {
     pub race: RaceOptions,
     /// Value tracing or comparison with a reference trace.
     pub trace: TraceOptions,
+    /// Recording (the ranks' part-file prefix), replay (the record) and chaos of the
+    /// synchronization order; see [`order`].
+    pub replay: ReplayOptions,
 }
 
 impl LaunchConfig {
@@ -191,6 +196,7 @@ impl LaunchConfig {
             liveness: Some(DEFAULT_LIVENESS),
             race: RaceOptions::default(),
             trace: TraceOptions::default(),
+            replay: ReplayOptions::default(),
         }
     }
 }
@@ -306,6 +312,12 @@ pub enum JobOutcome {
         /// The rank that reported it.
         rank: usize,
     },
+    /// With `--replay`, a rank found that the run deviates from the record and exited with
+    /// [`exit_codes::REPLAY_DIVERGED`]; the others were stopped.
+    ReplayDiverged {
+        /// The rank that reported it.
+        rank: usize,
+    },
     /// `dsmrun` received this signal and stopped the job.
     Interrupted {
         /// The signal number (SIGINT, SIGTERM or SIGHUP).
@@ -325,6 +337,7 @@ impl JobOutcome {
             JobOutcome::RankSilent(_) => 1,
             JobOutcome::TimedOut { .. } => 124,
             JobOutcome::ValuesDiffer { .. } => exit_codes::VALUES_DIFFER,
+            JobOutcome::ReplayDiverged { .. } => exit_codes::REPLAY_DIVERGED,
             JobOutcome::Interrupted { signal } => signal_exit_code(*signal),
         }
     }
@@ -448,6 +461,7 @@ pub fn rank_config(
         segment_addr: None,
         race: config.race.clone(),
         trace: config.trace.clone(),
+        replay: config.replay.clone(),
         pin: false,
         // Every rank of a dsmrun job runs on this machine.
         local: Some(LocalPlacement {
@@ -494,6 +508,7 @@ pub fn run(config: &LaunchConfig) -> Result<JobOutcome, LaunchError> {
         rx,
         race_exit_code: config.race.races_found_exit(),
         compare: matches!(config.trace.mode, TraceMode::Compare(_)),
+        replaying: config.replay.replay.is_some(),
         started: Instant::now(),
     };
     for rank in 0..config.ranks {
@@ -733,6 +748,8 @@ struct Job {
     race_exit_code: Option<i32>,
     /// `--compare` is on: the values-differ exit status is an outcome, not a crash.
     compare: bool,
+    /// `--replay` is on: the replay-diverged exit status is an outcome, not a crash.
+    replaying: bool,
     started: Instant,
 }
 
@@ -740,6 +757,7 @@ struct Job {
 enum StopCause {
     RankFailed { rank: usize, status: RankStatus },
     ValuesDiffer { rank: usize },
+    ReplayDiverged { rank: usize },
     RankSilent(Silence),
     TimedOut(Duration),
     Signal(i32),
@@ -996,6 +1014,18 @@ impl Job {
                             }
                             continue;
                         }
+                        if self.replaying && code == i32::from(exit_codes::REPLAY_DIVERGED) {
+                            note(format_args!(
+                                "replay diverged from the record (rank {rank} exited with status {code}){}",
+                                stopping_the_others(others)
+                            ));
+                            stopping = Some(self.begin_stop(
+                                StopCause::ReplayDiverged { rank },
+                                Signal::SIGTERM,
+                                TERM_GRACE,
+                            ));
+                            continue;
+                        }
                         if self.compare && code == i32::from(exit_codes::VALUES_DIFFER) {
                             note(format_args!(
                                 "values differ from the reference trace (rank {rank} exited with status {code}){}",
@@ -1082,6 +1112,7 @@ impl Job {
             Some(StopCause::RankFailed { rank, status }) => JobOutcome::RankFailed { rank, status },
             Some(StopCause::RankSilent(silence)) => JobOutcome::RankSilent(silence),
             Some(StopCause::ValuesDiffer { rank }) => JobOutcome::ValuesDiffer { rank },
+            Some(StopCause::ReplayDiverged { rank }) => JobOutcome::ReplayDiverged { rank },
             Some(StopCause::TimedOut(after)) => JobOutcome::TimedOut { after },
             Some(StopCause::Signal(signal)) => JobOutcome::Interrupted { signal },
             None if !race_ranks.is_empty() => JobOutcome::RaceReported {

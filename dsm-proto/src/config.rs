@@ -170,6 +170,18 @@ impl TraceOptions {
     }
 }
 
+/// Synchronization-order recording, replay and chaos (`dsmrun --record`, `--replay`,
+/// `--chaos`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ReplayOptions {
+    /// Record: each rank writes its events to `<prefix>.<rank>` at finish (absolute).
+    pub record: Option<PathBuf>,
+    /// Replay the record at this (absolute) path.
+    pub replay: Option<PathBuf>,
+    /// Seed of chaos mode's random delays.
+    pub chaos: Option<u64>,
+}
+
 /// This rank's place among the ranks of its host, when the launcher knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LocalPlacement {
@@ -206,6 +218,8 @@ pub struct JobConfig {
     pub race: RaceOptions,
     /// Value tracing and comparison.
     pub trace: TraceOptions,
+    /// Recording, replay and chaos of the synchronization order.
+    pub replay: ReplayOptions,
     /// Pin each rank to its own core (`DSM_PIN=1`).
     pub pin: bool,
     /// Where this rank sits among the ranks of its host.
@@ -238,6 +252,7 @@ impl JobConfig {
             segment_addr: None,
             race: RaceOptions::default(),
             trace: TraceOptions::default(),
+            replay: ReplayOptions::default(),
             pin: false,
             local: None,
             stats_file: None,
@@ -446,6 +461,28 @@ impl JobConfig {
             abs_tolerance_bits: tolerance(vars::TOLERANCE)?,
             rel_tolerance_bits: tolerance(vars::REL_TOLERANCE)?,
         };
+        let replay =
+            ReplayOptions {
+                record: get(vars::RECORD)
+                    .filter(|s| !s.is_empty())
+                    .map(PathBuf::from),
+                replay: get(vars::REPLAY)
+                    .filter(|s| !s.is_empty())
+                    .map(PathBuf::from),
+                chaos: match get(vars::CHAOS).filter(|s| !s.is_empty()) {
+                    None => None,
+                    Some(v) => Some(v.trim().parse::<u64>().map_err(|_| {
+                        invalid(vars::CHAOS, &v, "expected a seed 0..=2^64-1".into())
+                    })?),
+                },
+            };
+        if replay.record.is_some() && replay.replay.is_some() {
+            return Err(invalid(
+                vars::REPLAY,
+                "",
+                format!("{} and {} exclude each other", vars::RECORD, vars::REPLAY),
+            ));
+        }
         let local = match (get(vars::LOCAL_RANK), get(vars::LOCAL_SIZE)) {
             (Some(r), Some(s)) => {
                 let local = LocalPlacement {
@@ -475,6 +512,7 @@ impl JobConfig {
             segment_addr,
             race,
             trace,
+            replay,
             pin: get(vars::PIN).as_deref() == Some("1"),
             local,
             stats_file: get(vars::STATS_FILE)
@@ -550,6 +588,15 @@ impl JobConfig {
                 vars::REL_TOLERANCE,
                 format!("{:?}", trace.rel_tolerance()).into(),
             ));
+        }
+        if let Some(p) = &self.replay.record {
+            env.push((vars::RECORD, p.clone().into_os_string()));
+        }
+        if let Some(p) = &self.replay.replay {
+            env.push((vars::REPLAY, p.clone().into_os_string()));
+        }
+        if let Some(seed) = self.replay.chaos {
+            env.push((vars::CHAOS, seed.to_string().into()));
         }
         let race = &self.race;
         if race.enabled {
@@ -773,6 +820,11 @@ mod tests {
             abs_tolerance_bits: 1e-12f64.to_bits(),
             rel_tolerance_bits: 0.1f64.to_bits(),
         };
+        c.replay = ReplayOptions {
+            record: None,
+            replay: Some("/tmp/run.dsmrec".into()),
+            chaos: Some(u64::MAX),
+        };
         let env: HashMap<String, String> = c
             .to_env()
             .into_iter()
@@ -796,6 +848,20 @@ mod tests {
                 Ok(c.clone())
             );
         }
+    }
+
+    #[test]
+    fn record_and_replay_exclude_each_other_and_chaos_is_a_seed() {
+        let c = env(&[("DSM_RECORD", "/tmp/a"), ("DSM_CHAOS", "17")]).unwrap();
+        assert_eq!(
+            c.replay.record.as_deref(),
+            Some(std::path::Path::new("/tmp/a"))
+        );
+        assert_eq!(c.replay.chaos, Some(17));
+        let e = env(&[("DSM_RECORD", "/tmp/a"), ("DSM_REPLAY", "/tmp/b")]).unwrap_err();
+        assert!(e.to_string().contains("exclude each other"), "{e}");
+        let e = env(&[("DSM_CHAOS", "-1")]).unwrap_err();
+        assert!(e.to_string().contains("DSM_CHAOS"), "{e}");
     }
 
     #[test]

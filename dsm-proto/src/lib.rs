@@ -16,8 +16,8 @@ pub mod units;
 pub mod wire;
 
 pub use config::{
-    ConfigError, JobConfig, Launcher, LocalPlacement, RaceOptions, RacePhases, TraceMode,
-    TraceOptions,
+    ConfigError, JobConfig, Launcher, LocalPlacement, RaceOptions, RacePhases, ReplayOptions,
+    TraceMode, TraceOptions,
 };
 pub use stats::PlanStats;
 pub use units::{
@@ -43,6 +43,10 @@ pub const MAX_NODES: usize = 1024;
 pub mod exit_codes {
     /// Default exit status of rank 0 when data races were reported.
     pub const RACES_FOUND: u8 = 66;
+    /// A `--replay` run deviated from its record (another program or arguments, another
+    /// node count, an acquire or barrier the record does not have there, or intervals that
+    /// differ from the recorded ones). The launcher reports it as "replay diverged".
+    pub const REPLAY_DIVERGED: u8 = 67;
     /// Rank 0 of a `--compare` run found values that differ from the reference trace
     /// (`dsm-compare` exits with it too). The launcher reports it as "values differ",
     /// not as a crash.
@@ -126,6 +130,14 @@ pub mod env_vars {
     pub const TOLERANCE: &str = "DSM_TOLERANCE";
     /// Relative tolerance for f64/f32 elements in comparisons.
     pub const REL_TOLERANCE: &str = "DSM_REL_TOLERANCE";
+    /// Record the synchronization order: path prefix of the part file each rank writes at
+    /// finish (`<prefix>.<rank>`), which the launcher merges into the record
+    /// (`dsmrun --record`).
+    pub const RECORD: &str = "DSM_RECORD";
+    /// Replay the synchronization order of this record file (`dsmrun --replay`).
+    pub const REPLAY: &str = "DSM_REPLAY";
+    /// Seed of the random delays of chaos mode (`dsmrun --chaos`).
+    pub const CHAOS: &str = "DSM_CHAOS";
     /// Log filter for binaries that install dsm's logging (`tracing` env-filter syntax).
     pub const LOG: &str = "DSM_LOG";
 
@@ -133,7 +145,10 @@ pub mod env_vars {
     /// its own, so a nested or leftover setting never leaks into a job. The others
     /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_PIN`, `DSM_STATS_FILE`, `DSM_LOG`) are the
     /// user's to set for a whole job and reach the ranks by inheritance.
-    pub const LAUNCHER_OWNED: [&str; 26] = [
+    pub const LAUNCHER_OWNED: [&str; 29] = [
+        RECORD,
+        REPLAY,
+        CHAOS,
         TRACE_VALUES,
         TRACE_FULL,
         TRACE_VARS,

@@ -17,7 +17,7 @@ pub type PageNo = u32;
 pub type LockId = u64;
 
 /// Protocol version spoken in the handshake; bump it when any message layout changes.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// A vector timestamp: entry `n` is the index of the latest interval of node `n` that is
 /// known (has been "seen"). Intervals are numbered from 1, so 0 means "nothing seen".
@@ -472,6 +472,10 @@ pub enum Msg {
         known: VectorTime,
         /// The grantor's logged intervals within `known` that the requester had not seen.
         intervals: Vec<IntervalRecord>,
+        /// The acquirer's grant number: how many times the lock was acquired before, by
+        /// any node (the count travels with the token; records and replays name grants
+        /// by it).
+        grant: u64,
     },
     /// Arrival at barrier `epoch`, with the sender's own intervals since the last barrier.
     /// `check` is a digest of the sender's allocation table, so diverging collective

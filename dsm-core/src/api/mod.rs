@@ -16,6 +16,7 @@
 //! synchronization and shutdown. The views live in [`view`], race-detection orchestration
 //! in [`race`], the run's counters and stats file in [`stats`].
 
+mod chaos;
 mod race;
 mod stats;
 mod trace;
@@ -184,6 +185,12 @@ pub struct Dsm {
     sync_point: Point,
     /// Where to write the run's counters at finish (`DSM_STATS_FILE`).
     stats_file: Option<std::path::PathBuf>,
+    /// Recording the synchronization order: where this rank writes its part at finish.
+    record_part: Option<std::path::PathBuf>,
+    /// Recording or replaying: named locks whose names the engine has been given.
+    named_locks: Option<std::collections::HashSet<LockId>>,
+    /// Chaos mode's random delays (`--chaos`).
+    chaos: Option<chaos::Chaos>,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -244,13 +251,25 @@ impl Dsm {
         } else {
             None
         };
-        let engine = Engine::new(
+        let mut engine = Engine::new(
             env.rank as NodeId,
             env.size,
             seg.pages(),
             SegmentMemory::new(seg),
             race.is_some(),
         );
+        let record_part = env.replay.record.as_ref().map(|prefix| {
+            let mut p = prefix.as_os_str().to_owned();
+            p.push(format!(".{}", env.rank));
+            std::path::PathBuf::from(p)
+        });
+        if record_part.is_some() {
+            engine.start_recording();
+        }
+        if let Some(path) = &env.replay.replay {
+            engine.start_replay(load_schedule(path, env.rank, env.size)?);
+        }
+        let order_on = record_part.is_some() || env.replay.replay.is_some();
         let page_limit = engine.page_limit();
         let comm = Comm::start(mesh, engine, mailbox, seg, env.liveness).map_err(DsmError::Io)?;
         Ok(Dsm {
@@ -273,6 +292,12 @@ impl Dsm {
             finished: false,
             started: Instant::now(),
             stats_file: env.stats_file.clone(),
+            record_part,
+            named_locks: order_on.then(Default::default),
+            chaos: env
+                .replay
+                .chaos
+                .map(|seed| chaos::Chaos::new(seed, env.rank)),
             barriers_called: 0,
             sync_point: Point::Barrier(0),
             _not_send: PhantomData,
@@ -526,6 +551,9 @@ impl Dsm {
     /// Closes the interval and waits at a barrier (the last one of the run when
     /// `finishing`), serving race-detection rounds meanwhile.
     fn barrier_command(&mut self, finishing: bool) -> Result<(), DsmError> {
+        if let Some(c) = self.chaos.as_mut() {
+            c.before_barrier();
+        }
         let race = self.close_race_interval();
         let bitmaps = self.shippable_bitmaps();
         self.sync(Command::Barrier {
@@ -602,12 +630,25 @@ impl Dsm {
         if let Some(rep) = self.race.as_mut().and_then(|r| r.reporter.as_mut()) {
             rep.name_lock(id, name);
         }
+        if let Some(named) = self.named_locks.as_mut() {
+            if named.insert(id) {
+                let name = name.to_string();
+                self.comm().send(Command::NameLock { lock: id, name });
+            }
+        }
         self.acquire(id)
     }
 
     fn acquire(&mut self, lock: LockId) -> Result<LockGuard<'_>, DsmError> {
+        if let Some(c) = self.chaos.as_mut() {
+            c.before_acquire();
+        }
         let race = self.close_race_interval();
-        match self.comm().call(Command::Acquire { lock, race }) {
+        let reply = self.comm().call(Command::Acquire { lock, race });
+        if let Some(c) = self.chaos.as_mut() {
+            c.while_holding();
+        }
+        match reply {
             Reply::Done => Ok(LockGuard {
                 dsm: self,
                 lock,
@@ -676,6 +717,7 @@ impl Dsm {
         let result = self.barrier_command(true);
         if result.is_ok() {
             self.write_stats_file()?;
+            self.write_record_part()?;
         }
         if let Some(comm) = self.comm.take() {
             comm.shutdown();
@@ -693,6 +735,49 @@ impl Dsm {
             outcome.exit_status = dsm_proto::exit_codes::VALUES_DIFFER;
         }
         Ok(outcome)
+    }
+}
+
+/// Reads the record to replay and this rank's schedule from it. dsmrun has checked the
+/// record against the job already; this catches a file changed since, or a job started
+/// by hand with `DSM_REPLAY`.
+fn load_schedule(
+    path: &std::path::Path,
+    rank: usize,
+    size: usize,
+) -> Result<dsm_replay::Schedule, DsmError> {
+    let bad = |why: String| DsmError::Config(format!("replay of '{}': {why}", path.display()));
+    let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let record = dsm_replay::Record::from_bytes(&bytes).map_err(|e| bad(e.to_string()))?;
+    if record.header.nodes as usize != size {
+        return Err(bad(format!(
+            "it records a job of {} nodes, this one has {size}",
+            record.header.nodes
+        )));
+    }
+    record.schedule(rank as u32).map_err(|e| bad(e.to_string()))
+}
+
+impl Dsm {
+    /// Recording: writes this rank's synchronization events for dsmrun to merge.
+    fn write_record_part(&mut self) -> Result<(), DsmError> {
+        let Some(path) = self.record_part.clone() else {
+            return Ok(());
+        };
+        let events = match self.comm().call(Command::TakeRecord) {
+            Reply::Record(events) => events,
+            other => {
+                return Err(DsmError::Protocol(format!(
+                    "unexpected reply to the record request: {other:?}"
+                )))
+            }
+        };
+        std::fs::write(&path, dsm_replay::part_to_bytes(self.rank as u32, &events)).map_err(|e| {
+            DsmError::Config(format!(
+                "cannot write the record part '{}': {e}",
+                path.display()
+            ))
+        })
     }
 }
 

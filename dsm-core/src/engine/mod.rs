@@ -38,6 +38,7 @@ mod barriers;
 mod intervals;
 mod locks;
 mod pages;
+mod replay;
 mod vec_memory;
 
 use crate::diff::{self, DiffError};
@@ -177,6 +178,16 @@ pub enum Command {
     },
     /// Snapshot of the protocol counters, answered with [`Reply::Stats`].
     Stats,
+    /// Gives a named lock's name to replay messages about it. No reply.
+    NameLock {
+        /// The lock's id.
+        lock: LockId,
+        /// Its name.
+        name: String,
+    },
+    /// The synchronization events recorded so far (`--record`), answered with
+    /// [`Reply::Record`].
+    TakeRecord,
 }
 
 /// Answers for the app thread.
@@ -220,6 +231,8 @@ pub enum Reply {
     },
     /// The protocol counters, answering [`Command::Stats`].
     Stats(Box<Stats>),
+    /// The recorded synchronization events, answering [`Command::TakeRecord`].
+    Record(Vec<dsm_replay::Event>),
 }
 
 /// What the engine asks the runtime to carry out, in order.
@@ -260,6 +273,9 @@ pub enum Output {
     },
     /// The job cannot continue (malformed traffic, inconsistent collective call).
     Fatal(String),
+    /// A replay (`--replay`) deviated from its record: the job stops with
+    /// `exit_codes::REPLAY_DIVERGED`.
+    Diverged(String),
     /// The job cannot continue because a peer went away (a consequence of another
     /// node's failure, reported with its own exit status).
     PeerLost(String),
@@ -367,6 +383,8 @@ pub struct Engine<M: Memory> {
     /// Past the final barrier: peers leaving is expected.
     finished: bool,
     stats: Stats,
+    /// Recording or replaying the synchronization order.
+    order: replay::OrderLog,
     /// Outputs of the event being handled, returned when it is done.
     out: Vec<Output>,
 }
@@ -410,6 +428,7 @@ impl<M: Memory> Engine<M> {
             finishing: false,
             finished: false,
             stats: Stats::default(),
+            order: replay::OrderLog::default(),
             out: Vec::new(),
         }
     }
@@ -512,6 +531,11 @@ impl<M: Memory> Engine<M> {
                 let s = Box::new(self.stats.clone());
                 self.reply(Reply::Stats(s));
             }
+            Command::NameLock { lock, name } => self.name_lock(lock, &name),
+            Command::TakeRecord => {
+                let events = self.take_recording();
+                self.reply(Reply::Record(events));
+            }
         }
         self.take_out()
     }
@@ -558,7 +582,8 @@ impl<M: Memory> Engine<M> {
                 lock,
                 known,
                 intervals,
-            } => self.on_lock_grant(from, lock, known, intervals),
+                grant,
+            } => self.on_lock_grant(from, lock, known, intervals, grant),
             Msg::BarrierArrive {
                 epoch,
                 known,
