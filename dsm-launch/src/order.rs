@@ -15,20 +15,20 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum OrderError {
     /// The record file cannot be opened or read.
-    #[error("cannot read the record '{}': {source}", path.display())]
+    #[error("cannot read the record '{}': {error}", path.display())]
     Open {
         /// The file.
         path: PathBuf,
         /// The error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The file is not a usable record.
-    #[error("'{}': {source}", path.display())]
+    #[error("'{}': {error}", path.display())]
     Bad {
         /// The file.
         path: PathBuf,
         /// What is wrong with it.
-        source: RecordError,
+        error: RecordError,
     },
     /// The record was made by another job.
     #[error("cannot replay '{}': {why}", path.display())]
@@ -93,13 +93,13 @@ fn part_path(prefix: &Path, rank: usize) -> PathBuf {
 /// Reads the record at `path` and checks that it was made by a job like `job` (program,
 /// arguments, N); the chaos seed does not matter.
 pub fn check_replay(path: &Path, job: &Header) -> Result<Record, OrderError> {
-    let bytes = std::fs::read(path).map_err(|source| OrderError::Open {
+    let bytes = std::fs::read(path).map_err(|error| OrderError::Open {
         path: path.into(),
-        source,
+        error,
     })?;
-    let record = Record::from_bytes(&bytes).map_err(|source| OrderError::Bad {
+    let record = Record::from_bytes(&bytes).map_err(|error| OrderError::Bad {
         path: path.into(),
-        source,
+        error,
     })?;
     let rec = &record.header;
     let mismatch = |why: String| OrderError::Mismatch {

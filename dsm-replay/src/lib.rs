@@ -429,6 +429,25 @@ impl Schedule {
         out
     }
 
+    /// The grant numbers of `lock` the record gives to `rank`, in order.
+    pub fn grants_to(&self, lock: LockId, rank: u32) -> Vec<u64> {
+        self.grants.get(&lock).map_or_else(Vec::new, |g| {
+            g.iter()
+                .enumerate()
+                .filter(|(_, &r)| r == rank)
+                .map(|(i, _)| i as u64)
+                .collect()
+        })
+    }
+
+    /// How many times this node has acquired `lock` so far in the replay.
+    pub fn acquired_so_far(&self, lock: LockId) -> usize {
+        self.script[..self.pos]
+            .iter()
+            .filter(|e| matches!(e, Event::Acquire { lock: l, .. } if *l == lock))
+            .count()
+    }
+
     /// This node's rank.
     pub fn rank(&self) -> u32 {
         self.me

@@ -147,11 +147,26 @@ impl<M: Memory> Engine<M> {
         match s.next_event() {
             Some(Event::Acquire { lock: l, .. }) if l == lock => true,
             other => {
+                let mine = s.grants_to(lock, self.me as u32);
+                let done = s.acquired_so_far(lock);
                 let why = format!(
-                    "the program acquires {} as its event {}, where the record has {}",
+                    "rank {} acquires {} (its acquire {} of it, event {} of its script), where \
+                     the record has {}; the record gives rank {} {} of the lock's {} grants{}",
+                    self.me,
                     self.lock_label(lock),
+                    done + 1,
                     s.position() + 1,
-                    self.describe(other)
+                    self.describe(other),
+                    self.me,
+                    mine.len(),
+                    s.grants_of(lock),
+                    match mine.get(done) {
+                        Some(g) => format!(", its next being grant {g}"),
+                        None => match mine.last() {
+                            Some(g) => format!(", the last being grant {g}"),
+                            None => String::new(),
+                        },
+                    }
                 );
                 self.diverged(why);
                 false
