@@ -105,6 +105,8 @@ pub struct RaceOptions {
     pub schedule: bool,
     /// Variables whose lock-order dependences are not reported (`--schedule-ignore`).
     pub schedule_ignore: Vec<String>,
+    /// Where rank 0 writes the distinct races as SARIF 2.1.0 at finish (absolute).
+    pub sarif: Option<PathBuf>,
 }
 
 impl Default for RaceOptions {
@@ -118,6 +120,7 @@ impl Default for RaceOptions {
             phases: RacePhases::Full,
             schedule: false,
             schedule_ignore: Vec::new(),
+            sarif: None,
         }
     }
 }
@@ -422,6 +425,9 @@ impl JobConfig {
                 .filter(|_| enabled)
                 .map(|v| name_list(&v))
                 .unwrap_or_default(),
+            sarif: get(vars::RACE_SARIF)
+                .filter(|s| enabled && !s.is_empty())
+                .map(PathBuf::from),
         };
         let tolerance = |var: &'static str| -> Result<u64, ConfigError> {
             match get(var) {
@@ -617,6 +623,9 @@ impl JobConfig {
             if !race.schedule_ignore.is_empty() {
                 env.push((vars::SCHEDULE_IGNORE, race.schedule_ignore.join(",").into()));
             }
+            if let Some(sarif) = &race.sarif {
+                env.push((vars::RACE_SARIF, sarif.clone().into_os_string()));
+            }
         }
         env
     }
@@ -811,6 +820,7 @@ mod tests {
             phases: RacePhases::Full,
             schedule: true,
             schedule_ignore: vec!["sum".into(), "forces".into()],
+            sarif: Some("/tmp/races.sarif".into()),
         };
         c.trace = TraceOptions {
             mode: TraceMode::Compare("/tmp/ref.dsmtrace".into()),

@@ -91,6 +91,8 @@ pub mod env_vars {
     pub const RACE: &str = "DSM_RACE";
     /// Absolute path of the JSON-lines race log (rank 0 writes it).
     pub const RACE_LOG: &str = "DSM_RACE_LOG";
+    /// Absolute path of the SARIF 2.1.0 file rank 0 writes at finish (`--race-sarif`).
+    pub const RACE_SARIF: &str = "DSM_RACE_SARIF";
     /// Exit status of rank 0 when races were reported (`0`: exit normally).
     pub const RACE_EXIT_CODE: &str = "DSM_RACE_EXIT_CODE";
     /// `1`: report only first races (the paper's section 6.4).
@@ -145,7 +147,8 @@ pub mod env_vars {
     /// its own, so a nested or leftover setting never leaks into a job. The others
     /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_PIN`, `DSM_STATS_FILE`, `DSM_LOG`) are the
     /// user's to set for a whole job and reach the ranks by inheritance.
-    pub const LAUNCHER_OWNED: [&str; 29] = [
+    pub const LAUNCHER_OWNED: [&str; 30] = [
+        RACE_SARIF,
         RECORD,
         REPLAY,
         CHAOS,

@@ -196,7 +196,7 @@ impl Record {
         let body: Result<(Body, &[u8]), _> = postcard::take_from_bytes(&content[12..]);
         let stored = u64::from_le_bytes(sum.try_into().expect("8 bytes"));
         let body = match body {
-            Ok((body, rest)) if rest.is_empty() => {
+            Ok((body, [])) => {
                 if fnv1a(content) != stored {
                     return Err(RecordError::Checksum);
                 }

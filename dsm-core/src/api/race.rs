@@ -38,6 +38,9 @@ impl RaceState {
             if options.schedule {
                 rep.set_schedule(options.schedule_ignore.iter().cloned());
             }
+            if let Some(sarif) = &options.sarif {
+                rep.set_sarif(sarif);
+            }
             Some(rep)
         } else {
             None
@@ -85,6 +88,9 @@ impl RaceState {
                 self.bitmap_time.as_secs_f64() * 1e3,
                 rs.peak_store_bytes
             );
+        }
+        if let Some(distinct) = rep.distinct_summary() {
+            eprintln!("{distinct}");
         }
         eprintln!("{}", rep.summary());
         io::stderr().flush()?;

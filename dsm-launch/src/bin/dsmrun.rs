@@ -47,6 +47,7 @@ Environment of every rank (inherited DSM_* values of these names are dropped):
   DSM_LIVENESS         seconds, or off                (only with --liveness other than 10)
   DSM_RACE=1 and DSM_RACE_EXIT_CODE=CODE              (only with race detection)
   DSM_RACE_LOG         absolute path of --race-log    (only with --race-log)
+  DSM_RACE_SARIF       absolute path of --race-sarif  (only with --race-sarif)
   DSM_RACE_FIRST=1, DSM_RACE_STATS=1                  (only with --race-first/--race-stats)
   DSM_RACE_MODE=schedule, DSM_SCHEDULE_IGNORE=a,b     (--race=schedule, --schedule-ignore)
   DSM_TRACE_VALUES     absolute path of --trace-values FILE
@@ -190,6 +191,13 @@ struct Cli {
     #[arg(long, value_name = "FILE")]
     race_log: Option<PathBuf>,
 
+    /// Write the run's distinct races (collapsed as in the printed report) to
+    /// FILE as SARIF 2.1.0, one result per distinct race, for CI systems and
+    /// editors; rank 0 writes it at finish (DSM_RACE_SARIF, made absolute;
+    /// implies --race)
+    #[arg(long, value_name = "FILE")]
+    race_sarif: Option<PathBuf>,
+
     /// Exit status when races were reported (DSM_RACE_EXIT_CODE): rank 0 exits
     /// with it, which is not a failure: the other ranks finish and dsmrun exits
     /// with this code at the end. 0 turns this off (implies --race) [default: 66]
@@ -309,6 +317,7 @@ impl Cli {
         let race_on = self.race.is_some()
             || schedule
             || self.race_log.is_some()
+            || self.race_sarif.is_some()
             || self.race_exit_code.is_some()
             || self.race_first
             || self.race_stats;
@@ -329,6 +338,11 @@ impl Cli {
                 stats: self.race_stats,
                 schedule,
                 schedule_ignore: self.schedule_ignore,
+                sarif: self
+                    .race_sarif
+                    .as_deref()
+                    .map(|p| absolute(p, "--race-sarif"))
+                    .transpose()?,
                 ..RaceOptions::default()
             }
         } else {
