@@ -107,6 +107,10 @@ pub struct RaceOptions {
     pub schedule_ignore: Vec<String>,
     /// Where rank 0 writes the distinct races as SARIF 2.1.0 at finish (absolute).
     pub sarif: Option<PathBuf>,
+    /// Pinpoint: elements to watch, each `VAR[INDEX]@EPOCH` (`--pinpoint`).
+    pub pinpoint: Vec<String>,
+    /// Pinpoint: where nodes leave their watched accesses for the master.
+    pub pinpoint_dir: Option<PathBuf>,
 }
 
 impl Default for RaceOptions {
@@ -121,6 +125,8 @@ impl Default for RaceOptions {
             schedule: false,
             schedule_ignore: Vec::new(),
             sarif: None,
+            pinpoint: Vec::new(),
+            pinpoint_dir: None,
         }
     }
 }
@@ -428,6 +434,19 @@ impl JobConfig {
             sarif: get(vars::RACE_SARIF)
                 .filter(|s| enabled && !s.is_empty())
                 .map(PathBuf::from),
+            pinpoint: get(vars::PINPOINT)
+                .filter(|_| enabled)
+                .map(|v| {
+                    v.split(';')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(String::from)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            pinpoint_dir: get(vars::PINPOINT_DIR)
+                .filter(|s| enabled && !s.is_empty())
+                .map(PathBuf::from),
         };
         let tolerance = |var: &'static str| -> Result<u64, ConfigError> {
             match get(var) {
@@ -626,6 +645,12 @@ impl JobConfig {
             if let Some(sarif) = &race.sarif {
                 env.push((vars::RACE_SARIF, sarif.clone().into_os_string()));
             }
+            if !race.pinpoint.is_empty() {
+                env.push((vars::PINPOINT, race.pinpoint.join(";").into()));
+            }
+            if let Some(dir) = &race.pinpoint_dir {
+                env.push((vars::PINPOINT_DIR, dir.clone().into_os_string()));
+            }
         }
         env
     }
@@ -821,6 +846,8 @@ mod tests {
             schedule: true,
             schedule_ignore: vec!["sum".into(), "forces".into()],
             sarif: Some("/tmp/races.sarif".into()),
+            pinpoint: vec!["bound[0]@3".into(), "grid[17]@1".into()],
+            pinpoint_dir: Some("/tmp/pin".into()),
         };
         c.trace = TraceOptions {
             mode: TraceMode::Compare("/tmp/ref.dsmtrace".into()),

@@ -91,6 +91,12 @@ pub mod env_vars {
     pub const RACE: &str = "DSM_RACE";
     /// Absolute path of the JSON-lines race log (rank 0 writes it).
     pub const RACE_LOG: &str = "DSM_RACE_LOG";
+    /// Pinpoint: `;`-separated elements to watch, each `VAR[INDEX]@EPOCH`
+    /// (`dsmrun --pinpoint`, `--pinpoint-log`).
+    pub const PINPOINT: &str = "DSM_PINPOINT";
+    /// Pinpoint: the directory where nodes leave the source locations of watched
+    /// accesses for the barrier master (made by dsmrun).
+    pub const PINPOINT_DIR: &str = "DSM_PINPOINT_DIR";
     /// Absolute path of the SARIF 2.1.0 file rank 0 writes at finish (`--race-sarif`).
     pub const RACE_SARIF: &str = "DSM_RACE_SARIF";
     /// Exit status of rank 0 when races were reported (`0`: exit normally).
@@ -147,7 +153,9 @@ pub mod env_vars {
     /// its own, so a nested or leftover setting never leaks into a job. The others
     /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_PIN`, `DSM_STATS_FILE`, `DSM_LOG`) are the
     /// user's to set for a whole job and reach the ranks by inheritance.
-    pub const LAUNCHER_OWNED: [&str; 30] = [
+    pub const LAUNCHER_OWNED: [&str; 32] = [
+        PINPOINT,
+        PINPOINT_DIR,
         RACE_SARIF,
         RECORD,
         REPLAY,

@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 pub mod detect;
+pub mod pinpoint;
 pub mod record;
 pub mod report;
 

@@ -58,6 +58,10 @@ pub struct Reporter {
     suppressed_races: u64,
     /// Where to write SARIF at finish (`--race-sarif`).
     sarif: Option<std::path::PathBuf>,
+    /// Pinpoint: the watched accesses of the epoch being reported, and where to look for
+    /// source files.
+    hits: Vec<crate::pinpoint::Hit>,
+    roots: Vec<std::path::PathBuf>,
 }
 
 /// What makes two races "the same race" for the printed report: the variable, class and
@@ -181,7 +185,20 @@ impl Reporter {
             suppressed_blocks: 0,
             suppressed_races: 0,
             sarif: None,
+            hits: Vec::new(),
+            roots: Vec::new(),
         })
+    }
+
+    /// Pinpoint: the source locations of the watched accesses of the epoch about to be
+    /// reported (every node's), so that races on watched elements show both sides' code.
+    pub fn set_hits(&mut self, hits: Vec<crate::pinpoint::Hit>) {
+        self.hits = hits;
+    }
+
+    /// Directories in which source files named by relative paths are looked up.
+    pub fn set_source_roots(&mut self, roots: Vec<std::path::PathBuf>) {
+        self.roots = roots;
     }
 
     /// Writes the distinct races as SARIF 2.1.0 to `path` at [`Reporter::finish`].
@@ -276,6 +293,8 @@ impl Reporter {
         let names = Names {
             locks: &self.lock_names,
             syncs: &self.sync_points,
+            hits: &self.hits,
+            roots: &self.roots,
         };
         // One printed block per signature: the first interval pair of a signature not
         // seen before, with a note of how many more interval pairs share it.
@@ -521,6 +540,15 @@ impl Reporter {
 /// A race's [`Signature`].
 fn signature(r: &Race, names: &Names<'_>) -> Signature {
     let side = |a: &crate::detect::Access| {
+        let located = names.located(r, a);
+        if !located.is_empty() {
+            let at: Vec<String> = located.iter().map(|h| h.location()).collect();
+            return format!(
+                "{} at {}",
+                if a.write { "write" } else { "read" },
+                at.join(" or ")
+            );
+        }
         let began = match a.began_with {
             SyncCause::Start => "from the start".to_string(),
             SyncCause::Barrier(_) => "after a barrier".to_string(),
@@ -551,9 +579,49 @@ fn short_index(r: &Race) -> String {
 struct Names<'a> {
     locks: &'a std::collections::HashMap<u64, String>,
     syncs: &'a std::collections::HashMap<u32, String>,
+    hits: &'a [crate::pinpoint::Hit],
+    roots: &'a [std::path::PathBuf],
 }
 
 impl Names<'_> {
+    /// Pinpoint: the source locations of one side of a race (empty when not watched).
+    fn located(&self, r: &Race, a: &crate::detect::Access) -> Vec<&crate::pinpoint::Hit> {
+        let mut out: Vec<&crate::pinpoint::Hit> = self
+            .hits
+            .iter()
+            .filter(|h| {
+                // The hits are those of the epoch being reported (`Race::epoch` counts
+                // the runtime's barriers, allocations included, so it is not compared).
+                h.variable == r.variable
+                    && h.index == r.index
+                    && h.rank == a.node
+                    && h.interval == a.interval
+                    && h.write == a.write
+            })
+            .collect();
+        out.dedup_by(|x, y| x.location() == y.location());
+        out
+    }
+
+    /// The lines a block prints under a side: each location, its function and its code.
+    fn code_lines(&self, r: &Race, a: &crate::detect::Access) -> String {
+        let mut s = String::new();
+        for h in self.located(r, a) {
+            s.push_str(&format!(
+                "    at {}{}\n",
+                h.location(),
+                h.function
+                    .as_deref()
+                    .map(|f| format!(" in {f}"))
+                    .unwrap_or_default()
+            ));
+            if let Some(code) = crate::pinpoint::source_line(&h.file, h.line, self.roots) {
+                s.push_str(&format!("      | {code}\n"));
+            }
+        }
+        s
+    }
+
     fn sync_text(&self, cause: SyncCause) -> String {
         sync_text(cause, &|l| self.locks.get(&l).cloned(), &|e| {
             self.syncs.get(&e).cloned()
@@ -593,7 +661,7 @@ fn block(at: &Point, races: &[&Race], names: &Names<'_>) -> String {
         RaceClass::LockOrder => "LOCK-ORDER DEPENDENCE",
     };
     let mut s = format!(
-        "==================\ndsm: {title} ({}) on {} {}\n  address {:#x}, bytes {}..{} of the element\n  {} by rank {} in interval {} ({})\n  {} by rank {} in interval {} ({})\n",
+        "==================\ndsm: {title} ({}) on {} {}\n  address {:#x}, bytes {}..{} of the element\n  {} by rank {} in interval {} ({})\n{}  {} by rank {} in interval {} ({})\n{}",
         r.kind.as_str(),
         element(r),
         at.describe(),
@@ -604,10 +672,12 @@ fn block(at: &Point, races: &[&Race], names: &Names<'_>) -> String {
         r.first.node,
         r.first.interval,
         names.sync_text(r.first.began_with),
+        names.code_lines(r, &r.first),
         access(r.second.write),
         r.second.node,
         r.second.interval,
         names.sync_text(r.second.began_with),
+        names.code_lines(r, &r.second),
     );
     if r.class == RaceClass::LockOrder {
         let locks = names.locks_of(r);
@@ -651,12 +721,27 @@ fn block(at: &Point, races: &[&Race], names: &Names<'_>) -> String {
 
 fn json_of(at: &Point, r: &Race, names: &Names<'_>) -> serde_json::Value {
     let side = |a: &crate::detect::Access| {
-        json!({
+        let mut v = json!({
             "rank": a.node,
             "interval": a.interval,
             "access": if a.write { "write" } else { "read" },
             "sync": names.sync_text(a.began_with),
-        })
+        });
+        let located = names.located(r, a);
+        if !located.is_empty() {
+            v["locations"] = located
+                .iter()
+                .map(|h| {
+                    json!({
+                        "file": h.file,
+                        "line": h.line,
+                        "column": h.column,
+                        "function": h.function,
+                    })
+                })
+                .collect();
+        }
+        v
     };
     json!({
         "epoch": at.epoch(),

@@ -17,6 +17,7 @@
 //! in [`race`], the run's counters and stats file in [`stats`].
 
 mod chaos;
+mod pinpoint;
 mod race;
 mod stats;
 mod trace;
@@ -191,6 +192,8 @@ pub struct Dsm {
     named_locks: Option<std::collections::HashSet<LockId>>,
     /// Chaos mode's random delays (`--chaos`).
     chaos: Option<chaos::Chaos>,
+    /// Pinpoint mode: watched elements and the source locations of their accesses.
+    pin: Option<pinpoint::PinState>,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -270,6 +273,22 @@ impl Dsm {
             engine.start_replay(load_schedule(path, env.rank, env.size)?);
         }
         let order_on = record_part.is_some() || env.replay.replay.is_some();
+        let pin = match (&race, env.race.pinpoint.is_empty()) {
+            (Some(_), false) => {
+                let dir = env.race.pinpoint_dir.clone().ok_or_else(|| {
+                    DsmError::Config(format!(
+                        "{} needs {} (dsmrun sets both)",
+                        dsm_proto::env_vars::PINPOINT,
+                        dsm_proto::env_vars::PINPOINT_DIR
+                    ))
+                })?;
+                Some(
+                    pinpoint::PinState::new(env.rank, &env.race.pinpoint, dir)
+                        .map_err(DsmError::Config)?,
+                )
+            }
+            _ => None,
+        };
         let page_limit = engine.page_limit();
         let comm = Comm::start(mesh, engine, mailbox, seg, env.liveness).map_err(DsmError::Io)?;
         Ok(Dsm {
@@ -298,6 +317,7 @@ impl Dsm {
                 .replay
                 .chaos
                 .map(|seed| chaos::Chaos::new(seed, env.rank)),
+            pin,
             barriers_called: 0,
             sync_point: Point::Barrier(0),
             _not_send: PhantomData,
@@ -432,6 +452,9 @@ impl Dsm {
             });
         }
         self.next_page += pages;
+        if let Some(p) = self.pin.as_mut() {
+            p.add_alloc(name);
+        }
         self.allocs.push(AllocMeta {
             name: name.to_string(),
             first_page: first as PageNo,
@@ -446,6 +469,7 @@ impl Dsm {
             name: name.to_string(),
             after: self.barriers_called,
         };
+        self.flush_pin_hits()?;
         self.sync(Command::Alloc {
             homes,
             digest,
@@ -506,6 +530,7 @@ impl Dsm {
             mem: AppSlice::new(self.seg, array.offset, array.len)
                 .expect("allocations lie inside the segment"),
             shadow: self.race.as_ref().map(|r| r.recorder.alloc(array.id)),
+            pin: self.pin.as_ref().and_then(|p| p.view(array.id, &meta.name)),
             cols: array.cols,
             first_page: meta.first_page,
             dsm: self,
@@ -540,6 +565,9 @@ impl Dsm {
         self.barriers_called += 1;
         self.sync_point = Point::Barrier(self.barriers_called);
         self.barrier_command(false)?;
+        if let Some(p) = &self.pin {
+            p.barrier_passed(self.barriers_called);
+        }
         self.trace_point(false)
     }
 
@@ -554,6 +582,7 @@ impl Dsm {
         if let Some(c) = self.chaos.as_mut() {
             c.before_barrier();
         }
+        self.flush_pin_hits()?;
         let race = self.close_race_interval();
         let bitmaps = self.shippable_bitmaps();
         self.sync(Command::Barrier {
@@ -735,6 +764,21 @@ impl Dsm {
             outcome.exit_status = dsm_proto::exit_codes::VALUES_DIFFER;
         }
         Ok(outcome)
+    }
+}
+
+impl Dsm {
+    /// Pinpoint: hands this node's notes so far to the master (before a barrier).
+    fn flush_pin_hits(&self) -> Result<(), DsmError> {
+        match &self.pin {
+            Some(p) => p.flush().map_err(|e| {
+                DsmError::Config(format!(
+                    "cannot write pinpoint notes in '{}': {e}",
+                    p.dir.display()
+                ))
+            }),
+            None => Ok(()),
+        }
     }
 }
 

@@ -48,6 +48,8 @@ Environment of every rank (inherited DSM_* values of these names are dropped):
   DSM_RACE=1 and DSM_RACE_EXIT_CODE=CODE              (only with race detection)
   DSM_RACE_LOG         absolute path of --race-log    (only with --race-log)
   DSM_RACE_SARIF       absolute path of --race-sarif  (only with --race-sarif)
+  DSM_PINPOINT         the watched elements, ';'-separated (--pinpoint, --pinpoint-log)
+  DSM_PINPOINT_DIR     a directory dsmrun makes for the ranks' notes (with DSM_PINPOINT)
   DSM_RACE_FIRST=1, DSM_RACE_STATS=1                  (only with --race-first/--race-stats)
   DSM_RACE_MODE=schedule, DSM_SCHEDULE_IGNORE=a,b     (--race=schedule, --schedule-ignore)
   DSM_TRACE_VALUES     absolute path of --trace-values FILE
@@ -198,6 +200,22 @@ struct Cli {
     #[arg(long, value_name = "FILE")]
     race_sarif: Option<PathBuf>,
 
+    /// Pinpoint the source lines of a race: watch element INDEX of VAR in epoch
+    /// EPOCH (as a race report names them: bound[0]@3; INDEX is the flat index,
+    /// row * columns + column for 2-D arrays). Every access to it in that epoch
+    /// notes its file, line, column and function, and the race report prints
+    /// both sides with their code. Repeatable; implies --race. Use it with
+    /// --replay, so that the run takes the recorded synchronization order and
+    /// the race recurs in the same intervals (DSM_PINPOINT)
+    #[arg(long, value_name = "VAR[INDEX]@EPOCH", value_parser = parse_pin_target)]
+    pinpoint: Vec<String>,
+
+    /// Pinpoint every race of an earlier run's race log (--race-log FILE): each
+    /// distinct variable, index and epoch in it is watched as with --pinpoint
+    /// (implies --race)
+    #[arg(long, value_name = "FILE")]
+    pinpoint_log: Option<PathBuf>,
+
     /// Exit status when races were reported (DSM_RACE_EXIT_CODE): rank 0 exits
     /// with it, which is not a failure: the other ranks finish and dsmrun exits
     /// with this code at the end. 0 turns this off (implies --race) [default: 66]
@@ -307,6 +325,33 @@ fn absolute(path: &std::path::Path, flag: &str) -> anyhow::Result<PathBuf> {
         .with_context(|| format!("cannot make {flag} '{}' absolute", path.display()))
 }
 
+fn parse_pin_target(text: &str) -> Result<String, String> {
+    text.parse::<dsm_race::pinpoint::PinTarget>()
+        .map(|t| t.to_string())
+}
+
+/// The elements to watch: `--pinpoint` targets and those of `--pinpoint-log`.
+fn pin_targets(
+    mut targets: Vec<String>,
+    log: Option<&std::path::Path>,
+) -> anyhow::Result<Vec<String>> {
+    if let Some(path) = log {
+        let file = std::fs::File::open(path)
+            .with_context(|| format!("cannot open --pinpoint-log '{}'", path.display()))?;
+        let from_log = dsm_race::pinpoint::targets_from_log(std::io::BufReader::new(file))
+            .with_context(|| format!("--pinpoint-log '{}'", path.display()))?;
+        if from_log.is_empty() {
+            anyhow::bail!(
+                "--pinpoint-log '{}' has no races to pinpoint",
+                path.display()
+            );
+        }
+        targets.extend(from_log.iter().map(ToString::to_string));
+    }
+    targets.dedup();
+    Ok(targets)
+}
+
 fn parse_deadline(text: &str) -> Result<Deadline, dsm_proto::ValueError> {
     parse_seconds_or_off(text).map(Deadline)
 }
@@ -318,6 +363,8 @@ impl Cli {
             || schedule
             || self.race_log.is_some()
             || self.race_sarif.is_some()
+            || !self.pinpoint.is_empty()
+            || self.pinpoint_log.is_some()
             || self.race_exit_code.is_some()
             || self.race_first
             || self.race_stats;
@@ -338,6 +385,7 @@ impl Cli {
                 stats: self.race_stats,
                 schedule,
                 schedule_ignore: self.schedule_ignore,
+                pinpoint: pin_targets(self.pinpoint, self.pinpoint_log.as_deref())?,
                 sarif: self
                     .race_sarif
                     .as_deref()
@@ -480,12 +528,24 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let mut race_on = false;
     let mut recording = None;
+    let mut pin_dir: Option<PathBuf> = None;
     match cli.into_config().and_then(|mut config| {
         race_on = config.race.enabled;
         recording = prepare_order(&mut config)?;
+        if !config.race.pinpoint.is_empty() {
+            let dir = std::env::temp_dir().join(format!("dsm-pinpoint-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).with_context(|| {
+                format!("cannot make the pinpoint directory '{}'", dir.display())
+            })?;
+            config.race.pinpoint_dir = Some(dir.clone());
+            pin_dir = Some(dir);
+        }
         Ok(launcher::run(&config)?)
     }) {
         Ok(outcome) => {
+            if let Some(dir) = &pin_dir {
+                let _ = std::fs::remove_dir_all(dir);
+            }
             if let Some(rec) = recording {
                 finish_recording(rec, &outcome);
             }
@@ -506,6 +566,9 @@ fn main() -> ExitCode {
         }
         Err(err) => {
             eprintln!("dsmrun: {err:#}");
+            if let Some(dir) = &pin_dir {
+                let _ = std::fs::remove_dir_all(dir);
+            }
             if let Some(rec) = recording {
                 order::discard_parts(&rec.prefix, rec.header.nodes as usize);
             }
