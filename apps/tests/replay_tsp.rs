@@ -10,7 +10,8 @@ const TSP: &str = env!("CARGO_BIN_EXE_tsp");
 fn tsp_replay_has_the_same_races_result_and_intervals() {
     // A racy read that sees a newer bound than in the recorded run prunes differently and
     // takes the locks in another order, which the replay notices and reports (exit 67)
-    // rather than hiding; most replays on a quiet machine complete.
+    // rather than hiding; on a quiet machine most replays complete, and each that does
+    // must match the recording exactly.
     let (recorded, replays) =
         common::record_and_replay(TSP, &["--random", "16", "--seed", "3"], 20, true);
     // The result line without its timings: the tour, and the search statistics, which
@@ -21,6 +22,16 @@ fn tsp_replay_has_the_same_races_result_and_intervals() {
             .map(|l| l.split(", parallel").next().unwrap().to_string())
             .collect()
     };
+    if replays.is_empty() {
+        // Every replay stopped, correctly, at a racy read that saw another value; on a
+        // loaded machine that is the usual outcome (see the README, "Racy reads").
+        dsm_testkit::skip(
+            "tsp_replay_has_the_same_races_result_and_intervals",
+            "all 20 replays diverged (exit 67) at TSP's racy bound reads: the machine's \
+             load changes what an unlocked read sees; every divergence was reported",
+        );
+        return;
+    }
     let want = result(&recorded.stdout);
     assert_eq!(want.len(), 2, "{}", recorded.stdout);
     for run in replays {

@@ -168,19 +168,32 @@ pub fn source_line(file: &str, line: u32, roots: &[PathBuf]) -> Option<String> {
 /// The function whose frame is at `file:line` in a backtrace's text (as
 /// `std::backtrace::Backtrace` prints it), without the hash suffix.
 pub fn function_in_backtrace(backtrace: &str, file: &str, line: u32) -> Option<String> {
-    let needle = format!("{file}:{line}:");
+    // A frame's path is as the compiler named it, absolute, or relative to the current
+    // directory (`./src/x.rs` for `apps/src/x.rs` when run from `apps`): compare tails.
+    let same_file = |path: &str| {
+        let path = path.trim_start_matches("./");
+        path.ends_with(file) || file.ends_with(path)
+    };
     let lines: Vec<&str> = backtrace.lines().collect();
     for (i, l) in lines.iter().enumerate() {
-        let t = l.trim();
-        if t.starts_with("at ") && t.contains(&needle) && i > 0 {
-            let f = lines[i - 1].trim();
-            let f = f.split_once(": ").map_or(f, |(_, name)| name);
-            let f = match f.rfind("::h") {
-                Some(at) if f[at + 3..].chars().all(|c| c.is_ascii_hexdigit()) => &f[..at],
-                _ => f,
-            };
-            return Some(f.to_string());
+        let Some(at) = l.trim().strip_prefix("at ") else {
+            continue;
+        };
+        let mut parts = at.rsplitn(3, ':');
+        let (_col, frame_line, path) = (parts.next(), parts.next(), parts.next());
+        let (Some(frame_line), Some(path)) = (frame_line, path) else {
+            continue;
+        };
+        if i == 0 || frame_line.parse::<u32>().ok() != Some(line) || !same_file(path) {
+            continue;
         }
+        let f = lines[i - 1].trim();
+        let f = f.split_once(": ").map_or(f, |(_, name)| name);
+        let f = match f.rfind("::h") {
+            Some(at) if f[at + 3..].chars().all(|c| c.is_ascii_hexdigit()) => &f[..at],
+            _ => f,
+        };
+        return Some(f.to_string());
     }
     None
 }

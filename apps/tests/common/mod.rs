@@ -25,8 +25,8 @@ pub(crate) fn intervals_per_barrier(stderr: &str) -> Vec<String> {
 /// A replay that completes must report the same races (byte-identical log) and close the
 /// same number of intervals per barrier. With `racy_course`, the program's course
 /// depends on racy reads, which a replay does not fix: a replay may then stop with 67
-/// saying so, but at least one must complete. Returns the recorded run and the
-/// completed replays.
+/// saying so (the caller decides what it needs of the completed ones). Returns the
+/// recorded run and the completed replays.
 pub(crate) fn record_and_replay(
     program: &str,
     args: &[&str],
@@ -85,6 +85,5 @@ pub(crate) fn record_and_replay(
         );
         completed.push(run);
     }
-    assert!(!completed.is_empty(), "no replay completed");
     (recorded, completed)
 }
