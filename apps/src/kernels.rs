@@ -179,8 +179,8 @@ fn lock_barrier(dsm: &mut Dsm, broken: bool) -> Result<(), DsmError> {
         // The bug: polling the counter without the lock. Under lazy release consistency
         // the poll may never see the final count, so it gives up after a while.
         for _ in 0..200 {
-            if dsm.view(&count).get(0) == n as u64 {
-                // RACE
+            let seen = dsm.view(&count).get(0); // RACE
+            if seen == n as u64 {
                 break;
             }
             std::thread::yield_now();
@@ -315,8 +315,8 @@ fn tsp_bound(dsm: &mut Dsm) -> Result<(), DsmError> {
     for step in 0..20u64 {
         let candidate = 1000 - step * 7 - me;
         // The racy read, as in TSP: prune against the bound without the lock.
-        if candidate < dsm.view(&bound).get(0) {
-            // RACE
+        let seen = dsm.view(&bound).get(0); // RACE
+        if candidate < seen {
             let g = dsm.lock(4)?;
             let v = g.view(&bound);
             if candidate < v.get(0) {

@@ -57,6 +57,7 @@ fn pinpoint_reports_exactly_the_race_lines_of_every_racy_kernel() {
         let dir = tempfile::tempdir().unwrap();
         let first = dir.path().join("first.jsonl");
         let second = dir.path().join("second.jsonl");
+        let sarif = dir.path().join("races.sarif");
         let run = dsm_testkit::dsmrun(
             n,
             &["--timeout", "60", "--race-log", first.to_str().unwrap()],
@@ -73,6 +74,8 @@ fn pinpoint_reports_exactly_the_race_lines_of_every_racy_kernel() {
                 first.to_str().unwrap(),
                 "--race-log",
                 second.to_str().unwrap(),
+                "--race-sarif",
+                sarif.to_str().unwrap(),
             ],
             KERNEL,
             &["run", k.name],
@@ -130,6 +133,20 @@ fn pinpoint_reports_exactly_the_race_lines_of_every_racy_kernel() {
         }
         assert!(located > 0, "no watched race recurred\n{ctx}");
         assert_eq!(got, want, "pinpointed lines vs // RACE lines\n{ctx}");
+        // SARIF results point at the lines too, so editors can show the race there.
+        let doc: Value = serde_json::from_str(&std::fs::read_to_string(&sarif).unwrap()).unwrap();
+        let sarif_lines: BTreeSet<u32> = doc["runs"][0]["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| r["locations"].as_array().unwrap().iter())
+            .filter_map(|l| l["physicalLocation"]["region"]["startLine"].as_u64())
+            .map(|l| l as u32)
+            .collect();
+        assert!(
+            !sarif_lines.is_empty() && sarif_lines.is_subset(&want),
+            "SARIF lines {sarif_lines:?} vs {want:?}\n{ctx}"
+        );
         // The printed report shows the code of both sides.
         assert!(run.stderr.contains("      | "), "{ctx}");
         assert!(run.stderr.contains("// RACE"), "{ctx}");

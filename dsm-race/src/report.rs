@@ -79,6 +79,8 @@ struct Distinct {
     epoch: u32,
     element: String,
     sides: [String; 2],
+    /// Pinpoint: the source locations of both sides (file, line, column, function).
+    locations: Vec<(String, u32, u32, Option<String>)>,
 }
 
 /// Races collapse into one block per variable, interval pair, class and kind.
@@ -332,6 +334,11 @@ impl Reporter {
                 epoch: at.epoch(),
                 element: element(r),
                 sides: [side(&r.first), side(&r.second)],
+                locations: [&r.first, &r.second]
+                    .into_iter()
+                    .flat_map(|a| names.located(r, a))
+                    .map(|h| (h.file.clone(), h.line, h.column, h.function.clone()))
+                    .collect(),
             });
             printed.insert(sig.clone(), (0, 0));
             order.push((sig, rs));
@@ -465,13 +472,29 @@ impl Reporter {
                             if d.races == 1 { "" } else { "s" },
                         )
                     },
-                    "locations": [{
+                    "locations": std::iter::once(json!({
                         "logicalLocations": [{
                             "name": d.element,
                             "fullyQualifiedName": d.signature.0,
                             "kind": "variable",
                         }]
-                    }],
+                    }))
+                    .chain(d.locations.iter().map(|(file, line, column, function)| {
+                        let mut loc = json!({
+                            "physicalLocation": {
+                                "artifactLocation": { "uri": file },
+                                "region": { "startLine": line, "startColumn": column },
+                            }
+                        });
+                        if let Some(f) = function {
+                            loc["logicalLocations"] = json!([{
+                                "fullyQualifiedName": f,
+                                "kind": "function",
+                            }]);
+                        }
+                        loc
+                    }))
+                    .collect::<Vec<_>>(),
                     "partialFingerprints": {
                         "dsmRaceSignature/v1": format!(
                             "{}|{}|{}|{}|{}",
