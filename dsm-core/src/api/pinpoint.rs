@@ -121,7 +121,7 @@ impl PinView<'_> {
         let epoch = s.epoch.get();
         let step = step.max(1);
         for &(index, ep) in self.watched {
-            if ep != epoch || index < start || (index - start) % step != 0 {
+            if ep != epoch || index < start || !(index - start).is_multiple_of(step) {
                 continue;
             }
             if (index - start) / step >= count {
