@@ -201,7 +201,7 @@ struct Cli {
     race_sarif: Option<PathBuf>,
 
     /// Pinpoint the source lines of a race: watch element INDEX of VAR in epoch
-    /// EPOCH (as a race report names them: bound[0]@3; INDEX is the flat index,
+    /// EPOCH (as a race report names them: `bound[0]@3`; INDEX is the flat index,
     /// row * columns + column for 2-D arrays). Every access to it in that epoch
     /// notes its file, line, column and function, and the race report prints
     /// both sides with their code. Repeatable; implies --race. Use it with
