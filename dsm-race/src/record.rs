@@ -484,6 +484,37 @@ impl Recorder {
         (bytes <= max_bytes).then_some(out)
     }
 
+    /// A hash of every access of the epoch so far (interval, page, read or write, and the
+    /// granules), for a replay to check that it touched the same elements as the recorded
+    /// run (`dsmrun --replay`). Costs a pass over the epoch's bitmaps.
+    pub fn epoch_digest(&self) -> u64 {
+        let mix = |h: u64, v: u64| {
+            v.to_le_bytes()
+                .iter()
+                .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+        };
+        let mut h = 0xcbf2_9ce4_8422_2325;
+        for b in &self.store.intervals {
+            h = mix(h, u64::from(b.interval));
+            for st in &b.index {
+                h = mix(
+                    h,
+                    u64::from(st.page) << 1 | (st.kind == AccessKind::Write) as u64,
+                );
+                let at = st.offset as usize;
+                let words = if st.uniform {
+                    &b.words[at..at + 1]
+                } else {
+                    &b.words[at..at + words_for(&b.words_per_page, st.page)]
+                };
+                for &w in words {
+                    h = mix(h, w);
+                }
+            }
+        }
+        h
+    }
+
     /// Forgets the epoch's bitmaps (after the barrier analysis).
     pub fn discard_epoch(&mut self) {
         self.store.intervals = Vec::new();

@@ -439,6 +439,7 @@ impl Dsm {
             digest = fnv(digest, &(v as u64).to_le_bytes());
         }
         let race = self.close_race_interval();
+        self.fold_access_digest();
         if let Some(r) = self.race.as_mut() {
             r.vars.push(VarInfo {
                 name: name.to_string(),
@@ -584,6 +585,7 @@ impl Dsm {
         }
         self.flush_pin_hits()?;
         let race = self.close_race_interval();
+        self.fold_access_digest();
         let bitmaps = self.shippable_bitmaps();
         self.sync(Command::Barrier {
             finishing,
@@ -768,6 +770,16 @@ impl Dsm {
 }
 
 impl Dsm {
+    /// Recording or replaying with race detection: before a barrier, the digest of the
+    /// epoch's accesses goes into the barrier's check, so a replay notices a racy value
+    /// that changed which elements the program touched.
+    fn fold_access_digest(&self) {
+        if let (Some(_), Some(r)) = (&self.named_locks, &self.race) {
+            let digest = r.recorder.epoch_digest();
+            self.comm().send(Command::FoldAccessDigest { digest });
+        }
+    }
+
     /// Pinpoint: hands this node's notes so far to the master (before a barrier).
     fn flush_pin_hits(&self) -> Result<(), DsmError> {
         match &self.pin {

@@ -188,6 +188,12 @@ pub enum Command {
     /// The synchronization events recorded so far (`--record`), answered with
     /// [`Reply::Record`].
     TakeRecord,
+    /// Recording or replaying with race detection: a digest of the epoch's accesses so
+    /// far, folded into the next barrier's check. No reply.
+    FoldAccessDigest {
+        /// The recorder's `epoch_digest`.
+        digest: u64,
+    },
 }
 
 /// Answers for the app thread.
@@ -532,6 +538,7 @@ impl<M: Memory> Engine<M> {
                 self.reply(Reply::Stats(s));
             }
             Command::NameLock { lock, name } => self.name_lock(lock, &name),
+            Command::FoldAccessDigest { digest } => self.fold_access_digest(digest),
             Command::TakeRecord => {
                 let events = self.take_recording();
                 self.reply(Reply::Record(events));

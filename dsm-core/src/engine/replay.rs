@@ -11,7 +11,8 @@
 //! diffs arrived there so far. What a replay does instead is notice when they made a
 //! difference to the program's course: the barrier entries compare the number of intervals
 //! and a hash of their structure (what began each, and with race detection the pages each
-//! read and wrote), and a difference stops the replay naming the barrier.
+//! read and wrote and a digest of the elements, `Command::FoldAccessDigest`), and a
+//! difference stops the replay naming the barrier.
 
 use super::{Engine, Memory, Output};
 use dsm_proto::{LockId, RaceNotices, SyncCause};
@@ -136,6 +137,13 @@ impl<M: Memory> Engine<M> {
         }
         self.order.hash = h;
         self.order.intervals += 1;
+    }
+
+    /// Folds the runtime's digest of the epoch's accesses into the next barrier's check.
+    pub(super) fn fold_access_digest(&mut self, digest: u64) {
+        if self.order.active() {
+            self.order.hash = mix(self.order.hash, digest);
+        }
     }
 
     /// Before an acquire of `lock` starts: in a replay, the script must say that this
