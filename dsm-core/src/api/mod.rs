@@ -531,7 +531,7 @@ impl Dsm {
             mem: AppSlice::new(self.seg, array.offset, array.len)
                 .expect("allocations lie inside the segment"),
             shadow: self.race.as_ref().map(|r| r.recorder.alloc(array.id)),
-            pin: self.pin.as_ref().and_then(|p| p.view(array.id, &meta.name)),
+            pin: self.pin.as_ref().and_then(|p| p.view(array.id)),
             cols: array.cols,
             first_page: meta.first_page,
             dsm: self,

@@ -1,6 +1,6 @@
 //! Pinpoint mode on a node (`dsmrun --pinpoint VAR[INDEX]@EPOCH`): the view accessors are
 //! `#[track_caller]`, and a view of an allocation with a watched element carries a
-//! [`PinView`]; an access that touches a watched element in its epoch is noted with the
+//! reference to its [`AllocWatch`] (one word, `None` for every other view); an access that touches a watched element in its epoch is noted with the
 //! caller's file, line and column (and, once per location, the function, from a
 //! backtrace). Before each barrier the node appends its notes to its file in the
 //! pinpoint directory, where the barrier master reads them when it reports the epoch
@@ -18,8 +18,8 @@ pub(super) struct PinState {
     rank: u16,
     targets: Vec<PinTarget>,
     pub(super) dir: PathBuf,
-    /// Per allocation (by id): the watched elements and their epochs.
-    watched: Vec<Vec<(usize, u32)>>,
+    /// Per allocation (by id): its name and watched elements.
+    watched: Vec<AllocWatch>,
     /// The program's epoch (barriers called + 1) and this node's interval (from 1, one
     /// more at every acquire, release, barrier and allocation), as race reports count.
     epoch: Cell<u32>,
@@ -29,12 +29,10 @@ pub(super) struct PinState {
     functions: RefCell<HashMap<(&'static str, u32), Option<String>>>,
 }
 
-/// What a view of a watched allocation needs.
-#[derive(Clone, Copy)]
-pub(super) struct PinView<'a> {
-    state: &'a PinState,
-    name: &'a str,
-    watched: &'a [(usize, u32)],
+/// An allocation's watched elements (with their epochs) and its name.
+pub(super) struct AllocWatch {
+    name: String,
+    watched: Vec<(usize, u32)>,
 }
 
 impl PinState {
@@ -57,23 +55,20 @@ impl PinState {
 
     /// A new allocation (ids count up from 0): its watched elements.
     pub(super) fn add_alloc(&mut self, name: &str) {
-        self.watched.push(
-            self.targets
+        self.watched.push(AllocWatch {
+            name: name.to_string(),
+            watched: self
+                .targets
                 .iter()
                 .filter(|t| t.variable == name)
                 .map(|t| (t.index, t.epoch))
                 .collect(),
-        );
+        });
     }
 
-    /// The view part for allocation `id`, if it has watched elements.
-    pub(super) fn view<'a>(&'a self, id: usize, name: &'a str) -> Option<PinView<'a>> {
-        let watched = self.watched.get(id)?;
-        (!watched.is_empty()).then_some(PinView {
-            state: self,
-            name,
-            watched,
-        })
+    /// What a view of allocation `id` carries: its watch, if it has watched elements.
+    pub(super) fn view(&self, id: usize) -> Option<&AllocWatch> {
+        self.watched.get(id).filter(|w| !w.watched.is_empty())
     }
 
     pub(super) fn interval_closed(&self) {
@@ -106,21 +101,24 @@ impl PinState {
     }
 }
 
-impl PinView<'_> {
-    /// An access to elements `start, start + step, ...` (`count` of them) at `loc`.
+impl PinState {
+    /// An access to elements `start, start + step, ...` (`count` of them) of the
+    /// allocation `watch` at `loc`.
     #[cold]
+    #[inline(never)]
     pub(super) fn touch(
         &self,
+        watch: &AllocWatch,
         start: usize,
         step: usize,
         count: usize,
         write: bool,
         loc: &'static Location<'static>,
     ) {
-        let s = self.state;
+        let s = self;
         let epoch = s.epoch.get();
         let step = step.max(1);
-        for &(index, ep) in self.watched {
+        for &(index, ep) in &watch.watched {
             if ep != epoch || index < start || !(index - start).is_multiple_of(step) {
                 continue;
             }
@@ -128,7 +126,7 @@ impl PinView<'_> {
                 continue;
             }
             let hit = Hit {
-                variable: self.name.to_string(),
+                variable: watch.name.clone(),
                 index,
                 epoch,
                 rank: s.rank,

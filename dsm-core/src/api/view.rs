@@ -3,7 +3,7 @@
 //! goes. Each view method records its footprint for the race detector when detection is on;
 //! bulk accessors record it in one step and prefetch missing pages in batches.
 
-use super::pinpoint::PinView;
+use super::pinpoint::AllocWatch;
 use super::{Dsm, PREFETCH_MIN_PAGES};
 use crate::sys::{AppSlice, AppStrided};
 use bytemuck::Pod;
@@ -105,7 +105,7 @@ pub struct View<'a, T> {
     pub(super) mem: AppSlice<T>,
     pub(super) shadow: Option<&'a AllocShadow>,
     /// Pinpoint: this allocation's watched elements (only with race detection on).
-    pub(super) pin: Option<PinView<'a>>,
+    pub(super) pin: Option<&'a AllocWatch>,
     pub(super) cols: usize,
     pub(super) first_page: PageNo,
     pub(super) dsm: &'a Dsm,
@@ -149,8 +149,8 @@ impl<'a, T: Pod> View<'a, T> {
     pub fn get(&self, i: usize) -> T {
         if let Some(s) = self.shadow {
             s.read(i * Self::SIZE, Self::SIZE);
-            if let Some(p) = &self.pin {
-                p.touch(i, 1, 1, false, Location::caller());
+            if let Some(w) = self.pin {
+                self.pin_touch(w, i, 1, 1, false, Location::caller());
             }
         }
         self.mem.get(i)
@@ -163,8 +163,8 @@ impl<'a, T: Pod> View<'a, T> {
     pub fn set(&self, i: usize, value: T) {
         if let Some(s) = self.shadow {
             s.write(i * Self::SIZE, Self::SIZE);
-            if let Some(p) = &self.pin {
-                p.touch(i, 1, 1, true, Location::caller());
+            if let Some(w) = self.pin {
+                self.pin_touch(w, i, 1, 1, true, Location::caller());
             }
         }
         self.mem.set(i, value)
@@ -192,6 +192,24 @@ impl<'a, T: Pod> View<'a, T> {
             self.cols
         );
         self.set(row * self.cols + col, value)
+    }
+
+    /// Pinpoint: notes an access to watched allocation `w` (only views of watched
+    /// allocations get here).
+    #[cold]
+    #[inline(never)]
+    fn pin_touch(
+        &self,
+        w: &AllocWatch,
+        start: usize,
+        step: usize,
+        count: usize,
+        write: bool,
+        loc: &'static Location<'static>,
+    ) {
+        if let Some(state) = &self.dsm.pin {
+            state.touch(w, start, step, count, write, loc);
+        }
     }
 
     fn page_span(&self, start: usize, count: usize) -> (usize, usize) {
@@ -244,8 +262,8 @@ impl<'a, T: Pod> View<'a, T> {
         );
         if let Some(s) = self.shadow {
             s.read(start * Self::SIZE, out.len() * Self::SIZE);
-            if let Some(p) = &self.pin {
-                p.touch(start, 1, out.len(), false, Location::caller());
+            if let Some(w) = self.pin {
+                self.pin_touch(w, start, 1, out.len(), false, Location::caller());
             }
         }
         self.prefetch_checked(start, out.len(), false);
@@ -265,8 +283,8 @@ impl<'a, T: Pod> View<'a, T> {
         );
         if let Some(s) = self.shadow {
             s.write(start * Self::SIZE, src.len() * Self::SIZE);
-            if let Some(p) = &self.pin {
-                p.touch(start, 1, src.len(), true, Location::caller());
+            if let Some(w) = self.pin {
+                self.pin_touch(w, start, 1, src.len(), true, Location::caller());
             }
         }
         self.prefetch_checked(start, src.len(), true);
@@ -315,8 +333,8 @@ impl<'a, T: Pod> View<'a, T> {
                 step * Self::SIZE,
                 count,
             );
-            if let Some(p) = &self.pin {
-                p.touch(start, step, count, false, Location::caller());
+            if let Some(w) = self.pin {
+                self.pin_touch(w, start, step, count, false, Location::caller());
             }
         }
         Strided {
@@ -338,8 +356,8 @@ impl<'a, T: Pod> View<'a, T> {
                 step * Self::SIZE,
                 count,
             );
-            if let Some(p) = &self.pin {
-                p.touch(start, step, count, true, Location::caller());
+            if let Some(w) = self.pin {
+                self.pin_touch(w, start, step, count, true, Location::caller());
             }
         }
         StridedMut {
@@ -359,8 +377,8 @@ impl<'a, T: Pod> View<'a, T> {
         self.prefetch_checked(start, len, false);
         if let Some(s) = self.shadow {
             s.read(start * Self::SIZE, len * Self::SIZE);
-            if let Some(p) = &self.pin {
-                p.touch(start, 1, len, false, Location::caller());
+            if let Some(w) = self.pin {
+                self.pin_touch(w, start, 1, len, false, Location::caller());
             }
         }
         Block {
