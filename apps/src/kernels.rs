@@ -5,6 +5,10 @@
 //!
 //! Every kernel ends with the caller's `finish`, so races after the last barrier are found
 //! by the analysis at exit.
+//!
+//! In the racy kernels, every line with an access that takes part in a race ends with a
+//! `// RACE` comment: `apps/tests/pinpoint.rs` finds them by grep and checks that pinpoint
+//! mode (`dsmrun --pinpoint-log`) reports exactly those lines as the races' two sides.
 
 use dsm_core::{band, Distribution, Dsm, DsmError};
 use std::collections::BTreeSet;
@@ -68,10 +72,10 @@ fn missing_barrier(dsm: &mut Dsm) -> Result<(), DsmError> {
     let v = dsm.view(&data);
     if dsm.rank() == 0 {
         for i in 0..K {
-            v.set(i, i as u64 + 1);
+            v.set(i, i as u64 + 1); // RACE
         }
     } else {
-        let s: u64 = (0..K).map(|i| v.get(i)).sum();
+        let s: u64 = (0..K).map(|i| v.get(i)).sum(); // RACE
         dsm.view(&sink).set(dsm.rank(), s);
     }
     Ok(())
@@ -99,7 +103,7 @@ fn unprotected_counter(dsm: &mut Dsm) -> Result<(), DsmError> {
     let c = dsm.alloc::<u64>("counter", 1)?;
     let v = dsm.view(&c);
     for _ in 0..10 {
-        v.set(0, v.get(0) + 1);
+        v.set(0, v.get(0) + 1); // RACE
     }
     Ok(())
 }
@@ -126,12 +130,12 @@ fn handoff_write_after_unlock(dsm: &mut Dsm) -> Result<(), DsmError> {
     match dsm.rank() {
         0 => {
             set_flag(dsm, 1, &flag, 1)?;
-            dsm.view(&x).set(2, 42);
+            dsm.view(&x).set(2, 42); // RACE
         }
         1 => {
             wait_flag(dsm, 1, &flag, 1)?;
             let g = dsm.lock(1)?;
-            let _ = g.view(&x).get(2);
+            let _ = g.view(&x).get(2); // RACE
         }
         _ => {}
     }
@@ -165,17 +169,18 @@ fn lock_barrier(dsm: &mut Dsm, broken: bool) -> Result<(), DsmError> {
     let count = dsm.alloc::<u64>("count", 1)?;
     let data = dsm.alloc::<u64>("data", n)?;
     let me = dsm.rank();
-    dsm.view(&data).set(me, me as u64 + 100);
+    dsm.view(&data).set(me, me as u64 + 100); // RACE
     {
         let g = dsm.lock(2)?;
         let v = g.view(&count);
-        v.set(0, v.get(0) + 1);
+        v.set(0, v.get(0) + 1); // RACE
     }
     if broken {
         // The bug: polling the counter without the lock. Under lazy release consistency
         // the poll may never see the final count, so it gives up after a while.
         for _ in 0..200 {
-            if dsm.view(&count).get(0) == n as u64 {
+            let seen = dsm.view(&count).get(0); // RACE
+            if seen == n as u64 {
                 break;
             }
             std::thread::yield_now();
@@ -184,7 +189,7 @@ fn lock_barrier(dsm: &mut Dsm, broken: bool) -> Result<(), DsmError> {
         wait_flag(dsm, 2, &count, n as u64)?;
     }
     let v = dsm.view(&data);
-    let s: u64 = (0..n).filter(|&k| k != me).map(|k| v.get(k)).sum();
+    let s: u64 = (0..n).filter(|&k| k != me).map(|k| v.get(k)).sum(); // RACE
     if !broken
         && s != (0..n)
             .filter(|&k| k != me)
@@ -223,11 +228,11 @@ fn boundary_read(dsm: &mut Dsm) -> Result<(), DsmError> {
     let mine = band(len, n, dsm.rank());
     let v = dsm.view(&a);
     for i in mine.clone() {
-        v.set(i, i as f64);
+        v.set(i, i as f64); // RACE
     }
     // The bug: reading the left neighbour's last element without a barrier first.
     if mine.start > 0 {
-        let _ = v.get(mine.start - 1);
+        let _ = v.get(mine.start - 1); // RACE
     }
     Ok(())
 }
@@ -236,7 +241,7 @@ fn reduction_unlocked(dsm: &mut Dsm) -> Result<(), DsmError> {
     let sum = dsm.alloc::<f64>("sum", 1)?;
     let partial: f64 = (0..100).map(|i| (i * (dsm.rank() + 1)) as f64).sum();
     let v = dsm.view(&sum);
-    v.set(0, v.get(0) + partial);
+    v.set(0, v.get(0) + partial); // RACE
     Ok(())
 }
 
@@ -258,10 +263,10 @@ fn one_element(dsm: &mut Dsm) -> Result<(), DsmError> {
     let v = dsm.view(&a);
     let mine = band(BIG, n, dsm.rank());
     let block: Vec<u64> = mine.clone().map(|i| i as u64).collect();
-    v.write_from(mine.start, &block);
+    v.write_from(mine.start, &block); // RACE
     if dsm.rank() == n - 1 {
         // The bug: one stray write into rank 0's block.
-        v.set(HOT, 7);
+        v.set(HOT, 7); // RACE
     }
     Ok(())
 }
@@ -294,7 +299,7 @@ fn indirect(dsm: &mut Dsm, collide: bool) -> Result<(), DsmError> {
     let hv = dsm.view(&hist);
     for k in 0..6 {
         let t = iv.get(dsm.rank() * 6 + k) as usize;
-        hv.set(t, hv.get(t) + 1);
+        hv.set(t, hv.get(t) + 1); // RACE
     }
     Ok(())
 }
@@ -310,11 +315,12 @@ fn tsp_bound(dsm: &mut Dsm) -> Result<(), DsmError> {
     for step in 0..20u64 {
         let candidate = 1000 - step * 7 - me;
         // The racy read, as in TSP: prune against the bound without the lock.
-        if candidate < dsm.view(&bound).get(0) {
+        let seen = dsm.view(&bound).get(0); // RACE
+        if candidate < seen {
             let g = dsm.lock(4)?;
             let v = g.view(&bound);
             if candidate < v.get(0) {
-                v.set(0, candidate);
+                v.set(0, candidate); // RACE
             }
         }
     }
@@ -372,7 +378,7 @@ fn read_only_table(dsm: &mut Dsm) -> Result<(), DsmError> {
 fn write_write(dsm: &mut Dsm) -> Result<(), DsmError> {
     let a = dsm.alloc::<i32>("cell", 16)?;
     if dsm.rank() <= 1 {
-        dsm.view(&a).set(9, dsm.rank() as i32 + 1);
+        dsm.view(&a).set(9, dsm.rank() as i32 + 1); // RACE
     }
     Ok(())
 }
@@ -382,7 +388,7 @@ fn different_locks(dsm: &mut Dsm) -> Result<(), DsmError> {
     // The bug: each node protects the same variable with its own lock.
     let g = dsm.lock(100 + dsm.rank() as u64)?;
     let v = g.view(&a);
-    v.set(1, v.get(1) + 1);
+    v.set(1, v.get(1) + 1); // RACE
     Ok(())
 }
 
@@ -401,10 +407,10 @@ fn strided_disjoint(dsm: &mut Dsm) -> Result<(), DsmError> {
 fn bulk_overlap(dsm: &mut Dsm) -> Result<(), DsmError> {
     let a = dsm.alloc::<u32>("buffer", 4096)?;
     match dsm.rank() {
-        0 => dsm.view(&a).write_from(100, &[5u32; 50]),
+        0 => dsm.view(&a).write_from(100, &[5u32; 50]), // RACE
         1 => {
             let mut out = [0u32; 40];
-            dsm.view(&a).read_into(130, &mut out);
+            dsm.view(&a).read_into(130, &mut out); // RACE
         }
         _ => {}
     }
@@ -419,12 +425,12 @@ fn grid_cell(dsm: &mut Dsm) -> Result<(), DsmError> {
     let v = dsm.view(&g);
     for r in band(4 * n, n, dsm.rank()) {
         for c in 0..COLS {
-            v.set2(r, c, (r * COLS + c) as f64);
+            v.set2(r, c, (r * COLS + c) as f64); // RACE
         }
     }
     if dsm.rank() == 1 {
         // The bug: a write into rank 0's rows.
-        v.set2(2, 7, -1.0);
+        v.set2(2, 7, -1.0); // RACE
     }
     Ok(())
 }
@@ -434,7 +440,7 @@ fn after_last_barrier(dsm: &mut Dsm) -> Result<(), DsmError> {
     dsm.barrier()?;
     dsm.barrier()?;
     // Racy writes after the last barrier: only the analysis at exit can see them.
-    dsm.view(&a).set(3, dsm.rank() as u64);
+    dsm.view(&a).set(3, dsm.rank() as u64); // RACE
     Ok(())
 }
 
@@ -459,9 +465,9 @@ fn two_epochs(dsm: &mut Dsm) -> Result<(), DsmError> {
     let second = dsm.alloc::<u64>("second", 2)?;
     // Epoch 1: everyone writes first[0]; epoch 2: everyone writes second[1]. With
     // --race-first only the epoch-1 races are reported: they affect everything after.
-    dsm.view(&first).set(0, dsm.rank() as u64);
+    dsm.view(&first).set(0, dsm.rank() as u64); // RACE
     dsm.barrier()?;
-    dsm.view(&second).set(1, dsm.rank() as u64);
+    dsm.view(&second).set(1, dsm.rank() as u64); // RACE
     dsm.barrier()?;
     Ok(())
 }

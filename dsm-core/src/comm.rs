@@ -345,6 +345,15 @@ impl Shared {
                         sys::exit_now(FATAL_EXIT);
                     }
                 }
+                Output::Diverged(msg) => {
+                    self.dying.store(true, Ordering::Relaxed);
+                    use std::io::Write;
+                    let _ = std::io::stderr().write_all(format!("dsm: {msg}\n").as_bytes());
+                    let code = i32::from(dsm_proto::exit_codes::REPLAY_DIVERGED);
+                    if self.control.send(Control::Die(code)).is_err() {
+                        sys::exit_now(code);
+                    }
+                }
                 Output::PeerLost(msg) => fatal_with(&msg, PEER_LOST_EXIT),
                 Output::RaceBatch(batch) => self
                     .race_inbox

@@ -74,7 +74,10 @@ impl Net {
                     self.nodes[k].dead = true;
                 }
                 Output::Reply(_) | Output::FaultResolved => self.nodes[k].waiting = false,
-                Output::FaultCrash | Output::Fatal(_) | Output::PeerLost(_) => {
+                Output::FaultCrash
+                | Output::Fatal(_)
+                | Output::PeerLost(_)
+                | Output::Diverged(_) => {
                     self.fatal_outputs += 1;
                     self.nodes[k].dead = true;
                 }

@@ -46,10 +46,12 @@ use agent::{AgentOrder, BindTo};
 use dsm_proto::config::{DEFAULT_CONNECT_TIMEOUT, DSMRUN};
 use dsm_proto::liveness::{Silence, DEFAULT_LIVENESS};
 use dsm_proto::{
-    env_vars, exit_codes, format_secs, JobConfig, Launcher, LocalPlacement, RaceOptions, TraceMode,
-    TraceOptions,
+    env_vars, exit_codes, format_secs, JobConfig, Launcher, LocalPlacement, RaceOptions,
+    ReplayOptions, TraceMode, TraceOptions,
 };
 use hosts::{HostSlots, HostsError, MapBy};
+
+pub mod order;
 
 /// Largest job `dsmrun` starts (vector times grow with the job, and dsmrun keeps three
 /// threads per rank).
@@ -211,6 +213,9 @@ pub struct LaunchConfig {
     /// Where rank 0 listens for the rendezvous (`--bind-address`, `--interface`); `None`:
     /// 127.0.0.1 for a job on this machine, else the address its host was reached at.
     pub bind: Option<BindTo>,
+    /// Recording (the ranks' part-file prefix), replay (the record) and chaos of the
+    /// synchronization order; see [`order`].
+    pub replay: ReplayOptions,
 }
 
 /// How a job spreads over hosts.
@@ -256,6 +261,7 @@ impl LaunchConfig {
             hosts: None,
             forward_env: Vec::new(),
             bind: None,
+            replay: ReplayOptions::default(),
         }
     }
 }
@@ -379,6 +385,12 @@ pub enum JobOutcome {
         /// Its host.
         host: String,
     },
+    /// With `--replay`, a rank found that the run deviates from the record and exited with
+    /// [`exit_codes::REPLAY_DIVERGED`]; the others were stopped.
+    ReplayDiverged {
+        /// The rank that reported it.
+        rank: usize,
+    },
     /// `dsmrun` received this signal and stopped the job.
     Interrupted {
         /// The signal number (SIGINT, SIGTERM or SIGHUP).
@@ -398,6 +410,7 @@ impl JobOutcome {
             JobOutcome::RankSilent(_) | JobOutcome::NotStarted { .. } => 1,
             JobOutcome::TimedOut { .. } => 124,
             JobOutcome::ValuesDiffer { .. } => exit_codes::VALUES_DIFFER,
+            JobOutcome::ReplayDiverged { .. } => exit_codes::REPLAY_DIVERGED,
             JobOutcome::Interrupted { signal } => signal_exit_code(*signal),
         }
     }
@@ -521,6 +534,7 @@ pub fn rank_config(
         segment_addr: None,
         race: config.race.clone(),
         trace: config.trace.clone(),
+        replay: config.replay.clone(),
         pin: false,
         // Every rank of a dsmrun job runs on this machine.
         local: Some(LocalPlacement {
@@ -1044,6 +1058,8 @@ struct Job {
     checking: bool,
     /// `--compare` is on: the values-differ exit status is an outcome, not a crash.
     compare: bool,
+    /// `--replay` is on: the replay-diverged exit status is an outcome, not a crash.
+    replaying: bool,
     started: Instant,
     /// Ranks run under agents (a job across hosts).
     agents: bool,
@@ -1057,6 +1073,7 @@ struct Job {
 enum StopCause {
     RankFailed { rank: usize, status: RankStatus },
     ValuesDiffer { rank: usize },
+    ReplayDiverged { rank: usize },
     RankSilent(Silence),
     NotStarted { rank: usize, host: String },
     TimedOut(Duration),
@@ -1083,6 +1100,7 @@ impl Job {
             race_exit_code: config.race.races_found_exit(),
             checking: config.race.check,
             compare: matches!(config.trace.mode, TraceMode::Compare(_)),
+            replaying: config.replay.replay.is_some(),
             started: Instant::now(),
             agents: config.hosts.is_some(),
             start_deadline: None,
@@ -1455,6 +1473,18 @@ impl Job {
                             }
                             continue;
                         }
+                        if self.replaying && code == i32::from(exit_codes::REPLAY_DIVERGED) {
+                            note(format_args!(
+                                "replay diverged from the record (rank {rank} exited with status {code}){}",
+                                stopping_the_others(others)
+                            ));
+                            stopping = Some(self.begin_stop(
+                                StopCause::ReplayDiverged { rank },
+                                Signal::SIGTERM,
+                                TERM_GRACE,
+                            ));
+                            continue;
+                        }
                         if self.compare && code == i32::from(exit_codes::VALUES_DIFFER) {
                             note(format_args!(
                                 "values differ from the reference trace (rank 0 printed where; every rank exits with status {code}){}",
@@ -1544,6 +1574,7 @@ impl Job {
             Some(StopCause::RankSilent(silence)) => JobOutcome::RankSilent(silence),
             Some(StopCause::NotStarted { rank, host }) => JobOutcome::NotStarted { rank, host },
             Some(StopCause::ValuesDiffer { rank }) => JobOutcome::ValuesDiffer { rank },
+            Some(StopCause::ReplayDiverged { rank }) => JobOutcome::ReplayDiverged { rank },
             Some(StopCause::TimedOut(after)) => JobOutcome::TimedOut { after },
             Some(StopCause::Signal(signal)) => JobOutcome::Interrupted { signal },
             None if !race_ranks.is_empty() => JobOutcome::RaceReported {

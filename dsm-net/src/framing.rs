@@ -202,12 +202,14 @@ mod tests {
             (
                 any::<u64>(),
                 arb_vt(),
-                proptest::collection::vec(arb_interval(), 0..4)
+                proptest::collection::vec(arb_interval(), 0..4),
+                any::<u64>()
             )
-                .prop_map(|(lock, known, intervals)| Msg::LockGrant {
+                .prop_map(|(lock, known, intervals, grant)| Msg::LockGrant {
                     lock,
                     known,
-                    intervals
+                    intervals,
+                    grant
                 }),
             (
                 any::<u32>(),

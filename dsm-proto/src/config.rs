@@ -116,6 +116,12 @@ pub struct RaceOptions {
     /// the incremental analysis saw and stop with an error if the two disagree
     /// (`DSM_RACE_VERIFY_INCREMENTAL=1`).
     pub verify_incremental: bool,
+    /// Where rank 0 writes the distinct races as SARIF 2.1.0 at finish (absolute).
+    pub sarif: Option<PathBuf>,
+    /// Pinpoint: elements to watch, each `VAR[INDEX]@EPOCH` (`--pinpoint`).
+    pub pinpoint: Vec<String>,
+    /// Pinpoint: where nodes leave their watched accesses for the master.
+    pub pinpoint_dir: Option<PathBuf>,
 }
 
 /// Default of [`RaceOptions::batch_intervals`]: programs with barriers rarely close this
@@ -136,6 +142,9 @@ impl Default for RaceOptions {
             check: false,
             batch_intervals: DEFAULT_RACE_BATCH,
             verify_incremental: false,
+            sarif: None,
+            pinpoint: Vec::new(),
+            pinpoint_dir: None,
         }
     }
 }
@@ -188,6 +197,18 @@ impl TraceOptions {
     }
 }
 
+/// Synchronization-order recording, replay and chaos (`dsmrun --record`, `--replay`,
+/// `--chaos`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ReplayOptions {
+    /// Record: each rank writes its events to `<prefix>.<rank>` at finish (absolute).
+    pub record: Option<PathBuf>,
+    /// Replay the record at this (absolute) path.
+    pub replay: Option<PathBuf>,
+    /// Seed of chaos mode's random delays.
+    pub chaos: Option<u64>,
+}
+
 /// This rank's place among the ranks of its host, when the launcher knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LocalPlacement {
@@ -224,6 +245,8 @@ pub struct JobConfig {
     pub race: RaceOptions,
     /// Value tracing and comparison.
     pub trace: TraceOptions,
+    /// Recording, replay and chaos of the synchronization order.
+    pub replay: ReplayOptions,
     /// Pin each rank to its own core (`DSM_PIN=1`).
     pub pin: bool,
     /// Where this rank sits among the ranks of its host.
@@ -256,6 +279,7 @@ impl JobConfig {
             segment_addr: None,
             race: RaceOptions::default(),
             trace: TraceOptions::default(),
+            replay: ReplayOptions::default(),
             pin: false,
             local: None,
             stats_file: None,
@@ -466,6 +490,22 @@ impl JobConfig {
                     })?,
             },
             verify_incremental: enabled && flag(vars::RACE_VERIFY_INCREMENTAL),
+            sarif: get(vars::RACE_SARIF)
+                .filter(|s| enabled && !s.is_empty())
+                .map(PathBuf::from),
+            pinpoint: get(vars::PINPOINT)
+                .filter(|_| enabled)
+                .map(|v| {
+                    v.split(';')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(String::from)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            pinpoint_dir: get(vars::PINPOINT_DIR)
+                .filter(|s| enabled && !s.is_empty())
+                .map(PathBuf::from),
         };
         let tolerance = |var: &'static str| -> Result<u64, ConfigError> {
             match get(var) {
@@ -505,6 +545,28 @@ impl JobConfig {
             abs_tolerance_bits: tolerance(vars::TOLERANCE)?,
             rel_tolerance_bits: tolerance(vars::REL_TOLERANCE)?,
         };
+        let replay =
+            ReplayOptions {
+                record: get(vars::RECORD)
+                    .filter(|s| !s.is_empty())
+                    .map(PathBuf::from),
+                replay: get(vars::REPLAY)
+                    .filter(|s| !s.is_empty())
+                    .map(PathBuf::from),
+                chaos: match get(vars::CHAOS).filter(|s| !s.is_empty()) {
+                    None => None,
+                    Some(v) => Some(v.trim().parse::<u64>().map_err(|_| {
+                        invalid(vars::CHAOS, &v, "expected a seed 0..=2^64-1".into())
+                    })?),
+                },
+            };
+        if replay.record.is_some() && replay.replay.is_some() {
+            return Err(invalid(
+                vars::REPLAY,
+                "",
+                format!("{} and {} exclude each other", vars::RECORD, vars::REPLAY),
+            ));
+        }
         let local = match (get(vars::LOCAL_RANK), get(vars::LOCAL_SIZE)) {
             (Some(r), Some(s)) => {
                 let local = LocalPlacement {
@@ -534,6 +596,7 @@ impl JobConfig {
             segment_addr,
             race,
             trace,
+            replay,
             pin: get(vars::PIN).as_deref() == Some("1"),
             local,
             stats_file: get(vars::STATS_FILE)
@@ -610,6 +673,15 @@ impl JobConfig {
                 format!("{:?}", trace.rel_tolerance()).into(),
             ));
         }
+        if let Some(p) = &self.replay.record {
+            env.push((vars::RECORD, p.clone().into_os_string()));
+        }
+        if let Some(p) = &self.replay.replay {
+            env.push((vars::REPLAY, p.clone().into_os_string()));
+        }
+        if let Some(seed) = self.replay.chaos {
+            env.push((vars::CHAOS, seed.to_string().into()));
+        }
         let race = &self.race;
         if race.enabled {
             env.push((vars::RACE, "1".into()));
@@ -631,6 +703,15 @@ impl JobConfig {
             }
             if race.check {
                 env.push((vars::CHECK, "1".into()));
+            }
+            if let Some(sarif) = &race.sarif {
+                env.push((vars::RACE_SARIF, sarif.clone().into_os_string()));
+            }
+            if !race.pinpoint.is_empty() {
+                env.push((vars::PINPOINT, race.pinpoint.join(";").into()));
+            }
+            if let Some(dir) = &race.pinpoint_dir {
+                env.push((vars::PINPOINT_DIR, dir.clone().into_os_string()));
             }
         }
         env
@@ -829,6 +910,9 @@ mod tests {
             check: true,
             batch_intervals: DEFAULT_RACE_BATCH,
             verify_incremental: false,
+            sarif: Some("/tmp/races.sarif".into()),
+            pinpoint: vec!["bound[0]@3".into(), "grid[17]@1".into()],
+            pinpoint_dir: Some("/tmp/pin".into()),
         };
         c.trace = TraceOptions {
             mode: TraceMode::Compare("/tmp/ref.dsmtrace".into()),
@@ -837,6 +921,11 @@ mod tests {
             continue_all: true,
             abs_tolerance_bits: 1e-12f64.to_bits(),
             rel_tolerance_bits: 0.1f64.to_bits(),
+        };
+        c.replay = ReplayOptions {
+            record: None,
+            replay: Some("/tmp/run.dsmrec".into()),
+            chaos: Some(u64::MAX),
         };
         let env: HashMap<String, String> = c
             .to_env()
@@ -861,6 +950,20 @@ mod tests {
                 Ok(c.clone())
             );
         }
+    }
+
+    #[test]
+    fn record_and_replay_exclude_each_other_and_chaos_is_a_seed() {
+        let c = env(&[("DSM_RECORD", "/tmp/a"), ("DSM_CHAOS", "17")]).unwrap();
+        assert_eq!(
+            c.replay.record.as_deref(),
+            Some(std::path::Path::new("/tmp/a"))
+        );
+        assert_eq!(c.replay.chaos, Some(17));
+        let e = env(&[("DSM_RECORD", "/tmp/a"), ("DSM_REPLAY", "/tmp/b")]).unwrap_err();
+        assert!(e.to_string().contains("exclude each other"), "{e}");
+        let e = env(&[("DSM_CHAOS", "-1")]).unwrap_err();
+        assert!(e.to_string().contains("DSM_CHAOS"), "{e}");
     }
 
     #[test]

@@ -18,8 +18,8 @@ pub mod units;
 pub mod wire;
 
 pub use config::{
-    ConfigError, JobConfig, Launcher, LocalPlacement, RaceOptions, RacePhases, TraceMode,
-    TraceOptions,
+    ConfigError, JobConfig, Launcher, LocalPlacement, RaceOptions, RacePhases, ReplayOptions,
+    TraceMode, TraceOptions,
 };
 pub use stats::PlanStats;
 pub use units::{
@@ -45,6 +45,10 @@ pub const MAX_NODES: usize = 1024;
 pub mod exit_codes {
     /// Default exit status of rank 0 when data races were reported.
     pub const RACES_FOUND: u8 = 66;
+    /// A `--replay` run deviated from its record (another program or arguments, another
+    /// node count, an acquire or barrier the record does not have there, or intervals that
+    /// differ from the recorded ones). The launcher reports it as "replay diverged".
+    pub const REPLAY_DIVERGED: u8 = 67;
     /// Rank 0 of a `--compare` run found values that differ from the reference trace
     /// (`dsm-compare` exits with it too). The launcher reports it as "values differ",
     /// not as a crash.
@@ -89,6 +93,14 @@ pub mod env_vars {
     pub const RACE: &str = "DSM_RACE";
     /// Absolute path of the JSON-lines race log (rank 0 writes it).
     pub const RACE_LOG: &str = "DSM_RACE_LOG";
+    /// Pinpoint: `;`-separated elements to watch, each `VAR[INDEX]@EPOCH`
+    /// (`dsmrun --pinpoint`, `--pinpoint-log`).
+    pub const PINPOINT: &str = "DSM_PINPOINT";
+    /// Pinpoint: the directory where nodes leave the source locations of watched
+    /// accesses for the barrier master (made by dsmrun).
+    pub const PINPOINT_DIR: &str = "DSM_PINPOINT_DIR";
+    /// Absolute path of the SARIF 2.1.0 file rank 0 writes at finish (`--race-sarif`).
+    pub const RACE_SARIF: &str = "DSM_RACE_SARIF";
     /// Exit status of rank 0 when races were reported (`0`: exit normally).
     pub const RACE_EXIT_CODE: &str = "DSM_RACE_EXIT_CODE";
     /// `1`: report only first races (the paper's section 6.4).
@@ -143,6 +155,14 @@ pub mod env_vars {
     /// base before start-up, as a library or a launcher's shared memory might on another
     /// host, to exercise the segment base agreement ([`crate::segment_base`]).
     pub const TEST_OCCUPY_BASE: &str = "DSM_TEST_OCCUPY_BASE";
+    /// Record the synchronization order: path prefix of the part file each rank writes at
+    /// finish (`<prefix>.<rank>`), which the launcher merges into the record
+    /// (`dsmrun --record`).
+    pub const RECORD: &str = "DSM_RECORD";
+    /// Replay the synchronization order of this record file (`dsmrun --replay`).
+    pub const REPLAY: &str = "DSM_REPLAY";
+    /// Seed of the random delays of chaos mode (`dsmrun --chaos`).
+    pub const CHAOS: &str = "DSM_CHAOS";
     /// Log filter for binaries that install dsm's logging (`tracing` env-filter syntax).
     pub const LOG: &str = "DSM_LOG";
 
@@ -150,7 +170,13 @@ pub mod env_vars {
     /// its own, so a nested or leftover setting never leaks into a job. The others
     /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_RACE_BATCH`, `DSM_PIN`, `DSM_STATS_FILE`, `DSM_LOG`) are the
     /// user's to set for a whole job and reach the ranks by inheritance.
-    pub const LAUNCHER_OWNED: [&str; 27] = [
+    pub const LAUNCHER_OWNED: [&str; 33] = [
+        PINPOINT,
+        PINPOINT_DIR,
+        RACE_SARIF,
+        RECORD,
+        REPLAY,
+        CHAOS,
         TRACE_VALUES,
         TRACE_FULL,
         TRACE_VARS,

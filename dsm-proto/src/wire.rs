@@ -472,6 +472,10 @@ pub enum Msg {
         known: VectorTime,
         /// The grantor's logged intervals within `known` that the requester had not seen.
         intervals: Vec<IntervalRecord>,
+        /// The acquirer's grant number: how many times the lock was acquired before, by
+        /// any node (the count travels with the token; records and replays name grants
+        /// by it).
+        grant: u64,
     },
     /// Arrival at barrier `epoch`, with the sender's own intervals since the last barrier.
     /// `check` is a digest of the sender's allocation table, so diverging collective

@@ -10,6 +10,7 @@
 pub mod check;
 pub mod detect;
 pub mod incremental;
+pub mod pinpoint;
 pub mod record;
 pub mod report;
 

@@ -330,7 +330,12 @@ pub struct Recorder {
     interval: u32,
     store: EpochStore,
     stats: RecordStats,
+    /// The epoch's access digest over the intervals already drained into race batches.
+    drained_digest: u64,
 }
+
+/// Where an epoch's access digest starts (the FNV-1a offset basis).
+const DIGEST_SEED: u64 = 0xcbf2_9ce4_8422_2325;
 
 impl Default for Recorder {
     fn default() -> Self {
@@ -346,6 +351,7 @@ impl Recorder {
             interval: 1,
             store: EpochStore::default(),
             stats: RecordStats::default(),
+            drained_digest: DIGEST_SEED,
         }
     }
 
@@ -485,17 +491,57 @@ impl Recorder {
     }
 
     /// Every stored bitmap, for a race batch; the store is emptied (the race master keeps
-    /// them from now on).
+    /// them from now on). The epoch's access digest carries on over what was drained.
     pub fn drain_all(&mut self) -> Vec<EncodedBitmap> {
         let out = self.store.encoded(|_| true);
-        self.discard_epoch();
+        self.drained_digest = self.fold_digest(self.drained_digest);
+        self.store.intervals = Vec::new();
+        self.store.bytes = 0;
         out
+    }
+
+    /// A hash of every access of the epoch so far (interval, page, read or write, and the
+    /// granules), for a replay to check that it touched the same elements as the recorded
+    /// run (`dsmrun --replay`). Costs a pass over the epoch's bitmaps still held; those
+    /// shipped in race batches were folded in when they left, so the digest does not
+    /// depend on when batches were shipped.
+    pub fn epoch_digest(&self) -> u64 {
+        self.fold_digest(self.drained_digest)
+    }
+
+    /// Folds the held intervals' accesses into `h`, in interval order.
+    fn fold_digest(&self, mut h: u64) -> u64 {
+        let mix = |h: u64, v: u64| {
+            v.to_le_bytes()
+                .iter()
+                .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+        };
+        for b in &self.store.intervals {
+            h = mix(h, u64::from(b.interval));
+            for st in &b.index {
+                h = mix(
+                    h,
+                    u64::from(st.page) << 1 | (st.kind == AccessKind::Write) as u64,
+                );
+                let at = st.offset as usize;
+                let words = if st.uniform {
+                    &b.words[at..at + 1]
+                } else {
+                    &b.words[at..at + words_for(&b.words_per_page, st.page)]
+                };
+                for &w in words {
+                    h = mix(h, w);
+                }
+            }
+        }
+        h
     }
 
     /// Forgets the epoch's bitmaps (after the barrier analysis).
     pub fn discard_epoch(&mut self) {
         self.store.intervals = Vec::new();
         self.store.bytes = 0;
+        self.drained_digest = DIGEST_SEED;
     }
 
     /// Bytes of bitmap memory held for the current epoch (words plus index).

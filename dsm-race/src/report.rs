@@ -1,7 +1,15 @@
-//! Race reports: human-readable blocks on stderr (one block per variable and interval
-//! pair, with a count and the first few elements, the way ThreadSanitizer collapses
-//! reports by stack pair), one JSON object per race in the `--race-log` file (every race,
-//! every field; the fields are documented in the README), and the end-of-run summary.
+//! Race reports: human-readable blocks on stderr, one JSON object per race in the
+//! `--race-log` file (every race, every field; the fields are documented in the README),
+//! a SARIF 2.1.0 file (`--race-sarif`) for CI systems and editors, and the end-of-run
+//! summary.
+//!
+//! The printed report collapses the way ThreadSanitizer collapses reports by stack pair:
+//! a race is identified by its [`Signature`] (the variable and the two sides: what each
+//! did and what began its interval, with lock names but without ranks, interval or
+//! barrier numbers), and each signature is printed once, the first time it occurs (with
+//! a count and the first few elements of that interval pair); later occurrences are only
+//! counted, and the summary lists every distinct race with how often it occurred. The
+//! log keeps every race.
 //!
 //! Epochs are numbered the way the program counts its `barrier()` calls: epoch `k` runs
 //! from barrier `k - 1` (or the start) to barrier `k`, and the epoch after the last barrier
@@ -46,6 +54,38 @@ pub struct Reporter {
     checking: bool,
     /// Elements reported by checks, per kind.
     check_totals: BTreeMap<FindingKind, u64>,
+    /// Every distinct race so far, in the order first seen.
+    distinct: Vec<Distinct>,
+    /// Index into `distinct` by signature.
+    by_signature: std::collections::HashMap<Signature, usize>,
+    /// Blocks (and their races) not printed because their signature had been.
+    suppressed_blocks: u64,
+    suppressed_races: u64,
+    /// Where to write SARIF at finish (`--race-sarif`).
+    sarif: Option<std::path::PathBuf>,
+    /// Pinpoint: the watched accesses of the epoch being reported, and where to look for
+    /// source files.
+    hits: Vec<crate::pinpoint::Hit>,
+    roots: Vec<std::path::PathBuf>,
+}
+
+/// What makes two races "the same race" for the printed report: the variable, class and
+/// kind, and the two sides (sorted), each as its access and what began its interval
+/// (lock names kept, barrier numbers, ranks and intervals dropped).
+pub type Signature = (String, RaceClass, RaceKind, [String; 2]);
+
+/// One distinct race of the run: its signature, how often it occurred, and where first.
+#[derive(Clone, Debug)]
+struct Distinct {
+    signature: Signature,
+    /// Races with this signature (elements times interval pairs times epochs).
+    races: u64,
+    /// The first occurrence's epoch, element and sides as printed.
+    epoch: u32,
+    element: String,
+    sides: [String; 2],
+    /// Pinpoint: the source locations of both sides (file, line, column, function).
+    locations: Vec<(String, u32, u32, Option<String>)>,
 }
 
 /// Races collapse into one block per variable, interval pair, class and kind.
@@ -163,7 +203,30 @@ impl Reporter {
             lock_order_variables: BTreeSet::new(),
             checking: false,
             check_totals: BTreeMap::new(),
+            distinct: Vec::new(),
+            by_signature: Default::default(),
+            suppressed_blocks: 0,
+            suppressed_races: 0,
+            sarif: None,
+            hits: Vec::new(),
+            roots: Vec::new(),
         })
+    }
+
+    /// Pinpoint: the source locations of the watched accesses of the epoch about to be
+    /// reported (every node's), so that races on watched elements show both sides' code.
+    pub fn set_hits(&mut self, hits: Vec<crate::pinpoint::Hit>) {
+        self.hits = hits;
+    }
+
+    /// Directories in which source files named by relative paths are looked up.
+    pub fn set_source_roots(&mut self, roots: Vec<std::path::PathBuf>) {
+        self.roots = roots;
+    }
+
+    /// Writes the distinct races as SARIF 2.1.0 to `path` at [`Reporter::finish`].
+    pub fn set_sarif(&mut self, path: &Path) {
+        self.sarif = Some(path.to_path_buf());
     }
 
     /// Schedule mode (`--race=schedule`): the summary counts lock-order dependences apart
@@ -300,10 +363,66 @@ impl Reporter {
         let names = Names {
             locks: &self.lock_names,
             syncs: &self.sync_points,
+            hits: &self.hits,
+            roots: &self.roots,
         };
+        // One printed block per signature: the first interval pair of a signature not
+        // seen before, with a note of how many more interval pairs share it.
         let mut text = String::new();
+        let mut printed: BTreeMap<Signature, (usize, u64)> = BTreeMap::new();
+        let mut order: Vec<(Signature, &Vec<&Race>)> = Vec::new();
         for rs in blocks.values() {
+            let sig = signature(rs[0], &names);
+            let n = rs.len() as u64;
+            if let Some(&i) = self.by_signature.get(&sig) {
+                let d = &mut self.distinct[i];
+                d.races += n;
+                if let Some(p) = printed.get_mut(&sig) {
+                    p.0 += 1;
+                    p.1 += n;
+                } else {
+                    self.suppressed_blocks += 1;
+                    self.suppressed_races += n;
+                }
+                continue;
+            }
+            let r = rs[0];
+            let side = |a: &crate::detect::Access| {
+                format!(
+                    "{} by rank {} ({})",
+                    if a.write { "write" } else { "read" },
+                    a.node,
+                    names.sync_text(a.began_with)
+                )
+            };
+            self.by_signature.insert(sig.clone(), self.distinct.len());
+            self.distinct.push(Distinct {
+                signature: sig.clone(),
+                races: n,
+                epoch: at.epoch(),
+                element: element(r),
+                sides: [side(&r.first), side(&r.second)],
+                locations: [&r.first, &r.second]
+                    .into_iter()
+                    .flat_map(|a| names.located(r, a))
+                    .map(|h| (h.file.clone(), h.line, h.column, h.function.clone()))
+                    .collect(),
+            });
+            printed.insert(sig.clone(), (0, 0));
+            order.push((sig, rs));
+        }
+        for (sig, rs) in order {
             text.push_str(&block(at, rs, &names));
+            let (pairs, races) = printed[&sig];
+            if pairs > 0 {
+                text.push_str(&format!(
+                    "  the same race (same variable and sides) in {pairs} more interval pair{} of this epoch: {races} more race{} (see --race-log)\n",
+                    if pairs == 1 { "" } else { "s" },
+                    if races == 1 { "" } else { "s" },
+                ));
+                self.suppressed_blocks += pairs as u64;
+                self.suppressed_races += races;
+            }
         }
         out.write_all(text.as_bytes())?;
         out.flush()?;
@@ -374,13 +493,179 @@ impl Reporter {
         )
     }
 
-    /// Flushes the log.
+    /// The distinct races of the run, one line each with how often it occurred, when
+    /// the printed report left some out (`None` otherwise: every block was printed).
+    pub fn distinct_summary(&self) -> Option<String> {
+        if self.suppressed_blocks == 0 {
+            return None;
+        }
+        let mut s = format!(
+            "dsm: {} distinct race{} (by variable and the two sides); {} more report block{} ({} race{}) repeated one already shown and were not printed (--race-log has every race):\n",
+            self.distinct.len(),
+            if self.distinct.len() == 1 { "" } else { "s" },
+            self.suppressed_blocks,
+            if self.suppressed_blocks == 1 { "" } else { "s" },
+            self.suppressed_races,
+            if self.suppressed_races == 1 { "" } else { "s" },
+        );
+        for d in &self.distinct {
+            s.push_str(&format!(
+                "dsm:   {} ({}) on {}: {} vs {}: {} time{}, first {} in epoch {}\n",
+                match d.signature.1 {
+                    RaceClass::DataRace => "data race",
+                    RaceClass::LockOrder => "lock-order dependence",
+                },
+                d.signature.2.as_str(),
+                d.signature.0,
+                d.signature.3[0],
+                d.signature.3[1],
+                d.races,
+                if d.races == 1 { "" } else { "s" },
+                d.element,
+                d.epoch
+            ));
+        }
+        s.pop();
+        Some(s)
+    }
+
+    /// The distinct races as a SARIF 2.1.0 log (one result per distinct race).
+    pub fn sarif(&self) -> serde_json::Value {
+        let results: Vec<serde_json::Value> = self
+            .distinct
+            .iter()
+            .map(|d| {
+                let (rule, level) = match d.signature.1 {
+                    RaceClass::DataRace => ("dsm/data-race", "error"),
+                    RaceClass::LockOrder => ("dsm/lock-order-dependence", "warning"),
+                };
+                json!({
+                    "ruleId": rule,
+                    "level": level,
+                    "message": {
+                        "text": format!(
+                            "{} ({}) on {}: {} vs {}; first on {} in epoch {}, {} occurrence{} in the run",
+                            if d.signature.1 == RaceClass::DataRace { "Data race" } else { "Lock-order dependence" },
+                            d.signature.2.as_str(),
+                            d.signature.0,
+                            d.sides[0],
+                            d.sides[1],
+                            d.element,
+                            d.epoch,
+                            d.races,
+                            if d.races == 1 { "" } else { "s" },
+                        )
+                    },
+                    "locations": std::iter::once(json!({
+                        "logicalLocations": [{
+                            "name": d.element,
+                            "fullyQualifiedName": d.signature.0,
+                            "kind": "variable",
+                        }]
+                    }))
+                    .chain(d.locations.iter().map(|(file, line, column, function)| {
+                        let mut loc = json!({
+                            "physicalLocation": {
+                                "artifactLocation": { "uri": file },
+                                "region": { "startLine": line, "startColumn": column },
+                            }
+                        });
+                        if let Some(f) = function {
+                            loc["logicalLocations"] = json!([{
+                                "fullyQualifiedName": f,
+                                "kind": "function",
+                            }]);
+                        }
+                        loc
+                    }))
+                    .collect::<Vec<_>>(),
+                    "partialFingerprints": {
+                        "dsmRaceSignature/v1": format!(
+                            "{}|{}|{}|{}|{}",
+                            d.signature.0,
+                            d.signature.1.as_str(),
+                            d.signature.2.as_str(),
+                            d.signature.3[0],
+                            d.signature.3[1]
+                        ),
+                    },
+                    "properties": {
+                        "occurrences": d.races,
+                        "epoch": d.epoch,
+                        "sides": d.signature.3,
+                    },
+                })
+            })
+            .collect();
+        json!({
+            "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+            "version": "2.1.0",
+            "runs": [{
+                "tool": {
+                    "driver": {
+                        "name": "dsm",
+                        "version": env!("CARGO_PKG_VERSION"),
+                        "rules": [
+                            {
+                                "id": "dsm/data-race",
+                                "name": "DataRace",
+                                "shortDescription": { "text": "Two concurrent accesses to one element of shared memory, at least one a write" },
+                                "defaultConfiguration": { "level": "error" }
+                            },
+                            {
+                                "id": "dsm/lock-order-dependence",
+                                "name": "LockOrderDependence",
+                                "shortDescription": { "text": "Conflicting accesses ordered only by which node got a lock first (schedule mode)" },
+                                "defaultConfiguration": { "level": "warning" }
+                            }
+                        ]
+                    }
+                },
+                "results": results,
+            }]
+        })
+    }
+
+    /// Flushes the log and writes the SARIF file, if asked for.
     pub fn finish(&mut self) -> io::Result<()> {
         if let Some(log) = self.log.as_mut() {
             log.flush()?;
         }
+        if let Some(path) = &self.sarif {
+            let text = serde_json::to_string_pretty(&self.sarif())?;
+            std::fs::write(path, text + "\n").map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot write the SARIF file {}: {e}", path.display()),
+                )
+            })?;
+        }
         Ok(())
     }
+}
+
+/// A race's [`Signature`].
+fn signature(r: &Race, names: &Names<'_>) -> Signature {
+    let side = |a: &crate::detect::Access| {
+        let located = names.located(r, a);
+        if !located.is_empty() {
+            let at: Vec<String> = located.iter().map(|h| h.location()).collect();
+            return format!(
+                "{} at {}",
+                if a.write { "write" } else { "read" },
+                at.join(" or ")
+            );
+        }
+        let began = match a.began_with {
+            SyncCause::Start => "from the start".to_string(),
+            SyncCause::Barrier(_) => "after a barrier".to_string(),
+            c => names.sync_text(c),
+        };
+        format!("{} ({began})", if a.write { "write" } else { "read" })
+    };
+    let mut sides = [side(&r.first), side(&r.second)];
+    sides.sort();
+    (r.variable.clone(), r.class, r.kind, sides)
 }
 
 fn element(r: &Race) -> String {
@@ -401,9 +686,49 @@ fn short_index(r: &Race) -> String {
 struct Names<'a> {
     locks: &'a std::collections::HashMap<u64, String>,
     syncs: &'a std::collections::HashMap<u32, String>,
+    hits: &'a [crate::pinpoint::Hit],
+    roots: &'a [std::path::PathBuf],
 }
 
 impl Names<'_> {
+    /// Pinpoint: the source locations of one side of a race (empty when not watched).
+    fn located(&self, r: &Race, a: &crate::detect::Access) -> Vec<&crate::pinpoint::Hit> {
+        let mut out: Vec<&crate::pinpoint::Hit> = self
+            .hits
+            .iter()
+            .filter(|h| {
+                // The hits are those of the epoch being reported (`Race::epoch` counts
+                // the runtime's barriers, allocations included, so it is not compared).
+                h.variable == r.variable
+                    && h.index == r.index
+                    && h.rank == a.node
+                    && h.interval == a.interval
+                    && h.write == a.write
+            })
+            .collect();
+        out.dedup_by(|x, y| x.location() == y.location());
+        out
+    }
+
+    /// The lines a block prints under a side: each location, its function and its code.
+    fn code_lines(&self, r: &Race, a: &crate::detect::Access) -> String {
+        let mut s = String::new();
+        for h in self.located(r, a) {
+            s.push_str(&format!(
+                "    at {}{}\n",
+                h.location(),
+                h.function
+                    .as_deref()
+                    .map(|f| format!(" in {f}"))
+                    .unwrap_or_default()
+            ));
+            if let Some(code) = crate::pinpoint::source_line(&h.file, h.line, self.roots) {
+                s.push_str(&format!("      | {code}\n"));
+            }
+        }
+        s
+    }
+
     fn sync_text(&self, cause: SyncCause) -> String {
         sync_text(cause, &|l| self.locks.get(&l).cloned(), &|e| {
             self.syncs.get(&e).cloned()
@@ -443,7 +768,7 @@ fn block(at: &Point, races: &[&Race], names: &Names<'_>) -> String {
         RaceClass::LockOrder => "LOCK-ORDER DEPENDENCE",
     };
     let mut s = format!(
-        "==================\ndsm: {title} ({}) on {} {}\n  address {:#x}, bytes {}..{} of the element\n  {} by rank {} in interval {} ({})\n  {} by rank {} in interval {} ({})\n",
+        "==================\ndsm: {title} ({}) on {} {}\n  address {:#x}, bytes {}..{} of the element\n  {} by rank {} in interval {} ({})\n{}  {} by rank {} in interval {} ({})\n{}",
         r.kind.as_str(),
         element(r),
         at.describe(),
@@ -454,10 +779,12 @@ fn block(at: &Point, races: &[&Race], names: &Names<'_>) -> String {
         r.first.node,
         r.first.interval,
         names.sync_text(r.first.began_with),
+        names.code_lines(r, &r.first),
         access(r.second.write),
         r.second.node,
         r.second.interval,
         names.sync_text(r.second.began_with),
+        names.code_lines(r, &r.second),
     );
     if r.class == RaceClass::LockOrder {
         let locks = names.locks_of(r);
@@ -501,12 +828,27 @@ fn block(at: &Point, races: &[&Race], names: &Names<'_>) -> String {
 
 fn json_of(at: &Point, r: &Race, names: &Names<'_>) -> serde_json::Value {
     let side = |a: &crate::detect::Access| {
-        json!({
+        let mut v = json!({
             "rank": a.node,
             "interval": a.interval,
             "access": if a.write { "write" } else { "read" },
             "sync": names.sync_text(a.began_with),
-        })
+        });
+        let located = names.located(r, a);
+        if !located.is_empty() {
+            v["locations"] = located
+                .iter()
+                .map(|h| {
+                    json!({
+                        "file": h.file,
+                        "line": h.line,
+                        "column": h.column,
+                        "function": h.function,
+                    })
+                })
+                .collect();
+        }
+        v
     };
     json!({
         "epoch": at.epoch(),
@@ -658,9 +1000,14 @@ mod tests {
         assert_eq!(rep.report(&Point::Barrier(2), &races, &mut out).unwrap(), 8);
         rep.finish().unwrap();
         let text = String::from_utf8(out).unwrap();
-        assert_eq!(text.matches("DATA RACE").count(), 2, "{text}");
+        // The second interval pair is the same race (variable and sides): one block.
+        assert_eq!(text.matches("DATA RACE").count(), 1, "{text}");
         assert!(text.contains("bound[0]"), "{text}");
         assert!(text.contains("and 6 more elements"), "{text}");
+        assert!(
+            text.contains("in 1 more interval pair of this epoch"),
+            "{text}"
+        );
         assert!(text.contains("after acquire of lock 3"), "{text}");
         assert!(text.contains("read by rank 0 in interval 4"), "{text}");
         let log = std::fs::read_to_string(&path).unwrap();
@@ -713,6 +1060,76 @@ mod tests {
             rep.summary(),
             "dsm: 2 data races, 1 lock-order dependence on 2 variables (schedule mode)"
         );
+    }
+
+    #[test]
+    fn the_same_race_is_printed_once_and_counted_and_sarif_lists_each_once() {
+        let mut rep = Reporter::new(None, false).unwrap();
+        rep.name_lock(3, "bound");
+        let mut out = Vec::new();
+        // Epoch 2: two interval pairs of one signature (read after acquire of lock 3 vs
+        // write after a barrier), and a write-write race on another variable.
+        let mut ww = race(0, 4);
+        ww.variable = "queue".into();
+        ww.kind = RaceKind::WriteWrite;
+        ww.first.write = true;
+        rep.report(
+            &Point::Barrier(2),
+            &[race(0, 4), race(1, 4), race(0, 6), ww],
+            &mut out,
+        )
+        .unwrap();
+        // Epoch 3: the first signature again, at other intervals and another barrier.
+        let mut again = race(2, 8);
+        again.second.began_with = SyncCause::Barrier(2);
+        rep.report(&Point::Barrier(3), &[again], &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.matches("DATA RACE").count(), 2, "{text}");
+        assert!(
+            text.contains("the same race (same variable and sides) in 1 more interval pair of this epoch: 1 more race"),
+            "{text}"
+        );
+        let summary = rep.distinct_summary().expect("blocks were left out");
+        assert!(summary.starts_with("dsm: 2 distinct races"), "{summary}");
+        assert!(
+            summary.contains("2 more report blocks (2 races)"),
+            "{summary}"
+        );
+        assert!(
+            summary.contains("on bound: read (after acquire of lock \"bound\") vs write (after a barrier): 4 times, first bound[0] in epoch 2"),
+            "{summary}"
+        );
+        assert_eq!(rep.summary(), "dsm: 5 data races on 2 variables");
+
+        // SARIF 2.1.0: the shape CI systems read.
+        let sarif = rep.sarif();
+        assert_eq!(sarif["version"], "2.1.0");
+        assert!(sarif["$schema"].as_str().unwrap().contains("sarif-2.1.0"));
+        let run = &sarif["runs"][0];
+        assert_eq!(run["tool"]["driver"]["name"], "dsm");
+        let rules: Vec<&str> = run["tool"]["driver"]["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"].as_str().unwrap())
+            .collect();
+        let results = run["results"].as_array().unwrap();
+        assert_eq!(results.len(), 2);
+        for r in results {
+            assert!(rules.contains(&r["ruleId"].as_str().unwrap()), "{r}");
+            assert!(["error", "warning", "note"].contains(&r["level"].as_str().unwrap()));
+            assert!(!r["message"]["text"].as_str().unwrap().is_empty());
+            let loc = &r["locations"][0]["logicalLocations"][0];
+            assert!(loc["name"].is_string() && loc["kind"] == "variable", "{r}");
+            assert!(r["partialFingerprints"].is_object());
+        }
+        assert_eq!(results[0]["properties"]["occurrences"], 4);
+        // A run with nothing collapsed prints no distinct list.
+        let mut quiet = Reporter::new(None, false).unwrap();
+        quiet
+            .report(&Point::Barrier(1), &[race(0, 1)], &mut Vec::new())
+            .unwrap();
+        assert!(quiet.distinct_summary().is_none());
     }
 
     #[test]

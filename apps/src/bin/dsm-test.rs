@@ -101,6 +101,19 @@ enum Test {
         #[arg(long)]
         plant: bool,
     },
+    /// Prints the order in which the nodes took one lock: every node takes the lock
+    /// `rounds` times and appends its rank to a shared list; after the last barrier rank 0
+    /// prints the list (`order: 0 2 1 ...`). The list is the lock's schedule, which is what
+    /// `--chaos` changes and `--replay` reproduces. After each critical section every node
+    /// also writes `last[0]` without the lock (a deliberate write-write race, so a race log
+    /// under `--race` depends on the order too).
+    LockOrder {
+        #[arg(long, default_value_t = 8)]
+        rounds: u64,
+        /// Busy-work (loop iterations) between critical sections.
+        #[arg(long, default_value_t = 2000)]
+        work: u64,
+    },
     /// After a barrier, rank 0 computes for `seconds` without touching the network or
     /// shared memory while the others wait at the next barrier: a long computation must
     /// not look like a silent rank to the liveness check.
@@ -168,6 +181,7 @@ fn main() -> anyhow::Result<ExitCode> {
         Test::Compute { seconds } => compute(&mut dsm, seconds)?,
         Test::Checks { bug } => checks(&mut dsm, &bug)?,
         Test::LockOnly { intervals, plant } => lock_only(&mut dsm, intervals, plant)?,
+        Test::LockOrder { rounds, work } => lock_order(&mut dsm, rounds, work)?,
         Test::Hang { seconds } => {
             println!("pid {}", std::process::id());
             // Rank 0 alone decides when time is up and tells the others through shared
@@ -328,6 +342,48 @@ fn checks(dsm: &mut Dsm, bug: &str) -> anyhow::Result<()> {
     dsm.barrier()?;
     if rank == 0 {
         println!("verified: checks kernel ran (--bug {bug}), field sum {sum}");
+    }
+    Ok(())
+}
+
+fn lock_order(dsm: &mut Dsm, rounds: u64, work: u64) -> anyhow::Result<()> {
+    let n = dsm.size() as u64;
+    let total = (n * rounds) as usize;
+    let order = dsm.alloc_with::<u64>("order", total + 1, Distribution::OnNode(0))?;
+    let last = dsm.alloc_with::<u64>("last", 1, Distribution::OnNode(0))?;
+    let me = dsm.rank() as u64;
+    let mut x = me + 1;
+    for _ in 0..rounds {
+        for _ in 0..work {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+        {
+            let g = dsm.lock_named("lock-order")?;
+            let v = g.view(&order);
+            let next = v.get(total);
+            v.set(next as usize, me);
+            v.set(total, next + 1);
+        }
+        dsm.view(&last).set(0, me);
+    }
+    dsm.barrier()?;
+    if dsm.rank() == 0 {
+        let v = dsm.view(&order);
+        let taken: Vec<u64> = (0..total).map(|i| v.get(i)).collect();
+        if v.get(total) != total as u64 {
+            fail(&format!("{} entries, expected {total}", v.get(total)));
+        }
+        for r in 0..n {
+            let count = taken.iter().filter(|&&t| t == r).count() as u64;
+            if count != rounds {
+                fail(&format!(
+                    "rank {r} appears {count} times, expected {rounds}"
+                ));
+            }
+        }
+        let list: Vec<String> = taken.iter().map(u64::to_string).collect();
+        println!("order: {}", list.join(" "));
+        println!("verified: {n} nodes took the lock {rounds} times each, {total} entries",);
     }
     Ok(())
 }

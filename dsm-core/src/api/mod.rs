@@ -16,6 +16,8 @@
 //! synchronization and shutdown. The views live in [`view`], race-detection orchestration
 //! in [`race`], the run's counters and stats file in [`stats`].
 
+mod chaos;
+mod pinpoint;
 mod race;
 mod stats;
 mod trace;
@@ -216,6 +218,14 @@ pub struct Dsm {
     sync_point: Point,
     /// Where to write the run's counters at finish (`DSM_STATS_FILE`).
     stats_file: Option<std::path::PathBuf>,
+    /// Recording the synchronization order: where this rank writes its part at finish.
+    record_part: Option<std::path::PathBuf>,
+    /// Recording or replaying: named locks whose names the engine has been given.
+    named_locks: Option<std::collections::HashSet<LockId>>,
+    /// Chaos mode's random delays (`--chaos`).
+    chaos: Option<chaos::Chaos>,
+    /// Pinpoint mode: watched elements and the source locations of their accesses.
+    pin: Option<pinpoint::PinState>,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -309,13 +319,41 @@ impl Dsm {
         } else {
             None
         };
-        let engine = Engine::new(
+        let mut engine = Engine::new(
             env.rank as NodeId,
             env.size,
             seg.pages(),
             SegmentMemory::new(seg),
             race.is_some(),
         );
+        let record_part = env.replay.record.as_ref().map(|prefix| {
+            let mut p = prefix.as_os_str().to_owned();
+            p.push(format!(".{}", env.rank));
+            std::path::PathBuf::from(p)
+        });
+        if record_part.is_some() {
+            engine.start_recording();
+        }
+        if let Some(path) = &env.replay.replay {
+            engine.start_replay(load_schedule(path, env.rank, env.size)?);
+        }
+        let order_on = record_part.is_some() || env.replay.replay.is_some();
+        let pin = match (&race, env.race.pinpoint.is_empty()) {
+            (Some(_), false) => {
+                let dir = env.race.pinpoint_dir.clone().ok_or_else(|| {
+                    DsmError::Config(format!(
+                        "{} needs {} (dsmrun sets both)",
+                        dsm_proto::env_vars::PINPOINT,
+                        dsm_proto::env_vars::PINPOINT_DIR
+                    ))
+                })?;
+                Some(
+                    pinpoint::PinState::new(env.rank, &env.race.pinpoint, dir)
+                        .map_err(DsmError::Config)?,
+                )
+            }
+            _ => None,
+        };
         let page_limit = engine.page_limit();
         let comm = Comm::start(mesh, engine, mailbox, seg, env.liveness).map_err(DsmError::Io)?;
         Ok(Dsm {
@@ -338,6 +376,13 @@ impl Dsm {
             finished: false,
             started: Instant::now(),
             stats_file: env.stats_file.clone(),
+            record_part,
+            named_locks: order_on.then(Default::default),
+            chaos: env
+                .replay
+                .chaos
+                .map(|seed| chaos::Chaos::new(seed, env.rank)),
+            pin,
             barriers_called: 0,
             sync_point: Point::Barrier(0),
             _not_send: PhantomData,
@@ -459,6 +504,7 @@ impl Dsm {
             digest = fnv(digest, &(v as u64).to_le_bytes());
         }
         let race = self.close_race_interval();
+        self.fold_access_digest();
         if let Some(r) = self.race.as_mut() {
             r.vars.push(VarInfo {
                 name: name.to_string(),
@@ -472,6 +518,9 @@ impl Dsm {
             });
         }
         self.next_page += pages;
+        if let Some(p) = self.pin.as_mut() {
+            p.add_alloc(name);
+        }
         self.allocs.push(AllocMeta {
             name: name.to_string(),
             first_page: first as PageNo,
@@ -486,6 +535,7 @@ impl Dsm {
             name: name.to_string(),
             after: self.barriers_called,
         };
+        self.flush_pin_hits()?;
         self.sync(Command::Alloc {
             homes,
             digest,
@@ -546,6 +596,7 @@ impl Dsm {
             mem: AppSlice::new(self.seg, array.offset, array.len)
                 .expect("allocations lie inside the segment"),
             shadow: self.race.as_ref().map(|r| r.recorder.alloc(array.id)),
+            pin: self.pin.as_ref().and_then(|p| p.view(array.id)),
             cols: array.cols,
             first_page: meta.first_page,
             dsm: self,
@@ -580,6 +631,9 @@ impl Dsm {
         self.barriers_called += 1;
         self.sync_point = Point::Barrier(self.barriers_called);
         self.barrier_command(false)?;
+        if let Some(p) = &self.pin {
+            p.barrier_passed(self.barriers_called);
+        }
         self.trace_point(false)
     }
 
@@ -591,7 +645,12 @@ impl Dsm {
     /// Closes the interval and waits at a barrier (the last one of the run when
     /// `finishing`), serving race-detection rounds meanwhile.
     fn barrier_command(&mut self, finishing: bool) -> Result<(), DsmError> {
+        if let Some(c) = self.chaos.as_mut() {
+            c.before_barrier();
+        }
+        self.flush_pin_hits()?;
         let race = self.close_race_interval();
+        self.fold_access_digest();
         let bitmaps = self.shippable_bitmaps();
         self.sync(Command::Barrier {
             finishing,
@@ -701,12 +760,25 @@ impl Dsm {
         if let Some(rep) = self.race.as_mut().and_then(|r| r.reporter.as_mut()) {
             rep.name_lock(id, name);
         }
+        if let Some(named) = self.named_locks.as_mut() {
+            if named.insert(id) {
+                let name = name.to_string();
+                self.comm().send(Command::NameLock { lock: id, name });
+            }
+        }
         self.acquire(id)
     }
 
     fn acquire(&mut self, lock: LockId) -> Result<LockGuard<'_>, DsmError> {
+        if let Some(c) = self.chaos.as_mut() {
+            c.before_acquire();
+        }
         let race = self.close_race_interval();
-        match self.comm().call(Command::Acquire { lock, race }) {
+        let reply = self.comm().call(Command::Acquire { lock, race });
+        if let Some(c) = self.chaos.as_mut() {
+            c.while_holding();
+        }
+        match reply {
             Reply::Done => self.after_lock_sync().map(|()| LockGuard {
                 dsm: self,
                 lock,
@@ -775,6 +847,7 @@ impl Dsm {
         let result = self.barrier_command(true);
         if result.is_ok() {
             self.write_stats_file()?;
+            self.write_record_part()?;
         }
         if let Some(comm) = self.comm.take() {
             comm.shutdown();
@@ -792,6 +865,74 @@ impl Dsm {
             outcome.exit_status = dsm_proto::exit_codes::VALUES_DIFFER;
         }
         Ok(outcome)
+    }
+}
+
+impl Dsm {
+    /// Recording or replaying with race detection: before a barrier, the digest of the
+    /// epoch's accesses goes into the barrier's check, so a replay notices a racy value
+    /// that changed which elements the program touched.
+    fn fold_access_digest(&self) {
+        if let (Some(_), Some(r)) = (&self.named_locks, &self.race) {
+            let digest = r.recorder.epoch_digest();
+            self.comm().send(Command::FoldAccessDigest { digest });
+        }
+    }
+
+    /// Pinpoint: hands this node's notes so far to the master (before a barrier).
+    fn flush_pin_hits(&self) -> Result<(), DsmError> {
+        match &self.pin {
+            Some(p) => p.flush().map_err(|e| {
+                DsmError::Config(format!(
+                    "cannot write pinpoint notes in '{}': {e}",
+                    p.dir.display()
+                ))
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Reads the record to replay and this rank's schedule from it. dsmrun has checked the
+/// record against the job already; this catches a file changed since, or a job started
+/// by hand with `DSM_REPLAY`.
+fn load_schedule(
+    path: &std::path::Path,
+    rank: usize,
+    size: usize,
+) -> Result<dsm_replay::Schedule, DsmError> {
+    let bad = |why: String| DsmError::Config(format!("replay of '{}': {why}", path.display()));
+    let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let record = dsm_replay::Record::from_bytes(&bytes).map_err(|e| bad(e.to_string()))?;
+    if record.header.nodes as usize != size {
+        return Err(bad(format!(
+            "it records a job of {} nodes, this one has {size}",
+            record.header.nodes
+        )));
+    }
+    record.schedule(rank as u32).map_err(|e| bad(e.to_string()))
+}
+
+impl Dsm {
+    /// Recording: writes this rank's synchronization events for dsmrun to merge.
+    fn write_record_part(&mut self) -> Result<(), DsmError> {
+        let Some(path) = self.record_part.clone() else {
+            return Ok(());
+        };
+        let events = match self.comm().call(Command::TakeRecord) {
+            Reply::Record(events) => events,
+            other => {
+                return Err(DsmError::Protocol(format!(
+                    "unexpected reply to the record request: {other:?}"
+                )))
+            }
+        };
+        std::fs::write(&path, dsm_replay::part_to_bytes(self.rank as u32, &events)).map_err(|e| {
+            DsmError::Config(format!(
+                "cannot write the record part '{}': {e}",
+                path.display()
+            ))
+        })
     }
 }
 

@@ -55,6 +55,15 @@ impl RaceState {
             if options.check {
                 rep.set_checking();
             }
+            if let Some(sarif) = &options.sarif {
+                rep.set_sarif(sarif);
+            }
+            // Source files named relative to the workspace that built the program.
+            let mut roots: Vec<std::path::PathBuf> = std::env::current_dir().into_iter().collect();
+            if let Some(ws) = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent() {
+                roots.push(ws.to_path_buf());
+            }
+            rep.set_source_roots(roots);
             Some(rep)
         } else {
             None
@@ -132,6 +141,9 @@ impl RaceState {
                 );
             }
         }
+        if let Some(distinct) = rep.distinct_summary() {
+            eprintln!("{distinct}");
+        }
         eprintln!("{}", rep.summary());
         io::stderr().flush()?;
         let races_reported = rep.total();
@@ -148,6 +160,9 @@ impl RaceState {
 
 impl Dsm {
     pub(super) fn close_race_interval(&mut self) -> Option<RaceNotices> {
+        if let Some(p) = &self.pin {
+            p.interval_closed();
+        }
         let r = self.race.as_mut()?;
         let t = Instant::now();
         let n = r.recorder.close_interval();
@@ -387,6 +402,13 @@ impl Dsm {
         }
         let point = &self.sync_point;
         let reporter = r.reporter.as_mut().expect("rank 0 has the reporter");
+        if let Some(p) = &self.pin {
+            reporter.set_hits(dsm_race::pinpoint::read_hits(
+                &p.dir,
+                self.size,
+                point.epoch(),
+            ));
+        }
         let reported = reporter
             .report(point, &races, &mut std::io::stderr())
             .map_err(DsmError::Io)?

@@ -3,6 +3,7 @@
 //! goes. Each view method records its footprint for the race detector when detection is on;
 //! bulk accessors record it in one step and prefetch missing pages in batches.
 
+use super::pinpoint::AllocWatch;
 use super::{Dsm, PREFETCH_MIN_PAGES};
 use crate::sys::{AppSlice, AppStrided};
 use bytemuck::Pod;
@@ -10,6 +11,7 @@ use dsm_proto::{PageNo, PAGE_SIZE};
 use dsm_race::AllocShadow;
 use std::marker::PhantomData;
 use std::ops::Range;
+use std::panic::Location;
 
 /// The `k`-th of `parts` near-equal contiguous pieces of `0..total`: the pieces for
 /// `k = 0..parts` are disjoint, cover `0..total` in order and differ in length by at most
@@ -102,6 +104,8 @@ impl<T> Array<T> {
 pub struct View<'a, T> {
     pub(super) mem: AppSlice<T>,
     pub(super) shadow: Option<&'a AllocShadow>,
+    /// Pinpoint: this allocation's watched elements (only with race detection on).
+    pub(super) pin: Option<&'a AllocWatch>,
     pub(super) cols: usize,
     pub(super) first_page: PageNo,
     pub(super) dsm: &'a Dsm,
@@ -112,6 +116,7 @@ impl<T> Clone for View<'_, T> {
         View {
             mem: self.mem,
             shadow: self.shadow,
+            pin: self.pin,
             cols: self.cols,
             first_page: self.first_page,
             dsm: self.dsm,
@@ -140,9 +145,13 @@ impl<'a, T: Pod> View<'a, T> {
     /// Reads element `i`, recorded as a read of that element. Panics if `i` is out of
     /// bounds.
     #[inline(always)]
+    #[track_caller]
     pub fn get(&self, i: usize) -> T {
         if let Some(s) = self.shadow {
             s.read(i * Self::SIZE, Self::SIZE);
+            if let Some(w) = self.pin {
+                self.pin_touch(w, i, 1, 1, false, Location::caller());
+            }
         }
         self.mem.get(i)
     }
@@ -150,15 +159,20 @@ impl<'a, T: Pod> View<'a, T> {
     /// Writes element `i`, recorded as a write of that element. Panics if `i` is out of
     /// bounds.
     #[inline(always)]
+    #[track_caller]
     pub fn set(&self, i: usize, value: T) {
         if let Some(s) = self.shadow {
             s.write(i * Self::SIZE, Self::SIZE);
+            if let Some(w) = self.pin {
+                self.pin_touch(w, i, 1, 1, true, Location::caller());
+            }
         }
         self.mem.set(i, value)
     }
 
     /// Reads element `(row, col)` of a 2-D array.
     #[inline(always)]
+    #[track_caller]
     pub fn get2(&self, row: usize, col: usize) -> T {
         assert!(
             col < self.cols,
@@ -170,6 +184,7 @@ impl<'a, T: Pod> View<'a, T> {
 
     /// Writes element `(row, col)` of a 2-D array.
     #[inline(always)]
+    #[track_caller]
     pub fn set2(&self, row: usize, col: usize, value: T) {
         assert!(
             col < self.cols,
@@ -177,6 +192,24 @@ impl<'a, T: Pod> View<'a, T> {
             self.cols
         );
         self.set(row * self.cols + col, value)
+    }
+
+    /// Pinpoint: notes an access to watched allocation `w` (only views of watched
+    /// allocations get here).
+    #[cold]
+    #[inline(never)]
+    fn pin_touch(
+        &self,
+        w: &AllocWatch,
+        start: usize,
+        step: usize,
+        count: usize,
+        write: bool,
+        loc: &'static Location<'static>,
+    ) {
+        if let Some(state) = &self.dsm.pin {
+            state.touch(w, start, step, count, write, loc);
+        }
     }
 
     fn page_span(&self, start: usize, count: usize) -> (usize, usize) {
@@ -217,6 +250,7 @@ impl<'a, T: Pod> View<'a, T> {
 
     /// Copies `out.len()` elements from `start` into `out` (one recorded read of the
     /// whole range; missing pages are fetched in batches).
+    #[track_caller]
     pub fn read_into(&self, start: usize, out: &mut [T]) {
         assert!(
             start
@@ -228,12 +262,16 @@ impl<'a, T: Pod> View<'a, T> {
         );
         if let Some(s) = self.shadow {
             s.read(start * Self::SIZE, out.len() * Self::SIZE);
+            if let Some(w) = self.pin {
+                self.pin_touch(w, start, 1, out.len(), false, Location::caller());
+            }
         }
         self.prefetch_checked(start, out.len(), false);
         self.mem.read_into(start, out)
     }
 
     /// Copies `src` into the array from `start` (one recorded write of the whole range).
+    #[track_caller]
     pub fn write_from(&self, start: usize, src: &[T]) {
         assert!(
             start
@@ -245,12 +283,16 @@ impl<'a, T: Pod> View<'a, T> {
         );
         if let Some(s) = self.shadow {
             s.write(start * Self::SIZE, src.len() * Self::SIZE);
+            if let Some(w) = self.pin {
+                self.pin_touch(w, start, 1, src.len(), true, Location::caller());
+            }
         }
         self.prefetch_checked(start, src.len(), true);
         self.mem.write_from(start, src)
     }
 
     /// The whole array as a local vector.
+    #[track_caller]
     pub fn to_vec(&self) -> Vec<T> {
         let mut v = vec![T::zeroed(); self.len()];
         self.read_into(0, &mut v);
@@ -258,18 +300,21 @@ impl<'a, T: Pod> View<'a, T> {
     }
 
     /// Sets every element of `range` to `value`.
+    #[track_caller]
     pub fn fill(&self, range: Range<usize>, value: T) {
         let v = vec![value; range.len()];
         self.write_from(range.start, &v);
     }
 
     /// Copies row `row` of a 2-D array into `out` (`out.len()` must be the column count).
+    #[track_caller]
     pub fn read_row(&self, row: usize, out: &mut [T]) {
         assert_eq!(out.len(), self.cols, "row buffer must hold one row");
         self.read_into(row * self.cols, out)
     }
 
     /// Writes row `row` of a 2-D array from `src`.
+    #[track_caller]
     pub fn write_row(&self, row: usize, src: &[T]) {
         assert_eq!(src.len(), self.cols, "row buffer must hold one row");
         self.write_from(row * self.cols, src)
@@ -277,6 +322,7 @@ impl<'a, T: Pod> View<'a, T> {
 
     /// Read access to elements `start, start+step, ...` (`count` of them), recorded as one
     /// read of exactly those elements.
+    #[track_caller]
     pub fn strided(&self, start: usize, step: usize, count: usize) -> Strided<'a, T> {
         let mem = self.mem.strided(start, step, count);
         if let Some(s) = self.shadow {
@@ -287,6 +333,9 @@ impl<'a, T: Pod> View<'a, T> {
                 step * Self::SIZE,
                 count,
             );
+            if let Some(w) = self.pin {
+                self.pin_touch(w, start, step, count, false, Location::caller());
+            }
         }
         Strided {
             mem,
@@ -296,6 +345,7 @@ impl<'a, T: Pod> View<'a, T> {
 
     /// Write access to elements `start, start+step, ...`, recorded as one write of exactly
     /// those elements.
+    #[track_caller]
     pub fn strided_mut(&self, start: usize, step: usize, count: usize) -> StridedMut<'a, T> {
         let mem = self.mem.strided(start, step, count);
         if let Some(s) = self.shadow {
@@ -306,6 +356,9 @@ impl<'a, T: Pod> View<'a, T> {
                 step * Self::SIZE,
                 count,
             );
+            if let Some(w) = self.pin {
+                self.pin_touch(w, start, step, count, true, Location::caller());
+            }
         }
         StridedMut {
             mem,
@@ -315,6 +368,7 @@ impl<'a, T: Pod> View<'a, T> {
 
     /// Read access to rows `rows` of a 2-D array, recorded as one read of all of them:
     /// the cheapest way for stencil codes to declare what they read.
+    #[track_caller]
     pub fn block(&self, rows: Range<usize>) -> Block<'a, T> {
         assert!(self.cols > 0, "block() needs a 2-D array");
         let start = rows.start * self.cols;
@@ -323,6 +377,9 @@ impl<'a, T: Pod> View<'a, T> {
         self.prefetch_checked(start, len, false);
         if let Some(s) = self.shadow {
             s.read(start * Self::SIZE, len * Self::SIZE);
+            if let Some(w) = self.pin {
+                self.pin_touch(w, start, 1, len, false, Location::caller());
+            }
         }
         Block {
             mem,
@@ -334,11 +391,13 @@ impl<'a, T: Pod> View<'a, T> {
     }
 
     /// Read access to one row of a 2-D array.
+    #[track_caller]
     pub fn row(&self, row: usize) -> Strided<'a, T> {
         self.strided(row * self.cols, 1, self.cols)
     }
 
     /// Write access to one row of a 2-D array.
+    #[track_caller]
     pub fn row_mut(&self, row: usize) -> StridedMut<'a, T> {
         self.strided_mut(row * self.cols, 1, self.cols)
     }
@@ -348,6 +407,7 @@ impl<'a, T: Pod> View<'a, T> {
     pub fn unrecorded(&self) -> View<'a, T> {
         View {
             shadow: None,
+            pin: None,
             ..self.clone()
         }
     }

@@ -53,6 +53,9 @@ impl<M: Memory> Engine<M> {
         self.close_interval(race);
         self.epoch += 1;
         self.finishing = finishing;
+        if !self.note_barrier(self.epoch) {
+            return;
+        }
         let msg = Msg::BarrierArrive {
             epoch: self.epoch,
             known: self.known(),

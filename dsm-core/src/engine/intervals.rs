@@ -54,6 +54,7 @@ impl<M: Memory> Engine<M> {
         }
         let writes = PageRuns::from_pages(written);
         let race = race.filter(|r| !r.reads.is_empty() || !r.writes.is_empty());
+        self.hash_interval(self.cur_cause, race.as_ref());
         if !writes.is_empty() || race.is_some() {
             self.log[self.me as usize].push(IntervalRecord {
                 node: self.me,

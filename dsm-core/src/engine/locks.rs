@@ -1,6 +1,13 @@
 //! Distributed locks: a static manager per lock forwards each request to the last
 //! requester, so the token travels directly from holder to successor; a grant carries the
 //! intervals the acquirer must see.
+//!
+//! Every acquisition has a grant number (acquisitions of the lock before it, by anyone),
+//! which travels with the token. In a replay (`replay`) the grant numbers decide who gets
+//! the lock: the manager accepts requests in the order in which the token moved between
+//! ranks in the record (an early request waits at the manager), and a token holder keeps
+//! the token while the record's next grant is its own. A request the record cannot
+//! account for ends the job as diverged.
 
 use super::{Engine, Memory, Reply};
 use dsm_proto::{IntervalRecord, LockId, Msg, NodeId, RaceNotices, SyncCause, VectorTime};
@@ -25,6 +32,14 @@ pub(super) struct LockState {
     /// this: intervals closed after the release (by a barrier arrival, another lock) are
     /// not ordered before the acquirer, and claiming they were would hide races.
     released_known: Option<VectorTime>,
+    /// With the token: the grant number of the next acquisition.
+    grants: u64,
+    /// Replay, at the manager: the order in which the token moves between ranks in the
+    /// record (computed at first use), and how many of those transfers were accepted.
+    transfers: Option<Vec<NodeId>>,
+    accepted: usize,
+    /// Replay, at the manager: requests that came before their turn.
+    early: Vec<(NodeId, VectorTime)>,
 }
 
 /// The lock's manager: a static function of the id so every node agrees without messages.
@@ -43,12 +58,60 @@ impl<M: Memory> Engine<M> {
             waiting: false,
             next: None,
             released_known: None,
+            grants: 0,
+            transfers: None,
+            accepted: 0,
+            early: Vec::new(),
         })
+    }
+
+    /// Replay: the rank that holds grant `grant` of `lock` in the record (`None` also
+    /// when not replaying).
+    fn recorded_holder(&self, lock: LockId, grant: u64) -> Option<NodeId> {
+        let s = self
+            .order
+            .replay
+            .as_ref()
+            .filter(|_| self.order.replaying())?;
+        s.holder(lock, grant).map(|r| r as NodeId)
+    }
+
+    /// Replay: the token is here and free; grant `grant` is not recorded for anyone.
+    fn unrecorded_grant(&mut self, lock: LockId, grant: u64, wanted_by: NodeId) {
+        let have = self.order.replay.as_ref().map_or(0, |s| s.grants_of(lock));
+        let why = format!(
+            "rank {wanted_by} wants {} as grant {grant}, but the record has only {have} grants of it",
+            self.lock_label(lock)
+        );
+        self.diverged(why);
     }
 
     pub(super) fn acquire(&mut self, lock: LockId, race: Option<RaceNotices>) {
         self.close_interval(race);
         self.stats.lock_acquires += 1;
+        if !self.replay_allows_acquire(lock) {
+            return;
+        }
+        let replaying = self.order.replaying();
+        let me = self.me;
+        let grant_here = {
+            let st = self.lock_entry(lock);
+            (st.token && !st.held && !st.waiting).then_some(st.grants)
+        };
+        // Replay: with the token free here, the record decides whether this node takes it
+        // now or asks for it like a node without the token (someone else's grant is next).
+        let take_local = match grant_here {
+            Some(g) if replaying => match self.recorded_holder(lock, g) {
+                Some(h) if h == me => true,
+                Some(_) => false,
+                None => {
+                    self.unrecorded_grant(lock, g, me);
+                    return;
+                }
+            },
+            Some(_) => true,
+            None => false,
+        };
         let st = self.lock_entry(lock);
         if st.held || st.waiting {
             self.fatal(format!(
@@ -57,9 +120,12 @@ impl<M: Memory> Engine<M> {
             ));
             return;
         }
-        if st.token {
+        if take_local {
             st.held = true;
+            let grant = st.grants;
+            st.grants += 1;
             self.stats.lock_acquires_local += 1;
+            self.note_acquired(lock, grant);
             self.begin_interval(SyncCause::Acquire(lock));
             self.reply(Reply::Done);
             return;
@@ -88,6 +154,71 @@ impl<M: Memory> Engine<M> {
             ));
             return;
         }
+        if self.order.replaying() {
+            self.replay_lock_request(lock, requester, known);
+        } else {
+            self.accept_lock_request(lock, requester, known);
+        }
+    }
+
+    /// Replay, at the manager: accepts the request if the token's next move in the record
+    /// is to `requester`, else keeps it until its turn (then takes in the early requests
+    /// whose turn has come).
+    fn replay_lock_request(&mut self, lock: LockId, requester: NodeId, known: VectorTime) {
+        let me = self.me;
+        let transfers = {
+            let sched = self.order.replay.as_ref().expect("replaying");
+            let st = self.locks.get(&lock);
+            match st.and_then(|s| s.transfers.as_ref()) {
+                Some(_) => None,
+                None => Some(
+                    sched
+                        .transfers(lock, me as u32)
+                        .into_iter()
+                        .map(|r| r as NodeId)
+                        .collect::<Vec<_>>(),
+                ),
+            }
+        };
+        let st = self.lock_entry(lock);
+        if let Some(t) = transfers {
+            st.transfers = Some(t);
+        }
+        st.early.push((requester, known));
+        loop {
+            let st = self.lock_entry(lock);
+            let order = st.transfers.as_ref().expect("computed above");
+            let due = order.get(st.accepted).copied();
+            let ready = due.and_then(|d| st.early.iter().position(|(r, _)| *r == d));
+            // A waiting request the rest of the record never grants cannot be served.
+            let stranded = st
+                .early
+                .iter()
+                .map(|(r, _)| *r)
+                .find(|r| !order[st.accepted.min(order.len())..].contains(r));
+            let moves = order.len();
+            match ready {
+                Some(i) => {
+                    let (r, k) = st.early.remove(i);
+                    st.accepted += 1;
+                    self.accept_lock_request(lock, r, k);
+                }
+                None => {
+                    if let Some(r) = stranded {
+                        let why = format!(
+                            "rank {r} requests {}, which the record never hands to it again \
+                             (the record moves it between ranks {moves} times)",
+                            self.lock_label(lock)
+                        );
+                        self.diverged(why);
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    fn accept_lock_request(&mut self, lock: LockId, requester: NodeId, known: VectorTime) {
         let me = self.me;
         let st = self.lock_entry(lock);
         let target = std::mem::replace(&mut st.last_requester, requester);
@@ -106,8 +237,32 @@ impl<M: Memory> Engine<M> {
     }
 
     pub(super) fn on_lock_forward(&mut self, lock: LockId, requester: NodeId, known: VectorTime) {
+        let me = self.me;
         let st = self.lock_entry(lock);
-        if st.token && !st.held {
+        let free_grant = (st.token && !st.held).then_some(st.grants);
+        let grant_now = match free_grant {
+            // Replay: the token stays while the record's next grant is this node's own.
+            Some(g) if self.order.replaying() => match self.recorded_holder(lock, g) {
+                Some(h) if h == requester => true,
+                Some(h) if h == me => false,
+                Some(h) => {
+                    let why = format!(
+                        "rank {requester} was sent {} as grant {g}, which the record gives to rank {h}",
+                        self.lock_label(lock)
+                    );
+                    self.diverged(why);
+                    return;
+                }
+                None => {
+                    self.unrecorded_grant(lock, g, requester);
+                    return;
+                }
+            },
+            Some(_) => true,
+            None => false,
+        };
+        let st = self.lock_entry(lock);
+        if grant_now {
             self.grant(lock, requester, known);
         } else if st.next.is_some() {
             self.fatal(format!("lock {lock}: two successors queued at one node"));
@@ -120,6 +275,7 @@ impl<M: Memory> Engine<M> {
         let n = self.n;
         let st = self.lock_entry(lock);
         st.token = false;
+        let grant = st.grants;
         let known = st
             .released_known
             .clone()
@@ -135,6 +291,7 @@ impl<M: Memory> Engine<M> {
                 lock,
                 known,
                 intervals,
+                grant,
             },
         );
     }
@@ -145,6 +302,7 @@ impl<M: Memory> Engine<M> {
         lock: LockId,
         known: VectorTime,
         intervals: Vec<IntervalRecord>,
+        grant: u64,
     ) {
         let st = self.lock_entry(lock);
         if !st.waiting {
@@ -156,6 +314,8 @@ impl<M: Memory> Engine<M> {
         st.waiting = false;
         st.held = true;
         st.token = true;
+        st.grants = grant.saturating_add(1);
+        self.note_acquired(lock, grant);
         let waits = self.apply_intervals(intervals, &known);
         self.begin_interval(SyncCause::Acquire(lock));
         self.reply_after_home_diffs(waits, Reply::Done);
@@ -170,13 +330,18 @@ impl<M: Memory> Engine<M> {
             return;
         }
         st.held = false;
-        let next = st.next.take();
+        let next_grant = st.grants;
+        let mut next = st.next.take();
+        // Replay: a queued successor waits while the record's next grant is this node's.
+        if next.is_some() && self.recorded_holder(lock, next_grant) == Some(self.me) {
+            self.lock_entry(lock).next = next.take();
+        }
         self.close_interval(race);
         let known = self.known();
         self.lock_entry(lock).released_known = Some(known);
         self.begin_interval(SyncCause::Release(lock));
         if let Some((to, known)) = next {
-            self.grant(lock, to, known);
+            self.on_lock_forward(lock, to, known);
         }
         self.reply(Reply::Done);
     }

@@ -38,6 +38,7 @@ mod barriers;
 mod intervals;
 mod locks;
 mod pages;
+mod replay;
 mod vec_memory;
 
 use crate::diff::{self, DiffError};
@@ -184,6 +185,22 @@ pub enum Command {
     },
     /// Snapshot of the protocol counters, answered with [`Reply::Stats`].
     Stats,
+    /// Gives a named lock's name to replay messages about it. No reply.
+    NameLock {
+        /// The lock's id.
+        lock: LockId,
+        /// Its name.
+        name: String,
+    },
+    /// The synchronization events recorded so far (`--record`), answered with
+    /// [`Reply::Record`].
+    TakeRecord,
+    /// Recording or replaying with race detection: a digest of the epoch's accesses so
+    /// far, folded into the next barrier's check. No reply.
+    FoldAccessDigest {
+        /// The recorder's `epoch_digest`.
+        digest: u64,
+    },
 }
 
 /// Answers for the app thread.
@@ -227,6 +244,8 @@ pub enum Reply {
     },
     /// The protocol counters, answering [`Command::Stats`].
     Stats(Box<Stats>),
+    /// The recorded synchronization events, answering [`Command::TakeRecord`].
+    Record(Vec<dsm_replay::Event>),
 }
 
 /// A node's intervals closed between two race batches, with their bitmaps (see
@@ -284,6 +303,9 @@ pub enum Output {
     RaceBatch(RaceBatch),
     /// The job cannot continue (malformed traffic, inconsistent collective call).
     Fatal(String),
+    /// A replay (`--replay`) deviated from its record: the job stops with
+    /// `exit_codes::REPLAY_DIVERGED`.
+    Diverged(String),
     /// The job cannot continue because a peer went away (a consequence of another
     /// node's failure, reported with its own exit status).
     PeerLost(String),
@@ -394,6 +416,8 @@ pub struct Engine<M: Memory> {
     /// Past the final barrier: peers leaving is expected.
     finished: bool,
     stats: Stats,
+    /// Recording or replaying the synchronization order.
+    order: replay::OrderLog,
     /// Outputs of the event being handled, returned when it is done.
     out: Vec<Output>,
 }
@@ -438,6 +462,7 @@ impl<M: Memory> Engine<M> {
             finishing: false,
             finished: false,
             stats: Stats::default(),
+            order: replay::OrderLog::default(),
             out: Vec::new(),
         }
     }
@@ -541,6 +566,12 @@ impl<M: Memory> Engine<M> {
                 let s = Box::new(self.stats.clone());
                 self.reply(Reply::Stats(s));
             }
+            Command::NameLock { lock, name } => self.name_lock(lock, &name),
+            Command::FoldAccessDigest { digest } => self.fold_access_digest(digest),
+            Command::TakeRecord => {
+                let events = self.take_recording();
+                self.reply(Reply::Record(events));
+            }
         }
         self.take_out()
     }
@@ -587,7 +618,8 @@ impl<M: Memory> Engine<M> {
                 lock,
                 known,
                 intervals,
-            } => self.on_lock_grant(from, lock, known, intervals),
+                grant,
+            } => self.on_lock_grant(from, lock, known, intervals, grant),
             Msg::BarrierArrive {
                 epoch,
                 known,

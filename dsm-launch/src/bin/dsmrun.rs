@@ -12,11 +12,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use dsm_launch::order::{self, OrderError};
 use dsm_launch::{self as launcher, JobOutcome, LaunchConfig, LaunchError};
 use dsm_proto::liveness::DEFAULT_LIVENESS;
 use dsm_proto::{
-    exit_codes, parse_seconds, parse_seconds_or_off, parse_segment_size, RaceOptions, TraceMode,
-    TraceOptions,
+    exit_codes, parse_seconds, parse_seconds_or_off, parse_segment_size, RaceOptions,
+    ReplayOptions, TraceMode, TraceOptions,
 };
 use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
@@ -46,6 +47,9 @@ Environment of every rank (inherited DSM_* values of these names are dropped):
   DSM_LIVENESS         seconds, or off                (only with --liveness other than 10)
   DSM_RACE=1 and DSM_RACE_EXIT_CODE=CODE              (only with race detection)
   DSM_RACE_LOG         absolute path of --race-log    (only with --race-log)
+  DSM_RACE_SARIF       absolute path of --race-sarif  (only with --race-sarif)
+  DSM_PINPOINT         the watched elements, ';'-separated (--pinpoint, --pinpoint-log)
+  DSM_PINPOINT_DIR     a directory dsmrun makes for the ranks' notes (with DSM_PINPOINT)
   DSM_RACE_FIRST=1, DSM_RACE_STATS=1                  (only with --race-first/--race-stats)
   DSM_RACE_MODE=schedule, DSM_SCHEDULE_IGNORE=a,b     (--race=schedule, --schedule-ignore)
   DSM_TRACE_VALUES     absolute path of --trace-values FILE
@@ -53,6 +57,9 @@ Environment of every rank (inherited DSM_* values of these names are dropped):
   DSM_COMPARE          absolute path of --compare FILE
   DSM_COMPARE_CONTINUE=1                              (--compare-continue)
   DSM_TOLERANCE, DSM_REL_TOLERANCE                    (--tolerance, --rel-tolerance)
+  DSM_RECORD           part-file prefix FILE.part     (only with --record FILE)
+  DSM_REPLAY           absolute path of --replay FILE
+  DSM_CHAOS            the seed of --chaos
 DSM_SEGMENT_ADDR, DSM_PIN, DSM_STATS_FILE, DSM_RACE_PHASES and DSM_LOG are
 passed through from dsmrun's environment (see the README).
 
@@ -84,6 +91,11 @@ Exit status:
          66: data races, or with --check check findings, were reported) and
          nothing else failed; lock-order dependences alone (--race=schedule)
          leave the status 0
+  67     with --replay, the run deviated from the record (another program,
+         other arguments or N, checked before any rank starts; or, while
+         running, an acquire or barrier the record does not have there, or
+         intervals that differ from the recorded ones); the rank that noticed
+         names the lock, grant number and ranks
   68     with --compare, values differ from the reference trace (the first
          difference, or with --compare-continue every differing trace point, is
          printed by rank 0)
@@ -109,7 +121,15 @@ checks a run against such a trace at every barrier; the first difference is
 reported with its epoch, allocation, element ((row, col) for 2-D arrays) and
 both values when the reference holds values (--trace-values-full or
 --trace-vars), else with the differing block's element range. dsm-compare A B
-compares two saved traces.";
+compares two saved traces.
+
+Recording and replay: --record FILE writes, when the job ends with status 0 or
+the race exit code, the order in which ranks got every lock (each acquisition's
+lock and grant number, per rank, with a check per barrier) and the program, its
+arguments and N; --replay FILE runs the same job again making every lock go to
+the ranks in the recorded order, so the same races recur in the same intervals.
+--chaos SEED adds random, seeded delays around acquires, critical sections and
+barriers to expose other lock orders; combine it with --record to keep one.";
 
 /// Launch N processes of a dsm program, on this machine or on the hosts of a host list, and
 /// supervise them.
@@ -248,6 +268,29 @@ struct Cli {
     #[arg(long, value_name = "FILE")]
     race_log: Option<PathBuf>,
 
+    /// Write the run's distinct races (collapsed as in the printed report) to
+    /// FILE as SARIF 2.1.0, one result per distinct race, for CI systems and
+    /// editors; rank 0 writes it at finish (DSM_RACE_SARIF, made absolute;
+    /// implies --race)
+    #[arg(long, value_name = "FILE")]
+    race_sarif: Option<PathBuf>,
+
+    /// Pinpoint the source lines of a race: watch element INDEX of VAR in epoch
+    /// EPOCH (as a race report names them: `bound[0]@3`; INDEX is the flat index,
+    /// row * columns + column for 2-D arrays). Every access to it in that epoch
+    /// notes its file, line, column and function, and the race report prints
+    /// both sides with their code. Repeatable; implies --race. Use it with
+    /// --replay, so that the run takes the recorded synchronization order and
+    /// the race recurs in the same intervals (DSM_PINPOINT)
+    #[arg(long, value_name = "VAR[INDEX]@EPOCH", value_parser = parse_pin_target)]
+    pinpoint: Vec<String>,
+
+    /// Pinpoint every race of an earlier run's race log (--race-log FILE): each
+    /// distinct variable, index and epoch in it is watched as with --pinpoint
+    /// (implies --race)
+    #[arg(long, value_name = "FILE")]
+    pinpoint_log: Option<PathBuf>,
+
     /// Exit status when races were reported (DSM_RACE_EXIT_CODE): rank 0 exits
     /// with it, which is not a failure: the other ranks finish and dsmrun exits
     /// with this code at the end. 0 turns this off (implies --race) [default: 66]
@@ -319,6 +362,30 @@ struct Cli {
     #[arg(long, value_name = "REL", requires = "compare", value_parser = parse_tolerance)]
     rel_tolerance: Option<f64>,
 
+    /// Record the synchronization order of the run in FILE: which rank got each
+    /// lock acquisition (its grant number), per rank in program order, with a
+    /// check at every barrier, and the program, its arguments and N in a header.
+    /// Each rank writes its part at finish (DSM_RECORD=FILE.part) and dsmrun
+    /// merges them into FILE once the job ends with status 0 or the race exit
+    /// code; a failed job leaves no record
+    #[arg(long, value_name = "FILE", conflicts_with = "replay")]
+    record: Option<PathBuf>,
+
+    /// Replay the synchronization order recorded in FILE: every lock is granted
+    /// to the ranks in the recorded order (a request that comes early waits).
+    /// The job must be the recorded one (program, arguments, N); a run that
+    /// deviates stops with exit status 67 and a message naming the lock, grant
+    /// number and ranks (DSM_REPLAY, made absolute)
+    #[arg(long, value_name = "FILE")]
+    replay: Option<PathBuf>,
+
+    /// Chaos mode: random delays, drawn from SEED and the rank, before
+    /// acquires, inside critical sections and before barriers, so runs take
+    /// lock orders a quiet machine rarely shows (DSM_CHAOS). A seed does not
+    /// fix the order by itself: use --record to keep it
+    #[arg(long, value_name = "SEED")]
+    chaos: Option<u64>,
+
     /// The program to run, followed by its arguments
     #[arg(value_name = "PROGRAM [ARGS]", required = true, num_args = 1..,
           trailing_var_arg = true)]
@@ -367,6 +434,33 @@ fn parse_bind_address(text: &str) -> anyhow::Result<std::net::SocketAddr> {
         .with_context(|| format!("--bind-address {text:?} is not an IP address or IP:PORT"))
 }
 
+fn parse_pin_target(text: &str) -> Result<String, String> {
+    text.parse::<dsm_race::pinpoint::PinTarget>()
+        .map(|t| t.to_string())
+}
+
+/// The elements to watch: `--pinpoint` targets and those of `--pinpoint-log`.
+fn pin_targets(
+    mut targets: Vec<String>,
+    log: Option<&std::path::Path>,
+) -> anyhow::Result<Vec<String>> {
+    if let Some(path) = log {
+        let file = std::fs::File::open(path)
+            .with_context(|| format!("cannot open --pinpoint-log '{}'", path.display()))?;
+        let from_log = dsm_race::pinpoint::targets_from_log(std::io::BufReader::new(file))
+            .with_context(|| format!("--pinpoint-log '{}'", path.display()))?;
+        if from_log.is_empty() {
+            anyhow::bail!(
+                "--pinpoint-log '{}' has no races to pinpoint",
+                path.display()
+            );
+        }
+        targets.extend(from_log.iter().map(ToString::to_string));
+    }
+    targets.dedup();
+    Ok(targets)
+}
+
 fn parse_deadline(text: &str) -> Result<Deadline, dsm_proto::ValueError> {
     parse_seconds_or_off(text).map(Deadline)
 }
@@ -377,6 +471,9 @@ impl Cli {
         let race_on = self.race.is_some()
             || schedule
             || self.race_log.is_some()
+            || self.race_sarif.is_some()
+            || !self.pinpoint.is_empty()
+            || self.pinpoint_log.is_some()
             || self.race_exit_code.is_some()
             || self.race_first
             || self.race_stats
@@ -399,6 +496,12 @@ impl Cli {
                 schedule,
                 schedule_ignore: self.schedule_ignore,
                 check: self.check,
+                pinpoint: pin_targets(self.pinpoint, self.pinpoint_log.as_deref())?,
+                sarif: self
+                    .race_sarif
+                    .as_deref()
+                    .map(|p| absolute(p, "--race-sarif"))
+                    .transpose()?,
                 ..RaceOptions::default()
             }
         } else {
@@ -477,6 +580,19 @@ impl Cli {
             (None, Some(i)) => Some(launcher::agent::BindTo::Interface(i.clone())),
             (None, None) => None,
         };
+        let replay = ReplayOptions {
+            record: self
+                .record
+                .as_deref()
+                .map(|p| absolute(p, "--record"))
+                .transpose()?,
+            replay: self
+                .replay
+                .as_deref()
+                .map(|p| absolute(p, "--replay"))
+                .transpose()?,
+            chaos: self.chaos,
+        };
         let mut command = self.command.into_iter();
         let program = command
             .next()
@@ -494,7 +610,71 @@ impl Cli {
             liveness: self.liveness.map_or(Some(DEFAULT_LIVENESS), |d| d.0),
             race,
             trace,
+            replay,
         })
+    }
+}
+
+/// What `--record` asks dsmrun to do after the job.
+struct Recording {
+    path: PathBuf,
+    prefix: PathBuf,
+    header: dsm_replay::Header,
+}
+
+/// Checks a record to replay against the job, and points the ranks of a recording job
+/// at their part files. Returns what to collect after the job.
+fn prepare_order(config: &mut LaunchConfig) -> Result<Option<Recording>, OrderError> {
+    let header = order::header_for(
+        &config.program,
+        &config.args,
+        config.ranks,
+        config.replay.chaos,
+    );
+    if let Some(path) = &config.replay.replay {
+        order::check_replay(path, &header)?;
+    }
+    Ok(config.replay.record.take().map(|path| {
+        let prefix = order::part_prefix(&path);
+        config.replay.record = Some(prefix.clone());
+        Recording {
+            path,
+            prefix,
+            header,
+        }
+    }))
+}
+
+/// After a recording job: merges the parts into the record, or says why there is none.
+fn finish_recording(rec: Recording, outcome: &JobOutcome) {
+    let complete = matches!(
+        outcome,
+        JobOutcome::Success | JobOutcome::RaceReported { .. }
+    );
+    if !complete {
+        order::discard_parts(&rec.prefix, rec.header.nodes as usize);
+        eprintln!(
+            "dsmrun: no record written to '{}': the job did not finish",
+            rec.path.display()
+        );
+        return;
+    }
+    match order::collect_record(&rec.path, &rec.prefix, rec.header) {
+        Ok(summary) => eprintln!(
+            "dsmrun: recorded {} lock acquisitions in '{}' ({} bytes{})",
+            summary.acquisitions,
+            rec.path.display(),
+            summary.bytes,
+            if summary.acquisitions > 0 {
+                format!(
+                    ", {:.1} per acquisition",
+                    summary.bytes as f64 / summary.acquisitions as f64
+                )
+            } else {
+                String::new()
+            }
+        ),
+        Err(e) => eprintln!("dsmrun: {e}"),
     }
 }
 
@@ -510,11 +690,28 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let mut race_on = false;
-    match cli.into_config().and_then(|config| {
+    let mut recording = None;
+    let mut pin_dir: Option<PathBuf> = None;
+    match cli.into_config().and_then(|mut config| {
         race_on = config.race.enabled;
+        recording = prepare_order(&mut config)?;
+        if !config.race.pinpoint.is_empty() {
+            let dir = std::env::temp_dir().join(format!("dsm-pinpoint-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).with_context(|| {
+                format!("cannot make the pinpoint directory '{}'", dir.display())
+            })?;
+            config.race.pinpoint_dir = Some(dir.clone());
+            pin_dir = Some(dir);
+        }
         Ok(launcher::run(&config)?)
     }) {
         Ok(outcome) => {
+            if let Some(dir) = &pin_dir {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            if let Some(rec) = recording {
+                finish_recording(rec, &outcome);
+            }
             let clean = matches!(
                 outcome,
                 JobOutcome::Success | JobOutcome::RaceReported { .. }
@@ -532,9 +729,20 @@ fn main() -> ExitCode {
         }
         Err(err) => {
             eprintln!("dsmrun: {err:#}");
-            let code = err
-                .downcast_ref::<LaunchError>()
-                .map_or(1, LaunchError::exit_code);
+            if let Some(dir) = &pin_dir {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            if let Some(rec) = recording {
+                order::discard_parts(&rec.prefix, rec.header.nodes as usize);
+            }
+            let code = match (
+                err.downcast_ref::<LaunchError>(),
+                err.downcast_ref::<OrderError>(),
+            ) {
+                (Some(e), _) => e.exit_code(),
+                (None, Some(e)) => e.exit_code(),
+                (None, None) => 1,
+            };
             ExitCode::from(code)
         }
     }

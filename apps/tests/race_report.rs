@@ -1,0 +1,56 @@
+//! The printed race report collapses repeated races (ThreadSanitizer-style, by variable
+//! and the two sides) and `--race-sarif` writes them as SARIF 2.1.0, over a real TSP run
+//! whose one racy line used to print a block per interval pair.
+
+use serde_json::Value;
+
+const TSP: &str = env!("CARGO_BIN_EXE_tsp");
+
+#[test]
+fn tsp_races_collapse_and_sarif_lists_each_distinct_race_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let sarif = dir.path().join("races.sarif");
+    let log = dir.path().join("races.jsonl");
+    let run = dsm_testkit::dsmrun(
+        4,
+        &[
+            "--timeout",
+            "60",
+            "--race-sarif",
+            sarif.to_str().unwrap(),
+            "--race-log",
+            log.to_str().unwrap(),
+        ],
+        TSP,
+        &["--random", "14", "--seed", "3"],
+    );
+    let ctx = run.all_output();
+    assert_eq!(run.code, Some(66), "{ctx}");
+    let races = std::fs::read_to_string(&log).unwrap().lines().count();
+    let blocks = run.stderr.matches("DATA RACE").count();
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&sarif).unwrap()).unwrap();
+    assert_eq!(doc["version"], "2.1.0");
+    let results = doc["runs"][0]["results"].as_array().unwrap();
+    // Every distinct race is printed once: as many blocks as SARIF results, and (TSP's
+    // one racy variable read from a few kinds of intervals) far fewer than races.
+    assert_eq!(blocks, results.len(), "{ctx}");
+    assert!(
+        blocks <= 4 && races > blocks,
+        "{blocks} blocks for {races} races\n{ctx}"
+    );
+    let occurrences: u64 = results
+        .iter()
+        .map(|r| r["properties"]["occurrences"].as_u64().unwrap())
+        .sum();
+    assert_eq!(occurrences as usize, races, "{ctx}");
+    for r in results {
+        assert_eq!(r["ruleId"], "dsm/data-race");
+        assert_eq!(
+            r["locations"][0]["logicalLocations"][0]["fullyQualifiedName"],
+            "bound"
+        );
+    }
+    if races > blocks {
+        assert!(run.stderr.contains("distinct race"), "{ctx}");
+    }
+}

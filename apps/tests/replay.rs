@@ -1,0 +1,226 @@
+//! Recording and replaying the synchronization order (`dsmrun --record`, `--replay`) and
+//! chaos mode (`--chaos`), over real processes: the lock-order kernel's output is the
+//! lock's schedule, so a replay must print the recorded one, and chaos seeds must show
+//! more than one; a replay of another job, or one that leaves the record, stops with 67.
+//! TSP and Water `--racy`, whose racy reads a replay does not fix, are in `replay_racy.rs`.
+
+mod common;
+
+use common::s;
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+const TEST: &str = env!("CARGO_BIN_EXE_dsm-test");
+
+fn order_line(out: &str) -> String {
+    out.lines()
+        .find(|l| l.starts_with("[0] order: "))
+        .unwrap_or_else(|| panic!("no order line in\n{out}"))
+        .to_string()
+}
+
+#[test]
+fn twenty_replays_of_the_lock_order_reproduce_output_and_race_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("lo.dsmrec");
+    let log0 = dir.path().join("races0.jsonl");
+    let recorded = dsm_testkit::dsmrun(
+        4,
+        &[
+            "--timeout",
+            "60",
+            "--race-log",
+            s(&log0),
+            "--record",
+            s(&rec),
+        ],
+        TEST,
+        &["lock-order"],
+    );
+    let ctx = recorded.all_output();
+    assert_eq!(recorded.code, Some(66), "{ctx}");
+    assert!(
+        ctx.contains("dsmrun: recorded 32 lock acquisitions"),
+        "{ctx}"
+    );
+    let want = order_line(&recorded.stdout);
+    let want_log = std::fs::read(&log0).unwrap();
+    assert!(
+        !want_log.is_empty(),
+        "the kernel's race is in the log\n{ctx}"
+    );
+    for i in 0..20 {
+        let log = dir.path().join(format!("races{}.jsonl", i + 1));
+        let run = dsm_testkit::dsmrun(
+            4,
+            &[
+                "--timeout",
+                "60",
+                "--race-log",
+                s(&log),
+                "--replay",
+                s(&rec),
+            ],
+            TEST,
+            &["lock-order"],
+        );
+        let ctx = run.all_output();
+        assert_eq!(run.code, Some(66), "replay {i}\n{ctx}");
+        assert_eq!(order_line(&run.stdout), want, "replay {i}\n{ctx}");
+        assert!(
+            std::fs::read(&log).unwrap() == want_log,
+            "replay {i}: the race log differs from the recorded run's\n{ctx}"
+        );
+    }
+}
+
+#[test]
+fn chaos_seeds_show_other_lock_orders_and_a_chaos_run_replays() {
+    let mut orders = BTreeSet::new();
+    for seed in 0..20 {
+        let run = dsm_testkit::dsmrun(
+            4,
+            &["--timeout", "60", "--chaos", &seed.to_string()],
+            TEST,
+            &["lock-order", "--work", "0"],
+        );
+        assert_eq!(run.code, Some(0), "seed {seed}\n{}", run.all_output());
+        orders.insert(order_line(&run.stdout));
+    }
+    assert!(
+        orders.len() >= 2,
+        "20 chaos seeds gave one lock order only: {orders:?}"
+    );
+    // Chaos is recordable: the replay (without chaos) takes the chaos run's order.
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("chaos.dsmrec");
+    let recorded = dsm_testkit::dsmrun(
+        4,
+        &["--timeout", "60", "--chaos", "5", "--record", s(&rec)],
+        TEST,
+        &["lock-order", "--work", "0"],
+    );
+    assert_eq!(recorded.code, Some(0), "{}", recorded.all_output());
+    let replayed = dsm_testkit::dsmrun(
+        4,
+        &["--timeout", "60", "--replay", s(&rec)],
+        TEST,
+        &["lock-order", "--work", "0"],
+    );
+    assert_eq!(replayed.code, Some(0), "{}", replayed.all_output());
+    assert_eq!(order_line(&replayed.stdout), order_line(&recorded.stdout));
+}
+
+#[test]
+fn replaying_another_job_exits_67_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("lo.dsmrec");
+    let recorded = dsm_testkit::dsmrun(
+        4,
+        &["--timeout", "60", "--record", s(&rec)],
+        TEST,
+        &["lock-order"],
+    );
+    assert_eq!(recorded.code, Some(0), "{}", recorded.all_output());
+    let cases: [(usize, &[&str], &str); 3] = [
+        (2, &["lock-order"], "4 nodes, not 2"),
+        (4, &["lock-order", "--rounds", "9"], "arguments"),
+        (4, &["counter"], "arguments"),
+    ];
+    for (n, args, says) in cases {
+        let run = dsm_testkit::dsmrun(n, &["--timeout", "60", "--replay", s(&rec)], TEST, args);
+        let ctx = run.all_output();
+        assert_eq!(run.code, Some(67), "{args:?} at {n}\n{ctx}");
+        assert!(
+            run.stderr.contains("cannot replay") && run.stderr.contains(says),
+            "{ctx}"
+        );
+        assert!(run.elapsed < Duration::from_secs(5), "{ctx}");
+    }
+}
+
+/// Rewrites the record's arguments, so that the header check passes and the run itself
+/// must notice that it leaves the record.
+fn with_args(rec: &Path, out: &Path, args: &[&str]) {
+    let mut record = dsm_replay::Record::from_bytes(&std::fs::read(rec).unwrap()).unwrap();
+    record.header.args = args.iter().map(|a| a.to_string()).collect();
+    std::fs::write(out, record.to_bytes()).unwrap();
+}
+
+#[test]
+fn a_replay_that_leaves_the_record_exits_67_naming_lock_grant_and_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("lo.dsmrec");
+    let recorded = dsm_testkit::dsmrun(
+        4,
+        &["--timeout", "60", "--record", s(&rec)],
+        TEST,
+        &["lock-order"],
+    );
+    assert_eq!(recorded.code, Some(0), "{}", recorded.all_output());
+    for rounds in ["9", "7"] {
+        let args = ["lock-order", "--rounds", rounds];
+        let forged = dir.path().join(format!("forged{rounds}.dsmrec"));
+        with_args(&rec, &forged, &args);
+        let run = dsm_testkit::dsmrun(4, &["--timeout", "60", "--replay", s(&forged)], TEST, &args);
+        let ctx = run.all_output();
+        assert_eq!(run.code, Some(67), "--rounds {rounds}\n{ctx}");
+        assert!(ctx.contains("dsm: replay diverged on rank"), "{ctx}");
+        assert!(
+            ctx.contains("dsmrun: replay diverged from the record"),
+            "{ctx}"
+        );
+        if rounds == "9" {
+            // One acquire more than recorded: the lock, the grant and the ranks are named.
+            assert!(ctx.contains("lock \"lock-order\""), "{ctx}");
+            assert!(ctx.contains("grant"), "{ctx}");
+        }
+        assert!(run.elapsed < Duration::from_secs(20), "{ctx}");
+    }
+}
+
+#[test]
+fn damaged_records_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("lo.dsmrec");
+    let recorded = dsm_testkit::dsmrun(
+        2,
+        &["--timeout", "60", "--record", s(&rec)],
+        TEST,
+        &["lock-order"],
+    );
+    assert_eq!(recorded.code, Some(0), "{}", recorded.all_output());
+    let bytes = std::fs::read(&rec).unwrap();
+    let bad = dir.path().join("bad.dsmrec");
+    let cases: [(Vec<u8>, &str); 3] = [
+        (bytes[..bytes.len() / 2].to_vec(), "truncated"),
+        (
+            b"not a record at all".to_vec(),
+            "not a dsm synchronization record",
+        ),
+        (
+            {
+                let mut b = bytes.clone();
+                let i = b.len() - 12;
+                b[i] ^= 0x55;
+                b
+            },
+            "corrupt",
+        ),
+    ];
+    for (content, says) in cases {
+        std::fs::write(&bad, content).unwrap();
+        let run = dsm_testkit::dsmrun(2, &["--replay", s(&bad)], TEST, &["lock-order"]);
+        assert_eq!(run.code, Some(1), "{}", run.all_output());
+        assert!(run.stderr.contains(says), "{}", run.stderr);
+    }
+    let missing = dir.path().join("missing.dsmrec");
+    let run = dsm_testkit::dsmrun(2, &["--replay", s(&missing)], TEST, &["lock-order"]);
+    assert_eq!(run.code, Some(1));
+    assert!(
+        run.stderr.contains("cannot read the record"),
+        "{}",
+        run.stderr
+    );
+}
