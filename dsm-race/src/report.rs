@@ -262,6 +262,8 @@ impl Reporter {
         let names = Names {
             locks: &self.lock_names,
             syncs: &self.sync_points,
+            hits: &[],
+            roots: &[],
         };
         let mut text = String::new();
         for f in findings {
