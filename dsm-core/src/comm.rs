@@ -238,6 +238,7 @@ impl StateMirror {
 fn race_notice_bytes(msg: &Msg) -> u64 {
     let intervals = match msg {
         Msg::LockGrant { intervals, .. }
+        | Msg::SemGrant { intervals, .. }
         | Msg::BarrierArrive { intervals, .. }
         | Msg::BarrierRelease { intervals, .. } => intervals.as_slice(),
         _ => return 0,

@@ -212,6 +212,9 @@ pub struct JobConfig {
     pub local: Option<LocalPlacement>,
     /// Where to write this rank's counters at finish (`%r` becomes the rank).
     pub stats_file: Option<PathBuf>,
+    /// Semaphore trace (`--sem-trace FILE`): each rank writes its completed semaphore
+    /// operations to `FILE.rank<R>`, which dsmrun merges into `FILE`.
+    pub sem_trace: Option<PathBuf>,
     /// Rank 0: the inherited rendezvous socket, bound to `coord` and listening
     /// (`DSM_COORD_FD`).
     pub coord_fd: Option<i32>,
@@ -241,6 +244,7 @@ impl JobConfig {
             pin: false,
             local: None,
             stats_file: None,
+            sem_trace: None,
             coord_fd: None,
             launcher_fd: None,
         }
@@ -480,6 +484,9 @@ impl JobConfig {
             stats_file: get(vars::STATS_FILE)
                 .filter(|s| !s.is_empty())
                 .map(PathBuf::from),
+            sem_trace: get(vars::SEM_TRACE)
+                .filter(|s| !s.is_empty())
+                .map(PathBuf::from),
             coord_fd: parse_fd(vars::COORD_FD, get(vars::COORD_FD))?,
             launcher_fd: parse_fd(vars::LAUNCHER_FD, get(vars::LAUNCHER_FD))?,
         })
@@ -523,6 +530,9 @@ impl JobConfig {
         if let Some(local) = self.local {
             env.push((vars::LOCAL_RANK, local.rank.to_string().into()));
             env.push((vars::LOCAL_SIZE, local.size.to_string().into()));
+        }
+        if let Some(p) = &self.sem_trace {
+            env.push((vars::SEM_TRACE, p.clone().into_os_string()));
         }
         let trace = &self.trace;
         match &trace.mode {

@@ -126,6 +126,9 @@ pub mod env_vars {
     pub const TOLERANCE: &str = "DSM_TOLERANCE";
     /// Relative tolerance for f64/f32 elements in comparisons.
     pub const REL_TOLERANCE: &str = "DSM_REL_TOLERANCE";
+    /// Semaphore trace: each rank writes its part to this path plus `.rank<R>`
+    /// (`dsmrun --sem-trace`).
+    pub const SEM_TRACE: &str = "DSM_SEM_TRACE";
     /// Log filter for binaries that install dsm's logging (`tracing` env-filter syntax).
     pub const LOG: &str = "DSM_LOG";
 
@@ -133,7 +136,8 @@ pub mod env_vars {
     /// its own, so a nested or leftover setting never leaks into a job. The others
     /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_PIN`, `DSM_STATS_FILE`, `DSM_LOG`) are the
     /// user's to set for a whole job and reach the ranks by inheritance.
-    pub const LAUNCHER_OWNED: [&str; 26] = [
+    pub const LAUNCHER_OWNED: [&str; 27] = [
+        SEM_TRACE,
         TRACE_VALUES,
         TRACE_FULL,
         TRACE_VARS,

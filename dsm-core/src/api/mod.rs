@@ -17,10 +17,12 @@
 //! in [`race`], the run's counters and stats file in [`stats`].
 
 mod race;
+mod semaphore;
 mod stats;
 mod trace;
 mod view;
 
+pub use semaphore::{semaphore_id, Semaphore};
 pub use view::{band, Array, Block, Strided, StridedMut, View};
 
 use crate::comm::{Comm, SegmentMemory, StateMirror};
@@ -184,6 +186,10 @@ pub struct Dsm {
     sync_point: Point,
     /// Where to write the run's counters at finish (`DSM_STATS_FILE`).
     stats_file: Option<std::path::PathBuf>,
+    /// Semaphores this node created: name and initial count.
+    semaphores: std::collections::HashMap<dsm_proto::SemId, (String, u32)>,
+    /// This rank's part of the semaphore trace (`--sem-trace`).
+    sem_trace: Option<dsm_ahb::format::PartWriter<std::io::BufWriter<std::fs::File>>>,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -273,6 +279,8 @@ impl Dsm {
             finished: false,
             started: Instant::now(),
             stats_file: env.stats_file.clone(),
+            semaphores: Default::default(),
+            sem_trace: semaphore::open_trace(&env)?,
             barriers_called: 0,
             sync_point: Point::Barrier(0),
             _not_send: PhantomData,

@@ -53,6 +53,7 @@ Environment of every rank (inherited DSM_* values of these names are dropped):
   DSM_COMPARE          absolute path of --compare FILE
   DSM_COMPARE_CONTINUE=1                              (--compare-continue)
   DSM_TOLERANCE, DSM_REL_TOLERANCE                    (--tolerance, --rel-tolerance)
+  DSM_SEM_TRACE        absolute path of --sem-trace FILE
 DSM_SEGMENT_ADDR, DSM_PIN, DSM_STATS_FILE, DSM_RACE_PHASES and DSM_LOG are
 passed through from dsmrun's environment (see the README).
 
@@ -235,6 +236,13 @@ struct Cli {
     #[arg(long, value_name = "REL", requires = "compare", value_parser = parse_tolerance)]
     rel_tolerance: Option<f64>,
 
+    /// Write every completed semaphore operation (node, wait or signal,
+    /// semaphore, the signal each wait consumed, vector time) and each
+    /// semaphore's initial count to FILE, for dsm-ahb; ranks write FILE.rank<R>
+    /// (DSM_SEM_TRACE), merged into FILE when the job ends
+    #[arg(long, value_name = "FILE")]
+    sem_trace: Option<PathBuf>,
+
     /// The program to run, followed by its arguments
     #[arg(value_name = "PROGRAM [ARGS]", required = true, num_args = 1..,
           trailing_var_arg = true)]
@@ -331,6 +339,10 @@ impl Cli {
             liveness: self.liveness.map_or(Some(DEFAULT_LIVENESS), |d| d.0),
             race,
             trace,
+            sem_trace: self
+                .sem_trace
+                .map(|p| absolute(&p, "--sem-trace"))
+                .transpose()?,
         })
     }
 }
@@ -349,7 +361,22 @@ fn main() -> ExitCode {
     let mut race_on = false;
     match cli.into_config().and_then(|config| {
         race_on = config.race.enabled;
-        Ok(launcher::run(&config)?)
+        let outcome = launcher::run(&config)?;
+        if let Some(path) = &config.sem_trace {
+            if matches!(
+                outcome,
+                JobOutcome::Success | JobOutcome::RaceReported { .. }
+            ) {
+                launcher::merge_sem_trace(path, config.ranks).map_err(anyhow::Error::msg)?;
+            } else {
+                eprintln!(
+                    "dsmrun: the job failed; the semaphore trace is left in its per-rank \
+                     parts {}.rank<R>",
+                    path.display()
+                );
+            }
+        }
+        Ok(outcome)
     }) {
         Ok(outcome) => {
             let clean = matches!(
