@@ -253,10 +253,7 @@ fn build(nodes: usize, records: Vec<(usize, Record)>) -> Result<Trace, FormatErr
     for (line, o) in &ops {
         let bad = |why: String| FormatError::Bad { line: *line, why };
         if o.node >= nodes {
-            return Err(bad(format!(
-                "node {} in a {nodes}-node trace",
-                o.node
-            )));
+            return Err(bad(format!("node {} in a {nodes}-node trace", o.node)));
         }
         let Some(&sem) = sem_index.get(&o.sem) else {
             return Err(bad(format!("semaphore '{}' was never declared", o.sem)));
@@ -322,10 +319,7 @@ fn build(nodes: usize, records: Vec<(usize, Record)>) -> Result<Trace, FormatErr
 
 /// Merges the part files of one run (any order) into a trace file, checking that they
 /// are the parts `0..nodes` of one job.
-pub fn merge_parts(
-    parts: Vec<impl BufRead>,
-    mut out: impl Write,
-) -> Result<Trace, FormatError> {
+pub fn merge_parts(parts: Vec<impl BufRead>, mut out: impl Write) -> Result<Trace, FormatError> {
     let mut nodes = None;
     let mut seen = HashSet::new();
     let mut all = Vec::new();

@@ -104,9 +104,10 @@ impl Trace {
 
     /// Where signal `seq` of `node` on `sem` is in the node's events.
     fn signal_position(&self, sem: usize, node: usize, seq: u32) -> Option<usize> {
-        self.events.get(node)?.iter().position(|e| {
-            e.op == Op::Signal && e.sem == sem && e.seq == Some(seq)
-        })
+        self.events
+            .get(node)?
+            .iter()
+            .position(|e| e.op == Op::Signal && e.sem == sem && e.seq == Some(seq))
     }
 }
 

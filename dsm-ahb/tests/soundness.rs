@@ -22,7 +22,10 @@ fn analysis_is_sound_against_brute_force_on_5000_traces() {
         let t = generate(params, &mut rng);
         let exact = brute_force(&t, 1 << 24).expect("small trace");
         let obs = observed(&t).expect("generated pairings are acyclic");
-        assert!(is_subset(&exact, &obs), "trace {i}: an always-ordering the run lacks");
+        assert!(
+            is_subset(&exact, &obs),
+            "trace {i}: an always-ordering the run lacks"
+        );
         for d in 0..=3u32 {
             let a = analyse(&t, d).expect("feasible");
             assert!(

@@ -37,8 +37,7 @@ mod sys;
 
 pub use api::{
     band, lock_manager, semaphore_id, Array, Block, Distribution, Dsm, LockGuard, Outcome,
-    Semaphore, Stats, Strided,
-    StridedMut, View, DEFAULT_SEGMENT, DEFAULT_SEGMENT_ADDR,
+    Semaphore, Stats, Strided, StridedMut, View, DEFAULT_SEGMENT, DEFAULT_SEGMENT_ADDR,
 };
 pub use dsm_proto::{env_vars, JobConfig, LockId, RaceOptions, PAGE_SIZE};
 pub use error::DsmError;

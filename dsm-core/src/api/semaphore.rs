@@ -6,9 +6,9 @@
 use super::{fnv, Dsm, FNV_OFFSET};
 use crate::engine::{Command, Reply, SemDone};
 use crate::error::DsmError;
-use dsm_proto::SemId;
 use dsm_ahb::format::PartWriter;
 use dsm_ahb::Op;
+use dsm_proto::SemId;
 use dsm_race::Point;
 
 /// A counting semaphore made by [`Dsm::semaphore`]: a small handle naming it, valid for

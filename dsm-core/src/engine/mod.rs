@@ -44,12 +44,12 @@ mod vec_memory;
 use crate::diff::{self, DiffError};
 use barriers::{Arrival, MasterRelease};
 use dsm_proto::{
-    BitmapKey, EncodedBitmap, IntervalRecord, LockId, Msg, NodeId, PageNo, PageRuns, RaceNotices, SemId,
-    SyncCause, VectorTime, PAGE_SIZE,
+    BitmapKey, EncodedBitmap, IntervalRecord, LockId, Msg, NodeId, PageNo, PageRuns, RaceNotices,
+    SemId, SyncCause, VectorTime, PAGE_SIZE,
 };
 use locks::LockState;
-use semaphores::SemState;
 use pages::{FetchInFlight, HomeWait, PageEntry, ParkedServe};
+use semaphores::SemState;
 use std::collections::{BTreeMap, HashMap, TryReserveError};
 
 pub use barriers::ALL_TO_ALL_MAX_NODES;
