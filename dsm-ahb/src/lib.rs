@@ -207,13 +207,6 @@ impl Prefixes {
     }
 }
 
-/// How many of `node`'s signals in `sigs` lie between its prefix `from` and `pos`.
-fn sigs_before(sigs: &[(usize, usize)], node: usize, pos: usize, from: u32) -> usize {
-    sigs.iter()
-        .filter(|&&(j, p)| j == node && p >= from as usize && p < pos)
-        .count()
-}
-
 /// The k-th smallest (1-based) of each component.
 fn min_k(vecs: &[Vec<u32>], k: usize, n: usize) -> Vec<u32> {
     let mut out = vec![0; n];
@@ -237,69 +230,91 @@ struct Analyser<'a> {
 }
 
 impl Analyser<'_> {
-    /// Raises `v`, a lower bound of every reachable state under consideration, by what
-    /// those states must also contain; `None` if no reachable state satisfies it. The
-    /// states under consideration are those where an operation has just completed, so none
-    /// exceeds `cap` (that operation's position on its node, unbounded elsewhere): a
-    /// signal that only a state beyond `cap` can hold helps nobody.
+    /// Raises `v`, a lower bound of the reachable states in which the *anchor* operation
+    /// (node `anchor.0`, 1-based position `anchor.1`) has just completed, by what those
+    /// states must also contain; `None` if no such state exists. No such state exceeds
+    /// `cap` (and its anchor component is exactly the anchor's position).
     ///
-    /// Two rules, each sound on its own, applied to a fixpoint: (1) a state containing an
-    /// event contains everything the current order puts before it; (2) if the prefix `v`
-    /// uses `k` more tokens of a semaphore than its initial count and the signals in the
-    /// prefix provide (Observations 1 and 3), then at least `k` of the other signals `s`
-    /// are in the state, and the state is at least the `k`-th smallest, per component, of
-    /// the bounds "the state contains `v` and `s`". With `depth > 0` that bound is itself
-    /// closed with `depth - 1` (Observation 4: a signal that helps brings the waits before
-    /// it, and so the signals those need); a signal whose bound is infeasible cannot help.
-    fn close(&self, mut v: Vec<u32>, depth: u32, cap: &[u32]) -> Option<Vec<u32>> {
+    /// Two rules, each sound on its own, applied to a fixpoint:
+    /// 1. a state containing an operation contains everything the current order puts
+    ///    before it;
+    /// 2. if the prefix `v` uses `k` more tokens of a semaphore than its initial count and
+    ///    the signals in the prefix provide (Observations 1 and 3; an anchor signal is not
+    ///    counted, since every wait of the state completed before it), at least `k` other
+    ///    signals `s` of it are in the state, each completed before the anchor, so each
+    ///    one's own completion state `z` is below the state and below `cap` with the
+    ///    anchor's node one lower. The state is then at least the `k`-th smallest, per
+    ///    component, of the bounds `max(v, z)`.
+    ///
+    /// At depth 0, `z` is the current order's bound of `s`. With `depth > 0`, `z` is
+    /// itself closed at `depth - 1` with `s` as the anchor (Observation 4: the signal needs
+    /// its own tokens, before it), and `max(v, z)` is closed at `depth - 1` with this
+    /// anchor (Observation 2, shadowing: the waits before `s` need tokens too). A signal
+    /// whose bound is infeasible cannot help.
+    fn close(
+        &self,
+        mut v: Vec<u32>,
+        depth: u32,
+        cap: &[u32],
+        anchor: (usize, u32),
+    ) -> Option<Vec<u32>> {
         let n = v.len();
+        // Completion states of operations before the anchor.
+        let mut before = cap.to_vec();
+        before[anchor.0] = before[anchor.0].min(anchor.1.saturating_sub(1));
         loop {
             if !leq(&v, cap) {
                 return None;
             }
             // Rule 1 to a fixpoint.
             loop {
-                let before = v.clone();
+                let prev = v.clone();
                 for j in 0..n {
                     if v[j] > 0 {
                         let w = self.order[j][v[j] as usize - 1].clone();
                         max_into(&mut v, &w);
                     }
                 }
-                if v == before {
+                if v == prev {
                     break;
                 }
             }
+            if !leq(&v, cap) {
+                return None;
+            }
             let mut changed = false;
+            let anchor_op = &self.trace.events[anchor.0][anchor.1 as usize - 1];
             for (sem, sigs) in self.signals.iter().enumerate() {
-                let k = self.prefixes.deficit(self.trace, &v, sem);
+                if self.prefixes.deficit(self.trace, &v, sem) + 1 <= 0 {
+                    continue;
+                }
+                let k = self.tokens_from_outside(&v, sem, anchor, anchor_op);
                 if k <= 0 {
                     continue;
                 }
-                // Per node, the bounds of its candidate signals in program order: a state
-                // holding a node's a-th candidate holds its earlier ones too, so the
-                // helping signals are a prefix per node.
-                let mut per_node: Vec<Vec<Vec<u32>>> = vec![Vec::new(); n];
+                let mut bounds = Vec::new();
                 for &(node, pos) in sigs {
-                    if pos < v[node] as usize {
+                    if pos < v[node] as usize || pos as u32 >= before[node] {
                         continue;
                     }
-                    // After an infeasible candidate every later one of its node is too.
-                    if per_node[node].len() < sigs_before(sigs, node, pos, v[node]) {
-                        continue;
-                    }
+                    let own = &self.order[node][pos];
+                    let z = if depth > 0 {
+                        let mut cap_s = before.clone();
+                        cap_s[node] = pos as u32 + 1;
+                        self.close(own.clone(), depth - 1, &cap_s, (node, pos as u32 + 1))
+                    } else {
+                        leq(own, &before).then(|| own.clone())
+                    };
+                    let Some(z) = z else { continue };
                     let mut w = v.clone();
-                    max_into(&mut w, &self.order[node][pos]);
+                    max_into(&mut w, &z);
                     let w = if depth > 0 {
-                        self.close(w, depth - 1, cap)
+                        self.close(w, depth - 1, cap, anchor)
                     } else {
                         leq(&w, cap).then_some(w)
                     };
-                    if let Some(w) = w {
-                        per_node[node].push(w);
-                    }
+                    bounds.extend(w);
                 }
-                let bounds: Vec<Vec<u32>> = per_node.into_iter().flatten().collect();
                 if bounds.len() < k as usize {
                     return None;
                 }
@@ -314,6 +329,82 @@ impl Analyser<'_> {
                 return Some(v);
             }
         }
+    }
+
+    /// How many of the waits on `sem` in the prefix `v` must be served by signals outside
+    /// it: the waits, less the initial tokens, less the most waits the prefix's own signals
+    /// can serve, where a signal can serve a wait unless the current order puts it after
+    /// the wait (a maximum bipartite matching; every execution pairs each wait with an
+    /// earlier signal, so it gives such a matching). An anchor signal serves nobody: every
+    /// other operation of the state completed before it.
+    fn tokens_from_outside(
+        &self,
+        v: &[u32],
+        sem: usize,
+        anchor: (usize, u32),
+        anchor_op: &TraceEvent,
+    ) -> i64 {
+        let mut waits = Vec::new();
+        let mut signals = Vec::new();
+        for (j, &c) in v.iter().enumerate() {
+            for (p, e) in self.trace.events[j][..c as usize].iter().enumerate() {
+                if e.sem != sem {
+                    continue;
+                }
+                match e.op {
+                    Op::Wait => waits.push((j, p)),
+                    Op::Signal => {
+                        let is_anchor = anchor_op.op == Op::Signal && (j, p as u32 + 1) == anchor;
+                        if !is_anchor {
+                            signals.push((j, p));
+                        }
+                    }
+                }
+            }
+        }
+        let need = waits.len() as i64 - self.trace.initial[sem] as i64;
+        if need <= 0 {
+            return 0;
+        }
+        // Kuhn's augmenting paths: signal -> wait it serves.
+        let serves = |s: (usize, usize), w: (usize, usize)| {
+            // Not after the wait: the signal's bound holds fewer of the wait's node's
+            // operations than the wait's position.
+            self.order[s.0][s.1][w.0] <= w.1 as u32
+        };
+        let mut served_by: Vec<Option<usize>> = vec![None; waits.len()];
+        fn augment(
+            si: usize,
+            signals: &[(usize, usize)],
+            waits: &[(usize, usize)],
+            serves: &dyn Fn((usize, usize), (usize, usize)) -> bool,
+            served_by: &mut Vec<Option<usize>>,
+            seen: &mut Vec<bool>,
+        ) -> bool {
+            for wi in 0..waits.len() {
+                if seen[wi] || !serves(signals[si], waits[wi]) {
+                    continue;
+                }
+                seen[wi] = true;
+                let free = match served_by[wi] {
+                    None => true,
+                    Some(other) => augment(other, signals, waits, serves, served_by, seen),
+                };
+                if free {
+                    served_by[wi] = Some(si);
+                    return true;
+                }
+            }
+            false
+        }
+        let mut matched = 0i64;
+        for si in 0..signals.len() {
+            let mut seen = vec![false; waits.len()];
+            if augment(si, &signals, &waits, &serves, &mut served_by, &mut seen) {
+                matched += 1;
+            }
+        }
+        need - matched
     }
 }
 
@@ -373,12 +464,13 @@ pub fn analyse(trace: &Trace, depth: u32) -> Result<Order, AnalysisError> {
                     // completed: none holds a later operation of its node.
                     let mut cap = vec![u32::MAX; n];
                     cap[j] = c as u32 + 1;
-                    a.close(v, depth - 1, &cap).ok_or_else(|| {
-                        AnalysisError::Infeasible(format!(
-                            "operation {} of node {j} can never complete",
-                            c + 1
-                        ))
-                    })?
+                    a.close(v, depth - 1, &cap, (j, c as u32 + 1))
+                        .ok_or_else(|| {
+                            AnalysisError::Infeasible(format!(
+                                "operation {} of node {j} can never complete",
+                                c + 1
+                            ))
+                        })?
                 };
                 if v != a.order[j][c] {
                     a.order[j][c] = v;
