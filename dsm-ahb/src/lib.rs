@@ -428,21 +428,10 @@ pub fn analyse(trace: &Trace, depth: u32) -> Result<Order, AnalysisError> {
             }
         }
     }
-    // Program order only: the safe starting point.
-    let order: Order = trace
-        .events
-        .iter()
-        .enumerate()
-        .map(|(j, evs)| {
-            (0..evs.len())
-                .map(|c| {
-                    let mut v = vec![0; n];
-                    v[j] = c as u32 + 1;
-                    v
-                })
-                .collect()
-        })
-        .collect();
+    let order = rewind(trace)?;
+    if depth == 0 {
+        return Ok(order);
+    }
     let mut a = Analyser {
         trace,
         prefixes: Prefixes::new(trace),
@@ -457,21 +446,18 @@ pub fn analyse(trace: &Trace, depth: u32) -> Result<Order, AnalysisError> {
                 if c > 0 {
                     max_into(&mut v, &a.order[j][c - 1]);
                 }
-                let v = if depth == 0 {
-                    rewind_step(&a, j, c, v)
-                } else {
-                    // The states that matter are those where this operation has just
-                    // completed: none holds a later operation of its node.
-                    let mut cap = vec![u32::MAX; n];
-                    cap[j] = c as u32 + 1;
-                    a.close(v, depth - 1, &cap, (j, c as u32 + 1))
-                        .ok_or_else(|| {
-                            AnalysisError::Infeasible(format!(
-                                "operation {} of node {j} can never complete",
-                                c + 1
-                            ))
-                        })?
-                };
+                // The states that matter are those where this operation has just
+                // completed: none holds a later operation of its node.
+                let mut cap = vec![u32::MAX; n];
+                cap[j] = c as u32 + 1;
+                let v = a
+                    .close(v, depth - 1, &cap, (j, c as u32 + 1))
+                    .ok_or_else(|| {
+                        AnalysisError::Infeasible(format!(
+                            "operation {} of node {j} can never complete",
+                            c + 1
+                        ))
+                    })?;
                 if v != a.order[j][c] {
                     a.order[j][c] = v;
                     changed = true;
@@ -484,31 +470,60 @@ pub fn analyse(trace: &Trace, depth: u32) -> Result<Order, AnalysisError> {
     }
 }
 
-/// Algorithm 1 for one event: a wait on `S` is at least the component-wise minimum of the
-/// bounds of `S`'s signals (an initial token counts as a signal bounded by zero).
-fn rewind_step(a: &Analyser<'_>, j: usize, c: usize, mut v: Vec<u32>) -> Vec<u32> {
-    let e = &a.trace.events[j][c];
-    if e.op != Op::Wait || a.trace.initial[e.sem] > 0 {
-        return v;
+/// Algorithm 1 (rewind): from the vector clocks of the observed pairing down to a
+/// fixpoint of "an operation is at least its predecessor and itself; a wait is at least the
+/// component-wise minimum over every signal of its semaphore (an initial token counting as
+/// a signal bounded by zero)".
+///
+/// Why any fixpoint of that rule is safe although the iteration starts from the observed,
+/// unsafe clocks: take any feasible execution E and write `P(e)` for the operations of
+/// each node up to `e` in E. By induction along E, `τ(e) <= P(e)`: the predecessor comes
+/// before `e` in E, and for a wait, the signal it consumed in E comes before it, so the
+/// minimum over all signals is at most that signal's `τ <= P(signal) <= P(e)`. Hence
+/// every ordering the fixpoint reports holds in E. The rule is monotone and the observed
+/// clocks are above it, so the iteration only decreases and ends.
+pub fn rewind(trace: &Trace) -> Result<Order, AnalysisError> {
+    let n = trace.nodes();
+    let mut tau = observed(trace)?;
+    let mut signals = vec![Vec::new(); trace.initial.len()];
+    for (j, evs) in trace.events.iter().enumerate() {
+        for (c, e) in evs.iter().enumerate() {
+            if e.op == Op::Signal {
+                signals[e.sem].push((j, c));
+            }
+        }
     }
-    let bounds: Vec<Vec<u32>> = a.signals[e.sem]
-        .iter()
-        .filter(|&&(node, _)| node != j)
-        .map(|&(node, pos)| a.order[node][pos].clone())
-        .chain(
-            // A signal earlier on the same node is before the wait already; one later
-            // cannot be the one it consumed.
-            a.signals[e.sem]
-                .iter()
-                .filter(|&&(node, pos)| node == j && pos < c)
-                .map(|_| vec![0; v.len()]),
-        )
-        .collect();
-    if !bounds.is_empty() {
-        let m = min_k(&bounds, 1, v.len());
-        max_into(&mut v, &m);
+    loop {
+        let mut changed = false;
+        for j in 0..n {
+            for c in 0..trace.events[j].len() {
+                let e = &trace.events[j][c];
+                let mut v = if c > 0 {
+                    tau[j][c - 1].clone()
+                } else {
+                    vec![0; n]
+                };
+                v[j] = c as u32 + 1;
+                if e.op == Op::Wait && trace.initial[e.sem] == 0 {
+                    for i in 0..n {
+                        let m = signals[e.sem]
+                            .iter()
+                            .map(|&(node, pos)| tau[node][pos][i])
+                            .min()
+                            .unwrap_or(0);
+                        v[i] = v[i].max(m);
+                    }
+                }
+                if v != tau[j][c] {
+                    tau[j][c] = v;
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            return Ok(tau);
+        }
     }
-    v
 }
 
 /// The exact "always happens before" order by exhaustive search of the reachable states (a
