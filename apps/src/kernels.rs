@@ -591,6 +591,32 @@ fn sem_pairing_dependent(dsm: &mut Dsm) -> Result<(), DsmError> {
     Ok(())
 }
 
+/// The mirror image of [`sem_pairing_dependent`]: rank 0 writes d[0] and signals at once,
+/// rank 2 signals a second later without writing, so the run pairs rank 1's first wait
+/// with rank 0's signal and its read of d[0] is ordered: no race under the observed order.
+/// Had rank 2's signal come first, the read would race; `--sem-order=safe` reports it.
+fn sem_pairing_hidden(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let d = dsm.alloc::<u64>("d", 2)?;
+    let s = dsm.semaphore("either", 0)?;
+    match dsm.rank() {
+        0 => {
+            dsm.view(&d).set(0, 7);
+            dsm.signal(&s)?;
+        }
+        1 => {
+            dsm.wait(&s)?;
+            let _ = dsm.view(&d).get(0);
+            dsm.wait(&s)?;
+        }
+        2 => {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+            dsm.signal(&s)?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 /// Many hand-offs in one job: ranks 0 and 1 ping-pong a value through two semaphores, each
 /// checking it sees the other's last write (visibility under LRC).
 pub fn sem_pingpong(dsm: &mut Dsm, rounds: u64) -> Result<(), DsmError> {
@@ -667,6 +693,13 @@ pub fn all() -> Vec<Kernel> {
             about: "a semaphore hand-off where the data is written before the signal",
             min_nodes: 2,
             run: |d| sem_handoff(d, true),
+            expect: |_| Expect::NoRace,
+        },
+        Kernel {
+            name: "sem-pairing-hidden",
+            about: "a read after a wait the run paired with the writer's signal; another pairing races (--sem-order=safe)",
+            min_nodes: 3,
+            run: sem_pairing_hidden,
             expect: |_| Expect::NoRace,
         },
         Kernel {

@@ -23,6 +23,7 @@ const AT_EIGHT: &[&str] = &[
     "sem-handoff-write-after-signal",
     "sem-handoff-write-before-signal",
     "sem-pairing-dependent",
+    "sem-pairing-hidden",
 ];
 
 fn check(name: &str, n: usize, expect: &Expect) {

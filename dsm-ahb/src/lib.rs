@@ -16,6 +16,7 @@
 
 #![warn(missing_docs)]
 
+pub mod epoch;
 pub mod format;
 
 use rand::Rng;
@@ -419,6 +420,17 @@ impl Analyser<'_> {
 /// corresponds to the paper's `modify` with depth 1. See [`Analyser::close`] for the rules
 /// and ARCHITECTURE.md for how this reading of the paper's garbled Algorithm 2 was checked.
 pub fn analyse(trace: &Trace, depth: u32) -> Result<Order, AnalysisError> {
+    expand(trace, rewind(trace)?, depth)
+}
+
+/// [`analyse`] for a trace without the pairing of waits with signals (the rewind starts
+/// from the top instead of the observed clocks; see [`rewind`] for why that is safe).
+pub fn analyse_unpaired(trace: &Trace, depth: u32) -> Result<Order, AnalysisError> {
+    expand(trace, rewind_unpaired(trace)?, depth)
+}
+
+/// Algorithm 2 (expand) on a safe order, to a fixpoint.
+fn expand(trace: &Trace, order: Order, depth: u32) -> Result<Order, AnalysisError> {
     let n = trace.nodes();
     let mut signals = vec![Vec::new(); trace.initial.len()];
     for (j, evs) in trace.events.iter().enumerate() {
@@ -428,7 +440,6 @@ pub fn analyse(trace: &Trace, depth: u32) -> Result<Order, AnalysisError> {
             }
         }
     }
-    let order = rewind(trace)?;
     if depth == 0 {
         return Ok(order);
     }
@@ -483,8 +494,24 @@ pub fn analyse(trace: &Trace, depth: u32) -> Result<Order, AnalysisError> {
 /// every ordering the fixpoint reports holds in E. The rule is monotone and the observed
 /// clocks are above it, so the iteration only decreases and ends.
 pub fn rewind(trace: &Trace) -> Result<Order, AnalysisError> {
+    rewind_from(trace, observed(trace)?)
+}
+
+/// [`rewind`] from the top (every operation after everything) instead of the observed
+/// clocks, for traces that do not say which signal each wait consumed: the fixpoint it
+/// reaches is safe by the same argument.
+fn rewind_unpaired(trace: &Trace) -> Result<Order, AnalysisError> {
+    let top: Vec<u32> = trace.events.iter().map(|e| e.len() as u32).collect();
+    let start = trace
+        .events
+        .iter()
+        .map(|evs| vec![top.clone(); evs.len()])
+        .collect();
+    rewind_from(trace, start)
+}
+
+fn rewind_from(trace: &Trace, mut tau: Order) -> Result<Order, AnalysisError> {
     let n = trace.nodes();
-    let mut tau = observed(trace)?;
     let mut signals = vec![Vec::new(); trace.initial.len()];
     for (j, evs) in trace.events.iter().enumerate() {
         for (c, e) in evs.iter().enumerate() {

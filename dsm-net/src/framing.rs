@@ -124,7 +124,7 @@ mod tests {
             arb_vt(),
             arb_runs(),
             proptest::option::of((arb_runs(), arb_runs())),
-            0u32..6,
+            0u32..7,
             any::<u64>(),
         )
             .prop_map(
@@ -140,7 +140,8 @@ mod tests {
                         2 => SyncCause::Acquire(lock),
                         3 => SyncCause::Release(lock),
                         4 => SyncCause::SemWait(lock),
-                        _ => SyncCause::SemSignal(lock),
+                        5 => SyncCause::SemSignal(lock),
+                        _ => SyncCause::SemTryFailed(lock),
                     },
                 },
             )

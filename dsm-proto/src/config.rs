@@ -105,6 +105,10 @@ pub struct RaceOptions {
     pub schedule: bool,
     /// Variables whose lock-order dependences are not reported (`--schedule-ignore`).
     pub schedule_ignore: Vec<String>,
+    /// `--sem-order=safe`: order semaphore operations by what holds in every feasible
+    /// pairing of signals with waits (the always-happens-before order), not by the pairing
+    /// the run took, so races another pairing allows are reported too.
+    pub sem_order_safe: bool,
 }
 
 impl Default for RaceOptions {
@@ -118,6 +122,7 @@ impl Default for RaceOptions {
             phases: RacePhases::Full,
             schedule: false,
             schedule_ignore: Vec::new(),
+            sem_order_safe: false,
         }
     }
 }
@@ -411,6 +416,20 @@ impl JobConfig {
                 .filter(|_| enabled)
                 .map(|v| name_list(&v))
                 .unwrap_or_default(),
+            sem_order_safe: match get(vars::SEM_ORDER).filter(|_| enabled) {
+                None => false,
+                Some(v) => match v.trim() {
+                    "" | "observed" => false,
+                    "safe" => true,
+                    _ => {
+                        return Err(invalid(
+                            vars::SEM_ORDER,
+                            &v,
+                            "expected observed or safe".into(),
+                        ))
+                    }
+                },
+            },
         };
         let tolerance = |var: &'static str| -> Result<u64, ConfigError> {
             match get(var) {
@@ -579,6 +598,9 @@ impl JobConfig {
             }
             if !race.schedule_ignore.is_empty() {
                 env.push((vars::SCHEDULE_IGNORE, race.schedule_ignore.join(",").into()));
+            }
+            if race.sem_order_safe {
+                env.push((vars::SEM_ORDER, "safe".into()));
             }
         }
         env
@@ -774,6 +796,7 @@ mod tests {
             phases: RacePhases::Full,
             schedule: true,
             schedule_ignore: vec!["sum".into(), "forces".into()],
+            sem_order_safe: true,
         };
         c.trace = TraceOptions {
             mode: TraceMode::Compare("/tmp/ref.dsmtrace".into()),

@@ -126,6 +126,9 @@ pub mod env_vars {
     pub const TOLERANCE: &str = "DSM_TOLERANCE";
     /// Relative tolerance for f64/f32 elements in comparisons.
     pub const REL_TOLERANCE: &str = "DSM_REL_TOLERANCE";
+    /// `safe`: the race detector orders semaphore operations by the always-happens-before
+    /// order (`dsmrun --sem-order=safe`); `observed` (the default) by the run's pairing.
+    pub const SEM_ORDER: &str = "DSM_SEM_ORDER";
     /// Semaphore trace: each rank writes its part to this path plus `.rank<R>`
     /// (`dsmrun --sem-trace`).
     pub const SEM_TRACE: &str = "DSM_SEM_TRACE";
@@ -136,7 +139,8 @@ pub mod env_vars {
     /// its own, so a nested or leftover setting never leaks into a job. The others
     /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_PIN`, `DSM_STATS_FILE`, `DSM_LOG`) are the
     /// user's to set for a whole job and reach the ranks by inheritance.
-    pub const LAUNCHER_OWNED: [&str; 27] = [
+    pub const LAUNCHER_OWNED: [&str; 28] = [
+        SEM_ORDER,
         SEM_TRACE,
         TRACE_VALUES,
         TRACE_FULL,

@@ -257,6 +257,8 @@ pub enum SyncCause {
     SemWait(SemId),
     /// A signal (V) on a semaphore: a release.
     SemSignal(SemId),
+    /// A try-wait on a semaphore that found no token (ordered after nothing new).
+    SemTryFailed(SemId),
 }
 
 /// Pages read and written in an interval, as recorded by the typed access API when race

@@ -165,6 +165,7 @@ pub fn sync_text(
         SyncCause::Release(l) => format!("after release of {}", lock(l)),
         SyncCause::SemWait(s) => format!("after wait on {}", semaphore(s)),
         SyncCause::SemSignal(s) => format!("after signal of {}", semaphore(s)),
+        SyncCause::SemTryFailed(s) => format!("after a failed try-wait on {}", semaphore(s)),
     }
 }
 

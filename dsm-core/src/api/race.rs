@@ -11,6 +11,10 @@ use dsm_race::{Recorder, Reporter, VarTable};
 use std::io::{self, Write};
 use std::time::{Duration, Instant};
 
+/// Depth of the always-happens-before expansion under `--sem-order=safe` (see dsm-ahb: 2
+/// finds most orderings at a cost far below depth 3's).
+const SAFE_ORDER_DEPTH: u32 = 2;
+
 /// Race-detection state of this node.
 pub(super) struct RaceState {
     pub(super) phases: RacePhases,
@@ -28,6 +32,8 @@ pub(super) struct RaceState {
     /// Bitmaps the master had to fetch in an extra round (not shipped with arrivals).
     pub(super) fetched_late: u64,
     pub(super) sum: dsm_race::PlanStats,
+    /// `--sem-order=safe`, master: each semaphore's tokens when the current epoch began.
+    pub(super) sem_tokens: std::collections::BTreeMap<dsm_proto::SemId, u32>,
 }
 
 impl RaceState {
@@ -56,6 +62,7 @@ impl RaceState {
             notice_bytes: 0,
             fetched_late: 0,
             sum: Default::default(),
+            sem_tokens: Default::default(),
         })
     }
 
@@ -150,6 +157,23 @@ impl Dsm {
             .filter_map(|i| i.race.as_ref())
             .map(|n| postcard::experimental::serialized_size(n).map_or(0, |s| s as u64))
             .sum();
+        let mut intervals = intervals;
+        if r.options.sem_order_safe {
+            let n = self.size;
+            match dsm_ahb::epoch::make_safe(&mut intervals, &r.sem_tokens, n, SAFE_ORDER_DEPTH) {
+                Ok(_) => {}
+                Err(dsm_ahb::epoch::SafeOrderError::LocksInEpoch) => eprintln!(
+                    "dsm: --sem-order=safe: epoch {epoch} also synchronizes through locks; \
+                     its semaphore edges are kept as observed"
+                ),
+                Err(e) => {
+                    return Err(DsmError::Protocol(format!(
+                        "--sem-order=safe analysis of epoch {epoch}: {e}"
+                    )))
+                }
+            }
+            r.sem_tokens = dsm_ahb::epoch::tokens_after(&intervals, &r.sem_tokens);
+        }
         let t0 = Instant::now();
         let mut plan = dsm_race::plan_with(epoch, intervals, r.options.schedule);
         let t1 = Instant::now();

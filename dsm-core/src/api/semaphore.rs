@@ -74,6 +74,9 @@ impl Dsm {
             }
         }
         self.semaphores.insert(id, (name.to_string(), initial));
+        if let Some(r) = self.race.as_mut() {
+            r.sem_tokens.insert(id, initial);
+        }
         if let Some(rep) = self.race.as_mut().and_then(|r| r.reporter.as_mut()) {
             rep.name_lock(id, name);
         }

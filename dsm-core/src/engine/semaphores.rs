@@ -308,7 +308,7 @@ impl<M: Memory> Engine<M> {
             return;
         }
         st.waiting = false;
-        self.begin_interval(SyncCause::SemWait(sem));
+        self.begin_interval(SyncCause::SemTryFailed(sem));
         let vt = self.vt.clone();
         self.reply(Reply::Sem(SemDone {
             acquired: false,

@@ -54,6 +54,7 @@ Environment of every rank (inherited DSM_* values of these names are dropped):
   DSM_COMPARE_CONTINUE=1                              (--compare-continue)
   DSM_TOLERANCE, DSM_REL_TOLERANCE                    (--tolerance, --rel-tolerance)
   DSM_SEM_TRACE        absolute path of --sem-trace FILE
+  DSM_SEM_ORDER=safe                                  (--sem-order=safe)
 DSM_SEGMENT_ADDR, DSM_PIN, DSM_STATS_FILE, DSM_RACE_PHASES and DSM_LOG are
 passed through from dsmrun's environment (see the README).
 
@@ -236,6 +237,14 @@ struct Cli {
     #[arg(long, value_name = "REL", requires = "compare", value_parser = parse_tolerance)]
     rel_tolerance: Option<f64>,
 
+    /// How race detection orders semaphore operations: observed (a wait after
+    /// exactly the signal it consumed in this run) or safe (only what holds under
+    /// every feasible pairing of signals with waits, so races another pairing
+    /// allows are reported too; epochs that also use locks keep the observed
+    /// order); needs race detection (DSM_SEM_ORDER)
+    #[arg(long, value_name = "ORDER", value_parser = ["observed", "safe"])]
+    sem_order: Option<String>,
+
     /// Write every completed semaphore operation (node, wait or signal,
     /// semaphore, the signal each wait consumed, vector time) and each
     /// semaphore's initial count to FILE, for dsm-ahb; ranks write FILE.rank<R>
@@ -296,9 +305,19 @@ impl Cli {
                 stats: self.race_stats,
                 schedule,
                 schedule_ignore: self.schedule_ignore,
+                sem_order_safe: self.sem_order.as_deref() == Some("safe"),
                 ..RaceOptions::default()
             }
         } else {
+            if self.sem_order.is_some() {
+                // A usage error: clap's message and exit status 2.
+                <Cli as clap::CommandFactory>::command()
+                    .error(
+                        clap::error::ErrorKind::MissingRequiredArgument,
+                        "--sem-order needs race detection (--race)",
+                    )
+                    .exit();
+            }
             RaceOptions::default()
         };
         let mode = match (&self.trace_values, &self.compare) {
