@@ -7,7 +7,7 @@
 //! `SemWait` or `SemSignal`), so the epoch's intervals list each node's completed
 //! semaphore operations in order. Barriers order everything across epochs; tokens left
 //! over from earlier epochs are the epoch's initial counts. The order is computed without
-//! the pairing ([`analyse_unpaired`](crate::analyse_unpaired)), and interval `I` of node
+//! the pairing ([`crate::analyse_unpaired`]), and interval `I` of node
 //! `p` gets, for each other node `q`, the last interval of `q` closed by an operation that
 //! precedes, in every execution, the semaphore operation that opened `I` (or that began
 //! the epoch).

@@ -4,11 +4,11 @@
 //! in program order, with the signal each wait consumed and each semaphore's initial
 //! count), which pairs of operations are ordered in every feasible execution of the same
 //! straight-line program ("always happens before", Helmbold, McDowell and Wang). It has
-//! the trace file format ([`format`]), the observed order of the run ([`observed`]), the
+//! the trace file format ([`mod@format`]), the observed order of the run ([`observed`]), the
 //! paper's vector-clock analysis ([`analyse`]: rewind to a fixpoint, then a bounded-depth
 //! expand), an exact brute-force search for small traces ([`brute_force`]), and the random
 //! trace generator of the paper's Figure 5 ([`generate`]). It does no I/O of its own except
-//! through the `Read`/`Write` handles given to [`format`].
+//! through the `Read`/`Write` handles given to [`mod@format`].
 //!
 //! An ordering is represented as one vector per event: `v[i]` is how many events of node
 //! `i` precede or are the event in the order (for the event's own node, its own 1-based
@@ -286,7 +286,7 @@ impl Analyser<'_> {
             let mut changed = false;
             let anchor_op = &self.trace.events[anchor.0][anchor.1 as usize - 1];
             for (sem, sigs) in self.signals.iter().enumerate() {
-                if self.prefixes.deficit(self.trace, &v, sem) + 1 <= 0 {
+                if self.prefixes.deficit(self.trace, &v, sem) < 0 {
                     continue;
                 }
                 let k = self.tokens_from_outside(&v, sem, anchor, anchor_op);
@@ -413,11 +413,11 @@ impl Analyser<'_> {
 /// holds in every feasible execution of the trace's program (given the same straight-line
 /// code per node), and at higher `depth` it finds more of them.
 ///
-/// Depth 0 is the rewind alone (Algorithm 1: a wait follows the earliest, per component,
-/// of its semaphore's signals, counting initial tokens as signals before everything), run
-/// upwards from program order to a fixpoint. Depth `d >= 1` adds Observations 1 and 3
-/// (counting tokens across every semaphore) and `d - 1` levels of Observation 4, so depth 1
-/// corresponds to the paper's `modify` with depth 1. See [`Analyser::close`] for the rules
+/// Depth 0 is the rewind alone ([`rewind`], Algorithm 1: from the observed clocks down to a
+/// fixpoint where a wait follows the earliest, per component, of its semaphore's signals).
+/// Depth `d >= 1` then expands to a fixpoint with Observations 1 and 3 (counting tokens
+/// across every semaphore) and `d - 1` levels of Observations 2 and 4, so depth 1
+/// corresponds to the paper's `modify` with depth 1. See `Analyser::close` for the rules
 /// and ARCHITECTURE.md for how this reading of the paper's garbled Algorithm 2 was checked.
 pub fn analyse(trace: &Trace, depth: u32) -> Result<Order, AnalysisError> {
     expand(trace, rewind(trace)?, depth)
