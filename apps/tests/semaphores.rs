@@ -121,3 +121,26 @@ fn sem_order_needs_race_detection() {
         run.stderr
     );
 }
+
+const TEST: &str = env!("CARGO_BIN_EXE_dsm-test");
+
+/// A rank that dies while the others wait on a semaphore stops the job promptly, named as
+/// the cause; nobody hangs.
+#[test]
+fn a_peer_lost_while_others_wait_stops_the_job() {
+    let t = std::time::Instant::now();
+    let run = dsm_testkit::dsmrun(3, &["--timeout", "60"], TEST, &["sem-lost", "--rank", "2"]);
+    let all = run.all_output();
+    assert_eq!(run.code, Some(1), "{all}");
+    assert!(all.contains("rank 2 exited with status 3"), "{all}");
+    assert!(t.elapsed() < std::time::Duration::from_secs(30), "{all}");
+}
+
+#[test]
+fn ranks_disagreeing_on_a_semaphore_count_fail_its_creation() {
+    let run = dsm_testkit::dsmrun(3, &["--timeout", "60"], TEST, &["sem-mismatch"]);
+    let all = run.all_output();
+    assert_ne!(run.code, Some(0), "{all}");
+    assert!(all.contains("disagree on the shared allocations"), "{all}");
+    assert!(!all.contains("passed the collective creation"), "{all}");
+}

@@ -139,7 +139,8 @@ impl<M: Memory> Engine<M> {
                 self,
                 format!(
                     "rank {k} and rank 0 disagree on the shared allocations at barrier {epoch} \
-                     (every rank must make the same alloc calls in the same order)"
+                     (every rank must make the same alloc and semaphore calls, with the same \
+                     arguments, in the same order)"
                 ),
             );
             return;
