@@ -258,6 +258,7 @@ impl Analyser<'_> {
         depth: u32,
         cap: &[u32],
         anchor: (usize, u32),
+        shadow: bool,
     ) -> Option<Vec<u32>> {
         let n = v.len();
         // Completion states of operations before the anchor.
@@ -302,7 +303,7 @@ impl Analyser<'_> {
                     let z = if depth > 0 {
                         let mut cap_s = before.clone();
                         cap_s[node] = pos as u32 + 1;
-                        self.close(own.clone(), depth - 1, &cap_s, (node, pos as u32 + 1))
+                        self.close(own.clone(), depth - 1, &cap_s, (node, pos as u32 + 1), true)
                     } else {
                         leq(own, &before).then(|| own.clone())
                     };
@@ -310,7 +311,11 @@ impl Analyser<'_> {
                     let mut w = v.clone();
                     max_into(&mut w, &z);
                     let w = if depth > 0 {
-                        self.close(w, depth - 1, cap, anchor)
+                        self.close(w, depth - 1, cap, anchor, true)
+                    } else if shadow {
+                        // Shadowing at the leaf: the waits `s` brings need tokens too, from
+                        // the other candidates (one round, without deeper recursion).
+                        self.close(w, 0, cap, anchor, false)
                     } else {
                         leq(&w, cap).then_some(w)
                     };
@@ -462,7 +467,7 @@ fn expand(trace: &Trace, order: Order, depth: u32) -> Result<Order, AnalysisErro
                 let mut cap = vec![u32::MAX; n];
                 cap[j] = c as u32 + 1;
                 let v = a
-                    .close(v, depth - 1, &cap, (j, c as u32 + 1))
+                    .close(v, depth - 1, &cap, (j, c as u32 + 1), true)
                     .ok_or_else(|| {
                         AnalysisError::Infeasible(format!(
                             "operation {} of node {j} can never complete",
