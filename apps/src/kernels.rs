@@ -472,9 +472,249 @@ fn two_epochs(dsm: &mut Dsm) -> Result<(), DsmError> {
     Ok(())
 }
 
+/// A token passed around a ring of semaphores: rank i waits on `ring{i}`, reads what rank
+/// i-1 wrote, writes its own slot and signals `ring{i+1}`; rank 0 starts and ends it.
+fn sem_ring(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let n = dsm.size();
+    let me = dsm.rank();
+    let token = dsm.alloc::<u64>("token", n)?;
+    let mut sems = Vec::new();
+    for i in 0..n {
+        sems.push(dsm.semaphore(&format!("ring{i}"), 0)?);
+    }
+    if me == 0 {
+        dsm.view(&token).set(0, 1);
+        dsm.signal(&sems[1 % n])?;
+        dsm.wait(&sems[0])?;
+        let got = dsm.view(&token).get(n - 1);
+        assert_eq!(got, n as u64, "the ring's last value");
+    } else {
+        dsm.wait(&sems[me])?;
+        let prev = dsm.view(&token).get(me - 1);
+        assert_eq!(prev, me as u64, "value from rank {}", me - 1);
+        dsm.view(&token).set(me, prev + 1);
+        dsm.signal(&sems[(me + 1) % n])?;
+    }
+    Ok(())
+}
+
+const SLOTS: usize = 4;
+const ITEMS: u64 = 24;
+
+/// A bounded buffer of 4 slots between a producer (rank 0) and a consumer (rank 1) with
+/// the classic `empty` (4 initial tokens) and `full` (0) semaphores.
+fn sem_bounded_buffer(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let buf = dsm.alloc::<u64>("buffer", SLOTS)?;
+    let empty = dsm.semaphore("empty", SLOTS as u32)?;
+    let full = dsm.semaphore("full", 0)?;
+    match dsm.rank() {
+        0 => {
+            for i in 0..ITEMS {
+                dsm.wait(&empty)?;
+                dsm.view(&buf).set(i as usize % SLOTS, 1000 + i);
+                dsm.signal(&full)?;
+            }
+        }
+        1 => {
+            for i in 0..ITEMS {
+                dsm.wait(&full)?;
+                let got = dsm.view(&buf).get(i as usize % SLOTS);
+                assert_eq!(got, 1000 + i, "item {i}");
+                dsm.signal(&empty)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// A semaphore with one token used as a lock around a shared counter.
+fn sem_as_lock(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let counter = dsm.alloc::<u64>("counter", 1)?;
+    let mutex = dsm.semaphore("mutex", 1)?;
+    for _ in 0..3 {
+        dsm.wait(&mutex)?;
+        let v = dsm.view(&counter);
+        v.set(0, v.get(0) + 1);
+        dsm.signal(&mutex)?;
+    }
+    dsm.barrier()?;
+    let total = dsm.view(&counter).get(0);
+    assert_eq!(total, 3 * dsm.size() as u64, "counter under the semaphore");
+    Ok(())
+}
+
+/// Rank 0 hands x[2] to rank 1 through a semaphore; `write_first` puts the write before
+/// the signal (ordered), otherwise after it (a race with rank 1's read).
+fn sem_handoff(dsm: &mut Dsm, write_first: bool) -> Result<(), DsmError> {
+    let x = dsm.alloc::<u64>("x", 4)?;
+    let s = dsm.semaphore("handoff", 0)?;
+    match dsm.rank() {
+        0 => {
+            if write_first {
+                dsm.view(&x).set(2, 42);
+                dsm.signal(&s)?;
+            } else {
+                dsm.signal(&s)?;
+                dsm.view(&x).set(2, 42);
+            }
+        }
+        1 => {
+            dsm.wait(&s)?;
+            let got = dsm.view(&x).get(2);
+            if write_first {
+                assert_eq!(got, 42, "data written before the signal");
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Two signals of one semaphore, one of them after a write: which signal the reader's wait
+/// consumes decides whether its read races. Rank 2 signals at once (writing nothing);
+/// rank 0 writes d[0] and signals a second later, so in practice rank 1's first wait
+/// consumes rank 2's signal and its read of d[0] races with rank 0's write. A detector
+/// that orders a wait after every earlier signal would hide it whenever rank 0's signal
+/// happened to come first in real time; this one orders the wait after its own signal.
+fn sem_pairing_dependent(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let d = dsm.alloc::<u64>("d", 2)?;
+    let s = dsm.semaphore("either", 0)?;
+    match dsm.rank() {
+        0 => {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+            dsm.view(&d).set(0, 7);
+            dsm.signal(&s)?;
+        }
+        1 => {
+            dsm.wait(&s)?;
+            let _ = dsm.view(&d).get(0);
+            dsm.wait(&s)?;
+        }
+        2 => dsm.signal(&s)?,
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The mirror image of [`sem_pairing_dependent`]: rank 0 writes d[0] and signals at once,
+/// rank 2 signals a second later without writing, so the run pairs rank 1's first wait
+/// with rank 0's signal and its read of d[0] is ordered: no race under the observed order.
+/// Had rank 2's signal come first, the read would race; `--sem-order=safe` reports it.
+fn sem_pairing_hidden(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let d = dsm.alloc::<u64>("d", 2)?;
+    let s = dsm.semaphore("either", 0)?;
+    match dsm.rank() {
+        0 => {
+            dsm.view(&d).set(0, 7);
+            dsm.signal(&s)?;
+        }
+        1 => {
+            dsm.wait(&s)?;
+            let _ = dsm.view(&d).get(0);
+            dsm.wait(&s)?;
+        }
+        2 => {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+            dsm.signal(&s)?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Many hand-offs in one job: ranks 0 and 1 ping-pong a value through two semaphores, each
+/// checking it sees the other's last write (visibility under LRC).
+pub fn sem_pingpong(dsm: &mut Dsm, rounds: u64) -> Result<(), DsmError> {
+    let cell = dsm.alloc::<u64>("cell", 1)?;
+    let ping = dsm.semaphore("ping", 0)?;
+    let pong = dsm.semaphore("pong", 0)?;
+    match dsm.rank() {
+        0 => {
+            for r in 0..rounds {
+                dsm.view(&cell).set(0, 2 * r + 1);
+                dsm.signal(&ping)?;
+                dsm.wait(&pong)?;
+                let got = dsm.view(&cell).get(0);
+                if got != 2 * r + 2 {
+                    return Err(DsmError::Config(format!(
+                        "round {r}: rank 0 saw {got}, expected {}",
+                        2 * r + 2
+                    )));
+                }
+            }
+        }
+        1 => {
+            for r in 0..rounds {
+                dsm.wait(&ping)?;
+                let got = dsm.view(&cell).get(0);
+                if got != 2 * r + 1 {
+                    return Err(DsmError::Config(format!(
+                        "round {r}: rank 1 saw {got}, expected {}",
+                        2 * r + 1
+                    )));
+                }
+                dsm.view(&cell).set(0, 2 * r + 2);
+                dsm.signal(&pong)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 /// Every kernel, in the order `race-kernel list` prints them.
 pub fn all() -> Vec<Kernel> {
     vec![
+        Kernel {
+            name: "sem-ring",
+            about: "a token passed around a ring of semaphores, each rank reading its predecessor's write",
+            min_nodes: 2,
+            run: sem_ring,
+            expect: |_| Expect::NoRace,
+        },
+        Kernel {
+            name: "sem-bounded-buffer",
+            about: "a 4-slot bounded buffer with empty/full semaphores between a producer and a consumer",
+            min_nodes: 2,
+            run: sem_bounded_buffer,
+            expect: |_| Expect::NoRace,
+        },
+        Kernel {
+            name: "sem-as-lock",
+            about: "a semaphore with one token used as a lock around a shared counter",
+            min_nodes: 2,
+            run: sem_as_lock,
+            expect: |_| Expect::NoRace,
+        },
+        Kernel {
+            name: "sem-handoff-write-after-signal",
+            about: "a semaphore hand-off where the data is written after the signal",
+            min_nodes: 2,
+            run: |d| sem_handoff(d, false),
+            expect: |_| Expect::Races(vec![("x", set([2]))]),
+        },
+        Kernel {
+            name: "sem-handoff-write-before-signal",
+            about: "a semaphore hand-off where the data is written before the signal",
+            min_nodes: 2,
+            run: |d| sem_handoff(d, true),
+            expect: |_| Expect::NoRace,
+        },
+        Kernel {
+            name: "sem-pairing-hidden",
+            about: "a read after a wait the run paired with the writer's signal; another pairing races (--sem-order=safe)",
+            min_nodes: 3,
+            run: sem_pairing_hidden,
+            expect: |_| Expect::NoRace,
+        },
+        Kernel {
+            name: "sem-pairing-dependent",
+            about: "a read after a wait whose race depends on which of two signals it consumed",
+            min_nodes: 3,
+            run: sem_pairing_dependent,
+            expect: |_| Expect::Races(vec![("d", set([0]))]),
+        },
         Kernel {
             name: "missing-barrier",
             about: "rank 0 produces data that the others consume with no barrier in between",

@@ -17,6 +17,13 @@ const AT_EIGHT: &[&str] = &[
     "third-node-lock",
     "tsp-bound",
     "lock-barrier",
+    "sem-ring",
+    "sem-bounded-buffer",
+    "sem-as-lock",
+    "sem-handoff-write-after-signal",
+    "sem-handoff-write-before-signal",
+    "sem-pairing-dependent",
+    "sem-pairing-hidden",
 ];
 
 fn check(name: &str, n: usize, expect: &Expect) {

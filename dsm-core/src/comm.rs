@@ -239,6 +239,7 @@ fn race_notice_bytes(msg: &Msg) -> u64 {
     let intervals = match msg {
         Msg::LockGrant { intervals, .. }
         | Msg::RaceBatch { intervals, .. }
+        | Msg::SemGrant { intervals, .. }
         | Msg::BarrierArrive { intervals, .. }
         | Msg::BarrierRelease { intervals, .. } => intervals.as_slice(),
         _ => return 0,

@@ -36,8 +36,8 @@ mod error;
 mod sys;
 
 pub use api::{
-    band, lock_manager, Array, Block, Distribution, Dsm, LockGuard, Outcome, RegionRule, Stats,
-    Strided, StridedMut, View, DEFAULT_SEGMENT, DEFAULT_SEGMENT_ADDR,
+    band, lock_manager, semaphore_id, Array, Block, Distribution, Dsm, LockGuard, Outcome,
+    RegionRule, Semaphore, Stats, Strided, StridedMut, View, DEFAULT_SEGMENT, DEFAULT_SEGMENT_ADDR,
 };
 pub use dsm_proto::{env_vars, JobConfig, LockId, RaceOptions, PAGE_SIZE};
 pub use error::DsmError;

@@ -216,6 +216,9 @@ pub struct LaunchConfig {
     /// Recording (the ranks' part-file prefix), replay (the record) and chaos of the
     /// synchronization order; see [`order`].
     pub replay: ReplayOptions,
+    /// Semaphore trace (`--sem-trace FILE`): ranks write `FILE.rank<R>`, merged into
+    /// `FILE` after the job by [`merge_sem_trace`].
+    pub sem_trace: Option<PathBuf>,
 }
 
 /// How a job spreads over hosts.
@@ -262,8 +265,29 @@ impl LaunchConfig {
             forward_env: Vec::new(),
             bind: None,
             replay: ReplayOptions::default(),
+            sem_trace: None,
         }
     }
+}
+
+/// Merges the ranks' parts of a semaphore trace (`path.rank<R>`) into `path` and removes
+/// the parts; on an error (a part missing or corrupt) the parts are left for inspection.
+pub fn merge_sem_trace(path: &std::path::Path, ranks: usize) -> Result<(), String> {
+    let mut parts = Vec::new();
+    for r in 0..ranks {
+        let p = dsm_ahb::format::part_path(path, r);
+        let f = std::fs::File::open(&p)
+            .map_err(|e| format!("semaphore trace part {}: {e}", p.display()))?;
+        parts.push(std::io::BufReader::new(f));
+    }
+    let out = std::fs::File::create(path)
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    dsm_ahb::format::merge_parts(parts, std::io::BufWriter::new(out))
+        .map_err(|e| format!("semaphore trace {}: {e}", path.display()))?;
+    for r in 0..ranks {
+        let _ = std::fs::remove_file(dsm_ahb::format::part_path(path, r));
+    }
+    Ok(())
 }
 
 /// How a rank process ended.
@@ -542,6 +566,7 @@ pub fn rank_config(
             size: config.ranks,
         }),
         stats_file: None,
+        sem_trace: config.sem_trace.clone(),
         // Set by spawn_rank, which makes the pipe.
         launcher_fd: None,
         coord_fd: None,

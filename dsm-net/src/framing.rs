@@ -124,7 +124,7 @@ mod tests {
             arb_vt(),
             arb_runs(),
             proptest::option::of((arb_runs(), arb_runs())),
-            0u32..4,
+            0u32..7,
             any::<u64>(),
         )
             .prop_map(
@@ -138,7 +138,10 @@ mod tests {
                         0 => SyncCause::Start,
                         1 => SyncCause::Barrier(lock as u32),
                         2 => SyncCause::Acquire(lock),
-                        _ => SyncCause::Release(lock),
+                        3 => SyncCause::Release(lock),
+                        4 => SyncCause::SemWait(lock),
+                        5 => SyncCause::SemSignal(lock),
+                        _ => SyncCause::SemTryFailed(lock),
                     },
                 },
             )
@@ -260,6 +263,35 @@ mod tests {
                 }),
             ".{0,40}".prop_map(|reason| Msg::Abort { reason }),
             Just(Msg::Heartbeat),
+            (any::<u64>(), any::<u32>()).prop_map(|(sem, seq)| Msg::SemSignal { sem, seq }),
+            (any::<u64>(), arb_vt(), any::<bool>()).prop_map(|(sem, known, try_only)| {
+                Msg::SemWait {
+                    sem,
+                    known,
+                    try_only,
+                }
+            }),
+            (any::<u64>(), any::<u32>(), any::<u16>(), arb_vt()).prop_map(
+                |(sem, seq, waiter, known)| Msg::SemForward {
+                    sem,
+                    seq,
+                    waiter,
+                    known,
+                }
+            ),
+            (
+                any::<u64>(),
+                proptest::option::of((any::<u16>(), any::<u32>())),
+                arb_vt(),
+                proptest::collection::vec(arb_interval(), 0..3)
+            )
+                .prop_map(|(sem, signal, known, intervals)| Msg::SemGrant {
+                    sem,
+                    signal,
+                    known,
+                    intervals,
+                }),
+            any::<u64>().prop_map(|sem| Msg::SemDenied { sem }),
             (
                 any::<u32>(),
                 proptest::collection::vec((any::<u32>(), any::<u32>(), any::<bool>()), 0..5)

@@ -122,6 +122,10 @@ pub struct RaceOptions {
     pub pinpoint: Vec<String>,
     /// Pinpoint: where nodes leave their watched accesses for the master.
     pub pinpoint_dir: Option<PathBuf>,
+    /// `--sem-order=safe`: order semaphore operations by what holds in every feasible
+    /// pairing of signals with waits (the always-happens-before order), not by the pairing
+    /// the run took, so races another pairing allows are reported too.
+    pub sem_order_safe: bool,
 }
 
 /// Default of [`RaceOptions::batch_intervals`]: programs with barriers rarely close this
@@ -145,6 +149,7 @@ impl Default for RaceOptions {
             sarif: None,
             pinpoint: Vec::new(),
             pinpoint_dir: None,
+            sem_order_safe: false,
         }
     }
 }
@@ -253,6 +258,9 @@ pub struct JobConfig {
     pub local: Option<LocalPlacement>,
     /// Where to write this rank's counters at finish (`%r` becomes the rank).
     pub stats_file: Option<PathBuf>,
+    /// Semaphore trace (`--sem-trace FILE`): each rank writes its completed semaphore
+    /// operations to `FILE.rank<R>`, which dsmrun merges into `FILE`.
+    pub sem_trace: Option<PathBuf>,
     /// Rank 0: the inherited rendezvous socket, bound to `coord` and listening
     /// (`DSM_COORD_FD`).
     pub coord_fd: Option<i32>,
@@ -283,6 +291,7 @@ impl JobConfig {
             pin: false,
             local: None,
             stats_file: None,
+            sem_trace: None,
             coord_fd: None,
             launcher_fd: None,
         }
@@ -506,6 +515,20 @@ impl JobConfig {
             pinpoint_dir: get(vars::PINPOINT_DIR)
                 .filter(|s| enabled && !s.is_empty())
                 .map(PathBuf::from),
+            sem_order_safe: match get(vars::SEM_ORDER).filter(|_| enabled) {
+                None => false,
+                Some(v) => match v.trim() {
+                    "" | "observed" => false,
+                    "safe" => true,
+                    _ => {
+                        return Err(invalid(
+                            vars::SEM_ORDER,
+                            &v,
+                            "expected observed or safe".into(),
+                        ))
+                    }
+                },
+            },
         };
         let tolerance = |var: &'static str| -> Result<u64, ConfigError> {
             match get(var) {
@@ -602,6 +625,9 @@ impl JobConfig {
             stats_file: get(vars::STATS_FILE)
                 .filter(|s| !s.is_empty())
                 .map(PathBuf::from),
+            sem_trace: get(vars::SEM_TRACE)
+                .filter(|s| !s.is_empty())
+                .map(PathBuf::from),
             coord_fd: parse_fd(vars::COORD_FD, get(vars::COORD_FD))?,
             launcher_fd: parse_fd(vars::LAUNCHER_FD, get(vars::LAUNCHER_FD))?,
         })
@@ -645,6 +671,9 @@ impl JobConfig {
         if let Some(local) = self.local {
             env.push((vars::LOCAL_RANK, local.rank.to_string().into()));
             env.push((vars::LOCAL_SIZE, local.size.to_string().into()));
+        }
+        if let Some(p) = &self.sem_trace {
+            env.push((vars::SEM_TRACE, p.clone().into_os_string()));
         }
         let trace = &self.trace;
         match &trace.mode {
@@ -712,6 +741,9 @@ impl JobConfig {
             }
             if let Some(dir) = &race.pinpoint_dir {
                 env.push((vars::PINPOINT_DIR, dir.clone().into_os_string()));
+            }
+            if race.sem_order_safe {
+                env.push((vars::SEM_ORDER, "safe".into()));
             }
         }
         env
@@ -913,6 +945,7 @@ mod tests {
             sarif: Some("/tmp/races.sarif".into()),
             pinpoint: vec!["bound[0]@3".into(), "grid[17]@1".into()],
             pinpoint_dir: Some("/tmp/pin".into()),
+            sem_order_safe: true,
         };
         c.trace = TraceOptions {
             mode: TraceMode::Compare("/tmp/ref.dsmtrace".into()),

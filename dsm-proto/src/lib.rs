@@ -163,6 +163,12 @@ pub mod env_vars {
     pub const REPLAY: &str = "DSM_REPLAY";
     /// Seed of the random delays of chaos mode (`dsmrun --chaos`).
     pub const CHAOS: &str = "DSM_CHAOS";
+    /// `safe`: the race detector orders semaphore operations by the always-happens-before
+    /// order (`dsmrun --sem-order=safe`); `observed` (the default) by the run's pairing.
+    pub const SEM_ORDER: &str = "DSM_SEM_ORDER";
+    /// Semaphore trace: each rank writes its part to this path plus `.rank<R>`
+    /// (`dsmrun --sem-trace`).
+    pub const SEM_TRACE: &str = "DSM_SEM_TRACE";
     /// Log filter for binaries that install dsm's logging (`tracing` env-filter syntax).
     pub const LOG: &str = "DSM_LOG";
 
@@ -170,13 +176,15 @@ pub mod env_vars {
     /// its own, so a nested or leftover setting never leaks into a job. The others
     /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_RACE_BATCH`, `DSM_PIN`, `DSM_STATS_FILE`, `DSM_LOG`) are the
     /// user's to set for a whole job and reach the ranks by inheritance.
-    pub const LAUNCHER_OWNED: [&str; 33] = [
+    pub const LAUNCHER_OWNED: [&str; 35] = [
         PINPOINT,
         PINPOINT_DIR,
         RACE_SARIF,
         RECORD,
         REPLAY,
         CHAOS,
+        SEM_ORDER,
+        SEM_TRACE,
         TRACE_VALUES,
         TRACE_FULL,
         TRACE_VARS,

@@ -15,6 +15,8 @@ pub type PageNo = u32;
 /// Identifies a lock; plain small integers are app-chosen ids, named locks hash into the
 /// upper half of the space.
 pub type LockId = u64;
+/// Identifies a counting semaphore: the hash of its name (see `Dsm::semaphore`).
+pub type SemId = u64;
 
 /// Protocol version spoken in the handshake; bump it when any message layout changes.
 pub const PROTOCOL_VERSION: u32 = 7;
@@ -251,6 +253,12 @@ pub enum SyncCause {
     Acquire(LockId),
     /// Release of a lock.
     Release(LockId),
+    /// Completion of a wait (P) on a semaphore: an acquire of the signal it consumed.
+    SemWait(SemId),
+    /// A signal (V) on a semaphore: a release.
+    SemSignal(SemId),
+    /// A try-wait on a semaphore that found no token (ordered after nothing new).
+    SemTryFailed(SemId),
 }
 
 /// Pages read and written in an interval, as recorded by the typed access API when race
@@ -556,6 +564,69 @@ pub enum Msg {
         /// Every bitmap those intervals recorded.
         bitmaps: Vec<EncodedBitmap>,
     },
+    /// A signal (V) on a semaphore, sent by the signaller to the semaphore's manager
+    /// (`sem % nodes`); a manager handles its own signals without a message.
+    ///
+    /// The signal is a release: the signaller closed its interval and keeps what it knew
+    /// then under `seq`, so that the wait that consumes this signal learns exactly the
+    /// intervals ordered before it. The manager queues the signal as a token, or pairs it
+    /// with the first queued waiter at once and sends a [`SemForward`](Msg::SemForward)
+    /// back to the signaller.
+    SemSignal {
+        /// The semaphore signalled.
+        sem: SemId,
+        /// The signaller's own number for this signal (0, 1, 2, ... per node and
+        /// semaphore).
+        seq: u32,
+    },
+    /// A wait (P) or try-wait on a semaphore, sent by the waiter to the manager.
+    ///
+    /// The manager pairs it with the oldest queued token (FIFO): an initial token is
+    /// granted at once with nothing to learn; a signal is forwarded to its signaller
+    /// ([`SemForward`](Msg::SemForward)), which grants. Without a token the wait queues at
+    /// the manager, and a try-wait is refused with [`SemDenied`](Msg::SemDenied).
+    SemWait {
+        /// The semaphore waited on.
+        sem: SemId,
+        /// What the waiter has seen (closed intervals only), passed on to the signaller so
+        /// it sends exactly the intervals the waiter lacks.
+        known: VectorTime,
+        /// A try-wait: refuse instead of queueing when no token is available.
+        try_only: bool,
+    },
+    /// The manager tells a signaller that its signal `seq` satisfies `waiter`'s wait; the
+    /// signaller answers the waiter with a [`SemGrant`](Msg::SemGrant).
+    SemForward {
+        /// The semaphore.
+        sem: SemId,
+        /// Which of the receiver's signals was consumed.
+        seq: u32,
+        /// The node whose wait it satisfies.
+        waiter: NodeId,
+        /// What the waiter has seen, from its [`SemWait`](Msg::SemWait).
+        known: VectorTime,
+    },
+    /// Completes a wait: the token, with the intervals of its signal that the waiter lacks.
+    ///
+    /// Sent by the signaller (or by the manager for an initial token). The waiter records
+    /// the intervals, invalidates the pages they name, merges `known` and continues.
+    SemGrant {
+        /// The semaphore.
+        sem: SemId,
+        /// The signal consumed as `(signaller, seq)`, or `None` for one of the
+        /// semaphore's initial tokens.
+        signal: Option<(NodeId, u32)>,
+        /// What the signaller had seen at that signal, its own signal interval included
+        /// (all zeros for an initial token): exactly what the wait is ordered after.
+        known: VectorTime,
+        /// The signaller's logged intervals within `known` that the waiter had not seen.
+        intervals: Vec<IntervalRecord>,
+    },
+    /// The manager's refusal of a try-wait: no token was available.
+    SemDenied {
+        /// The semaphore.
+        sem: SemId,
+    },
     /// "Still here": keeps an idle link alive under the job's liveness deadline
     /// ([`JobConfig::liveness`](crate::JobConfig::liveness)).
     ///
@@ -583,6 +654,11 @@ impl Msg {
             Msg::BitmapRequest { .. } => "bitmap-request",
             Msg::BitmapReply { .. } => "bitmap-reply",
             Msg::RaceBatch { .. } => "race-batch",
+            Msg::SemSignal { .. } => "sem-signal",
+            Msg::SemWait { .. } => "sem-wait",
+            Msg::SemForward { .. } => "sem-forward",
+            Msg::SemGrant { .. } => "sem-grant",
+            Msg::SemDenied { .. } => "sem-denied",
             Msg::Heartbeat => "heartbeat",
         }
     }

@@ -151,6 +151,10 @@ pub fn sync_text(
         None if l >= 1 << 63 => format!("named lock #{:x}", l & !(1 << 63)),
         None => format!("lock {l}"),
     };
+    let semaphore = |s: u64| match name_of(s) {
+        Some(name) => format!("semaphore \"{name}\""),
+        None => format!("semaphore #{s:x}"),
+    };
     match cause {
         SyncCause::Start => "from the start of the run".into(),
         SyncCause::Barrier(e) => match sync_name(e) {
@@ -159,6 +163,9 @@ pub fn sync_text(
         },
         SyncCause::Acquire(l) => format!("after acquire of {}", lock(l)),
         SyncCause::Release(l) => format!("after release of {}", lock(l)),
+        SyncCause::SemWait(s) => format!("after wait on {}", semaphore(s)),
+        SyncCause::SemSignal(s) => format!("after signal of {}", semaphore(s)),
+        SyncCause::SemTryFailed(s) => format!("after a failed try-wait on {}", semaphore(s)),
     }
 }
 

@@ -15,7 +15,8 @@ use std::process::Command;
 use std::time::Instant;
 
 /// Measures loopback round trip, remote page fault, write fault with twin, remote lock
-/// acquire, lock hand-off and barriers, and prints JSON.
+/// acquire, lock hand-off, semaphore wait, signal and hand-off, and barriers, and prints
+/// JSON.
 #[derive(Parser, Debug)]
 #[command(name = "dsm-bench", version)]
 struct Args {
@@ -103,6 +104,10 @@ fn driver(args: &Args) -> anyhow::Result<()> {
         .get("2")
         .and_then(|b| b["median"].as_f64())
         .unwrap_or(f64::NAN);
+    let num = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
+    let sem_initial = num(&all["sem_wait_initial_us"]["median"]) / lock;
+    let sem_signalled = num(&all["sem_wait_signalled_us"]["median"]) / lock;
+    let sem_handoff = num(&all["sem_handoff_us"]["mean"]) / num(&all["lock_handoff_us"]["mean"]);
     let obj = all.as_object_mut().expect("object");
     obj.insert("barrier_us".into(), Value::Object(barriers));
     obj.insert(
@@ -110,10 +115,82 @@ fn driver(args: &Args) -> anyhow::Result<()> {
         json!({
             "remote_fault_over_rtt_plus_local_fault": round(fault / (rtt + local)),
             "lock_acquire_in_rtts": round(lock / rtt),
+            "sem_wait_initial_over_lock_acquire": round(sem_initial),
+            "sem_wait_signalled_over_lock_acquire": round(sem_signalled),
+            "sem_handoff_over_lock_handoff": round(sem_handoff),
             "barrier_n2_in_rtts": round(b2 / rtt),
         }),
     );
     println!("{}", serde_json::to_string_pretty(&all)?);
+    Ok(())
+}
+
+/// A semaphore name whose manager is `rank` in a 2-node job.
+fn sem_managed_by(rank: u64, base: &str) -> String {
+    (0..)
+        .map(|i| format!("{base}{i}"))
+        .find(|n| dsm_core::semaphore_id(n) % 2 == rank)
+        .expect("some name hashes to each rank")
+}
+
+/// Semaphore latencies beside the lock figures: a wait whose token is one of the initial
+/// count at the other node (the analogue of acquiring a free lock managed there), a wait
+/// whose token is the other node's signal (forwarded to the signaller, which grants), a
+/// signal (a release: never waits), and a hand-off back and forth through two semaphores
+/// (the analogue of the lock hand-off, without its polling).
+fn semaphores(
+    dsm: &mut Dsm,
+    reps: usize,
+    out: &mut serde_json::Map<String, Value>,
+) -> anyhow::Result<()> {
+    let initial = dsm.semaphore(&sem_managed_by(0, "bench_init"), reps as u32)?;
+    let signalled = dsm.semaphore(&sem_managed_by(0, "bench_sig"), 0)?;
+    let ping = dsm.semaphore(&sem_managed_by(0, "bench_ping"), 0)?;
+    let pong = dsm.semaphore(&sem_managed_by(1, "bench_pong"), 0)?;
+    if dsm.rank() == 1 {
+        let mut waits = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            let t = Instant::now();
+            dsm.wait(&initial)?;
+            waits.push(us(t));
+        }
+        out.insert("sem_wait_initial_us".into(), stats(waits));
+    } else {
+        let mut signals = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            let t = Instant::now();
+            dsm.signal(&signalled)?;
+            signals.push(us(t));
+        }
+        out.insert("sem_signal_us".into(), stats(signals));
+    }
+    dsm.barrier()?;
+    if dsm.rank() == 1 {
+        let mut waits = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            let t = Instant::now();
+            dsm.wait(&signalled)?;
+            waits.push(us(t));
+        }
+        out.insert("sem_wait_signalled_us".into(), stats(waits));
+    }
+    dsm.barrier()?;
+    let t = Instant::now();
+    for _ in 0..reps {
+        if dsm.rank() == 0 {
+            dsm.signal(&ping)?;
+            dsm.wait(&pong)?;
+        } else {
+            dsm.wait(&ping)?;
+            dsm.signal(&pong)?;
+        }
+    }
+    let total = us(t);
+    dsm.barrier()?;
+    out.insert(
+        "sem_handoff_us".into(),
+        json!({"mean": round(total / (2 * reps) as f64)}),
+    );
     Ok(())
 }
 
@@ -245,6 +322,7 @@ fn worker(args: &Args, everything: bool) -> anyhow::Result<()> {
             "lock_handoff_us".into(),
             json!({"mean": round(total / (2 * reps) as f64), "acquires_per_handoff": round(attempts as f64 / reps as f64)}),
         );
+        semaphores(&mut dsm, reps, &mut out)?;
     }
     // Barriers.
     dsm.barrier()?;

@@ -56,6 +56,15 @@ enum Test {
         #[arg(long, default_value_t = 96)]
         max_rss_mib: usize,
     },
+    /// Every rank creates a semaphore with no token; rank `rank` then exits with status 3
+    /// while the others wait on it: the job must stop, naming that rank, not hang.
+    SemLost {
+        #[arg(long, default_value_t = 1)]
+        rank: usize,
+    },
+    /// Rank 1 creates a semaphore with another initial count than the others: the
+    /// collective creation must fail loudly.
+    SemMismatch,
     /// Rank `rank` exits with status `code` right after joining; the others wait at a
     /// barrier it never reaches.
     Fail {
@@ -166,6 +175,20 @@ fn main() -> anyhow::Result<ExitCode> {
             }
             dsm.barrier()?;
             fail("the crashing rank reached the barrier?");
+        }
+        Test::SemLost { rank } => {
+            let s = dsm.semaphore("never-signalled", 0)?;
+            if dsm.rank() == rank {
+                eprintln!("rank {rank}: exiting with status 3 while the others wait");
+                std::process::exit(3);
+            }
+            dsm.wait(&s)?;
+            fail("a wait on a semaphore nobody signalled completed");
+        }
+        Test::SemMismatch => {
+            let initial = if dsm.rank() == 1 { 2 } else { 1 };
+            let _s = dsm.semaphore("slots", initial)?;
+            fail("ranks with different semaphore counts passed the collective creation");
         }
         Test::AllocMismatch => {
             let len = if dsm.rank() == 1 { 100 } else { 200 };

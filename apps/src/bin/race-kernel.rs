@@ -25,6 +25,13 @@ enum Cmd {
     List,
     /// Runs one kernel (under `dsmrun -n N --race`).
     Run { name: String },
+    /// Ranks 0 and 1 hand a value back and forth ROUNDS times through two semaphores,
+    /// each checking it sees the other's last write; exits non-zero on the first miss.
+    Pingpong {
+        /// Hand-offs in each direction.
+        #[arg(default_value_t = 1000)]
+        rounds: u64,
+    },
 }
 
 fn main() -> anyhow::Result<ExitCode> {
@@ -58,6 +65,21 @@ fn main() -> anyhow::Result<ExitCode> {
             (k.run)(&mut dsm).with_context(|| format!("kernel {}", k.name))?;
             if dsm.rank() == 0 {
                 println!("kernel {} done on {} nodes", k.name, dsm.size());
+            }
+            Ok(dsm.finish()?.exit_code())
+        }
+        Cmd::Pingpong { rounds } => {
+            let mut dsm = Dsm::init().context("joining the DSM job")?;
+            if dsm.size() < 2 {
+                bail!("pingpong needs at least 2 nodes");
+            }
+            let t = std::time::Instant::now();
+            kernels::sem_pingpong(&mut dsm, rounds).context("pingpong")?;
+            if dsm.rank() == 0 {
+                println!(
+                    "pingpong: {rounds} round trips, every value seen, {:.1} us per hand-off",
+                    t.elapsed().as_secs_f64() * 1e6 / (2 * rounds) as f64
+                );
             }
             Ok(dsm.finish()?.exit_code())
         }

@@ -19,10 +19,12 @@
 mod chaos;
 mod pinpoint;
 mod race;
+mod semaphore;
 mod stats;
 mod trace;
 mod view;
 
+pub use semaphore::{semaphore_id, Semaphore};
 pub use view::{band, Array, Block, Strided, StridedMut, View};
 
 use crate::comm::{Comm, SegmentMemory, StateMirror};
@@ -226,6 +228,10 @@ pub struct Dsm {
     chaos: Option<chaos::Chaos>,
     /// Pinpoint mode: watched elements and the source locations of their accesses.
     pin: Option<pinpoint::PinState>,
+    /// Semaphores this node created: name and initial count.
+    semaphores: std::collections::HashMap<dsm_proto::SemId, (String, u32)>,
+    /// This rank's part of the semaphore trace (`--sem-trace`).
+    sem_trace: Option<dsm_ahb::format::PartWriter<std::io::BufWriter<std::fs::File>>>,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -383,6 +389,8 @@ impl Dsm {
                 .chaos
                 .map(|seed| chaos::Chaos::new(seed, env.rank)),
             pin,
+            semaphores: Default::default(),
+            sem_trace: semaphore::open_trace(&env)?,
             barriers_called: 0,
             sync_point: Point::Barrier(0),
             _not_send: PhantomData,

@@ -11,6 +11,11 @@ use dsm_race::{Checker, Incremental, Point, Recorder, Reporter, VarTable};
 use std::io::{self, Write};
 use std::time::{Duration, Instant};
 
+/// Depth of the always-happens-before expansion under `--sem-order=safe` (see dsm-ahb:
+/// depth 1 is first-order inference with shadowing, well under a millisecond for the tens
+/// of operations an epoch usually has; each further level costs several times more).
+const SAFE_ORDER_DEPTH: u32 = 1;
+
 /// Race-detection state of this node.
 pub(super) struct RaceState {
     pub(super) phases: RacePhases,
@@ -38,6 +43,8 @@ pub(super) struct RaceState {
     last_ship: Instant,
     /// Time spent absorbing race batches (rank 0).
     pub(super) incremental_time: Duration,
+    /// `--sem-order=safe`, master: each semaphore's tokens when the current epoch began.
+    pub(super) sem_tokens: std::collections::BTreeMap<dsm_proto::SemId, u32>,
 }
 
 /// A node ships its closed intervals at least this often between barriers, so races in
@@ -94,6 +101,7 @@ impl RaceState {
             unshipped: 0,
             last_ship: Instant::now(),
             incremental_time: Duration::ZERO,
+            sem_tokens: Default::default(),
         })
     }
 
@@ -180,9 +188,13 @@ impl Dsm {
         let Some(r) = self.race.as_mut() else {
             return Ok(());
         };
-        // First races and the dynamic checks need whole epochs: `--race-first` and
-        // `--check` analyse at barriers only.
-        if r.phases < RacePhases::Full || r.options.first_only || r.options.check {
+        // First races, the dynamic checks and the safe semaphore order need whole epochs:
+        // `--race-first`, `--check` and `--sem-order=safe` analyse at barriers only.
+        if r.phases < RacePhases::Full
+            || r.options.first_only
+            || r.options.check
+            || r.options.sem_order_safe
+        {
             return Ok(());
         }
         r.unshipped += 1;
@@ -274,6 +286,23 @@ impl Dsm {
         self.absorb_race_batches()?;
         let comm = self.comm.as_ref().expect("comm alive during barrier");
         let r = self.race.as_mut().expect("checked above");
+        let mut intervals = intervals;
+        if r.options.sem_order_safe {
+            let n = self.size;
+            match dsm_ahb::epoch::make_safe(&mut intervals, &r.sem_tokens, n, SAFE_ORDER_DEPTH) {
+                Ok(_) => {}
+                Err(dsm_ahb::epoch::SafeOrderError::LocksInEpoch) => eprintln!(
+                    "dsm: --sem-order=safe: epoch {epoch} also synchronizes through locks; \
+                     its semaphore edges are kept as observed"
+                ),
+                Err(e) => {
+                    return Err(DsmError::Protocol(format!(
+                        "--sem-order=safe analysis of epoch {epoch}: {e}"
+                    )))
+                }
+            }
+            r.sem_tokens = dsm_ahb::epoch::tokens_after(&intervals, &r.sem_tokens);
+        }
         let t0 = Instant::now();
         // Shipped intervals come without their notices (the nodes sent those in race
         // batches); the ones still pending here take their place. Pairs of two shipped

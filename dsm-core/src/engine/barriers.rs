@@ -142,7 +142,8 @@ impl<M: Memory> Engine<M> {
                 self,
                 format!(
                     "rank {k} and rank 0 disagree on the shared allocations at barrier {epoch} \
-                     (every rank must make the same alloc calls in the same order)"
+                     (every rank must make the same alloc and semaphore calls, with the same \
+                     arguments, in the same order)"
                 ),
             );
             return;
@@ -295,9 +296,17 @@ impl<M: Memory> Engine<M> {
         let intervals = own[start..].to_vec();
         // The master keeps the race notices from here on; coherence needs only the
         // intervals with write notices.
+        // Semaphore intervals stay too: the master rebuilds the safe semaphore order from
+        // them at the barrier.
+        let sem_op = |r: &IntervalRecord| {
+            matches!(
+                r.began_with,
+                SyncCause::SemWait(_) | SyncCause::SemSignal(_)
+            )
+        };
         let mut kept: Vec<IntervalRecord> = own
             .drain(start..)
-            .filter(|r| !r.writes.is_empty())
+            .filter(|r| !r.writes.is_empty() || sem_op(r))
             .map(|mut r| {
                 r.race = None;
                 r

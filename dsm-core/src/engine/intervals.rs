@@ -55,7 +55,15 @@ impl<M: Memory> Engine<M> {
         let writes = PageRuns::from_pages(written);
         let race = race.filter(|r| !r.reads.is_empty() || !r.writes.is_empty());
         self.hash_interval(self.cur_cause, race.as_ref());
-        if !writes.is_empty() || race.is_some() {
+        // With race detection, every interval a semaphore operation opened is logged, so
+        // the barrier master sees each node's semaphore operations of the epoch in order
+        // (`--sem-order=safe` rebuilds the order from them).
+        let sem_op = self.race_mode
+            && matches!(
+                self.cur_cause,
+                SyncCause::SemWait(_) | SyncCause::SemSignal(_)
+            );
+        if !writes.is_empty() || race.is_some() || sem_op {
             self.log[self.me as usize].push(IntervalRecord {
                 node: self.me,
                 index,

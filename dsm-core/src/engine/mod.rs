@@ -39,20 +39,23 @@ mod intervals;
 mod locks;
 mod pages;
 mod replay;
+mod semaphores;
 mod vec_memory;
 
 use crate::diff::{self, DiffError};
 use barriers::{Arrival, MasterRelease};
 use dsm_proto::{
     BitmapKey, EncodedBitmap, IntervalRecord, LockId, Msg, NodeId, PageNo, PageRuns, RaceNotices,
-    SyncCause, VectorTime, PAGE_SIZE,
+    SemId, SyncCause, VectorTime, PAGE_SIZE,
 };
 use locks::LockState;
 use pages::{FetchInFlight, HomeWait, PageEntry, ParkedServe};
+use semaphores::SemState;
 use std::collections::{BTreeMap, HashMap, TryReserveError};
 
 pub use barriers::ALL_TO_ALL_MAX_NODES;
 pub use locks::lock_manager;
+pub use semaphores::{sem_manager, SemDone};
 pub use vec_memory::VecMemory;
 
 /// Protection of a page in the app view, as the engine asks [`Memory::protect`] to set it.
@@ -133,6 +136,32 @@ pub enum Command {
         /// The lock to give up; this node must hold it.
         lock: LockId,
         /// Race mode: the accesses of the interval the release closes.
+        race: Option<RaceNotices>,
+    },
+    /// Registers a semaphore (collectively: every node, before the synchronization that
+    /// makes it usable); replies [`Reply::Done`].
+    SemCreate {
+        /// The semaphore.
+        sem: SemId,
+        /// Its initial count.
+        initial: u32,
+    },
+    /// Signals (V) a semaphore: a release. Replies [`Reply::Sem`] at once.
+    SemSignal {
+        /// The semaphore.
+        sem: SemId,
+        /// Race mode: the accesses of the interval the signal closes.
+        race: Option<RaceNotices>,
+    },
+    /// Waits (P) on a semaphore: an acquire. Replies [`Reply::Sem`] once a token is
+    /// granted and the writes ordered before its signal are visible, or, for a try-wait
+    /// without a token, at once with `acquired: false`.
+    SemWait {
+        /// The semaphore.
+        sem: SemId,
+        /// Refuse instead of waiting when no token is available.
+        try_only: bool,
+        /// Race mode: the accesses of the interval the wait closes.
         race: Option<RaceNotices>,
     },
     /// Waits until every node has arrived; replies [`Reply::BarrierDone`] (or, at the race
@@ -246,6 +275,8 @@ pub enum Reply {
     Stats(Box<Stats>),
     /// The recorded synchronization events, answering [`Command::TakeRecord`].
     Record(Vec<dsm_replay::Event>),
+    /// A semaphore signal or wait completed (or a try-wait was refused).
+    Sem(SemDone),
 }
 
 /// A node's intervals closed between two race batches, with their bitmaps (see
@@ -345,6 +376,10 @@ pub struct Stats {
     pub lock_acquires_local: u64,
     /// Barriers (and allocations) completed.
     pub barriers: u64,
+    /// Semaphore signals made.
+    pub sem_signals: u64,
+    /// Semaphore waits and try-waits started.
+    pub sem_waits: u64,
     /// Serialized size of the read/write notices from the access recorder in sent
     /// messages (race mode); filled in by the runtime.
     pub race_notice_bytes: u64,
@@ -401,6 +436,7 @@ pub struct Engine<M: Memory> {
     /// The fetch the app thread is waiting for (at most one, for the same reason).
     fetch: Option<FetchInFlight>,
     locks: HashMap<LockId, LockState>,
+    sems: HashMap<SemId, SemState>,
     /// Barriers entered so far; the current barrier's number while in one.
     epoch: u32,
     /// Running hash of the allocations made, compared at every barrier.
@@ -454,6 +490,7 @@ impl<M: Memory> Engine<M> {
             home_wait: None,
             fetch: None,
             locks: HashMap::new(),
+            sems: HashMap::new(),
             epoch: 0,
             alloc_digest: 0,
             arrivals: BTreeMap::new(),
@@ -556,6 +593,13 @@ impl<M: Memory> Engine<M> {
                 bitmaps,
             } => self.barrier(finishing, race, bitmaps),
             Command::Prefetch { pages, write } => self.prefetch(pages, write),
+            Command::SemCreate { sem, initial } => self.sem_create(sem, initial),
+            Command::SemSignal { sem, race } => self.sem_signal(sem, race),
+            Command::SemWait {
+                sem,
+                try_only,
+                race,
+            } => self.sem_wait(sem, try_only, race),
             Command::RequestBitmaps { node, epoch, keys } => {
                 self.request_bitmaps(node, epoch, keys)
             }
@@ -658,6 +702,37 @@ impl<M: Memory> Engine<M> {
                 intervals,
                 bitmaps,
             } => self.on_race_batch(from, known, intervals, bitmaps),
+            Msg::SemSignal { sem, seq } => self.on_sem_signal(from, sem, seq),
+            Msg::SemWait {
+                sem,
+                known,
+                try_only,
+            } => {
+                if known.len() != self.n {
+                    self.fatal(format!("rank {from} sent a malformed semaphore wait"));
+                } else {
+                    self.on_sem_wait(from, sem, known, try_only)
+                }
+            }
+            Msg::SemForward {
+                sem,
+                seq,
+                waiter,
+                known,
+            } => {
+                if waiter as usize >= self.n || known.len() != self.n {
+                    self.fatal(format!("rank {from} sent a malformed semaphore forward"));
+                } else {
+                    self.on_sem_forward(from, sem, seq, waiter, known)
+                }
+            }
+            Msg::SemGrant {
+                sem,
+                signal,
+                known,
+                intervals,
+            } => self.on_sem_grant(from, sem, signal, known, intervals),
+            Msg::SemDenied { sem } => self.on_sem_denied(from, sem),
             // Liveness belongs to the transport, which consumes heartbeats.
             Msg::Heartbeat => {}
         }

@@ -125,6 +125,11 @@ impl<M: Memory> Engine<M> {
                 SyncCause::Barrier(_) => 2,
                 SyncCause::Acquire(l) => 3 ^ l.rotate_left(8),
                 SyncCause::Release(l) => 4 ^ l.rotate_left(8),
+                // Semaphore pairings are not forced by a replay; a run whose waits consumed
+                // other signals shows up here, at the next barrier, as other intervals.
+                SyncCause::SemWait(s) => 7 ^ s.rotate_left(8),
+                SyncCause::SemSignal(s) => 8 ^ s.rotate_left(8),
+                SyncCause::SemTryFailed(s) => 9 ^ s.rotate_left(8),
             },
         );
         if let Some(r) = race {

@@ -60,6 +60,8 @@ Environment of every rank (inherited DSM_* values of these names are dropped):
   DSM_RECORD           part-file prefix FILE.part     (only with --record FILE)
   DSM_REPLAY           absolute path of --replay FILE
   DSM_CHAOS            the seed of --chaos
+  DSM_SEM_TRACE        absolute path of --sem-trace FILE
+  DSM_SEM_ORDER=safe                                  (--sem-order=safe)
 DSM_SEGMENT_ADDR, DSM_PIN, DSM_STATS_FILE, DSM_RACE_PHASES and DSM_LOG are
 passed through from dsmrun's environment (see the README).
 
@@ -386,6 +388,22 @@ struct Cli {
     #[arg(long, value_name = "SEED")]
     chaos: Option<u64>,
 
+    /// How race detection orders semaphore operations: observed (a wait after
+    /// exactly the signal it consumed in this run) or safe (only what holds under
+    /// every feasible pairing of signals with waits, so races another pairing
+    /// allows are reported too; epochs that also use locks keep the observed
+    /// order); needs race detection (DSM_SEM_ORDER)
+    #[arg(long, value_name = "ORDER", value_parser = ["observed", "safe"])]
+    sem_order: Option<String>,
+
+    /// Write every completed semaphore operation (node, wait or signal,
+    /// semaphore, the signal each wait consumed, vector time) and each
+    /// semaphore's initial count to FILE, for dsm-ahb; ranks write FILE.rank0,
+    /// FILE.rank1, ... (DSM_SEM_TRACE), merged into FILE when the job ends well
+    /// (after a failure the parts are kept)
+    #[arg(long, value_name = "FILE")]
+    sem_trace: Option<PathBuf>,
+
     /// The program to run, followed by its arguments
     #[arg(value_name = "PROGRAM [ARGS]", required = true, num_args = 1..,
           trailing_var_arg = true)]
@@ -502,9 +520,19 @@ impl Cli {
                     .as_deref()
                     .map(|p| absolute(p, "--race-sarif"))
                     .transpose()?,
+                sem_order_safe: self.sem_order.as_deref() == Some("safe"),
                 ..RaceOptions::default()
             }
         } else {
+            if self.sem_order.is_some() {
+                // A usage error: clap's message and exit status 2.
+                <Cli as clap::CommandFactory>::command()
+                    .error(
+                        clap::error::ErrorKind::MissingRequiredArgument,
+                        "--sem-order needs race detection (--race)",
+                    )
+                    .exit();
+            }
             RaceOptions::default()
         };
         let mode = match (&self.trace_values, &self.compare) {
@@ -611,6 +639,10 @@ impl Cli {
             race,
             trace,
             replay,
+            sem_trace: self
+                .sem_trace
+                .map(|p| absolute(&p, "--sem-trace"))
+                .transpose()?,
         })
     }
 }
@@ -703,7 +735,22 @@ fn main() -> ExitCode {
             config.race.pinpoint_dir = Some(dir.clone());
             pin_dir = Some(dir);
         }
-        Ok(launcher::run(&config)?)
+        let outcome = launcher::run(&config)?;
+        if let Some(path) = &config.sem_trace {
+            if matches!(
+                outcome,
+                JobOutcome::Success | JobOutcome::RaceReported { .. }
+            ) {
+                launcher::merge_sem_trace(path, config.ranks).map_err(anyhow::Error::msg)?;
+            } else {
+                eprintln!(
+                    "dsmrun: the job failed; the semaphore trace is left in its per-rank \
+                     parts {}.rank<R>",
+                    path.display()
+                );
+            }
+        }
+        Ok(outcome)
     }) {
         Ok(outcome) => {
             if let Some(dir) = &pin_dir {

@@ -1,0 +1,414 @@
+//! The semaphore trace file (`dsmrun --sem-trace FILE`): JSON lines, versioned.
+//!
+//! The first line is a header `{"format":"dsm-semtrace","version":1,"nodes":N,"rank":R}`
+//! (`rank` is present in the per-rank part files a run writes, `null` in the merged file
+//! dsmrun makes of them). Every further line is one record:
+//!
+//! - `{"sem":{"name":"slots","initial":4}}`: a semaphore and its initial count;
+//! - `{"op":{"node":1,"kind":"signal","sem":"slots","seq":0,"signal":null,"vt":[..]}}`: a
+//!   completed operation, in the node's program order. A signal carries its number `seq`
+//!   (0, 1, ... per node and semaphore); a wait carries the signal it consumed as
+//!   `[node, seq]`, or `null` for an initial token. `vt` is the node's vector time after
+//!   the operation (informative: the analysis recomputes clocks from the pairing).
+//!
+//! [`read_trace`] checks everything a later analysis relies on (known semaphores, signal
+//! numbers in order, every wait paired with an existing, unconsumed signal of its
+//! semaphore, no more initial tokens used than there are) and names the line of the first
+//! problem.
+
+use crate::{Op, Trace, TraceEvent};
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, Write};
+use thiserror::Error;
+
+/// The `format` field of every header.
+pub const FORMAT_NAME: &str = "dsm-semtrace";
+/// The version this crate writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// The first line of a trace file.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// Always [`FORMAT_NAME`].
+    pub format: String,
+    /// [`FORMAT_VERSION`] when written by this version.
+    pub version: u32,
+    /// Nodes in the job.
+    pub nodes: usize,
+    /// The writing rank for a part file; `None` in a merged trace.
+    pub rank: Option<usize>,
+}
+
+/// One completed semaphore operation as stored.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct OpRecord {
+    /// The node that performed it.
+    pub node: usize,
+    /// `"wait"` or `"signal"`.
+    pub kind: Op,
+    /// The semaphore's name.
+    pub sem: String,
+    /// For a signal, its number among the node's signals of this semaphore.
+    #[serde(default)]
+    pub seq: Option<u32>,
+    /// For a wait, the signal it consumed as `(node, seq)`; `None` for an initial token.
+    #[serde(default)]
+    pub signal: Option<(usize, u32)>,
+    /// The node's vector time after the operation.
+    #[serde(default)]
+    pub vt: Vec<u32>,
+}
+
+/// A semaphore declaration as stored.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct SemRecord {
+    /// The semaphore's name.
+    pub name: String,
+    /// Its initial count.
+    pub initial: u32,
+}
+
+/// A line after the header.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Record {
+    /// A semaphore declaration.
+    Sem(SemRecord),
+    /// A completed operation.
+    Op(OpRecord),
+}
+
+/// Why a trace file could not be read or written.
+#[derive(Debug, Error)]
+pub enum FormatError {
+    /// Reading or writing failed.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// The file is empty.
+    #[error("empty file: not a semaphore trace")]
+    Empty,
+    /// The first line is not a header of this format.
+    #[error("line 1: not a dsm semaphore trace header ({0})")]
+    BadHeader(String),
+    /// A version this build does not read.
+    #[error("semaphore trace version {found}; this build reads version {FORMAT_VERSION}")]
+    Version {
+        /// The version in the file.
+        found: u32,
+    },
+    /// A line that is not a record, or a record inconsistent with what came before.
+    #[error("line {line}: {why}")]
+    Bad {
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        why: String,
+    },
+    /// Part files that do not belong together.
+    #[error("{0}")]
+    Parts(String),
+}
+
+/// Writes one rank's part of a trace, a record per line, flushed as it goes so a crash
+/// loses at most the record being written.
+pub struct PartWriter<W: Write> {
+    out: W,
+    node: usize,
+}
+
+impl<W: Write> PartWriter<W> {
+    /// Starts a part file of rank `node` of an `nodes`-node job.
+    pub fn new(mut out: W, nodes: usize, node: usize) -> Result<Self, FormatError> {
+        let h = Header {
+            format: FORMAT_NAME.into(),
+            version: FORMAT_VERSION,
+            nodes,
+            rank: Some(node),
+        };
+        write_line(&mut out, &h)?;
+        Ok(PartWriter { out, node })
+    }
+
+    /// Records a semaphore's creation.
+    pub fn create(&mut self, name: &str, initial: u32) -> Result<(), FormatError> {
+        let r = Record::Sem(SemRecord {
+            name: name.into(),
+            initial,
+        });
+        write_line(&mut self.out, &r)
+    }
+
+    /// Records a completed signal (`signal == Some((this node, seq))`) or wait.
+    pub fn op(
+        &mut self,
+        kind: Op,
+        sem: &str,
+        signal: Option<(usize, u32)>,
+        vt: Vec<u32>,
+    ) -> Result<(), FormatError> {
+        let (seq, signal) = match kind {
+            Op::Signal => (signal.map(|s| s.1), None),
+            Op::Wait => (None, signal),
+        };
+        let r = Record::Op(OpRecord {
+            node: self.node,
+            kind,
+            sem: sem.into(),
+            seq,
+            signal,
+            vt,
+        });
+        write_line(&mut self.out, &r)
+    }
+}
+
+fn write_line<T: Serialize>(out: &mut impl Write, v: &T) -> Result<(), FormatError> {
+    let mut line = serde_json::to_vec(v).map_err(std::io::Error::from)?;
+    line.push(b'\n');
+    out.write_all(&line)?;
+    out.flush()?;
+    Ok(())
+}
+
+/// The part file rank `rank` writes for a trace requested at `path`: `path.rank<R>`.
+pub fn part_path(path: &std::path::Path, rank: usize) -> std::path::PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(format!(".rank{rank}"));
+    p.into()
+}
+
+/// Reads a header and records, unchecked against each other.
+fn read_lines(input: impl BufRead) -> Result<(Header, Vec<(usize, Record)>), FormatError> {
+    let mut lines = input.lines();
+    let first = lines.next().ok_or(FormatError::Empty)??;
+    let header: Header =
+        serde_json::from_str(&first).map_err(|e| FormatError::BadHeader(e.to_string()))?;
+    if header.format != FORMAT_NAME {
+        return Err(FormatError::BadHeader(format!(
+            "format is '{}', expected '{FORMAT_NAME}'",
+            header.format
+        )));
+    }
+    if header.version != FORMAT_VERSION {
+        return Err(FormatError::Version {
+            found: header.version,
+        });
+    }
+    if header.nodes == 0 || header.rank.is_some_and(|r| r >= header.nodes) {
+        return Err(FormatError::BadHeader(format!(
+            "{} nodes, rank {:?}",
+            header.nodes, header.rank
+        )));
+    }
+    let mut records = Vec::new();
+    for (i, line) in lines.enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let r: Record = serde_json::from_str(&line).map_err(|e| FormatError::Bad {
+            line: i + 2,
+            why: e.to_string(),
+        })?;
+        records.push((i + 2, r));
+    }
+    Ok((header, records))
+}
+
+/// Reads and checks a merged trace (or a single part of a one-node job).
+pub fn read_trace(input: impl BufRead) -> Result<Trace, FormatError> {
+    let (header, records) = read_lines(input)?;
+    build(header.nodes, records)
+}
+
+fn build(nodes: usize, records: Vec<(usize, Record)>) -> Result<Trace, FormatError> {
+    let mut trace = Trace::new(nodes);
+    let mut sem_index: HashMap<String, usize> = HashMap::new();
+    // Signals made so far: (sem, node, seq) -> consumed?
+    let mut signals: HashMap<(usize, usize, u32), bool> = HashMap::new();
+    let mut ops = Vec::new();
+    for (line, r) in records {
+        let bad = |why: String| FormatError::Bad { line, why };
+        match r {
+            Record::Sem(s) => match sem_index.get(&s.name) {
+                Some(&i) if trace.initial[i] != s.initial => {
+                    return Err(bad(format!(
+                        "semaphore '{}' declared with initial counts {} and {}",
+                        s.name, trace.initial[i], s.initial
+                    )))
+                }
+                Some(_) => {}
+                None => {
+                    sem_index.insert(s.name.clone(), trace.sem_names.len());
+                    trace.sem_names.push(s.name);
+                    trace.initial.push(s.initial);
+                }
+            },
+            Record::Op(o) => ops.push((line, o)),
+        }
+    }
+    // Signals first (any order of nodes), so waits can name signals of nodes listed later.
+    let mut next_seq: HashMap<(usize, usize), u32> = HashMap::new();
+    for (line, o) in &ops {
+        let bad = |why: String| FormatError::Bad { line: *line, why };
+        if o.node >= nodes {
+            return Err(bad(format!("node {} in a {nodes}-node trace", o.node)));
+        }
+        let Some(&sem) = sem_index.get(&o.sem) else {
+            return Err(bad(format!("semaphore '{}' was never declared", o.sem)));
+        };
+        if o.kind == Op::Signal {
+            let expected = next_seq.entry((sem, o.node)).or_insert(0);
+            if o.seq != Some(*expected) {
+                return Err(bad(format!(
+                    "signal number {:?} of node {} on '{}', expected {}",
+                    o.seq, o.node, o.sem, expected
+                )));
+            }
+            signals.insert((sem, o.node, *expected), false);
+            *expected += 1;
+        }
+    }
+    let mut initial_used = vec![0u32; trace.initial.len()];
+    for (line, o) in ops {
+        let bad = |why: String| FormatError::Bad { line, why };
+        let sem = sem_index[&o.sem];
+        let pairing = match o.kind {
+            Op::Signal => None,
+            Op::Wait => match o.signal {
+                None => {
+                    initial_used[sem] += 1;
+                    if initial_used[sem] > trace.initial[sem] {
+                        return Err(bad(format!(
+                            "more waits on '{}' took an initial token than its initial count {}",
+                            o.sem, trace.initial[sem]
+                        )));
+                    }
+                    None
+                }
+                Some((node, seq)) => match signals.get_mut(&(sem, node, seq)) {
+                    None => {
+                        return Err(bad(format!(
+                            "wait paired with signal {seq} of node {node} on '{}', which is not in the trace",
+                            o.sem
+                        )))
+                    }
+                    Some(true) => {
+                        return Err(bad(format!(
+                            "signal {seq} of node {node} on '{}' consumed twice",
+                            o.sem
+                        )))
+                    }
+                    Some(used) => {
+                        *used = true;
+                        Some((node, seq))
+                    }
+                },
+            },
+        };
+        trace.events[o.node].push(TraceEvent {
+            op: o.kind,
+            sem,
+            seq: o.seq,
+            paired: pairing,
+        });
+    }
+    Ok(trace)
+}
+
+/// Merges the part files of one run (any order) into a trace file, checking that they
+/// are the parts `0..nodes` of one job.
+pub fn merge_parts(parts: Vec<impl BufRead>, mut out: impl Write) -> Result<Trace, FormatError> {
+    let mut nodes = None;
+    let mut seen = HashSet::new();
+    let mut all = Vec::new();
+    for p in parts {
+        let (h, recs) = read_lines(p)?;
+        let rank = h
+            .rank
+            .ok_or_else(|| FormatError::Parts("a merged trace among the parts".into()))?;
+        if *nodes.get_or_insert(h.nodes) != h.nodes {
+            return Err(FormatError::Parts(
+                "parts of jobs of different sizes".into(),
+            ));
+        }
+        if !seen.insert(rank) {
+            return Err(FormatError::Parts(format!("two parts of rank {rank}")));
+        }
+        if let Some((line, _)) = recs
+            .iter()
+            .find(|(_, r)| matches!(r, Record::Op(o) if o.node != rank))
+        {
+            return Err(FormatError::Parts(format!(
+                "part of rank {rank}, line {line}: an operation of another node"
+            )));
+        }
+        all.extend(recs);
+    }
+    let nodes = nodes.ok_or_else(|| FormatError::Parts("no part files".into()))?;
+    if seen.len() != nodes {
+        return Err(FormatError::Parts(format!(
+            "{} of {nodes} part files",
+            seen.len()
+        )));
+    }
+    // Declarations first (deduplicated), then operations node by node.
+    let mut lines: Vec<(usize, Record)> = Vec::new();
+    let mut declared = HashSet::new();
+    for (l, r) in &all {
+        if let Record::Sem(s) = r {
+            if declared.insert((s.name.clone(), s.initial)) {
+                lines.push((*l, r.clone()));
+            }
+        }
+    }
+    lines.extend(all.into_iter().filter(|(_, r)| matches!(r, Record::Op(_))));
+    let header = Header {
+        format: FORMAT_NAME.into(),
+        version: FORMAT_VERSION,
+        nodes,
+        rank: None,
+    };
+    write_line(&mut out, &header)?;
+    for (_, r) in &lines {
+        write_line(&mut out, r)?;
+    }
+    build(nodes, lines)
+}
+
+/// Writes a trace (for generated traces and tests); vector times are left empty.
+pub fn write_trace(trace: &Trace, mut out: impl Write) -> Result<(), FormatError> {
+    let header = Header {
+        format: FORMAT_NAME.into(),
+        version: FORMAT_VERSION,
+        nodes: trace.nodes(),
+        rank: None,
+    };
+    write_line(&mut out, &header)?;
+    for (name, &initial) in trace.sem_names.iter().zip(&trace.initial) {
+        write_line(
+            &mut out,
+            &Record::Sem(SemRecord {
+                name: name.clone(),
+                initial,
+            }),
+        )?;
+    }
+    for (node, evs) in trace.events.iter().enumerate() {
+        for e in evs {
+            write_line(
+                &mut out,
+                &Record::Op(OpRecord {
+                    node,
+                    kind: e.op,
+                    sem: trace.sem_names[e.sem].clone(),
+                    seq: e.seq,
+                    signal: e.paired,
+                    vt: Vec::new(),
+                }),
+            )?;
+        }
+    }
+    Ok(())
+}

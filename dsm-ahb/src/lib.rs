@@ -1,0 +1,829 @@
+//! Semaphore traces and the orderings that hold in *every* execution of them.
+//!
+//! This crate owns one thing: given the completed semaphore operations of a run (per node,
+//! in program order, with the signal each wait consumed and each semaphore's initial
+//! count), which pairs of operations are ordered in every feasible execution of the same
+//! straight-line program ("always happens before", Helmbold, McDowell and Wang). It has
+//! the trace file format ([`mod@format`]), the observed order of the run ([`observed`]), the
+//! paper's vector-clock analysis ([`analyse`]: rewind to a fixpoint, then a bounded-depth
+//! expand), an exact brute-force search for small traces ([`brute_force`]), and the random
+//! trace generator of the paper's Figure 5 ([`generate`]). It does no I/O of its own except
+//! through the `Read`/`Write` handles given to [`mod@format`].
+//!
+//! An ordering is represented as one vector per event: `v[i]` is how many events of node
+//! `i` precede or are the event in the order (for the event's own node, its own 1-based
+//! position). Event `a` (node `i`, position `p`) is ordered before `b` iff `v(b)[i] >= p`.
+
+#![warn(missing_docs)]
+
+pub mod epoch;
+pub mod format;
+
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+use thiserror::Error;
+
+/// A semaphore operation.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum Op {
+    /// P: take a token, waiting for one if there is none.
+    Wait,
+    /// V: add a token.
+    Signal,
+}
+
+/// One completed operation of a node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceEvent {
+    /// Wait or signal.
+    pub op: Op,
+    /// Index of the semaphore in [`Trace::sem_names`].
+    pub sem: usize,
+    /// For a signal, its number among its node's signals of this semaphore.
+    pub seq: Option<u32>,
+    /// For a wait, the signal it consumed in the run as `(node, seq)`; `None` for an
+    /// initial token.
+    pub paired: Option<(usize, u32)>,
+}
+
+/// The semaphore operations of a run, per node in program order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Trace {
+    /// Semaphore names, indexed by [`TraceEvent::sem`].
+    pub sem_names: Vec<String>,
+    /// Initial count of each semaphore.
+    pub initial: Vec<u32>,
+    /// Per node, its operations in program order.
+    pub events: Vec<Vec<TraceEvent>>,
+}
+
+/// One vector per event, per node in program order (see the crate documentation).
+pub type Order = Vec<Vec<Vec<u32>>>;
+
+/// Why an analysis could not be done.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum AnalysisError {
+    /// The pairing of waits with signals admits no execution (a wait would have to follow a
+    /// signal that follows it).
+    #[error("the trace's pairing of waits with signals is cyclic: no execution produces it")]
+    CyclicPairing,
+    /// The brute-force search would visit more states than allowed.
+    #[error("the brute-force search has more than {0} states; use the bounded analysis")]
+    TooManyStates(u64),
+    /// The analysis found an event of the trace infeasible, which cannot happen for a trace
+    /// a run produced (the run is a feasible execution).
+    #[error("the trace is not feasible: {0}")]
+    Infeasible(String),
+}
+
+impl Trace {
+    /// An empty trace of `nodes` nodes.
+    pub fn new(nodes: usize) -> Trace {
+        Trace {
+            sem_names: Vec::new(),
+            initial: Vec::new(),
+            events: vec![Vec::new(); nodes],
+        }
+    }
+
+    /// Nodes in the trace.
+    pub fn nodes(&self) -> usize {
+        self.events.len()
+    }
+
+    /// Total number of operations.
+    pub fn len(&self) -> usize {
+        self.events.iter().map(Vec::len).sum()
+    }
+
+    /// Whether the trace has no operation.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Where signal `seq` of `node` on `sem` is in the node's events.
+    fn signal_position(&self, sem: usize, node: usize, seq: u32) -> Option<usize> {
+        self.events
+            .get(node)?
+            .iter()
+            .position(|e| e.op == Op::Signal && e.sem == sem && e.seq == Some(seq))
+    }
+}
+
+/// The order the run itself established: program order plus each wait after the signal
+/// it consumed (vector clocks of the observed pairing, Fidge/Mattern).
+pub fn observed(trace: &Trace) -> Result<Order, AnalysisError> {
+    let n = trace.nodes();
+    let mut order: Order = trace
+        .events
+        .iter()
+        .map(|evs| vec![Vec::new(); evs.len()])
+        .collect();
+    let mut done = vec![0usize; n];
+    loop {
+        let mut progress = false;
+        for j in 0..n {
+            while done[j] < trace.events[j].len() {
+                let c = done[j];
+                let e = &trace.events[j][c];
+                let mut v = if c == 0 {
+                    vec![0; n]
+                } else {
+                    order[j][c - 1].clone()
+                };
+                v[j] = c as u32 + 1;
+                if let (Op::Wait, Some((node, seq))) = (e.op, e.paired) {
+                    let pos = trace
+                        .signal_position(e.sem, node, seq)
+                        .ok_or(AnalysisError::CyclicPairing)?;
+                    if done[node] <= pos {
+                        break;
+                    }
+                    max_into(&mut v, &order[node][pos]);
+                }
+                order[j][c] = v;
+                done[j] += 1;
+                progress = true;
+            }
+        }
+        if (0..n).all(|j| done[j] == trace.events[j].len()) {
+            return Ok(order);
+        }
+        if !progress {
+            return Err(AnalysisError::CyclicPairing);
+        }
+    }
+}
+
+fn max_into(v: &mut [u32], w: &[u32]) {
+    for (a, &b) in v.iter_mut().zip(w) {
+        *a = (*a).max(b);
+    }
+}
+
+fn leq(v: &[u32], w: &[u32]) -> bool {
+    v.iter().zip(w).all(|(a, b)| a <= b)
+}
+
+/// Per node, per prefix length, per semaphore: waits and signals in the prefix.
+struct Prefixes {
+    waits: Vec<Vec<Vec<u32>>>,
+    signals: Vec<Vec<Vec<u32>>>,
+}
+
+impl Prefixes {
+    fn new(trace: &Trace) -> Prefixes {
+        let s = trace.initial.len();
+        let mut waits = Vec::new();
+        let mut signals = Vec::new();
+        for evs in &trace.events {
+            let mut w = vec![vec![0u32; s]];
+            let mut g = vec![vec![0u32; s]];
+            for e in evs {
+                let mut nw = w.last().expect("non-empty").clone();
+                let mut ng = g.last().expect("non-empty").clone();
+                match e.op {
+                    Op::Wait => nw[e.sem] += 1,
+                    Op::Signal => ng[e.sem] += 1,
+                }
+                w.push(nw);
+                g.push(ng);
+            }
+            waits.push(w);
+            signals.push(g);
+        }
+        Prefixes { waits, signals }
+    }
+
+    /// Tokens of `sem` a state with prefix `v` has used beyond its initial count and the
+    /// signals in the prefix: how many signals outside the prefix it must contain too.
+    fn deficit(&self, trace: &Trace, v: &[u32], sem: usize) -> i64 {
+        let mut d = -(trace.initial[sem] as i64);
+        for (j, &c) in v.iter().enumerate() {
+            d += self.waits[j][c as usize][sem] as i64 - self.signals[j][c as usize][sem] as i64;
+        }
+        d
+    }
+}
+
+/// The k-th smallest (1-based) of each component.
+fn min_k(vecs: &[Vec<u32>], k: usize, n: usize) -> Vec<u32> {
+    let mut out = vec![0; n];
+    let mut col = Vec::with_capacity(vecs.len());
+    for (i, o) in out.iter_mut().enumerate() {
+        col.clear();
+        col.extend(vecs.iter().map(|v| v[i]));
+        let (_, kth, _) = col.select_nth_unstable(k - 1);
+        *o = *kth;
+    }
+    out
+}
+
+/// The analysis state: the trace, its prefix counts and the current safe order.
+struct Analyser<'a> {
+    trace: &'a Trace,
+    prefixes: Prefixes,
+    order: Order,
+    /// Signals per semaphore as `(node, position)`.
+    signals: Vec<Vec<(usize, usize)>>,
+}
+
+impl Analyser<'_> {
+    /// Raises `v`, a lower bound of the reachable states in which the *anchor* operation
+    /// (node `anchor.0`, 1-based position `anchor.1`) has just completed, by what those
+    /// states must also contain; `None` if no such state exists. No such state exceeds
+    /// `cap` (and its anchor component is exactly the anchor's position).
+    ///
+    /// Two rules, each sound on its own, applied to a fixpoint:
+    /// 1. a state containing an operation contains everything the current order puts
+    ///    before it;
+    /// 2. if the prefix `v` uses `k` more tokens of a semaphore than its initial count and
+    ///    the signals in the prefix provide (Observations 1 and 3; an anchor signal is not
+    ///    counted, since every wait of the state completed before it), at least `k` other
+    ///    signals `s` of it are in the state, each completed before the anchor, so each
+    ///    one's own completion state `z` is below the state and below `cap` with the
+    ///    anchor's node one lower. The state is then at least the `k`-th smallest, per
+    ///    component, of the bounds `max(v, z)`.
+    ///
+    /// At depth 0, `z` is the current order's bound of `s`. With `depth > 0`, `z` is
+    /// itself closed at `depth - 1` with `s` as the anchor (Observation 4: the signal needs
+    /// its own tokens, before it), and `max(v, z)` is closed at `depth - 1` with this
+    /// anchor (Observation 2, shadowing: the waits before `s` need tokens too). A signal
+    /// whose bound is infeasible cannot help.
+    fn close(
+        &self,
+        mut v: Vec<u32>,
+        depth: u32,
+        cap: &[u32],
+        anchor: (usize, u32),
+        shadow: bool,
+    ) -> Option<Vec<u32>> {
+        let n = v.len();
+        // Completion states of operations before the anchor.
+        let mut before = cap.to_vec();
+        before[anchor.0] = before[anchor.0].min(anchor.1.saturating_sub(1));
+        loop {
+            if !leq(&v, cap) {
+                return None;
+            }
+            // Rule 1 to a fixpoint.
+            loop {
+                let prev = v.clone();
+                for j in 0..n {
+                    if v[j] > 0 {
+                        let w = self.order[j][v[j] as usize - 1].clone();
+                        max_into(&mut v, &w);
+                    }
+                }
+                if v == prev {
+                    break;
+                }
+            }
+            if !leq(&v, cap) {
+                return None;
+            }
+            let mut changed = false;
+            let anchor_op = &self.trace.events[anchor.0][anchor.1 as usize - 1];
+            for (sem, sigs) in self.signals.iter().enumerate() {
+                if self.prefixes.deficit(self.trace, &v, sem) < 0 {
+                    continue;
+                }
+                let k = self.tokens_from_outside(&v, sem, anchor, anchor_op);
+                if k <= 0 {
+                    continue;
+                }
+                let mut bounds = Vec::new();
+                for &(node, pos) in sigs {
+                    if pos < v[node] as usize || pos as u32 >= before[node] {
+                        continue;
+                    }
+                    let own = &self.order[node][pos];
+                    let z = if depth > 0 {
+                        let mut cap_s = before.clone();
+                        cap_s[node] = pos as u32 + 1;
+                        self.close(own.clone(), depth - 1, &cap_s, (node, pos as u32 + 1), true)
+                    } else {
+                        leq(own, &before).then(|| own.clone())
+                    };
+                    let Some(z) = z else { continue };
+                    let mut w = v.clone();
+                    max_into(&mut w, &z);
+                    let w = if depth > 0 {
+                        self.close(w, depth - 1, cap, anchor, true)
+                    } else if shadow {
+                        // Shadowing at the leaf: the waits `s` brings need tokens too, from
+                        // the other candidates (one round, without deeper recursion).
+                        self.close(w, 0, cap, anchor, false)
+                    } else {
+                        leq(&w, cap).then_some(w)
+                    };
+                    bounds.extend(w);
+                }
+                if bounds.len() < k as usize {
+                    return None;
+                }
+                let m = min_k(&bounds, k as usize, n);
+                if !leq(&m, &v) {
+                    max_into(&mut v, &m);
+                    changed = true;
+                    break;
+                }
+            }
+            if !changed {
+                return Some(v);
+            }
+        }
+    }
+
+    /// How many of the waits on `sem` in the prefix `v` must be served by signals outside
+    /// it: the waits, less the initial tokens, less the most waits the prefix's own signals
+    /// can serve, where a signal can serve a wait unless the current order puts it after
+    /// the wait (a maximum bipartite matching; every execution pairs each wait with an
+    /// earlier signal, so it gives such a matching). An anchor signal serves nobody: every
+    /// other operation of the state completed before it.
+    fn tokens_from_outside(
+        &self,
+        v: &[u32],
+        sem: usize,
+        anchor: (usize, u32),
+        anchor_op: &TraceEvent,
+    ) -> i64 {
+        let mut waits = Vec::new();
+        let mut signals = Vec::new();
+        for (j, &c) in v.iter().enumerate() {
+            for (p, e) in self.trace.events[j][..c as usize].iter().enumerate() {
+                if e.sem != sem {
+                    continue;
+                }
+                match e.op {
+                    Op::Wait => waits.push((j, p)),
+                    Op::Signal => {
+                        let is_anchor = anchor_op.op == Op::Signal && (j, p as u32 + 1) == anchor;
+                        if !is_anchor {
+                            signals.push((j, p));
+                        }
+                    }
+                }
+            }
+        }
+        let need = waits.len() as i64 - self.trace.initial[sem] as i64;
+        if need <= 0 {
+            return 0;
+        }
+        // Kuhn's augmenting paths: signal -> wait it serves.
+        let serves = |s: (usize, usize), w: (usize, usize)| {
+            // Not after the wait: the signal's bound holds fewer of the wait's node's
+            // operations than the wait's position.
+            self.order[s.0][s.1][w.0] <= w.1 as u32
+        };
+        let mut served_by: Vec<Option<usize>> = vec![None; waits.len()];
+        fn augment(
+            si: usize,
+            signals: &[(usize, usize)],
+            waits: &[(usize, usize)],
+            serves: &dyn Fn((usize, usize), (usize, usize)) -> bool,
+            served_by: &mut Vec<Option<usize>>,
+            seen: &mut Vec<bool>,
+        ) -> bool {
+            for wi in 0..waits.len() {
+                if seen[wi] || !serves(signals[si], waits[wi]) {
+                    continue;
+                }
+                seen[wi] = true;
+                let free = match served_by[wi] {
+                    None => true,
+                    Some(other) => augment(other, signals, waits, serves, served_by, seen),
+                };
+                if free {
+                    served_by[wi] = Some(si);
+                    return true;
+                }
+            }
+            false
+        }
+        let mut matched = 0i64;
+        for si in 0..signals.len() {
+            let mut seen = vec![false; waits.len()];
+            if augment(si, &signals, &waits, &serves, &mut served_by, &mut seen) {
+                matched += 1;
+            }
+        }
+        need - matched
+    }
+}
+
+/// The "always happens before" order, safely approximated: every ordering it reports
+/// holds in every feasible execution of the trace's program (given the same straight-line
+/// code per node), and at higher `depth` it finds more of them.
+///
+/// Depth 0 is the rewind alone ([`rewind`], Algorithm 1: from the observed clocks down to a
+/// fixpoint where a wait follows the earliest, per component, of its semaphore's signals).
+/// Depth `d >= 1` then expands to a fixpoint with Observations 1 and 3 (counting tokens
+/// across every semaphore) and `d - 1` levels of Observations 2 and 4, so depth 1
+/// corresponds to the paper's `modify` with depth 1. See `Analyser::close` for the rules
+/// and ARCHITECTURE.md for how this reading of the paper's garbled Algorithm 2 was checked.
+pub fn analyse(trace: &Trace, depth: u32) -> Result<Order, AnalysisError> {
+    expand(trace, rewind(trace)?, depth)
+}
+
+/// [`analyse`] for a trace without the pairing of waits with signals (the rewind starts
+/// from the top instead of the observed clocks; see [`rewind`] for why that is safe).
+pub fn analyse_unpaired(trace: &Trace, depth: u32) -> Result<Order, AnalysisError> {
+    expand(trace, rewind_unpaired(trace)?, depth)
+}
+
+/// Algorithm 2 (expand) on a safe order, to a fixpoint.
+fn expand(trace: &Trace, order: Order, depth: u32) -> Result<Order, AnalysisError> {
+    let n = trace.nodes();
+    let mut signals = vec![Vec::new(); trace.initial.len()];
+    for (j, evs) in trace.events.iter().enumerate() {
+        for (c, e) in evs.iter().enumerate() {
+            if e.op == Op::Signal {
+                signals[e.sem].push((j, c));
+            }
+        }
+    }
+    if depth == 0 {
+        return Ok(order);
+    }
+    let mut a = Analyser {
+        trace,
+        prefixes: Prefixes::new(trace),
+        order,
+        signals,
+    };
+    loop {
+        let mut changed = false;
+        for j in 0..n {
+            for c in 0..trace.events[j].len() {
+                let mut v = a.order[j][c].clone();
+                if c > 0 {
+                    max_into(&mut v, &a.order[j][c - 1]);
+                }
+                // The states that matter are those where this operation has just
+                // completed: none holds a later operation of its node.
+                let mut cap = vec![u32::MAX; n];
+                cap[j] = c as u32 + 1;
+                let v = a
+                    .close(v, depth - 1, &cap, (j, c as u32 + 1), true)
+                    .ok_or_else(|| {
+                        AnalysisError::Infeasible(format!(
+                            "operation {} of node {j} can never complete",
+                            c + 1
+                        ))
+                    })?;
+                if v != a.order[j][c] {
+                    a.order[j][c] = v;
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            return Ok(a.order);
+        }
+    }
+}
+
+/// Algorithm 1 (rewind): from the vector clocks of the observed pairing down to a
+/// fixpoint of "an operation is at least its predecessor and itself; a wait is at least the
+/// component-wise minimum over every signal of its semaphore (an initial token counting as
+/// a signal bounded by zero)".
+///
+/// Why any fixpoint of that rule is safe although the iteration starts from the observed,
+/// unsafe clocks: take any feasible execution E and write `P(e)` for the operations of
+/// each node up to `e` in E. By induction along E, `τ(e) <= P(e)`: the predecessor comes
+/// before `e` in E, and for a wait, the signal it consumed in E comes before it, so the
+/// minimum over all signals is at most that signal's `τ <= P(signal) <= P(e)`. Hence
+/// every ordering the fixpoint reports holds in E. The rule is monotone and the observed
+/// clocks are above it, so the iteration only decreases and ends.
+pub fn rewind(trace: &Trace) -> Result<Order, AnalysisError> {
+    rewind_from(trace, observed(trace)?)
+}
+
+/// [`rewind`] from the top (every operation after everything) instead of the observed
+/// clocks, for traces that do not say which signal each wait consumed: the fixpoint it
+/// reaches is safe by the same argument.
+fn rewind_unpaired(trace: &Trace) -> Result<Order, AnalysisError> {
+    let top: Vec<u32> = trace.events.iter().map(|e| e.len() as u32).collect();
+    let start = trace
+        .events
+        .iter()
+        .map(|evs| vec![top.clone(); evs.len()])
+        .collect();
+    rewind_from(trace, start)
+}
+
+fn rewind_from(trace: &Trace, mut tau: Order) -> Result<Order, AnalysisError> {
+    let n = trace.nodes();
+    let mut signals = vec![Vec::new(); trace.initial.len()];
+    for (j, evs) in trace.events.iter().enumerate() {
+        for (c, e) in evs.iter().enumerate() {
+            if e.op == Op::Signal {
+                signals[e.sem].push((j, c));
+            }
+        }
+    }
+    loop {
+        let mut changed = false;
+        for j in 0..n {
+            for c in 0..trace.events[j].len() {
+                let e = &trace.events[j][c];
+                let mut v = if c > 0 {
+                    tau[j][c - 1].clone()
+                } else {
+                    vec![0; n]
+                };
+                v[j] = c as u32 + 1;
+                if e.op == Op::Wait && trace.initial[e.sem] == 0 {
+                    for i in 0..n {
+                        let m = signals[e.sem]
+                            .iter()
+                            .map(|&(node, pos)| tau[node][pos][i])
+                            .min()
+                            .unwrap_or(0);
+                        v[i] = v[i].max(m);
+                    }
+                }
+                if v != tau[j][c] {
+                    tau[j][c] = v;
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            return Ok(tau);
+        }
+    }
+}
+
+/// The exact "always happens before" order by exhaustive search of the reachable states (a
+/// prefix per node, no semaphore's count negative): `v(e)[i]` is the least number of node
+/// `i`'s events over the reachable states where `e` has just completed. Fails when more
+/// than `max_states` states would be visited.
+pub fn brute_force(trace: &Trace, max_states: u64) -> Result<Order, AnalysisError> {
+    let n = trace.nodes();
+    let lens: Vec<usize> = trace.events.iter().map(Vec::len).collect();
+    let mut total: u64 = 1;
+    for &l in &lens {
+        total = total.saturating_mul(l as u64 + 1);
+    }
+    if total > max_states {
+        return Err(AnalysisError::TooManyStates(max_states));
+    }
+    let prefixes = Prefixes::new(trace);
+    let index = |x: &[u32]| -> usize {
+        x.iter()
+            .zip(&lens)
+            .fold(0usize, |acc, (&c, &l)| acc * (l + 1) + c as usize)
+    };
+    let mut seen = vec![false; total as usize];
+    let mut best: Vec<Vec<Option<Vec<u32>>>> = lens.iter().map(|&l| vec![None; l]).collect();
+    let start = vec![0u32; n];
+    seen[index(&start)] = true;
+    let mut queue = VecDeque::from([start]);
+    while let Some(x) = queue.pop_front() {
+        for (j, &c) in x.iter().enumerate() {
+            if c > 0 {
+                let slot = &mut best[j][c as usize - 1];
+                match slot {
+                    Some(b) => {
+                        for (a, &y) in b.iter_mut().zip(&x) {
+                            *a = (*a).min(y);
+                        }
+                    }
+                    None => *slot = Some(x.clone()),
+                }
+            }
+            if c as usize == lens[j] {
+                continue;
+            }
+            let e = &trace.events[j][c as usize];
+            if e.op == Op::Wait && prefixes.deficit(trace, &x, e.sem) >= 0 {
+                continue;
+            }
+            let mut y = x.clone();
+            y[j] += 1;
+            let i = index(&y);
+            if !seen[i] {
+                seen[i] = true;
+                queue.push_back(y);
+            }
+        }
+    }
+    best.into_iter()
+        .enumerate()
+        .map(|(j, evs)| {
+            evs.into_iter()
+                .enumerate()
+                .map(|(c, v)| {
+                    v.ok_or_else(|| {
+                        AnalysisError::Infeasible(format!(
+                            "operation {} of node {j} is in no reachable state",
+                            c + 1
+                        ))
+                    })
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The orderings between operations of different nodes an order contains, as pairs
+/// `((node, position), (node, position))` with 0-based positions, first before second.
+pub fn edges(order: &Order) -> Vec<((usize, usize), (usize, usize))> {
+    let mut out = Vec::new();
+    for (j, evs) in order.iter().enumerate() {
+        for (c, v) in evs.iter().enumerate() {
+            for (i, &k) in v.iter().enumerate() {
+                if i != j {
+                    // Only the latest predecessor of each node, so transitive edges are
+                    // implied rather than listed.
+                    let prev = if c > 0 { order[j][c - 1][i] } else { 0 };
+                    if k > prev {
+                        out.push(((i, k as usize - 1), (j, c)));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Whether `a` reports no ordering that `b` lacks (every vector of `a` at most `b`'s).
+pub fn is_subset(a: &Order, b: &Order) -> bool {
+    a.iter()
+        .zip(b)
+        .all(|(x, y)| x.iter().zip(y).all(|(v, w)| leq(v, w)))
+}
+
+/// Parameters of the random trace generator (the paper's Figure 5).
+#[derive(Clone, Copy, Debug)]
+pub struct GenParams {
+    /// Nodes are drawn uniformly from `2..=max_tasks`.
+    pub max_tasks: usize,
+    /// Semaphores are drawn uniformly from `1..=max_sems`.
+    pub max_sems: usize,
+    /// Operations in the trace.
+    pub events: usize,
+    /// Initial counts are drawn uniformly from `0..=max_initial` (the paper uses 0).
+    pub max_initial: u32,
+}
+
+/// A random trace of a non-blocking execution, generated as in the paper's Figure 5: pick
+/// a node and a semaphore at random; if the semaphore has a token, flip a coin between a
+/// wait and a signal, else signal. Waits consume tokens first come, first served (initial
+/// tokens first), which fixes the observed pairing.
+pub fn generate(p: GenParams, rng: &mut impl Rng) -> Trace {
+    let tasks = rng.gen_range(2..=p.max_tasks.max(2));
+    let sems = rng.gen_range(1..=p.max_sems.max(1));
+    let mut t = Trace::new(tasks);
+    let mut tokens: Vec<VecDeque<Option<(usize, u32)>>> = Vec::new();
+    let mut seqs = vec![vec![0u32; sems]; tasks];
+    for s in 0..sems {
+        t.sem_names.push(format!("s{s}"));
+        let init = rng.gen_range(0..=p.max_initial);
+        t.initial.push(init);
+        tokens.push((0..init).map(|_| None).collect());
+    }
+    for _ in 0..p.events {
+        let task = rng.gen_range(0..tasks);
+        let sem = rng.gen_range(0..sems);
+        if !tokens[sem].is_empty() && rng.gen_bool(0.5) {
+            let paired = tokens[sem].pop_front().expect("non-empty");
+            t.events[task].push(TraceEvent {
+                op: Op::Wait,
+                sem,
+                seq: None,
+                paired,
+            });
+        } else {
+            let seq = seqs[task][sem];
+            seqs[task][sem] += 1;
+            tokens[sem].push_back(Some((task, seq)));
+            t.events[task].push(TraceEvent {
+                op: Op::Signal,
+                sem,
+                seq: Some(seq),
+                paired: None,
+            });
+        }
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    fn ev(op: Op, sem: usize, seq: Option<u32>, paired: Option<(usize, u32)>) -> TraceEvent {
+        TraceEvent {
+            op,
+            sem,
+            seq,
+            paired,
+        }
+    }
+
+    /// Figure 2 of the paper, in spirit: a wait preceded by two waits on semaphore 0 needs
+    /// two signals of it, so it follows both signalling nodes.
+    #[test]
+    fn counting_waits_orders_after_both_signals() {
+        let mut t = Trace::new(3);
+        t.sem_names = vec!["a".into()];
+        t.initial = vec![0];
+        t.events[0] = vec![ev(Op::Signal, 0, Some(0), None)];
+        t.events[1] = vec![ev(Op::Signal, 0, Some(0), None)];
+        t.events[2] = vec![
+            ev(Op::Wait, 0, None, Some((0, 0))),
+            ev(Op::Wait, 0, None, Some((1, 0))),
+        ];
+        let exact = brute_force(&t, 1 << 20).unwrap();
+        assert_eq!(exact[2][1], vec![1, 1, 2]);
+        assert_eq!(exact[2][0], vec![0, 0, 1]);
+        let d1 = analyse(&t, 1).unwrap();
+        assert_eq!(d1, exact);
+        // The rewind alone cannot see it: either signal could have served either wait.
+        let d0 = analyse(&t, 0).unwrap();
+        assert_eq!(d0[2][1], vec![0, 0, 2]);
+        let obs = observed(&t).unwrap();
+        assert_eq!(obs[2][0], vec![1, 0, 1]);
+    }
+
+    #[test]
+    fn initial_tokens_order_nothing() {
+        let mut t = Trace::new(2);
+        t.sem_names = vec!["a".into()];
+        t.initial = vec![1];
+        t.events[0] = vec![ev(Op::Signal, 0, Some(0), None)];
+        t.events[1] = vec![ev(Op::Wait, 0, None, Some((0, 0)))];
+        let exact = brute_force(&t, 100).unwrap();
+        assert_eq!(exact[1][0], vec![0, 1]);
+        for d in 0..4 {
+            assert_eq!(analyse(&t, d).unwrap(), exact, "depth {d}");
+        }
+        // The run paired it with the signal, so the observed order has the edge.
+        assert_eq!(observed(&t).unwrap()[1][0], vec![1, 1]);
+    }
+
+    #[test]
+    fn cyclic_pairing_is_an_error() {
+        let mut t = Trace::new(2);
+        t.sem_names = vec!["a".into(), "b".into()];
+        t.initial = vec![0, 0];
+        t.events[0] = vec![
+            ev(Op::Wait, 0, None, Some((1, 0))),
+            ev(Op::Signal, 1, Some(0), None),
+        ];
+        t.events[1] = vec![
+            ev(Op::Wait, 1, None, Some((0, 0))),
+            ev(Op::Signal, 0, Some(0), None),
+        ];
+        assert_eq!(observed(&t), Err(AnalysisError::CyclicPairing));
+    }
+
+    #[test]
+    fn brute_force_refuses_huge_traces() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let t = generate(
+            GenParams {
+                max_tasks: 8,
+                max_sems: 2,
+                events: 200,
+                max_initial: 0,
+            },
+            &mut rng,
+        );
+        assert!(matches!(
+            brute_force(&t, 1000),
+            Err(AnalysisError::TooManyStates(1000))
+        ));
+    }
+
+    /// Soundness at every depth on a few hundred small traces; the property test in
+    /// `tests/` runs the full 5000.
+    #[test]
+    fn analysis_is_sound_on_small_random_traces() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for _ in 0..300 {
+            let t = generate(
+                GenParams {
+                    max_tasks: 4,
+                    max_sems: 3,
+                    events: 16,
+                    max_initial: 1,
+                },
+                &mut rng,
+            );
+            let exact = brute_force(&t, 1 << 22).unwrap();
+            let obs = observed(&t).unwrap();
+            assert!(is_subset(&exact, &obs));
+            for d in 0..=3 {
+                let a = analyse(&t, d).unwrap();
+                assert!(is_subset(&a, &exact), "depth {d} unsound on {t:?}");
+            }
+        }
+    }
+}
