@@ -556,12 +556,12 @@ fn sem_handoff(dsm: &mut Dsm, write_first: bool) -> Result<(), DsmError> {
                 dsm.signal(&s)?;
             } else {
                 dsm.signal(&s)?;
-                dsm.view(&x).set(2, 42);
+                dsm.view(&x).set(2, 42); // RACE
             }
         }
         1 => {
             dsm.wait(&s)?;
-            let got = dsm.view(&x).get(2);
+            let got = dsm.view(&x).get(2); // RACE
             if write_first {
                 assert_eq!(got, 42, "data written before the signal");
             }
@@ -583,12 +583,12 @@ fn sem_pairing_dependent(dsm: &mut Dsm) -> Result<(), DsmError> {
     match dsm.rank() {
         0 => {
             std::thread::sleep(std::time::Duration::from_secs(1));
-            dsm.view(&d).set(0, 7);
+            dsm.view(&d).set(0, 7); // RACE
             dsm.signal(&s)?;
         }
         1 => {
             dsm.wait(&s)?;
-            let _ = dsm.view(&d).get(0);
+            let _ = dsm.view(&d).get(0); // RACE
             dsm.wait(&s)?;
         }
         2 => dsm.signal(&s)?,

@@ -307,7 +307,6 @@ impl Dsm {
         // Shipped intervals come without their notices (the nodes sent those in race
         // batches); the ones still pending here take their place. Pairs of two shipped
         // intervals were checked between barriers.
-        let mut intervals = intervals;
         let mut bitmaps = dsm_race::Bitmaps::new();
         let inc = r.incremental.as_ref().filter(|inc| inc.active());
         if let Some(inc) = inc {
