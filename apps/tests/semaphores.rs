@@ -19,6 +19,30 @@ fn a_thousand_hand_offs_each_way_always_see_the_data() {
     }
 }
 
+/// The form of the visibility check: 1000 separate jobs, each with its own chaos
+/// seed (random delays before acquires and barriers, the semaphore's creation among them),
+/// each handing a value through a semaphore and back; every one sees the data.
+#[test]
+fn a_thousand_seeded_runs_of_a_hand_off_always_see_the_data() {
+    for seed in 0..1000u32 {
+        let seed = seed.to_string();
+        let flags: &[&str] = if seed.ends_with('0') {
+            &["--race"]
+        } else {
+            &[]
+        };
+        let mut args = vec!["--timeout", "60", "--chaos", seed.as_str()];
+        args.extend_from_slice(flags);
+        let run = dsm_testkit::dsmrun(2, &args, KERNEL, &["pingpong", "1"]);
+        let all = run.all_output();
+        assert_eq!(run.code, Some(0), "seed {seed}\n{all}");
+        assert!(
+            all.contains("pingpong: 1 round trips, every value seen"),
+            "seed {seed}\n{all}"
+        );
+    }
+}
+
 #[test]
 fn sem_trace_of_a_bounded_buffer_is_read_and_analysed() {
     let dir = tempfile::tempdir().unwrap();
