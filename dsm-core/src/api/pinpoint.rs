@@ -13,6 +13,9 @@ use std::collections::HashMap;
 use std::panic::Location;
 use std::path::PathBuf;
 
+/// What makes a note distinct: element, epoch, interval, write, file, line, column.
+type NoteKey = (usize, u32, u32, bool, &'static str, u32, u32);
+
 /// The node's pinpoint state.
 pub(super) struct PinState {
     rank: u16,
@@ -27,7 +30,7 @@ pub(super) struct PinState {
     hits: RefCell<Vec<Hit>>,
     /// Accesses already noted (element, epoch, interval, read/write, location), so a
     /// repeated access costs one lookup.
-    seen: RefCell<std::collections::HashSet<(usize, u32, u32, bool, &'static str, u32, u32)>>,
+    seen: RefCell<std::collections::HashSet<NoteKey>>,
     /// Function names by location, resolved once.
     functions: RefCell<HashMap<(&'static str, u32), Option<String>>>,
 }
