@@ -251,6 +251,12 @@ fn race_notice_bytes(msg: &Msg) -> u64 {
         .sum()
 }
 
+/// How the comm thread treats its links: the liveness deadline and chaos mode's seed.
+struct LinkOptions {
+    liveness: Option<Duration>,
+    chaos: Option<u64>,
+}
+
 /// What only the comm thread can do for the app thread.
 enum Control {
     /// Flush queued messages, then exit with this status (a fatal error was reported).
@@ -383,6 +389,7 @@ impl Comm {
         mailbox: FaultMailbox,
         seg: &'static Segment,
         liveness: Option<Duration>,
+        chaos: Option<u64>,
     ) -> io::Result<Comm> {
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         let (reply_tx, reply_rx) = std_mpsc::channel();
@@ -424,7 +431,15 @@ impl Comm {
             .name(format!("dsm-comm-{rank}"))
             .spawn(move || {
                 let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    comm_main(mesh, for_thread, kicks, seg, liveness, control_rx, ready_tx)
+                    comm_main(
+                        mesh,
+                        for_thread,
+                        kicks,
+                        seg,
+                        LinkOptions { liveness, chaos },
+                        control_rx,
+                        ready_tx,
+                    )
                 }));
                 match result {
                     Ok(Ok(())) => {}
@@ -518,10 +533,11 @@ fn comm_main(
     shared: Arc<Shared>,
     kicks: std::os::unix::net::UnixStream,
     seg: &'static Segment,
-    liveness: Option<Duration>,
+    options: LinkOptions,
     mut control: mpsc::UnboundedReceiver<Control>,
     ready: std_mpsc::Sender<io::Result<()>>,
 ) -> io::Result<()> {
+    let LinkOptions { liveness, chaos } = options;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
@@ -531,7 +547,20 @@ fn comm_main(
         let kicks = tokio::net::UnixStream::from_std(kicks)?;
         let s = shared.clone();
         let me = mesh.rank;
+        // Chaos mode: its own stream of draws (the app thread has another).
+        let chaos = std::cell::RefCell::new(
+            chaos.map(|seed| crate::api::chaos::Chaos::new(seed ^ 0x5bd1_e995_c0ff_ee00, me)),
+        );
         let on_peer = Rc::new(move |peer: usize, ev: PeerEvent| {
+            if let (
+                Some(c),
+                PeerEvent::Message(
+                    Msg::LockRequest { .. } | Msg::LockForward { .. } | Msg::LockGrant { .. },
+                ),
+            ) = (chaos.borrow_mut().as_mut(), &ev)
+            {
+                c.before_lock_message();
+            }
             let mut engine = s.engine();
             let outputs = match ev {
                 PeerEvent::Message(msg) => engine.on_peer_message(peer as NodeId, msg),

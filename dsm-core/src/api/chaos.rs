@@ -2,14 +2,15 @@
 //! synchronization, so that runs take lock orders a quiet machine rarely shows. Before
 //! an acquire a node may pause (it asks later), while holding a lock it may pause (the
 //! grant to the next node comes later), and before a barrier it may pause (it leaves
-//! later relative to the others). The delays are drawn from a generator seeded by the
+//! later relative to the others); the comm thread may pause before handling a lock
+//! message (a request, forward or grant is handled later). The delays are drawn from a generator seeded by the
 //! seed and the rank, so a seed names one perturbation; since timing also depends on the
 //! machine, a seed does not fix the order: record a run (`--record`) to keep one.
 
 use std::time::Duration;
 
 /// The seeded generator and the delay policy.
-pub(super) struct Chaos {
+pub(crate) struct Chaos {
     state: u64,
 }
 
@@ -17,7 +18,7 @@ pub(super) struct Chaos {
 const MAX_PAUSE_US: u64 = 2_000;
 
 impl Chaos {
-    pub(super) fn new(seed: u64, rank: usize) -> Chaos {
+    pub(crate) fn new(seed: u64, rank: usize) -> Chaos {
         let mut c = Chaos {
             state: seed ^ (rank as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
         };
@@ -53,6 +54,11 @@ impl Chaos {
 
     pub(super) fn before_barrier(&mut self) {
         self.maybe_pause(50, MAX_PAUSE_US);
+    }
+
+    /// On the comm thread, before a lock request, forward or grant is handled.
+    pub(crate) fn before_lock_message(&mut self) {
+        self.maybe_pause(25, MAX_PAUSE_US / 4);
     }
 }
 

@@ -16,7 +16,7 @@
 //! synchronization and shutdown. The views live in [`view`], race-detection orchestration
 //! in [`race`], the run's counters and stats file in [`stats`].
 
-mod chaos;
+pub(crate) mod chaos;
 mod pinpoint;
 mod race;
 mod semaphore;
@@ -361,7 +361,8 @@ impl Dsm {
             _ => None,
         };
         let page_limit = engine.page_limit();
-        let comm = Comm::start(mesh, engine, mailbox, seg, env.liveness).map_err(DsmError::Io)?;
+        let comm = Comm::start(mesh, engine, mailbox, seg, env.liveness, env.replay.chaos)
+            .map_err(DsmError::Io)?;
         Ok(Dsm {
             page_limit,
             states: comm.states(),

@@ -13,6 +13,9 @@ use std::collections::HashMap;
 use std::panic::Location;
 use std::path::PathBuf;
 
+/// What makes a note distinct: element, epoch, interval, write, file, line, column.
+type NoteKey = (usize, u32, u32, bool, &'static str, u32, u32);
+
 /// The node's pinpoint state.
 pub(super) struct PinState {
     rank: u16,
@@ -25,6 +28,9 @@ pub(super) struct PinState {
     epoch: Cell<u32>,
     interval: Cell<u32>,
     hits: RefCell<Vec<Hit>>,
+    /// Accesses already noted (element, epoch, interval, read/write, location), so a
+    /// repeated access costs one lookup.
+    seen: RefCell<std::collections::HashSet<NoteKey>>,
     /// Function names by location, resolved once.
     functions: RefCell<HashMap<(&'static str, u32), Option<String>>>,
 }
@@ -33,6 +39,18 @@ pub(super) struct PinState {
 pub(super) struct AllocWatch {
     name: String,
     watched: Vec<(usize, u32)>,
+    /// The lowest and highest watched index, so that most accesses are passed over
+    /// inline, without a call.
+    lo: usize,
+    hi: usize,
+}
+
+impl AllocWatch {
+    /// Whether an access to elements `start..end` may touch a watched element.
+    #[inline(always)]
+    pub(super) fn may_touch(&self, start: usize, end: usize) -> bool {
+        start <= self.hi && end > self.lo
+    }
 }
 
 impl PinState {
@@ -49,20 +67,24 @@ impl PinState {
             epoch: Cell::new(1),
             interval: Cell::new(1),
             hits: RefCell::new(Vec::new()),
+            seen: RefCell::new(Default::default()),
             functions: RefCell::new(HashMap::new()),
         })
     }
 
     /// A new allocation (ids count up from 0): its watched elements.
     pub(super) fn add_alloc(&mut self, name: &str) {
+        let watched: Vec<(usize, u32)> = self
+            .targets
+            .iter()
+            .filter(|t| t.variable == name)
+            .map(|t| (t.index, t.epoch))
+            .collect();
         self.watched.push(AllocWatch {
             name: name.to_string(),
-            watched: self
-                .targets
-                .iter()
-                .filter(|t| t.variable == name)
-                .map(|t| (t.index, t.epoch))
-                .collect(),
+            lo: watched.iter().map(|w| w.0).min().unwrap_or(usize::MAX),
+            hi: watched.iter().map(|w| w.0).max().unwrap_or(0),
+            watched,
         });
     }
 
@@ -77,6 +99,8 @@ impl PinState {
 
     pub(super) fn barrier_passed(&self, barriers_called: u32) {
         self.epoch.set(barriers_called + 1);
+        // Notes of past epochs cannot repeat.
+        self.seen.borrow_mut().clear();
     }
 
     /// Appends the notes so far to this node's files (before a barrier, where the master
@@ -125,22 +149,32 @@ impl PinState {
             if (index - start) / step >= count {
                 continue;
             }
+            let interval = s.interval.get();
+            let key = (
+                index,
+                epoch,
+                interval,
+                write,
+                loc.file(),
+                loc.line(),
+                loc.column(),
+            );
+            if !s.seen.borrow_mut().insert(key) {
+                continue;
+            }
             let hit = Hit {
                 variable: watch.name.clone(),
                 index,
                 epoch,
                 rank: s.rank,
-                interval: s.interval.get(),
+                interval,
                 write,
                 file: loc.file().to_string(),
                 line: loc.line(),
                 column: loc.column(),
                 function: s.function(loc),
             };
-            let mut hits = s.hits.borrow_mut();
-            if !hits.contains(&hit) {
-                hits.push(hit);
-            }
+            s.hits.borrow_mut().push(hit);
         }
     }
 }

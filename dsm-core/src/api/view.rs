@@ -149,7 +149,7 @@ impl<'a, T: Pod> View<'a, T> {
     pub fn get(&self, i: usize) -> T {
         if let Some(s) = self.shadow {
             s.read(i * Self::SIZE, Self::SIZE);
-            if let Some(w) = self.pin {
+            if let Some(w) = self.pin.filter(|w| w.may_touch(i, i + 1)) {
                 self.pin_touch(w, i, 1, 1, false, Location::caller());
             }
         }
@@ -163,7 +163,7 @@ impl<'a, T: Pod> View<'a, T> {
     pub fn set(&self, i: usize, value: T) {
         if let Some(s) = self.shadow {
             s.write(i * Self::SIZE, Self::SIZE);
-            if let Some(w) = self.pin {
+            if let Some(w) = self.pin.filter(|w| w.may_touch(i, i + 1)) {
                 self.pin_touch(w, i, 1, 1, true, Location::caller());
             }
         }
@@ -262,7 +262,7 @@ impl<'a, T: Pod> View<'a, T> {
         );
         if let Some(s) = self.shadow {
             s.read(start * Self::SIZE, out.len() * Self::SIZE);
-            if let Some(w) = self.pin {
+            if let Some(w) = self.pin.filter(|w| w.may_touch(start, start + out.len())) {
                 self.pin_touch(w, start, 1, out.len(), false, Location::caller());
             }
         }
@@ -283,7 +283,7 @@ impl<'a, T: Pod> View<'a, T> {
         );
         if let Some(s) = self.shadow {
             s.write(start * Self::SIZE, src.len() * Self::SIZE);
-            if let Some(w) = self.pin {
+            if let Some(w) = self.pin.filter(|w| w.may_touch(start, start + src.len())) {
                 self.pin_touch(w, start, 1, src.len(), true, Location::caller());
             }
         }
@@ -333,7 +333,10 @@ impl<'a, T: Pod> View<'a, T> {
                 step * Self::SIZE,
                 count,
             );
-            if let Some(w) = self.pin {
+            if let Some(w) = self
+                .pin
+                .filter(|w| w.may_touch(start, start + step * count))
+            {
                 self.pin_touch(w, start, step, count, false, Location::caller());
             }
         }
@@ -356,7 +359,10 @@ impl<'a, T: Pod> View<'a, T> {
                 step * Self::SIZE,
                 count,
             );
-            if let Some(w) = self.pin {
+            if let Some(w) = self
+                .pin
+                .filter(|w| w.may_touch(start, start + step * count))
+            {
                 self.pin_touch(w, start, step, count, true, Location::caller());
             }
         }
@@ -377,7 +383,7 @@ impl<'a, T: Pod> View<'a, T> {
         self.prefetch_checked(start, len, false);
         if let Some(s) = self.shadow {
             s.read(start * Self::SIZE, len * Self::SIZE);
-            if let Some(w) = self.pin {
+            if let Some(w) = self.pin.filter(|w| w.may_touch(start, start + len)) {
                 self.pin_touch(w, start, 1, len, false, Location::caller());
             }
         }

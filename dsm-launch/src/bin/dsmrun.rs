@@ -382,7 +382,8 @@ struct Cli {
     replay: Option<PathBuf>,
 
     /// Chaos mode: random delays, drawn from SEED and the rank, before
-    /// acquires, inside critical sections and before barriers, so runs take
+    /// acquires, inside critical sections, before barriers and before the
+    /// handling of lock messages, so runs take
     /// lock orders a quiet machine rarely shows (DSM_CHAOS). A seed does not
     /// fix the order by itself: use --record to keep it
     #[arg(long, value_name = "SEED")]
