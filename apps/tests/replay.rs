@@ -180,6 +180,55 @@ fn a_replay_that_leaves_the_record_exits_67_naming_lock_grant_and_rank() {
     }
 }
 
+/// Every rank's part ends with a digest of the values it homes; a replay whose
+/// synchronization matches the record but whose values differ (what a racy read that
+/// changes no course leaves behind) stops with 67 saying so. The record is altered here so
+/// that the check is exercised deterministically.
+#[test]
+fn a_replay_ending_with_other_values_exits_67() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("lo.dsmrec");
+    let recorded = dsm_testkit::dsmrun(
+        3,
+        &["--timeout", "60", "--record", s(&rec)],
+        TEST,
+        &["lock-order"],
+    );
+    assert_eq!(recorded.code, Some(0), "{}", recorded.all_output());
+    let mut record = dsm_replay::Record::from_bytes(&std::fs::read(&rec).unwrap()).unwrap();
+    for part in &record.ranks {
+        assert!(
+            matches!(part.last(), Some(dsm_replay::Event::Values { .. })),
+            "every part ends with its values: {part:?}"
+        );
+    }
+    // The unaltered record replays to the end.
+    let run = dsm_testkit::dsmrun(
+        3,
+        &["--timeout", "60", "--replay", s(&rec)],
+        TEST,
+        &["lock-order"],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.all_output());
+    if let Some(dsm_replay::Event::Values { digest }) = record.ranks[1].last_mut() {
+        *digest ^= 1;
+    }
+    let forged = dir.path().join("forged.dsmrec");
+    std::fs::write(&forged, record.to_bytes()).unwrap();
+    let run = dsm_testkit::dsmrun(
+        3,
+        &["--timeout", "60", "--replay", s(&forged)],
+        TEST,
+        &["lock-order"],
+    );
+    let ctx = run.all_output();
+    assert_eq!(run.code, Some(67), "{ctx}");
+    assert!(
+        ctx.contains("replay diverged on rank 1: the run ends with other values"),
+        "{ctx}"
+    );
+}
+
 #[test]
 fn damaged_records_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();

@@ -77,6 +77,13 @@ pub enum Event {
         /// the pages each read and wrote).
         hash: u64,
     },
+    /// The rank finished: a digest of the values in the shared pages it homes, after the
+    /// last barrier. A replay that ends with other values (a racy read that saw another
+    /// value without changing the program's course) diverges here.
+    Values {
+        /// The digest.
+        digest: u64,
+    },
 }
 
 /// An [`Event`] as stored: locks by their index in the file's lock table.
@@ -84,6 +91,7 @@ pub enum Event {
 enum StoredEvent {
     Acquire { lock: u32, grant: u64 },
     Barrier { intervals: u32, hash: u64 },
+    Values { digest: u64 },
 }
 
 #[derive(Serialize, Deserialize)]
@@ -156,6 +164,7 @@ impl Record {
                         Event::Barrier { intervals, hash } => {
                             StoredEvent::Barrier { intervals, hash }
                         }
+                        Event::Values { digest } => StoredEvent::Values { digest },
                     })
                     .collect()
             })
@@ -239,6 +248,7 @@ impl Record {
                         grant,
                     },
                     StoredEvent::Barrier { intervals, hash } => Event::Barrier { intervals, hash },
+                    StoredEvent::Values { digest } => Event::Values { digest },
                 });
             }
             ranks.push(out);

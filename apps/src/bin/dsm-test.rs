@@ -114,8 +114,9 @@ enum Test {
     /// `rounds` times and appends its rank to a shared list; after the last barrier rank 0
     /// prints the list (`order: 0 2 1 ...`). The list is the lock's schedule, which is what
     /// `--chaos` changes and `--replay` reproduces. After each critical section every node
-    /// also writes `last[0]` without the lock (a deliberate write-write race, so a race log
-    /// under `--race` depends on the order too).
+    /// also writes `last[0] = 1` without the lock (a deliberate write-write race, so a race
+    /// log under `--race` depends on the order too; the same value from every node, so the
+    /// race changes no result).
     LockOrder {
         #[arg(long, default_value_t = 8)]
         rounds: u64,
@@ -387,7 +388,10 @@ fn lock_order(dsm: &mut Dsm, rounds: u64, work: u64) -> anyhow::Result<()> {
             v.set(next as usize, me);
             v.set(total, next + 1);
         }
-        dsm.view(&last).set(0, me);
+        // Every node writes the same value: the race shows in the race log, but which
+        // write lands last (a matter of timing, not of lock order) changes no value, so a
+        // replay must end with the recorded values.
+        dsm.view(&last).set(0, 1);
     }
     dsm.barrier()?;
     if dsm.rank() == 0 {

@@ -855,6 +855,12 @@ impl Dsm {
         }
         let result = self.barrier_command(true);
         if result.is_ok() {
+            if self.named_locks.is_some() {
+                // Recording or replaying: the values the run leaves in this node's home
+                // pages (complete after the last barrier) end its part of the record.
+                let digest = self.home_values_digest();
+                self.comm().send(Command::NoteValues { digest });
+            }
             self.write_stats_file()?;
             self.write_record_part()?;
         }

@@ -244,6 +244,20 @@ impl Dsm {
         out
     }
 
+    /// A digest of the values in this node's home pages of every allocation the program
+    /// made (a replay compares it with the recorded run's at finish).
+    pub(super) fn home_values_digest(&self) -> u64 {
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        for a in self.allocs.iter().filter(|a| !a.internal) {
+            for (block, hash) in self.home_block_hashes(a, false) {
+                for v in [block as u64, hash] {
+                    h = (h ^ v).wrapping_mul(0x0000_0100_0000_01b3).rotate_left(17);
+                }
+            }
+        }
+        h
+    }
+
     /// Makes sure the hash array holds `blocks` hashes (a collective allocation, made at
     /// the same trace point on every node since all know the same allocations).
     fn trace_hash_array(&mut self, blocks: usize) -> Result<Array<u64>, DsmError> {

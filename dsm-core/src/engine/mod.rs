@@ -230,6 +230,12 @@ pub enum Command {
         /// The recorder's `epoch_digest`.
         digest: u64,
     },
+    /// Recording or replaying, at finish after the last barrier: the digest of the values
+    /// in this node's home pages, recorded or checked against the record. No reply.
+    NoteValues {
+        /// The digest.
+        digest: u64,
+    },
 }
 
 /// Answers for the app thread.
@@ -612,6 +618,7 @@ impl<M: Memory> Engine<M> {
             }
             Command::NameLock { lock, name } => self.name_lock(lock, &name),
             Command::FoldAccessDigest { digest } => self.fold_access_digest(digest),
+            Command::NoteValues { digest } => self.note_values(digest),
             Command::TakeRecord => {
                 let events = self.take_recording();
                 self.reply(Reply::Record(events));

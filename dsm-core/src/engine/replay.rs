@@ -109,6 +109,7 @@ impl<M: Memory> Engine<M> {
                 format!("an acquire of {} (grant {grant})", self.lock_label(lock))
             }
             Some(Event::Barrier { .. }) => "a barrier".into(),
+            Some(Event::Values { .. }) => "the end of the run".into(),
         }
     }
 
@@ -256,6 +257,35 @@ impl<M: Memory> Engine<M> {
                 );
                 self.diverged(why);
                 false
+            }
+        }
+    }
+
+    /// The run ended (after the last barrier) with `digest` as the values of this node's
+    /// home pages: recorded, or in a replay checked against the record.
+    pub(super) fn note_values(&mut self, digest: u64) {
+        if let Some(rec) = self.order.recording.as_mut() {
+            rec.push(Event::Values { digest });
+        }
+        if !self.order.replaying() {
+            return;
+        }
+        let s = self.order.replay.as_mut().expect("replaying");
+        match s.next_event() {
+            Some(Event::Values { digest: d }) if d == digest => s.advance(),
+            Some(Event::Values { .. }) => self.diverged(format!(
+                "the run ends with other values in the shared pages rank {} homes than the \
+                 recorded run had (the same synchronization, so an unsynchronized read saw \
+                 another value)",
+                self.me
+            )),
+            other => {
+                let why = format!(
+                    "the program ends as its event {}, where the record has {}",
+                    s.position() + 1,
+                    self.describe(other)
+                );
+                self.diverged(why);
             }
         }
     }
