@@ -98,15 +98,9 @@ fn the_oracle_holds_for_tsp_and_racy_water_in_both_modes() {
     let tsp = env!("CARGO_BIN_EXE_tsp");
     let water = env!("CARGO_BIN_EXE_water");
     for flag in ["--race", "--race=schedule"] {
-        let (code, log, all) = run_verified(3, flag, 5, tsp, &["--random", "12", "--seed", "3"]);
+        let (code, _, all) = run_verified(3, flag, 5, tsp, &["--random", "12", "--seed", "3"]);
         assert_eq!(code, Some(66), "tsp {flag}:\n{all}");
         assert!(all.contains("verified:"), "tsp {flag}:\n{all}");
-        // The search is long enough for batches to ship: some races are found between
-        // barriers.
-        assert!(
-            log.iter().any(|v| v["found_at"] == "running"),
-            "tsp {flag}: nothing found between barriers\n{all}"
-        );
         let (code, _, all) = run_verified(
             3,
             flag,
