@@ -10,30 +10,18 @@ const DSM_TEST: &str = env!("CARGO_BIN_EXE_dsm-test");
 /// Runs the checks kernel at `n` nodes with `bug`; returns the exit status, the log's
 /// objects and the combined output.
 fn run_checks(n: usize, bug: &str) -> (Option<i32>, Vec<Value>, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("findings.jsonl");
-    let run = dsm_testkit::dsmrun(
+    let (run, lines) = dsm_testkit::dsmrun_race_logged(
         n,
-        &[
-            "--timeout",
-            "60",
-            "--check",
-            "--race-log",
-            log.to_str().unwrap(),
-        ],
+        &["--timeout", "60", "--check"],
         DSM_TEST,
         &["checks", "--bug", bug],
+        &[],
     );
     let all = run.all_output();
     assert!(
         run.stdout.contains("verified: checks kernel ran"),
         "N={n} --bug {bug}:\n{all}"
     );
-    let lines = std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
     (run.code, lines, all)
 }
 

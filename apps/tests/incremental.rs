@@ -25,33 +25,22 @@ fn run_verified(
     program: &str,
     args: &[&str],
 ) -> (Option<i32>, Vec<Value>, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("races.jsonl");
-    let mut cmd = dsm_testkit::dsmrun_command(
+    let batch_text = batch.to_string();
+    let (run, lines) = dsm_testkit::dsmrun_race_logged(
         n,
-        &[
-            "--timeout",
-            "120",
-            race_flag,
-            "--race-log",
-            log.to_str().unwrap(),
-        ],
+        &["--timeout", "120", race_flag],
         program,
         args,
+        &[
+            ("DSM_RACE_BATCH", batch_text.as_str()),
+            ("DSM_RACE_VERIFY_INCREMENTAL", "1"),
+        ],
     );
-    cmd.env("DSM_RACE_BATCH", batch.to_string())
-        .env("DSM_RACE_VERIFY_INCREMENTAL", "1");
-    let run = dsm_testkit::run(cmd);
     let all = run.all_output();
     assert!(
         !all.contains("disagrees with barrier-time analysis"),
         "{program} {args:?} at N={n}, batch {batch}:\n{all}"
     );
-    let lines = std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
     (run.code, lines, all)
 }
 
@@ -125,29 +114,17 @@ fn peak_rss_kib(output: &str) -> usize {
 #[test]
 fn a_lock_only_program_gets_its_race_reported_while_it_runs_in_bounded_memory() {
     for n in [2, 3] {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("races.jsonl");
         let args = ["lock-only", "--intervals", "100000", "--plant"];
-        let raced = dsm_testkit::dsmrun(
+        let (raced, lines) = dsm_testkit::dsmrun_race_logged(
             n,
-            &[
-                "--timeout",
-                "180",
-                "--race",
-                "--race-log",
-                log.to_str().unwrap(),
-            ],
+            &["--timeout", "180", "--race"],
             DSM_TEST,
             &args,
+            &[],
         );
         let all = raced.all_output();
         assert_eq!(raced.code, Some(66), "N={n}:\n{all}");
         assert!(all.contains("verified: lock-only"), "N={n}:\n{all}");
-        let lines: Vec<Value> = std::fs::read_to_string(&log)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
         assert!(!lines.is_empty(), "N={n}: no race logged\n{all}");
         for v in &lines {
             assert_eq!(v["variable"], "planted", "N={n}: {v}");

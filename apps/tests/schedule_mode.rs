@@ -9,18 +9,9 @@ use std::collections::BTreeSet;
 
 /// Runs `dsmrun -n N FLAGS --race-log LOG PROGRAM ARGS`; returns the run and the log lines.
 fn run_logged(n: usize, flags: &[&str], program: &str, args: &[&str]) -> (Run, Vec<Value>) {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("races.jsonl");
-    let log_arg = log.to_str().expect("temporary paths are UTF-8");
-    let mut all = vec!["--timeout", "120", "--race-log", log_arg];
+    let mut all = vec!["--timeout", "120"];
     all.extend_from_slice(flags);
-    let out = dsm_testkit::dsmrun(n, &all, program, args);
-    let lines = std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    (out, lines)
+    dsm_testkit::dsmrun_race_logged(n, &all, program, args, &[])
 }
 
 fn ctx(out: &Run) -> String {

@@ -72,6 +72,32 @@ pub fn dsmrun(n: usize, dsmrun_args: &[&str], program: &str, args: &[&str]) -> R
     run(dsmrun_command(n, dsmrun_args, program, args))
 }
 
+/// Runs `dsmrun -n N [dsmrun_args] --race-log LOG PROGRAM [args]` with `env` added to its
+/// environment, LOG being a fresh temporary file; returns the run and the log's JSON
+/// objects, one per line (none when the job wrote no log).
+pub fn dsmrun_race_logged(
+    n: usize,
+    dsmrun_args: &[&str],
+    program: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Run, Vec<serde_json::Value>) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let log = dir.path().join("races.jsonl");
+    let log_arg = log.to_str().expect("temporary paths are UTF-8");
+    let mut all = dsmrun_args.to_vec();
+    all.extend(["--race-log", log_arg]);
+    let mut cmd = dsmrun_command(n, &all, program, args);
+    cmd.envs(env.iter().copied());
+    let out = run(cmd);
+    let lines = std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("race log lines are JSON"))
+        .collect();
+    (out, lines)
+}
+
 /// How a program ended, with everything it printed.
 pub struct Run {
     /// Exit status, `None` if a signal ended it.
