@@ -112,17 +112,23 @@ fn chaos_seeds_show_other_lock_orders_and_a_chaos_run_replays() {
     assert_eq!(order_line(&replayed.stdout), order_line(&recorded.stdout));
 }
 
-#[test]
-fn replaying_another_job_exits_67_at_once() {
-    let dir = tempfile::tempdir().unwrap();
+/// Records `dsm-test lock-order` at N = `n` into `dir`/lo.dsmrec; returns the record's path.
+fn record_lock_order(dir: &tempfile::TempDir, n: usize) -> std::path::PathBuf {
     let rec = dir.path().join("lo.dsmrec");
     let recorded = dsm_testkit::dsmrun(
-        4,
+        n,
         &["--timeout", "60", "--record", s(&rec)],
         TEST,
         &["lock-order"],
     );
     assert_eq!(recorded.code, Some(0), "{}", recorded.all_output());
+    rec
+}
+
+#[test]
+fn replaying_another_job_exits_67_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = record_lock_order(&dir, 4);
     let cases: [(usize, &[&str], &str); 3] = [
         (2, &["lock-order"], "4 nodes, not 2"),
         (4, &["lock-order", "--rounds", "9"], "arguments"),
@@ -151,14 +157,7 @@ fn with_args(rec: &Path, out: &Path, args: &[&str]) {
 #[test]
 fn a_replay_that_leaves_the_record_exits_67_naming_lock_grant_and_rank() {
     let dir = tempfile::tempdir().unwrap();
-    let rec = dir.path().join("lo.dsmrec");
-    let recorded = dsm_testkit::dsmrun(
-        4,
-        &["--timeout", "60", "--record", s(&rec)],
-        TEST,
-        &["lock-order"],
-    );
-    assert_eq!(recorded.code, Some(0), "{}", recorded.all_output());
+    let rec = record_lock_order(&dir, 4);
     for rounds in ["9", "7"] {
         let args = ["lock-order", "--rounds", rounds];
         let forged = dir.path().join(format!("forged{rounds}.dsmrec"));
@@ -187,14 +186,7 @@ fn a_replay_that_leaves_the_record_exits_67_naming_lock_grant_and_rank() {
 #[test]
 fn a_replay_ending_with_other_values_exits_67() {
     let dir = tempfile::tempdir().unwrap();
-    let rec = dir.path().join("lo.dsmrec");
-    let recorded = dsm_testkit::dsmrun(
-        3,
-        &["--timeout", "60", "--record", s(&rec)],
-        TEST,
-        &["lock-order"],
-    );
-    assert_eq!(recorded.code, Some(0), "{}", recorded.all_output());
+    let rec = record_lock_order(&dir, 3);
     let mut record = dsm_replay::Record::from_bytes(&std::fs::read(&rec).unwrap()).unwrap();
     for part in &record.ranks {
         assert!(
@@ -232,14 +224,7 @@ fn a_replay_ending_with_other_values_exits_67() {
 #[test]
 fn damaged_records_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
-    let rec = dir.path().join("lo.dsmrec");
-    let recorded = dsm_testkit::dsmrun(
-        2,
-        &["--timeout", "60", "--record", s(&rec)],
-        TEST,
-        &["lock-order"],
-    );
-    assert_eq!(recorded.code, Some(0), "{}", recorded.all_output());
+    let rec = record_lock_order(&dir, 2);
     let bytes = std::fs::read(&rec).unwrap();
     let bad = dir.path().join("bad.dsmrec");
     let cases: [(Vec<u8>, &str); 3] = [
