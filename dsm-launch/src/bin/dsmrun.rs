@@ -95,9 +95,10 @@ Exit status:
          leave the status 0
   67     with --replay, the run deviated from the record (another program,
          other arguments or N, checked before any rank starts; or, while
-         running, an acquire or barrier the record does not have there, or
-         intervals that differ from the recorded ones); the rank that noticed
-         names the lock, grant number and ranks
+         running, an acquire or barrier the record does not have there,
+         intervals that differ from the recorded ones, or other final values
+         in the shared pages); the rank that noticed names the lock, grant
+         number and ranks
   68     with --compare, values differ from the reference trace (the first
          difference, or with --compare-continue every differing trace point, is
          printed by rank 0)
@@ -376,8 +377,10 @@ struct Cli {
     /// Replay the synchronization order recorded in FILE: every lock is granted
     /// to the ranks in the recorded order (a request that comes early waits).
     /// The job must be the recorded one (program, arguments, N); a run that
-    /// deviates stops with exit status 67 and a message naming the lock, grant
-    /// number and ranks (DSM_REPLAY, made absolute)
+    /// deviates (another acquire, other intervals at a barrier, or other values
+    /// left in the shared pages at the end) stops with exit status 67 and a
+    /// message naming the lock, grant number and ranks, or the barrier, or the
+    /// rank whose values differ (DSM_REPLAY, made absolute)
     #[arg(long, value_name = "FILE")]
     replay: Option<PathBuf>,
 
