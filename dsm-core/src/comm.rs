@@ -497,6 +497,16 @@ impl Comm {
         }
     }
 
+    /// Race master: whether race batches are waiting.
+    pub(crate) fn has_race_batches(&self) -> bool {
+        !self
+            .shared
+            .race_inbox
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+    }
+
     /// Race master: the race batches that arrived since the last call, in arrival order.
     pub(crate) fn take_race_batches(&self) -> Vec<RaceBatch> {
         std::mem::take(

@@ -185,6 +185,14 @@ impl Dsm {
     /// intervals' bitmaps to the race master once enough have gathered or a second has
     /// passed; on rank 0, analyse the batches that have arrived.
     pub(super) fn after_lock_sync(&mut self) -> Result<(), DsmError> {
+        if self.race.is_none() {
+            return Ok(());
+        }
+        // Rank 0 ships its own intervals (to itself, no message) before it analyses the
+        // batches that arrived: an interval is discarded only once every other node's
+        // latest batch has seen it, so a rank 0 that shipped rarely would keep everything
+        // the others send.
+        let absorb_due = self.rank == 0 && self.comm().has_race_batches();
         let Some(r) = self.race.as_mut() else {
             return Ok(());
         };
@@ -198,13 +206,16 @@ impl Dsm {
             return Ok(());
         }
         r.unshipped += 1;
-        if r.unshipped >= r.options.batch_intervals || r.last_ship.elapsed() >= BATCH_PERIOD {
+        if r.unshipped >= r.options.batch_intervals
+            || r.last_ship.elapsed() >= BATCH_PERIOD
+            || absorb_due
+        {
             r.unshipped = 0;
             r.last_ship = Instant::now();
             let bitmaps = r.recorder.drain_all();
             self.comm().send(Command::ShipRaceBatch { bitmaps });
         }
-        if self.rank == 0 {
+        if absorb_due {
             self.absorb_race_batches()?;
         }
         Ok(())
