@@ -30,6 +30,11 @@ pub use wire::*;
 
 /// Bytes per page of the shared segment: the unit of coherence, protection and transfer.
 pub const PAGE_SIZE: usize = 4096;
+
+/// Names of dsm's own shared allocations (value-trace hashes) start with this; programs
+/// may not use it, and traces and dynamic checks leave those allocations out.
+pub const INTERNAL_ALLOC_PREFIX: &str = "__dsm_";
+
 /// `log2(PAGE_SIZE)`: `offset >> PAGE_SHIFT` is the page holding byte `offset` of the
 /// segment.
 pub const PAGE_SHIFT: u32 = 12;

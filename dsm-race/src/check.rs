@@ -18,7 +18,7 @@
 //! lie wholly inside a node's range are not looked at; the bitmaps of the others are
 //! fetched and any granule outside the range is reported.
 
-use crate::detect::{Bitmaps, VarInfo, VarTable};
+use crate::detect::{word, Bitmaps, VarInfo, VarTable};
 use dsm_proto::{AccessKind, BitmapKey, IntervalRecord, NodeId, PageNo, SyncCause, PAGE_SIZE};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Range;
@@ -122,12 +122,8 @@ fn elements_on(var: &VarInfo, page: PageNo) -> Range<usize> {
     element_of(var, page, 0)..element_of(var, page, n - 1) + 1
 }
 
-fn word(bits: &[u64], i: usize) -> u64 {
-    bits.get(i).copied().unwrap_or(0)
-}
-
 fn is_internal(var: &VarInfo) -> bool {
-    var.name.starts_with("__dsm_")
+    var.name.starts_with(dsm_proto::INTERNAL_ALLOC_PREFIX)
 }
 
 /// Granules of a page, as a bitmap with all `n` bits set.

@@ -691,7 +691,8 @@ impl Bitmaps {
     }
 }
 
-fn word(bits: &[u64], i: usize) -> u64 {
+/// Word `i` of a bitmap; a missing word is all zeros (nothing accessed).
+pub(crate) fn word(bits: &[u64], i: usize) -> u64 {
     bits.get(i).copied().unwrap_or(0)
 }
 

@@ -352,20 +352,10 @@ impl Dsm {
         }
         let mut wanted = std::mem::take(&mut plan.wanted);
         if let Some(full) = full_plan.as_ref() {
-            for (node, keys) in &full.wanted {
-                let w = wanted.entry(*node).or_default();
-                w.extend(keys.iter().copied());
-                w.sort_unstable();
-                w.dedup();
-            }
+            add_wanted(&mut wanted, full.wanted.clone());
         }
         if let Some(checker) = r.checker.as_ref() {
-            for (node, keys) in checker.wanted(plan.intervals(), &r.vars) {
-                let w = wanted.entry(node).or_default();
-                w.extend(keys);
-                w.sort_unstable();
-                w.dedup();
-            }
+            add_wanted(&mut wanted, checker.wanted(plan.intervals(), &r.vars));
         }
         for (node, b) in shipped {
             bitmaps.insert(node, b);
@@ -507,4 +497,18 @@ fn verify_incremental(
         want.len(),
         got.len()
     )))
+}
+
+/// Adds `more` to the bitmaps to fetch, each node's keys kept sorted and without
+/// duplicates.
+fn add_wanted(
+    wanted: &mut std::collections::BTreeMap<NodeId, Vec<dsm_proto::BitmapKey>>,
+    more: std::collections::BTreeMap<NodeId, Vec<dsm_proto::BitmapKey>>,
+) {
+    for (node, keys) in more {
+        let w = wanted.entry(node).or_default();
+        w.extend(keys);
+        w.sort_unstable();
+        w.dedup();
+    }
 }

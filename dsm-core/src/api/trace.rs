@@ -24,7 +24,7 @@ use dsm_trace::{
 };
 
 /// Names of dsm's own allocations start with this; they are not traced.
-pub(super) const INTERNAL_PREFIX: &str = "__dsm_";
+pub(super) const INTERNAL_PREFIX: &str = dsm_proto::INTERNAL_ALLOC_PREFIX;
 /// The shared array of block hashes.
 const HASHES_NAME: &str = "__dsm_trace_hashes";
 use std::fs::File;
