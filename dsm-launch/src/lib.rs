@@ -240,8 +240,9 @@ pub const DEFAULT_LAUNCH_AGENT: &str = "ssh";
 
 /// Variables the user sets for a whole job in dsmrun's environment: local ranks inherit
 /// them, ranks on other hosts get them from dsmrun.
-pub const JOB_WIDE_VARS: [&str; 5] = [
+pub const JOB_WIDE_VARS: [&str; 6] = [
     env_vars::SEGMENT_ADDR,
+    env_vars::TRANSPORT,
     env_vars::RACE_PHASES,
     env_vars::PIN,
     env_vars::STATS_FILE,
@@ -560,6 +561,8 @@ pub fn rank_config(
         trace: config.trace.clone(),
         replay: config.replay.clone(),
         pin: false,
+        // Inherited from dsmrun's environment (a job-wide variable), not written by it.
+        transport: Default::default(),
         // Every rank of a dsmrun job runs on this machine.
         local: Some(LocalPlacement {
             rank,

@@ -9,6 +9,7 @@
 //! concurrently and evicted, so they cannot delay the ranks. All waits are bounded by the
 //! connect timeout, so a rank that never shows up is an error naming it.
 
+use crate::colocate::ShmLink;
 use crate::framing::{read_frame, write_frame, WireError};
 use crate::handshake::{self, Admission, ConnectFailure, Local};
 use dsm_proto::segment_base::{SegmentChoice, SegmentProbe};
@@ -87,6 +88,10 @@ pub struct Mesh {
     pub size: usize,
     /// One connection per other rank, indexed by rank.
     pub streams: Vec<Option<TcpStream>>,
+    /// The shared-memory link to each rank that can map the same memory as this one
+    /// ([`crate::colocate`]); its protocol messages travel there, while the TCP
+    /// connection stays open to tell whether the peer is still alive.
+    pub shm: Vec<Option<ShmLink>>,
 }
 
 /// Connects this node to every other node of the job described by `env`.
@@ -110,6 +115,7 @@ pub fn connect_mesh_with(
             rank: 0,
             size: 1,
             streams: vec![None],
+            shm: vec![None],
         });
     }
     let coord = env
@@ -127,6 +133,8 @@ pub fn connect_mesh_with(
         s.set_write_timeout(None)?;
     }
     mesh.rank = env.rank;
+    // Every rank is up: the pairs' shared-memory offers get a fresh allowance.
+    crate::colocate::colocate(env, &mut mesh, Instant::now() + env.connect_timeout)?;
     Ok(mesh)
 }
 
@@ -212,6 +220,7 @@ fn rendezvous_as_rank0(
         rank: 0,
         size: env.size,
         streams,
+        shm: (0..env.size).map(|_| None).collect(),
     })
 }
 
@@ -411,6 +420,7 @@ fn join_as_peer(
         rank: env.rank,
         size: env.size,
         streams,
+        shm: (0..env.size).map(|_| None).collect(),
     })
 }
 
@@ -505,6 +515,41 @@ mod tests {
             .read_exact(&mut b)
             .unwrap();
         assert_eq!(&b, b"z");
+    }
+
+    #[test]
+    fn co_located_ranks_share_memory_unless_one_asks_for_tcp() {
+        for tcp_rank in [None, Some(2)] {
+            let coord = free_addr();
+            let handles: Vec<_> = (0..4)
+                .map(|r| {
+                    thread::spawn(move || {
+                        let mut env = job(r, 4, coord, "k", 10.0);
+                        if Some(r) == tcp_rank {
+                            env.transport = dsm_proto::TransportChoice::Tcp;
+                        }
+                        connect_mesh(&env).unwrap()
+                    })
+                })
+                .collect();
+            let meshes: Vec<Mesh> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+            for m in &meshes {
+                for (r, link) in m.shm.iter().enumerate() {
+                    let expected = r != m.rank && tcp_rank != Some(r) && tcp_rank != Some(m.rank);
+                    assert_eq!(
+                        link.is_some(),
+                        expected,
+                        "rank {} shared memory with {r} ({tcp_rank:?} on TCP)",
+                        m.rank
+                    );
+                }
+            }
+            // Both ends of a pair hold the same region, writing opposite rings.
+            let (a, b) = (meshes[0].shm[1].as_ref(), meshes[1].shm[0].as_ref());
+            let (a, b) = (a.unwrap(), b.unwrap());
+            assert_eq!(a.region.nonce(), b.region.nonce());
+            assert_eq!(a.send, b.receive());
+        }
     }
 
     #[test]

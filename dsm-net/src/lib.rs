@@ -5,8 +5,11 @@
 #![warn(missing_docs)]
 
 pub mod bootstrap;
+pub mod colocate;
 pub mod framing;
 pub mod handshake;
+#[allow(unsafe_code)]
+pub mod ring;
 pub mod transport;
 pub mod user_key;
 

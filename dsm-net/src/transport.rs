@@ -5,6 +5,14 @@
 //! another thread; what the socket does not take at once is queued for the link's writer
 //! task. A malformed frame or a lost peer is reported to the callback, never a panic.
 //!
+//! Links to co-located peers ([`crate::colocate`]) carry the same frames through a
+//! shared-memory ring ([`crate::ring`]) instead of the socket: a sender copies its frame
+//! into the ring and rings the peer's eventfd only if its reader sleeps; the reader task
+//! waits on its eventfd and on the TCP connection, which stays open and silent so that a
+//! peer's death (its socket closes) is noticed; then whatever the peer committed to the ring
+//! is delivered first, and a frame it left half-written is reported as a failure, never
+//! parsed. All of a pair's messages take the ring, so their order is kept.
+//!
 //! Liveness: with a deadline, a keep-alive task on the same runtime sends a
 //! [`Msg::Heartbeat`] on every link that carried nothing outgoing during the last
 //! [`heartbeat_period`], and reports a peer from which nothing at all arrived for the
@@ -13,7 +21,9 @@
 //! links alive; only a process that is stopped, wedged or cut off falls silent.
 
 use crate::bootstrap::Mesh;
-use crate::framing::{codec, decode, encode, WireError};
+use crate::colocate::ShmLink;
+use crate::framing::{codec, decode, encode, WireError, MAX_FRAME};
+use crate::ring::{register_bell, RingReader, RingWriter};
 use bytes::Bytes;
 use dsm_proto::liveness::heartbeat_period;
 use dsm_proto::Msg;
@@ -21,12 +31,14 @@ use futures_util::StreamExt;
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::io::{self, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::OwnedWriteHalf;
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio_util::codec::FramedRead;
@@ -85,6 +97,42 @@ struct Link {
 struct LinkQueue {
     frames: VecDeque<Bytes>,
     closed: bool,
+    /// For a co-located peer: the ring the frames go to instead of the socket.
+    ring: Option<RingSink>,
+}
+
+/// The sending side of a shared-memory link, kept under the link's queue lock (the ring
+/// has one writer at a time).
+struct RingSink {
+    writer: RingWriter,
+    /// Rung after a commit when the peer's reader sleeps.
+    peer_data_bell: OwnedFd,
+}
+
+/// Adds one to an eventfd's counter, which makes it readable for whoever waits on it.
+fn ring_bell(bell: &OwnedFd) -> io::Result<()> {
+    match nix::unistd::write(bell, &1u64.to_ne_bytes()) {
+        // EAGAIN: the counter is saturated, so the bell is rung already.
+        Ok(_) | Err(nix::errno::Errno::EAGAIN) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Resets an eventfd's counter after a wake-up.
+fn clear_bell(bell: &OwnedFd) {
+    let mut count = [0u8; 8];
+    let _ = nix::unistd::read(bell.as_raw_fd(), &mut count);
+}
+
+impl RingSink {
+    /// Copies what fits of `bytes` into the ring; returns how much.
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        let n = self.writer.write(bytes).map_err(io::Error::other)?;
+        if n > 0 && self.writer.reader_needs_wake() {
+            ring_bell(&self.peer_data_bell)?;
+        }
+        Ok(n)
+    }
 }
 
 impl Link {
@@ -100,7 +148,13 @@ impl Link {
     /// Writes `frame` straight to the socket when nothing is queued, and queues what the
     /// socket does not take.
     fn push(&self, mut q: MutexGuard<'_, LinkQueue>, frame: Bytes) -> Result<(), WireError> {
-        if q.frames.is_empty() {
+        if let (true, Some(ring)) = (q.frames.is_empty(), q.ring.as_mut()) {
+            let n = ring.write(&frame)?;
+            if n == frame.len() {
+                return Ok(());
+            }
+            q.frames.push_back(frame.slice(n..));
+        } else if q.frames.is_empty() {
             match (&self.raw).write(&frame) {
                 Ok(n) if n == frame.len() => return Ok(()),
                 Ok(n) => q.frames.push_back(frame.slice(n..)),
@@ -168,6 +222,190 @@ fn write_queued(link: &Link, half: &OwnedWriteHalf) -> io::Result<Drained> {
     } else {
         Drained::Empty
     })
+}
+
+/// [`write_queued`] for a shared-memory link: into the ring until it is full.
+fn write_queued_ring(link: &Link) -> io::Result<Drained> {
+    let mut q = link.queue.lock().unwrap_or_else(|p| p.into_inner());
+    let q = &mut *q;
+    let ring = q.ring.as_mut().expect("a shared-memory link has a ring");
+    while let Some(front) = q.frames.front_mut() {
+        let n = ring.write(front)?;
+        if n == front.len() {
+            q.frames.pop_front();
+        } else if n > 0 {
+            *front = front.slice(n..);
+        } else if ring.writer.prepare_wait() {
+            // Space appeared between the write and the announcement: go on.
+        } else {
+            return Ok(Drained::Blocked);
+        }
+    }
+    Ok(if q.closed {
+        Drained::Done
+    } else {
+        Drained::Empty
+    })
+}
+
+/// Writes what senders could not write directly into a shared-memory link's ring, whenever
+/// the peer frees space (it rings `space_bell`); at shutdown closes the TCP connection's
+/// sending side after the last frame is committed, which tells the peer nothing more comes.
+async fn fill_ring(
+    link: Arc<Link>,
+    space_bell: AsyncFd<OwnedFd>,
+    mut half: OwnedWriteHalf,
+) -> io::Result<()> {
+    loop {
+        link.wake.notified().await;
+        loop {
+            match write_queued_ring(&link)? {
+                Drained::Empty => break,
+                Drained::Blocked => {
+                    let mut ready = space_bell.readable().await?;
+                    clear_bell(space_bell.get_ref());
+                    ready.clear_ready();
+                }
+                Drained::Done => {
+                    let _ = half.shutdown().await;
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// Bytes a ring reader moves out of the ring at a time.
+const RING_CHUNK: usize = 256 << 10;
+
+/// Reads a co-located peer's frames from its ring and delivers them, until the peer's TCP
+/// connection closes (then what it committed is delivered, and a half-written frame is a
+/// failure) or something malformed arrives.
+#[allow(clippy::too_many_arguments)]
+async fn read_ring(
+    peer: usize,
+    mut reader: RingReader,
+    data_bell: AsyncFd<OwnedFd>,
+    peer_space_bell: OwnedFd,
+    mut tcp: OwnedReadHalf,
+    handler: Handler,
+    traffic: Arc<Traffic>,
+    hearing: Rc<[Hearing]>,
+) {
+    let hearing = &hearing[peer];
+    let fail = |e: WireError| {
+        hearing.ended.set(true);
+        handler(peer, PeerEvent::Failed(e));
+    };
+    let mut buf: Vec<u8> = Vec::new();
+    let mut probe = [0u8; 64];
+    loop {
+        // Everything committed so far, frame by frame.
+        if let Err(e) = drain_ring(
+            &mut reader,
+            &mut buf,
+            &peer_space_bell,
+            hearing,
+            &traffic,
+            &|m| handler(peer, PeerEvent::Message(m)),
+        ) {
+            return fail(e);
+        }
+        match reader.prepare_wait() {
+            Ok(true) => continue,
+            Ok(false) => {}
+            Err(e) => return fail(WireError::Io(io::Error::other(e))),
+        }
+        tokio::select! {
+            ready = data_bell.readable() => match ready {
+                Ok(mut ready) => {
+                    clear_bell(data_bell.get_ref());
+                    ready.clear_ready();
+                }
+                Err(e) => return fail(WireError::Io(e)),
+            },
+            got = tcp.read(&mut probe) => {
+                match got {
+                    Ok(0) => {
+                        // The peer closed its end (it finished, or it died): everything
+                        // it committed before is in the ring.
+                        if let Err(e) = drain_ring(&mut reader, &mut buf, &peer_space_bell, hearing, &traffic, &|m| {
+                            handler(peer, PeerEvent::Message(m))
+                        }) {
+                            return fail(e);
+                        }
+                        hearing.ended.set(true);
+                        if buf.is_empty() {
+                            handler(peer, PeerEvent::Closed);
+                        } else {
+                            handler(peer, PeerEvent::Failed(WireError::Io(io::Error::new(
+                                io::ErrorKind::UnexpectedEof,
+                                format!(
+                                    "the connection closed in the middle of a message in shared \
+                                     memory ({} bytes of it committed)",
+                                    buf.len()
+                                ),
+                            ))));
+                        }
+                        return;
+                    }
+                    Ok(_) => {
+                        return fail(WireError::Io(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            "bytes on the TCP connection of a shared-memory link",
+                        )))
+                    }
+                    Err(e) => return fail(WireError::Io(e)),
+                }
+            }
+        }
+    }
+}
+
+/// Moves what the ring holds into `buf` and delivers every whole frame in it; leaves a
+/// partial frame in `buf`.
+fn drain_ring(
+    reader: &mut RingReader,
+    buf: &mut Vec<u8>,
+    peer_space_bell: &OwnedFd,
+    hearing: &Hearing,
+    traffic: &Traffic,
+    deliver: &dyn Fn(Msg),
+) -> Result<(), WireError> {
+    loop {
+        let n = reader
+            .read_into(buf, RING_CHUNK)
+            .map_err(|e| WireError::Io(io::Error::other(e)))?;
+        if n == 0 {
+            return Ok(());
+        }
+        hearing.last.set(Instant::now());
+        if reader.writer_needs_wake() {
+            ring_bell(peer_space_bell)?;
+        }
+        let mut at = 0;
+        while buf.len() - at >= 4 {
+            let len = u32::from_be_bytes(buf[at..at + 4].try_into().expect("4 bytes")) as usize;
+            if len > MAX_FRAME {
+                return Err(WireError::TooLarge {
+                    len,
+                    max: MAX_FRAME,
+                });
+            }
+            if buf.len() - at - 4 < len {
+                break;
+            }
+            let frame = &buf[at + 4..at + 4 + len];
+            at += 4 + len;
+            bump(&traffic.messages_received, 1);
+            bump(&traffic.bytes_received, len as u64 + 4);
+            match decode::<Msg>(frame)? {
+                Msg::Heartbeat => {}
+                msg => deliver(msg),
+            }
+        }
+        buf.drain(..at);
+    }
 }
 
 /// Writes what senders could not write directly, whenever the socket can take more.
@@ -261,12 +499,19 @@ pub struct Outbox {
     /// The transport's traffic counters (sends are counted here, receipts by the reader
     /// tasks).
     pub traffic: Arc<Traffic>,
+    /// The peers reached through shared memory, in rank order.
+    shm_peers: Vec<usize>,
 }
 
 impl Outbox {
     /// This node's rank.
     pub fn rank(&self) -> usize {
         self.me
+    }
+
+    /// The peers this node reaches through shared memory (the others over TCP).
+    pub fn shm_peers(&self) -> &[usize] {
+        &self.shm_peers
     }
 
     /// Encodes and sends (or queues) `msg` for `to`; returns the encoded size in bytes
@@ -325,6 +570,7 @@ impl Transport {
         liveness: Option<Duration>,
     ) -> std::io::Result<Transport> {
         let traffic = Arc::new(Traffic::default());
+        let mut shm_peers = Vec::new();
         let mut outboxes = Vec::with_capacity(mesh.size);
         let mut writers = Vec::new();
         let started = Instant::now();
@@ -334,21 +580,59 @@ impl Transport {
                 ended: Cell::new(false),
             })
             .collect();
+        let mut shm = mesh.shm;
         for (peer, stream) in mesh.streams.into_iter().enumerate() {
             let Some(stream) = stream else {
                 outboxes.push(None);
                 continue;
             };
             stream.set_nonblocking(true)?;
+            let shm_link: Option<ShmLink> = shm.get_mut(peer).and_then(Option::take);
+            let mut queue = LinkQueue::default();
+            let mut ring_ends = None;
+            if let Some(l) = shm_link {
+                let receive = l.receive();
+                queue.ring = Some(RingSink {
+                    writer: RingWriter::new(l.region.clone(), l.send),
+                    peer_data_bell: l.peer_data_bell,
+                });
+                ring_ends = Some((
+                    RingReader::new(l.region.clone(), receive),
+                    register_bell(l.our_data_bell)?,
+                    register_bell(l.our_space_bell)?,
+                    l.peer_space_bell,
+                ));
+            }
             let link = Arc::new(Link {
                 raw: stream.try_clone()?,
-                queue: Mutex::new(LinkQueue::default()),
+                queue: Mutex::new(queue),
                 wake: Notify::new(),
                 active: AtomicBool::new(false),
             });
             outboxes.push(Some(link.clone()));
             let stream = TcpStream::from_std(stream)?;
             let (read_half, write_half) = stream.into_split();
+
+            if let Some((reader, data_bell, space_bell, peer_space_bell)) = ring_ends {
+                shm_peers.push(peer);
+                tokio::task::spawn_local(read_ring(
+                    peer,
+                    reader,
+                    data_bell,
+                    peer_space_bell,
+                    read_half,
+                    handler.clone(),
+                    traffic.clone(),
+                    hearing.clone(),
+                ));
+                let h = handler.clone();
+                writers.push(tokio::task::spawn_local(async move {
+                    if let Err(e) = fill_ring(link, space_bell, write_half).await {
+                        h(peer, PeerEvent::Failed(WireError::Io(e)));
+                    }
+                }));
+                continue;
+            }
 
             let h = handler.clone();
             let t = traffic.clone();
@@ -405,6 +689,7 @@ impl Transport {
             me: mesh.rank,
             links: outboxes,
             traffic,
+            shm_peers,
         });
         let keep_alive = liveness.filter(|_| mesh.size > 1).map(|deadline| {
             tokio::task::spawn_local(keep_alive(outbox.clone(), hearing, deadline, handler))
@@ -453,13 +738,17 @@ impl Transport {
 mod tests {
     use super::*;
     use crate::bootstrap::connect_mesh;
-    use dsm_proto::{JobConfig, Launcher};
+    use dsm_proto::{JobConfig, Launcher, TransportChoice};
     use std::cell::RefCell;
     use std::io::Write;
     use std::net::TcpListener;
     use std::time::{Duration, Instant};
 
     fn job(rank: usize, coord: std::net::SocketAddr) -> JobConfig {
+        job_over(rank, coord, TransportChoice::Auto)
+    }
+
+    fn job_over(rank: usize, coord: std::net::SocketAddr, transport: TransportChoice) -> JobConfig {
         JobConfig {
             rank,
             size: 2,
@@ -467,6 +756,7 @@ mod tests {
             coord: Some(coord),
             secret: "t".into(),
             connect_timeout: Duration::from_secs(10),
+            transport,
             ..JobConfig::single_node()
         }
     }
@@ -485,9 +775,12 @@ mod tests {
             .unwrap()
             .local_addr()
             .unwrap();
-        let peer = std::thread::spawn(move || connect_mesh(&job(1, coord)).unwrap());
-        let mesh0 = connect_mesh(&job(0, coord)).unwrap();
+        let peer = std::thread::spawn(move || {
+            connect_mesh(&job_over(1, coord, TransportChoice::Tcp)).unwrap()
+        });
+        let mesh0 = connect_mesh(&job_over(0, coord, TransportChoice::Tcp)).unwrap();
         let mut mesh1 = peer.join().unwrap();
+        assert!(mesh0.shm.iter().all(Option::is_none), "TCP was asked for");
         // Rank 1 speaks raw bytes: one good frame, then garbage.
         let mut raw = mesh1.streams[0].take().unwrap();
         let good = encode(&Msg::Abort {
@@ -531,6 +824,118 @@ mod tests {
     }
 
     type Events = Rc<RefCell<Vec<(usize, String, Instant)>>>;
+
+    /// A message of about `len` bytes, numbered `i`.
+    fn numbered(i: usize, len: usize) -> Msg {
+        Msg::Abort {
+            reason: format!("{i}:{}", "x".repeat(len)),
+        }
+    }
+
+    /// Runs rank 1's transport on its own thread until it has seen `want` events (or 20 s),
+    /// and returns them.
+    fn listen_on_thread(mesh1: Mesh, want: usize) -> std::thread::JoinHandle<Vec<String>> {
+        std::thread::spawn(move || {
+            let events: Events = Rc::default();
+            run_local(async {
+                let t = Transport::start(mesh1, recorder(&events), None).unwrap();
+                assert_eq!(t.outbox().shm_peers(), &[0]);
+                let until = Instant::now() + Duration::from_secs(20);
+                while events.borrow().len() < want && Instant::now() < until {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            });
+            let got = events.borrow().iter().map(|(_, e, _)| e.clone()).collect();
+            got
+        })
+    }
+
+    #[test]
+    fn a_shared_memory_link_carries_small_and_oversized_frames_in_order() {
+        let (mesh0, mesh1) = pair();
+        assert!(mesh0.shm[1].is_some() && mesh1.shm[0].is_some());
+        // Frames larger than the ring pass in pieces, behind and ahead of small ones.
+        let sizes: Vec<usize> = (0..300)
+            .map(|i| match i % 50 {
+                7 => 5 << 20,
+                8 => crate::ring::DEFAULT_RING_BYTES - 3,
+                _ => i * 37 % 5000,
+            })
+            .collect();
+        let listener = listen_on_thread(mesh1, sizes.len() + 1);
+        run_local(async {
+            let t0 = Transport::start(mesh0, Rc::new(|_, _| {}), None).unwrap();
+            assert_eq!(t0.outbox().shm_peers(), &[1]);
+            for (i, &len) in sizes.iter().enumerate() {
+                t0.send(1, &numbered(i, len)).unwrap();
+            }
+            // A clean shutdown flushes, then closes: rank 1 hears everything, then Closed.
+            t0.shutdown(Duration::from_secs(20)).await;
+        });
+        let got = listener.join().unwrap();
+        assert_eq!(got.len(), sizes.len() + 1);
+        for (i, &len) in sizes.iter().enumerate() {
+            let head = format!("Message(Abort {{ reason: \"{i}:");
+            assert!(got[i].starts_with(&head), "event {i}: {:.80}", got[i]);
+            assert!(got[i].len() > len, "event {i} was cut short");
+        }
+        assert_eq!(got.last().unwrap(), "Closed");
+    }
+
+    #[test]
+    fn a_frame_left_half_written_is_a_failure_never_a_message() {
+        let (mesh0, mut mesh1) = pair();
+        // Rank 1 commits one whole frame and half of the next, then dies (its TCP
+        // connection closes).
+        let link = mesh1.shm[0].take().unwrap();
+        let mut w = crate::ring::RingWriter::new(link.region.clone(), link.send);
+        let whole = frame(&numbered(1, 10)).unwrap();
+        let torn = frame(&numbered(2, 100)).unwrap();
+        w.write(&whole).unwrap();
+        w.write(&torn[..50]).unwrap();
+        drop(mesh1);
+        let events: Events = Rc::default();
+        run_local(async {
+            let _t = Transport::start(mesh0, recorder(&events), None).unwrap();
+            for _ in 0..2000 {
+                if events.borrow().len() >= 2 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        let got = events.borrow();
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(got[0].1.contains("\"1:x"), "{got:?}");
+        assert!(
+            got[1].1.starts_with("Failed") && got[1].1.contains("middle of a message"),
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn garbage_in_a_ring_is_reported_as_malformed() {
+        let (mesh0, mut mesh1) = pair();
+        let link = mesh1.shm[0].take().unwrap();
+        let mut w = crate::ring::RingWriter::new(link.region.clone(), link.send);
+        w.write(&frame(&numbered(1, 3)).unwrap()).unwrap();
+        w.write(&[0, 0, 0, 3, 0xff, 0xff, 0xff]).unwrap();
+        let events: Events = Rc::default();
+        run_local(async {
+            let _t = Transport::start(mesh0, recorder(&events), None).unwrap();
+            for _ in 0..2000 {
+                if events.borrow().len() >= 2 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        let got = events.borrow();
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(got[0].1.contains("\"1:xxx"), "{got:?}");
+        assert!(got[1].1.contains("Malformed"), "{got:?}");
+        drop(mesh1);
+    }
 
     fn recorder(events: &Events) -> Handler {
         let ev = events.clone();

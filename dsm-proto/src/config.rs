@@ -56,6 +56,17 @@ pub enum Launcher {
     Standalone,
 }
 
+/// Which transports a rank may use for its links (`DSM_TRANSPORT`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TransportChoice {
+    /// Shared memory with the ranks that can map the same memory (one host, one network
+    /// namespace), TCP with the others. Chosen at start-up, pair by pair.
+    #[default]
+    Auto,
+    /// TCP with every rank (`DSM_TRANSPORT=tcp`).
+    Tcp,
+}
+
 /// How much of the race detector runs. Only benchmarks lower it (`DSM_RACE_PHASES`), to
 /// measure what each part costs: the paper's Figure 3 breakdown.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -254,6 +265,8 @@ pub struct JobConfig {
     pub replay: ReplayOptions,
     /// Pin each rank to its own core (`DSM_PIN=1`).
     pub pin: bool,
+    /// Which transports this rank's links may use (`DSM_TRANSPORT`).
+    pub transport: TransportChoice,
     /// Where this rank sits among the ranks of its host.
     pub local: Option<LocalPlacement>,
     /// Where to write this rank's counters at finish (`%r` becomes the rank).
@@ -289,6 +302,7 @@ impl JobConfig {
             trace: TraceOptions::default(),
             replay: ReplayOptions::default(),
             pin: false,
+            transport: TransportChoice::Auto,
             local: None,
             stats_file: None,
             sem_trace: None,
@@ -417,6 +431,19 @@ impl JobConfig {
                 parse_seconds_or_off(&v).map_err(|e| invalid(vars::LIVENESS, &v, e.to_string()))?
             }
             None => Some(DEFAULT_LIVENESS),
+        };
+        let transport = match get(vars::TRANSPORT).as_deref().map(str::trim) {
+            None | Some("" | "auto") => TransportChoice::Auto,
+            Some("tcp") => TransportChoice::Tcp,
+            Some(other) => {
+                return Err(invalid(
+                    vars::TRANSPORT,
+                    other,
+                    "expected `auto` (shared memory between ranks on one host, TCP between \
+                     hosts) or `tcp`"
+                        .into(),
+                ))
+            }
         };
         let segment_bytes = match get(vars::SEGMENT) {
             Some(v) => Some(
@@ -621,6 +648,7 @@ impl JobConfig {
             trace,
             replay,
             pin: get(vars::PIN).as_deref() == Some("1"),
+            transport,
             local,
             stats_file: get(vars::STATS_FILE)
                 .filter(|s| !s.is_empty())
@@ -997,6 +1025,24 @@ mod tests {
         assert!(e.to_string().contains("exclude each other"), "{e}");
         let e = env(&[("DSM_CHAOS", "-1")]).unwrap_err();
         assert!(e.to_string().contains("DSM_CHAOS"), "{e}");
+    }
+
+    #[test]
+    fn transport_is_auto_or_tcp() {
+        assert_eq!(env(&[]).unwrap().transport, TransportChoice::Auto);
+        assert_eq!(
+            env(&[("DSM_TRANSPORT", "auto")]).unwrap().transport,
+            TransportChoice::Auto
+        );
+        assert_eq!(
+            env(&[("DSM_TRANSPORT", "tcp")]).unwrap().transport,
+            TransportChoice::Tcp
+        );
+        let err = env(&[("DSM_TRANSPORT", "udp")]).unwrap_err().to_string();
+        assert!(
+            err.contains("DSM_TRANSPORT") && err.contains("tcp"),
+            "{err}"
+        );
     }
 
     #[test]

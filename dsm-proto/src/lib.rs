@@ -19,7 +19,7 @@ pub mod wire;
 
 pub use config::{
     ConfigError, JobConfig, Launcher, LocalPlacement, RaceOptions, RacePhases, ReplayOptions,
-    TraceMode, TraceOptions,
+    TraceMode, TraceOptions, TransportChoice,
 };
 pub use stats::PlanStats;
 pub use units::{
@@ -174,6 +174,10 @@ pub mod env_vars {
     /// Semaphore trace: each rank writes its part to this path plus `.rank<R>`
     /// (`dsmrun --sem-trace`).
     pub const SEM_TRACE: &str = "DSM_SEM_TRACE";
+    /// `tcp`: every link of the job uses TCP; `auto` (the default): ranks that can map the
+    /// same memory (one host, one network namespace) exchange messages through shared
+    /// memory, the others over TCP. The user's to set; ranks inherit it.
+    pub const TRANSPORT: &str = "DSM_TRANSPORT";
     /// Log filter for binaries that install dsm's logging (`tracing` env-filter syntax).
     pub const LOG: &str = "DSM_LOG";
 

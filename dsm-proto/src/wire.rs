@@ -19,7 +19,7 @@ pub type LockId = u64;
 pub type SemId = u64;
 
 /// Protocol version spoken in the handshake; bump it when any message layout changes.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// A vector timestamp: entry `n` is the index of the latest interval of node `n` that is
 /// known (has been "seen"). Intervals are numbered from 1, so 0 means "nothing seen".
@@ -720,6 +720,37 @@ pub enum HelloReply {
 pub struct HelloProof {
     /// MAC of the connector's role, both nonces, both ranks and the job size.
     pub proof: [u8; 32],
+}
+
+/// The start of the shared-memory offer between two ranks, sent by the higher rank of the
+/// pair on their fresh TCP connection once the mesh is up (`dsm_net::colocate`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ShmHello {
+    /// The sender's host identity (the kernel's boot id), or `None` when it only speaks
+    /// TCP (`DSM_TRANSPORT=tcp`, or its listener could not be made).
+    pub host: Option<String>,
+    /// The abstract unix socket where the sender accepts the region: reachable only from
+    /// the sender's network namespace, so ranks in other namespaces keep TCP.
+    pub listen: String,
+    /// Fresh random bytes the region's header must carry, so a region handed over by
+    /// anyone but the peer is refused.
+    pub nonce: [u8; 32],
+}
+
+/// The lower rank's answer to a [`ShmHello`]: whether it handed a region over on the unix
+/// socket.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ShmOffer {
+    /// A region was sent; the higher rank accepts it and answers with a [`ShmVerdict`].
+    pub offered: bool,
+}
+
+/// The higher rank's verdict on the region offered: from here on the pair's protocol
+/// messages all travel through it, or all through TCP.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ShmVerdict {
+    /// Why the region was refused, or `None`: accepted.
+    pub refused: Option<String>,
 }
 
 #[cfg(test)]

@@ -1,0 +1,248 @@
+//! The shared-memory transport between ranks of one host, in real multi-process jobs: the
+//! apps verify against their sequential references over both transports (`DSM_TRANSPORT`
+//! unset and `tcp`), which links took shared memory is read from each rank's log line, a
+//! rank killed with SIGKILL while its ring is in use stops the job with the peer-lost status
+//! naming it, and ranks in two network namespaces use TCP between the namespaces and shared
+//! memory within each.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const TEST: &str = env!("CARGO_BIN_EXE_dsm-test");
+const SOR: &str = env!("CARGO_BIN_EXE_sor");
+const FFT: &str = env!("CARGO_BIN_EXE_fft");
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// What each rank logged about its links: `(rank, shared-memory peers)`.
+fn shm_peers(stderr: &str) -> Vec<(usize, String)> {
+    stderr
+        .lines()
+        .filter_map(|l| {
+            let at = l.find("rank ")?;
+            let rest = &l[at + 5..];
+            let (rank, rest) = rest.split_once(": shared memory with ranks ")?;
+            let peers = rest.split_once(", TCP")?.0;
+            Some((rank.parse().ok()?, peers.to_owned()))
+        })
+        .collect()
+}
+
+fn dsmrun(n: usize, transport: Option<&str>, program: &str, args: &[&str]) -> Output {
+    let mut cmd = dsm_testkit::dsmrun_command(n, &["--timeout", "120"], program, args);
+    cmd.env("DSM_LOG", "dsm_net=info");
+    match transport {
+        Some(t) => cmd.env("DSM_TRANSPORT", t),
+        None => cmd.env_remove("DSM_TRANSPORT"),
+    };
+    dsm_testkit::run(cmd).into_output()
+}
+
+#[test]
+fn apps_verify_over_shared_memory_and_over_tcp() {
+    for (n, program, args) in [
+        (2, SOR, &["--size", "256", "--iters", "10"][..]),
+        (4, SOR, &["--size", "200", "--iters", "7"][..]),
+        (2, FFT, &["--dims", "16x16x8"][..]),
+        (4, TEST, &["counter", "--iters", "40"][..]),
+        (3, TEST, &["handoff", "--rounds", "2"][..]),
+    ] {
+        for transport in [None, Some("tcp")] {
+            let out = dsmrun(n, transport, program, args);
+            let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+            assert!(
+                out.status.success() && stdout.contains("[0] verified:"),
+                "{program} {args:?} N={n} over {transport:?}: {:?}\n{stdout}\n{stderr}",
+                out.status
+            );
+            let mut links = shm_peers(&stderr);
+            links.sort();
+            let expected: Vec<(usize, String)> = (0..n)
+                .map(|r| {
+                    let peers: Vec<usize> = match transport {
+                        None => (0..n).filter(|&p| p != r).collect(),
+                        Some(_) => vec![],
+                    };
+                    (r, format!("{peers:?}"))
+                })
+                .collect();
+            assert_eq!(links, expected, "{program} over {transport:?}:\n{stderr}");
+        }
+    }
+}
+
+#[test]
+fn a_wrong_transport_name_is_a_clear_error() {
+    let out = dsmrun(2, Some("infiniband"), TEST, &["counter"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("DSM_TRANSPORT") && err.contains("tcp"),
+        "stderr: {err}"
+    );
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts one rank of `dsm-test` by hand (no dsmrun, so nobody but the peers notices a
+/// death), logging its links.
+fn rank(r: usize, n: usize, port: u16, args: &[&str]) -> std::process::Child {
+    Command::new(TEST)
+        .args(args)
+        .env("DSM_RANK", r.to_string())
+        .env("DSM_SIZE", n.to_string())
+        .env("DSM_COORD", format!("127.0.0.1:{port}"))
+        .env("DSM_JOB_SECRET", "shm-kill")
+        .env("DSM_CONNECT_TIMEOUT", "20")
+        .env("DSM_LOG", "dsm_net=info")
+        .env_remove("DSM_TRANSPORT")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn a_rank_killed_while_its_ring_is_in_use_stops_the_job_naming_it() {
+    let port = free_port();
+    // Ranks doing barriers as fast as they can: the rings are busy when the victim dies.
+    let survivors: Vec<_> = [0, 2]
+        .into_iter()
+        .map(|r| rank(r, 3, port, &["hang", "--seconds", "60"]))
+        .collect();
+    let mut victim = rank(1, 3, port, &["hang", "--seconds", "60"]);
+    let mut lines = BufReader::new(victim.stdout.take().unwrap()).lines();
+    assert!(lines.next().unwrap().unwrap().starts_with("pid "));
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    victim.kill().unwrap(); // SIGKILL
+    victim.wait().unwrap();
+    for (r, child) in [0, 2].into_iter().zip(survivors) {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "rank {r} took {:?} to stop",
+            t.elapsed()
+        );
+        let err = text(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(dsm_proto::exit_codes::PEER_LOST),
+            "rank {r}: {err}"
+        );
+        assert!(err.contains("lost rank 1"), "rank {r}: {err}");
+        let links = shm_peers(&err);
+        let all_peers = if r == 0 { "[1, 2]" } else { "[0, 1]" };
+        assert_eq!(
+            links,
+            vec![(r, all_peers.to_owned())],
+            "rank {r} used shared memory: {err}"
+        );
+    }
+}
+
+fn ip(args: &[&str]) -> bool {
+    Command::new("ip")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Two "hosts": network namespaces `<tag>-a` (10.78.0.1) and `<tag>-b` (10.78.0.2) joined
+/// by a veth pair; removed on drop.
+struct TwoHosts {
+    tag: String,
+}
+
+impl TwoHosts {
+    fn new() -> Option<TwoHosts> {
+        let tag = format!("dsmshm{}", std::process::id() % 100_000);
+        let h = TwoHosts { tag };
+        let (a, b) = (h.ns('a'), h.ns('b'));
+        let (va, vb) = (format!("{}va", h.tag), format!("{}vb", h.tag));
+        let ok = ip(&["netns", "add", &a])
+            && ip(&["netns", "add", &b])
+            && ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])
+            && ip(&["link", "set", &va, "netns", &a])
+            && ip(&["link", "set", &vb, "netns", &b])
+            && ip(&["-n", &a, "addr", "add", "10.78.0.1/24", "dev", &va])
+            && ip(&["-n", &b, "addr", "add", "10.78.0.2/24", "dev", &vb])
+            && ip(&["-n", &a, "link", "set", &va, "up"])
+            && ip(&["-n", &b, "link", "set", &vb, "up"])
+            && ip(&["-n", &a, "link", "set", "lo", "up"])
+            && ip(&["-n", &b, "link", "set", "lo", "up"]);
+        ok.then_some(h)
+    }
+
+    fn ns(&self, host: char) -> String {
+        format!("{}-{host}", self.tag)
+    }
+}
+
+impl Drop for TwoHosts {
+    fn drop(&mut self) {
+        ip(&["netns", "del", &self.ns('a')]);
+        ip(&["netns", "del", &self.ns('b')]);
+    }
+}
+
+#[test]
+fn ranks_share_memory_within_a_host_and_use_tcp_between_hosts() {
+    let Some(hosts) = TwoHosts::new() else {
+        dsm_testkit::skip(
+            "ranks_share_memory_within_a_host_and_use_tcp_between_hosts",
+            "cannot create network namespaces here (needs root and iproute2)",
+        );
+        return;
+    };
+    // Ranks 0 and 1 on host a, 2 and 3 on host b.
+    let placement = ['a', 'a', 'b', 'b'];
+    let children: Vec<_> = placement
+        .iter()
+        .enumerate()
+        .map(|(r, &host)| {
+            Command::new("ip")
+                .args(["netns", "exec", &hosts.ns(host), SOR])
+                .args(["--size", "128", "--iters", "8"])
+                .env("DSM_RANK", r.to_string())
+                .env("DSM_SIZE", "4")
+                .env("DSM_COORD", "10.78.0.1:7708")
+                .env("DSM_JOB_SECRET", "two-hosts")
+                .env("DSM_CONNECT_TIMEOUT", "30")
+                .env("DSM_LOG", "dsm_net=info")
+                .env_remove("DSM_TRANSPORT")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<Output> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    for (r, o) in outs.iter().enumerate() {
+        let err = text(&o.stderr);
+        assert!(o.status.success(), "rank {r}: {:?}\n{err}", o.status);
+        let partner = r ^ 1;
+        assert_eq!(
+            shm_peers(&err),
+            vec![(r, format!("[{partner}]"))],
+            "rank {r} shares memory with its host's other rank only:\n{err}"
+        );
+    }
+    let out0 = text(&outs[0].stdout);
+    assert!(out0.contains("verified:"), "{out0}");
+}

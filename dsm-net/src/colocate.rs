@@ -1,0 +1,306 @@
+//! Which pairs of ranks talk through shared memory: decided pair by pair once the TCP mesh
+//! is up, before any protocol message.
+//!
+//! "On one host" has to mean "can map the same memory", not "has the same IP address":
+//! tests put hosts in network namespaces of one kernel, and a cluster node may run ranks in
+//! containers. So the pair proves it by doing it. For a pair `lo < hi`, on their
+//! authenticated TCP connection:
+//!
+//! 1. `hi` sends a [`ShmHello`]: its kernel boot id (the cheap filter: other machines stop
+//!    here), the name of an abstract unix socket it listens on, and a fresh nonce. An
+//!    abstract socket is reachable only inside its network namespace, which is what keeps
+//!    ranks of different (simulated) hosts on TCP.
+//! 2. `lo`, if the boot ids match and it may use shared memory, creates a sealed region
+//!    ([`crate::ring::Region`]) whose header carries the nonce, and four eventfd bells,
+//!    connects to the socket and hands them over (`SCM_RIGHTS`); it answers [`ShmOffer`].
+//! 3. `hi` accepts on its socket (ignoring anything that does not carry its nonce: another
+//!    process on the host could connect too), checks and maps the region, and answers
+//!    [`ShmVerdict`].
+//!
+//! Any failure along the way (no such socket, no memfd, a refused region) leaves the pair
+//! on TCP with a debug line; only a broken TCP connection is an error. Every rank walks its
+//! pairs in the same (lexicographic) order, which cannot deadlock: the smallest pair not
+//! yet done always has both ranks waiting on it.
+
+use crate::bootstrap::{BootstrapError, Mesh};
+use crate::framing::{read_frame, write_frame, WireError};
+use crate::handshake::MAX_HANDSHAKE;
+use crate::ring::{self, Direction, Region, DEFAULT_RING_BYTES};
+use dsm_proto::{JobConfig, ShmHello, ShmOffer, ShmVerdict, TransportChoice};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::debug;
+
+/// How long the higher rank waits on its unix socket for the region the lower one said
+/// it sent: both are on one host, so this only covers scheduling delays.
+const ACCEPT_WAIT: Duration = Duration::from_secs(5);
+
+/// What the region's creator writes in the descriptor message, so a stray message is not
+/// mistaken for one.
+const OFFER_TAG: &[u8] = b"dsm-ring-offer";
+
+/// A shared-memory link to one co-located peer: the region and the bells of both
+/// directions, seen from this rank.
+pub struct ShmLink {
+    /// The region holding both rings.
+    pub region: Arc<Region>,
+    /// The ring this rank writes; it reads the other.
+    pub send: Direction,
+    /// Rung by the peer when it committed bytes for us while we slept.
+    pub our_data_bell: OwnedFd,
+    /// Rung by the peer when it freed space we wait for.
+    pub our_space_bell: OwnedFd,
+    /// What we ring when we committed bytes and the peer sleeps.
+    pub peer_data_bell: OwnedFd,
+    /// What we ring when we freed space the peer waits for.
+    pub peer_space_bell: OwnedFd,
+}
+
+impl ShmLink {
+    /// The ring this rank reads.
+    pub fn receive(&self) -> Direction {
+        match self.send {
+            Direction::Forward => Direction::Backward,
+            Direction::Backward => Direction::Forward,
+        }
+    }
+}
+
+/// The kernel's boot id: equal for processes on one running kernel.
+fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
+fn bell() -> io::Result<OwnedFd> {
+    Ok(EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)?.into())
+}
+
+/// Sets up shared memory with every peer that can map the same memory (see the module
+/// documentation), filling `mesh.shm`. With `DSM_TRANSPORT=tcp` this rank still answers its
+/// peers (declining), so both ends of every pair agree.
+pub(crate) fn colocate(
+    env: &JobConfig,
+    mesh: &mut Mesh,
+    deadline: Instant,
+) -> Result<(), BootstrapError> {
+    let wants = env.transport == TransportChoice::Auto;
+    let host = if wants { boot_id() } else { None };
+    let me = env.rank;
+    // Our socket for the regions of lower ranks (only rank 0 has none).
+    let listener = match (&host, me) {
+        (Some(_), 1..) => match listen(me) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                debug!("rank {me}: no unix socket for shared memory ({e}); TCP only");
+                None
+            }
+        },
+        _ => None,
+    };
+    for peer in 0..mesh.size {
+        if peer == me {
+            continue;
+        }
+        let stream = mesh.streams[peer]
+            .as_mut()
+            .expect("a complete mesh links every pair");
+        let left = deadline.saturating_duration_since(Instant::now());
+        stream.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
+        let broke = |source: WireError| BootstrapError::Handshake { peer, source };
+        let link = if peer < me {
+            let nonce: [u8; 32] = rand::random();
+            let hello = ShmHello {
+                host: listener.as_ref().and(host.clone()),
+                listen: listener
+                    .as_ref()
+                    .map(|(_, n)| n.clone())
+                    .unwrap_or_default(),
+                nonce,
+            };
+            write_frame(stream, &hello).map_err(broke)?;
+            let offer: ShmOffer = read_frame(stream, MAX_HANDSHAKE).map_err(broke)?;
+            if offer.offered {
+                let (l, _) = listener.as_ref().expect("offers come only after our hello");
+                let result = accept_region(l, &nonce);
+                let verdict = ShmVerdict {
+                    refused: result.as_ref().err().map(|e| e.to_string()),
+                };
+                write_frame(stream, &verdict).map_err(broke)?;
+                match result {
+                    Ok(link) => Some(link),
+                    Err(e) => {
+                        debug!("rank {me}: refused rank {peer}'s shared memory: {e}");
+                        None
+                    }
+                }
+            } else {
+                None
+            }
+        } else {
+            let hello: ShmHello = read_frame(stream, MAX_HANDSHAKE).map_err(broke)?;
+            let offered = match (&host, &hello.host) {
+                (Some(ours), Some(theirs)) if ours == theirs => {
+                    match offer_region(&hello.listen, hello.nonce) {
+                        Ok(link) => Some(link),
+                        Err(e) => {
+                            debug!("rank {me}: no shared memory with rank {peer}: {e}");
+                            None
+                        }
+                    }
+                }
+                _ => None,
+            };
+            write_frame(
+                stream,
+                &ShmOffer {
+                    offered: offered.is_some(),
+                },
+            )
+            .map_err(broke)?;
+            match offered {
+                Some(link) => {
+                    let verdict: ShmVerdict = read_frame(stream, MAX_HANDSHAKE).map_err(broke)?;
+                    match verdict.refused {
+                        None => Some(link),
+                        Some(reason) => {
+                            debug!("rank {peer} refused our shared memory: {reason}");
+                            None
+                        }
+                    }
+                }
+                None => None,
+            }
+        };
+        stream.set_read_timeout(None)?;
+        mesh.shm[peer] = link;
+    }
+    let shm: Vec<usize> = (0..mesh.size).filter(|&p| mesh.shm[p].is_some()).collect();
+    tracing::info!("rank {me}: shared memory with ranks {shm:?}, TCP with the others");
+    Ok(())
+}
+
+/// An abstract unix socket with an unguessable name.
+fn listen(me: usize) -> io::Result<(UnixListener, String)> {
+    let name = format!(
+        "dsm-shm-{}-{me}-{:016x}",
+        std::process::id(),
+        rand::random::<u64>()
+    );
+    let l = UnixListener::bind_addr(&UnixAddr::from_abstract_name(name.as_bytes())?)?;
+    l.set_nonblocking(true)?;
+    Ok((l, name))
+}
+
+/// The lower rank's side: a new region and bells, handed over on the peer's socket.
+fn offer_region(listen: &str, nonce: [u8; 32]) -> io::Result<ShmLink> {
+    let sock = UnixStream::connect_addr(&UnixAddr::from_abstract_name(listen.as_bytes())?)?;
+    let region = Region::create(DEFAULT_RING_BYTES, nonce).map_err(io::Error::other)?;
+    // Forward ring: us -> peer. Its data bell wakes the peer, its space bell us.
+    let (fwd_data, fwd_space, back_data, back_space) = (bell()?, bell()?, bell()?, bell()?);
+    ring::send_fds(
+        &sock,
+        OFFER_TAG,
+        &[
+            region.fd().as_fd(),
+            fwd_data.as_fd(),
+            fwd_space.as_fd(),
+            back_data.as_fd(),
+            back_space.as_fd(),
+        ],
+    )?;
+    Ok(ShmLink {
+        region: Arc::new(region),
+        send: Direction::Forward,
+        our_data_bell: back_data,
+        our_space_bell: fwd_space,
+        peer_data_bell: fwd_data,
+        peer_space_bell: back_space,
+    })
+}
+
+/// The higher rank's side: the first message on its socket that carries a region with our
+/// nonce, within [`ACCEPT_WAIT`].
+fn accept_region(listener: &UnixListener, nonce: &[u8; 32]) -> io::Result<ShmLink> {
+    let until = Instant::now() + ACCEPT_WAIT;
+    loop {
+        let sock = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if Instant::now() >= until {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the region never arrived on the unix socket",
+                    ));
+                }
+                std::thread::sleep(Duration::from_micros(200));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        match receive_region(&sock, nonce, until) {
+            Ok(link) => return Ok(link),
+            Err(e) => debug!("ignored a connection to the shared-memory socket: {e}"),
+        }
+    }
+}
+
+fn receive_region(sock: &UnixStream, nonce: &[u8; 32], until: Instant) -> io::Result<ShmLink> {
+    sock.set_nonblocking(false)?;
+    let left = until.saturating_duration_since(Instant::now());
+    sock.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
+    let mut tag = [0u8; 32];
+    let (n, fds) = ring::recv_fds(sock, &mut tag)?;
+    let bad = |why: &str| io::Error::new(io::ErrorKind::InvalidData, why.to_owned());
+    if &tag[..n] != OFFER_TAG {
+        return Err(bad("not a dsm region offer"));
+    }
+    let [region, fwd_data, fwd_space, back_data, back_space]: [OwnedFd; 5] = fds
+        .try_into()
+        .map_err(|_| bad("wrong number of descriptors"))?;
+    let region = Region::open(region).map_err(io::Error::other)?;
+    if &region.nonce() != nonce {
+        return Err(bad("the region does not carry our nonce"));
+    }
+    Ok(ShmLink {
+        region: Arc::new(region),
+        send: Direction::Backward,
+        our_data_bell: fwd_data,
+        our_space_bell: back_space,
+        peer_data_bell: back_data,
+        peer_space_bell: fwd_space,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_without_the_nonce_is_ignored() {
+        let (l, name) = listen(3).unwrap();
+        let nonce = rand::random();
+        // A stranger's region first, then the peer's.
+        let _stranger = offer_region(&name, rand::random()).unwrap();
+        let ours = offer_region(&name, nonce).unwrap();
+        let got = accept_region(&l, &nonce).unwrap();
+        assert_eq!(got.region.nonce(), nonce);
+        assert_eq!(ours.region.nonce(), nonce);
+        assert_eq!(got.send, Direction::Backward);
+    }
+
+    #[test]
+    fn a_missing_socket_is_an_error_not_a_hang() {
+        let err = offer_region("dsm-shm-nobody-listens-here", [0; 32])
+            .err()
+            .expect("nobody listens");
+        assert_eq!(err.kind(), io::ErrorKind::ConnectionRefused, "{err}");
+    }
+}
