@@ -114,41 +114,61 @@ fn rank(r: usize, n: usize, port: u16, args: &[&str]) -> std::process::Child {
 
 #[test]
 fn a_rank_killed_while_its_ring_is_in_use_stops_the_job_naming_it() {
+    // Without dsmrun, so only the peer can notice: two ranks doing barriers as fast as they
+    // can, the rings busy when the victim dies.
     let port = free_port();
-    // Ranks doing barriers as fast as they can: the rings are busy when the victim dies.
-    let survivors: Vec<_> = [0, 2]
-        .into_iter()
-        .map(|r| rank(r, 3, port, &["hang", "--seconds", "60"]))
-        .collect();
-    let mut victim = rank(1, 3, port, &["hang", "--seconds", "60"]);
+    let survivor = rank(0, 2, port, &["hang", "--seconds", "60"]);
+    let mut victim = rank(1, 2, port, &["hang", "--seconds", "60"]);
     let mut lines = BufReader::new(victim.stdout.take().unwrap()).lines();
     assert!(lines.next().unwrap().unwrap().starts_with("pid "));
     std::thread::sleep(Duration::from_millis(300));
     let t = Instant::now();
     victim.kill().unwrap(); // SIGKILL
     victim.wait().unwrap();
-    for (r, child) in [0, 2].into_iter().zip(survivors) {
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            t.elapsed() < Duration::from_secs(15),
-            "rank {r} took {:?} to stop",
-            t.elapsed()
-        );
-        let err = text(&out.stderr);
-        assert_eq!(
-            out.status.code(),
-            Some(dsm_proto::exit_codes::PEER_LOST),
-            "rank {r}: {err}"
-        );
-        assert!(err.contains("lost rank 1"), "rank {r}: {err}");
-        let links = shm_peers(&err);
-        let all_peers = if r == 0 { "[1, 2]" } else { "[0, 1]" };
-        assert_eq!(
-            links,
-            vec![(r, all_peers.to_owned())],
-            "rank {r} used shared memory: {err}"
-        );
+    let out = survivor.wait_with_output().unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "rank 0 took {:?} to stop",
+        t.elapsed()
+    );
+    let err = text(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(dsm_proto::exit_codes::PEER_LOST),
+        "{err}"
+    );
+    assert!(err.contains("lost rank 1"), "{err}");
+    assert_eq!(shm_peers(&err), vec![(0, "[1]".to_owned())], "{err}");
+
+    // Under dsmrun with three ranks: the job stops, naming the killed rank first.
+    let mut cmd = dsm_testkit::dsmrun_command(3, &["--timeout", "60"], TEST, &["hang"]);
+    cmd.env_remove("DSM_TRANSPORT")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut job = cmd.spawn().unwrap();
+    let mut pid = None;
+    for line in BufReader::new(job.stdout.take().unwrap()).lines() {
+        if let Some(p) = line.unwrap().strip_prefix("[1] pid ") {
+            pid = Some(p.trim().parse::<i32>().unwrap());
+            break;
+        }
     }
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid.expect("rank 1 printed its pid")),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let out = job.wait_with_output().unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("rank 1 was killed by signal 9"), "{err}");
 }
 
 fn ip(args: &[&str]) -> bool {
