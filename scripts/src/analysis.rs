@@ -585,6 +585,7 @@ pub fn threads_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<ThreadsRow> {
             v.into_iter().map(|(_, t)| t).collect()
         };
         let (threads, dsm) = (by_rep(Runner::Threads), by_rep(Runner::Dsm));
+        let dsm_tcp = by_rep(Runner::DsmTcp);
         let seq: Vec<f64> = outs
             .iter()
             .filter(|(_, _, o)| o.ok)
@@ -595,6 +596,8 @@ pub fn threads_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<ThreadsRow> {
         row.threads = summary(&threads);
         row.dsm = summary(&dsm);
         row.ratio = summary(&paired_ratios(&threads, &dsm));
+        row.dsm_tcp = summary(&dsm_tcp);
+        row.ratio_tcp = summary(&paired_ratios(&threads, &dsm_tcp));
         row.threads_speedup = row.sequential_s.zip(row.threads).map(|(q, t)| q / t.median);
         row.dsm_speedup = row.sequential_s.zip(row.dsm).map(|(q, d)| q / d.median);
         rows.push(row);
@@ -1018,6 +1021,8 @@ mod tests {
             vs_run("sor", sor, Runner::Threads, 1, Some(0.5)),
             vs_run("sor", sor, Runner::Threads, 2, None),
             vs_run("sor", sor, Runner::Dsm, 2, Some(9.0)),
+            vs_run("sor", sor, Runner::DsmTcp, 0, Some(0.75)),
+            vs_run("sor", sor, Runner::DsmTcp, 1, Some(1.5)),
             // Another input of the same app is another row.
             vs_run("sor", "--size 1024 --iters 100", Runner::Dsm, 0, Some(7.0)),
             // The app table's runs are not this table's.
@@ -1026,7 +1031,7 @@ mod tests {
         let rows = threads_rows(&c, &runs);
         assert_eq!(rows.len(), 3);
         let r = &rows[0];
-        assert_eq!(r.status, "ok (1 of 6 runs failed)");
+        assert_eq!(r.status, "ok (1 of 8 runs failed)");
         assert_eq!(r.sequential_s, Some(1.0));
         assert_eq!(r.threads.unwrap().median, 0.5);
         assert_eq!(r.dsm.unwrap().median, 1.0);
@@ -1036,6 +1041,10 @@ mod tests {
         assert!((ratio.min - 1.2).abs() < 1e-12 && (ratio.max - 2.0).abs() < 1e-12);
         assert_eq!(r.threads_speedup, Some(2.0));
         assert_eq!(r.dsm_speedup, Some(1.0));
+        // Over TCP, paired with the same repetitions' threads: 1.5 and 3.0.
+        let tcp = r.ratio_tcp.unwrap();
+        assert_eq!(tcp.n, 2);
+        assert!((tcp.min - 1.5).abs() < 1e-12 && (tcp.max - 3.0).abs() < 1e-12);
         assert_eq!(rows[1].status, "not run");
         assert_eq!(rows[1].ratio, None);
         assert!(rows[2].status.starts_with("not run: binary"));

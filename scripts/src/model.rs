@@ -65,8 +65,11 @@ pub enum Purpose {
 pub enum Runner {
     /// `app --threads N args`: plain threads of one process, no DSM.
     Threads,
-    /// `dsmrun -n N app args`.
+    /// `dsmrun -n N app args`: ranks on one host share memory (the default transport).
     Dsm,
+    /// `DSM_TRANSPORT=tcp dsmrun -n N app args`: every link over loopback TCP.
+    #[serde(rename = "dsm-tcp")]
+    DsmTcp,
 }
 
 impl Runner {
@@ -74,6 +77,7 @@ impl Runner {
         match self {
             Runner::Threads => "threads",
             Runner::Dsm => "dsm",
+            Runner::DsmTcp => "dsm over TCP",
         }
     }
 }
@@ -415,6 +419,12 @@ pub struct ThreadsRow {
     pub dsm: Option<Summary>,
     /// dsm over threads, paired by repetition: the ratio that matters.
     pub ratio: Option<Summary>,
+    /// dsm's parallel time with every link over TCP (`DSM_TRANSPORT=tcp`).
+    #[serde(default)]
+    pub dsm_tcp: Option<Summary>,
+    /// dsm over TCP over threads, paired by repetition.
+    #[serde(default)]
+    pub ratio_tcp: Option<Summary>,
     /// sequential / threads (median).
     pub threads_speedup: Option<f64>,
     /// sequential / dsm (median).

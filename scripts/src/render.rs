@@ -455,12 +455,12 @@ pub fn render(r: &Report) -> String {
     } else {
         let _ = writeln!(
             o,
-            "| app | input | N | sequential (s) | threads (s) | dsm (s) | dsm / threads | speedup: threads, dsm | status |\n|---|---|---|---|---|---|---|---|---|"
+            "| app | input | N | sequential (s) | threads (s) | dsm (s) | dsm / threads | dsm over TCP (s) | TCP / threads | speedup: threads, dsm | status |\n|---|---|---|---|---|---|---|---|---|---|---|"
         );
         for t in &r.threads {
             let _ = writeln!(
                 o,
-                "| {} | `{}` | {} | {} | {} | {} | {} | {}, {} | {} |",
+                "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {}, {} | {} |",
                 t.app,
                 cell(&t.input),
                 nodes(t.nodes, t.oversubscribed),
@@ -468,6 +468,8 @@ pub fn render(r: &Report) -> String {
                 times(t.threads),
                 times(t.dsm),
                 ratio(t.ratio),
+                times(t.dsm_tcp),
+                ratio(t.ratio_tcp),
                 opt(t.threads_speedup, |x| format!("{x:.2}")),
                 opt(t.dsm_speedup, |x| format!("{x:.2}")),
                 cell(&t.status)
@@ -475,7 +477,7 @@ pub fn render(r: &Report) -> String {
         }
         let _ = writeln!(
             o,
-            "\nScaled inputs, race detection off, measured in the same run with the two kinds alternating ({} each). *threads* is the same kernel split over N plain threads of one process (`--threads N`: rows or planes banded as across dsm's nodes, a barrier between phases, bitwise the sequential result): the limit for N ranks on one host. *dsm* is `dsmrun -n N`. *sequential* is the app's plain optimised sequential code, timed in every run of both kinds. **dsm / threads** is the ratio that matters: the median of the per-repetition ratios, with min{DASH}max.\n",
+            "\nScaled inputs, race detection off, measured in the same run with the three kinds alternating ({} each). *threads* is the same kernel split over N plain threads of one process (`--threads N`: rows or planes banded as across dsm's nodes, a barrier between phases, bitwise the sequential result): the limit for N ranks on one host. *dsm* is `dsmrun -n N` (ranks on one host share memory); *dsm over TCP* is the same with `DSM_TRANSPORT=tcp`. *sequential* is the app's plain optimised sequential code, timed in every run of every kind. **dsm / threads** is the ratio that matters: the median of the per-repetition ratios, with min{DASH}max.\n",
             match r.settings.vs_threads_reps {
                 1 => "1 repetition".to_string(),
                 n => format!("{n} repetitions"),
@@ -594,10 +596,11 @@ mod tests {
         let r = fixture();
         let md = render(&r);
         assert!(
-            md.contains("| sor | `--size 2048 --iters 50` | 2 | 0.420 | 0.230 (0.220–0.250) | 0.310 (0.290–0.360) | **1.35** (1.20–1.50) | 1.83, 1.35 | ok |"),
+            md.contains("| sor | `--size 2048 --iters 50` | 2 | 0.420 | 0.230 (0.220–0.250) | 0.310 (0.290–0.360) | **1.35** (1.20–1.50) | – | – | 1.83, 1.35 | ok |"),
             "{md}"
         );
-        assert!(md.contains("| fft | `--dims 128x128x64` | 2 | – | – | – | – | –, – | failed |"));
+        assert!(md
+            .contains("| fft | `--dims 128x128x64` | 2 | – | – | – | – | – | – | –, – | failed |"));
         assert!(md.contains("(5 repetitions each)"));
         let s = summary(&r);
         assert!(

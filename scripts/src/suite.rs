@@ -427,7 +427,7 @@ pub fn plan(knobs: &Knobs, apps: &[AppSpec], tools: &Tools, paths: &Paths) -> Ve
         .collect();
     for rep in 0..knobs.vs_threads_reps {
         for v in &scaled {
-            for runner in rotate(&[Runner::Threads, Runner::Dsm], rep) {
+            for runner in rotate(&[Runner::Threads, Runner::Dsm, Runner::DsmTcp], rep) {
                 jobs.push(Job::VsThreads {
                     app: v.name.into(),
                     args: v.args.clone(),
@@ -614,7 +614,7 @@ pub fn spec_for(
             app,
             args,
             nodes,
-            runner: Runner::Dsm,
+            runner: runner @ (Runner::Dsm | Runner::DsmTcp),
             ..
         } => {
             let mut a = vec![
@@ -626,7 +626,15 @@ pub fn spec_for(
                 paths.bin_dir.join(app).display().to_string(),
             ];
             a.extend(args.iter().cloned());
-            Spec::new(&dsmrun, a, Duration::from_secs(knobs.app_timeout_s + 20))
+            let mut spec = Spec::new(&dsmrun, a, Duration::from_secs(knobs.app_timeout_s + 20));
+            // Said either way, so a DSM_TRANSPORT in the driver's environment changes nothing.
+            let transport = if *runner == Runner::DsmTcp {
+                "tcp"
+            } else {
+                "auto"
+            };
+            spec.env.push(("DSM_TRANSPORT".into(), transport.into()));
+            spec
         }
     })
 }
@@ -705,7 +713,7 @@ pub fn interpret(job: &Job, raw: &measure::Raw, scratch: &Path) -> Outcome {
             }
             let times = match runner {
                 Runner::Threads => parse::parse_threads(&raw.stdout),
-                Runner::Dsm => parse::parse_verified(&raw.stdout),
+                Runner::Dsm | Runner::DsmTcp => parse::parse_verified(&raw.stdout),
             };
             match times {
                 Ok(t) => {
