@@ -148,7 +148,7 @@ pub(crate) fn colocate(
             let hello: ShmHello = read_frame(stream, MAX_HANDSHAKE).map_err(broke)?;
             let offered = match (&host, &hello.host) {
                 (Some(ours), Some(theirs)) if ours == theirs => {
-                    match offer_region(&hello.listen, hello.nonce) {
+                    match offer_region(&hello.listen, hello.nonce, ring_bytes(mesh.size)) {
                         Ok(link) => Some(link),
                         Err(e) => {
                             debug!("rank {me}: no shared memory with rank {peer}: {e}");
@@ -187,6 +187,20 @@ pub(crate) fn colocate(
     Ok(())
 }
 
+/// Bytes of each ring of a pair in a job of `size` ranks: [`DEFAULT_RING_BYTES`] up to 4
+/// ranks, then less, so that a host running many ranks of one job, every pair with its
+/// own region, is not asked for more than about 16 MiB per rank in rings (in 64 KiB at
+/// least; larger messages still pass, in pieces).
+fn ring_bytes(size: usize) -> usize {
+    let share = (16 << 20) / size.max(1) / 2;
+    let pow2 = if share.is_power_of_two() {
+        share
+    } else {
+        share.next_power_of_two() / 2
+    };
+    pow2.clamp(64 << 10, DEFAULT_RING_BYTES)
+}
+
 /// An abstract unix socket with an unguessable name.
 fn listen(me: usize) -> io::Result<(UnixListener, String)> {
     let name = format!(
@@ -200,9 +214,9 @@ fn listen(me: usize) -> io::Result<(UnixListener, String)> {
 }
 
 /// The lower rank's side: a new region and bells, handed over on the peer's socket.
-fn offer_region(listen: &str, nonce: [u8; 32]) -> io::Result<ShmLink> {
+fn offer_region(listen: &str, nonce: [u8; 32], ring_bytes: usize) -> io::Result<ShmLink> {
     let sock = UnixStream::connect_addr(&UnixAddr::from_abstract_name(listen.as_bytes())?)?;
-    let region = Region::create(DEFAULT_RING_BYTES, nonce).map_err(io::Error::other)?;
+    let region = Region::create(ring_bytes, nonce).map_err(io::Error::other)?;
     // Forward ring: us -> peer. Its data bell wakes the peer, its space bell us.
     let (fwd_data, fwd_space, back_data, back_space) = (bell()?, bell()?, bell()?, bell()?);
     ring::send_fds(
@@ -288,8 +302,8 @@ mod tests {
         let (l, name) = listen(3).unwrap();
         let nonce = rand::random();
         // A stranger's region first, then the peer's.
-        let _stranger = offer_region(&name, rand::random()).unwrap();
-        let ours = offer_region(&name, nonce).unwrap();
+        let _stranger = offer_region(&name, rand::random(), 64 << 10).unwrap();
+        let ours = offer_region(&name, nonce, 64 << 10).unwrap();
         let got = accept_region(&l, &nonce).unwrap();
         assert_eq!(got.region.nonce(), nonce);
         assert_eq!(ours.region.nonce(), nonce);
@@ -297,8 +311,21 @@ mod tests {
     }
 
     #[test]
+    fn rings_shrink_as_jobs_grow() {
+        assert_eq!(ring_bytes(2), DEFAULT_RING_BYTES);
+        assert_eq!(ring_bytes(4), DEFAULT_RING_BYTES);
+        assert_eq!(ring_bytes(8), 1 << 20);
+        assert_eq!(ring_bytes(12), 512 << 10);
+        assert_eq!(ring_bytes(64), 128 << 10);
+        assert_eq!(ring_bytes(1024), 64 << 10);
+        for n in 1..2000 {
+            assert!(ring_bytes(n).is_power_of_two());
+        }
+    }
+
+    #[test]
     fn a_missing_socket_is_an_error_not_a_hang() {
-        let err = offer_region("dsm-shm-nobody-listens-here", [0; 32])
+        let err = offer_region("dsm-shm-nobody-listens-here", [0; 32], 64 << 10)
             .err()
             .expect("nobody listens");
         assert_eq!(err.kind(), io::ErrorKind::ConnectionRefused, "{err}");
