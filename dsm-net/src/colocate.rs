@@ -40,6 +40,9 @@ use tracing::debug;
 /// it sent: both are on one host, so this only covers scheduling delays.
 const ACCEPT_WAIT: Duration = Duration::from_secs(5);
 
+/// How long one connection to the socket may take to deliver its offer.
+const OFFER_WAIT: Duration = Duration::from_millis(500);
+
 /// What the region's creator writes in the descriptor message, so a stray message is not
 /// mistaken for one.
 const OFFER_TAG: &[u8] = b"dsm-ring-offer";
@@ -268,8 +271,10 @@ fn accept_region(listener: &UnixListener, nonce: &[u8; 32]) -> io::Result<ShmLin
 
 fn receive_region(sock: &UnixStream, nonce: &[u8; 32], until: Instant) -> io::Result<ShmLink> {
     sock.set_nonblocking(false)?;
+    // The peer sends its offer as soon as it is connected; a connection that says nothing
+    // for a moment (a stranger's) must not keep the peer's waiting behind it.
     let left = until.saturating_duration_since(Instant::now());
-    sock.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
+    sock.set_read_timeout(Some(left.clamp(Duration::from_millis(1), OFFER_WAIT)))?;
     let mut tag = [0u8; 32];
     let (n, fds) = ring::recv_fds(sock, &mut tag)?;
     let bad = |why: &str| io::Error::new(io::ErrorKind::InvalidData, why.to_owned());
@@ -308,6 +313,24 @@ mod tests {
         assert_eq!(got.region.nonce(), nonce);
         assert_eq!(ours.region.nonce(), nonce);
         assert_eq!(got.send, Direction::Backward);
+    }
+
+    #[test]
+    fn a_silent_stranger_does_not_keep_the_peer_waiting() {
+        let (l, name) = listen(4).unwrap();
+        let nonce = rand::random();
+        let _silent =
+            UnixStream::connect_addr(&UnixAddr::from_abstract_name(name.as_bytes()).unwrap())
+                .unwrap();
+        let ours = offer_region(&name, nonce, 64 << 10).unwrap();
+        let started = Instant::now();
+        let got = accept_region(&l, &nonce).unwrap();
+        assert_eq!(got.region.nonce(), ours.region.nonce());
+        assert!(
+            started.elapsed() < ACCEPT_WAIT / 2,
+            "took {:?}",
+            started.elapsed()
+        );
     }
 
     #[test]
