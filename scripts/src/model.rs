@@ -65,10 +65,10 @@ pub enum Purpose {
 pub enum Runner {
     /// `app --threads N args`: plain threads of one process, no DSM.
     Threads,
-    /// `dsmrun -n N app args`: ranks on one host share memory (the default transport).
+    /// `dsmrun -n N app args`: the default transport (shared memory between ranks on
+    /// one host).
     Dsm,
     /// `DSM_TRANSPORT=tcp dsmrun -n N app args`: every link over loopback TCP.
-    #[serde(rename = "dsm-tcp")]
     DsmTcp,
 }
 
@@ -77,7 +77,7 @@ impl Runner {
         match self {
             Runner::Threads => "threads",
             Runner::Dsm => "dsm",
-            Runner::DsmTcp => "dsm over TCP",
+            Runner::DsmTcp => "dsm-tcp",
         }
     }
 }
@@ -111,8 +111,13 @@ pub enum Job {
     },
     /// `dsmrun -n nodes --race race-kernel run kernel`.
     DsmKernel { kernel: String, nodes: usize },
-    /// `dsm-bench --reps reps`, repeated.
-    Primitives { reps: usize, rep: usize },
+    /// `dsm-bench --reps reps`, repeated; with `tcp`, under `DSM_TRANSPORT=tcp`.
+    Primitives {
+        reps: usize,
+        rep: usize,
+        #[serde(default)]
+        tcp: bool,
+    },
     /// An app on a scaled input, either over N plain threads or on dsm at N nodes (race
     /// detection off), for the "dsm vs threads" table.
     VsThreads {
@@ -160,7 +165,11 @@ impl Job {
             Job::DsmKernel { kernel, nodes } => {
                 format!("race-kernel {kernel} N={nodes} --race")
             }
-            Job::Primitives { reps, rep } => format!("dsm-bench --reps {reps} (run {})", rep + 1),
+            Job::Primitives { reps, rep, tcp } => format!(
+                "{}dsm-bench --reps {reps} (run {})",
+                if *tcp { "DSM_TRANSPORT=tcp " } else { "" },
+                rep + 1
+            ),
             Job::VsThreads {
                 app,
                 args,
@@ -470,6 +479,9 @@ pub struct Report {
     pub breakdown: Vec<BreakdownRow>,
     pub peers: Vec<PeerRow>,
     pub primitives: Primitives,
+    /// The same primitives with every link over TCP (`DSM_TRANSPORT=tcp`).
+    #[serde(default)]
+    pub primitives_tcp: Primitives,
     pub speedup: Vec<SpeedupRow>,
     /// dsm against plain threads on scaled inputs.
     #[serde(default)]

@@ -7,6 +7,7 @@ use crate::measure::{self, Spec};
 use crate::model::{Job, Outcome, Purpose, RunRecord, Runner, Settings, Variant};
 use crate::parse::{self, Tool};
 use anyhow::{Context, Result};
+use dsm_proto::env_vars;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -458,10 +459,13 @@ pub fn plan(knobs: &Knobs, apps: &[AppSpec], tools: &Tools, paths: &Paths) -> Ve
     }
     if app_available(paths, "dsm-bench").is_ok() {
         for rep in 0..knobs.bench_runs {
-            jobs.push(Job::Primitives {
-                reps: knobs.bench_reps,
-                rep,
-            });
+            for tcp in [false, true] {
+                jobs.push(Job::Primitives {
+                    reps: knobs.bench_reps,
+                    rep,
+                    tcp,
+                });
+            }
         }
     }
     jobs
@@ -590,11 +594,17 @@ pub fn spec_for(
             vec![kernel.clone(), threads.to_string()],
             120,
         ),
-        Job::Primitives { reps, .. } => Spec::new(
-            paths.bin_dir.join("dsm-bench"),
-            vec!["--reps".into(), reps.to_string()],
-            Duration::from_secs(600),
-        ),
+        Job::Primitives { reps, tcp, .. } => {
+            let mut spec = Spec::new(
+                paths.bin_dir.join("dsm-bench"),
+                vec!["--reps".into(), reps.to_string()],
+                Duration::from_secs(600),
+            );
+            let transport = if *tcp { "tcp" } else { "auto" };
+            spec.env
+                .push((env_vars::TRANSPORT.into(), transport.into()));
+            spec
+        }
         Job::VsThreads {
             app,
             args,
@@ -627,13 +637,13 @@ pub fn spec_for(
             ];
             a.extend(args.iter().cloned());
             let mut spec = Spec::new(&dsmrun, a, Duration::from_secs(knobs.app_timeout_s + 20));
-            // Said either way, so a DSM_TRANSPORT in the driver's environment changes nothing.
             let transport = if *runner == Runner::DsmTcp {
                 "tcp"
             } else {
                 "auto"
             };
-            spec.env.push(("DSM_TRANSPORT".into(), transport.into()));
+            spec.env
+                .push((env_vars::TRANSPORT.into(), transport.into()));
             spec
         }
     })
