@@ -498,6 +498,13 @@ impl Comm {
         }
     }
 
+    /// Runs `f` while this thread holds the engine lock (tests of the handler's check that
+    /// no thread faults while it holds the engine).
+    pub(crate) fn with_engine_held<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _engine = self.shared.engine();
+        f()
+    }
+
     /// Makes room for an allocation that ends at page `end` (allocations grow from page 0
     /// upwards) in the engine's page table and the page-state mirror, before the
     /// collective allocation is registered: a node short of memory then gets an error to

@@ -15,14 +15,12 @@
 //! which the run granted each lock, barriers, program order), and calls two accesses a race
 //! when they conflict and neither clock is below the other.
 
-use dsm_core::engine::{
-    Command, Engine, FastFaults, Output, PageState, Prot, Reply, VecMemory,
-};
-use std::sync::Arc;
+use dsm_core::engine::{Command, Engine, FastFaults, Output, PageState, Prot, Reply, VecMemory};
 use dsm_proto::{EncodedBitmap, Msg, NodeId, PageNo, PageRuns, RaceNotices, SyncCause, PAGE_SIZE};
 use dsm_race::{Access, Bitmaps, Plan, Race, RaceKind, Recorder, VarInfo, VarTable};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 
 /// Most bitmap bytes a node ships with a barrier arrival (as `api.rs`).
 const MAX_SHIPPED_BITMAP_BYTES: usize = 256 << 10;
@@ -1382,7 +1380,10 @@ fn handler_write_faults_keep_programs_sequentially_consistent() {
         home_handler_faults += s.handler_faults.saturating_sub(twins);
         handler_faults += s.handler_faults;
     }
-    assert!(handler_faults > 100, "the handler path ran ({handler_faults})");
+    assert!(
+        handler_faults > 100,
+        "the handler path ran ({handler_faults})"
+    );
     assert!(
         home_handler_faults > 0,
         "home pages were served in the handler too"

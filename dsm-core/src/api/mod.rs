@@ -439,6 +439,11 @@ impl Dsm {
         self.race.is_some()
     }
 
+    /// Runs `f` holding the engine lock (see `read_segment_word_holding_the_engine`).
+    pub(crate) fn with_engine_held<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.comm().with_engine_held(f)
+    }
+
     fn comm(&self) -> &Comm {
         self.comm.as_ref().expect("used after finish")
     }
