@@ -73,7 +73,10 @@ fn water_twins_are_made_in_the_handler() {
     let args: [&str; 0] = [];
     let on = tempfile::tempdir().unwrap();
     let (writes, handler, twins) = run(WATER, &args, Some("1"), on.path());
-    assert!(twins > 0 && writes > 0, "Water writes pages homed elsewhere");
+    assert!(
+        twins > 0 && writes > 0,
+        "Water writes pages homed elsewhere"
+    );
     assert!(
         handler > 0,
         "the handler made twins ({handler} of {writes} write faults)"

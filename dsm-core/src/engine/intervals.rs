@@ -91,12 +91,13 @@ impl<M: Memory> Engine<M> {
     }
 
     /// Doubles the handler's twin pool when the interval just closed used more than half
-    /// of it or the handler ran short, so the next one is served in the handler.
+    /// of it, so the next one is served in the handler (a pool that ran short mid-interval
+    /// grows at once, see `grow_handler_slots_if_short`).
     fn grow_handler_slots(&mut self) {
         let used = std::mem::take(&mut self.slot_twins);
         if let Some(fast) = &self.fast {
             let made = fast.slots_made();
-            if (fast.take_short() > 0 || used * 2 > made) && made < fast.max_slots() {
+            if used * 2 > made && made < fast.max_slots() {
                 fast.grow_slots(made * 2);
             }
         }

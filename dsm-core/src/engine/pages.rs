@@ -132,6 +132,11 @@ impl<M: Memory> Engine<M> {
         let Some(fast) = self.fast.clone() else {
             return;
         };
+        if fast.take_short() > 0 {
+            // The handler sent a fault the slow way for want of a slot (that fault may be
+            // this very event): double the pool now, outside the handler.
+            fast.grow_slots(fast.slots_made() * 2);
+        }
         if !fast.has_done() {
             return;
         }
