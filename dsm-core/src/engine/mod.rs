@@ -30,7 +30,9 @@
 //! [`Reply`], [`Output`], [`Memory`], [`Stats`]) and routes each event to the concern that
 //! handles it: `pages` (page table, faults, fetches, twins, serving, diffs at homes),
 //! `intervals` (interval boundaries, write notices, invalidation), `locks` (lock manager,
-//! forwarding, grants) and `barriers` (arrivals, releases, log discard, race-mode rounds).
+//! forwarding, grants) and `barriers` (arrivals, releases, log discard, race-mode rounds);
+//! [`fast`] holds the lock-free state through which the SIGSEGV handler serves write faults
+//! on valid pages without the engine, which takes them in at the start of every event.
 //! Each is an `impl Engine` block over the one state struct, so a protocol step that
 //! spans concerns (an acquire closes an interval, which sends diffs) stays a plain call.
 
