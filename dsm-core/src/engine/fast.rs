@@ -2,8 +2,8 @@
 //! lock-free state the handler and the engine share, and nothing else (no I/O, no
 //! `unsafe`; the handler's page copy and `mprotect` are closures it passes in).
 //!
-//! A write to a valid, write-protected page (the engine's [`PageState::ReadOnly`]) needs
-//! no peer: a non-home page needs a twin and write access, a home page only write access
+//! A write to a valid, write-protected page (the engine's
+//! [`PageState::ReadOnly`](super::PageState::ReadOnly)) needs no peer: a non-home page needs a twin and write access, a home page only write access
 //! and a write notice at the end of the interval. The handler does that itself when the
 //! engine has *armed* the page:
 //!
