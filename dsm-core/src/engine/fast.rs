@@ -3,9 +3,9 @@
 //! `unsafe`; the handler's page copy and `mprotect` are closures it passes in).
 //!
 //! A write to a valid, write-protected page (the engine's
-//! [`PageState::ReadOnly`](super::PageState::ReadOnly)) needs no peer: a non-home page needs a twin and write access, a home page only write access
-//! and a write notice at the end of the interval. The handler does that itself when the
-//! engine has *armed* the page:
+//! [`PageState::ReadOnly`](super::PageState::ReadOnly)) needs no peer: a non-home page
+//! needs a twin and write access, a home page only write access and a write notice at the
+//! end of the interval. The handler does that itself when the engine has *armed* the page:
 //!
 //! - **Per-page word** ([`FastFaults::page_word`]): `IDLE` (the handler must take the slow
 //!   path), `ARMED_HOME` / `ARMED_REMOTE` (the page is `ReadOnly` in the engine and
