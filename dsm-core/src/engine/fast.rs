@@ -104,6 +104,17 @@ impl Ring {
     }
 }
 
+/// What [`FastFaults::take_back`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TakenBack {
+    /// The handler could not take the page.
+    WasIdle,
+    /// The page was armed; now the handler cannot take it.
+    WasArmed,
+    /// The handler made the page writable; drain before deciding anything about it.
+    HandlerWrote,
+}
+
 /// Why the handler did not serve a write fault itself (counted for the stats).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Miss {
@@ -248,14 +259,19 @@ impl FastFaults {
     /// anything about the page); after either answer the handler leaves the page alone
     /// until it is armed again. Waits while the handler is working on the page.
     pub fn disarm(&self, page: PageNo) -> bool {
+        self.take_back(page) == TakenBack::HandlerWrote
+    }
+
+    /// [`FastFaults::disarm`], saying also whether the page was armed.
+    pub fn take_back(&self, page: PageNo) -> TakenBack {
         let Some(w) = self.page_word(page as usize) else {
-            return false;
+            return TakenBack::WasIdle;
         };
         let mut spins = 0u32;
         loop {
             match w.load(Ordering::Acquire) {
-                IDLE => return false,
-                DONE => return true,
+                IDLE => return TakenBack::WasIdle,
+                DONE => return TakenBack::HandlerWrote,
                 CLAIMED => {
                     // The handler copies a page and calls mprotect, then stores DONE; it
                     // never waits for the engine.
@@ -270,7 +286,7 @@ impl FastFaults {
                     if w.compare_exchange(armed, IDLE, Ordering::AcqRel, Ordering::Acquire)
                         .is_ok()
                     {
-                        return false;
+                        return TakenBack::WasArmed;
                     }
                 }
             }

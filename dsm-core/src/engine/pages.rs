@@ -3,6 +3,7 @@
 //! applying incoming diffs, and the requirements that make a fetch (or the app, for home
 //! pages) wait until the diffs a write notice promised have reached the home.
 
+use super::fast::TakenBack;
 use super::{Engine, Memory, Output, PageState, Prot, Reply, Twin};
 use crate::diff;
 use dsm_proto::{
@@ -164,10 +165,14 @@ impl<M: Memory> Engine<M> {
     /// it: afterwards its state is exact and the handler leaves it alone until the event
     /// ends (see [`fast`](super::fast)).
     pub(super) fn settle(&mut self, page: PageNo) {
-        if let Some(fast) = &self.fast {
-            if fast.disarm(page) {
-                self.drain_handler_writes();
-            }
+        let Some(fast) = &self.fast else {
+            return;
+        };
+        match fast.take_back(page) {
+            TakenBack::WasIdle => {}
+            // Re-armed when the event ends if it is still read-only then.
+            TakenBack::WasArmed => self.to_arm.push(page),
+            TakenBack::HandlerWrote => self.drain_handler_writes(),
         }
     }
 
