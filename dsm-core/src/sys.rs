@@ -14,7 +14,9 @@
 
 use std::cell::Cell;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 use std::sync::{Arc, OnceLock};
 
 use crate::engine::{FastFaults, Prot};
@@ -500,8 +502,10 @@ static HANDLER_INSTALLED: AtomicBool = AtomicBool::new(false);
 /// Base of the segment's runtime view, where the handler copies twins from.
 static RUNTIME_BASE: AtomicUsize = AtomicUsize::new(0);
 /// The state shared with the engine for write faults served in the handler; unset when
-/// the fast path is off (`DSM_FAST_FAULTS=0`).
-static FAST: OnceLock<Arc<FastFaults>> = OnceLock::new();
+/// the fast path is off (`DSM_FAST_FAULTS=0`). Each value comes from `Arc::into_raw` and is
+/// never released, so the handler may use whatever pointer it loads for the life of the
+/// process, even if a later `Dsm::init` in the same process replaces it.
+static FAST: AtomicPtr<FastFaults> = AtomicPtr::new(std::ptr::null_mut());
 
 thread_local! {
     /// Set while this thread holds the protocol engine's lock. A fault in the segment
@@ -529,10 +533,12 @@ impl Drop for InEngine {
     }
 }
 
-/// Lets the handler serve write faults on the pages the engine arms in `fast` (once per
-/// process; later calls are ignored).
-pub(crate) fn enable_fast_faults(fast: Arc<FastFaults>) {
-    let _ = FAST.set(fast);
+/// Lets the handler serve write faults on the pages the engine arms in `fast`, or, with
+/// `None`, sends every fault to the comm thread. Set before the engine arms any page (at
+/// `Dsm::init`); a value set earlier in the process is replaced, not freed.
+pub(crate) fn set_fast_faults(fast: Option<Arc<FastFaults>>) {
+    let ptr = fast.map_or(std::ptr::null_mut(), |f| Arc::into_raw(f).cast_mut());
+    FAST.store(ptr, Ordering::Release);
 }
 
 /// The handler's message when a thread faults on the segment while it holds the engine.
@@ -551,9 +557,13 @@ fn abort_fault_in_engine() -> ! {
 /// Serves a write fault at `addr` (inside the segment that starts at `start`) in the
 /// handler if the engine armed its page. Returns false to take the slow path.
 fn fast_write_fault(addr: usize, start: usize) -> bool {
-    let Some(fast) = FAST.get() else {
+    let ptr = FAST.load(Ordering::Acquire);
+    if ptr.is_null() {
         return false;
-    };
+    }
+    // SAFETY: a non-null value of FAST comes from Arc::into_raw and its count is never
+    // given back, so the FastFaults it points to lives for the rest of the process.
+    let fast = unsafe { &*ptr };
     let page = (addr - start) / PAGE_SIZE;
     let app = start + page * PAGE_SIZE;
     let runtime = RUNTIME_BASE.load(Ordering::Relaxed) + page * PAGE_SIZE;

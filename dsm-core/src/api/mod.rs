@@ -355,8 +355,10 @@ impl Dsm {
                 engine.page_limit(),
                 MAX_HANDLER_TWINS,
             ));
-            sys::enable_fast_faults(fast.clone());
+            sys::set_fast_faults(Some(fast.clone()));
             engine = engine.with_fast_faults(fast);
+        } else {
+            sys::set_fast_faults(None);
         }
         let record_part = env.replay.record.as_ref().map(|prefix| {
             let mut p = prefix.as_os_str().to_owned();
