@@ -1390,6 +1390,59 @@ fn handler_write_faults_keep_programs_sequentially_consistent() {
     );
 }
 
+/// A page the engine takes back from the handler to serve it is armed again once the event
+/// is over, and a write the handler let through before a serve becomes the home's write
+/// notice, with the page write-protected (and armed) again after the serve.
+#[test]
+fn pages_taken_back_for_a_serve_are_armed_again() {
+    use dsm_core::engine::fast::{ARMED_HOME, ARMED_REMOTE};
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut s = sim(2, &[0, 1], 2, 7);
+    assert_eq!(
+        s.var_addr[0] / PAGE_SIZE,
+        0,
+        "variable 0 lives on page 0 (homed on 0)"
+    );
+    s.nodes[1].script.push_back(Op::Check(0));
+    s.run();
+    let word = |s: &Sim, k: usize, p: usize| {
+        let fast = s.nodes[k].eng.fast_faults().expect("sims have fast faults");
+        fast.page_word(p).expect("allocated").load(Relaxed)
+    };
+    assert_eq!(s.nodes[0].eng.page_state(0), PageState::ReadOnly, "served");
+    assert_eq!(word(&s, 0, 0), ARMED_HOME);
+    assert_eq!(word(&s, 1, 0), ARMED_REMOTE, "the fetched copy");
+    let request = || Msg::PageRequest {
+        pages: vec![0],
+        required: Vec::new(),
+    };
+    let served = |outs: &[Output]| {
+        outs.iter().any(|o| {
+            matches!(
+                o,
+                Output::Send {
+                    msg: Msg::PageReply { .. },
+                    ..
+                }
+            )
+        })
+    };
+    // Served again while read-only: taken back for the serve, armed again after it.
+    let outs = s.nodes[0].eng.on_peer_message(1, request());
+    assert!(served(&outs));
+    assert_eq!(word(&s, 0, 0), ARMED_HOME);
+    // The handler lets a home write through; the next serve takes it in first.
+    let fast = s.nodes[0].eng.fast_faults().unwrap().clone();
+    fast.handler_write_fault(0, || true, |_| panic!("home pages have no twin"))
+        .unwrap();
+    let outs = s.nodes[0].eng.on_peer_message(1, request());
+    assert!(served(&outs));
+    assert_eq!(s.nodes[0].eng.stats().handler_write_faults, 1);
+    assert_eq!(s.nodes[0].eng.page_state(0), PageState::ReadOnly);
+    assert_eq!(s.nodes[0].eng.memory().prot[0], Prot::Read);
+    assert_eq!(word(&s, 0, 0), ARMED_HOME);
+}
+
 #[test]
 fn lock_counter_reaches_n_times_k() {
     for n in [2, 3, 5, 8] {
