@@ -92,7 +92,7 @@ impl<M: Memory> Engine<M> {
 
     /// Doubles the handler's twin pool when the interval just closed used more than half
     /// of it, so the next one is served in the handler (a pool that ran short mid-interval
-    /// grows at once, see `grow_handler_slots_if_short`).
+    /// grows at once, in `drain_handler_writes`).
     fn grow_handler_slots(&mut self) {
         let used = std::mem::take(&mut self.slot_twins);
         if let Some(fast) = &self.fast {
