@@ -677,44 +677,12 @@ pub fn six_step_seq(x: &[C64], m: u32, dir: Direction) -> Vec<C64> {
 // ---------------------------------------------------------------------------------------
 // Transposes through shared memory
 
-/// Elements of a shared array per page (allocations start on a page boundary).
-const PAGE_ELEMS: usize = dsm_core::PAGE_SIZE / std::mem::size_of::<C64>();
-
-/// Runs of needed pages separated by at most this many unneeded pages are fetched as one
-/// run: a page more in a batch costs far less than a page fault of its own.
-const MAX_PREFETCH_GAP: usize = 3;
-
-/// Brings the pages holding `chunks` (element ranges of the array behind `m`, in
-/// ascending order) in with batched requests ([`View::prefetch`]), instead of one page
-/// fault per page when the chunks are small. Prefetching records no access, so the race
-/// detector sees only the exact reads the caller makes afterwards.
-fn prefetch_chunks(m: &View<'_, C64>, chunks: impl Iterator<Item = Range<usize>>) {
-    let fetch = |first: usize, last: usize| {
-        let start = first * PAGE_ELEMS;
-        let end = ((last + 1) * PAGE_ELEMS).min(m.len());
-        m.prefetch(start, end - start, false);
-    };
-    let mut run: Option<(usize, usize)> = None;
-    for c in chunks.filter(|c| !c.is_empty()) {
-        let (first, last) = (c.start / PAGE_ELEMS, (c.end - 1) / PAGE_ELEMS);
-        run = match run {
-            Some((f, l)) if first <= l + 1 + MAX_PREFETCH_GAP => Some((f, l.max(last))),
-            Some((f, l)) => {
-                fetch(f, l);
-                Some((first, last))
-            }
-            None => Some((first, last)),
-        };
-    }
-    if let Some((f, l)) = run {
-        fetch(f, l);
-    }
-}
-
 /// Reads columns `cols` of the shared `rows x ncols` row-major matrix `m` into `block`,
 /// transposed: `block[(c - cols.start) * rows + r] = m[r][c]`. One contiguous read per
-/// matrix row, of exactly the elements needed (the pages holding them are prefetched in
-/// batches first when there is more than one node).
+/// matrix row, of exactly the elements needed. The pages holding them are prefetched
+/// first, all chunks in one request per home ([`View::prefetch_ranges`]) instead of a
+/// round trip per chunk; prefetching records no access, so the race detector sees only
+/// the exact reads.
 fn gather_columns(
     dsm: &Dsm,
     m: &View<'_, C64>,
@@ -729,9 +697,9 @@ fn gather_columns(
         return;
     }
     if dsm.size() > 1 {
-        prefetch_chunks(
-            m,
+        m.prefetch_ranges(
             (0..rows).map(|r| r * ncols + cols.start..r * ncols + cols.end),
+            false,
         );
     }
     let mut chunk = vec![C64::ZERO; w];
@@ -744,7 +712,8 @@ fn gather_columns(
 }
 
 /// The inverse of [`gather_columns`]: writes `block` (columns `cols`, transposed) into the
-/// shared `rows x ncols` matrix `m`, one contiguous write per matrix row.
+/// shared `rows x ncols` matrix `m`, one contiguous write per matrix row, its pages made
+/// writable first in one request per home.
 fn scatter_columns(
     m: &View<'_, C64>,
     rows: usize,
@@ -757,6 +726,10 @@ fn scatter_columns(
     if w == 0 {
         return;
     }
+    m.prefetch_ranges(
+        (0..rows).map(|r| r * ncols + cols.start..r * ncols + cols.end),
+        true,
+    );
     let mut chunk = vec![C64::ZERO; w];
     for r in 0..rows {
         for (i, v) in chunk.iter_mut().enumerate() {

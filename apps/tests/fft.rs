@@ -173,3 +173,37 @@ fn help_describes_modes_and_defaults() {
         );
     }
 }
+
+/// The transpose gathers its columns of every remote plane as one prefetch of many chunks:
+/// at N = 2 the 1024 pages rank 1 needs from rank 0 arrive in at most two requests (the
+/// batch limit is 512 pages), not one round trip per plane (32).
+#[test]
+fn the_transpose_fetches_its_chunks_in_batched_requests() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let stats = dir.path().join("stats-%r.json");
+    let mut cmd = common::dsmrun_command(
+        2,
+        &["--timeout", "120"],
+        env!("CARGO_BIN_EXE_fft"),
+        &["--dims", "128x128x64", "--no-verify"],
+    );
+    cmd.env(dsm_core::env_vars::STATS_FILE, &stats);
+    let out = run(cmd);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let rank1 = std::fs::read_to_string(dir.path().join("stats-1.json")).expect("rank 1 stats");
+    let v: serde_json::Value = serde_json::from_str(&rank1).expect("stats are JSON");
+    let requests = v["protocol"]["fetch_requests"]
+        .as_u64()
+        .expect("fetch_requests");
+    let pages = v["protocol"]["pages_fetched"]
+        .as_u64()
+        .expect("pages_fetched");
+    assert_eq!(
+        pages, 1024,
+        "rank 1 fetches half of the other rank's planes: {v}"
+    );
+    assert!(
+        requests <= 2,
+        "{requests} fetch requests for {pages} pages: {v}"
+    );
+}

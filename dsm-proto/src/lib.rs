@@ -178,6 +178,9 @@ pub mod env_vars {
     /// Semaphore trace: each rank writes its part to this path plus `.rank<R>`
     /// (`dsmrun --sem-trace`).
     pub const SEM_TRACE: &str = "DSM_SEM_TRACE";
+    /// `tcp`: every link goes over TCP, even between ranks on one host; `auto` (the
+    /// default): ranks on one host talk through shared memory.
+    pub const TRANSPORT: &str = "DSM_TRANSPORT";
     /// Log filter for binaries that install dsm's logging (`tracing` env-filter syntax).
     pub const LOG: &str = "DSM_LOG";
 

@@ -446,7 +446,8 @@ fn kernel_row(
     row
 }
 
-pub fn primitives(runs: &[RunRecord], missing: Option<&String>) -> Primitives {
+/// The primitives measured over the default transport, or with `tcp` over TCP only.
+pub fn primitives(runs: &[RunRecord], missing: Option<&String>, tcp: bool) -> Primitives {
     if let Some(why) = missing {
         return Primitives {
             status: format!("not run: {why}"),
@@ -455,7 +456,7 @@ pub fn primitives(runs: &[RunRecord], missing: Option<&String>) -> Primitives {
     }
     let outs: Vec<&Outcome> = runs
         .iter()
-        .filter(|r| matches!(r.job, Job::Primitives { .. }))
+        .filter(|r| matches!(r.job, Job::Primitives { tcp: t, .. } if t == tcp))
         .map(|r| &r.outcome)
         .collect();
     let figs: Vec<(BenchFigures, &serde_json::Value)> = outs
@@ -584,7 +585,11 @@ pub fn threads_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<ThreadsRow> {
             v.sort_by_key(|(rep, _)| *rep);
             v.into_iter().map(|(_, t)| t).collect()
         };
-        let (threads, dsm) = (by_rep(Runner::Threads), by_rep(Runner::Dsm));
+        let (threads, dsm, dsm_tcp) = (
+            by_rep(Runner::Threads),
+            by_rep(Runner::Dsm),
+            by_rep(Runner::DsmTcp),
+        );
         let seq: Vec<f64> = outs
             .iter()
             .filter(|(_, _, o)| o.ok)
@@ -595,6 +600,8 @@ pub fn threads_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<ThreadsRow> {
         row.threads = summary(&threads);
         row.dsm = summary(&dsm);
         row.ratio = summary(&paired_ratios(&threads, &dsm));
+        row.dsm_tcp = summary(&dsm_tcp);
+        row.ratio_tcp = summary(&paired_ratios(&threads, &dsm_tcp));
         row.threads_speedup = row.sequential_s.zip(row.threads).map(|(q, t)| q / t.median);
         row.dsm_speedup = row.sequential_s.zip(row.dsm).map(|(q, d)| q / d.median);
         rows.push(row);
@@ -748,6 +755,98 @@ pub fn targets(
     out
 }
 
+/// The speed targets of the fault, lock and transport work: primitives against the round
+/// trip of their transport, and dsm against plain threads on the scaled inputs.
+pub fn speed_targets(
+    prim: &Primitives,
+    prim_tcp: &Primitives,
+    threads: &[ThreadsRow],
+) -> Vec<Target> {
+    let mut out = Vec::new();
+    let mut bound =
+        |name: &str, goal: String, measured: Option<(f64, String)>, limit: f64, why: &str| {
+            let mut t = Target {
+                name: name.into(),
+                goal,
+                ..Target::default()
+            };
+            match measured {
+                Some((v, words)) => {
+                    t.value = Some(v);
+                    t.measured = words;
+                    t.met = Some(v <= limit);
+                }
+                None => {
+                    t.measured = "not measured".into();
+                    t.note = why.into();
+                }
+            }
+            out.push(t);
+        };
+    bound(
+        "remote page fault over TCP vs TCP round trip + 10 us",
+        "<= 1x".into(),
+        prim_tcp.remote_fault_us.zip(prim_tcp.rtt_us).map(|(f, r)| {
+            (
+                f / (r + 10.0),
+                format!("{} ({f:.1} us vs {r:.1} + 10 us)", fmt_x(f / (r + 10.0))),
+            )
+        }),
+        1.0,
+        &prim_tcp.status,
+    );
+    bound(
+        "remote page fault, default transport",
+        "<= 15 us".into(),
+        prim.remote_fault_us.map(|f| (f, format!("{f:.1} us"))),
+        15.0,
+        &prim.status,
+    );
+    bound(
+        "barrier at N = 2, default transport",
+        "< 10 us".into(),
+        prim.barrier_us.get("2").map(|&b| (b, format!("{b:.1} us"))),
+        10.0,
+        &prim.status,
+    );
+    bound(
+        "free lock acquire over TCP, in round trips",
+        "<= 2".into(),
+        prim_tcp
+            .lock_acquire_us
+            .zip(prim_tcp.rtt_us)
+            .map(|(a, r)| (a / r, format!("{:.2} ({a:.1} us / {r:.1} us)", a / r))),
+        2.0,
+        &prim_tcp.status,
+    );
+    bound(
+        "lock hand-off over TCP, in round trips",
+        "<= 2.5".into(),
+        prim_tcp
+            .lock_handoff_us
+            .zip(prim_tcp.rtt_us)
+            .map(|(a, r)| (a / r, format!("{:.2} ({a:.1} us / {r:.1} us)", a / r))),
+        2.5,
+        &prim_tcp.status,
+    );
+    for t in threads {
+        let limit = match (t.app.as_str(), t.input.as_str()) {
+            ("sor", "--size 2048 --iters 50") => 1.10,
+            ("sor", "--size 1024 --iters 100") => 1.20,
+            ("fft", _) => 1.25,
+            _ => continue,
+        };
+        bound(
+            &format!("dsm / threads, {} `{}` at N = {}", t.app, t.input, t.nodes),
+            format!("<= {limit:.2}"),
+            t.ratio.map(|r| (r.median, fmt_x(r.median))),
+            limit,
+            &t.status,
+        );
+    }
+    out
+}
+
 /// What a run ran, regardless of node count, variant and repetition: failures of the same
 /// program with the same error are one entry, so a broken app does not bury the report.
 fn failure_group(job: &Job) -> String {
@@ -788,8 +887,11 @@ pub fn failures(runs: &[RunRecord], command: &dyn Fn(&Job) -> String) -> Vec<Fai
 pub fn analyze(ctx: &Context, runs: Vec<RunRecord>, command: &dyn Fn(&Job) -> String) -> Report {
     let apps = app_rows(ctx, &runs);
     let peers = peer_rows(ctx, &runs);
-    let prim = primitives(&runs, ctx.missing_apps.get("dsm-bench"));
-    let targets = targets(ctx, &apps, &peers, &prim);
+    let prim = primitives(&runs, ctx.missing_apps.get("dsm-bench"), false);
+    let prim_tcp = primitives(&runs, ctx.missing_apps.get("dsm-bench"), true);
+    let threads = threads_rows(ctx, &runs);
+    let mut targets = targets(ctx, &apps, &peers, &prim);
+    targets.extend(speed_targets(&prim, &prim_tcp, &threads));
     let mut not_run: Vec<String> = ctx
         .missing_apps
         .iter()
@@ -825,6 +927,7 @@ pub fn analyze(ctx: &Context, runs: Vec<RunRecord>, command: &dyn Fn(&Job) -> St
         apps,
         peers,
         primitives: prim,
+        primitives_tcp: prim_tcp,
         targets,
         not_run,
         notes,
@@ -1018,6 +1121,9 @@ mod tests {
             vs_run("sor", sor, Runner::Threads, 1, Some(0.5)),
             vs_run("sor", sor, Runner::Threads, 2, None),
             vs_run("sor", sor, Runner::Dsm, 2, Some(9.0)),
+            // Over TCP: paired with the threads of the same repetition, apart from dsm.
+            vs_run("sor", sor, Runner::DsmTcp, 0, Some(0.75)),
+            vs_run("sor", sor, Runner::DsmTcp, 1, Some(2.0)),
             // Another input of the same app is another row.
             vs_run("sor", "--size 1024 --iters 100", Runner::Dsm, 0, Some(7.0)),
             // The app table's runs are not this table's.
@@ -1026,7 +1132,7 @@ mod tests {
         let rows = threads_rows(&c, &runs);
         assert_eq!(rows.len(), 3);
         let r = &rows[0];
-        assert_eq!(r.status, "ok (1 of 6 runs failed)");
+        assert_eq!(r.status, "ok (1 of 8 runs failed)");
         assert_eq!(r.sequential_s, Some(1.0));
         assert_eq!(r.threads.unwrap().median, 0.5);
         assert_eq!(r.dsm.unwrap().median, 1.0);
@@ -1036,6 +1142,10 @@ mod tests {
         assert!((ratio.min - 1.2).abs() < 1e-12 && (ratio.max - 2.0).abs() < 1e-12);
         assert_eq!(r.threads_speedup, Some(2.0));
         assert_eq!(r.dsm_speedup, Some(1.0));
+        let tcp = r.ratio_tcp.unwrap();
+        assert_eq!(tcp.n, 2);
+        assert!((tcp.min - 1.5).abs() < 1e-12 && (tcp.max - 4.0).abs() < 1e-12);
+        assert!((r.dsm_tcp.unwrap().median - 1.375).abs() < 1e-12);
         assert_eq!(rows[1].status, "not run");
         assert_eq!(rows[1].ratio, None);
         assert!(rows[2].status.starts_with("not run: binary"));
@@ -1057,9 +1167,63 @@ mod tests {
     }
 
     #[test]
+    fn speed_targets_judge_each_transport_against_its_own_floor() {
+        let shm = Primitives {
+            status: "ok".into(),
+            remote_fault_us: Some(12.0),
+            barrier_us: [("2".to_string(), 11.0)].into(),
+            ..Primitives::default()
+        };
+        let tcp = Primitives {
+            status: "ok".into(),
+            rtt_us: Some(14.0),
+            remote_fault_us: Some(30.0),
+            lock_acquire_us: Some(28.0),
+            ..Primitives::default()
+        };
+        let sum = |m: f64| crate::stats::Summary {
+            median: m,
+            min: m,
+            max: m,
+            n: 1,
+        };
+        let rows = [
+            ThreadsRow {
+                app: "sor".into(),
+                input: "--size 2048 --iters 50".into(),
+                nodes: 2,
+                ratio: Some(sum(1.05)),
+                ..ThreadsRow::default()
+            },
+            ThreadsRow {
+                app: "fft".into(),
+                input: "--dims 128x128x64".into(),
+                nodes: 2,
+                status: "failed".into(),
+                ..ThreadsRow::default()
+            },
+        ];
+        let t = speed_targets(&shm, &tcp, &rows);
+        let met = |name: &str| {
+            t.iter()
+                .find(|t| t.name.starts_with(name))
+                .unwrap_or_else(|| panic!("no target {name}"))
+                .met
+        };
+        assert_eq!(met("remote page fault over TCP"), Some(false)); // 30 > 14 + 10
+        assert_eq!(met("remote page fault, default"), Some(true));
+        assert_eq!(met("barrier at N = 2"), Some(false));
+        assert_eq!(met("free lock acquire"), Some(true)); // exactly 2 round trips
+        assert_eq!(met("lock hand-off"), None);
+        assert_eq!(met("dsm / threads, sor"), Some(true));
+        let fft = t.iter().find(|t| t.name.contains("fft")).unwrap();
+        assert_eq!((fft.met, fft.note.as_str()), (None, "failed"));
+    }
+
+    #[test]
     fn primitives_are_medians_over_runs() {
-        let run = |rep: usize, rtt: f64, fault: f64| RunRecord {
-            job: Job::Primitives { reps: 10, rep },
+        let run_on = |tcp: bool, rep: usize, rtt: f64, fault: f64| RunRecord {
+            job: Job::Primitives { reps: 10, rep, tcp },
             outcome: Outcome {
                 ok: true,
                 bench: Some(serde_json::json!({
@@ -1068,16 +1232,23 @@ mod tests {
                 ..Outcome::default()
             },
         };
-        let p = primitives(
-            &[run(0, 10.0, 30.0), run(1, 12.0, 90.0), run(2, 11.0, 31.0)],
-            None,
-        );
+        let run = |rep, rtt, fault| run_on(false, rep, rtt, fault);
+        let runs = [
+            run(0, 10.0, 30.0),
+            run(1, 12.0, 90.0),
+            run(2, 11.0, 31.0),
+            run_on(true, 0, 20.0, 60.0),
+        ];
+        let p = primitives(&runs, None, false);
         assert_eq!(p.runs, 3);
         assert_eq!(p.rtt_us, Some(11.0));
         assert_eq!(p.remote_fault_us, Some(31.0));
         assert_eq!(p.barrier_us.get("2"), Some(&22.0));
         assert!((p.remote_fault_vs_floor.unwrap() - 31.0 / 16.0).abs() < 1e-12);
-        assert_eq!(primitives(&[], None).status, "not run");
+        // The TCP runs are figures of their own.
+        let tcp = primitives(&runs, None, true);
+        assert_eq!((tcp.runs, tcp.rtt_us), (1, Some(20.0)));
+        assert_eq!(primitives(&[], None, false).status, "not run");
     }
 
     #[test]

@@ -65,8 +65,11 @@ pub enum Purpose {
 pub enum Runner {
     /// `app --threads N args`: plain threads of one process, no DSM.
     Threads,
-    /// `dsmrun -n N app args`.
+    /// `dsmrun -n N app args`: the default transport (shared memory between ranks on
+    /// one host).
     Dsm,
+    /// `DSM_TRANSPORT=tcp dsmrun -n N app args`: every link over loopback TCP.
+    DsmTcp,
 }
 
 impl Runner {
@@ -74,6 +77,7 @@ impl Runner {
         match self {
             Runner::Threads => "threads",
             Runner::Dsm => "dsm",
+            Runner::DsmTcp => "dsm-tcp",
         }
     }
 }
@@ -107,8 +111,13 @@ pub enum Job {
     },
     /// `dsmrun -n nodes --race race-kernel run kernel`.
     DsmKernel { kernel: String, nodes: usize },
-    /// `dsm-bench --reps reps`, repeated.
-    Primitives { reps: usize, rep: usize },
+    /// `dsm-bench --reps reps`, repeated; with `tcp`, under `DSM_TRANSPORT=tcp`.
+    Primitives {
+        reps: usize,
+        rep: usize,
+        #[serde(default)]
+        tcp: bool,
+    },
     /// An app on a scaled input, either over N plain threads or on dsm at N nodes (race
     /// detection off), for the "dsm vs threads" table.
     VsThreads {
@@ -156,7 +165,11 @@ impl Job {
             Job::DsmKernel { kernel, nodes } => {
                 format!("race-kernel {kernel} N={nodes} --race")
             }
-            Job::Primitives { reps, rep } => format!("dsm-bench --reps {reps} (run {})", rep + 1),
+            Job::Primitives { reps, rep, tcp } => format!(
+                "{}dsm-bench --reps {reps} (run {})",
+                if *tcp { "DSM_TRANSPORT=tcp " } else { "" },
+                rep + 1
+            ),
             Job::VsThreads {
                 app,
                 args,
@@ -415,6 +428,12 @@ pub struct ThreadsRow {
     pub dsm: Option<Summary>,
     /// dsm over threads, paired by repetition: the ratio that matters.
     pub ratio: Option<Summary>,
+    /// dsm's parallel time with every link over TCP (`DSM_TRANSPORT=tcp`).
+    #[serde(default)]
+    pub dsm_tcp: Option<Summary>,
+    /// dsm over TCP over threads, paired by repetition.
+    #[serde(default)]
+    pub ratio_tcp: Option<Summary>,
     /// sequential / threads (median).
     pub threads_speedup: Option<f64>,
     /// sequential / dsm (median).
@@ -460,6 +479,9 @@ pub struct Report {
     pub breakdown: Vec<BreakdownRow>,
     pub peers: Vec<PeerRow>,
     pub primitives: Primitives,
+    /// The same primitives with every link over TCP (`DSM_TRANSPORT=tcp`).
+    #[serde(default)]
+    pub primitives_tcp: Primitives,
     pub speedup: Vec<SpeedupRow>,
     /// dsm against plain threads on scaled inputs.
     #[serde(default)]

@@ -115,7 +115,7 @@ pub fn render(r: &Report) -> String {
     );
     let _ = writeln!(
         o,
-        "Runs with N greater than the {} cores are marked \\* (oversubscribed: ranks share cores, so their times measure scheduling as much as dsm). All nodes run on this one machine and talk over loopback TCP. Times are each program's own timing of its parallel part; medians of the repetitions, with min{DASH}max in parentheses.\n",
+        "Runs with N greater than the {} cores are marked \\* (oversubscribed: ranks share cores, so their times measure scheduling as much as dsm). All nodes run on this one machine; they talk through shared memory (dsm's default between ranks on one host) unless a column says TCP (`DSM_TRANSPORT=tcp`, loopback TCP as between hosts). Times are each program's own timing of its parallel part; medians of the repetitions, with min{DASH}max in parentheses.\n",
         m.cores
     );
 
@@ -383,34 +383,55 @@ pub fn render(r: &Report) -> String {
         let _ = writeln!(o, "{}\n", cell(&p.status));
     } else {
         let rtt = p.rtt_us.unwrap_or(f64::NAN);
+        let t = &r.primitives_tcp;
+        let tcp_rtt = t.rtt_us.unwrap_or(f64::NAN);
         let _ = writeln!(
             o,
-            "| operation | median (us) | in loopback round trips |\n|---|---|---|"
+            "| operation | median (us) | in round trips | over TCP (us) | in TCP round trips |\n|---|---|---|---|---|"
         );
-        let mut row = |name: &str, v: Option<f64>| {
+        let mut row = |name: &str, v: Option<f64>, w: Option<f64>| {
             let _ = writeln!(
                 o,
-                "| {name} | {} | {} |",
+                "| {name} | {} | {} | {} | {} |",
                 opt(v, |x| format!("{x:.1}")),
-                opt(v, |x| format!("{:.2}", x / rtt))
+                opt(v, |x| format!("{:.2}", x / rtt)),
+                opt(w, |x| format!("{x:.1}")),
+                opt(w, |x| format!("{:.2}", x / tcp_rtt))
             );
         };
-        row("loopback TCP round trip (the floor)", p.rtt_us);
+        row(
+            "round trip between two nodes (the floor)",
+            p.rtt_us,
+            t.rtt_us,
+        );
         row(
             "remote page fault (fetch a page from its home)",
             p.remote_fault_us,
+            t.remote_fault_us,
         );
-        row("local write fault (twin, no message)", p.write_fault_us);
-        row("lock acquire (free, remotely managed)", p.lock_acquire_us);
-        row("lock hand-off between two nodes (mean)", p.lock_handoff_us);
+        row(
+            "local write fault (twin, no message)",
+            p.write_fault_us,
+            t.write_fault_us,
+        );
+        row(
+            "lock acquire (free, remotely managed)",
+            p.lock_acquire_us,
+            t.lock_acquire_us,
+        );
+        row(
+            "lock hand-off between two nodes (mean)",
+            p.lock_handoff_us,
+            t.lock_handoff_us,
+        );
         for (n, v) in &p.barrier_us {
             let over = n.parse::<usize>().is_ok_and(|k| k > m.cores);
             let label = format!("barrier, N = {n}{}", if over { "\\*" } else { "" });
-            row(&label, Some(*v));
+            row(&label, Some(*v), t.barrier_us.get(n).copied());
         }
         let _ = writeln!(
             o,
-            "\nFrom `dsm-bench --reps {}`, which measures the loopback round trip in the same run; each figure is the median over {} runs of each run's median (a run disturbed by other load is slow throughout). A remote fault costs at least a round trip plus a local fault: here it is {} of that floor.\n",
+            "\nFrom `dsm-bench --reps {}`, which measures the round trip between two nodes in the same run, with the default transport (shared memory between ranks on one host) and again with `DSM_TRANSPORT=tcp` (every link over loopback TCP, as between hosts); each figure is the median over {} runs of each run's median (a run disturbed by other load is slow throughout). A remote fault costs at least a round trip plus a local fault: here it is {} of that floor.\n",
             s.bench_reps,
             p.runs,
             opt(p.remote_fault_vs_floor, |x| format!("{x:.2}x"))
@@ -455,12 +476,12 @@ pub fn render(r: &Report) -> String {
     } else {
         let _ = writeln!(
             o,
-            "| app | input | N | sequential (s) | threads (s) | dsm (s) | dsm / threads | speedup: threads, dsm | status |\n|---|---|---|---|---|---|---|---|---|"
+            "| app | input | N | sequential (s) | threads (s) | dsm (s) | dsm / threads | dsm over TCP (s) | TCP / threads | speedup: threads, dsm | status |\n|---|---|---|---|---|---|---|---|---|---|---|"
         );
         for t in &r.threads {
             let _ = writeln!(
                 o,
-                "| {} | `{}` | {} | {} | {} | {} | {} | {}, {} | {} |",
+                "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {}, {} | {} |",
                 t.app,
                 cell(&t.input),
                 nodes(t.nodes, t.oversubscribed),
@@ -468,6 +489,8 @@ pub fn render(r: &Report) -> String {
                 times(t.threads),
                 times(t.dsm),
                 ratio(t.ratio),
+                times(t.dsm_tcp),
+                ratio(t.ratio_tcp),
                 opt(t.threads_speedup, |x| format!("{x:.2}")),
                 opt(t.dsm_speedup, |x| format!("{x:.2}")),
                 cell(&t.status)
@@ -475,7 +498,7 @@ pub fn render(r: &Report) -> String {
         }
         let _ = writeln!(
             o,
-            "\nScaled inputs, race detection off, measured in the same run with the two kinds alternating ({} each). *threads* is the same kernel split over N plain threads of one process (`--threads N`: rows or planes banded as across dsm's nodes, a barrier between phases, bitwise the sequential result): the limit for N ranks on one host. *dsm* is `dsmrun -n N`. *sequential* is the app's plain optimised sequential code, timed in every run of both kinds. **dsm / threads** is the ratio that matters: the median of the per-repetition ratios, with min{DASH}max.\n",
+            "\nScaled inputs, race detection off, measured in the same run with the three kinds alternating ({} each). *threads* is the same kernel split over N plain threads of one process (`--threads N`: rows or planes banded as across dsm's nodes, a barrier between phases, bitwise the sequential result): the limit for N ranks on one host. *dsm* is `dsmrun -n N` with the default transport (ranks on one host exchange pages and messages through shared memory); *dsm over TCP* is the same with `DSM_TRANSPORT=tcp` (every link over loopback TCP, as between hosts). *sequential* is the app's plain optimised sequential code, timed in every run of both kinds. **dsm / threads** is the ratio that matters: the median of the per-repetition ratios, with min{DASH}max.\n",
             match r.settings.vs_threads_reps {
                 1 => "1 repetition".to_string(),
                 n => format!("{n} repetitions"),
@@ -548,8 +571,12 @@ pub fn summary(r: &Report) -> String {
         .threads
         .iter()
         .filter_map(|t| {
-            t.ratio
-                .map(|x| format!("{} {} {:.2}x", t.app, t.input, x.median))
+            t.ratio.map(|x| {
+                let tcp = t
+                    .ratio_tcp
+                    .map_or(String::new(), |y| format!(" (TCP {:.2}x)", y.median));
+                format!("{} {} {:.2}x{tcp}", t.app, t.input, x.median)
+            })
         })
         .collect();
     if !ratios.is_empty() {
@@ -594,14 +621,15 @@ mod tests {
         let r = fixture();
         let md = render(&r);
         assert!(
-            md.contains("| sor | `--size 2048 --iters 50` | 2 | 0.420 | 0.230 (0.220–0.250) | 0.310 (0.290–0.360) | **1.35** (1.20–1.50) | 1.83, 1.35 | ok |"),
+            md.contains("| sor | `--size 2048 --iters 50` | 2 | 0.420 | 0.230 (0.220–0.250) | 0.310 (0.290–0.360) | **1.35** (1.20–1.50) | 0.400 (0.380–0.450) | **1.74** (1.60–1.90) | 1.83, 1.35 | ok |"),
             "{md}"
         );
-        assert!(md.contains("| fft | `--dims 128x128x64` | 2 | – | – | – | – | –, – | failed |"));
+        assert!(md
+            .contains("| fft | `--dims 128x128x64` | 2 | – | – | – | – | – | – | –, – | failed |"));
         assert!(md.contains("(5 repetitions each)"));
         let s = summary(&r);
         assert!(
-            s.contains("dsm / threads at N = 2: sor --size 2048 --iters 50 1.35x\n"),
+            s.contains("dsm / threads at N = 2: sor --size 2048 --iters 50 1.35x (TCP 1.74x)\n"),
             "{s}"
         );
         let mut empty = r.clone();

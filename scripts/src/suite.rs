@@ -7,6 +7,7 @@ use crate::measure::{self, Spec};
 use crate::model::{Job, Outcome, Purpose, RunRecord, Runner, Settings, Variant};
 use crate::parse::{self, Tool};
 use anyhow::{Context, Result};
+use dsm_proto::env_vars;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -427,7 +428,7 @@ pub fn plan(knobs: &Knobs, apps: &[AppSpec], tools: &Tools, paths: &Paths) -> Ve
         .collect();
     for rep in 0..knobs.vs_threads_reps {
         for v in &scaled {
-            for runner in rotate(&[Runner::Threads, Runner::Dsm], rep) {
+            for runner in rotate(&[Runner::Threads, Runner::Dsm, Runner::DsmTcp], rep) {
                 jobs.push(Job::VsThreads {
                     app: v.name.into(),
                     args: v.args.clone(),
@@ -458,10 +459,13 @@ pub fn plan(knobs: &Knobs, apps: &[AppSpec], tools: &Tools, paths: &Paths) -> Ve
     }
     if app_available(paths, "dsm-bench").is_ok() {
         for rep in 0..knobs.bench_runs {
-            jobs.push(Job::Primitives {
-                reps: knobs.bench_reps,
-                rep,
-            });
+            for tcp in [false, true] {
+                jobs.push(Job::Primitives {
+                    reps: knobs.bench_reps,
+                    rep,
+                    tcp,
+                });
+            }
         }
     }
     jobs
@@ -590,11 +594,17 @@ pub fn spec_for(
             vec![kernel.clone(), threads.to_string()],
             120,
         ),
-        Job::Primitives { reps, .. } => Spec::new(
-            paths.bin_dir.join("dsm-bench"),
-            vec!["--reps".into(), reps.to_string()],
-            Duration::from_secs(600),
-        ),
+        Job::Primitives { reps, tcp, .. } => {
+            let mut spec = Spec::new(
+                paths.bin_dir.join("dsm-bench"),
+                vec!["--reps".into(), reps.to_string()],
+                Duration::from_secs(600),
+            );
+            let transport = if *tcp { "tcp" } else { "auto" };
+            spec.env
+                .push((env_vars::TRANSPORT.into(), transport.into()));
+            spec
+        }
         Job::VsThreads {
             app,
             args,
@@ -614,7 +624,7 @@ pub fn spec_for(
             app,
             args,
             nodes,
-            runner: Runner::Dsm,
+            runner: runner @ (Runner::Dsm | Runner::DsmTcp),
             ..
         } => {
             let mut a = vec![
@@ -626,7 +636,15 @@ pub fn spec_for(
                 paths.bin_dir.join(app).display().to_string(),
             ];
             a.extend(args.iter().cloned());
-            Spec::new(&dsmrun, a, Duration::from_secs(knobs.app_timeout_s + 20))
+            let mut spec = Spec::new(&dsmrun, a, Duration::from_secs(knobs.app_timeout_s + 20));
+            let transport = if *runner == Runner::DsmTcp {
+                "tcp"
+            } else {
+                "auto"
+            };
+            spec.env
+                .push((env_vars::TRANSPORT.into(), transport.into()));
+            spec
         }
     })
 }
@@ -705,7 +723,7 @@ pub fn interpret(job: &Job, raw: &measure::Raw, scratch: &Path) -> Outcome {
             }
             let times = match runner {
                 Runner::Threads => parse::parse_threads(&raw.stdout),
-                Runner::Dsm => parse::parse_verified(&raw.stdout),
+                Runner::Dsm | Runner::DsmTcp => parse::parse_verified(&raw.stdout),
             };
             match times {
                 Ok(t) => {

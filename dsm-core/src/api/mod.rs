@@ -851,15 +851,38 @@ impl Dsm {
     }
 
     fn prefetch(&self, first_page: usize, last_page: usize, write: bool) {
-        let mut p = first_page;
-        while p <= last_page {
-            let end = (p + PREFETCH_BATCH - 1).min(last_page);
-            let pages = PageRuns::from_runs([(p as PageNo, (end - p + 1) as u32)]);
+        let count = (last_page + 1 - first_page) as u32;
+        self.prefetch_runs(PageRuns::from_runs([(first_page as PageNo, count)]), write);
+    }
+
+    /// Brings `pages` in, in requests of at most [`PREFETCH_BATCH`] pages each (pages that
+    /// are already accessible cost nothing: the engine skips them).
+    fn prefetch_runs(&self, pages: PageRuns, write: bool) {
+        let mut batch: Vec<(PageNo, u32)> = Vec::new();
+        let mut in_batch = 0usize;
+        let send = |batch: &mut Vec<(PageNo, u32)>| {
+            let pages = PageRuns::from_runs(batch.drain(..));
             match self.comm().call(Command::Prefetch { pages, write }) {
                 Reply::Done => {}
                 other => crate::comm::fatal(&format!("unexpected reply to prefetch: {other:?}")),
             }
-            p = end + 1;
+        };
+        for &(first, count) in pages.runs() {
+            let (mut first, mut count) = (first, count as usize);
+            while count > 0 {
+                let take = count.min(PREFETCH_BATCH - in_batch);
+                batch.push((first, take as u32));
+                in_batch += take;
+                first += take as PageNo;
+                count -= take;
+                if in_batch == PREFETCH_BATCH {
+                    send(&mut batch);
+                    in_batch = 0;
+                }
+            }
+        }
+        if !batch.is_empty() {
+            send(&mut batch);
         }
     }
 

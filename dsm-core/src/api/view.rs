@@ -7,7 +7,7 @@ use super::pinpoint::AllocWatch;
 use super::{Dsm, PREFETCH_MIN_PAGES};
 use crate::sys::{AppSlice, AppStrided};
 use bytemuck::Pod;
-use dsm_proto::{PageNo, PAGE_SIZE};
+use dsm_proto::{PageNo, PageRuns, PAGE_SIZE};
 use dsm_race::AllocShadow;
 use std::marker::PhantomData;
 use std::ops::Range;
@@ -232,6 +232,33 @@ impl<'a, T: Pod> View<'a, T> {
             self.len()
         );
         self.prefetch_checked(start, count, write);
+    }
+
+    /// [`View::prefetch`] of several element ranges at once: the missing pages of all of
+    /// them travel in one request per home (up to the batch limit), instead of one round
+    /// trip per range. For gathers of many separate chunks, such as the columns of a
+    /// row-major matrix. It records nothing.
+    pub fn prefetch_ranges(&self, ranges: impl IntoIterator<Item = Range<usize>>, write: bool) {
+        let mut runs = Vec::new();
+        for r in ranges {
+            if r.is_empty() {
+                continue;
+            }
+            assert!(
+                r.end <= self.len(),
+                "prefetch of {}..{} out of bounds (len {})",
+                r.start,
+                r.end,
+                self.len()
+            );
+            let (first, last) = self.page_span(r.start, r.len());
+            if self.dsm.states.any_missing(first, last, write) {
+                runs.push((first as PageNo, (last - first + 1) as u32));
+            }
+        }
+        if !runs.is_empty() {
+            self.dsm.prefetch_runs(PageRuns::from_runs(runs), write);
+        }
     }
 
     /// [`View::prefetch`] for a range the caller has already bounds-checked (the bulk
