@@ -265,6 +265,25 @@ enum Control {
     Shutdown,
 }
 
+/// The engine lock, held by a thread marked as inside the engine (see [`sys::InEngine`]).
+struct EngineGuard<'a> {
+    guard: MutexGuard<'a, Engine<SegmentMemory>>,
+    _inside: sys::InEngine,
+}
+
+impl std::ops::Deref for EngineGuard<'_> {
+    type Target = Engine<SegmentMemory>;
+    fn deref(&self) -> &Self::Target {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for EngineGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.guard
+    }
+}
+
 /// State both threads use.
 struct Shared {
     engine: Mutex<Engine<SegmentMemory>>,
@@ -286,8 +305,13 @@ struct Shared {
 }
 
 impl Shared {
-    fn engine(&self) -> MutexGuard<'_, Engine<SegmentMemory>> {
-        self.engine.lock().unwrap_or_else(|p| p.into_inner())
+    /// The engine, with the calling thread marked as inside it for the fault handler (a
+    /// fault in the segment while the lock is held aborts with a clear message).
+    fn engine(&self) -> EngineGuard<'_> {
+        EngineGuard {
+            guard: self.engine.lock().unwrap_or_else(|p| p.into_inner()),
+            _inside: sys::InEngine::enter(),
+        }
     }
 
     /// Carries out the engine's outputs; called with the engine lock held (`_engine`) so
@@ -472,6 +496,13 @@ impl Comm {
                 std::thread::park();
             }
         }
+    }
+
+    /// Runs `f` while this thread holds the engine lock (tests of the handler's check that
+    /// no thread faults while it holds the engine).
+    pub(crate) fn with_engine_held<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _engine = self.shared.engine();
+        f()
     }
 
     /// Makes room for an allocation that ends at page `end` (allocations grow from page 0

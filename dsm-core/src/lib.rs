@@ -50,6 +50,15 @@ pub fn read_segment_word(offset: usize) -> Option<u64> {
     sys::AppSlice::<u64>::new_in_global_segment(offset, 1).map(|s| s.get(0))
 }
 
+/// Tests only: reads the `u64` at byte `offset` of the segment, like
+/// [`read_segment_word`], while this thread holds the protocol engine's lock, which the
+/// runtime never does. A fault there must stop the process with the handler's message
+/// rather than deadlock (the fault could never be served).
+#[doc(hidden)]
+pub fn read_segment_word_holding_the_engine(dsm: &Dsm, offset: usize) -> Option<u64> {
+    dsm.with_engine_held(|| read_segment_word(offset))
+}
+
 /// The README's code examples, compiled as doctests so they cannot rot.
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]

@@ -5,15 +5,21 @@
 //! fault mailbox (socket pair + futex) through which the handler hands a fault to the comm
 //! thread and waits.
 //!
-//! The signal handler is async-signal-safe: it reads atomics, calls `write(2)`, `futex(2)`
-//! and `sigaction(2)`, and nothing else. It never allocates, logs or takes a lock.
+//! The signal handler is async-signal-safe: it reads and writes atomics, copies a page into
+//! a preallocated twin slot, calls `mprotect(2)`, `write(2)`, `futex(2)`, `sigaction(2)`
+//! and `abort(3)`, and nothing else. It never allocates, logs or takes a lock. A write
+//! fault on a page the engine armed is served in the handler itself
+//! ([`crate::engine::fast`]); every other fault goes to the comm thread.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+use std::cell::Cell;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
+use std::sync::{Arc, OnceLock};
 
-use crate::engine::Prot;
+use crate::engine::{FastFaults, Prot};
 use dsm_proto::PAGE_SIZE;
 
 fn prot_bits(prot: Prot) -> libc::c_int {
@@ -493,6 +499,101 @@ static SLOT_ADDR: AtomicUsize = AtomicUsize::new(0);
 /// 0 = read, 1 = write, 2 = unknown (architecture does not tell).
 static SLOT_KIND: AtomicU32 = AtomicU32::new(0);
 static HANDLER_INSTALLED: AtomicBool = AtomicBool::new(false);
+/// Base of the segment's runtime view, where the handler copies twins from.
+static RUNTIME_BASE: AtomicUsize = AtomicUsize::new(0);
+/// The state shared with the engine for write faults served in the handler; unset when
+/// the fast path is off (`DSM_FAST_FAULTS=0`). Each value comes from `Arc::into_raw` and is
+/// never released, so the handler may use whatever pointer it loads for the life of the
+/// process, even if a later `Dsm::init` in the same process replaces it.
+static FAST: AtomicPtr<FastFaults> = AtomicPtr::new(std::ptr::null_mut());
+
+thread_local! {
+    /// Set while this thread holds the protocol engine's lock. A fault in the segment
+    /// then can never be served (the comm thread needs the lock, and the handler's fast
+    /// path relies on the engine not being mid-step on this thread), so the handler stops
+    /// the process with a clear message instead of deadlocking. Const-initialized and
+    /// without a destructor, so reading it in the handler is a plain TLS load.
+    static IN_ENGINE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the calling thread as holding the engine lock for as long as it lives (see
+/// [`IN_ENGINE`]).
+pub(crate) struct InEngine(());
+
+impl InEngine {
+    pub(crate) fn enter() -> InEngine {
+        IN_ENGINE.set(true);
+        InEngine(())
+    }
+}
+
+impl Drop for InEngine {
+    fn drop(&mut self) {
+        IN_ENGINE.set(false);
+    }
+}
+
+/// Lets the handler serve write faults on the pages the engine arms in `fast`, or, with
+/// `None`, sends every fault to the comm thread. Set before the engine arms any page (at
+/// `Dsm::init`); a value set earlier in the process is replaced, not freed.
+pub(crate) fn set_fast_faults(fast: Option<Arc<FastFaults>>) {
+    let ptr = fast.map_or(std::ptr::null_mut(), |f| Arc::into_raw(f).cast_mut());
+    FAST.store(ptr, Ordering::Release);
+}
+
+/// The handler's message when a thread faults on the segment while it holds the engine.
+const FAULT_IN_ENGINE: &[u8] = b"dsm: fatal: page fault on shared memory by a thread that holds \
+the protocol engine's lock; this is a bug in dsm (the engine must never touch the app view)\n";
+
+/// Stops the process from inside the handler: one `write` of a fixed message, then abort.
+fn abort_fault_in_engine() -> ! {
+    // SAFETY: write(2) and abort(3) are async-signal-safe; the buffer is a static.
+    unsafe {
+        libc::write(2, FAULT_IN_ENGINE.as_ptr().cast(), FAULT_IN_ENGINE.len());
+        libc::abort()
+    }
+}
+
+/// Serves a write fault at `addr` (inside the segment that starts at `start`) in the
+/// handler if the engine armed its page. Returns false to take the slow path.
+fn fast_write_fault(addr: usize, start: usize) -> bool {
+    let ptr = FAST.load(Ordering::Acquire);
+    if ptr.is_null() {
+        return false;
+    }
+    // SAFETY: a non-null value of FAST comes from Arc::into_raw and its count is never
+    // given back, so the FastFaults it points to lives for the rest of the process.
+    let fast = unsafe { &*ptr };
+    let page = (addr - start) / PAGE_SIZE;
+    let app = start + page * PAGE_SIZE;
+    let runtime = RUNTIME_BASE.load(Ordering::Relaxed) + page * PAGE_SIZE;
+    fast.handler_write_fault(
+        page,
+        || {
+            // SAFETY: one page of our app-view mapping (the address is inside the segment,
+            // checked by the caller); no Rust reference to app-view memory exists.
+            unsafe {
+                libc::mprotect(
+                    app as *mut libc::c_void,
+                    PAGE_SIZE,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                ) == 0
+            }
+        },
+        |slot: &[AtomicU64]| {
+            let src = runtime as *const u64;
+            for (i, word) in slot.iter().enumerate().take(PAGE_SIZE / 8) {
+                // SAFETY: `runtime` is the page's address in the runtime view, mapped for
+                // the life of the process, page-aligned, and i < PAGE_SIZE / 8. Nothing
+                // writes a valid non-home page there (the comm thread installs fetched
+                // pages, which are invalid, and applies diffs to home pages only), and the
+                // app thread is here, so the copy is the page as it was before the write.
+                word.store(unsafe { std::ptr::read(src.add(i)) }, Ordering::Relaxed);
+            }
+        },
+    )
+    .is_ok()
+}
 static PREVIOUS_ACTION: OnceLock<SavedAction> = OnceLock::new();
 
 struct SavedAction(libc::sigaction);
@@ -608,9 +709,17 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
         chain_to_previous(sig, info, ctx);
         return;
     }
+    if IN_ENGINE.with(Cell::get) {
+        abort_fault_in_engine();
+    }
     let errno = errno_location();
     // SAFETY: errno slot of this thread; preserved across our syscalls.
     let saved_errno = unsafe { *errno };
+    if fault_is_write(ctx) == 1 && fast_write_fault(addr, start) {
+        // SAFETY: restoring this thread's errno.
+        unsafe { *errno = saved_errno };
+        return;
+    }
 
     // One fault at a time: other faulting threads wait for the slot.
     while SLOT_STATE
@@ -794,6 +903,7 @@ pub(crate) unsafe fn install_fault_handler(seg: &Segment) -> io::Result<FaultMai
     let (kick_tx, kick_rx) = std::os::unix::net::UnixStream::pair()?;
     kick_rx.set_nonblocking(true)?;
     let efd = kick_tx.as_raw_fd();
+    RUNTIME_BASE.store(seg.runtime_base, Ordering::Relaxed);
     SEG_START.store(seg.app_base, Ordering::Relaxed);
     SEG_END.store(seg.app_base + seg.len, Ordering::Relaxed);
     FAULT_KICK_FD.store(efd, Ordering::Release);

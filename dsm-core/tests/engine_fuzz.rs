@@ -4,12 +4,15 @@
 //! would send them) and peers are declared lost at random moments. Whatever arrives, an
 //! engine must answer with messages or a fatal output, never panic: the comm thread turns a
 //! fatal output into a clear message and an orderly exit, while a panic would take the
-//! node down without one. Runs are seeded by proptest; `PROPTEST_CASES` runs more.
+//! node down without one. Every engine lets the (simulated) SIGSEGV handler serve write
+//! faults on write-protected pages, so hostile traffic also meets pages the handler holds.
+//! Runs are seeded by proptest; `PROPTEST_CASES` runs more.
 
-use dsm_core::engine::{Command, Engine, Output, Prot, Reply, VecMemory};
+use dsm_core::engine::{Command, Engine, FastFaults, Output, Prot, Reply, VecMemory};
 use dsm_proto::{Msg, NodeId, PageNo};
 use proptest::prelude::*;
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 const PAGES: usize = 6;
 
@@ -127,6 +130,31 @@ impl Net {
             }
             Step::Write(page) | Step::Read(page) => {
                 let write = matches!(step, Step::Write(_));
+                if write && self.nodes[k].eng.memory().prot[page] == Prot::Read {
+                    // The SIGSEGV handler's fast path, as the real handler would take it
+                    // between two engine events (see `engine::fast`).
+                    let fast = self.nodes[k].eng.fast_faults().cloned();
+                    if let Some(fast) = fast {
+                        let VecMemory { data, prot } = self.nodes[k].eng.memory_mut();
+                        let _ = fast.handler_write_fault(
+                            page,
+                            || {
+                                prot[page] = Prot::ReadWrite;
+                                true
+                            },
+                            |slot| {
+                                let at = page * dsm_proto::PAGE_SIZE;
+                                let bytes = &data[at..at + dsm_proto::PAGE_SIZE];
+                                for (w, b) in slot.iter().zip(bytes.chunks_exact(8)) {
+                                    w.store(
+                                        u64::from_ne_bytes(b.try_into().unwrap()),
+                                        std::sync::atomic::Ordering::Relaxed,
+                                    );
+                                }
+                            },
+                        );
+                    }
+                }
                 let allowed = match self.nodes[k].eng.memory().prot[page] {
                     Prot::None => false,
                     Prot::Read => !write,
@@ -250,7 +278,8 @@ fn net(n: usize, rounds: usize, race: bool, seed: u64, corrupt: usize, loss: usi
                 ]);
             }
             Node {
-                eng: Engine::new(k as NodeId, n, PAGES, VecMemory::new(PAGES), race),
+                eng: Engine::new(k as NodeId, n, PAGES, VecMemory::new(PAGES), race)
+                    .with_fast_faults(Arc::new(FastFaults::new(PAGES, 64))),
                 script,
                 waiting: false,
                 dead: false,
@@ -271,11 +300,18 @@ fn net(n: usize, rounds: usize, race: bool, seed: u64, corrupt: usize, loss: usi
 /// The harness is only worth something if, left alone, the program completes.
 #[test]
 fn without_corruption_every_program_completes() {
+    let mut handler_writes = 0;
     for seed in 0..50 {
         let mut net = net(3, 4, false, seed, 0, 0);
         net.run();
         assert!(net.all_done(), "seed {seed} did not complete");
+        handler_writes += net
+            .nodes
+            .iter()
+            .map(|node| node.eng.stats().handler_write_faults)
+            .sum::<u64>();
     }
+    assert!(handler_writes > 0, "the handler's fast path was taken");
 }
 
 proptest! {

@@ -15,11 +15,12 @@
 //! which the run granted each lock, barriers, program order), and calls two accesses a race
 //! when they conflict and neither clock is below the other.
 
-use dsm_core::engine::{Command, Engine, Output, PageState, Prot, Reply, VecMemory};
+use dsm_core::engine::{Command, Engine, FastFaults, Output, PageState, Prot, Reply, VecMemory};
 use dsm_proto::{EncodedBitmap, Msg, NodeId, PageNo, PageRuns, RaceNotices, SyncCause, PAGE_SIZE};
 use dsm_race::{Access, Bitmaps, Plan, Race, RaceKind, Recorder, VarInfo, VarTable};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 
 /// Most bitmap bytes a node ships with a barrier arrival (as `api.rs`).
 const MAX_SHIPPED_BITMAP_BYTES: usize = 256 << 10;
@@ -351,6 +352,8 @@ struct Sim {
     /// Replay tests: divergences reported (a divergence is otherwise a failure).
     diverged: Vec<String>,
     expect_divergence: bool,
+    /// Write faults the simulated handler served without the engine.
+    handler_faults: u64,
 }
 
 impl Sim {
@@ -550,8 +553,38 @@ impl Sim {
         assert_eq!(races, reported, "node {k}: race count of barrier {epoch}");
     }
 
-    /// Whether node k may access `page` now; if not, the node faults and waits.
+    /// Whether node k may access `page` now; if not, the node faults and waits, or, for a
+    /// write to a write-protected page, usually plays the SIGSEGV handler's fast path
+    /// (`engine::fast`): between two engine steps, as the real handler runs between the
+    /// comm thread's events, it claims an armed page, makes it writable and twins it
+    /// without the engine, which takes the write in at its next event. A page the engine
+    /// did not arm (or the quarter of the time the sim does not try) takes the slow path.
     fn access_page(&mut self, k: usize, page: usize, write: bool) -> bool {
+        if write && self.nodes[k].eng.memory().prot[page] == Prot::Read && self.rand(4) != 0 {
+            if let Some(fast) = self.nodes[k].eng.fast_faults().cloned() {
+                let VecMemory { data, prot } = self.nodes[k].eng.memory_mut();
+                let served = fast.handler_write_fault(
+                    page,
+                    || {
+                        prot[page] = Prot::ReadWrite;
+                        true
+                    },
+                    |slot| {
+                        let bytes = &data[page * PAGE_SIZE..(page + 1) * PAGE_SIZE];
+                        for (w, b) in slot.iter().zip(bytes.chunks_exact(8)) {
+                            w.store(
+                                u64::from_ne_bytes(b.try_into().unwrap()),
+                                std::sync::atomic::Ordering::Relaxed,
+                            );
+                        }
+                    },
+                );
+                if served.is_ok() {
+                    self.handler_faults += 1;
+                    return true;
+                }
+            }
+        }
         let prot = self.nodes[k].eng.memory().prot[page];
         let ok = match prot {
             Prot::None => false,
@@ -1154,7 +1187,8 @@ fn sim_with_setup(
     let mut nodes = Vec::new();
     for k in 0..n {
         let mem = VecMemory::new(pages);
-        let mut eng = Engine::new(k as NodeId, n, pages, mem, race);
+        let mut eng = Engine::new(k as NodeId, n, pages, mem, race)
+            .with_fast_faults(Arc::new(FastFaults::new(pages, 64)));
         setup(k, &mut eng);
         let mut clock = vec![0; n];
         clock[k] = 1;
@@ -1225,6 +1259,7 @@ fn sim_with_setup(
         incremental_races: 0,
         diverged: Vec::new(),
         expect_divergence: false,
+        handler_faults: 0,
     };
     // Variables spread over the pages, several per page (false sharing across locks).
     let slots = specs[0].homes.len() * PAGE_SIZE / 8;
@@ -1320,6 +1355,92 @@ proptest! {
             prop_assert!(s.races.is_empty());
         }
     }
+}
+
+/// The simulated handler serves write faults between engine steps, racing the engine's
+/// serves and invalidations; programs stay sequentially consistent, and every write it
+/// let through reaches the engine's counters exactly once.
+#[test]
+fn handler_write_faults_keep_programs_sequentially_consistent() {
+    let mut handler_faults = 0;
+    let mut home_handler_faults = 0;
+    for seed in 0..64u64 {
+        let n = 2 + (seed % 3) as usize;
+        let homes: Vec<usize> = (0..4).map(|p| (p + seed as usize) % n).collect();
+        let mut s = sim(n, &homes, 6, seed);
+        random_program(&mut s, 6, 2, 3, 4);
+        s.run();
+        let counted: u64 = s
+            .nodes
+            .iter()
+            .map(|node| node.eng.stats().handler_write_faults)
+            .sum();
+        assert_eq!(counted, s.handler_faults, "seed {seed}");
+        let twins: u64 = s.nodes.iter().map(|node| node.eng.stats().twins_made).sum();
+        home_handler_faults += s.handler_faults.saturating_sub(twins);
+        handler_faults += s.handler_faults;
+    }
+    assert!(
+        handler_faults > 100,
+        "the handler path ran ({handler_faults})"
+    );
+    assert!(
+        home_handler_faults > 0,
+        "home pages were served in the handler too"
+    );
+}
+
+/// A page the engine takes back from the handler to serve it is armed again once the event
+/// is over, and a write the handler let through before a serve becomes the home's write
+/// notice, with the page write-protected (and armed) again after the serve.
+#[test]
+fn pages_taken_back_for_a_serve_are_armed_again() {
+    use dsm_core::engine::fast::{ARMED_HOME, ARMED_REMOTE};
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut s = sim(2, &[0, 1], 2, 7);
+    assert_eq!(
+        s.var_addr[0] / PAGE_SIZE,
+        0,
+        "variable 0 lives on page 0 (homed on 0)"
+    );
+    s.nodes[1].script.push_back(Op::Check(0));
+    s.run();
+    let word = |s: &Sim, k: usize, p: usize| {
+        let fast = s.nodes[k].eng.fast_faults().expect("sims have fast faults");
+        fast.page_word(p).expect("allocated").load(Relaxed)
+    };
+    assert_eq!(s.nodes[0].eng.page_state(0), PageState::ReadOnly, "served");
+    assert_eq!(word(&s, 0, 0), ARMED_HOME);
+    assert_eq!(word(&s, 1, 0), ARMED_REMOTE, "the fetched copy");
+    let request = || Msg::PageRequest {
+        pages: vec![0],
+        required: Vec::new(),
+    };
+    let served = |outs: &[Output]| {
+        outs.iter().any(|o| {
+            matches!(
+                o,
+                Output::Send {
+                    msg: Msg::PageReply { .. },
+                    ..
+                }
+            )
+        })
+    };
+    // Served again while read-only: taken back for the serve, armed again after it.
+    let outs = s.nodes[0].eng.on_peer_message(1, request());
+    assert!(served(&outs));
+    assert_eq!(word(&s, 0, 0), ARMED_HOME);
+    // The handler lets a home write through; the next serve takes it in first.
+    let fast = s.nodes[0].eng.fast_faults().unwrap().clone();
+    fast.handler_write_fault(0, || true, |_| panic!("home pages have no twin"))
+        .unwrap();
+    let outs = s.nodes[0].eng.on_peer_message(1, request());
+    assert!(served(&outs));
+    assert_eq!(s.nodes[0].eng.stats().handler_write_faults, 1);
+    assert_eq!(s.nodes[0].eng.page_state(0), PageState::ReadOnly);
+    assert_eq!(s.nodes[0].eng.memory().prot[0], Prot::Read);
+    assert_eq!(word(&s, 0, 0), ARMED_HOME);
 }
 
 #[test]

@@ -72,6 +72,13 @@ fn child_entry() {
             let own_value = unsafe { std::ptr::read_volatile(own) };
             println!("both served: {own_value} {}", dsm.view(&b).get(1000));
         }
+        "in-engine" => {
+            // Unallocated, so it faults; but this thread holds the engine lock, which the
+            // fault handler must refuse loudly instead of waiting for the comm thread.
+            let offset = 1000 * dsm_core::PAGE_SIZE;
+            let v = dsm_core::read_segment_word_holding_the_engine(&dsm, offset);
+            println!("after crash: {v:?}");
+        }
         "kill" => {
             nix::sys::signal::raise(nix::sys::signal::Signal::SIGSEGV).unwrap();
             println!("after crash");
@@ -186,6 +193,27 @@ fn wild_access_outside_the_segment_crashes() {
 #[test]
 fn access_to_unallocated_segment_memory_crashes() {
     assert_segv("unallocated");
+}
+
+#[test]
+fn a_fault_while_holding_the_engine_aborts_with_a_clear_message() {
+    let out = run_child("in-engine");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGABRT),
+        "expected abort, got {:?}\nstdout: {stdout}\nstderr: {stderr}",
+        out.status
+    );
+    assert!(stdout.contains("before crash: 41"), "{stdout}");
+    assert!(!stdout.contains("after crash"), "{stdout}");
+    assert!(
+        stderr.contains(
+            "page fault on shared memory by a thread that holds the protocol engine's lock"
+        ),
+        "{stderr}"
+    );
 }
 
 #[test]

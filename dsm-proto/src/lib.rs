@@ -129,6 +129,10 @@ pub mod env_vars {
     pub const RACE_PHASES: &str = "DSM_RACE_PHASES";
     /// `1`: pin each rank to its own core.
     pub const PIN: &str = "DSM_PIN";
+    /// `0`: every page fault goes through the comm thread, none is served inside the
+    /// SIGSEGV handler (for A/B measurements); `1` or unset: write faults on valid pages
+    /// are served in the handler.
+    pub const FAST_FAULTS: &str = "DSM_FAST_FAULTS";
     /// This rank's index among the ranks on its host (for pinning).
     pub const LOCAL_RANK: &str = "DSM_LOCAL_RANK";
     /// Number of ranks on this rank's host (for pinning).
@@ -183,8 +187,9 @@ pub mod env_vars {
 
     /// The variables a launcher owns: it clears them all from what ranks inherit and sets
     /// its own, so a nested or leftover setting never leaks into a job. The others
-    /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_RACE_BATCH`, `DSM_PIN`, `DSM_STATS_FILE`, `DSM_LOG`) are the
-    /// user's to set for a whole job and reach the ranks by inheritance.
+    /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_RACE_BATCH`, `DSM_PIN`,
+    /// `DSM_FAST_FAULTS`, `DSM_STATS_FILE`, `DSM_LOG`) are the user's to set for a whole job
+    /// and reach the ranks by inheritance.
     pub const LAUNCHER_OWNED: [&str; 35] = [
         PINPOINT,
         PINPOINT_DIR,

@@ -80,6 +80,24 @@ pub enum Distribution {
 /// the same core (measured here: 20 us against 3 us). It is not the default: a node that
 /// serves pages must then preempt its own computation, which made SOR 2048x2048 at N = 2
 /// 25% slower while lock-heavy Water got 20% faster.
+/// Most twins per interval the SIGSEGV handler can take without the comm thread (16 MiB
+/// of slots at most, made as intervals need them; see `engine::fast`).
+const MAX_HANDLER_TWINS: usize = 4096;
+
+/// Whether write faults on valid pages are served in the SIGSEGV handler
+/// (`DSM_FAST_FAULTS`, on unless `0`).
+fn fast_faults_enabled() -> Result<bool, DsmError> {
+    let name = dsm_proto::env_vars::FAST_FAULTS;
+    match std::env::var(name).as_deref() {
+        Err(std::env::VarError::NotPresent) | Ok("1") => Ok(true),
+        Ok("0") => Ok(false),
+        Ok(other) => Err(DsmError::Config(format!(
+            "{name}={other}: expected 0 (faults through the comm thread) or 1 (the default)"
+        ))),
+        Err(e) => Err(DsmError::Config(format!("{name}: {e}"))),
+    }
+}
+
 fn place_on_core(config: &JobConfig) {
     use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
     use nix::unistd::Pid;
@@ -332,6 +350,16 @@ impl Dsm {
             SegmentMemory::new(seg),
             race.is_some(),
         );
+        if fast_faults_enabled()? {
+            let fast = std::sync::Arc::new(crate::engine::FastFaults::new(
+                engine.page_limit(),
+                MAX_HANDLER_TWINS,
+            ));
+            sys::set_fast_faults(Some(fast.clone()));
+            engine = engine.with_fast_faults(fast);
+        } else {
+            sys::set_fast_faults(None);
+        }
         let record_part = env.replay.record.as_ref().map(|prefix| {
             let mut p = prefix.as_os_str().to_owned();
             p.push(format!(".{}", env.rank));
@@ -411,6 +439,11 @@ impl Dsm {
     /// Whether race detection is on for this run.
     pub fn race_detection(&self) -> bool {
         self.race.is_some()
+    }
+
+    /// Runs `f` holding the engine lock (see `read_segment_word_holding_the_engine`).
+    pub(crate) fn with_engine_held<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.comm().with_engine_held(f)
     }
 
     fn comm(&self) -> &Comm {

@@ -3,7 +3,7 @@
 //! (logging them and invalidating the pages their write notices name). Locks and barriers
 //! decide when; this module decides what an interval boundary does to pages and logs.
 
-use super::{Engine, Memory, PageState, Prot};
+use super::{Engine, Memory, PageState, Prot, Twin};
 use dsm_proto::{
     IntervalRecord, Msg, NodeId, PageDiff, PageNo, PageRuns, RaceNotices, Requirement, SyncCause,
     VectorTime,
@@ -29,7 +29,19 @@ impl<M: Memory> Engine<M> {
         let mut by_home: BTreeMap<NodeId, Vec<PageDiff>> = BTreeMap::new();
         let mut written: Vec<PageNo> = std::mem::take(&mut self.home_writes);
         for &p in &dirty {
-            let twin = self.twins.remove(&p).expect("dirty page has a twin");
+            let twin = match self.twins.remove(&p).expect("dirty page has a twin") {
+                Twin::Owned(twin) => twin,
+                Twin::Slot(slot) => {
+                    let fast = self.fast.as_ref().expect("slots come from the handler");
+                    let mut twin = self
+                        .spare_twins
+                        .pop()
+                        .unwrap_or_else(|| vec![0u8; dsm_proto::PAGE_SIZE].into_boxed_slice());
+                    fast.read_slot(slot, &mut twin);
+                    fast.release_slot(slot);
+                    twin
+                }
+            };
             let runs = self.mem.make_diff(p, &twin);
             self.spare_twins.push(twin);
             self.set_state(p, PageState::ReadOnly);
@@ -52,6 +64,7 @@ impl<M: Memory> Engine<M> {
                 },
             );
         }
+        self.grow_handler_slots();
         let writes = PageRuns::from_pages(written);
         let race = race.filter(|r| !r.reads.is_empty() || !r.writes.is_empty());
         self.hash_interval(self.cur_cause, race.as_ref());
@@ -75,6 +88,19 @@ impl<M: Memory> Engine<M> {
         }
         self.stats.intervals_closed += 1;
         self.vt.set(self.me, index + 1);
+    }
+
+    /// Doubles the handler's twin pool when the interval just closed used more than half
+    /// of it, so the next one is served in the handler (a pool that ran short mid-interval
+    /// grows at once, in `drain_handler_writes`).
+    fn grow_handler_slots(&mut self) {
+        let used = std::mem::take(&mut self.slot_twins);
+        if let Some(fast) = &self.fast {
+            let made = fast.slots_made();
+            if used * 2 > made && made < fast.max_slots() {
+                fast.grow_slots(made * 2);
+            }
+        }
     }
 
     pub(super) fn begin_interval(&mut self, cause: SyncCause) {
@@ -141,6 +167,7 @@ impl<M: Memory> Engine<M> {
                     return Vec::new();
                 }
                 for p in first..first + count {
+                    self.settle(p);
                     let entry = self.pages[p as usize];
                     if entry.home == self.me {
                         if node != self.me {

@@ -30,11 +30,14 @@
 //! [`Reply`], [`Output`], [`Memory`], [`Stats`]) and routes each event to the concern that
 //! handles it: `pages` (page table, faults, fetches, twins, serving, diffs at homes),
 //! `intervals` (interval boundaries, write notices, invalidation), `locks` (lock manager,
-//! forwarding, grants) and `barriers` (arrivals, releases, log discard, race-mode rounds).
+//! forwarding, grants) and `barriers` (arrivals, releases, log discard, race-mode rounds);
+//! [`fast`] holds the lock-free state through which the SIGSEGV handler serves write faults
+//! on valid pages without the engine, which takes them in at the start of every event.
 //! Each is an `impl Engine` block over the one state struct, so a protocol step that
 //! spans concerns (an acquire closes an interval, which sends diffs) stays a plain call.
 
 mod barriers;
+pub mod fast;
 mod intervals;
 mod locks;
 mod pages;
@@ -52,6 +55,9 @@ use locks::LockState;
 use pages::{FetchInFlight, HomeWait, PageEntry, ParkedServe};
 use semaphores::SemState;
 use std::collections::{BTreeMap, HashMap, TryReserveError};
+use std::sync::Arc;
+
+pub use fast::FastFaults;
 
 pub use barriers::ALL_TO_ALL_MAX_NODES;
 pub use locks::lock_manager;
@@ -348,6 +354,19 @@ pub enum Output {
     PeerLost(String),
 }
 
+/// Twin slots the handler's pool starts with; it doubles (up to its maximum) whenever an
+/// interval used more than half of them or the handler ran short.
+const INITIAL_FAST_SLOTS: usize = 64;
+
+/// The copy of a page taken before its first write in an interval, diffed at its end.
+#[derive(Debug)]
+enum Twin {
+    /// A buffer the engine made (write fault through [`Engine::on_fault`], prefetch).
+    Owned(Box<[u8]>),
+    /// A slot of the handler's pool (write fault served in the handler).
+    Slot(u32),
+}
+
 /// Protocol counters. The engine counts protocol events; the wire-level fields (traffic
 /// and `race_notice_bytes`) stay zero here and are filled in by the runtime, which sees the
 /// messages it hands to the transport. Serialized as the `protocol` object of the stats
@@ -366,6 +385,9 @@ pub struct Stats {
     pub pages_served: u64,
     /// Twins taken at the first write to a non-home page in an interval.
     pub twins_made: u64,
+    /// Write faults the SIGSEGV handler served itself (twin and write access without the
+    /// comm thread); included in `write_faults` and, for non-home pages, `twins_made`.
+    pub handler_write_faults: u64,
     /// Non-empty page diffs sent to homes.
     pub diffs_sent: u64,
     /// Encoded size of those diffs.
@@ -423,7 +445,15 @@ pub struct Engine<M: Memory> {
     race_shipped: u32,
     /// Non-home pages with a twin in this interval.
     dirty: Vec<PageNo>,
-    twins: HashMap<PageNo, Box<[u8]>>,
+    twins: HashMap<PageNo, Twin>,
+    /// Write faults served in the SIGSEGV handler (see [`fast`]); `None`: every fault goes
+    /// through [`Engine::on_fault`].
+    fast: Option<Arc<FastFaults>>,
+    /// Pages that became `ReadOnly` during the current event, armed for the handler when
+    /// the event ends (after every protection change it makes).
+    to_arm: Vec<PageNo>,
+    /// Twins in the handler's slots in the open interval.
+    slot_twins: usize,
     /// Page buffers of closed intervals' twins, reused so a write fault rarely allocates.
     spare_twins: Vec<Box<[u8]>>,
     /// Home pages written (write-faulted) in this interval.
@@ -487,6 +517,9 @@ impl<M: Memory> Engine<M> {
             race_shipped: 0,
             dirty: Vec::new(),
             twins: HashMap::new(),
+            fast: None,
+            to_arm: Vec::new(),
+            slot_twins: 0,
             spare_twins: (0..64).map(|_| vec![0u8; PAGE_SIZE].into()).collect(),
             home_writes: Vec::new(),
             log: vec![Vec::new(); n],
@@ -508,6 +541,21 @@ impl<M: Memory> Engine<M> {
             order: replay::OrderLog::default(),
             out: Vec::new(),
         }
+    }
+
+    /// Lets the SIGSEGV handler serve write faults on valid pages through `fast` (see
+    /// [`fast`]): the engine arms its `ReadOnly` pages there and takes in the writes the
+    /// handler let through at the start of every event. Call before the first allocation.
+    pub fn with_fast_faults(mut self, fast: Arc<FastFaults>) -> Self {
+        fast.reserve_pages(self.pages.len());
+        fast.grow_slots(INITIAL_FAST_SLOTS);
+        self.fast = Some(fast);
+        self
+    }
+
+    /// The state shared with the handler, if [`Engine::with_fast_faults`] gave one.
+    pub fn fast_faults(&self) -> Option<&Arc<FastFaults>> {
+        self.fast.as_ref()
     }
 
     /// The memory the engine works on (tests inspect page contents through it).
@@ -565,6 +613,7 @@ impl<M: Memory> Engine<M> {
     }
 
     pub(super) fn take_out(&mut self) -> Vec<Output> {
+        self.arm_pending();
         std::mem::take(&mut self.out)
     }
 
@@ -585,6 +634,7 @@ impl<M: Memory> Engine<M> {
     /// Handles a request of the app thread; its [`Reply`] is among the outputs if it could
     /// be answered at once, otherwise it follows from a later event.
     pub fn on_command(&mut self, cmd: Command) -> Vec<Output> {
+        self.drain_handler_writes();
         match cmd {
             Command::Alloc {
                 homes,
@@ -632,6 +682,7 @@ impl<M: Memory> Engine<M> {
     /// Handles a message from rank `from`. Malformed or unexpected traffic yields
     /// [`Output::Fatal`] rather than a panic: a peer's bug must not look like this node's.
     pub fn on_peer_message(&mut self, from: NodeId, msg: Msg) -> Vec<Output> {
+        self.drain_handler_writes();
         self.handle(from, msg);
         self.take_out()
     }
@@ -750,6 +801,7 @@ impl<M: Memory> Engine<M> {
     /// messages before its close, so its arrival (or, with race detection, the master's
     /// release to it) is known here by then.
     pub fn on_peer_lost(&mut self, peer: NodeId, why: &str) -> Vec<Output> {
+        self.drain_handler_writes();
         let expected = self.finished
             || self.finishing
                 && if !self.all_to_all() {

@@ -3,7 +3,8 @@
 //! applying incoming diffs, and the requirements that make a fetch (or the app, for home
 //! pages) wait until the diffs a write notice promised have reached the home.
 
-use super::{Engine, Memory, Output, PageState, Prot, Reply};
+use super::fast::TakenBack;
+use super::{Engine, Memory, Output, PageState, Prot, Reply, Twin};
 use crate::diff;
 use dsm_proto::{
     Msg, NodeId, PageCopy, PageDiff, PageNo, PageRuns, RaceNotices, Requirement, PAGE_SIZE,
@@ -61,7 +62,24 @@ pub(super) struct HomeWait {
 impl<M: Memory> Engine<M> {
     /// Every page-table change goes through here so the runtime's mirror hears of it.
     pub(super) fn set_state(&mut self, page: PageNo, state: PageState) {
+        let old = self.pages[page as usize].state;
+        if old == PageState::ReadOnly && state != PageState::ReadOnly {
+            if let Some(fast) = &self.fast {
+                // Callers settle a page before deciding what to do with it, so the handler
+                // cannot have taken it since; disarming here only keeps it from doing so.
+                let taken = fast.disarm(page);
+                debug_assert!(!taken, "page {page} changed without being settled first");
+            }
+        }
+        if state == PageState::ReadOnly && self.fast.is_some() {
+            self.to_arm.push(page);
+        }
         self.pages[page as usize].state = state;
+        self.report_state(page, state);
+    }
+
+    /// Tells the runtime's mirror of a page-table change.
+    fn report_state(&mut self, page: PageNo, state: PageState) {
         // Extending the previous run keeps bulk changes (an allocation, a prefetch, the
         // invalidations at a barrier) to one output instead of one per page.
         if let Some(Output::PageStates {
@@ -108,6 +126,70 @@ impl<M: Memory> Engine<M> {
         }
     }
 
+    /// Takes in the writes the SIGSEGV handler let through since the last event: each page
+    /// is now writable, with its twin in a handler slot (or, at the home, a write notice
+    /// to make), exactly as [`Engine::on_fault`] would have left it.
+    pub(super) fn drain_handler_writes(&mut self) {
+        let Some(fast) = self.fast.clone() else {
+            return;
+        };
+        if fast.take_short() > 0 {
+            // The handler sent a fault the slow way for want of a slot (that fault may be
+            // this very event): double the pool now, outside the handler.
+            fast.grow_slots(fast.slots_made() * 2);
+        }
+        if !fast.has_done() {
+            return;
+        }
+        let mut taken = Vec::new();
+        fast.drain(|page, slot| taken.push((page, slot)));
+        for (page, slot) in taken {
+            debug_assert_eq!(self.pages[page as usize].state, PageState::ReadOnly);
+            self.stats.write_faults += 1;
+            self.stats.handler_write_faults += 1;
+            match slot {
+                None => self.home_writes.push(page),
+                Some(slot) => {
+                    self.twins.insert(page, Twin::Slot(slot));
+                    self.dirty.push(page);
+                    self.slot_twins += 1;
+                    self.stats.twins_made += 1;
+                }
+            }
+            self.pages[page as usize].state = PageState::ReadWrite;
+            self.report_state(page, PageState::ReadWrite);
+        }
+    }
+
+    /// Takes `page` back from the SIGSEGV handler before the engine decides anything about
+    /// it: afterwards its state is exact and the handler leaves it alone until the event
+    /// ends (see [`fast`](super::fast)).
+    pub(super) fn settle(&mut self, page: PageNo) {
+        let Some(fast) = &self.fast else {
+            return;
+        };
+        match fast.take_back(page) {
+            TakenBack::WasIdle => {}
+            // Re-armed when the event ends if it is still read-only then.
+            TakenBack::WasArmed => self.to_arm.push(page),
+            TakenBack::HandlerWrote => self.drain_handler_writes(),
+        }
+    }
+
+    /// Lets the handler take the pages that became `ReadOnly` in this event, now that every
+    /// protection change of the event is made.
+    pub(super) fn arm_pending(&mut self) {
+        let Some(fast) = &self.fast else {
+            return;
+        };
+        for page in self.to_arm.drain(..) {
+            let entry = self.pages[page as usize];
+            if entry.state == PageState::ReadOnly {
+                fast.arm(page, entry.home == self.me);
+            }
+        }
+    }
+
     fn take_twin(&mut self) -> Box<[u8]> {
         self.spare_twins
             .pop()
@@ -119,6 +201,7 @@ impl<M: Memory> Engine<M> {
     /// A fault of the app thread at `page`. `write` is `None` when the architecture does
     /// not say; the access is then treated as a read and a write retries as a write fault.
     pub fn on_fault(&mut self, page: Option<PageNo>, write: Option<bool>) -> Vec<Output> {
+        self.drain_handler_writes();
         let Some(page) = page.filter(|&p| (p as usize) < self.pages.len()) else {
             self.out.push(Output::FaultCrash);
             return self.take_out();
@@ -145,12 +228,17 @@ impl<M: Memory> Engine<M> {
 
     /// Read-only -> read-write: a twin for non-home pages, a write notice at the home.
     fn make_writable(&mut self, page: PageNo) {
+        self.settle(page);
+        if self.pages[page as usize].state != PageState::ReadOnly {
+            // The handler made it writable meanwhile.
+            return;
+        }
         if self.is_home(page) {
             self.home_writes.push(page);
         } else {
             let mut twin = self.take_twin();
             self.mem.read_page(page, &mut twin);
-            self.twins.insert(page, twin);
+            self.twins.insert(page, Twin::Owned(twin));
             self.dirty.push(page);
             self.stats.twins_made += 1;
         }
@@ -279,6 +367,11 @@ impl<M: Memory> Engine<M> {
     }
 
     fn serve(&mut self, to: NodeId, pages: Vec<PageNo>) {
+        // The app may be writing meanwhile: take the pages back from the handler so the
+        // states below are exact (a write it let through is a write notice to make).
+        for &p in &pages {
+            self.settle(p);
+        }
         // Write-protect first, so that any later write by the home faults and produces the
         // write notice that will invalidate the copy we hand out.
         let mut newly_shared: Vec<PageNo> = pages
@@ -389,6 +482,9 @@ impl<M: Memory> Engine<M> {
                     return;
                 }
                 self.pages.resize(end, PageEntry::UNALLOCATED);
+                if let Some(fast) = &self.fast {
+                    fast.reserve_pages(end);
+                }
             }
             for p in first..first + count {
                 let e = &mut self.pages[p as usize];

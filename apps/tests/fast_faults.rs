@@ -1,0 +1,100 @@
+//! Write faults served inside the SIGSEGV handler, with real page faults and real ranks over
+//! loopback: SOR writes its own boundary rows after serving them (home pages, handler
+//! write notices), Water updates molecules homed elsewhere under locks after reading them
+//! (handler twins). Results
+//! must match the sequential reference and the counters must show which path served the
+//! faults, with the fast path on (the default) and off (`DSM_FAST_FAULTS=0`).
+//!
+//! (FFT's transposes take no write faults at all: its bulk copies prefetch their pages
+//! writable in one request per home.)
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+const SOR: &str = env!("CARGO_BIN_EXE_sor");
+const WATER: &str = env!("CARGO_BIN_EXE_water");
+
+/// `(write_faults, handler_write_faults, twins_made)` summed over the ranks.
+fn fault_counters(stats: &Path, n: usize) -> (u64, u64, u64) {
+    let mut sum = (0, 0, 0);
+    for r in 0..n {
+        let path = stats.join(format!("rank-{r}.json"));
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let p = &json["protocol"];
+        let get = |k: &str| {
+            p[k].as_u64()
+                .unwrap_or_else(|| panic!("no protocol.{k} in {}", path.display()))
+        };
+        sum.0 += get("write_faults");
+        sum.1 += get("handler_write_faults");
+        sum.2 += get("twins_made");
+    }
+    sum
+}
+
+fn run(program: &str, args: &[&str], fast: Option<&str>, stats: &Path) -> (u64, u64, u64) {
+    let mut cmd: Command = dsm_testkit::dsmrun_command(2, &["--timeout", "120"], program, args);
+    cmd.env("DSM_STATS_FILE", stats.join("rank-%r.json"));
+    match fast {
+        Some(v) => cmd.env("DSM_FAST_FAULTS", v),
+        None => cmd.env_remove("DSM_FAST_FAULTS"),
+    };
+    let out = dsm_testkit::start_with_watchdog(cmd, Duration::from_secs(180)).finish();
+    assert!(
+        out.code == Some(0) && out.stdout.contains("[0] verified:"),
+        "{program} {args:?} (DSM_FAST_FAULTS={fast:?}): {out:?}"
+    );
+    fault_counters(stats, 2)
+}
+
+#[test]
+fn sor_home_write_faults_are_served_in_the_handler() {
+    let args = ["--size", "256", "--iters", "20"];
+    let on = tempfile::tempdir().unwrap();
+    let (writes, handler, _) = run(SOR, &args, None, on.path());
+    assert!(writes > 0, "SOR re-writes served boundary pages");
+    assert_eq!(
+        handler, writes,
+        "every write fault of SOR is on a valid page, so the handler serves all of them"
+    );
+    let off = tempfile::tempdir().unwrap();
+    let (writes_off, handler_off, _) = run(SOR, &args, Some("0"), off.path());
+    assert_eq!(
+        handler_off, 0,
+        "DSM_FAST_FAULTS=0 sends every fault to the comm thread"
+    );
+    assert!(writes_off > 0);
+}
+
+#[test]
+fn water_twins_are_made_in_the_handler() {
+    let args: [&str; 0] = [];
+    let on = tempfile::tempdir().unwrap();
+    let (writes, handler, twins) = run(WATER, &args, Some("1"), on.path());
+    assert!(
+        twins > 0 && writes > 0,
+        "Water writes pages homed elsewhere"
+    );
+    assert!(
+        handler > 0,
+        "the handler made twins ({handler} of {writes} write faults)"
+    );
+    let off = tempfile::tempdir().unwrap();
+    let (_, handler_off, twins_off) = run(WATER, &args, Some("0"), off.path());
+    assert_eq!(handler_off, 0);
+    assert!(twins_off > 0);
+}
+
+#[test]
+fn a_bad_fast_faults_setting_is_a_clear_error() {
+    let stats = tempfile::tempdir().unwrap();
+    let mut cmd: Command =
+        dsm_testkit::dsmrun_command(2, &["--timeout", "60"], SOR, &["--size", "64"]);
+    cmd.env("DSM_STATS_FILE", stats.path().join("rank-%r.json"))
+        .env("DSM_FAST_FAULTS", "yes");
+    let out = dsm_testkit::start_with_watchdog(cmd, Duration::from_secs(90)).finish();
+    assert_ne!(out.code, Some(0), "{out:?}");
+    assert!(out.all_output().contains("DSM_FAST_FAULTS=yes"), "{out:?}");
+}

@@ -1,0 +1,600 @@
+//! Write faults served inside the SIGSEGV handler, without waking the comm thread: the
+//! lock-free state the handler and the engine share, and nothing else (no I/O, no
+//! `unsafe`; the handler's page copy and `mprotect` are closures it passes in).
+//!
+//! A write to a valid, write-protected page (the engine's
+//! [`PageState::ReadOnly`](super::PageState::ReadOnly)) needs no peer: a non-home page
+//! needs a twin and write access, a home page only write access and a write notice at the
+//! end of the interval. The handler does that itself when the engine has *armed* the page:
+//!
+//! - **Per-page word** ([`FastFaults::page_word`]): `IDLE` (the handler must take the slow
+//!   path), `ARMED_HOME` / `ARMED_REMOTE` (the page is `ReadOnly` in the engine and
+//!   write-protected in the app view; the handler may take it), `CLAIMED` (the handler is
+//!   making it writable), `DONE` (it is writable and the engine has not yet heard of it).
+//!   The handler moves `ARMED_* -> CLAIMED` with a compare-and-swap; the engine moves
+//!   `ARMED_* -> IDLE` the same way before it changes anything about an armed page
+//!   ([`Engine::settle`](super::Engine)), so exactly one of them wins. If the engine loses,
+//!   it waits for `DONE` (the handler's work is a page copy and one `mprotect`, and the
+//!   handler never waits for the engine) and takes the write in as if it had made it.
+//! - **Twin slots**: a pool of page-sized buffers the engine makes (outside the handler)
+//!   and hands to the handler through the *free ring*; the handler copies the page into a
+//!   slot before it lets the write through. The engine diffs against the slot at the end
+//!   of the interval and returns the slot to the free ring.
+//! - **Done ring**: `(page, slot)` for every write the handler let through, drained by the
+//!   engine at the start of every event it handles.
+//!
+//! Both rings are single-producer single-consumer: the engine's side runs under the engine
+//! lock, and the handler's side under [`FastFaults`]'s busy flag (a second thread faulting
+//! meanwhile takes the slow path). Whenever the fast path cannot be taken (page not armed,
+//! no free slot, done ring full, busy, the access kind unknown, `mprotect` failed) the
+//! handler falls back to handing the fault to the comm thread, which is always correct.
+
+use dsm_proto::{PageNo, PAGE_SIZE};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+/// The handler must hand the fault to the comm thread.
+pub const IDLE: u8 = 0;
+/// A home page the handler may make writable (no twin needed).
+pub const ARMED_HOME: u8 = 1;
+/// A non-home page the handler may twin and make writable.
+pub const ARMED_REMOTE: u8 = 2;
+/// The handler is making the page writable.
+pub const CLAIMED: u8 = 3;
+/// The handler made the page writable; the engine has not taken it in yet.
+pub const DONE: u8 = 4;
+
+/// log2 of the pages per chunk of the page words (64 KiB of words per 256 MiB of segment).
+const PAGE_CHUNK_SHIFT: u32 = 16;
+const PAGE_CHUNK: usize = 1 << PAGE_CHUNK_SHIFT;
+/// 64-bit words per twin slot.
+const SLOT_WORDS: usize = PAGE_SIZE / 8;
+/// Slots per chunk of the pool (256 KiB per chunk).
+const SLOT_CHUNK: usize = 64;
+/// A done-ring entry's slot for a home page (no twin).
+pub const NO_SLOT: u32 = u32::MAX;
+
+/// A bounded single-producer single-consumer queue of `u64`s.
+struct Ring {
+    buf: Box<[AtomicU64]>,
+    /// Next index the consumer reads (only the consumer stores it).
+    head: AtomicUsize,
+    /// Next index the producer writes (only the producer stores it).
+    tail: AtomicUsize,
+}
+
+impl Ring {
+    fn new(capacity: usize) -> Ring {
+        Ring {
+            buf: (0..capacity).map(|_| AtomicU64::new(0)).collect(),
+            head: AtomicUsize::new(0),
+            tail: AtomicUsize::new(0),
+        }
+    }
+
+    /// Producer side: whether a push would succeed now (only the producer makes it fail).
+    fn has_room(&self) -> bool {
+        let t = self.tail.load(Ordering::Relaxed);
+        t - self.head.load(Ordering::Acquire) < self.buf.len()
+    }
+
+    fn push(&self, v: u64) -> bool {
+        let t = self.tail.load(Ordering::Relaxed);
+        if t - self.head.load(Ordering::Acquire) == self.buf.len() {
+            return false;
+        }
+        self.buf[t % self.buf.len()].store(v, Ordering::Relaxed);
+        self.tail.store(t + 1, Ordering::Release);
+        true
+    }
+
+    /// Consumer side: whether a pop would succeed now (only the consumer makes it fail).
+    fn is_empty(&self) -> bool {
+        self.head.load(Ordering::Relaxed) == self.tail.load(Ordering::Acquire)
+    }
+
+    fn pop(&self) -> Option<u64> {
+        let h = self.head.load(Ordering::Relaxed);
+        if h == self.tail.load(Ordering::Acquire) {
+            return None;
+        }
+        let v = self.buf[h % self.buf.len()].load(Ordering::Relaxed);
+        self.head.store(h + 1, Ordering::Release);
+        Some(v)
+    }
+}
+
+/// What [`FastFaults::take_back`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TakenBack {
+    /// The handler could not take the page.
+    WasIdle,
+    /// The page was armed; now the handler cannot take it.
+    WasArmed,
+    /// The handler made the page writable; drain before deciding anything about it.
+    HandlerWrote,
+}
+
+/// Why the handler did not serve a write fault itself (counted for the stats).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Miss {
+    /// The page was not armed (not a valid write-protected page, or the engine is busy
+    /// with it).
+    NotArmed,
+    /// No free twin slot, or the done ring is full: the engine grows the pool.
+    NoRoom,
+    /// Another thread is in the fast path.
+    Busy,
+    /// `mprotect` failed; the slow path reports it.
+    Protect,
+}
+
+/// The state the SIGSEGV handler and the engine share for write faults served in the
+/// handler (see the module documentation).
+pub struct FastFaults {
+    pages: Box<[OnceLock<Box<[AtomicU8]>>]>,
+    slots: Box<[OnceLock<Box<[AtomicU64]>>]>,
+    /// Slot numbers the handler may fill (engine -> handler).
+    free: Ring,
+    /// `page << 32 | slot` of the writes the handler let through (handler -> engine).
+    done: Ring,
+    busy: AtomicBool,
+    /// Faults the handler could not serve for want of a slot or ring room since the
+    /// engine last looked.
+    short: AtomicU64,
+}
+
+impl FastFaults {
+    /// Shared state for a segment of `pages` pages, with room for at most `max_slots`
+    /// twins in the handler's pool per interval. Only directories are allocated here; the
+    /// page words and slots are made by [`FastFaults::reserve_pages`] and
+    /// [`FastFaults::grow_slots`].
+    pub fn new(pages: usize, max_slots: usize) -> FastFaults {
+        let max_slots = max_slots.clamp(SLOT_CHUNK, 1 << 20);
+        FastFaults {
+            pages: (0..pages.div_ceil(PAGE_CHUNK))
+                .map(|_| OnceLock::new())
+                .collect(),
+            slots: (0..max_slots.div_ceil(SLOT_CHUNK))
+                .map(|_| OnceLock::new())
+                .collect(),
+            free: Ring::new(max_slots.div_ceil(SLOT_CHUNK) * SLOT_CHUNK),
+            done: Ring::new(max_slots.div_ceil(SLOT_CHUNK) * SLOT_CHUNK * 2),
+            busy: AtomicBool::new(false),
+            short: AtomicU64::new(0),
+        }
+    }
+
+    /// Makes the page words of pages `..end` (engine side, at allocation).
+    pub fn reserve_pages(&self, end: usize) {
+        let last = end.div_ceil(PAGE_CHUNK).min(self.pages.len());
+        for slot in &self.pages[..last] {
+            slot.get_or_init(|| (0..PAGE_CHUNK).map(|_| AtomicU8::new(IDLE)).collect());
+        }
+    }
+
+    /// The word of `page`, if an allocation has reached it.
+    #[inline]
+    pub fn page_word(&self, page: usize) -> Option<&AtomicU8> {
+        let chunk = self.pages.get(page >> PAGE_CHUNK_SHIFT)?.get()?;
+        Some(&chunk[page & (PAGE_CHUNK - 1)])
+    }
+
+    fn slot(&self, slot: u32) -> &[AtomicU64] {
+        let s = slot as usize;
+        let chunk = self.slots[s / SLOT_CHUNK]
+            .get()
+            .expect("slot numbers come from made chunks");
+        let at = (s % SLOT_CHUNK) * SLOT_WORDS;
+        &chunk[at..at + SLOT_WORDS]
+    }
+
+    /// Slots made so far.
+    pub fn slots_made(&self) -> usize {
+        self.slots.iter().take_while(|c| c.get().is_some()).count() * SLOT_CHUNK
+    }
+
+    /// Most slots the pool may hold.
+    pub fn max_slots(&self) -> usize {
+        self.slots.len() * SLOT_CHUNK
+    }
+
+    /// Engine side: makes slots until at least `want` exist (at most the maximum) and
+    /// hands the new ones to the handler. Returns how many were made.
+    pub fn grow_slots(&self, want: usize) -> usize {
+        let mut made = 0;
+        for (c, chunk) in self.slots.iter().enumerate() {
+            if c * SLOT_CHUNK >= want {
+                break;
+            }
+            if chunk.get().is_some() {
+                continue;
+            }
+            let _ = chunk.set(
+                (0..SLOT_CHUNK * SLOT_WORDS)
+                    .map(|_| AtomicU64::new(0))
+                    .collect(),
+            );
+            for s in 0..SLOT_CHUNK {
+                let pushed = self.free.push((c * SLOT_CHUNK + s) as u64);
+                debug_assert!(pushed, "the free ring holds every slot");
+            }
+            made += SLOT_CHUNK;
+        }
+        made
+    }
+
+    /// Engine side: gives a slot back to the handler once its twin has been diffed.
+    pub fn release_slot(&self, slot: u32) {
+        let pushed = self.free.push(u64::from(slot));
+        debug_assert!(pushed, "the free ring holds every slot");
+    }
+
+    /// Engine side: copies a slot's twin into `out` (one page).
+    pub fn read_slot(&self, slot: u32, out: &mut [u8]) {
+        for (w, bytes) in self.slot(slot).iter().zip(out.chunks_exact_mut(8)) {
+            bytes.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+        }
+    }
+
+    /// Engine side: how many faults the handler left to the slow path for want of room
+    /// since the last call.
+    pub fn take_short(&self) -> u64 {
+        self.short.swap(0, Ordering::Relaxed)
+    }
+
+    /// Engine side: lets the handler take `page` (a `ReadOnly` page whose app view is
+    /// write-protected). Returns false if the page's word is not idle.
+    pub fn arm(&self, page: PageNo, home: bool) -> bool {
+        let Some(w) = self.page_word(page as usize) else {
+            return false;
+        };
+        let armed = if home { ARMED_HOME } else { ARMED_REMOTE };
+        w.compare_exchange(IDLE, armed, Ordering::Release, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Engine side: takes `page` back from the handler. Returns true if the handler had
+    /// made it writable first (the engine must then [`FastFaults::drain`] before deciding
+    /// anything about the page); after either answer the handler leaves the page alone
+    /// until it is armed again. Waits while the handler is working on the page.
+    pub fn disarm(&self, page: PageNo) -> bool {
+        self.take_back(page) == TakenBack::HandlerWrote
+    }
+
+    /// [`FastFaults::disarm`], saying also whether the page was armed.
+    pub fn take_back(&self, page: PageNo) -> TakenBack {
+        let Some(w) = self.page_word(page as usize) else {
+            return TakenBack::WasIdle;
+        };
+        let mut spins = 0u32;
+        loop {
+            match w.load(Ordering::Acquire) {
+                IDLE => return TakenBack::WasIdle,
+                DONE => return TakenBack::HandlerWrote,
+                CLAIMED => {
+                    // The handler copies a page and calls mprotect, then stores DONE; it
+                    // never waits for the engine.
+                    spins += 1;
+                    if spins < 1000 {
+                        std::hint::spin_loop();
+                    } else {
+                        std::thread::yield_now();
+                    }
+                }
+                armed => {
+                    if w.compare_exchange(armed, IDLE, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        return TakenBack::WasArmed;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Engine side: whether the handler has let writes through that the engine has not
+    /// taken in.
+    pub fn has_done(&self) -> bool {
+        !self.done.is_empty()
+    }
+
+    /// Engine side: the writes the handler let through, as `(page, twin slot)` (`None` for
+    /// home pages), each page's word back to idle.
+    pub fn drain(&self, mut f: impl FnMut(PageNo, Option<u32>)) {
+        while let Some(v) = self.done.pop() {
+            let page = (v >> 32) as PageNo;
+            let slot = v as u32;
+            if let Some(w) = self.page_word(page as usize) {
+                // The handler pushes before it stores DONE.
+                while w.load(Ordering::Acquire) == CLAIMED {
+                    std::hint::spin_loop();
+                }
+                w.store(IDLE, Ordering::Release);
+            }
+            f(page, (slot != NO_SLOT).then_some(slot));
+        }
+    }
+
+    /// Handler side: serves a write fault on `page` if the engine armed it: claims the
+    /// page, makes it writable with `make_writable` (false if that failed), copies the
+    /// page's contents into a twin slot with `copy_twin` for a non-home page, and tells
+    /// the engine. Never allocates, blocks or takes a lock.
+    ///
+    /// The caller is the thread whose write faulted, so nothing writes the page between
+    /// `make_writable` and `copy_twin`: the twin is the page as it was before the write.
+    pub fn handler_write_fault(
+        &self,
+        page: usize,
+        make_writable: impl FnOnce() -> bool,
+        copy_twin: impl FnOnce(&[AtomicU64]),
+    ) -> Result<(), Miss> {
+        let Some(w) = self.page_word(page) else {
+            return Err(Miss::NotArmed);
+        };
+        let armed = w.load(Ordering::Relaxed);
+        if armed != ARMED_HOME && armed != ARMED_REMOTE {
+            return Err(Miss::NotArmed);
+        }
+        if self
+            .busy
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            return Err(Miss::Busy);
+        }
+        let result = self.serve_claimed(w, armed, page, make_writable, copy_twin);
+        self.busy.store(false, Ordering::Release);
+        result
+    }
+
+    fn serve_claimed(
+        &self,
+        w: &AtomicU8,
+        armed: u8,
+        page: usize,
+        make_writable: impl FnOnce() -> bool,
+        copy_twin: impl FnOnce(&[AtomicU64]),
+    ) -> Result<(), Miss> {
+        let remote = armed == ARMED_REMOTE;
+        if !self.done.has_room() || remote && self.free.is_empty() {
+            self.short.fetch_add(1, Ordering::Relaxed);
+            return Err(Miss::NoRoom);
+        }
+        if w.compare_exchange(armed, CLAIMED, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            return Err(Miss::NotArmed);
+        }
+        if !make_writable() {
+            w.store(armed, Ordering::Release);
+            return Err(Miss::Protect);
+        }
+        let slot = if remote {
+            let slot = self.free.pop().expect("checked non-empty; only we pop") as u32;
+            copy_twin(self.slot(slot));
+            slot
+        } else {
+            NO_SLOT
+        };
+        let pushed = self.done.push((page as u64) << 32 | u64::from(slot));
+        debug_assert!(pushed, "checked room; only we push");
+        w.store(DONE, Ordering::Release);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn fill(slot: &[AtomicU64], v: u64) {
+        for w in slot {
+            w.store(v, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn ring_is_fifo_and_bounded() {
+        let r = Ring::new(4);
+        assert!(r.is_empty());
+        for i in 0..4 {
+            assert!(r.has_room());
+            assert!(r.push(i));
+        }
+        assert!(!r.has_room() && !r.push(9));
+        assert_eq!(r.pop(), Some(0));
+        assert!(r.push(4));
+        assert_eq!(
+            (1..5).map(|_| r.pop().unwrap()).collect::<Vec<_>>(),
+            [1, 2, 3, 4]
+        );
+        assert_eq!(r.pop(), None);
+    }
+
+    #[test]
+    fn only_armed_pages_are_served_and_the_engine_hears_of_them() {
+        let f = FastFaults::new(16, 64);
+        f.reserve_pages(16);
+        f.grow_slots(64);
+        assert_eq!(f.slots_made(), 64);
+        let mut writable = [false; 16];
+        // Not armed: slow path, nothing happens.
+        assert_eq!(
+            f.handler_write_fault(3, || true, |_| ()),
+            Err(Miss::NotArmed)
+        );
+        assert!(f.arm(3, false) && f.arm(5, true));
+        assert!(!f.arm(3, false), "already armed");
+        f.handler_write_fault(
+            3,
+            || {
+                writable[3] = true;
+                true
+            },
+            |s| fill(s, 33),
+        )
+        .unwrap();
+        f.handler_write_fault(
+            5,
+            || {
+                writable[5] = true;
+                true
+            },
+            |_| panic!("no twin"),
+        )
+        .unwrap();
+        assert!(writable[3] && writable[5]);
+        // Served once: a second fault on the page goes the slow way.
+        assert_eq!(
+            f.handler_write_fault(3, || true, |_| ()),
+            Err(Miss::NotArmed)
+        );
+        assert!(f.has_done());
+        let mut got = Vec::new();
+        f.drain(|p, s| got.push((p, s)));
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[1], (5, None));
+        let (p, slot) = got[0];
+        assert_eq!(p, 3);
+        let mut twin = vec![0u8; PAGE_SIZE];
+        f.read_slot(slot.unwrap(), &mut twin);
+        assert!(twin
+            .chunks_exact(8)
+            .all(|b| u64::from_ne_bytes(b.try_into().unwrap()) == 33));
+        f.release_slot(slot.unwrap());
+        assert_eq!(f.page_word(3).unwrap().load(Ordering::Relaxed), IDLE);
+    }
+
+    #[test]
+    fn disarm_wins_or_reports_the_handlers_write() {
+        let f = FastFaults::new(16, 64);
+        f.reserve_pages(16);
+        f.grow_slots(64);
+        f.arm(1, false);
+        assert!(!f.disarm(1), "disarmed before the handler came");
+        assert_eq!(
+            f.handler_write_fault(1, || true, |_| ()),
+            Err(Miss::NotArmed)
+        );
+        f.arm(2, false);
+        f.handler_write_fault(2, || true, |_| ()).unwrap();
+        assert!(f.disarm(2), "the handler won: the engine must drain");
+        // A failed mprotect leaves the page armed for the slow path to sort out.
+        f.arm(4, true);
+        assert_eq!(
+            f.handler_write_fault(4, || false, |_| ()),
+            Err(Miss::Protect)
+        );
+        assert!(!f.disarm(4));
+    }
+
+    #[test]
+    fn without_slots_or_room_the_handler_falls_back() {
+        let f = FastFaults::new(4, 64);
+        f.reserve_pages(4);
+        f.arm(0, false);
+        assert_eq!(f.handler_write_fault(0, || true, |_| ()), Err(Miss::NoRoom));
+        assert_eq!(f.take_short(), 1);
+        assert_eq!(f.take_short(), 0);
+        // Home pages need no slot.
+        f.arm(1, true);
+        f.handler_write_fault(1, || true, |_| ()).unwrap();
+        // The pool grows outside the handler; the page is still armed.
+        f.grow_slots(1);
+        f.handler_write_fault(0, || true, |_| ()).unwrap();
+        // An unallocated page has no word.
+        let g = FastFaults::new(1 << 20, 64);
+        assert_eq!(
+            g.handler_write_fault(5, || true, |_| ()),
+            Err(Miss::NotArmed)
+        );
+        assert!(!g.arm(5, true));
+    }
+
+    /// The handler (one thread) and the engine (another) race on the same pages: every
+    /// page is taken by exactly one of them, and every write the handler let through
+    /// reaches the engine exactly once.
+    #[test]
+    fn handler_and_engine_never_both_win() {
+        const PAGES: usize = 64;
+        let f = Arc::new(FastFaults::new(PAGES, 64));
+        f.reserve_pages(PAGES);
+        f.grow_slots(64);
+        let rounds = 2000;
+        let made_writable: Arc<Vec<AtomicU64>> =
+            Arc::new((0..PAGES).map(|_| AtomicU64::new(0)).collect());
+        let stop = Arc::new(AtomicBool::new(false));
+        let handler = {
+            let (f, mw, stop) = (f.clone(), made_writable.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut served = 0u64;
+                let mut i = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    let p = (i * 7) % PAGES;
+                    i += 1;
+                    let r = f.handler_write_fault(
+                        p,
+                        || {
+                            mw[p].fetch_add(1, Ordering::Relaxed);
+                            true
+                        },
+                        |s| fill(s, p as u64),
+                    );
+                    served += u64::from(r.is_ok());
+                }
+                served
+            })
+        };
+        let mut engine_won = 0u64;
+        let mut drained = vec![0u64; PAGES];
+        for round in 0..rounds {
+            for p in 0..PAGES {
+                f.arm(p as PageNo, p % 3 == 0);
+            }
+            if round % 2 == 0 {
+                std::thread::yield_now();
+            }
+            let mut handler_won = Vec::new();
+            for p in 0..PAGES {
+                if f.disarm(p as PageNo) {
+                    handler_won.push(p);
+                } else {
+                    engine_won += 1;
+                }
+            }
+            let mut seen = Vec::new();
+            f.drain(|p, slot| {
+                drained[p as usize] += 1;
+                seen.push(p as usize);
+                match slot {
+                    Some(s) => {
+                        let mut twin = vec![0u8; PAGE_SIZE];
+                        f.read_slot(s, &mut twin);
+                        assert_eq!(twin[..8], (p as u64).to_ne_bytes());
+                        f.release_slot(s);
+                    }
+                    None => assert_eq!(p % 3, 0, "home pages have no twin"),
+                }
+            });
+            seen.sort_unstable();
+            assert_eq!(seen, handler_won, "round {round}");
+            // Every page is idle again: nothing is left armed or claimed.
+            for p in 0..PAGES {
+                assert_eq!(f.page_word(p).unwrap().load(Ordering::Relaxed), IDLE);
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let served = handler.join().unwrap();
+        assert_eq!(served, drained.iter().sum::<u64>());
+        for p in 0..PAGES {
+            assert_eq!(
+                made_writable[p].load(Ordering::Relaxed),
+                drained[p],
+                "page {p}"
+            );
+        }
+        assert_eq!(engine_won + served, (rounds * PAGES) as u64);
+    }
+}
