@@ -190,12 +190,12 @@ pub(crate) fn colocate(
     Ok(())
 }
 
-/// Bytes of each ring of a pair in a job of `size` ranks: [`DEFAULT_RING_BYTES`] up to 4
-/// ranks, then less, so that a host running many ranks of one job, every pair with its
-/// own region, is not asked for more than about 16 MiB per rank in rings (in 64 KiB at
-/// least; larger messages still pass, in pieces).
+/// Bytes of each ring of a pair in a job of `size` ranks: [`DEFAULT_RING_BYTES`] up to 8
+/// ranks, then less, so that a rank's rings (two per co-located peer) stay within about
+/// 4 MiB however many ranks share its host (64 KiB per ring at least; larger messages
+/// still pass, in pieces).
 fn ring_bytes(size: usize) -> usize {
-    let share = (16 << 20) / size.max(1) / 2;
+    let share = (4 << 20) / size.max(1) / 2;
     let pow2 = if share.is_power_of_two() {
         share
     } else {
@@ -336,10 +336,10 @@ mod tests {
     #[test]
     fn rings_shrink_as_jobs_grow() {
         assert_eq!(ring_bytes(2), DEFAULT_RING_BYTES);
-        assert_eq!(ring_bytes(4), DEFAULT_RING_BYTES);
-        assert_eq!(ring_bytes(8), 1 << 20);
-        assert_eq!(ring_bytes(12), 512 << 10);
-        assert_eq!(ring_bytes(64), 128 << 10);
+        assert_eq!(ring_bytes(8), DEFAULT_RING_BYTES);
+        assert_eq!(ring_bytes(12), 128 << 10);
+        assert_eq!(ring_bytes(16), 128 << 10);
+        assert_eq!(ring_bytes(32), 64 << 10);
         assert_eq!(ring_bytes(1024), 64 << 10);
         for n in 1..2000 {
             assert!(ring_bytes(n).is_power_of_two());

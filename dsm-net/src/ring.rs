@@ -45,9 +45,12 @@ const SEALS: SealFlag = SealFlag::from_bits_truncate(
     SealFlag::F_SEAL_SHRINK.bits() | SealFlag::F_SEAL_GROW.bits() | SealFlag::F_SEAL_SEAL.bits(),
 );
 
-/// Bytes of each ring unless told otherwise: 2 MiB, so that the largest page replies of
-/// the applications (tens of pages) fit many times; larger frames still pass, in pieces.
-pub const DEFAULT_RING_BYTES: usize = 2 << 20;
+/// Bytes of each ring unless told otherwise: 256 KiB, which holds the usual page replies
+/// (tens of pages) many times over; larger frames pass in pieces. Not more, because every
+/// ring page the byte stream has passed through stays resident (shared memory counts in
+/// the process's RSS): two rings of 2 MiB per peer made a race-detection run at N = 3 use
+/// twice the memory of a plain one.
+pub const DEFAULT_RING_BYTES: usize = 256 << 10;
 
 /// What is wrong with a region or a ring.
 #[derive(Debug, Error)]
