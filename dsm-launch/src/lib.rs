@@ -566,6 +566,8 @@ pub fn rank_config(
             size: config.ranks,
         }),
         stats_file: None,
+        // Inherited like the stats file.
+        push_pages: dsm_proto::config::DEFAULT_PUSH_PAGES,
         sem_trace: config.sem_trace.clone(),
         // Set by spawn_rank, which makes the pipe.
         launcher_fd: None,

@@ -212,7 +212,8 @@ mod tests {
                     lock,
                     known,
                     intervals,
-                    grant
+                    grant,
+                    pages: Vec::new(),
                 }),
             (
                 any::<u32>(),
@@ -247,6 +248,15 @@ mod tests {
                                 bits,
                             })
                             .collect(),
+                        pages: if finishing {
+                            Vec::new()
+                        } else {
+                            vec![PushedPage {
+                                page: epoch,
+                                data: vec![7; 16],
+                                applied: vec![(1, check as u32)],
+                            }]
+                        },
                     }
                 }),
             (

@@ -139,6 +139,11 @@ pub mod env_vars {
     /// Path where the rank writes its protocol and detector counters as JSON at finish
     /// (`%r` is replaced by the rank).
     pub const STATS_FILE: &str = "DSM_STATS_FILE";
+    /// Pages a home pushes with one lock grant or barrier arrival to a node holding a copy,
+    /// instead of letting the write notices invalidate it: a count, `on` (the default,
+    /// [`DEFAULT_PUSH_PAGES`](crate::config::DEFAULT_PUSH_PAGES)) or `off`/`0` (every
+    /// notice invalidates, as before pushing existed; for A/B measurements).
+    pub const PUSH: &str = "DSM_PUSH";
     /// Value tracing: path of the trace file rank 0 writes (`dsmrun --trace-values`).
     pub const TRACE_VALUES: &str = "DSM_TRACE_VALUES";
     /// `1`: traces keep every allocation's values (`--trace-values-full`).

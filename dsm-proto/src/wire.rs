@@ -19,7 +19,7 @@ pub type LockId = u64;
 pub type SemId = u64;
 
 /// Protocol version spoken in the handshake; bump it when any message layout changes.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// A vector timestamp: entry `n` is the index of the latest interval of node `n` that is
 /// known (has been "seen"). Intervals are numbered from 1, so 0 means "nothing seen".
@@ -352,6 +352,23 @@ pub struct PageCopy {
     pub data: Vec<u8>,
 }
 
+/// A page's contents pushed by its home, unasked, with a lock grant or a barrier arrival,
+/// to a node that holds (or held) a copy, so that the write notices arriving with it need
+/// not invalidate that copy. The receiver installs it only if it covers every write notice
+/// it knows for the page (see `applied`); otherwise it invalidates as without the push.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct PushedPage {
+    /// Which page (homed at the sender).
+    pub page: PageNo,
+    /// The whole page: exactly [`PAGE_SIZE`](crate::PAGE_SIZE) bytes (receivers reject any
+    /// other length).
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+    /// Per writer other than the home, the latest interval whose diff of the page is in
+    /// `data` (the home's own writes up to the push are always in it).
+    pub applied: Vec<(NodeId, u32)>,
+}
+
 /// The encoded modifications of one page in one interval (encoding owned by dsm-core).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct PageDiff {
@@ -484,6 +501,10 @@ pub enum Msg {
         /// any node (the count travels with the token; records and replays name grants
         /// by it).
         grant: u64,
+        /// Pages homed at the grantor that `intervals` name and that the acquirer is
+        /// believed to hold, brought up to date so the acquirer need not invalidate them
+        /// (empty when pushing is off or nothing qualifies).
+        pages: Vec<PushedPage>,
     },
     /// Arrival at barrier `epoch`, with the sender's own intervals since the last barrier.
     /// `check` is a digest of the sender's allocation table, so diverging collective
@@ -509,6 +530,10 @@ pub enum Msg {
         /// Race mode: bitmaps shipped unasked (empty otherwise, or when they would be too
         /// large to ship; the master then asks with [`BitmapRequest`](Msg::BitmapRequest)).
         bitmaps: Vec<EncodedBitmap>,
+        /// All-to-all barriers: pages homed at the sender that it wrote this epoch and the
+        /// receiver is believed to hold, so the receiver need not invalidate them (empty
+        /// otherwise; the same arrival to different receivers differs only here).
+        pages: Vec<PushedPage>,
     },
     /// The barrier master lets a node leave barrier `epoch`, once every node has arrived
     /// and, in race mode, the epoch has been analyzed.

@@ -5,8 +5,8 @@
 
 use super::{Engine, Memory, PageState, Prot};
 use dsm_proto::{
-    IntervalRecord, Msg, NodeId, PageDiff, PageNo, PageRuns, RaceNotices, Requirement, SyncCause,
-    VectorTime,
+    IntervalRecord, Msg, NodeId, PageDiff, PageNo, PageRuns, PushedPage, RaceNotices, Requirement,
+    SyncCause, VectorTime,
 };
 use std::collections::BTreeMap;
 
@@ -41,6 +41,7 @@ impl<M: Memory> Engine<M> {
                     .or_default()
                     .push(PageDiff { page: p, runs });
                 written.push(p);
+                self.note_own_diff(p, index);
             }
         }
         for (home, diffs) in by_home {
@@ -104,13 +105,15 @@ impl<M: Memory> Engine<M> {
         out
     }
 
-    /// Incorporates intervals learned at an acquire or barrier: logs them, invalidates the
-    /// pages their write notices name, and returns the diffs this node must have applied to
-    /// its home pages before the app may continue.
+    /// Incorporates intervals learned at an acquire or barrier: logs them, brings up to
+    /// date (from `pushed`, see `push`) or invalidates the pages their write notices name,
+    /// and returns the diffs this node must have applied to its home pages before the app
+    /// may continue.
     pub(super) fn apply_intervals(
         &mut self,
         mut records: Vec<IntervalRecord>,
         known: &VectorTime,
+        pushed: Vec<PushedPage>,
     ) -> Vec<Requirement> {
         if known.len() != self.n {
             self.fatal(format!(
@@ -121,7 +124,7 @@ impl<M: Memory> Engine<M> {
             return Vec::new();
         }
         records.sort_by_key(|r| (r.node, r.index));
-        let mut invalidate: Vec<PageNo> = Vec::new();
+        let mut named: Vec<PageNo> = Vec::new();
         let mut home_waits = Vec::new();
         for rec in records {
             let node = rec.node;
@@ -161,9 +164,7 @@ impl<M: Memory> Engine<M> {
                             None => req.push((node, rec.index)),
                         }
                     }
-                    if matches!(entry.state, PageState::ReadOnly | PageState::ReadWrite) {
-                        invalidate.push(p);
-                    }
+                    named.push(p);
                 }
             }
             // Race notices are the recording node's to give the master; a record without
@@ -172,8 +173,9 @@ impl<M: Memory> Engine<M> {
                 self.log[node as usize].push(IntervalRecord { race: None, ..rec });
             }
         }
-        invalidate.sort_unstable();
-        invalidate.dedup();
+        named.sort_unstable();
+        named.dedup();
+        let mut invalidate = self.take_pushes(named, pushed);
         for &p in &invalidate {
             debug_assert!(
                 self.pages[p as usize].state != PageState::ReadWrite,

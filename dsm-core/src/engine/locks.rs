@@ -10,7 +10,9 @@
 //! account for ends the job as diverged.
 
 use super::{Engine, Memory, Reply};
-use dsm_proto::{IntervalRecord, LockId, Msg, NodeId, RaceNotices, SyncCause, VectorTime};
+use dsm_proto::{
+    IntervalRecord, LockId, Msg, NodeId, PushedPage, RaceNotices, SyncCause, VectorTime,
+};
 
 /// This node's view of one lock: as a possible holder, and at the manager, as the end of
 /// the forwarding chain.
@@ -280,11 +282,15 @@ impl<M: Memory> Engine<M> {
             .released_known
             .clone()
             .unwrap_or_else(|| VectorTime::zero(n));
-        let intervals = self
+        let intervals: Vec<IntervalRecord> = self
             .unseen_by(&their_known)
             .into_iter()
             .filter(|r| r.index <= known.get(r.node))
             .collect();
+        // The data goes with the token: fresh copies of the pages homed here that the
+        // notices name and the acquirer holds (`push`).
+        let named = self.home_pages_named(&intervals);
+        let pages = self.pushes_for(to, named);
         self.send(
             to,
             Msg::LockGrant {
@@ -292,6 +298,7 @@ impl<M: Memory> Engine<M> {
                 known,
                 intervals,
                 grant,
+                pages,
             },
         );
     }
@@ -303,7 +310,11 @@ impl<M: Memory> Engine<M> {
         known: VectorTime,
         intervals: Vec<IntervalRecord>,
         grant: u64,
+        pages: Vec<PushedPage>,
     ) {
+        if !self.pushes_well_formed(from, &pages) {
+            return;
+        }
         let st = self.lock_entry(lock);
         if !st.waiting {
             self.fatal(format!(
@@ -316,7 +327,7 @@ impl<M: Memory> Engine<M> {
         st.token = true;
         st.grants = grant.saturating_add(1);
         self.note_acquired(lock, grant);
-        let waits = self.apply_intervals(intervals, &known);
+        let waits = self.apply_intervals(intervals, &known, pages);
         self.begin_interval(SyncCause::Acquire(lock));
         self.reply_after_home_diffs(waits, Reply::Done);
     }

@@ -38,6 +38,7 @@ mod barriers;
 mod intervals;
 mod locks;
 mod pages;
+mod push;
 mod replay;
 mod semaphores;
 mod vec_memory;
@@ -374,6 +375,15 @@ pub struct Stats {
     pub diffs_applied: u64,
     /// Valid copies dropped because a write notice named them.
     pub invalidations: u64,
+    /// Page copies pushed, as a home, with lock grants and barrier arrivals to nodes
+    /// believed to hold the page (`DSM_PUSH`).
+    pub pages_pushed: u64,
+    /// Pushed copies installed instead of invalidating (or fetching) the page: each is a
+    /// fault after the acquire or barrier that did not happen.
+    pub pushes_applied: u64,
+    /// Pushed copies dropped (they missed a diff this node must see, or no new write
+    /// notice named the page); the page was invalidated as without pushing.
+    pub pushes_rejected: u64,
     /// Intervals ended (at every acquire, release and barrier arrival).
     pub intervals_closed: u64,
     /// Lock acquires started.
@@ -430,6 +440,15 @@ pub struct Engine<M: Memory> {
     home_writes: Vec<PageNo>,
     /// Intervals known since the last barrier, per creating node, in index order.
     log: Vec<Vec<IntervalRecord>>,
+    /// Most pages pushed with one lock grant or barrier arrival; 0: pushing off.
+    push_limit: u32,
+    /// At the home: per page, the nodes (bit per rank, ranks below 64) it served or pushed
+    /// the page to, which are taken to hold a copy.
+    copies: HashMap<PageNo, u64>,
+    /// Per non-home page: this node's latest interval whose diff of it went to the home.
+    own_diffs: HashMap<PageNo, u32>,
+    /// All-to-all barrier: pages pushed with the arrivals of the current barrier.
+    barrier_pushes: Vec<dsm_proto::PushedPage>,
     /// Diffs a fetch of this (non-home) page must wait for, per writer.
     required: HashMap<PageNo, Vec<(NodeId, u32)>>,
     /// At the home: per page, the latest interval of each writer whose diff is applied.
@@ -490,6 +509,10 @@ impl<M: Memory> Engine<M> {
             spare_twins: (0..64).map(|_| vec![0u8; PAGE_SIZE].into()).collect(),
             home_writes: Vec::new(),
             log: vec![Vec::new(); n],
+            push_limit: dsm_proto::config::DEFAULT_PUSH_PAGES,
+            copies: HashMap::new(),
+            own_diffs: HashMap::new(),
+            barrier_pushes: Vec::new(),
             required: HashMap::new(),
             applied: HashMap::new(),
             parked: Vec::new(),
@@ -670,7 +693,8 @@ impl<M: Memory> Engine<M> {
                 known,
                 intervals,
                 grant,
-            } => self.on_lock_grant(from, lock, known, intervals, grant),
+                pages,
+            } => self.on_lock_grant(from, lock, known, intervals, grant, pages),
             Msg::BarrierArrive {
                 epoch,
                 known,
@@ -678,8 +702,9 @@ impl<M: Memory> Engine<M> {
                 check,
                 finishing,
                 bitmaps,
+                pages,
             } => {
-                if known.len() != self.n {
+                if known.len() != self.n || !self.pushes_well_formed(from, &pages) {
                     self.fatal(format!("rank {from} sent a malformed barrier arrival"));
                 } else {
                     self.on_arrive(
@@ -691,6 +716,7 @@ impl<M: Memory> Engine<M> {
                             check,
                             finishing,
                             bitmaps,
+                            pages,
                         },
                     )
                 }

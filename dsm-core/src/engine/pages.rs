@@ -83,7 +83,7 @@ impl<M: Memory> Engine<M> {
     }
 
     /// Reports pages another node may access too (see [`Output::PagesShared`]).
-    fn mark_shared(&mut self, page: PageNo, pages: u32) {
+    pub(super) fn mark_shared(&mut self, page: PageNo, pages: u32) {
         if let Some(Output::PagesShared { first, count }) = self.out.last_mut() {
             if *first + *count == page {
                 *count += pages;
@@ -213,6 +213,10 @@ impl<M: Memory> Engine<M> {
             }
         }
         let mut readable = Vec::with_capacity(copies.len());
+        if !self.arrivals.is_empty() {
+            let pages: Vec<PageNo> = copies.iter().map(|c| c.page).collect();
+            self.drop_older_pushes(from, &pages);
+        }
         for copy in copies {
             self.mem.write_page(copy.page, &copy.data);
             self.required.remove(&copy.page);
@@ -292,6 +296,7 @@ impl<M: Memory> Engine<M> {
         }
         for &p in &pages {
             self.mark_shared(p, 1);
+            self.note_copy(p, to);
         }
         let copies = pages
             .into_iter()
