@@ -2557,3 +2557,45 @@ fn pushes_are_taken_and_refused_in_random_programs() {
     );
     assert_eq!(applied + refused, pushed, "every push is taken or refused");
 }
+
+#[test]
+fn a_malformed_push_is_a_clear_fatal_error() {
+    // Page 0 is homed at node 0, page 1 at node 1. A push may only come from the page's
+    // home, whole.
+    let mut s = sim(2, &[0, 1], 1, 21);
+    let fatal = |outs: &[Output]| {
+        assert!(
+            outs.iter()
+                .any(|o| matches!(o, Output::Fatal(m) if m.contains("pushed a bad copy"))),
+            "wanted a fatal error: {outs:?}"
+        )
+    };
+    let push = |page: PageNo, len: usize| dsm_proto::PushedPage {
+        page,
+        data: vec![0; len],
+        applied: Vec::new(),
+    };
+    let grant = |p| Msg::LockGrant {
+        lock: 1,
+        known: dsm_proto::VectorTime::zero(2),
+        intervals: Vec::new(),
+        grant: 0,
+        pages: vec![p],
+    };
+    let eng = &mut s.nodes[0].eng;
+    fatal(&eng.on_peer_message(1, grant(push(0, PAGE_SIZE))));
+    fatal(&eng.on_peer_message(1, grant(push(1, 100))));
+    fatal(&eng.on_peer_message(1, grant(push(9, PAGE_SIZE))));
+    fatal(&eng.on_peer_message(
+        1,
+        Msg::BarrierArrive {
+            epoch: 2,
+            known: dsm_proto::VectorTime::zero(2),
+            intervals: Vec::new(),
+            check: 0,
+            finishing: false,
+            bitmaps: Vec::new(),
+            pages: vec![push(0, PAGE_SIZE)],
+        },
+    ));
+}
