@@ -240,11 +240,12 @@ pub const DEFAULT_LAUNCH_AGENT: &str = "ssh";
 
 /// Variables the user sets for a whole job in dsmrun's environment: local ranks inherit
 /// them, ranks on other hosts get them from dsmrun.
-pub const JOB_WIDE_VARS: [&str; 5] = [
+pub const JOB_WIDE_VARS: [&str; 6] = [
     env_vars::SEGMENT_ADDR,
     env_vars::RACE_PHASES,
     env_vars::PIN,
     env_vars::STATS_FILE,
+    env_vars::PUSH,
     env_vars::LOG,
 ];
 

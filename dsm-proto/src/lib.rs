@@ -184,7 +184,7 @@ pub mod env_vars {
 
     /// The variables a launcher owns: it clears them all from what ranks inherit and sets
     /// its own, so a nested or leftover setting never leaks into a job. The others
-    /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_RACE_BATCH`, `DSM_PIN`, `DSM_STATS_FILE`, `DSM_LOG`) are the
+    /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_RACE_BATCH`, `DSM_PIN`, `DSM_STATS_FILE`, `DSM_PUSH`, `DSM_LOG`) are the
     /// user's to set for a whole job and reach the ranks by inheritance.
     pub const LAUNCHER_OWNED: [&str; 35] = [
         PINPOINT,

@@ -485,8 +485,9 @@ pub enum Msg {
     /// The lock token, with every interval the grantor knows and the acquirer lacks.
     ///
     /// Sent by the token holder straight to the requester. The acquirer records the
-    /// intervals, invalidates the pages their write notices name, merges `known` into its
-    /// own vector time and enters the critical section.
+    /// intervals, installs the complete pushed `pages` and invalidates the other pages
+    /// their write notices name, merges `known` into its own vector time and enters the
+    /// critical section.
     LockGrant {
         /// The lock granted.
         lock: LockId,

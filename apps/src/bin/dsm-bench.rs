@@ -15,8 +15,8 @@ use std::process::Command;
 use std::time::Instant;
 
 /// Measures loopback round trip, remote page fault, write fault with twin, remote lock
-/// acquire, lock hand-off, semaphore wait, signal and hand-off, and barriers, and prints
-/// JSON.
+/// acquire (time and messages), lock hand-off (polling, and carrying one page of changes),
+/// semaphore wait, signal and hand-off, and barriers, and prints JSON.
 #[derive(Parser, Debug)]
 #[command(name = "dsm-bench", version)]
 struct Args {

@@ -21,7 +21,8 @@
 //!   cheaper equivalent: a notice is needed exactly when a copy may have gone stale.)
 //! - Intervals end at acquires, releases and barrier arrivals. A lock grant carries every
 //!   interval the grantor knew at its release and the acquirer has not seen; the acquirer
-//!   invalidates the pages they name. At a barrier every node's new intervals reach every
+//!   invalidates the pages they name, except those the grant brought complete copies of
+//!   (`push`; also at all-to-all barriers). At a barrier every node's new intervals reach every
 //!   other node (all-to-all in small jobs, through rank 0 otherwise and always with race
 //!   detection, where rank 0 analyzes the epoch first); afterwards everyone has seen
 //!   everything, so interval logs are discarded there.
@@ -30,7 +31,9 @@
 //! [`Reply`], [`Output`], [`Memory`], [`Stats`]) and routes each event to the concern that
 //! handles it: `pages` (page table, faults, fetches, twins, serving, diffs at homes),
 //! `intervals` (interval boundaries, write notices, invalidation), `locks` (lock manager,
-//! forwarding, grants) and `barriers` (arrivals, releases, log discard, race-mode rounds).
+//! forwarding, grants), `barriers` (arrivals, releases, log discard, race-mode rounds) and
+//! `push` (fresh page copies sent with grants and barrier arrivals, and the rule that
+//! decides whether the receiver may install one instead of invalidating).
 //! Each is an `impl Engine` block over the one state struct, so a protocol step that
 //! spans concerns (an acquire closes an interval, which sends diffs) stays a plain call.
 
