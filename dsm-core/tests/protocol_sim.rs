@@ -2539,7 +2539,7 @@ fn pushes_are_taken_and_refused_in_random_programs() {
     // The random race-free programs of `random_drf_programs_are_sequentially_consistent`
     // with pushing at its default and at one page: values match the sequential model
     // (checked by the simulation) whichever way each push goes, and both ways occur.
-    let (mut applied, mut refused, mut pushed) = (0, 0, 0);
+    let (mut applied, mut refused, mut pushed, mut by_diffs) = (0, 0, 0, 0);
     for seed in 0..u64::from(cases(120)) {
         let n = 2 + (seed % 4) as usize;
         let homes: Vec<usize> = (0..3).map(|p| (seed as usize / 4 + p) % n).collect();
@@ -2550,10 +2550,16 @@ fn pushes_are_taken_and_refused_in_random_programs() {
         applied += total(&s, |t| t.pushes_applied);
         refused += total(&s, |t| t.pushes_rejected);
         pushed += total(&s, |t| t.pages_pushed);
+        by_diffs += total(&s, |t| t.pushes_applied_diffs);
     }
     assert!(
         applied > 0 && refused > 0,
         "applied {applied}, refused {refused}"
+    );
+    // Jobs of 3 to 5 nodes have pages homed at neither granter nor acquirer.
+    assert!(
+        by_diffs > 0,
+        "no page was brought up to date by pushed diffs"
     );
     assert_eq!(applied + refused, pushed, "every push is taken or refused");
 }
@@ -2581,6 +2587,7 @@ fn a_malformed_push_is_a_clear_fatal_error() {
         intervals: Vec::new(),
         grant: 0,
         pages: vec![p],
+        diffs: Vec::new(),
     };
     let eng = &mut s.nodes[0].eng;
     fatal(&eng.on_peer_message(1, grant(push(0, PAGE_SIZE))));
@@ -2598,4 +2605,39 @@ fn a_malformed_push_is_a_clear_fatal_error() {
             pages: vec![push(0, PAGE_SIZE)],
         },
     ));
+}
+
+#[test]
+fn a_grant_carries_the_granters_diffs_of_a_third_nodes_page() {
+    // The page is homed at node 2. Node 1 holds a copy; node 0 writes the page under a
+    // lock and hands the lock to node 1, which gets node 0's diff with the grant and
+    // applies it to its copy instead of refetching from node 2. With pushing off it
+    // refetches.
+    for (push, fetched, applied) in [(dsm_proto::config::DEFAULT_PUSH_PAGES, 1, 1), (0, 2, 0)] {
+        let mut s = sim(3, &[2], 2, 13);
+        set_push(&mut s, push);
+        s.var_addr = vec![8, 16];
+        s.nodes[1].script.push_back(Op::Check(0));
+        s.run();
+        s.nodes[0]
+            .script
+            .extend([Op::Acquire(5), Op::Incr(0), Op::Incr(1), Op::Release(5)]);
+        s.run();
+        s.nodes[1]
+            .script
+            .extend([Op::Acquire(5), Op::Check(0), Op::Check(1), Op::Release(5)]);
+        s.run();
+        let r = s.nodes[1].eng.stats().clone();
+        assert_eq!(r.pages_fetched, fetched, "push {push}: {r:?}");
+        assert_eq!(r.pushes_applied, applied, "push {push}: {r:?}");
+        assert_eq!(r.pushes_applied_diffs, applied, "push {push}: {r:?}");
+        assert_eq!(s.nodes[0].eng.stats().pages_pushed, applied);
+        // Then everyone sees both writes after a barrier, node 2 (the home) included.
+        for k in 0..3 {
+            s.nodes[k]
+                .script
+                .extend([Op::Barrier, Op::Check(0), Op::Check(1)]);
+        }
+        s.run();
+    }
 }

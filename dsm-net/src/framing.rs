@@ -182,6 +182,11 @@ mod tests {
                 )
             )
                 .prop_map(|(interval, v)| Msg::Diffs {
+                    after: vec![Requirement {
+                        page: interval,
+                        writer: 1,
+                        interval: 2,
+                    }],
                     interval,
                     diffs: v
                         .into_iter()
@@ -214,6 +219,11 @@ mod tests {
                     intervals,
                     grant,
                     pages: Vec::new(),
+                    diffs: vec![PushedDiff {
+                        page: 3,
+                        interval: 2,
+                        runs: vec![0, 1, 2],
+                    }],
                 }),
             (
                 any::<u32>(),

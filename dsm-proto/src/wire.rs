@@ -369,6 +369,22 @@ pub struct PushedPage {
     pub applied: Vec<(NodeId, u32)>,
 }
 
+/// A diff the sender made of a page homed at a third node, pushed with a lock grant to
+/// bring the acquirer's copy up to date (the page's home is neither the grantor nor the
+/// acquirer, so the grantor has no whole copy to send, only its own changes). The acquirer
+/// applies a page's diffs only if its copy is valid and every new write notice naming the
+/// page is the grantor's, with its diff here; otherwise it invalidates.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct PushedDiff {
+    /// The page (homed neither at the sender nor at the receiver).
+    pub page: PageNo,
+    /// The sender's interval that made the diff.
+    pub interval: u32,
+    /// The changed byte runs, as sent to the home (`dsm_core::diff`'s encoding).
+    #[serde(with = "serde_bytes")]
+    pub runs: Vec<u8>,
+}
+
 /// The encoded modifications of one page in one interval (encoding owned by dsm-core).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct PageDiff {
@@ -446,13 +462,19 @@ pub enum Msg {
     /// Diffs of one interval, sent by the writer to the pages' home at interval end.
     ///
     /// One message per home; pages the interval left unchanged send nothing. The home
-    /// applies the diffs in place, notes `interval` as applied for this writer, and serves
-    /// page requests that were waiting for it.
+    /// applies the diffs in place (once the diffs in `after` are applied), notes
+    /// `interval` as applied for this writer, and serves page requests that were waiting
+    /// for it.
     Diffs {
         /// Index of the writer's interval that made the changes.
         interval: u32,
         /// One diff per modified page homed at the receiver.
         diffs: Vec<PageDiff>,
+        /// Diffs of other writers to these pages that the writer's copy already held when
+        /// it wrote (it received them pushed with a lock grant, not from the home): the
+        /// home applies this message only after them, so an older write never lands on a
+        /// newer one. Empty unless the writer took pushed diffs.
+        after: Vec<Requirement>,
     },
     /// Sent to a lock's manager, which forwards it to the last requester.
     ///
@@ -506,6 +528,9 @@ pub enum Msg {
         /// believed to hold, brought up to date so the acquirer need not invalidate them
         /// (empty when pushing is off or nothing qualifies).
         pages: Vec<PushedPage>,
+        /// The grantor's own diffs of pages homed at a third node that `intervals` name
+        /// (empty when pushing is off or nothing qualifies).
+        diffs: Vec<PushedDiff>,
     },
     /// Arrival at barrier `epoch`, with the sender's own intervals since the last barrier.
     /// `check` is a digest of the sender's allocation table, so diverging collective

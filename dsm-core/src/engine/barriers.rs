@@ -263,13 +263,19 @@ impl<M: Memory> Engine<M> {
             ));
             return;
         }
-        let pushed = std::mem::take(&mut self.barrier_pushes);
+        let pushed = super::push::Pushed {
+            pages: std::mem::take(&mut self.barrier_pushes),
+            ..Default::default()
+        };
         let waits = self.apply_intervals(intervals, &known, pushed);
         self.stats.barriers += 1;
-        // Everyone has now seen every interval up to this barrier: the logs can go.
+        // Everyone has now seen every interval up to this barrier: the logs can go, and
+        // with them the diffs kept to push with grants.
         for l in self.log.iter_mut() {
             l.clear();
         }
+        self.kept_diffs.clear();
+        self.kept_diff_bytes = 0;
         self.begin_interval(SyncCause::Barrier(epoch));
         if self.finishing {
             self.finished = true;

@@ -3,10 +3,11 @@
 //! (logging them and invalidating the pages their write notices name). Locks and barriers
 //! decide when; this module decides what an interval boundary does to pages and logs.
 
+use super::push::Pushed;
 use super::{Engine, Memory, PageState, Prot};
 use dsm_proto::{
-    IntervalRecord, Msg, NodeId, PageDiff, PageNo, PageRuns, PushedPage, RaceNotices, Requirement,
-    SyncCause, VectorTime,
+    IntervalRecord, Msg, NodeId, PageDiff, PageNo, PageRuns, RaceNotices, Requirement, SyncCause,
+    VectorTime,
 };
 use std::collections::BTreeMap;
 
@@ -36,20 +37,35 @@ impl<M: Memory> Engine<M> {
             if !runs.is_empty() {
                 self.stats.diffs_sent += 1;
                 self.stats.diff_bytes_sent += runs.len() as u64;
+                self.note_own_diff(p, index, &runs);
                 by_home
                     .entry(self.pages[p as usize].home)
                     .or_default()
                     .push(PageDiff { page: p, runs });
                 written.push(p);
-                self.note_own_diff(p, index);
             }
         }
         for (home, diffs) in by_home {
+            // Diffs this node's copies held without the home having sent them (pushed
+            // with a grant) must reach the home's copy before these do.
+            let after = diffs
+                .iter()
+                .flat_map(|d| {
+                    self.required.get(&d.page).into_iter().flatten().map(
+                        move |&(writer, interval)| Requirement {
+                            page: d.page,
+                            writer,
+                            interval,
+                        },
+                    )
+                })
+                .collect();
             self.send(
                 home,
                 Msg::Diffs {
                     interval: index,
                     diffs,
+                    after,
                 },
             );
         }
@@ -113,7 +129,7 @@ impl<M: Memory> Engine<M> {
         &mut self,
         mut records: Vec<IntervalRecord>,
         known: &VectorTime,
-        pushed: Vec<PushedPage>,
+        pushed: Pushed,
     ) -> Vec<Requirement> {
         if known.len() != self.n {
             self.fatal(format!(
@@ -125,6 +141,8 @@ impl<M: Memory> Engine<M> {
         }
         records.sort_by_key(|r| (r.node, r.index));
         let mut named: Vec<PageNo> = Vec::new();
+        // (page, writer, interval) of every new notice of a page homed elsewhere.
+        let mut fresh: Vec<(PageNo, NodeId, u32)> = Vec::new();
         let mut home_waits = Vec::new();
         for rec in records {
             let node = rec.node;
@@ -165,6 +183,7 @@ impl<M: Memory> Engine<M> {
                         }
                     }
                     named.push(p);
+                    fresh.push((p, node, rec.index));
                 }
             }
             // Race notices are the recording node's to give the master; a record without
@@ -175,7 +194,7 @@ impl<M: Memory> Engine<M> {
         }
         named.sort_unstable();
         named.dedup();
-        let mut invalidate = self.take_pushes(named, pushed);
+        let mut invalidate = self.take_pushes(named, pushed, &fresh);
         for &p in &invalidate {
             debug_assert!(
                 self.pages[p as usize].state != PageState::ReadWrite,

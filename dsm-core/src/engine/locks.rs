@@ -9,10 +9,9 @@
 //! the token while the record's next grant is its own. A request the record cannot
 //! account for ends the job as diverged.
 
+use super::push::Pushed;
 use super::{Engine, Memory, Reply};
-use dsm_proto::{
-    IntervalRecord, LockId, Msg, NodeId, PushedPage, RaceNotices, SyncCause, VectorTime,
-};
+use dsm_proto::{IntervalRecord, LockId, Msg, NodeId, RaceNotices, SyncCause, VectorTime};
 
 /// This node's view of one lock: as a possible holder, and at the manager, as the end of
 /// the forwarding chain.
@@ -291,6 +290,7 @@ impl<M: Memory> Engine<M> {
         // notices name and the acquirer holds (`push`).
         let named = self.home_pages_named(&intervals);
         let pages = self.pushes_for(to, named);
+        let diffs = self.diffs_for(to, &intervals, pages.len());
         self.send(
             to,
             Msg::LockGrant {
@@ -299,6 +299,7 @@ impl<M: Memory> Engine<M> {
                 intervals,
                 grant,
                 pages,
+                diffs,
             },
         );
     }
@@ -310,9 +311,11 @@ impl<M: Memory> Engine<M> {
         known: VectorTime,
         intervals: Vec<IntervalRecord>,
         grant: u64,
-        pages: Vec<PushedPage>,
+        pushed: Pushed,
     ) {
-        if !self.pushes_well_formed(from, &pages) {
+        if !self.pushes_well_formed(from, &pushed.pages)
+            || !self.pushed_diffs_well_formed(from, &pushed.diffs)
+        {
             return;
         }
         let st = self.lock_entry(lock);
@@ -327,7 +330,7 @@ impl<M: Memory> Engine<M> {
         st.token = true;
         st.grants = grant.saturating_add(1);
         self.note_acquired(lock, grant);
-        let waits = self.apply_intervals(intervals, &known, pages);
+        let waits = self.apply_intervals(intervals, &known, pushed);
         self.begin_interval(SyncCause::Acquire(lock));
         self.reply_after_home_diffs(waits, Reply::Done);
     }

@@ -384,6 +384,9 @@ pub struct Stats {
     /// Pushed copies installed instead of invalidating (or fetching) the page: each is a
     /// fault after the acquire or barrier that did not happen.
     pub pushes_applied: u64,
+    /// Of `pushes_applied`, pages brought up to date by a granter's diffs (pages homed at
+    /// a third node) rather than by a whole copy from the home.
+    pub pushes_applied_diffs: u64,
     /// Pushed copies dropped (they missed a diff this node must see, or no new write
     /// notice named the page); the page was invalidated as without pushing.
     pub pushes_rejected: u64,
@@ -450,6 +453,10 @@ pub struct Engine<M: Memory> {
     copies: HashMap<PageNo, u64>,
     /// Per non-home page: this node's latest interval whose diff of it went to the home.
     own_diffs: HashMap<PageNo, u32>,
+    /// Diffs this node made of pages homed at others since the last barrier, per page
+    /// (interval, runs), kept to push with lock grants (up to `kept_diff_bytes`).
+    kept_diffs: HashMap<PageNo, Vec<(u32, Vec<u8>)>>,
+    kept_diff_bytes: usize,
     /// All-to-all barrier: pages pushed with the arrivals of the current barrier.
     barrier_pushes: Vec<dsm_proto::PushedPage>,
     /// Diffs a fetch of this (non-home) page must wait for, per writer.
@@ -458,6 +465,14 @@ pub struct Engine<M: Memory> {
     applied: HashMap<PageNo, Vec<(NodeId, u32)>>,
     /// Page requests waiting at the home for diffs they require.
     parked: Vec<ParkedServe>,
+    /// Diffs waiting at the home for the diffs they must follow (`Msg::Diffs::after`):
+    /// (writer, interval, diffs, after).
+    parked_diffs: Vec<(
+        NodeId,
+        u32,
+        Vec<dsm_proto::PageDiff>,
+        Vec<dsm_proto::Requirement>,
+    )>,
     /// A reply held back until diffs to home pages arrive (at most one: the app thread
     /// waits for it).
     home_wait: Option<HomeWait>,
@@ -515,10 +530,13 @@ impl<M: Memory> Engine<M> {
             push_limit: dsm_proto::config::DEFAULT_PUSH_PAGES,
             copies: HashMap::new(),
             own_diffs: HashMap::new(),
+            kept_diffs: HashMap::new(),
+            kept_diff_bytes: 0,
             barrier_pushes: Vec::new(),
             required: HashMap::new(),
             applied: HashMap::new(),
             parked: Vec::new(),
+            parked_diffs: Vec::new(),
             home_wait: None,
             fetch: None,
             locks: HashMap::new(),
@@ -668,7 +686,11 @@ impl<M: Memory> Engine<M> {
         match msg {
             Msg::PageRequest { pages, required } => self.on_page_request(from, pages, required),
             Msg::PageReply { pages } => self.on_page_reply(from, pages),
-            Msg::Diffs { interval, diffs } => self.on_diffs(from, interval, diffs),
+            Msg::Diffs {
+                interval,
+                diffs,
+                after,
+            } => self.on_diffs(from, interval, diffs, after),
             Msg::LockRequest {
                 lock,
                 requester,
@@ -697,7 +719,15 @@ impl<M: Memory> Engine<M> {
                 intervals,
                 grant,
                 pages,
-            } => self.on_lock_grant(from, lock, known, intervals, grant, pages),
+                diffs,
+            } => {
+                let pushed = push::Pushed {
+                    pages,
+                    diffs,
+                    diffs_from: from,
+                };
+                self.on_lock_grant(from, lock, known, intervals, grant, pushed)
+            }
             Msg::BarrierArrive {
                 epoch,
                 known,

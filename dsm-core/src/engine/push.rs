@@ -17,9 +17,32 @@
 //! the home). Otherwise, or for a page no new notice names, the push is dropped and the
 //! page is invalidated exactly as without pushing. Pushing is off with a limit of 0
 //! (`DSM_PUSH=off`).
+//!
+//! A page homed at a third node (neither granter nor acquirer, so only in jobs of more
+//! than 2 nodes) has no whole copy at the granter, only the granter's own diffs of it: the
+//! granter keeps the diffs it made since the last barrier and sends those the grant's
+//! notices name. The acquirer applies them to its copy only if the copy is valid and every
+//! new notice naming the page is the granter's, with its diff there; the requirements stay
+//! recorded (the home may not have those diffs yet when the page is next fetched).
 
 use super::{Engine, Memory, PageState, Prot};
-use dsm_proto::{IntervalRecord, NodeId, PageNo, PushedPage, PAGE_SIZE};
+use crate::diff;
+use dsm_proto::{IntervalRecord, NodeId, PageNo, PushedDiff, PushedPage, PAGE_SIZE};
+use std::collections::BTreeMap;
+
+/// Bytes of its own diffs a node keeps between barriers to push with grants; beyond it,
+/// grants fall back to invalidation for the pages whose diffs were not kept.
+const KEPT_DIFF_BYTES: usize = 4 << 20;
+
+/// What came with a grant or a barrier's arrivals to bring copies up to date.
+#[derive(Default)]
+pub(super) struct Pushed {
+    /// Whole pages from their homes.
+    pub(super) pages: Vec<PushedPage>,
+    /// Diffs of pages homed at third nodes, all made by `diffs_from`.
+    pub(super) diffs: Vec<PushedDiff>,
+    pub(super) diffs_from: NodeId,
+}
 
 impl<M: Memory> Engine<M> {
     /// Sets the most pages pushed with one grant or arrival (0: pushing off).
@@ -35,11 +58,93 @@ impl<M: Memory> Engine<M> {
     }
 
     /// At a non-home writer, when a diff of `page` from interval `interval` goes to the
-    /// home: a pushed copy must contain it before it may replace the local one.
-    pub(super) fn note_own_diff(&mut self, page: PageNo, interval: u32) {
-        if self.push_limit > 0 {
-            self.own_diffs.insert(page, interval);
+    /// home: a pushed copy must contain it before it may replace the local one, and in
+    /// jobs with third-party homes the diff is kept to push with grants.
+    pub(super) fn note_own_diff(&mut self, page: PageNo, interval: u32, runs: &[u8]) {
+        if self.push_limit == 0 {
+            return;
         }
+        self.own_diffs.insert(page, interval);
+        if self.n > 2 && self.kept_diff_bytes + runs.len() <= KEPT_DIFF_BYTES {
+            self.kept_diff_bytes += runs.len();
+            self.kept_diffs
+                .entry(page)
+                .or_default()
+                .push((interval, runs.to_vec()));
+        }
+    }
+
+    /// This node's kept diffs of the pages its own intervals among `intervals` name that
+    /// are homed neither here nor at `to`: every diff of such a page the intervals name,
+    /// or none of it. At most the push limit less `pages_taken` pages.
+    pub(super) fn diffs_for(
+        &mut self,
+        to: NodeId,
+        intervals: &[IntervalRecord],
+        pages_taken: usize,
+    ) -> Vec<PushedDiff> {
+        if self.push_limit == 0 || self.kept_diffs.is_empty() {
+            return Vec::new();
+        }
+        let me = self.me;
+        let mut wanted: BTreeMap<PageNo, Vec<u32>> = BTreeMap::new();
+        for r in intervals.iter().filter(|r| r.node == me) {
+            for p in r.writes.iter() {
+                let third = self
+                    .pages
+                    .get(p as usize)
+                    .is_some_and(|e| e.home != me && e.home != to);
+                if third {
+                    wanted.entry(p).or_default().push(r.index);
+                }
+            }
+        }
+        let budget = (self.push_limit as usize).saturating_sub(pages_taken);
+        let mut out = Vec::new();
+        let mut pages = 0;
+        for (p, indices) in wanted {
+            if pages == budget {
+                break;
+            }
+            let Some(kept) = self.kept_diffs.get(&p) else {
+                continue;
+            };
+            let found: Option<Vec<&(u32, Vec<u8>)>> = indices
+                .iter()
+                .map(|&i| kept.iter().find(|(k, _)| *k == i))
+                .collect();
+            let Some(found) = found else { continue };
+            out.extend(found.into_iter().map(|(interval, runs)| PushedDiff {
+                page: p,
+                interval: *interval,
+                runs: runs.clone(),
+            }));
+            pages += 1;
+        }
+        self.stats.pages_pushed += pages as u64;
+        out
+    }
+
+    /// Checks the shape of diffs pushed by `from`: valid encodings of pages homed at a
+    /// third node.
+    pub(super) fn pushed_diffs_well_formed(&mut self, from: NodeId, diffs: &[PushedDiff]) -> bool {
+        for d in diffs {
+            let ok = from != self.me
+                && self
+                    .pages
+                    .get(d.page as usize)
+                    .is_some_and(|e| e.home != from && e.home != self.me)
+                && diff::validate(&d.runs).is_ok();
+            if !ok {
+                self.fatal(format!(
+                    "rank {from} pushed a bad diff of page {} ({} bytes)",
+                    d.page,
+                    d.runs.len()
+                ));
+                return false;
+            }
+        }
+        true
     }
 
     /// The pages homed here among `pages` that `to` holds a copy of, up to the push limit,
@@ -157,37 +262,64 @@ impl<M: Memory> Engine<M> {
         notices && own
     }
 
-    /// Installs the pushed copies among `pushed` that cover everything (see the module
-    /// doc) for pages in `named` (pages new write notices name, not homed here), and
-    /// returns the pages still to invalidate. Runs after the notices' requirements have
-    /// been recorded.
+    /// Installs the pushed copies (and applies the pushed diffs) among `pushed` that bring
+    /// a page fully up to date (see the module doc), for pages in `named` (pages new write
+    /// notices name, not homed here; `fresh` lists those notices), and returns the pages
+    /// still to invalidate. Runs after the notices' requirements have been recorded.
     pub(super) fn take_pushes(
         &mut self,
         named: Vec<PageNo>,
-        mut pushed: Vec<PushedPage>,
+        pushed: Pushed,
+        fresh: &[(PageNo, NodeId, u32)],
     ) -> Vec<PageNo> {
-        if pushed.is_empty() {
+        let Pushed {
+            pages: mut copies,
+            mut diffs,
+            diffs_from,
+        } = pushed;
+        if copies.is_empty() && diffs.is_empty() {
             return named.into_iter().filter(|&p| self.holds_copy(p)).collect();
         }
-        pushed.sort_by_key(|p| p.page);
-        let offered = pushed.len() as u64;
+        copies.sort_by_key(|p| p.page);
+        diffs.sort_by_key(|d| (d.page, d.interval));
+        let mut diff_pages: Vec<PageNo> = diffs.iter().map(|d| d.page).collect();
+        diff_pages.dedup();
+        let offered = (copies.len() + diff_pages.len()) as u64;
         let applied_before = self.stats.pushes_applied;
         let mut invalidate = Vec::new();
         let mut installed = Vec::new();
         for p in named {
-            let push = pushed
+            let copy = copies
                 .binary_search_by_key(&p, |q| q.page)
                 .ok()
-                .map(|i| &pushed[i]);
-            match push {
-                Some(push) if self.push_covers(p, push) => {
-                    self.mem.write_page(p, &push.data);
+                .map(|i| &copies[i]);
+            let first = diffs.partition_point(|d| d.page < p);
+            let end = diffs.partition_point(|d| d.page <= p);
+            let page_diffs = &diffs[first..end];
+            match copy {
+                Some(copy) if self.push_covers(p, copy) => {
+                    self.mem.write_page(p, &copy.data);
                     self.required.remove(&p);
                     if self.pages[p as usize].state == PageState::Invalid {
                         self.set_state(p, PageState::ReadOnly);
                         installed.push(p);
                     }
                     self.stats.pushes_applied += 1;
+                }
+                _ if !page_diffs.is_empty()
+                    && self.pages[p as usize].state == PageState::ReadOnly
+                    && fresh.iter().filter(|&&(q, _, _)| q == p).all(|&(_, w, i)| {
+                        w == diffs_from && page_diffs.iter().any(|d| d.interval == i)
+                    }) =>
+                {
+                    // The copy held everything before these notices; the granter's diffs
+                    // (disjoint from other writers' bytes, or ordered after them) bring
+                    // it up to them. The requirements stay: the home may lack the diffs.
+                    for d in page_diffs {
+                        self.mem.apply_diff(p, &d.runs);
+                    }
+                    self.stats.pushes_applied += 1;
+                    self.stats.pushes_applied_diffs += 1;
                 }
                 _ => {
                     if self.holds_copy(p) {
