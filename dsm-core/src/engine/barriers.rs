@@ -76,18 +76,11 @@ impl<M: Memory> Engine<M> {
             }
         } else {
             let me = self.me;
-            // Each reader of a page homed here that this node wrote in the epoch gets the
-            // page with the arrival, so it need not fault it back in after the barrier.
-            // Nothing is read after the final barrier.
-            let written = if finishing {
-                Vec::new()
-            } else {
-                self.home_pages_named(&self.log[me as usize])
-            };
             for to in (0..self.n as NodeId).filter(|&k| k != me) {
                 let mut m = msg.clone();
-                if let Msg::BarrierArrive { pages, .. } = &mut m {
-                    *pages = self.pushes_for(to, written.iter().copied());
+                // Nothing is read after the final barrier.
+                if let (Msg::BarrierArrive { pages, .. }, false) = (&mut m, finishing) {
+                    *pages = self.barrier_pushes_for(to);
                 }
                 self.send(to, m);
             }

@@ -286,6 +286,10 @@ impl<M: Memory> Engine<M> {
             .into_iter()
             .filter(|r| r.index <= known.get(r.node))
             .collect();
+        // The acquirer now knows our intervals up to the release.
+        let me = self.me;
+        let told = &mut self.told[to as usize];
+        *told = (*told).max(known.get(me));
         // The data goes with the token: fresh copies of the pages homed here that the
         // notices name and the acquirer holds (`push`).
         let named = self.home_pages_named(&intervals);

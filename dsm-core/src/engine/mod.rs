@@ -457,6 +457,10 @@ pub struct Engine<M: Memory> {
     /// (interval, runs), kept to push with lock grants (up to `kept_diff_bytes`).
     kept_diffs: HashMap<PageNo, Vec<(u32, Vec<u8>)>>,
     kept_diff_bytes: usize,
+    /// Per node: the latest of this node's intervals it passed to that node with a lock
+    /// grant (the node has seen every interval of ours up to it), so a barrier does not
+    /// push again what a grant already brought.
+    told: Vec<u32>,
     /// All-to-all barrier: pages pushed with the arrivals of the current barrier.
     barrier_pushes: Vec<dsm_proto::PushedPage>,
     /// Diffs a fetch of this (non-home) page must wait for, per writer.
@@ -532,6 +536,7 @@ impl<M: Memory> Engine<M> {
             own_diffs: HashMap::new(),
             kept_diffs: HashMap::new(),
             kept_diff_bytes: 0,
+            told: vec![0; n],
             barrier_pushes: Vec::new(),
             required: HashMap::new(),
             applied: HashMap::new(),

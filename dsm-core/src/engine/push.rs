@@ -213,6 +213,17 @@ impl<M: Memory> Engine<M> {
         self.stats.pushes_rejected += dropped as u64;
     }
 
+    /// All-to-all barrier arrival to `to`: the pages homed here that this node wrote in
+    /// the epoch, in intervals `to` has not been told of by a lock grant, and that `to`
+    /// holds, so it need not fault them back in after the barrier.
+    pub(super) fn barrier_pushes_for(&mut self, to: NodeId) -> Vec<PushedPage> {
+        let own = &self.log[self.me as usize];
+        let told = self.told[to as usize];
+        let start = own.partition_point(|r| r.index <= told);
+        let written = self.home_pages_named(&own[start..]);
+        self.pushes_for(to, written)
+    }
+
     /// The pages homed here that `intervals`' write notices name.
     pub(super) fn home_pages_named(&self, intervals: &[IntervalRecord]) -> Vec<PageNo> {
         let mut pages: Vec<PageNo> = intervals
