@@ -1189,6 +1189,9 @@ fn sim_with_setup(
         let mem = VecMemory::new(pages);
         let mut eng = Engine::new(k as NodeId, n, pages, mem, race)
             .with_fast_faults(Arc::new(FastFaults::new(pages, 64)));
+        // Data pushed with grants and arrivals: off, a cap so small that most pushes are
+        // cut off, or the default (the fallback to invalidation is exercised by all three).
+        eng.set_push_limit(push_limit_for(seed));
         setup(k, &mut eng);
         let mut clock = vec![0; n];
         clock[k] = 1;
@@ -1275,6 +1278,11 @@ fn sim_with_setup(
     }
     s.run();
     s
+}
+
+/// The push limit a simulation with this seed runs with (see `sim_with_setup`).
+fn push_limit_for(seed: u64) -> u32 {
+    [0, 1, dsm_proto::config::DEFAULT_PUSH_PAGES][((seed >> 5) % 3) as usize]
 }
 
 /// Proptest cases: `default`, or `PROPTEST_CASES` from the environment for longer soaks
@@ -2541,4 +2549,216 @@ fn semaphore_race_programs_cover_races_and_ordered_conflicts() {
         total.concurrent += c.concurrent;
     }
     assert!(total.ordered > 50 && total.concurrent > 50, "{total:?}");
+}
+
+// ---------------------------------------------------------------- data pushed with releases
+
+/// Sets every node's push limit (the simulations otherwise pick one from the seed).
+fn set_push(s: &mut Sim, pages: u32) {
+    for node in &mut s.nodes {
+        node.eng.set_push_limit(pages);
+    }
+}
+
+/// Sums a counter over the nodes.
+fn total(s: &Sim, f: impl Fn(&dsm_core::engine::Stats) -> u64) -> u64 {
+    s.nodes.iter().map(|n| f(n.eng.stats())).sum()
+}
+
+#[test]
+fn a_grant_carries_the_page_the_acquirer_holds() {
+    // Node 1 reads a page homed at node 0 (so node 0 knows it holds a copy); node 0 then
+    // writes it in a critical section. Node 1's acquire gets the page with the grant: it
+    // reads the new value without fetching. With pushing off it refetches.
+    for (push, fetched, applied) in [(dsm_proto::config::DEFAULT_PUSH_PAGES, 1, 1), (0, 2, 0)] {
+        let mut s = sim(2, &[0], 1, 11);
+        set_push(&mut s, push);
+        s.nodes[1].script.push_back(Op::Check(0));
+        s.run();
+        s.nodes[0]
+            .script
+            .extend([Op::Acquire(0), Op::Incr(0), Op::Release(0)]);
+        s.run();
+        s.nodes[1]
+            .script
+            .extend([Op::Acquire(0), Op::Check(0), Op::Release(0)]);
+        s.run();
+        let r = s.nodes[1].eng.stats().clone();
+        assert_eq!(r.pages_fetched, fetched, "push {push}: {r:?}");
+        assert_eq!(r.pushes_applied, applied, "push {push}: {r:?}");
+        assert_eq!(r.invalidations, 1 - applied, "push {push}: {r:?}");
+        assert_eq!(s.nodes[0].eng.stats().pages_pushed, applied);
+        assert_eq!(s.model[0], 1);
+    }
+}
+
+#[test]
+fn a_barrier_arrival_carries_the_homes_writes_to_its_readers() {
+    // The SOR pattern: node 1 reads a row homed at node 0, node 0 rewrites it, a barrier,
+    // node 1 reads it again. The all-to-all arrival brings the page.
+    let mut s = sim(2, &[0, 1], 2, 3);
+    set_push(&mut s, dsm_proto::config::DEFAULT_PUSH_PAGES);
+    s.var_addr = vec![8, PAGE_SIZE + 8];
+    for phase in 0..4 {
+        s.nodes[1].script.push_back(Op::Check(0));
+        s.nodes[0].script.push_back(Op::Check(1));
+        for k in 0..2 {
+            s.nodes[k].script.push_back(Op::Barrier);
+        }
+        // Each writes its own page, then both read the other's after a barrier.
+        s.nodes[0].script.push_back(Op::Incr(0));
+        s.nodes[1].script.push_back(Op::Incr(1));
+        for k in 0..2 {
+            s.nodes[k].script.push_back(Op::Barrier);
+        }
+        s.run();
+        assert_eq!(s.model, vec![phase + 1, phase + 1]);
+    }
+    for k in 0..2 {
+        let st = s.nodes[k].eng.stats();
+        assert_eq!(
+            st.pages_fetched, 1,
+            "node {k}: only the first read fetches: {st:?}"
+        );
+        assert_eq!(st.pushes_applied, 4, "node {k}: {st:?}");
+        assert_eq!(st.invalidations, 0, "node {k}: {st:?}");
+    }
+}
+
+#[test]
+fn a_push_without_the_acquirers_own_diff_is_refused() {
+    // Node 1 writes a word of a page homed at node 0 (its diff goes to node 0 directly),
+    // then acquires a lock that node 0 holds, through manager node 2. When the forwarded
+    // request overtakes node 1's diff, node 0's pushed copy lacks node 1's own write:
+    // installing it would lose that write, so node 1 must refuse it and fetch. Both
+    // message orders occur over the seeds; the values are checked either way.
+    let (mut applied, mut refused) = (0, 0);
+    for seed in 0..300u64 {
+        let mut s = sim(3, &[0], 2, seed);
+        set_push(&mut s, dsm_proto::config::DEFAULT_PUSH_PAGES);
+        s.var_addr = vec![8, 16];
+        // Node 1 holds a copy; node 0 takes lock 2 (managed by node 2) first.
+        s.nodes[1].script.push_back(Op::Check(0));
+        s.nodes[0].script.push_back(Op::Acquire(2));
+        s.run();
+        s.nodes[1]
+            .script
+            .extend([Op::Incr(1), Op::Acquire(2), Op::Check(0), Op::Check(1)]);
+        s.nodes[0].script.extend([Op::Incr(0), Op::Release(2)]);
+        s.run();
+        s.nodes[1].script.push_back(Op::Release(2));
+        s.run();
+        applied += s.nodes[1].eng.stats().pushes_applied;
+        refused += s.nodes[1].eng.stats().pushes_rejected;
+    }
+    assert!(applied > 0, "no push was ever taken");
+    assert!(refused > 0, "no push was ever refused");
+}
+
+#[test]
+fn pushes_are_taken_and_refused_in_random_programs() {
+    // The random race-free programs of `random_drf_programs_are_sequentially_consistent`
+    // with pushing at its default and at one page: values match the sequential model
+    // (checked by the simulation) whichever way each push goes, and both ways occur.
+    let (mut applied, mut refused, mut pushed, mut by_diffs) = (0, 0, 0, 0);
+    for seed in 0..u64::from(cases(120)) {
+        let n = 2 + (seed % 4) as usize;
+        let homes: Vec<usize> = (0..3).map(|p| (seed as usize / 4 + p) % n).collect();
+        let mut s = sim(n, &homes, 6, seed);
+        set_push(&mut s, if seed % 2 == 0 { 1 } else { 32 });
+        random_program(&mut s, 6, 2, 3, 4);
+        s.run();
+        applied += total(&s, |t| t.pushes_applied);
+        refused += total(&s, |t| t.pushes_rejected);
+        pushed += total(&s, |t| t.pages_pushed);
+        by_diffs += total(&s, |t| t.pushes_applied_diffs);
+    }
+    assert!(
+        applied > 0 && refused > 0,
+        "applied {applied}, refused {refused}"
+    );
+    // Jobs of 3 to 5 nodes have pages homed at neither granter nor acquirer.
+    assert!(
+        by_diffs > 0,
+        "no page was brought up to date by pushed diffs"
+    );
+    assert_eq!(applied + refused, pushed, "every push is taken or refused");
+}
+
+#[test]
+fn a_malformed_push_is_a_clear_fatal_error() {
+    // Page 0 is homed at node 0, page 1 at node 1. A push may only come from the page's
+    // home, whole.
+    let mut s = sim(2, &[0, 1], 1, 21);
+    let fatal = |outs: &[Output]| {
+        assert!(
+            outs.iter()
+                .any(|o| matches!(o, Output::Fatal(m) if m.contains("pushed a bad copy"))),
+            "wanted a fatal error: {outs:?}"
+        )
+    };
+    let push = |page: PageNo, len: usize| dsm_proto::PushedPage {
+        page,
+        data: vec![0; len],
+        applied: Vec::new(),
+    };
+    let grant = |p| Msg::LockGrant {
+        lock: 1,
+        known: dsm_proto::VectorTime::zero(2),
+        intervals: Vec::new(),
+        grant: 0,
+        pages: vec![p],
+        diffs: Vec::new(),
+    };
+    let eng = &mut s.nodes[0].eng;
+    fatal(&eng.on_peer_message(1, grant(push(0, PAGE_SIZE))));
+    fatal(&eng.on_peer_message(1, grant(push(1, 100))));
+    fatal(&eng.on_peer_message(1, grant(push(9, PAGE_SIZE))));
+    fatal(&eng.on_peer_message(
+        1,
+        Msg::BarrierArrive {
+            epoch: 2,
+            known: dsm_proto::VectorTime::zero(2),
+            intervals: Vec::new(),
+            check: 0,
+            finishing: false,
+            bitmaps: Vec::new(),
+            pages: vec![push(0, PAGE_SIZE)],
+        },
+    ));
+}
+
+#[test]
+fn a_grant_carries_the_granters_diffs_of_a_third_nodes_page() {
+    // The page is homed at node 2. Node 1 holds a copy; node 0 writes the page under a
+    // lock and hands the lock to node 1, which gets node 0's diff with the grant and
+    // applies it to its copy instead of refetching from node 2. With pushing off it
+    // refetches.
+    for (push, fetched, applied) in [(dsm_proto::config::DEFAULT_PUSH_PAGES, 1, 1), (0, 2, 0)] {
+        let mut s = sim(3, &[2], 2, 13);
+        set_push(&mut s, push);
+        s.var_addr = vec![8, 16];
+        s.nodes[1].script.push_back(Op::Check(0));
+        s.run();
+        s.nodes[0]
+            .script
+            .extend([Op::Acquire(5), Op::Incr(0), Op::Incr(1), Op::Release(5)]);
+        s.run();
+        s.nodes[1]
+            .script
+            .extend([Op::Acquire(5), Op::Check(0), Op::Check(1), Op::Release(5)]);
+        s.run();
+        let r = s.nodes[1].eng.stats().clone();
+        assert_eq!(r.pages_fetched, fetched, "push {push}: {r:?}");
+        assert_eq!(r.pushes_applied, applied, "push {push}: {r:?}");
+        assert_eq!(r.pushes_applied_diffs, applied, "push {push}: {r:?}");
+        assert_eq!(s.nodes[0].eng.stats().pages_pushed, applied);
+        // Then everyone sees both writes after a barrier, node 2 (the home) included.
+        for k in 0..3 {
+            s.nodes[k]
+                .script
+                .extend([Op::Barrier, Op::Check(0), Op::Check(1)]);
+        }
+        s.run();
+    }
 }

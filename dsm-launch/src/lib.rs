@@ -240,13 +240,14 @@ pub const DEFAULT_LAUNCH_AGENT: &str = "ssh";
 
 /// Variables the user sets for a whole job in dsmrun's environment: local ranks inherit
 /// them, ranks on other hosts get them from dsmrun.
-pub const JOB_WIDE_VARS: [&str; 7] = [
+pub const JOB_WIDE_VARS: [&str; 8] = [
     env_vars::SEGMENT_ADDR,
     env_vars::TRANSPORT,
     env_vars::RACE_PHASES,
     env_vars::PIN,
     env_vars::FAST_FAULTS,
     env_vars::STATS_FILE,
+    env_vars::PUSH,
     env_vars::LOG,
 ];
 
@@ -570,6 +571,8 @@ pub fn rank_config(
             size: config.ranks,
         }),
         stats_file: None,
+        // Inherited like the stats file.
+        push_pages: dsm_proto::config::DEFAULT_PUSH_PAGES,
         sem_trace: config.sem_trace.clone(),
         // Set by spawn_rank, which makes the pipe.
         launcher_fd: None,

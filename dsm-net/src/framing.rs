@@ -182,6 +182,11 @@ mod tests {
                 )
             )
                 .prop_map(|(interval, v)| Msg::Diffs {
+                    after: vec![Requirement {
+                        page: interval,
+                        writer: 1,
+                        interval: 2,
+                    }],
                     interval,
                     diffs: v
                         .into_iter()
@@ -212,7 +217,13 @@ mod tests {
                     lock,
                     known,
                     intervals,
-                    grant
+                    grant,
+                    pages: Vec::new(),
+                    diffs: vec![PushedDiff {
+                        page: 3,
+                        interval: 2,
+                        runs: vec![0, 1, 2],
+                    }],
                 }),
             (
                 any::<u32>(),
@@ -247,6 +258,15 @@ mod tests {
                                 bits,
                             })
                             .collect(),
+                        pages: if finishing {
+                            Vec::new()
+                        } else {
+                            vec![PushedPage {
+                                page: epoch,
+                                data: vec![7; 16],
+                                applied: vec![(1, check as u32)],
+                            }]
+                        },
                     }
                 }),
             (

@@ -271,6 +271,8 @@ pub struct JobConfig {
     pub local: Option<LocalPlacement>,
     /// Where to write this rank's counters at finish (`%r` becomes the rank).
     pub stats_file: Option<PathBuf>,
+    /// Most pages a home pushes with one lock grant or barrier arrival (`DSM_PUSH`; 0: off).
+    pub push_pages: u32,
     /// Semaphore trace (`--sem-trace FILE`): each rank writes its completed semaphore
     /// operations to `FILE.rank<R>`, which dsmrun merges into `FILE`.
     pub sem_trace: Option<PathBuf>,
@@ -280,6 +282,22 @@ pub struct JobConfig {
     /// The inherited pipe end that ties the rank's life to its launcher's
     /// (`DSM_LAUNCHER_FD`): end-of-file on it means the launcher died.
     pub launcher_fd: Option<i32>,
+}
+
+/// Pages a home pushes with one lock grant or barrier arrival unless `DSM_PUSH` says
+/// otherwise: enough for a few rows of a matrix or a block of molecules, small enough that
+/// a grant stays a few hundred microseconds on loopback.
+pub const DEFAULT_PUSH_PAGES: u32 = 32;
+
+/// Reads `DSM_PUSH`: `on`, `off`, or a page count (`0` is `off`).
+fn parse_push(v: &str) -> Result<u32, String> {
+    match v.trim() {
+        "on" => Ok(DEFAULT_PUSH_PAGES),
+        "off" => Ok(0),
+        n => n
+            .parse::<u32>()
+            .map_err(|_| "expected on, off or a page count".to_owned()),
+    }
 }
 
 /// How long ranks wait for each other at start unless told otherwise.
@@ -305,6 +323,7 @@ impl JobConfig {
             transport: TransportChoice::Auto,
             local: None,
             stats_file: None,
+            push_pages: DEFAULT_PUSH_PAGES,
             sem_trace: None,
             coord_fd: None,
             launcher_fd: None,
@@ -653,6 +672,10 @@ impl JobConfig {
             stats_file: get(vars::STATS_FILE)
                 .filter(|s| !s.is_empty())
                 .map(PathBuf::from),
+            push_pages: match get(vars::PUSH) {
+                Some(v) => parse_push(&v).map_err(|e| invalid(vars::PUSH, &v, e))?,
+                None => DEFAULT_PUSH_PAGES,
+            },
             sem_trace: get(vars::SEM_TRACE)
                 .filter(|s| !s.is_empty())
                 .map(PathBuf::from),
@@ -1011,6 +1034,20 @@ mod tests {
                 Ok(c.clone())
             );
         }
+    }
+
+    #[test]
+    fn push_is_on_by_default_and_takes_off_or_a_page_count() {
+        assert_eq!(env(&[]).unwrap().push_pages, DEFAULT_PUSH_PAGES);
+        assert_eq!(
+            env(&[("DSM_PUSH", "on")]).unwrap().push_pages,
+            DEFAULT_PUSH_PAGES
+        );
+        assert_eq!(env(&[("DSM_PUSH", "off")]).unwrap().push_pages, 0);
+        assert_eq!(env(&[("DSM_PUSH", "0")]).unwrap().push_pages, 0);
+        assert_eq!(env(&[("DSM_PUSH", "5")]).unwrap().push_pages, 5);
+        let e = env(&[("DSM_PUSH", "lots")]).unwrap_err().to_string();
+        assert!(e.contains("DSM_PUSH") && e.contains("page count"), "{e}");
     }
 
     #[test]

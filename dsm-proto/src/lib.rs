@@ -143,6 +143,11 @@ pub mod env_vars {
     /// Path where the rank writes its protocol and detector counters as JSON at finish
     /// (`%r` is replaced by the rank).
     pub const STATS_FILE: &str = "DSM_STATS_FILE";
+    /// Pages a home pushes with one lock grant or barrier arrival to a node holding a copy,
+    /// instead of letting the write notices invalidate it: a count, `on` (the default,
+    /// [`DEFAULT_PUSH_PAGES`](crate::config::DEFAULT_PUSH_PAGES)) or `off`/`0` (every
+    /// notice invalidates, as before pushing existed; for A/B measurements).
+    pub const PUSH: &str = "DSM_PUSH";
     /// Value tracing: path of the trace file rank 0 writes (`dsmrun --trace-values`).
     pub const TRACE_VALUES: &str = "DSM_TRACE_VALUES";
     /// `1`: traces keep every allocation's values (`--trace-values-full`).
@@ -188,8 +193,8 @@ pub mod env_vars {
     /// The variables a launcher owns: it clears them all from what ranks inherit and sets
     /// its own, so a nested or leftover setting never leaks into a job. The others
     /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_RACE_BATCH`, `DSM_PIN`,
-    /// `DSM_FAST_FAULTS`, `DSM_STATS_FILE`, `DSM_LOG`) are the user's to set for a whole job
-    /// and reach the ranks by inheritance.
+    /// `DSM_FAST_FAULTS`, `DSM_STATS_FILE`, `DSM_PUSH`, `DSM_LOG`) are the user's to set for
+    /// a whole job and reach the ranks by inheritance.
     pub const LAUNCHER_OWNED: [&str; 35] = [
         PINPOINT,
         PINPOINT_DIR,

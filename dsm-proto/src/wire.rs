@@ -19,7 +19,7 @@ pub type LockId = u64;
 pub type SemId = u64;
 
 /// Protocol version spoken in the handshake; bump it when any message layout changes.
-pub const PROTOCOL_VERSION: u32 = 8;
+pub const PROTOCOL_VERSION: u32 = 9;
 
 /// A vector timestamp: entry `n` is the index of the latest interval of node `n` that is
 /// known (has been "seen"). Intervals are numbered from 1, so 0 means "nothing seen".
@@ -352,6 +352,39 @@ pub struct PageCopy {
     pub data: Vec<u8>,
 }
 
+/// A page's contents pushed by its home, unasked, with a lock grant or a barrier arrival,
+/// to a node that holds (or held) a copy, so that the write notices arriving with it need
+/// not invalidate that copy. The receiver installs it only if it covers every write notice
+/// it knows for the page (see `applied`); otherwise it invalidates as without the push.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct PushedPage {
+    /// Which page (homed at the sender).
+    pub page: PageNo,
+    /// The whole page: exactly [`PAGE_SIZE`](crate::PAGE_SIZE) bytes (receivers reject any
+    /// other length).
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+    /// Per writer other than the home, the latest interval whose diff of the page is in
+    /// `data` (the home's own writes up to the push are always in it).
+    pub applied: Vec<(NodeId, u32)>,
+}
+
+/// A diff the sender made of a page homed at a third node, pushed with a lock grant to
+/// bring the acquirer's copy up to date (the page's home is neither the grantor nor the
+/// acquirer, so the grantor has no whole copy to send, only its own changes). The acquirer
+/// applies a page's diffs only if its copy is valid and every new write notice naming the
+/// page is the grantor's, with its diff here; otherwise it invalidates.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct PushedDiff {
+    /// The page (homed neither at the sender nor at the receiver).
+    pub page: PageNo,
+    /// The sender's interval that made the diff.
+    pub interval: u32,
+    /// The changed byte runs, as sent to the home (`dsm_core::diff`'s encoding).
+    #[serde(with = "serde_bytes")]
+    pub runs: Vec<u8>,
+}
+
 /// The encoded modifications of one page in one interval (encoding owned by dsm-core).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct PageDiff {
@@ -429,13 +462,19 @@ pub enum Msg {
     /// Diffs of one interval, sent by the writer to the pages' home at interval end.
     ///
     /// One message per home; pages the interval left unchanged send nothing. The home
-    /// applies the diffs in place, notes `interval` as applied for this writer, and serves
-    /// page requests that were waiting for it.
+    /// applies the diffs in place (once the diffs in `after` are applied), notes
+    /// `interval` as applied for this writer, and serves page requests that were waiting
+    /// for it.
     Diffs {
         /// Index of the writer's interval that made the changes.
         interval: u32,
         /// One diff per modified page homed at the receiver.
         diffs: Vec<PageDiff>,
+        /// Diffs of other writers to these pages that the writer's copy already held when
+        /// it wrote (it received them pushed with a lock grant, not from the home): the
+        /// home applies this message only after them, so an older write never lands on a
+        /// newer one. Empty unless the writer took pushed diffs.
+        after: Vec<Requirement>,
     },
     /// Sent to a lock's manager, which forwards it to the last requester.
     ///
@@ -468,8 +507,9 @@ pub enum Msg {
     /// The lock token, with every interval the grantor knows and the acquirer lacks.
     ///
     /// Sent by the token holder straight to the requester. The acquirer records the
-    /// intervals, invalidates the pages their write notices name, merges `known` into its
-    /// own vector time and enters the critical section.
+    /// intervals, installs the complete pushed `pages` and invalidates the other pages
+    /// their write notices name, merges `known` into its own vector time and enters the
+    /// critical section.
     LockGrant {
         /// The lock granted.
         lock: LockId,
@@ -484,6 +524,13 @@ pub enum Msg {
         /// any node (the count travels with the token; records and replays name grants
         /// by it).
         grant: u64,
+        /// Pages homed at the grantor that `intervals` name and that the acquirer is
+        /// believed to hold, brought up to date so the acquirer need not invalidate them
+        /// (empty when pushing is off or nothing qualifies).
+        pages: Vec<PushedPage>,
+        /// The grantor's own diffs of pages homed at a third node that `intervals` name
+        /// (empty when pushing is off or nothing qualifies).
+        diffs: Vec<PushedDiff>,
     },
     /// Arrival at barrier `epoch`, with the sender's own intervals since the last barrier.
     /// `check` is a digest of the sender's allocation table, so diverging collective
@@ -509,6 +556,10 @@ pub enum Msg {
         /// Race mode: bitmaps shipped unasked (empty otherwise, or when they would be too
         /// large to ship; the master then asks with [`BitmapRequest`](Msg::BitmapRequest)).
         bitmaps: Vec<EncodedBitmap>,
+        /// All-to-all barriers: pages homed at the sender that it wrote this epoch and the
+        /// receiver is believed to hold, so the receiver need not invalidate them (empty
+        /// otherwise; the same arrival to different receivers differs only here).
+        pages: Vec<PushedPage>,
     },
     /// The barrier master lets a node leave barrier `epoch`, once every node has arrived
     /// and, in race mode, the epoch has been analyzed.

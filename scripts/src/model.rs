@@ -364,6 +364,9 @@ pub struct Primitives {
     pub write_fault_us: Option<f64>,
     pub lock_acquire_us: Option<f64>,
     pub lock_handoff_us: Option<f64>,
+    /// A hand-off carrying one page of changes (see `BenchFigures`).
+    #[serde(default)]
+    pub lock_handoff_page_us: Option<f64>,
     pub barrier_us: BTreeMap<String, f64>,
     /// remote_fault_us / (rtt_us + write_fault_us).
     pub remote_fault_vs_floor: Option<f64>,
@@ -384,6 +387,7 @@ impl Primitives {
             write_fault_us: b.write_fault_us,
             lock_acquire_us: b.lock_acquire_us,
             lock_handoff_us: b.lock_handoff_us,
+            lock_handoff_page_us: b.lock_handoff_page_us,
             barrier_us: b.barrier_us.clone(),
             remote_fault_vs_floor: b
                 .remote_fault_us

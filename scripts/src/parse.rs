@@ -251,6 +251,10 @@ pub struct BenchFigures {
     pub write_fault_us: Option<f64>,
     pub lock_acquire_us: Option<f64>,
     pub lock_handoff_us: Option<f64>,
+    /// A lock hand-off carrying one page of changes, turns passed outside the DSM (no
+    /// polling through the lock): the hand-off latency.
+    #[serde(default)]
+    pub lock_handoff_page_us: Option<f64>,
     /// Barrier time per node count ("2", "4", "8").
     pub barrier_us: std::collections::BTreeMap<String, f64>,
 }
@@ -283,6 +287,7 @@ pub fn parse_bench(v: &Value) -> Result<BenchFigures, String> {
         write_fault_us: median_of(v.get("write_fault_us")),
         lock_acquire_us: median_of(v.get("lock_acquire_us")),
         lock_handoff_us: median_of(v.get("lock_handoff_us")),
+        lock_handoff_page_us: median_of(v.get("lock_handoff_page_us")),
         barrier_us,
     };
     if b.rtt_us.is_none() {

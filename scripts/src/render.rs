@@ -420,7 +420,12 @@ pub fn render(r: &Report) -> String {
             t.lock_acquire_us,
         );
         row(
-            "lock hand-off between two nodes (mean)",
+            "lock hand-off carrying one page of changes",
+            p.lock_handoff_page_us,
+            t.lock_handoff_page_us,
+        );
+        row(
+            "lock hand-offs while both nodes poll one lock (mean)",
             p.lock_handoff_us,
             t.lock_handoff_us,
         );

@@ -15,8 +15,8 @@ use std::process::Command;
 use std::time::Instant;
 
 /// Measures loopback round trip, remote page fault, write fault with twin, remote lock
-/// acquire, lock hand-off, semaphore wait, signal and hand-off, and barriers, and prints
-/// JSON.
+/// acquire (time and messages), lock hand-off (polling, and carrying one page of changes),
+/// semaphore wait, signal and hand-off, and barriers, and prints JSON.
 #[derive(Parser, Debug)]
 #[command(name = "dsm-bench", version)]
 struct Args {
@@ -41,6 +41,11 @@ fn main() -> anyhow::Result<()> {
         Some(w) => bail!("unknown worker kind {w:?}"),
     }
 }
+
+/// Messages a rank sends for one barrier of a 2-node job (all-to-all: its arrival), taken
+/// off message counts whose window must end after a barrier so that the other rank's
+/// answers are in it.
+const BARRIER_ARRIVALS_N2: u64 = 1;
 
 fn stats(mut v: Vec<f64>) -> Value {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -108,6 +113,7 @@ fn driver(args: &Args) -> anyhow::Result<()> {
     let sem_initial = num(&all["sem_wait_initial_us"]["median"]) / lock;
     let sem_signalled = num(&all["sem_wait_signalled_us"]["median"]) / lock;
     let sem_handoff = num(&all["sem_handoff_us"]["mean"]) / num(&all["lock_handoff_us"]["mean"]);
+    let handoff_page = num(&all["lock_handoff_page_us"]["median"]);
     let obj = all.as_object_mut().expect("object");
     obj.insert("barrier_us".into(), Value::Object(barriers));
     obj.insert(
@@ -115,6 +121,7 @@ fn driver(args: &Args) -> anyhow::Result<()> {
         json!({
             "remote_fault_over_rtt_plus_local_fault": round(fault / (rtt + local)),
             "lock_acquire_in_rtts": round(lock / rtt),
+            "lock_handoff_page_in_rtts": round(handoff_page / rtt),
             "sem_wait_initial_over_lock_acquire": round(sem_initial),
             "sem_wait_signalled_over_lock_acquire": round(sem_signalled),
             "sem_handoff_over_lock_handoff": round(sem_handoff),
@@ -122,6 +129,67 @@ fn driver(args: &Args) -> anyhow::Result<()> {
         }),
     );
     println!("{}", serde_json::to_string_pretty(&all)?);
+    Ok(())
+}
+
+/// Lock hand-off carrying one page of changes: the two ranks take turns acquiring a lock
+/// whose token is at the other rank, which rewrote a whole page (homed at rank 1) under it
+/// and released it. Turns are passed over a plain TCP connection, outside the DSM, so
+/// nothing but the lock orders the ranks (no polling through the lock, no barrier that
+/// would carry the write notices first). A sample is the time from `lock` until the lock
+/// is held and the other rank's page contents have been read. Also counts both ranks'
+/// DSM messages per hand-off (`lock_handoff_page_messages`).
+fn lock_handoff_with_page(
+    dsm: &mut Dsm,
+    reps: usize,
+    out: &mut serde_json::Map<String, Value>,
+) -> anyhow::Result<()> {
+    const WORDS: usize = 4096 / 8;
+    const LOCK: u64 = 7; // managed by rank 1, like the page's home
+    let page = dsm.alloc_with::<u64>("bench_handoff_page", WORDS, Distribution::OnNode(1))?;
+    let port = dsm.alloc_with::<u64>("bench_handoff_port", 1, Distribution::OnNode(0))?;
+    let me = dsm.rank();
+    let listener = if me == 0 {
+        let l = TcpListener::bind("127.0.0.1:0")?;
+        dsm.view(&port).set(0, l.local_addr()?.port() as u64);
+        Some(l)
+    } else {
+        None
+    };
+    dsm.barrier()?;
+    let mut turns = match listener {
+        Some(l) => l.accept()?.0,
+        None => TcpStream::connect(("127.0.0.1", dsm.view(&port).get(0) as u16))?,
+    };
+    turns.set_nodelay(true)?;
+    let sent = dsm.stats().messages_sent;
+    let mut samples = Vec::with_capacity(reps);
+    for round in 0..2 * reps as u64 + 1 {
+        if round % 2 != me as u64 {
+            continue;
+        }
+        if round > 0 {
+            let mut b = [0u8; 1];
+            turns.read_exact(&mut b)?;
+        }
+        let t = Instant::now();
+        let g = dsm.lock(LOCK)?;
+        let v = g.view(&page);
+        let (first, last) = (v.get(0), v.get(WORDS - 1));
+        if round > 0 {
+            samples.push(us(t));
+            if first != round - 1 || last != round - 1 {
+                bail!("hand-off benchmark: round {round} read {first}/{last}");
+            }
+        }
+        v.write_from(0, &[round; WORDS]);
+        g.unlock()?;
+        turns.write_all(&[1])?;
+    }
+    dsm.barrier()?;
+    let msgs = dsm.stats().messages_sent - sent - BARRIER_ARRIVALS_N2;
+    out.insert(format!("lock_handoff_page_us_rank{me}"), stats(samples));
+    out.insert(format!("lock_handoff_page_messages_rank{me}"), json!(msgs));
     Ok(())
 }
 
@@ -288,6 +356,7 @@ fn worker(args: &Args, everything: bool) -> anyhow::Result<()> {
 
         // Acquire of a free lock whose manager is the other node (lock ids 2k+0 are
         // managed by rank 0; each is used once, so the manager holds its token).
+        let sent = dsm.stats().messages_sent;
         if dsm.rank() == 1 {
             let mut acq = Vec::with_capacity(reps);
             for k in 0..reps as u64 {
@@ -299,6 +368,13 @@ fn worker(args: &Args, everything: bool) -> anyhow::Result<()> {
             out.insert("lock_acquire_us".into(), stats(acq));
         }
         dsm.barrier()?;
+        let msgs = dsm.stats().messages_sent - sent - BARRIER_ARRIVALS_N2;
+        out.insert(
+            format!("lock_acquire_messages_rank{}", dsm.rank()),
+            json!(msgs),
+        );
+
+        lock_handoff_with_page(&mut dsm, reps, &mut out)?;
 
         // Hand-off: the lock alternates between the two nodes (a shared turn variable
         // says whose turn it is).
@@ -344,6 +420,28 @@ fn worker(args: &Args, everything: bool) -> anyhow::Result<()> {
         let mut merged = rank1;
         for (k, v) in out {
             merged.entry(k).or_insert(v);
+        }
+        // Messages per operation, both ranks' counts together.
+        let per_op = |m: &serde_json::Map<String, Value>, key: &str, ops: usize| {
+            let sum: f64 = (0..2)
+                .filter_map(|r| m.get(&format!("{key}_rank{r}")).and_then(Value::as_f64))
+                .sum();
+            round(sum / ops as f64)
+        };
+        if merged.contains_key("lock_acquire_messages_rank0") {
+            let a = per_op(&merged, "lock_acquire_messages", reps);
+            let h = per_op(&merged, "lock_handoff_page_messages", 2 * reps);
+            merged.insert("lock_acquire_messages".into(), json!(a));
+            merged.insert("lock_handoff_page_messages".into(), json!(h));
+            // Both directions: rank 0 acquires from rank 1, the page's home, and the
+            // other way round.
+            let med = |r: usize| {
+                merged[&format!("lock_handoff_page_us_rank{r}")]["median"]
+                    .as_f64()
+                    .unwrap_or(f64::NAN)
+            };
+            let both = round((med(0) + med(1)) / 2.0);
+            merged.insert("lock_handoff_page_us".into(), json!({"median": both}));
         }
         println!("BENCH {}", Value::Object(merged));
     }

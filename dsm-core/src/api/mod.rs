@@ -365,6 +365,7 @@ impl Dsm {
             p.push(format!(".{}", env.rank));
             std::path::PathBuf::from(p)
         });
+        engine.set_push_limit(env.push_pages);
         if record_part.is_some() {
             engine.start_recording();
         }

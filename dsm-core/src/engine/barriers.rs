@@ -4,7 +4,8 @@
 
 use super::{Engine, Memory, Output, RaceBatch, Reply};
 use dsm_proto::{
-    BitmapKey, EncodedBitmap, IntervalRecord, Msg, NodeId, RaceNotices, SyncCause, VectorTime,
+    BitmapKey, EncodedBitmap, IntervalRecord, Msg, NodeId, PushedPage, RaceNotices, SyncCause,
+    VectorTime,
 };
 
 /// One node's arrival at a barrier, as received (see `Msg::BarrierArrive`).
@@ -15,6 +16,8 @@ pub(super) struct Arrival {
     pub(super) check: u64,
     pub(super) finishing: bool,
     pub(super) bitmaps: Vec<EncodedBitmap>,
+    /// All-to-all: pages the sender pushed to this node (see `push`).
+    pub(super) pages: Vec<PushedPage>,
 }
 
 /// What the master needs to release a barrier once every node has arrived; with race
@@ -63,6 +66,7 @@ impl<M: Memory> Engine<M> {
             check: self.alloc_digest,
             finishing,
             bitmaps,
+            pages: Vec::new(),
         };
         if !self.all_to_all() {
             if self.me == 0 {
@@ -73,7 +77,12 @@ impl<M: Memory> Engine<M> {
         } else {
             let me = self.me;
             for to in (0..self.n as NodeId).filter(|&k| k != me) {
-                self.send(to, msg.clone());
+                let mut m = msg.clone();
+                // Nothing is read after the final barrier.
+                if let (Msg::BarrierArrive { pages, .. }, false) = (&mut m, finishing) {
+                    *pages = self.barrier_pushes_for(to);
+                }
+                self.send(to, m);
             }
             self.handle(self.me, msg);
         }
@@ -164,6 +173,9 @@ impl<M: Memory> Engine<M> {
         let mut knowns = Vec::with_capacity(self.n);
         let mut shipped = Vec::new();
         for (node, a) in arrivals.into_iter().enumerate() {
+            if self.all_to_all() {
+                self.barrier_pushes.extend(a.pages);
+            }
             global.merge(&a.known);
             knowns.push(a.known);
             all.extend(a.intervals);
@@ -244,12 +256,19 @@ impl<M: Memory> Engine<M> {
             ));
             return;
         }
-        let waits = self.apply_intervals(intervals, &known);
+        let pushed = super::push::Pushed {
+            pages: std::mem::take(&mut self.barrier_pushes),
+            ..Default::default()
+        };
+        let waits = self.apply_intervals(intervals, &known, pushed);
         self.stats.barriers += 1;
-        // Everyone has now seen every interval up to this barrier: the logs can go.
+        // Everyone has now seen every interval up to this barrier: the logs can go, and
+        // with them the diffs kept to push with grants.
         for l in self.log.iter_mut() {
             l.clear();
         }
+        self.kept_diffs.clear();
+        self.kept_diff_bytes = 0;
         self.begin_interval(SyncCause::Barrier(epoch));
         if self.finishing {
             self.finished = true;

@@ -3,6 +3,7 @@
 //! (logging them and invalidating the pages their write notices name). Locks and barriers
 //! decide when; this module decides what an interval boundary does to pages and logs.
 
+use super::push::Pushed;
 use super::{Engine, Memory, PageState, Prot, Twin};
 use dsm_proto::{
     IntervalRecord, Msg, NodeId, PageDiff, PageNo, PageRuns, RaceNotices, Requirement, SyncCause,
@@ -48,6 +49,7 @@ impl<M: Memory> Engine<M> {
             if !runs.is_empty() {
                 self.stats.diffs_sent += 1;
                 self.stats.diff_bytes_sent += runs.len() as u64;
+                self.note_own_diff(p, index, &runs);
                 by_home
                     .entry(self.pages[p as usize].home)
                     .or_default()
@@ -56,11 +58,26 @@ impl<M: Memory> Engine<M> {
             }
         }
         for (home, diffs) in by_home {
+            // Diffs this node's copies held without the home having sent them (pushed
+            // with a grant) must reach the home's copy before these do.
+            let after = diffs
+                .iter()
+                .flat_map(|d| {
+                    self.required.get(&d.page).into_iter().flatten().map(
+                        move |&(writer, interval)| Requirement {
+                            page: d.page,
+                            writer,
+                            interval,
+                        },
+                    )
+                })
+                .collect();
             self.send(
                 home,
                 Msg::Diffs {
                     interval: index,
                     diffs,
+                    after,
                 },
             );
         }
@@ -130,13 +147,15 @@ impl<M: Memory> Engine<M> {
         out
     }
 
-    /// Incorporates intervals learned at an acquire or barrier: logs them, invalidates the
-    /// pages their write notices name, and returns the diffs this node must have applied to
-    /// its home pages before the app may continue.
+    /// Incorporates intervals learned at an acquire or barrier: logs them, brings up to
+    /// date (from `pushed`, see `push`) or invalidates the pages their write notices name,
+    /// and returns the diffs this node must have applied to its home pages before the app
+    /// may continue.
     pub(super) fn apply_intervals(
         &mut self,
         mut records: Vec<IntervalRecord>,
         known: &VectorTime,
+        pushed: Pushed,
     ) -> Vec<Requirement> {
         if known.len() != self.n {
             self.fatal(format!(
@@ -147,7 +166,9 @@ impl<M: Memory> Engine<M> {
             return Vec::new();
         }
         records.sort_by_key(|r| (r.node, r.index));
-        let mut invalidate: Vec<PageNo> = Vec::new();
+        let mut named: Vec<PageNo> = Vec::new();
+        // (page, writer, interval) of every new notice of a page homed elsewhere.
+        let mut fresh: Vec<(PageNo, NodeId, u32)> = Vec::new();
         let mut home_waits = Vec::new();
         for rec in records {
             let node = rec.node;
@@ -188,9 +209,8 @@ impl<M: Memory> Engine<M> {
                             None => req.push((node, rec.index)),
                         }
                     }
-                    if matches!(entry.state, PageState::ReadOnly | PageState::ReadWrite) {
-                        invalidate.push(p);
-                    }
+                    named.push(p);
+                    fresh.push((p, node, rec.index));
                 }
             }
             // Race notices are the recording node's to give the master; a record without
@@ -199,8 +219,9 @@ impl<M: Memory> Engine<M> {
                 self.log[node as usize].push(IntervalRecord { race: None, ..rec });
             }
         }
-        invalidate.sort_unstable();
-        invalidate.dedup();
+        named.sort_unstable();
+        named.dedup();
+        let mut invalidate = self.take_pushes(named, pushed, &fresh);
         for &p in &invalidate {
             debug_assert!(
                 self.pages[p as usize].state != PageState::ReadWrite,

@@ -9,6 +9,7 @@
 //! the token while the record's next grant is its own. A request the record cannot
 //! account for ends the job as diverged.
 
+use super::push::Pushed;
 use super::{Engine, Memory, Reply};
 use dsm_proto::{IntervalRecord, LockId, Msg, NodeId, RaceNotices, SyncCause, VectorTime};
 
@@ -280,11 +281,20 @@ impl<M: Memory> Engine<M> {
             .released_known
             .clone()
             .unwrap_or_else(|| VectorTime::zero(n));
-        let intervals = self
+        let intervals: Vec<IntervalRecord> = self
             .unseen_by(&their_known)
             .into_iter()
             .filter(|r| r.index <= known.get(r.node))
             .collect();
+        // The acquirer now knows our intervals up to the release.
+        let me = self.me;
+        let told = &mut self.told[to as usize];
+        *told = (*told).max(known.get(me));
+        // The data goes with the token: fresh copies of the pages homed here that the
+        // notices name and the acquirer holds (`push`).
+        let named = self.home_pages_named(&intervals);
+        let pages = self.pushes_for(to, named);
+        let diffs = self.diffs_for(to, &intervals, pages.len());
         self.send(
             to,
             Msg::LockGrant {
@@ -292,6 +302,8 @@ impl<M: Memory> Engine<M> {
                 known,
                 intervals,
                 grant,
+                pages,
+                diffs,
             },
         );
     }
@@ -303,7 +315,13 @@ impl<M: Memory> Engine<M> {
         known: VectorTime,
         intervals: Vec<IntervalRecord>,
         grant: u64,
+        pushed: Pushed,
     ) {
+        if !self.pushes_well_formed(from, &pushed.pages)
+            || !self.pushed_diffs_well_formed(from, &pushed.diffs)
+        {
+            return;
+        }
         let st = self.lock_entry(lock);
         if !st.waiting {
             self.fatal(format!(
@@ -316,7 +334,7 @@ impl<M: Memory> Engine<M> {
         st.token = true;
         st.grants = grant.saturating_add(1);
         self.note_acquired(lock, grant);
-        let waits = self.apply_intervals(intervals, &known);
+        let waits = self.apply_intervals(intervals, &known, pushed);
         self.begin_interval(SyncCause::Acquire(lock));
         self.reply_after_home_diffs(waits, Reply::Done);
     }

@@ -21,7 +21,8 @@
 //!   cheaper equivalent: a notice is needed exactly when a copy may have gone stale.)
 //! - Intervals end at acquires, releases and barrier arrivals. A lock grant carries every
 //!   interval the grantor knew at its release and the acquirer has not seen; the acquirer
-//!   invalidates the pages they name. At a barrier every node's new intervals reach every
+//!   invalidates the pages they name, except those the grant brought complete copies of
+//!   (`push`; also at all-to-all barriers). At a barrier every node's new intervals reach every
 //!   other node (all-to-all in small jobs, through rank 0 otherwise and always with race
 //!   detection, where rank 0 analyzes the epoch first); afterwards everyone has seen
 //!   everything, so interval logs are discarded there.
@@ -30,7 +31,9 @@
 //! [`Reply`], [`Output`], [`Memory`], [`Stats`]) and routes each event to the concern that
 //! handles it: `pages` (page table, faults, fetches, twins, serving, diffs at homes),
 //! `intervals` (interval boundaries, write notices, invalidation), `locks` (lock manager,
-//! forwarding, grants) and `barriers` (arrivals, releases, log discard, race-mode rounds);
+//! forwarding, grants), `barriers` (arrivals, releases, log discard, race-mode rounds) and
+//! `push` (fresh page copies sent with grants and barrier arrivals, and the rule that
+//! decides whether the receiver may install one instead of invalidating);
 //! [`fast`] holds the lock-free state through which the SIGSEGV handler serves write faults
 //! on valid pages without the engine, which takes them in at the start of every event.
 //! Each is an `impl Engine` block over the one state struct, so a protocol step that
@@ -41,6 +44,7 @@ pub mod fast;
 mod intervals;
 mod locks;
 mod pages;
+mod push;
 mod replay;
 mod semaphores;
 mod vec_memory;
@@ -396,6 +400,18 @@ pub struct Stats {
     pub diffs_applied: u64,
     /// Valid copies dropped because a write notice named them.
     pub invalidations: u64,
+    /// Page copies pushed, as a home, with lock grants and barrier arrivals to nodes
+    /// believed to hold the page (`DSM_PUSH`).
+    pub pages_pushed: u64,
+    /// Pushed copies installed instead of invalidating (or fetching) the page: each is a
+    /// fault after the acquire or barrier that did not happen.
+    pub pushes_applied: u64,
+    /// Of `pushes_applied`, pages brought up to date by a granter's diffs (pages homed at
+    /// a third node) rather than by a whole copy from the home.
+    pub pushes_applied_diffs: u64,
+    /// Pushed copies dropped (they missed a diff this node must see, or no new write
+    /// notice named the page); the page was invalidated as without pushing.
+    pub pushes_rejected: u64,
     /// Intervals ended (at every acquire, release and barrier arrival).
     pub intervals_closed: u64,
     /// Lock acquires started.
@@ -460,12 +476,37 @@ pub struct Engine<M: Memory> {
     home_writes: Vec<PageNo>,
     /// Intervals known since the last barrier, per creating node, in index order.
     log: Vec<Vec<IntervalRecord>>,
+    /// Most pages pushed with one lock grant or barrier arrival; 0: pushing off.
+    push_limit: u32,
+    /// At the home: per page, the nodes (bit per rank, ranks below 64) it served or pushed
+    /// the page to, which are taken to hold a copy.
+    copies: HashMap<PageNo, u64>,
+    /// Per non-home page: this node's latest interval whose diff of it went to the home.
+    own_diffs: HashMap<PageNo, u32>,
+    /// Diffs this node made of pages homed at others since the last barrier, per page
+    /// (interval, runs), kept to push with lock grants (up to `kept_diff_bytes`).
+    kept_diffs: HashMap<PageNo, Vec<(u32, Vec<u8>)>>,
+    kept_diff_bytes: usize,
+    /// Per node: the latest of this node's intervals it passed to that node with a lock
+    /// grant (the node has seen every interval of ours up to it), so a barrier does not
+    /// push again what a grant already brought.
+    told: Vec<u32>,
+    /// All-to-all barrier: pages pushed with the arrivals of the current barrier.
+    barrier_pushes: Vec<dsm_proto::PushedPage>,
     /// Diffs a fetch of this (non-home) page must wait for, per writer.
     required: HashMap<PageNo, Vec<(NodeId, u32)>>,
     /// At the home: per page, the latest interval of each writer whose diff is applied.
     applied: HashMap<PageNo, Vec<(NodeId, u32)>>,
     /// Page requests waiting at the home for diffs they require.
     parked: Vec<ParkedServe>,
+    /// Diffs waiting at the home for the diffs they must follow (`Msg::Diffs::after`):
+    /// (writer, interval, diffs, after).
+    parked_diffs: Vec<(
+        NodeId,
+        u32,
+        Vec<dsm_proto::PageDiff>,
+        Vec<dsm_proto::Requirement>,
+    )>,
     /// A reply held back until diffs to home pages arrive (at most one: the app thread
     /// waits for it).
     home_wait: Option<HomeWait>,
@@ -523,9 +564,17 @@ impl<M: Memory> Engine<M> {
             spare_twins: (0..64).map(|_| vec![0u8; PAGE_SIZE].into()).collect(),
             home_writes: Vec::new(),
             log: vec![Vec::new(); n],
+            push_limit: dsm_proto::config::DEFAULT_PUSH_PAGES,
+            copies: HashMap::new(),
+            own_diffs: HashMap::new(),
+            kept_diffs: HashMap::new(),
+            kept_diff_bytes: 0,
+            told: vec![0; n],
+            barrier_pushes: Vec::new(),
             required: HashMap::new(),
             applied: HashMap::new(),
             parked: Vec::new(),
+            parked_diffs: Vec::new(),
             home_wait: None,
             fetch: None,
             locks: HashMap::new(),
@@ -693,7 +742,11 @@ impl<M: Memory> Engine<M> {
         match msg {
             Msg::PageRequest { pages, required } => self.on_page_request(from, pages, required),
             Msg::PageReply { pages } => self.on_page_reply(from, pages),
-            Msg::Diffs { interval, diffs } => self.on_diffs(from, interval, diffs),
+            Msg::Diffs {
+                interval,
+                diffs,
+                after,
+            } => self.on_diffs(from, interval, diffs, after),
             Msg::LockRequest {
                 lock,
                 requester,
@@ -721,7 +774,16 @@ impl<M: Memory> Engine<M> {
                 known,
                 intervals,
                 grant,
-            } => self.on_lock_grant(from, lock, known, intervals, grant),
+                pages,
+                diffs,
+            } => {
+                let pushed = push::Pushed {
+                    pages,
+                    diffs,
+                    diffs_from: from,
+                };
+                self.on_lock_grant(from, lock, known, intervals, grant, pushed)
+            }
             Msg::BarrierArrive {
                 epoch,
                 known,
@@ -729,8 +791,9 @@ impl<M: Memory> Engine<M> {
                 check,
                 finishing,
                 bitmaps,
+                pages,
             } => {
-                if known.len() != self.n {
+                if known.len() != self.n || !self.pushes_well_formed(from, &pages) {
                     self.fatal(format!("rank {from} sent a malformed barrier arrival"));
                 } else {
                     self.on_arrive(
@@ -742,6 +805,7 @@ impl<M: Memory> Engine<M> {
                             check,
                             finishing,
                             bitmaps,
+                            pages,
                         },
                     )
                 }

@@ -101,7 +101,7 @@ impl<M: Memory> Engine<M> {
     }
 
     /// Reports pages another node may access too (see [`Output::PagesShared`]).
-    fn mark_shared(&mut self, page: PageNo, pages: u32) {
+    pub(super) fn mark_shared(&mut self, page: PageNo, pages: u32) {
         if let Some(Output::PagesShared { first, count }) = self.out.last_mut() {
             if *first + *count == page {
                 *count += pages;
@@ -301,6 +301,10 @@ impl<M: Memory> Engine<M> {
             }
         }
         let mut readable = Vec::with_capacity(copies.len());
+        if !self.arrivals.is_empty() {
+            let pages: Vec<PageNo> = copies.iter().map(|c| c.page).collect();
+            self.drop_older_pushes(from, &pages);
+        }
         for copy in copies {
             self.mem.write_page(copy.page, &copy.data);
             self.required.remove(&copy.page);
@@ -385,6 +389,7 @@ impl<M: Memory> Engine<M> {
         }
         for &p in &pages {
             self.mark_shared(p, 1);
+            self.note_copy(p, to);
         }
         let copies = pages
             .into_iter()
@@ -398,7 +403,25 @@ impl<M: Memory> Engine<M> {
         self.send(to, Msg::PageReply { pages: copies });
     }
 
-    pub(super) fn on_diffs(&mut self, from: NodeId, interval: u32, diffs: Vec<PageDiff>) {
+    pub(super) fn on_diffs(
+        &mut self,
+        from: NodeId,
+        interval: u32,
+        diffs: Vec<PageDiff>,
+        after: Vec<Requirement>,
+    ) {
+        for d in after
+            .iter()
+            .map(|r| r.page)
+            .chain(diffs.iter().map(|d| d.page))
+        {
+            if (d as usize) >= self.pages.len() || !self.is_home(d) {
+                self.fatal(format!(
+                    "rank {from} sent a diff for page {d}, which is not homed here"
+                ));
+                return;
+            }
+        }
         for d in &diffs {
             if (d.page as usize) >= self.pages.len() || !self.is_home(d.page) {
                 self.fatal(format!(
@@ -415,6 +438,17 @@ impl<M: Memory> Engine<M> {
                 return;
             }
         }
+        // A writer's diffs apply in the order it sent them: behind a parked one, park too.
+        let behind = self.parked_diffs.iter().any(|(w, ..)| *w == from);
+        if !behind && self.requirements_met(&after) {
+            self.apply_diffs(from, interval, diffs);
+            self.recheck_waits();
+        } else {
+            self.parked_diffs.push((from, interval, diffs, after));
+        }
+    }
+
+    fn apply_diffs(&mut self, from: NodeId, interval: u32, diffs: Vec<PageDiff>) {
         for d in diffs {
             self.mem.apply_diff(d.page, &d.runs);
             self.stats.diffs_applied += 1;
@@ -424,10 +458,18 @@ impl<M: Memory> Engine<M> {
                 None => v.push((from, interval)),
             }
         }
-        self.recheck_waits();
     }
 
     fn recheck_waits(&mut self) {
+        // Parked diffs first (applying one may release another), then what waits for them.
+        while let Some(i) = (0..self.parked_diffs.len()).find(|&i| {
+            let (writer, _, _, after) = &self.parked_diffs[i];
+            self.requirements_met(after)
+                && !self.parked_diffs[..i].iter().any(|(w, ..)| w == writer)
+        }) {
+            let (from, interval, diffs, _) = self.parked_diffs.remove(i);
+            self.apply_diffs(from, interval, diffs);
+        }
         if !self.parked.is_empty() {
             let parked = std::mem::take(&mut self.parked);
             for p in parked {

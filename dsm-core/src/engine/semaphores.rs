@@ -285,7 +285,7 @@ impl<M: Memory> Engine<M> {
             return;
         }
         st.waiting = false;
-        let waits = self.apply_intervals(intervals, &known);
+        let waits = self.apply_intervals(intervals, &known, Default::default());
         self.begin_interval(SyncCause::SemWait(sem));
         let done = SemDone {
             acquired: true,
