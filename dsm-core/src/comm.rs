@@ -18,7 +18,7 @@
 use crate::engine::Prot;
 use crate::engine::{Command, Engine, Memory, Output, PageState, RaceBatch, Reply};
 use crate::sys::{self, FaultMailbox, Segment};
-use dsm_net::{Mesh, Outbox, PeerEvent, Transport};
+use dsm_net::{Mesh, Outbox, PeerEvent, Transport, WireError};
 use dsm_proto::exit_codes::PEER_LOST as PEER_LOST_EXIT;
 use dsm_proto::liveness::Silence;
 use dsm_proto::{Msg, NodeId, PageNo, PAGE_SIZE};
@@ -251,6 +251,39 @@ fn race_notice_bytes(msg: &Msg) -> u64 {
         .sum()
 }
 
+/// What a failed send means for the job.
+enum SendFailure {
+    /// The link broke: the peer is lost, exactly as if its reader had seen the connection
+    /// end. The engine decides (a peer that has done its part of the final barrier may
+    /// go), and its outputs are carried out like any others.
+    Lost(Vec<Output>),
+    /// Not the peer's doing (the message could not be encoded, or there is no link to
+    /// `to`): the cause to report.
+    Fatal(String),
+}
+
+/// Turns a failed send into the same verdict a receive would have given. Whether the
+/// writer, the reader or the keep-alive notices a dead peer first is a matter of timing
+/// (a send to a peer whose socket is already reset fails with ECONNRESET or EPIPE before
+/// the reader sees the end of the stream), so all three report it as the loss of that
+/// peer, naming it, with the peer-lost status.
+fn send_failure<M: Memory>(
+    engine: &mut Engine<M>,
+    me: usize,
+    to: NodeId,
+    kind: &str,
+    err: WireError,
+) -> SendFailure {
+    match err {
+        WireError::Io(e) => {
+            SendFailure::Lost(engine.on_peer_lost(to, &format!("cannot send {kind}: {e}")))
+        }
+        other => SendFailure::Fatal(format!(
+            "rank {me}: cannot send {kind} to rank {to}: {other}"
+        )),
+    }
+}
+
 /// How the comm thread treats its links: the liveness deadline and chaos mode's seed.
 struct LinkOptions {
     liveness: Option<Duration>,
@@ -314,9 +347,9 @@ impl Shared {
         }
     }
 
-    /// Carries out the engine's outputs; called with the engine lock held (`_engine`) so
+    /// Carries out the engine's outputs; called with the engine lock held (`engine`) so
     /// messages are queued in the order the engine produced them.
-    fn dispatch(&self, _engine: &mut Engine<SegmentMemory>, outputs: Vec<Output>) {
+    fn dispatch(&self, engine: &mut Engine<SegmentMemory>, outputs: Vec<Output>) {
         for out in outputs {
             if self.dying.load(Ordering::Relaxed) {
                 return;
@@ -331,17 +364,13 @@ impl Shared {
                         continue;
                     };
                     if let Err(e) = outbox.send(to as usize, &msg) {
-                        // A closed outbox after shutdown is expected; otherwise the link
-                        // broke because the peer went away.
-                        if !self.dying.load(Ordering::Relaxed) {
-                            fatal_with(
-                                &format!(
-                                    "rank {}: cannot send {} to rank {to}: {e}",
-                                    outbox.rank(),
-                                    msg.kind()
-                                ),
-                                PEER_LOST_EXIT,
-                            );
+                        // A closed outbox after shutdown is expected.
+                        if self.dying.load(Ordering::Relaxed) {
+                            continue;
+                        }
+                        match send_failure(engine, outbox.rank(), to, msg.kind(), e) {
+                            SendFailure::Lost(outputs) => self.dispatch(engine, outputs),
+                            SendFailure::Fatal(why) => fatal_with(&why, PEER_LOST_EXIT),
                         }
                     }
                 }
@@ -673,6 +702,85 @@ fn comm_main(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The losing order, forced: the peer's process is gone and its socket reset before
+    /// this rank's reader could see the end of the stream (the comm thread's runtime never
+    /// runs here, so the reader cannot), and the engine then sends to it. The failed send
+    /// must report the loss of that peer, named, as the reader would have.
+    #[test]
+    fn a_send_to_a_reset_peer_reports_that_peer_lost() {
+        use dsm_proto::liveness::PeerLoss;
+        use dsm_proto::{JobConfig, Launcher};
+        let coord = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let job = move |rank| JobConfig {
+            rank,
+            size: 2,
+            launcher: Launcher::Standalone,
+            coord: Some(coord),
+            secret: "t".into(),
+            connect_timeout: Duration::from_secs(10),
+            ..JobConfig::single_node()
+        };
+        let peer = std::thread::spawn(move || dsm_net::connect_mesh(&job(1)).unwrap());
+        let mesh0 = dsm_net::connect_mesh(&job(0)).unwrap();
+        // Rank 1 goes away: its end of the connection closes.
+        drop(peer.join().unwrap());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let err = tokio::task::LocalSet::new().block_on(&rt, async {
+            let transport = Transport::start(mesh0, Rc::new(|_, _| {}), None).unwrap();
+            let outbox = transport.outbox();
+            let msg = Msg::Abort { reason: "x".into() };
+            // The first frame is accepted by the kernel and answered with a reset; a
+            // later one fails on the reset socket. No await: the reader never runs.
+            for _ in 0..200 {
+                if let Err(e) = outbox.send(1, &msg) {
+                    return e;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            panic!("sends to a closed peer kept succeeding");
+        });
+        assert!(matches!(err, WireError::Io(_)), "{err:?}");
+        let mut engine = Engine::new(0, 2, 16, crate::engine::VecMemory::new(16), false);
+        let SendFailure::Lost(outputs) = send_failure(&mut engine, 0, 1, "barrier-arrive", err)
+        else {
+            panic!("a broken link is a lost peer");
+        };
+        let lines: Vec<_> = outputs
+            .iter()
+            .filter_map(|o| match o {
+                Output::PeerLost(m) => Some(m.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        let loss = PeerLoss::parse(&lines[0]).expect("a line dsmrun reads");
+        assert_eq!((loss.reporter, loss.lost), (0, 1), "{lines:?}");
+        assert!(
+            loss.why.starts_with("cannot send barrier-arrive: "),
+            "{lines:?}"
+        );
+        assert!(lines[0].contains("lost rank 1"), "{lines:?}");
+    }
+
+    #[test]
+    fn a_send_that_cannot_be_encoded_is_not_blamed_on_the_peer() {
+        let mut engine = Engine::new(0, 2, 16, crate::engine::VecMemory::new(16), false);
+        let err = WireError::TooLarge { len: 10, max: 1 };
+        match send_failure(&mut engine, 0, 1, "page-reply", err) {
+            SendFailure::Fatal(why) => {
+                assert!(why.contains("cannot send page-reply to rank 1"), "{why}");
+                assert!(!why.contains("lost rank"), "{why}");
+            }
+            SendFailure::Lost(o) => panic!("{o:?}"),
+        }
+    }
 
     #[test]
     fn the_mirror_follows_the_allocations_not_the_segment() {

@@ -20,6 +20,7 @@
 pub mod agent;
 pub mod hosts;
 
+use std::collections::VecDeque;
 use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -44,7 +45,7 @@ use tracing::{debug, warn};
 
 use agent::{AgentOrder, BindTo};
 use dsm_proto::config::{DEFAULT_CONNECT_TIMEOUT, DSMRUN};
-use dsm_proto::liveness::{Silence, DEFAULT_LIVENESS};
+use dsm_proto::liveness::{PeerLoss, Silence, DEFAULT_LIVENESS};
 use dsm_proto::{
     env_vars, exit_codes, format_secs, JobConfig, Launcher, LocalPlacement, RaceOptions,
     ReplayOptions, TraceMode, TraceOptions,
@@ -62,6 +63,17 @@ pub const TERM_GRACE: Duration = Duration::from_secs(2);
 
 /// How long a peer-lost exit waits for the root cause to show up.
 const COLLATERAL_WAIT: Duration = Duration::from_secs(1);
+
+/// How long a peer-lost exit waits for the rank it reported losing to exit too, when that
+/// rank still runs as far as dsmrun knows: its exit is on its way (its peers saw its
+/// connections end), but may reach dsmrun late on a busy machine.
+const LOST_PEER_WAIT: Duration = Duration::from_secs(5);
+
+/// How long dsmrun waits, after a rank exited, for the end of its output before judging
+/// the exit without it: only processes the rank left behind can hold its pipes open that
+/// long. Until then the exit waits, so that what the rank printed before exiting (a silent
+/// or lost peer, its agent's start report) is known when the exit is judged.
+const OUTPUT_WAIT: Duration = Duration::from_secs(5);
 
 /// The same across hosts: a remote rank's exit reaches dsmrun through its agent and the
 /// launch agent's session, later than its peers' reports of losing it may.
@@ -899,6 +911,11 @@ enum Event {
     Signal(i32),
     /// A rank printed that a peer has been silent for the liveness deadline.
     Silent(Silence),
+    /// A rank printed that it lost a peer (its connection ended or broke).
+    Lost(PeerLoss),
+    /// A rank's exit, ready to be judged: it was reaped and its output read to the end
+    /// (or [`OUTPUT_WAIT`] passed). Made by the supervisor from [`Event::Exited`].
+    ExitReady { rank: usize, status: RankStatus },
     /// A rank's agent started it; rank 0's tells where the rendezvous is.
     AgentReady {
         rank: usize,
@@ -1003,6 +1020,12 @@ fn forward_lines(
                     .filter(|s| s.reporter == rank);
                 if let Some(silence) = silence {
                     let _ = tx.send(Event::Silent(silence));
+                } else if let Some(loss) = std::str::from_utf8(&line[prefix.len()..])
+                    .ok()
+                    .and_then(PeerLoss::parse)
+                    .filter(|l| l.reporter == rank)
+                {
+                    let _ = tx.send(Event::Lost(loss));
                 }
             }
             if let Err(err) = sink.write_line(&line) {
@@ -1078,6 +1101,11 @@ struct RankProc {
     host: Option<String>,
     /// The rank's agent, in a job across hosts.
     agent: Option<AgentLink>,
+    /// The peer this rank reported it lost or found silent, if it did.
+    lost: Option<usize>,
+    /// The rank was reaped but its output is still open: its exit is judged when the
+    /// output ends, or at this instant.
+    unjudged: Option<(RankStatus, Instant)>,
 }
 
 struct Job {
@@ -1099,6 +1127,17 @@ struct Job {
     start_deadline: Option<Instant>,
     /// The launch agent command, for messages.
     launch_agent: String,
+}
+
+/// A rank exited with the peer-lost status and no cause has been found yet.
+struct Collateral {
+    /// The first such rank, and its status.
+    rank: usize,
+    status: RankStatus,
+    /// When its exit was judged.
+    since: Instant,
+    /// When to stop waiting for the rank that actually failed.
+    until: Instant,
 }
 
 /// Why the job is being stopped early; the first cause wins.
@@ -1211,6 +1250,8 @@ impl Job {
             open_streams: 0,
             host: None,
             agent: None,
+            lost: None,
+            unjudged: None,
         });
         let via_agent = self.agents;
         // The waiter comes first so a started rank is always reaped, even if
@@ -1280,6 +1321,37 @@ impl Job {
         }
     }
 
+    /// When the earliest exit still waiting for the end of its rank's output is judged
+    /// anyway.
+    fn unjudged(&self) -> Option<Instant> {
+        self.ranks
+            .iter()
+            .filter_map(|r| r.unjudged.map(|u| u.1))
+            .min()
+    }
+
+    /// The end of the chain of peer losses that starts at `rank`: each rank that exited
+    /// with the peer-lost status after reporting the peer it lost (or found silent) hands
+    /// the blame on to that peer, until a rank that did not exit that way, or `rank`
+    /// itself if it named no peer (or the chain loops).
+    fn lost_root(&self, rank: usize) -> usize {
+        let mut at = rank;
+        let mut seen = vec![false; self.ranks.len()];
+        loop {
+            seen[at] = true;
+            let Some(next) = self.ranks[at].lost.filter(|&p| p < self.ranks.len()) else {
+                return at;
+            };
+            if seen[next] {
+                return at;
+            }
+            if self.ranks[next].status != Some(RankStatus::Exited(exit_codes::PEER_LOST)) {
+                return next;
+            }
+            at = next;
+        }
+    }
+
     fn handle_exit(&mut self, rank: usize, status: RankStatus) {
         self.ranks[rank].status = Some(status);
         debug!(rank, %status, elapsed = ?self.started.elapsed(), "rank ended");
@@ -1323,21 +1395,49 @@ impl Job {
         let mut race_ranks = Vec::new();
         // The first rank that exited because it lost a peer, and until when to wait for
         // the rank that actually failed.
-        let mut collateral: Option<(usize, RankStatus, Instant)> = None;
-        while self.running() > 0 || collateral.is_some() && stopping.is_none() {
+        let mut collateral: Option<Collateral> = None;
+        // Exits reaped and with their output read, in the order they became ready.
+        let mut ready: VecDeque<(usize, RankStatus)> = VecDeque::new();
+        while self.running() > 0
+            || stopping.is_none()
+                && (collateral.is_some() || !ready.is_empty() || self.unjudged().is_some())
+        {
             let now = Instant::now();
-            if stopping.is_none() {
-                if let Some((rank, status, until)) = collateral {
-                    if now >= until || self.running() == 0 {
+            // An exit whose output is held open past OUTPUT_WAIT is judged without it.
+            for (rank, r) in self.ranks.iter_mut().enumerate() {
+                if let Some((status, _)) = r.unjudged.filter(|&(_, at)| now >= at) {
+                    r.unjudged = None;
+                    ready.push_back((rank, status));
+                }
+            }
+            if stopping.is_none() && ready.is_empty() {
+                if let Some(c) = &mut collateral {
+                    let (rank, status) = (c.rank, c.status);
+                    // Follow the chain of peer-lost exits from the first one to the rank
+                    // that actually failed, whatever order their exits arrived in.
+                    let root = self.lost_root(rank);
+                    let root_pending = root != rank && self.ranks[root].unjudged.is_some();
+                    let root_status = self.ranks[root].status;
+                    let root_running = root != rank && root_status.is_none();
+                    let extended = c.since + LOST_PEER_WAIT;
+                    if root_running && now >= c.until && now < extended {
+                        // The lost rank's exit is on its way: wait for it a little longer.
+                        c.until = extended;
+                    }
+                    let all_in = self.running() == 0 && self.unjudged().is_none();
+                    if !root_pending && (now >= c.until || all_in) {
                         collateral = None;
                         let others = self.running();
                         // A rank that exited 0 while its peers still needed it left the job
                         // early (e.g. returned from main before finish()): that is the
                         // cause, not the rank that noticed.
-                        let left_early = self
-                            .ranks
-                            .iter()
-                            .position(|r| r.status == Some(RankStatus::Exited(0)));
+                        let left_early = if root_status == Some(RankStatus::Exited(0)) {
+                            Some(root)
+                        } else {
+                            self.ranks
+                                .iter()
+                                .position(|r| r.status == Some(RankStatus::Exited(0)))
+                        };
                         let cause = match left_early {
                             Some(early) => {
                                 note(format_args!(
@@ -1348,6 +1448,16 @@ impl Job {
                                     rank: early,
                                     status: RankStatus::Exited(0),
                                 }
+                            }
+                            None if root_running => {
+                                // Still running although its peers lost it: the rank at
+                                // fault, whatever it is doing.
+                                let who = self.who(root);
+                                note(format_args!(
+                                    "rank {rank} {status} after losing {who}, which is still running{}",
+                                    stopping_the_others(others)
+                                ));
+                                StopCause::RankFailed { rank, status }
                             }
                             None => {
                                 note(format_args!(
@@ -1429,19 +1539,25 @@ impl Job {
             }
             let start_wake = self.start_deadline.filter(|_| self.not_started().is_some());
             let wake = match &stopping {
-                None => [deadline, collateral.map(|c| c.2), start_wake]
-                    .into_iter()
-                    .flatten()
-                    .min(),
+                None => [
+                    deadline,
+                    collateral.as_ref().map(|c| c.until),
+                    start_wake,
+                    self.unjudged(),
+                ]
+                .into_iter()
+                .flatten()
+                .min(),
                 Some(stop) => stop.kill_at.or(stop.give_up_at),
             };
-            let event = match wake {
-                Some(at) => match self.rx.recv_timeout(at.saturating_duration_since(now)) {
+            let event = match (ready.pop_front(), wake) {
+                (Some((rank, status)), _) => Event::ExitReady { rank, status },
+                (None, Some(at)) => match self.rx.recv_timeout(at.saturating_duration_since(now)) {
                     Ok(event) => event,
                     Err(RecvTimeoutError::Timeout) => continue,
                     Err(RecvTimeoutError::Disconnected) => break,
                 },
-                None => match self.rx.recv() {
+                (None, None) => match self.rx.recv() {
                     Ok(event) => event,
                     Err(_) => break,
                 },
@@ -1460,6 +1576,14 @@ impl Job {
                 }
                 Event::Exited { rank, status } => {
                     self.handle_exit(rank, status);
+                    // Judged once everything the rank printed has been read.
+                    if self.ranks[rank].open_streams == 0 {
+                        ready.push_back((rank, status));
+                    } else {
+                        self.ranks[rank].unjudged = Some((status, now + OUTPUT_WAIT));
+                    }
+                }
+                Event::ExitReady { rank, status } => {
                     let never_started = self.ranks[rank].agent.as_ref().is_some_and(|a| !a.ready);
                     if never_started && stopping.is_none() {
                         let host = self.ranks[rank].host.clone().unwrap_or_default();
@@ -1487,7 +1611,12 @@ impl Job {
                             } else {
                                 COLLATERAL_WAIT
                             };
-                            collateral = Some((rank, status, now + wait));
+                            collateral = Some(Collateral {
+                                rank,
+                                status,
+                                since: now,
+                                until: now + wait,
+                            });
                         }
                         continue;
                     }
@@ -1545,8 +1674,24 @@ impl Job {
                         TERM_GRACE,
                     ));
                 }
-                Event::StreamClosed { rank } => self.ranks[rank].open_streams -= 1,
+                Event::StreamClosed { rank } => {
+                    let r = &mut self.ranks[rank];
+                    r.open_streams -= 1;
+                    if r.open_streams == 0 {
+                        if let Some((status, _)) = r.unjudged.take() {
+                            ready.push_back((rank, status));
+                        }
+                    }
+                }
+                Event::Lost(loss) => {
+                    if let Some(r) = self.ranks.get_mut(loss.reporter) {
+                        r.lost.get_or_insert(loss.lost);
+                    }
+                }
                 Event::Silent(silence) => {
+                    if let Some(r) = self.ranks.get_mut(silence.reporter) {
+                        r.lost.get_or_insert(silence.silent);
+                    }
                     let rank = silence.silent;
                     // A rank that has exited is not silent: its own exit tells the story.
                     if stopping.is_some() || self.ranks.get(rank).is_none_or(|r| r.status.is_some())
@@ -1647,7 +1792,13 @@ impl Job {
             match self.rx.recv_timeout(give_up - now) {
                 Ok(Event::StreamClosed { rank }) => self.ranks[rank].open_streams -= 1,
                 Ok(Event::Exited { rank, status }) => self.handle_exit(rank, status),
-                Ok(Event::Signal(_) | Event::Silent(_) | Event::AgentReady { .. })
+                Ok(
+                    Event::Signal(_)
+                    | Event::Silent(_)
+                    | Event::Lost(_)
+                    | Event::ExitReady { .. }
+                    | Event::AgentReady { .. },
+                )
                 | Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
             }

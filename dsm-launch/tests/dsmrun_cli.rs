@@ -645,6 +645,131 @@ exec sleep 60"#,
     );
 }
 
+/// The losing order for the silence report, forced: rank 0 exits with the peer-lost status
+/// first, and the line naming the stopped rank reaches dsmrun 1.5 s later (a process it
+/// left behind holds its stderr and prints it), longer than dsmrun waits for a root cause
+/// after a peer-lost exit. The exit is only judged once the rank's output has ended, so
+/// the stopped rank is still the one named.
+#[test]
+fn a_silence_report_read_after_the_reporters_exit_still_names_the_stopped_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let silence =
+        dsm_proto::liveness::Silence::new(0, 1, Duration::from_secs(2), Duration::from_secs(2));
+    let prog = script(
+        &dir,
+        "late-silence.sh",
+        &format!(
+            r#"if [ "$DSM_RANK" = 1 ]; then
+  echo $$ > {dir}/tmp.1 && mv {dir}/tmp.1 {dir}/pid.1
+  kill -STOP $$
+  exit 0
+fi
+while [ ! -f {dir}/pid.1 ]; do sleep 0.05; done
+if [ "$DSM_RANK" = 0 ]; then
+  (sleep 1.5; echo "dsm: fatal: {silence}" >&2) &
+  exit 71
+fi
+exec sleep 60"#,
+            dir = dir.path().display()
+        ),
+    );
+    let out = run([OsStr::new("-n"), OsStr::new("3"), prog.as_os_str()]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stderr
+            .contains("dsmrun: rank 1 has sent nothing to rank 0 for 2 s (liveness deadline 2 s)"),
+        "{out:?}"
+    );
+    assert_eq!(out.stderr.matches("dsmrun: rank").count(), 1, "{out:?}");
+    let stopped = wait_for_pid(&dir.path().join("pid.1"));
+    assert!(
+        is_gone(stopped),
+        "the stopped rank {stopped} survived: {out:?}"
+    );
+}
+
+/// A chain, in the losing order: rank 2 exits at once having lost rank 0; rank 0 exited
+/// too, but its report that rank 1 went silent reaches dsmrun 1.5 s later. dsmrun follows
+/// rank 2's loss to rank 0 and waits for rank 0's output, which names the stopped rank 1.
+#[test]
+fn a_chain_of_peer_lost_exits_is_followed_to_the_stopped_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let silence =
+        dsm_proto::liveness::Silence::new(0, 1, Duration::from_secs(2), Duration::from_secs(2));
+    let lost = dsm_proto::liveness::PeerLoss {
+        reporter: 2,
+        lost: 0,
+        why: "connection closed".into(),
+    };
+    let prog = script(
+        &dir,
+        "chain.sh",
+        &format!(
+            r#"if [ "$DSM_RANK" = 1 ]; then
+  echo $$ > {dir}/tmp.1 && mv {dir}/tmp.1 {dir}/pid.1
+  kill -STOP $$
+  exit 0
+fi
+while [ ! -f {dir}/pid.1 ]; do sleep 0.05; done
+if [ "$DSM_RANK" = 0 ]; then
+  (sleep 1.5; echo "dsm: fatal: {silence}" >&2) &
+  exit 71
+fi
+sleep 0.1
+echo "dsm: fatal: {lost}" >&2
+exit 71"#,
+            dir = dir.path().display()
+        ),
+    );
+    let out = run([OsStr::new("-n"), OsStr::new("3"), prog.as_os_str()]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stderr
+            .contains("dsmrun: rank 1 has sent nothing to rank 0 for 2 s (liveness deadline 2 s)"),
+        "{out:?}"
+    );
+    assert_eq!(out.stderr.matches("dsmrun: rank").count(), 1, "{out:?}");
+    let stopped = wait_for_pid(&dir.path().join("pid.1"));
+    assert!(
+        is_gone(stopped),
+        "the stopped rank {stopped} survived: {out:?}"
+    );
+}
+
+/// The losing order for a crashed rank: rank 0 reports losing rank 1 and exits at once,
+/// and rank 1's own failure reaches dsmrun 1.5 s later (as when its reaping is delayed on
+/// a busy machine). dsmrun names rank 1 and its status, not the survivor.
+#[test]
+fn a_peer_lost_exit_waits_for_the_lost_ranks_own_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let lost = dsm_proto::liveness::PeerLoss {
+        reporter: 0,
+        lost: 1,
+        why: "cannot send barrier-arrive: i/o error: Connection reset by peer (os error 104)"
+            .into(),
+    };
+    let prog = script(
+        &dir,
+        "late-failure.sh",
+        &format!(
+            r#"if [ "$DSM_RANK" = 1 ]; then
+  sleep 1.5
+  exit 5
+fi
+echo "dsm: fatal: {lost}" >&2
+exit 71"#
+        ),
+    );
+    let out = run([OsStr::new("-n"), OsStr::new("2"), prog.as_os_str()]);
+    // A rank's failing status makes dsmrun exit 1; the note says which rank it was.
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stderr.contains("dsmrun: rank 1 exited with status 5"),
+        "{out:?}"
+    );
+    assert_eq!(out.stderr.matches("dsmrun: rank").count(), 1, "{out:?}");
+}
+
 #[test]
 fn program_the_kernel_cannot_execute_exits_126() {
     let dir = tempfile::tempdir().unwrap();

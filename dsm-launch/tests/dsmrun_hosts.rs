@@ -172,6 +172,37 @@ fn sigint_reaches_ranks_through_their_agents() {
     }
 }
 
+/// The losing order for a rank that ends at once, forced: the launch agent (as ssh may)
+/// exits before dsmrun has read its agent's start report, which a process it leaves
+/// behind passes on 1.5 s later. dsmrun judges the exit only once the agent's output has
+/// ended, so the rank counts as started and its success as a success.
+#[test]
+fn an_agent_that_exits_before_its_start_report_is_read_still_started_its_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let slow = dir.path().join("slow-ssh");
+    fs::write(
+        &slow,
+        "#!/bin/bash\nshift\nexec > >(sleep 1.5; exec cat)\nsh -c \"$*\"\n",
+    )
+    .unwrap();
+    fs::set_permissions(&slow, fs::Permissions::from_mode(0o755)).unwrap();
+    let prog = script(&dir, "quick.sh", "echo done here");
+    let r = run(dsmrun(
+        &[
+            "-H",
+            "alpha",
+            "--launch-agent",
+            slow.to_str().unwrap(),
+            "--bind-address",
+            "127.0.0.1",
+        ],
+        &prog,
+    ));
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(r.stdout.contains("[0] done here"), "{r:?}");
+    assert!(!r.stderr.contains("before the rank started"), "{r:?}");
+}
+
 #[test]
 fn a_host_the_agent_cannot_reach_is_named() {
     let dir = tempfile::tempdir().unwrap();

@@ -12,6 +12,10 @@
 //! recognizes the line ([`Silence::parse`]), names the silent rank and kills it: a stopped
 //! process never exits by itself.
 //!
+//! A rank that loses a peer outright (its connection closes or breaks) prints a
+//! [`PeerLoss`] line instead, which dsmrun reads to name the rank that failed rather than
+//! the survivors that stopped because of it.
+//!
 //! [`JobConfig::liveness`]: crate::JobConfig::liveness
 
 use crate::units::format_secs;
@@ -100,6 +104,51 @@ impl fmt::Display for Silence {
     }
 }
 
+/// What a rank prints (after `dsm: fatal: `) when it stops because it lost a peer: the
+/// connection to it closed or broke, whether a receive saw the end of the stream or a send
+/// failed first. dsmrun reads it back ([`PeerLoss::parse`]) to follow a chain of such exits
+/// to the rank that actually failed, whatever order the exits reach it in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerLoss {
+    /// The rank that noticed and is stopping.
+    pub reporter: usize,
+    /// The peer it lost.
+    pub lost: usize,
+    /// How it noticed (`connection closed`, `cannot send barrier-arrive: ...`).
+    pub why: String,
+}
+
+const LOST: &str = ": lost rank ";
+const LOST_END: &str = "); it probably exited or crashed";
+
+impl PeerLoss {
+    /// Reads a line a rank printed: the [`Display`](fmt::Display) form, optionally after
+    /// `dsm: fatal: ` and with trailing whitespace. `None` for any other line.
+    pub fn parse(line: &str) -> Option<PeerLoss> {
+        let rest = line.trim_end();
+        let rest = rest.strip_prefix("dsm: fatal: ").unwrap_or(rest);
+        let rest = rest.strip_prefix("rank ")?;
+        let (reporter, rest) = rest.split_once(LOST)?;
+        let (lost, rest) = rest.split_once(" (")?;
+        let why = rest.strip_suffix(LOST_END)?;
+        Some(PeerLoss {
+            reporter: reporter.parse().ok()?,
+            lost: lost.parse().ok()?,
+            why: why.to_owned(),
+        })
+    }
+}
+
+impl fmt::Display for PeerLoss {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "rank {}{LOST}{} ({}{LOST_END}",
+            self.reporter, self.lost, self.why
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,5 +187,33 @@ mod tests {
         let d = Duration::from_secs(10);
         assert_eq!(heartbeat_period(d), Duration::from_millis(2500));
         assert!(heartbeat_period(d) * 2 < d);
+    }
+
+    #[test]
+    fn peer_loss_reads_back_from_what_a_rank_prints() {
+        let loss = PeerLoss {
+            reporter: 0,
+            lost: 1,
+            why: "cannot send barrier-arrive: Connection reset by peer (os error 104)".into(),
+        };
+        let text = loss.to_string();
+        assert_eq!(
+            text,
+            "rank 0: lost rank 1 (cannot send barrier-arrive: Connection reset by peer (os error 104)); it probably exited or crashed"
+        );
+        assert_eq!(PeerLoss::parse(&text), Some(loss.clone()));
+        assert_eq!(
+            PeerLoss::parse(&format!("dsm: fatal: {text}\n")),
+            Some(loss)
+        );
+        for line in [
+            "",
+            "rank 0: rank 1 has sent nothing for 2 s (liveness deadline 2 s)",
+            "rank 0: lost rank x (connection closed); it probably exited or crashed",
+            "rank 0: lost rank 1 (connection closed)",
+            "[0] rank 0: lost rank 1 (connection closed); it probably exited or crashed",
+        ] {
+            assert_eq!(PeerLoss::parse(line), None, "{line:?}");
+        }
     }
 }

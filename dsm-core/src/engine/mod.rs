@@ -879,10 +879,12 @@ impl<M: Memory> Engine<M> {
                         .is_some_and(Option::is_some)
                 };
         if !expected {
-            self.out.push(Output::PeerLost(format!(
-                "rank {}: lost rank {peer} ({why}); it probably exited or crashed",
-                self.me
-            )));
+            let loss = dsm_proto::liveness::PeerLoss {
+                reporter: self.me as usize,
+                lost: peer as usize,
+                why: why.to_owned(),
+            };
+            self.out.push(Output::PeerLost(loss.to_string()));
         }
         self.take_out()
     }
