@@ -600,6 +600,33 @@ fn help_documents_options_environment_and_exit_codes() {
     );
 }
 
+/// A script for `dsmrun -n 3` in which rank 1 records its pid and stops itself (SIGSTOP),
+/// the others wait for that pid file and then run `rest` (shell, rank in `$DSM_RANK`).
+fn stopped_rank_1_script(dir: &TempDir, name: &str, rest: &str) -> PathBuf {
+    let prelude = format!(
+        r#"if [ "$DSM_RANK" = 1 ]; then
+  echo $$ > {dir}/tmp.1 && mv {dir}/tmp.1 {dir}/pid.1
+  kill -STOP $$
+  exit 0
+fi
+while [ ! -f {dir}/pid.1 ]; do sleep 0.05; done
+"#,
+        dir = dir.path().display()
+    );
+    script(dir, name, &format!("{prelude}{rest}"))
+}
+
+/// dsmrun reported exactly one rank's failure (the stopped rank 1's, checked by the
+/// caller), not the peer-lost exits it caused, and the stopped rank was killed.
+fn assert_rank_1_alone_named_and_gone(out: &Finished, dir: &TempDir) {
+    assert_eq!(out.stderr.matches("dsmrun: rank").count(), 1, "{out:?}");
+    let stopped = wait_for_pid(&dir.path().join("pid.1"));
+    assert!(
+        is_gone(stopped),
+        "the stopped rank {stopped} survived: {out:?}"
+    );
+}
+
 #[test]
 fn a_rank_reported_silent_is_named_and_killed() {
     let dir = tempfile::tempdir().unwrap();
@@ -608,23 +635,16 @@ fn a_rank_reported_silent_is_named_and_killed() {
         dsm_proto::liveness::Silence::new(0, 1, Duration::from_secs(2), Duration::from_secs(2));
     // Rank 1 stops itself; rank 0 then reports it and exits with the peer-lost status
     // (71); rank 2 waits to be stopped.
-    let prog = script(
+    let prog = stopped_rank_1_script(
         &dir,
         "silent.sh",
         &format!(
-            r#"if [ "$DSM_RANK" = 1 ]; then
-  echo $$ > {dir}/tmp.1 && mv {dir}/tmp.1 {dir}/pid.1
-  kill -STOP $$
-  exit 0
-fi
-while [ ! -f {dir}/pid.1 ]; do sleep 0.05; done
-if [ "$DSM_RANK" = 0 ]; then
+            r#"if [ "$DSM_RANK" = 0 ]; then
   sleep 0.2
   echo "dsm: fatal: {silence}" >&2
   exit 71
 fi
-exec sleep 60"#,
-            dir = dir.path().display()
+exec sleep 60"#
         ),
     );
     let out = run([OsStr::new("-n"), OsStr::new("3"), prog.as_os_str()]);
@@ -637,12 +657,7 @@ exec sleep 60"#,
         "{out:?}"
     );
     // Rank 0's peer-lost exit is a consequence, not reported as the failure.
-    assert_eq!(out.stderr.matches("dsmrun: rank").count(), 1, "{out:?}");
-    let stopped = wait_for_pid(&dir.path().join("pid.1"));
-    assert!(
-        is_gone(stopped),
-        "the stopped rank {stopped} survived: {out:?}"
-    );
+    assert_rank_1_alone_named_and_gone(&out, &dir);
 }
 
 /// The losing order for the silence report, forced: rank 0 exits with the peer-lost status
@@ -655,22 +670,15 @@ fn a_silence_report_read_after_the_reporters_exit_still_names_the_stopped_rank()
     let dir = tempfile::tempdir().unwrap();
     let silence =
         dsm_proto::liveness::Silence::new(0, 1, Duration::from_secs(2), Duration::from_secs(2));
-    let prog = script(
+    let prog = stopped_rank_1_script(
         &dir,
         "late-silence.sh",
         &format!(
-            r#"if [ "$DSM_RANK" = 1 ]; then
-  echo $$ > {dir}/tmp.1 && mv {dir}/tmp.1 {dir}/pid.1
-  kill -STOP $$
-  exit 0
-fi
-while [ ! -f {dir}/pid.1 ]; do sleep 0.05; done
-if [ "$DSM_RANK" = 0 ]; then
+            r#"if [ "$DSM_RANK" = 0 ]; then
   (sleep 1.5; echo "dsm: fatal: {silence}" >&2) &
   exit 71
 fi
-exec sleep 60"#,
-            dir = dir.path().display()
+exec sleep 60"#
         ),
     );
     let out = run([OsStr::new("-n"), OsStr::new("3"), prog.as_os_str()]);
@@ -680,12 +688,7 @@ exec sleep 60"#,
             .contains("dsmrun: rank 1 has sent nothing to rank 0 for 2 s (liveness deadline 2 s)"),
         "{out:?}"
     );
-    assert_eq!(out.stderr.matches("dsmrun: rank").count(), 1, "{out:?}");
-    let stopped = wait_for_pid(&dir.path().join("pid.1"));
-    assert!(
-        is_gone(stopped),
-        "the stopped rank {stopped} survived: {out:?}"
-    );
+    assert_rank_1_alone_named_and_gone(&out, &dir);
 }
 
 /// A chain, in the losing order: rank 2 exits at once having lost rank 0; rank 0 exited
@@ -701,24 +704,17 @@ fn a_chain_of_peer_lost_exits_is_followed_to_the_stopped_rank() {
         lost: 0,
         why: "connection closed".into(),
     };
-    let prog = script(
+    let prog = stopped_rank_1_script(
         &dir,
         "chain.sh",
         &format!(
-            r#"if [ "$DSM_RANK" = 1 ]; then
-  echo $$ > {dir}/tmp.1 && mv {dir}/tmp.1 {dir}/pid.1
-  kill -STOP $$
-  exit 0
-fi
-while [ ! -f {dir}/pid.1 ]; do sleep 0.05; done
-if [ "$DSM_RANK" = 0 ]; then
+            r#"if [ "$DSM_RANK" = 0 ]; then
   (sleep 1.5; echo "dsm: fatal: {silence}" >&2) &
   exit 71
 fi
 sleep 0.1
 echo "dsm: fatal: {lost}" >&2
-exit 71"#,
-            dir = dir.path().display()
+exit 71"#
         ),
     );
     let out = run([OsStr::new("-n"), OsStr::new("3"), prog.as_os_str()]);
@@ -728,12 +724,7 @@ exit 71"#,
             .contains("dsmrun: rank 1 has sent nothing to rank 0 for 2 s (liveness deadline 2 s)"),
         "{out:?}"
     );
-    assert_eq!(out.stderr.matches("dsmrun: rank").count(), 1, "{out:?}");
-    let stopped = wait_for_pid(&dir.path().join("pid.1"));
-    assert!(
-        is_gone(stopped),
-        "the stopped rank {stopped} survived: {out:?}"
-    );
+    assert_rank_1_alone_named_and_gone(&out, &dir);
 }
 
 /// The losing order for a crashed rank: rank 0 reports losing rank 1 and exits at once,
