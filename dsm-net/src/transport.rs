@@ -899,23 +899,29 @@ mod tests {
         w.write(&whole).unwrap();
         w.write(&torn[..50]).unwrap();
         drop(mesh1);
-        let events: Events = Rc::default();
-        run_local(async {
-            let _t = Transport::start(mesh0, recorder(&events), None).unwrap();
-            for _ in 0..2000 {
-                if events.borrow().len() >= 2 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        });
-        let got = events.borrow();
+        let got = first_events(mesh0, 2);
         assert_eq!(got.len(), 2, "{got:?}");
         assert!(got[0].1.contains("\"1:x"), "{got:?}");
         assert!(
             got[1].1.starts_with("Failed") && got[1].1.contains("middle of a message"),
             "{got:?}"
         );
+    }
+
+    /// Runs a transport on `mesh` until it has delivered `n` events (at most 10 s).
+    fn first_events(mesh: Mesh, n: usize) -> Vec<(usize, String, Instant)> {
+        let events: Events = Rc::default();
+        run_local(async {
+            let _t = Transport::start(mesh, recorder(&events), None).unwrap();
+            for _ in 0..2000 {
+                if events.borrow().len() >= n {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        let got = events.borrow().clone();
+        got
     }
 
     #[test]
@@ -925,17 +931,7 @@ mod tests {
         let mut w = crate::ring::RingWriter::new(link.region.clone(), link.send);
         w.write(&frame(&numbered(1, 3)).unwrap()).unwrap();
         w.write(&[0, 0, 0, 3, 0xff, 0xff, 0xff]).unwrap();
-        let events: Events = Rc::default();
-        run_local(async {
-            let _t = Transport::start(mesh0, recorder(&events), None).unwrap();
-            for _ in 0..2000 {
-                if events.borrow().len() >= 2 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        });
-        let got = events.borrow();
+        let got = first_events(mesh0, 2);
         assert_eq!(got.len(), 2, "{got:?}");
         assert!(got[0].1.contains("\"1:xxx"), "{got:?}");
         assert!(got[1].1.contains("Malformed"), "{got:?}");
