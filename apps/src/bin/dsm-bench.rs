@@ -128,7 +128,13 @@ fn driver(args: &Args) -> anyhow::Result<()> {
             "barrier_n2_in_rtts": round(b2 / rtt),
         }),
     );
-    println!("{}", serde_json::to_string_pretty(&all)?);
+    // A reader that stops early (`dsm-bench | head`) is not an error of the benchmark.
+    let text = serde_json::to_string_pretty(&all)?;
+    if let Err(e) = writeln!(std::io::stdout(), "{text}") {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            return Err(e.into());
+        }
+    }
     Ok(())
 }
 
