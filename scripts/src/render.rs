@@ -387,7 +387,7 @@ pub fn render(r: &Report) -> String {
         let tcp_rtt = t.rtt_us.unwrap_or(f64::NAN);
         let _ = writeln!(
             o,
-            "| operation | median (us) | in round trips | over TCP (us) | in TCP round trips |\n|---|---|---|---|---|"
+            "| operation | default transport (us) | in TCP round trips | over TCP (us) | in TCP round trips |\n|---|---|---|---|---|"
         );
         let mut row = |name: &str, v: Option<f64>, w: Option<f64>| {
             let _ = writeln!(
@@ -400,7 +400,7 @@ pub fn render(r: &Report) -> String {
             );
         };
         row(
-            "round trip between two nodes (the floor)",
+            "loopback TCP round trip between two ranks (plain sockets)",
             p.rtt_us,
             t.rtt_us,
         );
@@ -436,7 +436,7 @@ pub fn render(r: &Report) -> String {
         }
         let _ = writeln!(
             o,
-            "\nFrom `dsm-bench --reps {}`, which measures the round trip between two nodes in the same run, with the default transport (shared memory between ranks on one host) and again with `DSM_TRANSPORT=tcp` (every link over loopback TCP, as between hosts); each figure is the median over {} runs of each run's median (a run disturbed by other load is slow throughout). A remote fault costs at least a round trip plus a local fault: here it is {} of that floor.\n",
+            "\nFrom `dsm-bench --reps {}`, once with the default transport (shared memory between ranks on one host) and once with `DSM_TRANSPORT=tcp` (every link over loopback TCP, as between hosts). Both runs measure the plain loopback TCP round trip between the two ranks' processes, and both columns are given in those round trips; a round trip through a shared-memory ring is about 5 us here (`cargo run --release -p dsm-net --example ring_rtt`). each figure is the median over {} runs of each run's median (a run disturbed by other load is slow throughout). Over TCP a remote fault costs at least a round trip plus a local fault: with the default transport it is {} of that floor.\n",
             s.bench_reps,
             p.runs,
             opt(p.remote_fault_vs_floor, |x| format!("{x:.2}x"))
