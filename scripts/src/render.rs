@@ -436,7 +436,7 @@ pub fn render(r: &Report) -> String {
         }
         let _ = writeln!(
             o,
-            "\nFrom `dsm-bench --reps {}`, once with the default transport (shared memory between ranks on one host) and once with `DSM_TRANSPORT=tcp` (every link over loopback TCP, as between hosts). Both runs measure the plain loopback TCP round trip between the two ranks' processes, and both columns are given in those round trips; a round trip through a shared-memory ring is about 5 us here (`cargo run --release -p dsm-net --example ring_rtt`). each figure is the median over {} runs of each run's median (a run disturbed by other load is slow throughout). Over TCP a remote fault costs at least a round trip plus a local fault: with the default transport it is {} of that floor.\n",
+            "\nFrom `dsm-bench --reps {}`, once with the default transport (shared memory between ranks on one host) and once with `DSM_TRANSPORT=tcp` (every link over loopback TCP, as between hosts). Both runs measure the plain loopback TCP round trip between the two ranks' processes, and both columns are given in those round trips; a round trip through a shared-memory ring is printed by `cargo run --release -p dsm-net --example ring_rtt` (on the development VM 4.6-5.5 us at quiet moments, about 48 us when its wake-ups were slow, with loopback TCP at 14-17 and 64-69 us). each figure is the median over {} runs of each run's median (a run disturbed by other load is slow throughout). Over TCP a remote fault costs at least a round trip plus a local fault: with the default transport it is {} of that floor.\n",
             s.bench_reps,
             p.runs,
             opt(p.remote_fault_vs_floor, |x| format!("{x:.2}x"))
