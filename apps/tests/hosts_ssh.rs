@@ -11,6 +11,7 @@
 //! failure.
 
 use apps::kernels::{self, Expect};
+use dsm_testkit::ip;
 use dsm_testkit::{self as kit, Run};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{SocketAddr, TcpStream};
@@ -26,10 +27,6 @@ fn quiet(cmd: &mut Command) -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
-}
-
-fn ip(args: &[&str]) -> bool {
-    quiet(Command::new("ip").args(args))
 }
 
 fn is_root() -> bool {

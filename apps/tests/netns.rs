@@ -3,19 +3,11 @@
 //! (not loopback), the way a job spread over machines does. Needs root and `ip`; without
 //! them the test says so and checks nothing else.
 
-use std::process::{Command, Stdio};
+use dsm_testkit::ip;
+use std::process::Command;
 
 const TEST: &str = env!("CARGO_BIN_EXE_dsm-test");
 const SOR: &str = env!("CARGO_BIN_EXE_sor");
-
-fn ip(args: &[&str]) -> bool {
-    Command::new("ip")
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
 
 /// Namespaces `<tag>-0..n` linked to a bridge in `<tag>-br`; removed on drop.
 struct Hosts {
@@ -80,18 +72,18 @@ impl Drop for Hosts {
 fn run_on_hosts(hosts: &Hosts, program: &str, args: &[&str]) -> Vec<std::process::Output> {
     let children: Vec<_> = (0..hosts.n)
         .map(|k| {
-            Command::new("ip")
-                .args(["netns", "exec", &hosts.ns(k), program])
-                .args(args)
-                .env("DSM_RANK", k.to_string())
-                .env("DSM_SIZE", hosts.n.to_string())
-                .env("DSM_COORD", "10.77.0.1:7707")
-                .env("DSM_JOB_SECRET", "netns-job")
-                .env("DSM_CONNECT_TIMEOUT", "20")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
+            dsm_testkit::as_rank(
+                Command::new("ip")
+                    .args(["netns", "exec", &hosts.ns(k), program])
+                    .args(args),
+                k,
+                hosts.n,
+                "10.77.0.1:7707",
+                "netns-job",
+                20,
+            )
+            .spawn()
+            .unwrap()
         })
         .collect();
     children

@@ -4,8 +4,8 @@
 //! a peer that never connects, a wrong job secret, bookkeeping that does not fit in
 //! memory), and a long computation that must not pass for a stopped rank.
 
+use dsm_testkit::free_port;
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -487,27 +487,18 @@ fn a_rank_computing_for_twice_the_deadline_is_not_taken_for_silent() {
     assert!(!out.stderr.contains("sent nothing"), "{out:?}");
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Starts one rank by hand (no dsmrun), the way srun/mpirun-launched jobs start.
 fn rank(r: usize, n: usize, port: u16, secret: &str, args: &[&str]) -> std::process::Child {
-    Command::new(TEST)
-        .args(args)
-        .env("DSM_RANK", r.to_string())
-        .env("DSM_SIZE", n.to_string())
-        .env("DSM_COORD", format!("127.0.0.1:{port}"))
-        .env("DSM_JOB_SECRET", secret)
-        .env("DSM_CONNECT_TIMEOUT", "2")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+    dsm_testkit::as_rank(
+        Command::new(TEST).args(args),
+        r,
+        n,
+        &format!("127.0.0.1:{port}"),
+        secret,
+        2,
+    )
+    .spawn()
+    .unwrap()
 }
 
 #[test]
@@ -576,17 +567,16 @@ fn peer_that_never_connects_is_a_clear_error() {
 fn strangers_at_the_rendezvous_do_not_stop_the_job() {
     let port = free_port();
     let start = |r: usize| {
-        Command::new(SOR)
-            .args(["--size", "64", "--iters", "4"])
-            .env("DSM_RANK", r.to_string())
-            .env("DSM_SIZE", "3")
-            .env("DSM_COORD", format!("127.0.0.1:{port}"))
-            .env("DSM_JOB_SECRET", "job-secret")
-            .env("DSM_CONNECT_TIMEOUT", "30")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
+        dsm_testkit::as_rank(
+            Command::new(SOR).args(["--size", "64", "--iters", "4"]),
+            r,
+            3,
+            &format!("127.0.0.1:{port}"),
+            "job-secret",
+            30,
+        )
+        .spawn()
+        .unwrap()
     };
     let r0 = start(0);
     let deadline = Instant::now() + Duration::from_secs(10);

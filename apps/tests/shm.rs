@@ -5,8 +5,8 @@
 //! naming it, and ranks in two network namespaces use TCP between the namespaces and shared
 //! memory within each.
 
+use dsm_testkit::{free_port, ip};
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -86,30 +86,21 @@ fn a_wrong_transport_name_is_a_clear_error() {
     );
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Starts one rank of `dsm-test` by hand (no dsmrun, so nobody but the peers notices a
 /// death), logging its links.
 fn rank(r: usize, n: usize, port: u16, args: &[&str]) -> std::process::Child {
-    Command::new(TEST)
-        .args(args)
-        .env("DSM_RANK", r.to_string())
-        .env("DSM_SIZE", n.to_string())
-        .env("DSM_COORD", format!("127.0.0.1:{port}"))
-        .env("DSM_JOB_SECRET", "shm-kill")
-        .env("DSM_CONNECT_TIMEOUT", "20")
-        .env("DSM_LOG", "dsm_net=info")
-        .env_remove("DSM_TRANSPORT")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+    dsm_testkit::as_rank(
+        Command::new(TEST).args(args),
+        r,
+        n,
+        &format!("127.0.0.1:{port}"),
+        "shm-kill",
+        20,
+    )
+    .env("DSM_LOG", "dsm_net=info")
+    .env_remove("DSM_TRANSPORT")
+    .spawn()
+    .unwrap()
 }
 
 #[test]
@@ -171,15 +162,6 @@ fn a_rank_killed_while_its_ring_is_in_use_stops_the_job_naming_it() {
     assert!(err.contains("rank 1 was killed by signal 9"), "{err}");
 }
 
-fn ip(args: &[&str]) -> bool {
-    Command::new("ip")
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 /// Two "hosts": network namespaces `<tag>-a` (10.78.0.1) and `<tag>-b` (10.78.0.2) joined
 /// by a veth pair; removed on drop.
 struct TwoHosts {
@@ -233,20 +215,20 @@ fn ranks_share_memory_within_a_host_and_use_tcp_between_hosts() {
         .iter()
         .enumerate()
         .map(|(r, &host)| {
-            Command::new("ip")
-                .args(["netns", "exec", &hosts.ns(host), SOR])
-                .args(["--size", "128", "--iters", "8"])
-                .env("DSM_RANK", r.to_string())
-                .env("DSM_SIZE", "4")
-                .env("DSM_COORD", "10.78.0.1:7708")
-                .env("DSM_JOB_SECRET", "two-hosts")
-                .env("DSM_CONNECT_TIMEOUT", "30")
-                .env("DSM_LOG", "dsm_net=info")
-                .env_remove("DSM_TRANSPORT")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
+            dsm_testkit::as_rank(
+                Command::new("ip")
+                    .args(["netns", "exec", &hosts.ns(host), SOR])
+                    .args(["--size", "128", "--iters", "8"]),
+                r,
+                4,
+                "10.78.0.1:7708",
+                "two-hosts",
+                30,
+            )
+            .env("DSM_LOG", "dsm_net=info")
+            .env_remove("DSM_TRANSPORT")
+            .spawn()
+            .unwrap()
         })
         .collect();
     let outs: Vec<Output> = children

@@ -254,3 +254,42 @@ pub fn is_gone(pid: i32) -> bool {
 pub fn skip(test: &str, reason: &str) {
     let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
 }
+
+/// A loopback port nobody listens on right now, for a job's rendezvous.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+/// Runs `ip ARGS` quietly; whether it succeeded.
+pub fn ip(args: &[&str]) -> bool {
+    Command::new("ip")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Makes `cmd` one rank of a job started by hand (no dsmrun), the way srun- or
+/// mpirun-launched ranks start: its place, the rendezvous, the secret and the connect
+/// timeout in seconds, with stdout and stderr piped.
+pub fn as_rank<'a>(
+    cmd: &'a mut Command,
+    rank: usize,
+    size: usize,
+    coord: &str,
+    secret: &str,
+    connect_timeout_s: u32,
+) -> &'a mut Command {
+    use dsm_proto::env_vars;
+    cmd.env(env_vars::RANK, rank.to_string())
+        .env(env_vars::SIZE, size.to_string())
+        .env(env_vars::COORD, coord)
+        .env(env_vars::JOB_SECRET, secret)
+        .env(env_vars::CONNECT_TIMEOUT, connect_timeout_s.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+}
