@@ -62,6 +62,20 @@ fn us(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e6
 }
 
+/// Times `op(i)` for `i` in `0..reps`, one sample (us) each.
+fn time_each(
+    reps: usize,
+    mut op: impl FnMut(usize) -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<f64>> {
+    let mut samples = Vec::with_capacity(reps);
+    for i in 0..reps {
+        let t = Instant::now();
+        op(i)?;
+        samples.push(us(t));
+    }
+    Ok(samples)
+}
+
 fn run_job(nodes: usize, kind: &str, reps: usize) -> anyhow::Result<Value> {
     let exe = std::env::current_exe()?;
     let dsmrun = exe.with_file_name("dsmrun");
@@ -222,30 +236,15 @@ fn semaphores(
     let ping = dsm.semaphore(&sem_managed_by(0, "bench_ping"), 0)?;
     let pong = dsm.semaphore(&sem_managed_by(1, "bench_pong"), 0)?;
     if dsm.rank() == 1 {
-        let mut waits = Vec::with_capacity(reps);
-        for _ in 0..reps {
-            let t = Instant::now();
-            dsm.wait(&initial)?;
-            waits.push(us(t));
-        }
+        let waits = time_each(reps, |_| Ok(dsm.wait(&initial)?))?;
         out.insert("sem_wait_initial_us".into(), stats(waits));
     } else {
-        let mut signals = Vec::with_capacity(reps);
-        for _ in 0..reps {
-            let t = Instant::now();
-            dsm.signal(&signalled)?;
-            signals.push(us(t));
-        }
+        let signals = time_each(reps, |_| Ok(dsm.signal(&signalled)?))?;
         out.insert("sem_signal_us".into(), stats(signals));
     }
     dsm.barrier()?;
     if dsm.rank() == 1 {
-        let mut waits = Vec::with_capacity(reps);
-        for _ in 0..reps {
-            let t = Instant::now();
-            dsm.wait(&signalled)?;
-            waits.push(us(t));
-        }
+        let waits = time_each(reps, |_| Ok(dsm.wait(&signalled)?))?;
         out.insert("sem_wait_signalled_us".into(), stats(waits));
     }
     dsm.barrier()?;
@@ -341,20 +340,16 @@ fn worker(args: &Args, everything: bool) -> anyhow::Result<()> {
         dsm.barrier()?;
         if dsm.rank() == 1 {
             let v = dsm.view(&pages).unrecorded();
-            let mut reads = Vec::with_capacity(reps);
             let mut sum = 0.0;
-            for p in 0..reps {
-                let t = Instant::now();
+            let reads = time_each(reps, |p| {
                 sum += v.get(p * per_page);
-                reads.push(us(t));
-            }
+                Ok(())
+            })?;
             // Write fault on a now read-only page: twin creation, handled locally.
-            let mut writes = Vec::with_capacity(reps);
-            for p in 0..reps {
-                let t = Instant::now();
+            let writes = time_each(reps, |p| {
                 v.set(p * per_page + 1, sum);
-                writes.push(us(t));
-            }
+                Ok(())
+            })?;
             out.insert("remote_fault_us".into(), stats(reads));
             out.insert("write_fault_us".into(), stats(writes));
         }
@@ -408,12 +403,7 @@ fn worker(args: &Args, everything: bool) -> anyhow::Result<()> {
     }
     // Barriers.
     dsm.barrier()?;
-    let mut bars = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let t = Instant::now();
-        dsm.barrier()?;
-        bars.push(us(t));
-    }
+    let bars = time_each(reps, |_| Ok(dsm.barrier()?))?;
     out.insert("barrier_us".into(), stats(bars));
     let s = dsm.stats();
     out.insert(
