@@ -430,6 +430,8 @@ pub(crate) struct Comm {
     shared: Arc<Shared>,
     replies: std_mpsc::Receiver<Reply>,
     thread: Option<JoinHandle<()>>,
+    /// How long [`Comm::recv`] polls before it sleeps ([`crate::spin`]).
+    spin: Duration,
 }
 
 impl Comm {
@@ -509,6 +511,7 @@ impl Comm {
             shared,
             replies: reply_rx,
             thread: Some(thread),
+            spin: Duration::ZERO,
         })
     }
 
@@ -549,8 +552,28 @@ impl Comm {
         self.shared.states.clone()
     }
 
+    /// Sets how long a wait for the comm thread polls before it sleeps, here and in the
+    /// fault handler ([`crate::spin`]).
+    pub(crate) fn set_spin(&mut self, budget: Duration) {
+        self.spin = budget;
+        sys::set_spin(budget);
+    }
+
+    /// How long a wait polls before it sleeps.
+    pub(crate) fn spin(&self) -> Duration {
+        self.spin
+    }
+
     /// Waits for the next reply.
     pub(crate) fn recv(&self) -> Reply {
+        if let Ok(r) = self.replies.try_recv() {
+            return r;
+        }
+        if let Some(r) = crate::spin::poll_for(self.spin, || self.replies.try_recv().ok()) {
+            crate::spin::count_wait(true);
+            return r;
+        }
+        crate::spin::count_wait(false);
         match self.replies.recv() {
             Ok(r) => r,
             Err(_) => fatal("the comm thread has stopped"),

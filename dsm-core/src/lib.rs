@@ -32,6 +32,7 @@ mod comm;
 pub mod diff;
 pub mod engine;
 mod error;
+mod spin;
 #[allow(unsafe_code)]
 mod sys;
 

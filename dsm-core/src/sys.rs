@@ -6,8 +6,8 @@
 //! thread and waits.
 //!
 //! The signal handler is async-signal-safe: it reads and writes atomics, copies a page into
-//! a preallocated twin slot, calls `mprotect(2)`, `write(2)`, `futex(2)`, `sigaction(2)`
-//! and `abort(3)`, and nothing else. It never allocates, logs or takes a lock. A write
+//! a preallocated twin slot, calls `mprotect(2)`, `write(2)`, `futex(2)`, `sigaction(2)`,
+//! `sched_yield(2)`, `clock_gettime(2)` and `abort(3)`, and nothing else. It never allocates, logs or takes a lock. A write
 //! fault on a page the engine armed is served in the handler itself
 //! ([`crate::engine::fast`]); every other fault goes to the comm thread.
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -609,6 +609,27 @@ pub(crate) struct Fault {
     pub(crate) write: Option<bool>,
 }
 
+/// How long a thread waiting for the comm thread (a fault parked in the handler) keeps its
+/// core with `sched_yield` before sleeping on the futex; 0: sleep at once. See
+/// [`set_spin`].
+static SPIN_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Sets how long the fault handler polls before it sleeps (see [`crate::spin`] for why).
+pub(crate) fn set_spin(budget: std::time::Duration) {
+    SPIN_NS.store(budget.as_nanos() as u64, Ordering::Relaxed);
+}
+
+/// CLOCK_MONOTONIC in nanoseconds, from the handler (clock_gettime is async-signal-safe).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec we own; it is async-signal-safe.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 fn futex_wait(word: &AtomicU32, expected: u32) {
     // SAFETY: FUTEX_WAIT on a valid, aligned u32 we own; async-signal-safe raw syscall.
     unsafe {
@@ -748,13 +769,26 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
             1,
         )
     };
+    let spin_ns = SPIN_NS.load(Ordering::Relaxed);
+    let spin_from = if spin_ns > 0 { monotonic_ns() } else { 0 };
+    let (mut polled, mut slept) = (false, false);
     let outcome = loop {
         let s = SLOT_STATE.load(Ordering::Acquire);
         if s == SLOT_RESOLVED || s == SLOT_CRASH {
             break s;
         }
+        if spin_ns > 0 && monotonic_ns().wrapping_sub(spin_from) < spin_ns {
+            polled = true;
+            // SAFETY: sched_yield has no arguments and is async-signal-safe.
+            unsafe { libc::sched_yield() };
+            continue;
+        }
+        slept = true;
         futex_wait(&SLOT_STATE, s);
     };
+    if polled || slept {
+        crate::spin::count_wait(!slept);
+    }
     SLOT_STATE.store(SLOT_IDLE, Ordering::Release);
     futex_wake_all(&SLOT_STATE);
     if outcome == SLOT_CRASH {

@@ -252,7 +252,7 @@ pub const DEFAULT_LAUNCH_AGENT: &str = "ssh";
 
 /// Variables the user sets for a whole job in dsmrun's environment: local ranks inherit
 /// them, ranks on other hosts get them from dsmrun.
-pub const JOB_WIDE_VARS: [&str; 8] = [
+pub const JOB_WIDE_VARS: [&str; 9] = [
     env_vars::SEGMENT_ADDR,
     env_vars::TRANSPORT,
     env_vars::RACE_PHASES,
@@ -260,6 +260,7 @@ pub const JOB_WIDE_VARS: [&str; 8] = [
     env_vars::FAST_FAULTS,
     env_vars::STATS_FILE,
     env_vars::PUSH,
+    env_vars::SPIN,
     env_vars::LOG,
 ];
 
@@ -585,6 +586,7 @@ pub fn rank_config(
         stats_file: None,
         // Inherited like the stats file.
         push_pages: dsm_proto::config::DEFAULT_PUSH_PAGES,
+        spin: None,
         sem_trace: config.sem_trace.clone(),
         // Set by spawn_rank, which makes the pipe.
         launcher_fd: None,

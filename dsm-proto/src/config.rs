@@ -273,6 +273,9 @@ pub struct JobConfig {
     pub stats_file: Option<PathBuf>,
     /// Most pages a home pushes with one lock grant or barrier arrival (`DSM_PUSH`; 0: off).
     pub push_pages: u32,
+    /// How long a thread waiting for a remote reply polls before it sleeps (`DSM_SPIN`):
+    /// `None` for `auto` (the runtime decides by ranks per core), else the budget.
+    pub spin: Option<Duration>,
     /// Semaphore trace (`--sem-trace FILE`): each rank writes its completed semaphore
     /// operations to `FILE.rank<R>`, which dsmrun merges into `FILE`.
     pub sem_trace: Option<PathBuf>,
@@ -300,6 +303,23 @@ fn parse_push(v: &str) -> Result<u32, String> {
     }
 }
 
+/// Longest polling budget `DSM_SPIN` accepts: a second.
+pub const MAX_SPIN_US: u64 = 1_000_000;
+
+/// Reads `DSM_SPIN`: `auto` (`None`), `off`, or microseconds (`0` is `off`).
+fn parse_spin(v: &str) -> Result<Option<Duration>, String> {
+    match v.trim() {
+        "" | "auto" => Ok(None),
+        "off" => Ok(Some(Duration::ZERO)),
+        n => n
+            .parse::<u64>()
+            .ok()
+            .filter(|&us| us <= MAX_SPIN_US)
+            .map(|us| Some(Duration::from_micros(us)))
+            .ok_or_else(|| format!("expected auto, off or microseconds (0 to {MAX_SPIN_US})")),
+    }
+}
+
 /// How long ranks wait for each other at start unless told otherwise.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -324,6 +344,7 @@ impl JobConfig {
             local: None,
             stats_file: None,
             push_pages: DEFAULT_PUSH_PAGES,
+            spin: None,
             sem_trace: None,
             coord_fd: None,
             launcher_fd: None,
@@ -675,6 +696,10 @@ impl JobConfig {
             push_pages: match get(vars::PUSH) {
                 Some(v) => parse_push(&v).map_err(|e| invalid(vars::PUSH, &v, e))?,
                 None => DEFAULT_PUSH_PAGES,
+            },
+            spin: match get(vars::SPIN) {
+                Some(v) => parse_spin(&v).map_err(|e| invalid(vars::SPIN, &v, e))?,
+                None => None,
             },
             sem_trace: get(vars::SEM_TRACE)
                 .filter(|s| !s.is_empty())
@@ -1046,6 +1071,20 @@ mod tests {
         assert_eq!(env(&[("DSM_PUSH", "off")]).unwrap().push_pages, 0);
         assert_eq!(env(&[("DSM_PUSH", "0")]).unwrap().push_pages, 0);
         assert_eq!(env(&[("DSM_PUSH", "5")]).unwrap().push_pages, 5);
+        assert_eq!(env(&[]).unwrap().spin, None);
+        assert_eq!(env(&[("DSM_SPIN", "auto")]).unwrap().spin, None);
+        assert_eq!(
+            env(&[("DSM_SPIN", "off")]).unwrap().spin,
+            Some(Duration::ZERO)
+        );
+        assert_eq!(
+            env(&[("DSM_SPIN", "50")]).unwrap().spin,
+            Some(Duration::from_micros(50))
+        );
+        for bad in ["fast", "-1", "2000000"] {
+            let e = env(&[("DSM_SPIN", bad)]).unwrap_err().to_string();
+            assert!(e.contains("DSM_SPIN") && e.contains("microseconds"), "{e}");
+        }
         let e = env(&[("DSM_PUSH", "lots")]).unwrap_err().to_string();
         assert!(e.contains("DSM_PUSH") && e.contains("page count"), "{e}");
     }

@@ -133,6 +133,10 @@ pub mod env_vars {
     /// SIGSEGV handler (for A/B measurements); `1` or unset: write faults on valid pages
     /// are served in the handler.
     pub const FAST_FAULTS: &str = "DSM_FAST_FAULTS";
+    /// How long a thread waiting for a remote reply polls (yielding its core) before it
+    /// sleeps: `auto` (the default: 200 us when the host has a core per rank, else 0),
+    /// `off`/`0`, or microseconds.
+    pub const SPIN: &str = "DSM_SPIN";
     /// This rank's index among the ranks on its host (for pinning).
     pub const LOCAL_RANK: &str = "DSM_LOCAL_RANK";
     /// Number of ranks on this rank's host (for pinning).
@@ -193,7 +197,7 @@ pub mod env_vars {
     /// The variables a launcher owns: it clears them all from what ranks inherit and sets
     /// its own, so a nested or leftover setting never leaks into a job. The others
     /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_RACE_BATCH`, `DSM_PIN`,
-    /// `DSM_FAST_FAULTS`, `DSM_STATS_FILE`, `DSM_PUSH`, `DSM_LOG`) are the user's to set for
+    /// `DSM_FAST_FAULTS`, `DSM_STATS_FILE`, `DSM_PUSH`, `DSM_SPIN`, `DSM_LOG`) are the user's to set for
     /// a whole job and reach the ranks by inheritance.
     pub const LAUNCHER_OWNED: [&str; 35] = [
         PINPOINT,

@@ -65,6 +65,11 @@ impl Dsm {
             "shared_bytes": shared_bytes,
             "allocations": self.allocs.iter().map(|a| a.name.clone()).collect::<Vec<_>>(),
             "protocol": stats,
+            "waits": {
+                "spin_budget_us": self.comm.as_ref().map_or(0, |c| c.spin().as_micros() as u64),
+                "polled": crate::spin::waits().0,
+                "slept": crate::spin::waits().1,
+            },
             "race": race,
         })
     }

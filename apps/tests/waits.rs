@@ -1,0 +1,90 @@
+//! How waiting threads spend the time until their reply (`DSM_SPIN`, dsm-core's `spin`):
+//! real ranks over loopback, Water (lock grants, remote faults in the handler, barriers),
+//! checked against the sequential reference, with the counters each rank's stats file
+//! keeps of waits that ended while polling and waits that slept.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+const WATER: &str = env!("CARGO_BIN_EXE_water");
+
+/// `(spin_budget_us, polled, slept)` of each rank.
+fn waits(stats: &Path, n: usize) -> Vec<(u64, u64, u64)> {
+    (0..n)
+        .map(|r| {
+            let path = stats.join(format!("rank-{r}.json"));
+            let json: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            let w = &json["waits"];
+            let get = |k: &str| {
+                w[k].as_u64()
+                    .unwrap_or_else(|| panic!("no waits.{k} in {}", path.display()))
+            };
+            (get("spin_budget_us"), get("polled"), get("slept"))
+        })
+        .collect()
+}
+
+fn water(spin: Option<&str>, stats: &Path) -> dsm_testkit::Run {
+    let mut cmd: Command = dsm_testkit::dsmrun_command(2, &["--timeout", "120"], WATER, &[]);
+    cmd.env("DSM_STATS_FILE", stats.join("rank-%r.json"));
+    match spin {
+        Some(v) => cmd.env("DSM_SPIN", v),
+        None => cmd.env_remove("DSM_SPIN"),
+    };
+    dsm_testkit::start_with_watchdog(cmd, Duration::from_secs(180)).finish()
+}
+
+fn verified(spin: Option<&str>, stats: &Path) -> Vec<(u64, u64, u64)> {
+    let out = water(spin, stats);
+    assert!(
+        out.code == Some(0) && out.stdout.contains("[0] verified:"),
+        "water with DSM_SPIN={spin:?}: {out:?}"
+    );
+    waits(stats, 2)
+}
+
+#[test]
+fn off_sleeps_at_once_and_a_budget_polls() {
+    let off = tempfile::tempdir().unwrap();
+    for (rank, (budget, polled, slept)) in verified(Some("off"), off.path()).into_iter().enumerate()
+    {
+        assert_eq!(budget, 0, "rank {rank}");
+        assert_eq!(polled, 0, "rank {rank}: DSM_SPIN=off never polls");
+        assert!(slept > 0, "rank {rank}: Water waits for grants and pages");
+    }
+    let long = tempfile::tempdir().unwrap();
+    for (rank, (budget, polled, _)) in verified(Some("1000000"), long.path())
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(budget, 1_000_000, "rank {rank}");
+        assert!(
+            polled > 0,
+            "rank {rank}: with a one-second budget replies come while the waiter polls"
+        );
+    }
+}
+
+#[test]
+fn auto_polls_only_with_a_core_per_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let expected = if cores >= 2 { 200 } else { 0 };
+    for (rank, (budget, _, _)) in verified(None, dir.path()).into_iter().enumerate() {
+        assert_eq!(budget, expected, "rank {rank} on {cores} cores");
+    }
+}
+
+#[test]
+fn a_malformed_setting_stops_the_job_with_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = water(Some("fast"), dir.path());
+    assert_ne!(out.code, Some(0), "{out:?}");
+    let all = out.all_output();
+    assert!(
+        all.contains("DSM_SPIN") && all.contains("microseconds"),
+        "the error names the variable and what it takes: {all}"
+    );
+}
