@@ -10,6 +10,10 @@
 //! lost peer, malformed traffic) ends the process with a message naming the cause: the app
 //! thread may be parked in the fault handler, and the job cannot continue.
 //!
+//! A reply from a co-located peer need not wait for the comm thread: while the app thread
+//! polls for its reply ([`crate::spin`]) it takes the frames of the shared-memory rings and
+//! runs them through the engine itself, under the same lock and in ring order.
+//!
 //! Liveness is the transport's, on this thread: heartbeats go out on idle links whatever
 //! the app thread does (it holds the engine lock only for the span of one command, never
 //! while the program computes), and a peer silent for the job's liveness deadline ends
@@ -432,6 +436,8 @@ pub(crate) struct Comm {
     thread: Option<JoinHandle<()>>,
     /// How long [`Comm::recv`] polls before it sleeps ([`crate::spin`]).
     spin: Duration,
+    /// Whether [`Comm::recv`] may take frames from the shared-memory rings while it polls.
+    poll_rings: bool,
 }
 
 impl Comm {
@@ -512,6 +518,7 @@ impl Comm {
             replies: reply_rx,
             thread: Some(thread),
             spin: Duration::ZERO,
+            poll_rings: chaos.is_none(),
         })
     }
 
@@ -569,15 +576,49 @@ impl Comm {
         if let Ok(r) = self.replies.try_recv() {
             return r;
         }
-        if let Some(r) = crate::spin::poll_for(self.spin, || self.replies.try_recv().ok()) {
-            crate::spin::count_wait(true);
+        let polled = self.poll_for_reply();
+        crate::spin::count_wait(polled.is_some());
+        if let Some(r) = polled {
             return r;
         }
-        crate::spin::count_wait(false);
         match self.replies.recv() {
             Ok(r) => r,
             Err(_) => fatal("the comm thread has stopped"),
         }
+    }
+
+    /// Polls for the next reply for the spin budget. Meanwhile this thread also takes the
+    /// frames that reach the shared-memory rings and runs them through the engine itself
+    /// (the comm thread's work, in the same order under the same lock), so a reply from a
+    /// co-located peer needs no wake-up of the comm thread: one hand-off fewer on every
+    /// remote lock acquire and barrier. Not in chaos mode, whose delays are the comm
+    /// thread's.
+    fn poll_for_reply(&self) -> Option<Reply> {
+        let outbox = self.shared.outbox.get().filter(|_| self.poll_rings);
+        let got = crate::spin::poll_for(self.spin, || {
+            if let Ok(r) = self.replies.try_recv() {
+                return Some(r);
+            }
+            let outbox = outbox?;
+            let delivered = outbox.poll_rings(&mut |peer, msg| {
+                let mut engine = self.shared.engine();
+                let outputs = engine.on_peer_message(peer as NodeId, msg);
+                self.shared.dispatch(&mut engine, outputs);
+            });
+            if delivered > 0 && self.shared.dying.load(Ordering::Relaxed) {
+                // The comm thread is flushing and will end the process.
+                loop {
+                    std::thread::park();
+                }
+            }
+            self.replies.try_recv().ok()
+        });
+        if let Some(outbox) = outbox {
+            if !self.spin.is_zero() {
+                outbox.end_polling();
+            }
+        }
+        got
     }
 
     /// Race master: whether race batches are waiting.

@@ -403,6 +403,16 @@ impl RingReader {
         }
     }
 
+    /// Withdraws a [`RingReader::prepare_wait`]: commits stop ringing the bell. For a
+    /// reader that polls instead of sleeping; it must call `prepare_wait` again before
+    /// anyone sleeps on the bell.
+    pub fn stop_waiting(&self) {
+        self.region
+            .side(self.dir)
+            .reader_waiting
+            .store(0, Ordering::SeqCst);
+    }
+
     /// Committed bytes not yet read.
     pub fn pending(&self) -> Result<usize, RingError> {
         self.committed(&self.region.side(self.dir), Ordering::Acquire)

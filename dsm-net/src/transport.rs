@@ -11,7 +11,9 @@
 //! waits on its eventfd and on the TCP connection, which stays open and silent so that a
 //! peer's death (its socket closes) is noticed; then whatever the peer committed to the ring
 //! is delivered first, and a frame it left half-written is reported as a failure, never
-//! parsed. All of a pair's messages take the ring, so their order is kept.
+//! parsed. All of a pair's messages take the ring, so their order is kept. A thread
+//! waiting for a reply may take the rings' frames itself ([`Outbox::poll_rings`]); each
+//! ring has one consumer at a time, so frames still arrive whole and in order.
 //!
 //! Liveness: with a deadline, a keep-alive task on the same runtime sends a
 //! [`Msg::Heartbeat`] on every link that carried nothing outgoing during the last
@@ -28,7 +30,6 @@ use bytes::Bytes;
 use dsm_proto::liveness::heartbeat_period;
 use dsm_proto::Msg;
 use futures_util::StreamExt;
-use std::cell::Cell;
 use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -278,46 +279,82 @@ async fn fill_ring(
 /// Bytes a ring reader moves out of the ring at a time.
 const RING_CHUNK: usize = 256 << 10;
 
+/// The receiving end of a shared-memory link: the ring's reader and the bytes of a frame
+/// not yet whole. Shared between the comm thread's reader task and [`Outbox::poll_rings`],
+/// which a thread waiting for a reply calls so that it takes its reply itself instead of
+/// waiting for the comm thread to be scheduled; the lock keeps one consumer at a time, so
+/// frames are delivered whole and in ring order whoever reads them.
+struct RingInbox {
+    reader: RingReader,
+    buf: Vec<u8>,
+    /// Rung when the peer's writer waits for space and we freed some.
+    peer_space_bell: OwnedFd,
+    /// Our own data bell (a duplicate of the one the reader task waits on): a poller
+    /// that finds the ring malformed rings it so the reader task wakes and reports it.
+    own_data_bell: OwnedFd,
+    /// What a poller found wrong, for the reader task to report (the report goes through
+    /// the comm thread's handler, which only that thread may call).
+    failure: Option<WireError>,
+}
+
+impl RingInbox {
+    /// Delivers every whole frame the ring holds; a failure is kept for the reader task.
+    fn drain(&mut self, hearing: &Hearing, traffic: &Traffic, deliver: &mut dyn FnMut(Msg)) {
+        if self.failure.is_some() {
+            return;
+        }
+        if let Err(e) = drain_ring(
+            &mut self.reader,
+            &mut self.buf,
+            &self.peer_space_bell,
+            hearing,
+            traffic,
+            deliver,
+        ) {
+            self.failure = Some(e);
+        }
+    }
+}
+
+fn lock_inbox(inbox: &Mutex<RingInbox>) -> MutexGuard<'_, RingInbox> {
+    inbox.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Reads a co-located peer's frames from its ring and delivers them, until the peer's TCP
 /// connection closes (then what it committed is delivered, and a half-written frame is a
 /// failure) or something malformed arrives.
-#[allow(clippy::too_many_arguments)]
 async fn read_ring(
     peer: usize,
-    mut reader: RingReader,
+    inbox: Arc<Mutex<RingInbox>>,
     data_bell: AsyncFd<OwnedFd>,
-    peer_space_bell: OwnedFd,
     mut tcp: OwnedReadHalf,
     handler: Handler,
     traffic: Arc<Traffic>,
-    hearing: Rc<[Hearing]>,
+    hearing: Arc<[Hearing]>,
 ) {
     let hearing = &hearing[peer];
     let fail = |e: WireError| {
-        hearing.ended.set(true);
+        hearing.end();
         handler(peer, PeerEvent::Failed(e));
     };
-    let mut buf: Vec<u8> = Vec::new();
     let mut probe = [0u8; 64];
+    let deliver = &mut |m| handler(peer, PeerEvent::Message(m));
     loop {
         // Everything committed so far, frame by frame.
         // (Polling the ring for a while before sleeping was tried: on this 2-core machine,
         // shared with other work, it made remote faults three times slower, the spinning
         // comm threads taking the cores from the threads they wait for.)
-        if let Err(e) = drain_ring(
-            &mut reader,
-            &mut buf,
-            &peer_space_bell,
-            hearing,
-            &traffic,
-            &|m| handler(peer, PeerEvent::Message(m)),
-        ) {
-            return fail(e);
-        }
-        match reader.prepare_wait() {
-            Ok(true) => continue,
-            Ok(false) => {}
-            Err(e) => return fail(WireError::Io(io::Error::other(e))),
+        {
+            let mut ib = lock_inbox(&inbox);
+            ib.drain(hearing, &traffic, deliver);
+            if let Some(e) = ib.failure.take() {
+                return fail(e);
+            }
+            match ib.reader.prepare_wait() {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(e) => return fail(WireError::Io(io::Error::other(e))),
+            }
         }
         tokio::select! {
             ready = data_bell.readable() => match ready {
@@ -332,13 +369,13 @@ async fn read_ring(
                     Ok(0) => {
                         // The peer closed its end (it finished, or it died): everything
                         // it committed before is in the ring.
-                        if let Err(e) = drain_ring(&mut reader, &mut buf, &peer_space_bell, hearing, &traffic, &|m| {
-                            handler(peer, PeerEvent::Message(m))
-                        }) {
+                        let mut ib = lock_inbox(&inbox);
+                        ib.drain(hearing, &traffic, deliver);
+                        if let Some(e) = ib.failure.take() {
                             return fail(e);
                         }
-                        hearing.ended.set(true);
-                        if buf.is_empty() {
+                        hearing.end();
+                        if ib.buf.is_empty() {
                             handler(peer, PeerEvent::Closed);
                         } else {
                             handler(peer, PeerEvent::Failed(WireError::Io(io::Error::new(
@@ -346,7 +383,7 @@ async fn read_ring(
                                 format!(
                                     "the connection closed in the middle of a message in shared \
                                      memory ({} bytes of it committed)",
-                                    buf.len()
+                                    ib.buf.len()
                                 ),
                             ))));
                         }
@@ -373,7 +410,7 @@ fn drain_ring(
     peer_space_bell: &OwnedFd,
     hearing: &Hearing,
     traffic: &Traffic,
-    deliver: &dyn Fn(Msg),
+    deliver: &mut dyn FnMut(Msg),
 ) -> Result<usize, WireError> {
     let mut moved = 0;
     loop {
@@ -384,7 +421,7 @@ fn drain_ring(
             return Ok(moved);
         }
         moved += n;
-        hearing.last.set(Instant::now());
+        hearing.heard();
         if reader.writer_needs_wake() {
             ring_bell(peer_space_bell)?;
         }
@@ -439,20 +476,56 @@ fn frame(msg: &Msg) -> Result<Bytes, WireError> {
     Ok(Bytes::from(frame))
 }
 
-/// What the keep-alive task knows about one peer's incoming side.
+/// What the keep-alive task knows about one peer's incoming side. Updated by whichever
+/// thread reads the peer's frames (the comm thread's reader task, or the app thread
+/// polling a shared-memory ring while it waits), hence atomics.
 struct Hearing {
-    /// When the last frame arrived (or the transport started).
-    last: Cell<Instant>,
+    /// The transport's start, from which `last` counts.
+    started: Instant,
+    /// When the last frame arrived (or the transport started), in nanoseconds since
+    /// `started`.
+    last: AtomicU64,
     /// The reader ended (the peer closed or failed, which it reports): silence means
     /// nothing for this peer any more.
-    ended: Cell<bool>,
+    ended: AtomicBool,
+}
+
+impl Hearing {
+    fn new(started: Instant) -> Hearing {
+        Hearing {
+            started,
+            last: AtomicU64::new(0),
+            ended: AtomicBool::new(false),
+        }
+    }
+
+    fn heard_at(&self, when: Instant) {
+        let since = when.saturating_duration_since(self.started).as_nanos() as u64;
+        self.last.fetch_max(since, Ordering::Relaxed);
+    }
+
+    fn heard(&self) {
+        self.heard_at(Instant::now());
+    }
+
+    fn last(&self) -> Instant {
+        self.started + Duration::from_nanos(self.last.load(Ordering::Relaxed))
+    }
+
+    fn end(&self) {
+        self.ended.store(true, Ordering::Relaxed);
+    }
+
+    fn ended(&self) -> bool {
+        self.ended.load(Ordering::Relaxed)
+    }
 }
 
 /// Sends heartbeats on idle links and reports peers silent for `deadline`, every
 /// [`heartbeat_period`] until the transport shuts down.
 async fn keep_alive(
     outbox: Arc<Outbox>,
-    hearing: Rc<[Hearing]>,
+    hearing: Arc<[Hearing]>,
     deadline: Duration,
     handler: Handler,
 ) {
@@ -481,16 +554,16 @@ async fn keep_alive(
                 bump(&outbox.traffic.bytes_sent, heartbeat.len() as u64);
             }
             // (A failed heartbeat is the peer's reader's and writer's to report.)
-            if h.ended.get() {
+            if h.ended() {
                 continue;
             }
             if stalled {
-                h.last.set(now);
+                h.heard_at(now);
                 continue;
             }
-            let silent = now.duration_since(h.last.get());
+            let silent = now.duration_since(h.last());
             if silent >= deadline {
-                h.ended.set(true);
+                h.end();
                 handler(peer, PeerEvent::Silent(silent));
             }
         }
@@ -506,6 +579,9 @@ pub struct Outbox {
     pub traffic: Arc<Traffic>,
     /// The peers reached through shared memory, in rank order.
     shm_peers: Vec<usize>,
+    /// Their rings' receiving ends, for [`Outbox::poll_rings`].
+    inboxes: Vec<(usize, Arc<Mutex<RingInbox>>)>,
+    hearing: Arc<[Hearing]>,
 }
 
 impl Outbox {
@@ -538,6 +614,47 @@ impl Outbox {
         bump(&self.traffic.messages_sent, 1);
         bump(&self.traffic.bytes_sent, len as u64 + 4);
         Ok(len)
+    }
+
+    /// For a thread waiting for a reply: delivers, on this thread, every whole frame the
+    /// shared-memory rings hold right now (`deliver(peer, message)`, in ring order per
+    /// peer), and returns how many. A ring the comm thread is reading at this moment is
+    /// skipped (it delivers those frames itself). While a thread polls, commits to the
+    /// rings it polled stop ringing their bells, so the comm thread is not woken for
+    /// frames the poller takes; [`Outbox::end_polling`] must follow before anyone sleeps.
+    /// A malformed ring is left for the comm thread to report (its reader task is woken).
+    pub fn poll_rings(&self, deliver: &mut dyn FnMut(usize, Msg)) -> usize {
+        let mut delivered = 0;
+        for (peer, inbox) in &self.inboxes {
+            let Ok(mut ib) = inbox.try_lock() else {
+                continue;
+            };
+            if ib.failure.is_some() {
+                continue;
+            }
+            ib.reader.stop_waiting();
+            ib.drain(&self.hearing[*peer], &self.traffic, &mut |m| {
+                delivered += 1;
+                deliver(*peer, m)
+            });
+            if ib.failure.is_some() {
+                let _ = ring_bell(&ib.own_data_bell);
+            }
+        }
+        delivered
+    }
+
+    /// Ends a stretch of [`Outbox::poll_rings`]: the rings' bells are armed again for the
+    /// comm thread's reader tasks, and a ring that received meanwhile wakes its task.
+    pub fn end_polling(&self) {
+        for (_, inbox) in &self.inboxes {
+            let ib = lock_inbox(inbox);
+            if !matches!(ib.reader.prepare_wait(), Ok(false)) {
+                // Bytes arrived (or the indices are impossible): the reader task takes
+                // them, or reports them.
+                let _ = ring_bell(&ib.own_data_bell);
+            }
+        }
     }
 
     /// Closes every link for sending; the writers then flush what is queued and stop.
@@ -576,15 +693,11 @@ impl Transport {
     ) -> std::io::Result<Transport> {
         let traffic = Arc::new(Traffic::default());
         let mut shm_peers = Vec::new();
+        let mut inboxes = Vec::new();
         let mut outboxes = Vec::with_capacity(mesh.size);
         let mut writers = Vec::new();
         let started = Instant::now();
-        let hearing: Rc<[Hearing]> = (0..mesh.size)
-            .map(|_| Hearing {
-                last: Cell::new(started),
-                ended: Cell::new(false),
-            })
-            .collect();
+        let hearing: Arc<[Hearing]> = (0..mesh.size).map(|_| Hearing::new(started)).collect();
         let mut shm = mesh.shm;
         for (peer, stream) in mesh.streams.into_iter().enumerate() {
             let Some(stream) = stream else {
@@ -601,11 +714,18 @@ impl Transport {
                     writer: RingWriter::new(l.region.clone(), l.send),
                     peer_data_bell: l.peer_data_bell,
                 });
+                let inbox = Arc::new(Mutex::new(RingInbox {
+                    reader: RingReader::new(l.region.clone(), receive),
+                    buf: Vec::new(),
+                    peer_space_bell: l.peer_space_bell,
+                    own_data_bell: l.our_data_bell.try_clone()?,
+                    failure: None,
+                }));
+                inboxes.push((peer, inbox.clone()));
                 ring_ends = Some((
-                    RingReader::new(l.region.clone(), receive),
+                    inbox,
                     register_bell(l.our_data_bell)?,
                     register_bell(l.our_space_bell)?,
-                    l.peer_space_bell,
                 ));
             }
             let link = Arc::new(Link {
@@ -618,13 +738,12 @@ impl Transport {
             let stream = TcpStream::from_std(stream)?;
             let (read_half, write_half) = stream.into_split();
 
-            if let Some((reader, data_bell, space_bell, peer_space_bell)) = ring_ends {
+            if let Some((inbox, data_bell, space_bell)) = ring_ends {
                 shm_peers.push(peer);
                 tokio::task::spawn_local(read_ring(
                     peer,
-                    reader,
+                    inbox,
                     data_bell,
-                    peer_space_bell,
                     read_half,
                     handler.clone(),
                     traffic.clone(),
@@ -648,21 +767,21 @@ impl Transport {
                 loop {
                     match frames.next().await {
                         Some(Ok(frame)) => {
-                            hearing.last.set(Instant::now());
+                            hearing.heard();
                             bump(&t.messages_received, 1);
                             bump(&t.bytes_received, frame.len() as u64 + 4);
                             match decode::<Msg>(&frame) {
                                 Ok(Msg::Heartbeat) => {}
                                 Ok(msg) => h(peer, PeerEvent::Message(msg)),
                                 Err(e) => {
-                                    hearing.ended.set(true);
+                                    hearing.end();
                                     h(peer, PeerEvent::Failed(e));
                                     return;
                                 }
                             }
                         }
                         Some(Err(e)) => {
-                            hearing.ended.set(true);
+                            hearing.end();
                             let err = if e.kind() == std::io::ErrorKind::InvalidData {
                                 WireError::TooLarge {
                                     len: usize::MAX,
@@ -675,7 +794,7 @@ impl Transport {
                             return;
                         }
                         None => {
-                            hearing.ended.set(true);
+                            hearing.end();
                             h(peer, PeerEvent::Closed);
                             return;
                         }
@@ -695,6 +814,8 @@ impl Transport {
             links: outboxes,
             traffic,
             shm_peers,
+            inboxes,
+            hearing: hearing.clone(),
         });
         let keep_alive = liveness.filter(|_| mesh.size > 1).map(|deadline| {
             tokio::task::spawn_local(keep_alive(outbox.clone(), hearing, deadline, handler))
@@ -922,6 +1043,63 @@ mod tests {
         });
         let got = events.borrow().clone();
         got
+    }
+
+    #[test]
+    fn a_waiting_thread_takes_ring_frames_itself_in_order_and_never_twice() {
+        let (mesh0, mut mesh1) = pair();
+        let link = mesh1.shm[0].take().unwrap();
+        let mut w = crate::ring::RingWriter::new(link.region.clone(), link.send);
+        let events: Events = Rc::default();
+        let mut polled = Vec::new();
+        run_local(async {
+            let t = Transport::start(mesh0, recorder(&events), None).unwrap();
+            let outbox = t.outbox();
+            // Let the reader task go to sleep on its bell first.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            for i in 1..=3 {
+                w.write(&frame(&numbered(i, 10)).unwrap()).unwrap();
+            }
+            let n = outbox.poll_rings(&mut |peer, m| polled.push((peer, format!("{m:?}"))));
+            assert_eq!(n, 3);
+            // Frames committed while a thread polls, then left when it stops: the reader
+            // task must be woken for them (the test's writer rings no bell itself).
+            for i in 4..=5 {
+                w.write(&frame(&numbered(i, 10)).unwrap()).unwrap();
+            }
+            outbox.end_polling();
+            for _ in 0..2000 {
+                if events.borrow().len() >= 2 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            // Garbage found by a poller is reported by the reader task, not lost.
+            w.write(&[0, 0, 0, 3, 0xff, 0xff, 0xff]).unwrap();
+            assert_eq!(
+                outbox.poll_rings(&mut |_, _| panic!("garbage delivered")),
+                0
+            );
+            for _ in 0..2000 {
+                if events.borrow().len() >= 3 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        let order: Vec<String> = polled.iter().map(|(_, m)| m.clone()).collect();
+        assert!(polled.iter().all(|&(peer, _)| peer == 1), "{polled:?}");
+        for (k, m) in order.iter().enumerate() {
+            assert!(m.contains(&format!("\"{}:x", k + 1)), "{order:?}");
+        }
+        let got = events.borrow().clone();
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert!(
+            got[0].1.contains("\"4:x") && got[1].1.contains("\"5:x"),
+            "{got:?}"
+        );
+        assert!(got[2].1.contains("Malformed"), "{got:?}");
+        drop(mesh1);
     }
 
     #[test]
