@@ -529,12 +529,7 @@ impl Comm {
         let outputs = engine.on_command(cmd);
         self.shared.dispatch(&mut engine, outputs);
         drop(engine);
-        if self.shared.dying.load(Ordering::Relaxed) {
-            // The comm thread is flushing and will end the process.
-            loop {
-                std::thread::park();
-            }
-        }
+        self.park_if_dying();
     }
 
     /// Runs `f` while this thread holds the engine lock (tests of the handler's check that
@@ -595,30 +590,36 @@ impl Comm {
     /// thread's.
     fn poll_for_reply(&self) -> Option<Reply> {
         let outbox = self.shared.outbox.get().filter(|_| self.poll_rings);
+        let deliver = &mut |peer: usize, msg: Msg| {
+            let mut engine = self.shared.engine();
+            let outputs = engine.on_peer_message(peer as NodeId, msg);
+            self.shared.dispatch(&mut engine, outputs);
+        };
         let got = crate::spin::poll_for(self.spin, || {
             if let Ok(r) = self.replies.try_recv() {
                 return Some(r);
             }
             let outbox = outbox?;
-            let delivered = outbox.poll_rings(&mut |peer, msg| {
-                let mut engine = self.shared.engine();
-                let outputs = engine.on_peer_message(peer as NodeId, msg);
-                self.shared.dispatch(&mut engine, outputs);
-            });
-            if delivered > 0 && self.shared.dying.load(Ordering::Relaxed) {
-                // The comm thread is flushing and will end the process.
-                loop {
-                    std::thread::park();
-                }
+            if outbox.poll_rings(deliver) > 0 {
+                self.park_if_dying();
             }
             self.replies.try_recv().ok()
         });
-        if let Some(outbox) = outbox {
-            if !self.spin.is_zero() {
-                outbox.end_polling();
-            }
+        if let Some(outbox) = outbox.filter(|_| !self.spin.is_zero()) {
+            outbox.end_polling(deliver);
+            self.park_if_dying();
         }
         got
+    }
+
+    /// Parks this thread for good once a fatal error is being reported: the comm thread
+    /// is flushing and will end the process.
+    fn park_if_dying(&self) {
+        if self.shared.dying.load(Ordering::Relaxed) {
+            loop {
+                std::thread::park();
+            }
+        }
     }
 
     /// Race master: whether race batches are waiting.
