@@ -339,6 +339,11 @@ struct Shared {
     /// Race master: batches of intervals that arrived between barriers, waiting for the
     /// app thread's incremental analysis.
     race_inbox: Mutex<Vec<RaceBatch>>,
+    /// The polling budget in nanoseconds ([`crate::spin`]), for the comm thread's own wait
+    /// on a fault's page ([`Shared::await_fault_reply`]).
+    spin_ns: AtomicU64,
+    /// Every peer is reached through a shared-memory ring (set once the transport is up).
+    rings_only: AtomicBool,
 }
 
 impl Shared {
@@ -349,6 +354,34 @@ impl Shared {
             guard: self.engine.lock().unwrap_or_else(|p| p.into_inner()),
             _inside: sys::InEngine::enter(),
         }
+    }
+
+    /// Runs a message from `peer` through the engine, as the comm thread's reader tasks do.
+    fn deliver(&self, peer: usize, msg: Msg) {
+        let mut engine = self.engine();
+        let outputs = engine.on_peer_message(peer as NodeId, msg);
+        self.dispatch(&mut engine, outputs);
+    }
+
+    /// The comm thread, having sent a fault's fetch: when every peer is reached through
+    /// shared memory, it polls the rings for the page for the spin budget instead of
+    /// going back to sleep and being woken for it (the faulting thread polls its slot
+    /// meanwhile, so neither core idles). Over TCP the reply needs the runtime's reader
+    /// tasks, so it returns at once.
+    fn await_fault_reply(&self) {
+        let budget = Duration::from_nanos(self.spin_ns.load(Ordering::Relaxed));
+        let Some(outbox) = self.outbox.get() else {
+            return;
+        };
+        if budget.is_zero() || !self.rings_only.load(Ordering::Relaxed) {
+            return;
+        }
+        let deliver = &mut |peer: usize, msg: Msg| self.deliver(peer, msg);
+        crate::spin::poll_for(budget, || {
+            outbox.poll_rings(deliver);
+            (!self.mailbox.in_service() || self.dying.load(Ordering::Relaxed)).then_some(())
+        });
+        outbox.end_polling(deliver);
     }
 
     /// Carries out the engine's outputs; called with the engine lock held (`engine`) so
@@ -485,6 +518,8 @@ impl Comm {
             dying: AtomicBool::new(false),
             race_notice_bytes: AtomicU64::new(0),
             race_inbox: Mutex::new(Vec::new()),
+            spin_ns: AtomicU64::new(0),
+            rings_only: AtomicBool::new(false),
         });
         let rank = mesh.rank;
         let for_thread = shared.clone();
@@ -559,6 +594,9 @@ impl Comm {
     pub(crate) fn set_spin(&mut self, budget: Duration) {
         self.spin = budget;
         sys::set_spin(budget);
+        self.shared
+            .spin_ns
+            .store(budget.as_nanos() as u64, Ordering::Relaxed);
     }
 
     /// How long a wait polls before it sleeps.
@@ -590,11 +628,7 @@ impl Comm {
     /// thread's.
     fn poll_for_reply(&self) -> Option<Reply> {
         let outbox = self.shared.outbox.get().filter(|_| self.poll_rings);
-        let deliver = &mut |peer: usize, msg: Msg| {
-            let mut engine = self.shared.engine();
-            let outputs = engine.on_peer_message(peer as NodeId, msg);
-            self.shared.dispatch(&mut engine, outputs);
-        };
+        let deliver = &mut |peer: usize, msg: Msg| self.shared.deliver(peer, msg);
         let got = crate::spin::poll_for(self.spin, || {
             if let Ok(r) = self.replies.try_recv() {
                 return Some(r);
@@ -682,6 +716,8 @@ fn comm_main(
         let kicks = tokio::net::UnixStream::from_std(kicks)?;
         let s = shared.clone();
         let me = mesh.rank;
+        let chaos_on = chaos.is_some();
+        let size = mesh.size;
         // Chaos mode: its own stream of draws (the app thread has another).
         let chaos = std::cell::RefCell::new(
             chaos.map(|seed| crate::api::chaos::Chaos::new(seed ^ 0x5bd1_e995_c0ff_ee00, me)),
@@ -720,7 +756,11 @@ fn comm_main(
                 return Err(e);
             }
         };
-        let _ = shared.outbox.set(transport.outbox());
+        let outbox = transport.outbox();
+        shared
+            .rings_only
+            .store(outbox.shm_peers().len() + 1 == size, Ordering::Relaxed);
+        let _ = shared.outbox.set(outbox);
         let _ = ready.send(Ok(()));
 
         let s = shared.clone();
@@ -742,6 +782,10 @@ fn comm_main(
                     let mut engine = s.engine();
                     let outputs = engine.on_fault(page_of(seg, fault.addr), fault.write);
                     s.dispatch(&mut engine, outputs);
+                    drop(engine);
+                    if s.mailbox.in_service() && !chaos_on {
+                        s.await_fault_reply();
+                    }
                 }
             }
         });

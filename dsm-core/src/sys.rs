@@ -836,6 +836,12 @@ impl FaultMailbox {
         })
     }
 
+    /// Whether the comm thread has taken a fault and not yet resolved it (a fetch for it is
+    /// under way).
+    pub(crate) fn in_service(&self) -> bool {
+        SLOT_STATE.load(Ordering::Acquire) == SLOT_TAKEN
+    }
+
     /// Lets the faulting thread retry its access.
     pub(crate) fn resolve(&self) {
         SLOT_STATE.store(SLOT_RESOLVED, Ordering::Release);
