@@ -9,43 +9,27 @@
 //! writable in one request per home.)
 
 use std::path::Path;
-use std::process::Command;
-use std::time::Duration;
 
 const SOR: &str = env!("CARGO_BIN_EXE_sor");
 const WATER: &str = env!("CARGO_BIN_EXE_water");
 
 /// `(write_faults, handler_write_faults, twins_made)` summed over the ranks.
 fn fault_counters(stats: &Path, n: usize) -> (u64, u64, u64) {
-    let mut sum = (0, 0, 0);
-    for r in 0..n {
-        let path = stats.join(format!("rank-{r}.json"));
-        let json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        let p = &json["protocol"];
-        let get = |k: &str| {
-            p[k].as_u64()
-                .unwrap_or_else(|| panic!("no protocol.{k} in {}", path.display()))
-        };
-        sum.0 += get("write_faults");
-        sum.1 += get("handler_write_faults");
-        sum.2 += get("twins_made");
-    }
-    sum
+    let get = |k: &str| {
+        (0..n)
+            .map(|r| dsm_testkit::rank_counter(stats, r, "protocol", k))
+            .sum()
+    };
+    (
+        get("write_faults"),
+        get("handler_write_faults"),
+        get("twins_made"),
+    )
 }
 
 fn run(program: &str, args: &[&str], fast: Option<&str>, stats: &Path) -> (u64, u64, u64) {
-    let mut cmd: Command = dsm_testkit::dsmrun_command(2, &["--timeout", "120"], program, args);
-    cmd.env("DSM_STATS_FILE", stats.join("rank-%r.json"));
-    match fast {
-        Some(v) => cmd.env("DSM_FAST_FAULTS", v),
-        None => cmd.env_remove("DSM_FAST_FAULTS"),
-    };
-    let out = dsm_testkit::start_with_watchdog(cmd, Duration::from_secs(180)).finish();
-    assert!(
-        out.code == Some(0) && out.stdout.contains("[0] verified:"),
-        "{program} {args:?} (DSM_FAST_FAULTS={fast:?}): {out:?}"
-    );
+    dsm_testkit::dsmrun_with_stats(2, program, args, ("DSM_FAST_FAULTS", fast), stats)
+        .assert_verified(&format!("{program} {args:?} (DSM_FAST_FAULTS={fast:?})"));
     fault_counters(stats, 2)
 }
 
@@ -90,11 +74,13 @@ fn water_twins_are_made_in_the_handler() {
 #[test]
 fn a_bad_fast_faults_setting_is_a_clear_error() {
     let stats = tempfile::tempdir().unwrap();
-    let mut cmd: Command =
-        dsm_testkit::dsmrun_command(2, &["--timeout", "60"], SOR, &["--size", "64"]);
-    cmd.env("DSM_STATS_FILE", stats.path().join("rank-%r.json"))
-        .env("DSM_FAST_FAULTS", "yes");
-    let out = dsm_testkit::start_with_watchdog(cmd, Duration::from_secs(90)).finish();
+    let out = dsm_testkit::dsmrun_with_stats(
+        2,
+        SOR,
+        &["--size", "64"],
+        ("DSM_FAST_FAULTS", Some("yes")),
+        stats.path(),
+    );
     assert_ne!(out.code, Some(0), "{out:?}");
     assert!(out.all_output().contains("DSM_FAST_FAULTS=yes"), "{out:?}");
 }

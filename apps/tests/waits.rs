@@ -4,44 +4,23 @@
 //! keeps of waits that ended while polling and waits that slept.
 
 use std::path::Path;
-use std::process::Command;
-use std::time::Duration;
 
 const WATER: &str = env!("CARGO_BIN_EXE_water");
 
 /// `(spin_budget_us, polled, slept)` of each rank.
 fn waits(stats: &Path, n: usize) -> Vec<(u64, u64, u64)> {
+    let get = |r: usize, k: &str| dsm_testkit::rank_counter(stats, r, "waits", k);
     (0..n)
-        .map(|r| {
-            let path = stats.join(format!("rank-{r}.json"));
-            let json: serde_json::Value =
-                serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-            let w = &json["waits"];
-            let get = |k: &str| {
-                w[k].as_u64()
-                    .unwrap_or_else(|| panic!("no waits.{k} in {}", path.display()))
-            };
-            (get("spin_budget_us"), get("polled"), get("slept"))
-        })
+        .map(|r| (get(r, "spin_budget_us"), get(r, "polled"), get(r, "slept")))
         .collect()
 }
 
 fn water(spin: Option<&str>, stats: &Path) -> dsm_testkit::Run {
-    let mut cmd: Command = dsm_testkit::dsmrun_command(2, &["--timeout", "120"], WATER, &[]);
-    cmd.env("DSM_STATS_FILE", stats.join("rank-%r.json"));
-    match spin {
-        Some(v) => cmd.env("DSM_SPIN", v),
-        None => cmd.env_remove("DSM_SPIN"),
-    };
-    dsm_testkit::start_with_watchdog(cmd, Duration::from_secs(180)).finish()
+    dsm_testkit::dsmrun_with_stats(2, WATER, &[], ("DSM_SPIN", spin), stats)
 }
 
 fn verified(spin: Option<&str>, stats: &Path) -> Vec<(u64, u64, u64)> {
-    let out = water(spin, stats);
-    assert!(
-        out.code == Some(0) && out.stdout.contains("[0] verified:"),
-        "water with DSM_SPIN={spin:?}: {out:?}"
-    );
+    water(spin, stats).assert_verified(&format!("water with DSM_SPIN={spin:?}"));
     waits(stats, 2)
 }
 

@@ -72,6 +72,38 @@ pub fn dsmrun(n: usize, dsmrun_args: &[&str], program: &str, args: &[&str]) -> R
     run(dsmrun_command(n, dsmrun_args, program, args))
 }
 
+/// Runs `dsmrun -n N --timeout 120 PROGRAM [args]` (watchdog 180 s) with each rank's
+/// counters written to `stats/rank-R.json` (`DSM_STATS_FILE`, read them with
+/// [`rank_counter`]) and `var` set to `value`, or removed from the environment for `None`.
+pub fn dsmrun_with_stats(
+    n: usize,
+    program: &str,
+    args: &[&str],
+    (var, value): (&str, Option<&str>),
+    stats: &std::path::Path,
+) -> Run {
+    let mut cmd = dsmrun_command(n, &["--timeout", "120"], program, args);
+    cmd.env("DSM_STATS_FILE", stats.join("rank-%r.json"));
+    match value {
+        Some(v) => cmd.env(var, v),
+        None => cmd.env_remove(var),
+    };
+    start_with_watchdog(cmd, Duration::from_secs(180)).finish()
+}
+
+/// Counter `section.key` of rank `rank`'s stats file from [`dsmrun_with_stats`]; panics
+/// naming the file when it is missing.
+pub fn rank_counter(stats: &std::path::Path, rank: usize, section: &str, key: &str) -> u64 {
+    let path = stats.join(format!("rank-{rank}.json"));
+    let json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    json[section][key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no {section}.{key} in {}", path.display()))
+}
+
 /// Runs `dsmrun -n N [dsmrun_args] --race-log LOG PROGRAM [args]` with `env` added to its
 /// environment, LOG being a fresh temporary file; returns the run and the log's JSON
 /// objects, one per line (none when the job wrote no log).
@@ -117,6 +149,16 @@ pub struct Run {
 }
 
 impl Run {
+    /// Panics, naming `what` and showing the run, unless the job exited 0 and rank 0
+    /// printed its "verified" line (the apps' check against their sequential reference).
+    #[track_caller]
+    pub fn assert_verified(&self, what: &str) {
+        assert!(
+            self.code == Some(0) && self.stdout.contains("[0] verified:"),
+            "{what}: {self:?}"
+        );
+    }
+
     /// Standard output, line by line.
     pub fn stdout_lines(&self) -> Vec<String> {
         self.stdout.lines().map(str::to_owned).collect()
