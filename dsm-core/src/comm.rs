@@ -349,9 +349,22 @@ struct Shared {
 impl Shared {
     /// The engine, with the calling thread marked as inside it for the fault handler (a
     /// fault in the segment while the lock is held aborts with a clear message).
+    ///
+    /// The other thread holds the lock for one command or one message at most, never while
+    /// it waits, so with a polling budget ([`crate::spin`]) a thread finding it taken
+    /// yields its core until it is free rather than sleeping on it: the holder then needs
+    /// no system call to hand it over, and on a machine where both threads share a core
+    /// the yield is what lets the holder finish.
     fn engine(&self) -> EngineGuard<'_> {
+        use std::sync::TryLockError;
+        let budget = Duration::from_nanos(self.spin_ns.load(Ordering::Relaxed));
+        let polled = crate::spin::poll_for(budget, || match self.engine.try_lock() {
+            Ok(g) => Some(g),
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        });
         EngineGuard {
-            guard: self.engine.lock().unwrap_or_else(|p| p.into_inner()),
+            guard: polled.unwrap_or_else(|| self.engine.lock().unwrap_or_else(|p| p.into_inner())),
             _inside: sys::InEngine::enter(),
         }
     }
