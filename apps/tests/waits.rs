@@ -60,10 +60,14 @@ fn auto_polls_only_with_a_core_per_rank() {
 fn a_malformed_setting_stops_the_job_with_its_name() {
     let dir = tempfile::tempdir().unwrap();
     let out = water(Some("fast"), dir.path());
-    assert_ne!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.code, Some(2), "{out:?}");
     let all = out.all_output();
     assert!(
         all.contains("DSM_SPIN") && all.contains("microseconds"),
         "the error names the variable and what it takes: {all}"
+    );
+    assert!(
+        !all.contains("[0]") && !all.contains("[1]"),
+        "dsmrun refuses it before starting any rank: {all}"
     );
 }

@@ -155,6 +155,10 @@ pub enum LaunchError {
     /// that does not resolve).
     #[error("cannot choose the rendezvous address: {0}")]
     Rendezvous(String),
+    /// A job-wide variable of the launcher's environment (one of [`JOB_WIDE_VARS`], which
+    /// every rank inherits) does not parse; caught before any rank starts.
+    #[error("bad job-wide setting in dsmrun's environment (every rank would inherit it)")]
+    JobEnvironment(#[source] dsm_proto::config::ConfigError),
     /// A thread that waits for a rank or forwards its output could not be started.
     #[error("cannot start a supervision thread for rank {rank}")]
     Thread {
@@ -180,7 +184,8 @@ impl LaunchError {
         match self {
             LaunchError::InvalidRankCount(_)
             | LaunchError::Hosts(_)
-            | LaunchError::BadLaunchAgent(_) => 2,
+            | LaunchError::BadLaunchAgent(_)
+            | LaunchError::JobEnvironment(_) => 2,
             LaunchError::AgentMissing(_) => 127,
             LaunchError::Rendezvous(_) => 1,
             LaunchError::ProgramNotFound { .. } | LaunchError::ProgramPathNotFound(_) => 127,
@@ -263,6 +268,15 @@ pub const JOB_WIDE_VARS: [&str; 9] = [
     env_vars::SPIN,
     env_vars::LOG,
 ];
+
+/// Reads the job-wide variables ([`JOB_WIDE_VARS`]) through `get` as a rank will read
+/// them, so that a bad value stops the job in the launcher with one message instead of in
+/// every rank.
+fn check_job_wide_env(get: impl Fn(&str) -> Option<String>) -> Result<(), LaunchError> {
+    dsm_proto::JobConfig::from_lookup(|k| JOB_WIDE_VARS.contains(&k).then(|| get(k)).flatten())
+        .map(drop)
+        .map_err(LaunchError::JobEnvironment)
+}
 
 impl LaunchConfig {
     /// One rank of `program` with no arguments and no options.
@@ -603,6 +617,7 @@ pub fn run(config: &LaunchConfig) -> Result<JobOutcome, LaunchError> {
     if !(1..=MAX_RANKS).contains(&config.ranks) {
         return Err(LaunchError::InvalidRankCount(config.ranks));
     }
+    check_job_wide_env(|k| std::env::var(k).ok())?;
     let exe_dir = std::env::current_exe()
         .ok()
         .and_then(|exe| exe.parent().map(Path::to_path_buf));
@@ -1836,6 +1851,35 @@ fn signal_group(pgid: Pid, signal: Signal) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bad_job_wide_variable_stops_the_launch_and_others_are_not_judged() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(name, _)| *name == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert!(check_job_wide_env(env(&[])).is_ok());
+        assert!(check_job_wide_env(env(&[("DSM_SPIN", "50"), ("DSM_PUSH", "off")])).is_ok());
+        for (var, bad) in [
+            ("DSM_SPIN", "fast"),
+            ("DSM_PUSH", "lots"),
+            ("DSM_TRANSPORT", "carrier-pigeon"),
+            ("DSM_SEGMENT_ADDR", "here"),
+        ] {
+            let pairs: &'static [(&'static str, &'static str)] =
+                Box::leak(vec![(var, bad)].into_boxed_slice());
+            let err = check_job_wide_env(env(pairs)).unwrap_err();
+            assert_eq!(err.exit_code(), 2);
+            let text = format!("{:#}", anyhow::Error::new(err));
+            assert!(text.contains(var) && text.contains(bad), "{text}");
+        }
+        // Variables a launcher owns are its own to set; a stray one is not judged here.
+        assert!(check_job_wide_env(env(&[("DSM_RANK", "x")])).is_ok());
+    }
     use std::fs;
     use std::os::unix::fs::PermissionsExt;
 

@@ -86,7 +86,9 @@ Exit status:
   1      a rank exited non-zero (the first failure is reported), a rank
          stopped responding (sent nothing for the liveness deadline), or
          dsmrun itself failed (e.g. could not start a rank)
-  2      invalid command line
+  2      invalid command line, or DSM_SEGMENT_ADDR, DSM_TRANSPORT, DSM_PUSH or
+         DSM_SPIN in dsmrun's environment does not parse (checked before any
+         rank starts)
   124    --timeout expired
   126    PROGRAM is not executable
   127    PROGRAM was not found
