@@ -616,6 +616,25 @@ while [ ! -f {dir}/pid.1 ]; do sleep 0.05; done
     script(dir, name, &format!("{prelude}{rest}"))
 }
 
+/// What a real rank 0 prints when rank 1 has sent nothing for a 2 s liveness deadline.
+fn rank_1_silent_to_rank_0() -> dsm_proto::liveness::Silence {
+    dsm_proto::liveness::Silence::new(0, 1, Duration::from_secs(2), Duration::from_secs(2))
+}
+
+/// Runs `prog` under `dsmrun -n 3` and checks that the job failed (status 1) naming the
+/// stopped rank 1 as silent to rank 0, alone, and that rank 1 was killed.
+fn run_three_expecting_rank_1_silent(prog: &Path, dir: &TempDir) -> Finished {
+    let out = run([OsStr::new("-n"), OsStr::new("3"), prog.as_os_str()]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stderr
+            .contains("dsmrun: rank 1 has sent nothing to rank 0 for 2 s (liveness deadline 2 s)"),
+        "{out:?}"
+    );
+    assert_rank_1_alone_named_and_gone(&out, dir);
+    out
+}
+
 /// dsmrun reported exactly one rank's failure (the stopped rank 1's, checked by the
 /// caller), not the peer-lost exits it caused, and the stopped rank was killed.
 fn assert_rank_1_alone_named_and_gone(out: &Finished, dir: &TempDir) {
@@ -630,9 +649,7 @@ fn assert_rank_1_alone_named_and_gone(out: &Finished, dir: &TempDir) {
 #[test]
 fn a_rank_reported_silent_is_named_and_killed() {
     let dir = tempfile::tempdir().unwrap();
-    // What a real rank prints when a peer has sent nothing for the liveness deadline.
-    let silence =
-        dsm_proto::liveness::Silence::new(0, 1, Duration::from_secs(2), Duration::from_secs(2));
+    let silence = rank_1_silent_to_rank_0();
     // Rank 1 stops itself; rank 0 then reports it and exits with the peer-lost status
     // (71); rank 2 waits to be stopped.
     let prog = stopped_rank_1_script(
@@ -647,8 +664,8 @@ fi
 exec sleep 60"#
         ),
     );
-    let out = run([OsStr::new("-n"), OsStr::new("3"), prog.as_os_str()]);
-    assert_eq!(out.code, Some(1), "{out:?}");
+    // Rank 0's peer-lost exit is a consequence, not reported as the failure.
+    let out = run_three_expecting_rank_1_silent(&prog, &dir);
     assert!(out.elapsed < Duration::from_secs(5), "{out:?}");
     assert!(
         out.stderr.contains(
@@ -656,8 +673,6 @@ exec sleep 60"#
         ),
         "{out:?}"
     );
-    // Rank 0's peer-lost exit is a consequence, not reported as the failure.
-    assert_rank_1_alone_named_and_gone(&out, &dir);
 }
 
 /// The losing order for the silence report, forced: rank 0 exits with the peer-lost status
@@ -668,8 +683,7 @@ exec sleep 60"#
 #[test]
 fn a_silence_report_read_after_the_reporters_exit_still_names_the_stopped_rank() {
     let dir = tempfile::tempdir().unwrap();
-    let silence =
-        dsm_proto::liveness::Silence::new(0, 1, Duration::from_secs(2), Duration::from_secs(2));
+    let silence = rank_1_silent_to_rank_0();
     let prog = stopped_rank_1_script(
         &dir,
         "late-silence.sh",
@@ -681,14 +695,7 @@ fi
 exec sleep 60"#
         ),
     );
-    let out = run([OsStr::new("-n"), OsStr::new("3"), prog.as_os_str()]);
-    assert_eq!(out.code, Some(1), "{out:?}");
-    assert!(
-        out.stderr
-            .contains("dsmrun: rank 1 has sent nothing to rank 0 for 2 s (liveness deadline 2 s)"),
-        "{out:?}"
-    );
-    assert_rank_1_alone_named_and_gone(&out, &dir);
+    run_three_expecting_rank_1_silent(&prog, &dir);
 }
 
 /// A chain, in the losing order: rank 2 exits at once having lost rank 0; rank 0 exited
@@ -697,8 +704,7 @@ exec sleep 60"#
 #[test]
 fn a_chain_of_peer_lost_exits_is_followed_to_the_stopped_rank() {
     let dir = tempfile::tempdir().unwrap();
-    let silence =
-        dsm_proto::liveness::Silence::new(0, 1, Duration::from_secs(2), Duration::from_secs(2));
+    let silence = rank_1_silent_to_rank_0();
     let lost = dsm_proto::liveness::PeerLoss {
         reporter: 2,
         lost: 0,
@@ -717,14 +723,7 @@ echo "dsm: fatal: {lost}" >&2
 exit 71"#
         ),
     );
-    let out = run([OsStr::new("-n"), OsStr::new("3"), prog.as_os_str()]);
-    assert_eq!(out.code, Some(1), "{out:?}");
-    assert!(
-        out.stderr
-            .contains("dsmrun: rank 1 has sent nothing to rank 0 for 2 s (liveness deadline 2 s)"),
-        "{out:?}"
-    );
-    assert_rank_1_alone_named_and_gone(&out, &dir);
+    run_three_expecting_rank_1_silent(&prog, &dir);
 }
 
 /// The losing order for a crashed rank: rank 0 reports losing rank 1 and exits at once,

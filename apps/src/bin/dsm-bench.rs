@@ -167,21 +167,8 @@ fn lock_handoff_with_page(
     const WORDS: usize = 4096 / 8;
     const LOCK: u64 = 7; // managed by rank 1, like the page's home
     let page = dsm.alloc_with::<u64>("bench_handoff_page", WORDS, Distribution::OnNode(1))?;
-    let port = dsm.alloc_with::<u64>("bench_handoff_port", 1, Distribution::OnNode(0))?;
     let me = dsm.rank();
-    let listener = if me == 0 {
-        let l = TcpListener::bind("127.0.0.1:0")?;
-        dsm.view(&port).set(0, l.local_addr()?.port() as u64);
-        Some(l)
-    } else {
-        None
-    };
-    dsm.barrier()?;
-    let mut turns = match listener {
-        Some(l) => l.accept()?.0,
-        None => TcpStream::connect(("127.0.0.1", dsm.view(&port).get(0) as u16))?,
-    };
-    turns.set_nodelay(true)?;
+    let mut turns = plain_socket_pair(dsm, "bench_handoff_port")?;
     let sent = dsm.stats().messages_sent;
     let mut samples = Vec::with_capacity(reps);
     for round in 0..2 * reps as u64 + 1 {
@@ -267,10 +254,11 @@ fn semaphores(
     Ok(())
 }
 
-/// Loopback TCP round trip between rank 0 and rank 1 over a plain socket: the physical
-/// floor every remote DSM operation pays.
-fn measure_rtt(dsm: &mut Dsm, reps: usize) -> anyhow::Result<Option<Value>> {
-    let port = dsm.alloc_with::<u64>("bench_port", 1, Distribution::OnNode(0))?;
+/// A loopback TCP connection between ranks 0 and 1 (collective; rank 0 listens and
+/// publishes its port in the shared allocation `name`), with Nagle off, for the
+/// benchmarks' own signalling outside the DSM.
+fn plain_socket_pair(dsm: &mut Dsm, name: &str) -> anyhow::Result<TcpStream> {
+    let port = dsm.alloc_with::<u64>(name, 1, Distribution::OnNode(0))?;
     let listener = if dsm.rank() == 0 {
         let l = TcpListener::bind("127.0.0.1:0")?;
         dsm.view(&port).set(0, l.local_addr()?.port() as u64);
@@ -279,10 +267,20 @@ fn measure_rtt(dsm: &mut Dsm, reps: usize) -> anyhow::Result<Option<Value>> {
         None
     };
     dsm.barrier()?;
+    let s = match listener {
+        Some(l) => l.accept()?.0,
+        None => TcpStream::connect(("127.0.0.1", dsm.view(&port).get(0) as u16))?,
+    };
+    s.set_nodelay(true)?;
+    Ok(s)
+}
+
+/// Loopback TCP round trip between rank 0 and rank 1 over a plain socket: the physical
+/// floor every remote DSM operation pays.
+fn measure_rtt(dsm: &mut Dsm, reps: usize) -> anyhow::Result<Option<Value>> {
+    let mut s = plain_socket_pair(dsm, "bench_port")?;
     let result = match dsm.rank() {
         0 => {
-            let (mut s, _) = listener.expect("rank 0 listens").accept()?;
-            s.set_nodelay(true)?;
             let mut b = [0u8; 1];
             let mut samples = Vec::with_capacity(reps);
             for _ in 0..reps + 100 {
@@ -295,9 +293,6 @@ fn measure_rtt(dsm: &mut Dsm, reps: usize) -> anyhow::Result<Option<Value>> {
             Some(stats(samples.split_off(100)))
         }
         1 => {
-            let p = dsm.view(&port).get(0) as u16;
-            let mut s = TcpStream::connect(("127.0.0.1", p))?;
-            s.set_nodelay(true)?;
             let mut b = [0u8; 1];
             loop {
                 s.read_exact(&mut b)?;
