@@ -41,6 +41,22 @@ fn dsmrun(args: &[&str], program: &Path) -> Command {
     cmd
 }
 
+/// `dsmrun -H HOSTS --launch-agent AGENT --bind-address 127.0.0.1 [extra] PROGRAM`: a
+/// job on pretend hosts, reached through a stand-in agent on this machine.
+fn dsmrun_on_hosts(hosts: &str, agent: &Path, extra: &[&str], program: &Path) -> Command {
+    let agent = agent.to_str().expect("temporary paths are UTF-8");
+    let mut args = vec![
+        "-H",
+        hosts,
+        "--launch-agent",
+        agent,
+        "--bind-address",
+        "127.0.0.1",
+    ];
+    args.extend_from_slice(extra);
+    dsmrun(&args, program)
+}
+
 fn run(cmd: Command) -> dsm_testkit::Run {
     dsm_testkit::start_with_watchdog(cmd, WATCHDOG).finish()
 }
@@ -55,21 +71,10 @@ fn ranks_start_through_the_agent_with_their_place_and_variables() {
         "echo \"rank=$DSM_RANK/$DSM_SIZE local=$DSM_LOCAL_RANK/$DSM_LOCAL_SIZE x=$X y=$Y \
          coord=${DSM_COORD%:*} secret=${#DSM_JOB_SECRET}\"; echo oops >&2",
     );
-    let mut cmd = dsmrun(
-        &[
-            "-H",
-            "alpha:2,beta",
-            "--launch-agent",
-            agent.to_str().unwrap(),
-            "--map-by",
-            "node",
-            "--bind-address",
-            "127.0.0.1",
-            "-x",
-            "X=a b",
-            "-x",
-            "Y",
-        ],
+    let mut cmd = dsmrun_on_hosts(
+        "alpha:2,beta",
+        &agent,
+        &["--map-by", "node", "-x", "X=a b", "-x", "Y"],
         &prog,
     );
     cmd.env("Y", "from-dsmrun");
@@ -105,17 +110,7 @@ fn the_secret_is_not_on_any_command_line() {
         "ps.sh",
         "echo \"secret=$DSM_JOB_SECRET\"\nfor f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f 2>/dev/null; echo; done | grep -a dsmrun-agent | sed 's/^/cmdline: /'",
     );
-    let r = run(dsmrun(
-        &[
-            "-H",
-            "a,b",
-            "--launch-agent",
-            agent.to_str().unwrap(),
-            "--bind-address",
-            "127.0.0.1",
-        ],
-        &prog,
-    ));
+    let r = run(dsmrun_on_hosts("a,b", &agent, &[], &prog));
     assert_eq!(r.code, Some(0), "{r:?}");
     let secret = r
         .stdout
@@ -144,20 +139,8 @@ fn sigint_reaches_ranks_through_their_agents() {
             pids.display()
         ),
     );
-    let running = dsm_testkit::start_with_watchdog(
-        dsmrun(
-            &[
-                "-H",
-                "a,b",
-                "--launch-agent",
-                agent.to_str().unwrap(),
-                "--bind-address",
-                "127.0.0.1",
-            ],
-            &prog,
-        ),
-        WATCHDOG,
-    );
+    let running =
+        dsm_testkit::start_with_watchdog(dsmrun_on_hosts("a,b", &agent, &[], &prog), WATCHDOG);
     let until = Instant::now() + Duration::from_secs(20);
     while fs::read_to_string(&pids).map_or(0, |p| p.lines().count()) < 2 {
         assert!(Instant::now() < until, "ranks never started");
@@ -187,17 +170,7 @@ fn an_agent_that_exits_before_its_start_report_is_read_still_started_its_rank() 
     .unwrap();
     fs::set_permissions(&slow, fs::Permissions::from_mode(0o755)).unwrap();
     let prog = script(&dir, "quick.sh", "echo done here");
-    let r = run(dsmrun(
-        &[
-            "-H",
-            "alpha",
-            "--launch-agent",
-            slow.to_str().unwrap(),
-            "--bind-address",
-            "127.0.0.1",
-        ],
-        &prog,
-    ));
+    let r = run(dsmrun_on_hosts("alpha", &slow, &[], &prog));
     assert_eq!(r.code, Some(0), "{r:?}");
     assert!(r.stdout.contains("[0] done here"), "{r:?}");
     assert!(!r.stderr.contains("before the rank started"), "{r:?}");
@@ -214,17 +187,7 @@ fn a_host_the_agent_cannot_reach_is_named() {
         "if [ \"$1\" = down ]; then echo \"ssh: connect to host down port 22: No route to host\" >&2; exit 255; fi\nshift\nexec sh -c \"$*\"",
     );
     let started = Instant::now();
-    let r = run(dsmrun(
-        &[
-            "-H",
-            "up,down",
-            "--launch-agent",
-            failing.to_str().unwrap(),
-            "--bind-address",
-            "127.0.0.1",
-        ],
-        &prog,
-    ));
+    let r = run(dsmrun_on_hosts("up,down", &failing, &[], &prog));
     assert_eq!(r.code, Some(1), "{r:?}");
     assert!(r.stderr.contains("[1] ssh: connect to host down"), "{r:?}");
     assert!(
@@ -242,17 +205,10 @@ fn a_host_the_agent_cannot_reach_is_named() {
         "if [ \"$1\" = blackhole ]; then exec sleep 60; fi\nshift\nexec sh -c \"$*\"",
     );
     let started = Instant::now();
-    let r = run(dsmrun(
-        &[
-            "-H",
-            "up,blackhole",
-            "--launch-agent",
-            hanging.to_str().unwrap(),
-            "--bind-address",
-            "127.0.0.1",
-            "--connect-timeout",
-            "2",
-        ],
+    let r = run(dsmrun_on_hosts(
+        "up,blackhole",
+        &hanging,
+        &["--connect-timeout", "2"],
         &prog,
     ));
     assert_eq!(r.code, Some(1), "{r:?}");
