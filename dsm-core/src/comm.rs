@@ -345,9 +345,6 @@ struct Shared {
     /// Race master: batches of intervals that arrived between barriers, waiting for the
     /// app thread's incremental analysis.
     race_inbox: Mutex<Vec<RaceBatch>>,
-    /// The polling budget in nanoseconds ([`crate::spin`]), for the comm thread's own wait
-    /// on a fault's page ([`Shared::await_fault_reply`]).
-    spin_ns: AtomicU64,
     /// Every peer is reached through a shared-memory ring (set once the transport is up).
     rings_only: AtomicBool,
 }
@@ -363,12 +360,12 @@ impl Shared {
     /// the yield is what lets the holder finish.
     fn engine(&self) -> EngineGuard<'_> {
         use std::sync::TryLockError;
-        let budget = Duration::from_nanos(self.spin_ns.load(Ordering::Relaxed));
-        let polled = crate::spin::poll_for(budget, || match self.engine.try_lock() {
-            Ok(g) => Some(g),
-            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
-            Err(TryLockError::WouldBlock) => None,
-        });
+        let polled =
+            crate::spin::poll_for(crate::spin::current(), || match self.engine.try_lock() {
+                Ok(g) => Some(g),
+                Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                Err(TryLockError::WouldBlock) => None,
+            });
         EngineGuard {
             guard: polled.unwrap_or_else(|| self.engine.lock().unwrap_or_else(|p| p.into_inner())),
             _inside: sys::InEngine::enter(),
@@ -388,7 +385,7 @@ impl Shared {
     /// meanwhile, so neither core idles). Over TCP the reply needs the runtime's reader
     /// tasks, so it returns at once.
     fn await_fault_reply(&self) {
-        let budget = Duration::from_nanos(self.spin_ns.load(Ordering::Relaxed));
+        let budget = crate::spin::current();
         let Some(outbox) = self.outbox.get() else {
             return;
         };
@@ -412,8 +409,7 @@ impl Shared {
     /// host (over TCP its runtime must read the sockets meanwhile). Returns the next fault
     /// if one came.
     fn follow_faults(&self) -> Option<sys::Fault> {
-        let budget =
-            Duration::from_nanos(self.spin_ns.load(Ordering::Relaxed) / 4).min(FOLLOW_FAULTS_MAX);
+        let budget = (crate::spin::current() / 4).min(FOLLOW_FAULTS_MAX);
         if !self.rings_only.load(Ordering::Relaxed) {
             return None;
         }
@@ -503,8 +499,6 @@ pub(crate) struct Comm {
     shared: Arc<Shared>,
     replies: std_mpsc::Receiver<Reply>,
     thread: Option<JoinHandle<()>>,
-    /// How long [`Comm::recv`] polls before it sleeps ([`crate::spin`]).
-    spin: Duration,
     /// Whether [`Comm::recv`] may take frames from the shared-memory rings while it polls.
     poll_rings: bool,
 }
@@ -554,7 +548,6 @@ impl Comm {
             dying: AtomicBool::new(false),
             race_notice_bytes: AtomicU64::new(0),
             race_inbox: Mutex::new(Vec::new()),
-            spin_ns: AtomicU64::new(0),
             rings_only: AtomicBool::new(false),
         });
         let rank = mesh.rank;
@@ -588,7 +581,6 @@ impl Comm {
             shared,
             replies: reply_rx,
             thread: Some(thread),
-            spin: Duration::ZERO,
             poll_rings: chaos.is_none(),
         })
     }
@@ -625,21 +617,6 @@ impl Comm {
         self.shared.states.clone()
     }
 
-    /// Sets how long a wait for the comm thread polls before it sleeps, here and in the
-    /// fault handler ([`crate::spin`]).
-    pub(crate) fn set_spin(&mut self, budget: Duration) {
-        self.spin = budget;
-        sys::set_spin(budget);
-        self.shared
-            .spin_ns
-            .store(budget.as_nanos() as u64, Ordering::Relaxed);
-    }
-
-    /// How long a wait polls before it sleeps.
-    pub(crate) fn spin(&self) -> Duration {
-        self.spin
-    }
-
     /// Waits for the next reply.
     pub(crate) fn recv(&self) -> Reply {
         if let Ok(r) = self.replies.try_recv() {
@@ -665,7 +642,8 @@ impl Comm {
     fn poll_for_reply(&self) -> Option<Reply> {
         let outbox = self.shared.outbox.get().filter(|_| self.poll_rings);
         let deliver = &mut |peer: usize, msg: Msg| self.shared.deliver(peer, msg);
-        let got = crate::spin::poll_for(self.spin, || {
+        let budget = crate::spin::current();
+        let got = crate::spin::poll_for(budget, || {
             if let Ok(r) = self.replies.try_recv() {
                 return Some(r);
             }
@@ -675,7 +653,7 @@ impl Comm {
             }
             self.replies.try_recv().ok()
         });
-        if let Some(outbox) = outbox.filter(|_| !self.spin.is_zero()) {
+        if let Some(outbox) = outbox.filter(|_| !budget.is_zero()) {
             outbox.end_polling(deliver);
             self.park_if_dying();
         }

@@ -16,6 +16,26 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// This process's budget in nanoseconds, set once the job starts ([`set_budget`]): one
+/// value for the app thread, the comm thread and the fault handler (which reads it with
+/// one atomic load).
+static BUDGET_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Sets this process's polling budget.
+pub(crate) fn set_budget(budget: Duration) {
+    BUDGET_NS.store(budget.as_nanos() as u64, Ordering::Relaxed);
+}
+
+/// This process's polling budget.
+pub(crate) fn current() -> Duration {
+    Duration::from_nanos(budget_ns())
+}
+
+/// This process's polling budget in nanoseconds (async-signal-safe: one atomic load).
+pub(crate) fn budget_ns() -> u64 {
+    BUDGET_NS.load(Ordering::Relaxed)
+}
+
 /// Waits (app thread and fault handler) whose reply came while polling.
 pub(crate) static WAITS_POLLED: AtomicU64 = AtomicU64::new(0);
 /// Waits that spent the budget (or had none) and slept.
@@ -40,7 +60,7 @@ pub(crate) const DEFAULT_SPIN: Duration = Duration::from_micros(200);
 
 /// The polling budget of this node: `DSM_SPIN` when set (`setting`), else by `ranks_here`
 /// against the cores this process may run on.
-pub(crate) fn budget(setting: Option<Duration>, ranks_here: usize) -> Duration {
+pub(crate) fn budget_for(setting: Option<Duration>, ranks_here: usize) -> Duration {
     setting.unwrap_or_else(|| {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         if ranks_here <= cores {
@@ -57,15 +77,20 @@ pub(crate) fn poll_for<T>(budget: Duration, mut ready: impl FnMut() -> Option<T>
     if budget.is_zero() {
         return None;
     }
+    // The first look costs no clock read: the engine lock takes this path on every
+    // acquisition, and it is almost always free.
+    if let Some(v) = ready() {
+        return Some(v);
+    }
     let start = Instant::now();
     loop {
+        std::thread::yield_now();
         if let Some(v) = ready() {
             return Some(v);
         }
         if start.elapsed() >= budget {
             return None;
         }
-        std::thread::yield_now();
     }
 }
 
@@ -76,10 +101,10 @@ mod tests {
     #[test]
     fn auto_polls_only_with_a_core_per_rank() {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        assert_eq!(budget(None, cores), DEFAULT_SPIN);
-        assert_eq!(budget(None, cores + 1), Duration::ZERO);
+        assert_eq!(budget_for(None, cores), DEFAULT_SPIN);
+        assert_eq!(budget_for(None, cores + 1), Duration::ZERO);
         let set = Duration::from_micros(7);
-        assert_eq!(budget(Some(set), cores + 1), set);
+        assert_eq!(budget_for(Some(set), cores + 1), set);
     }
 
     #[test]

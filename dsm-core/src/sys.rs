@@ -7,8 +7,9 @@
 //!
 //! The signal handler is async-signal-safe: it reads and writes atomics, copies a page into
 //! a preallocated twin slot, calls `mprotect(2)`, `write(2)`, `futex(2)`, `sigaction(2)`,
-//! `sched_yield(2)`, `clock_gettime(2)` and `abort(3)`, and nothing else. It never allocates, logs or takes a lock. A write
-//! fault on a page the engine armed is served in the handler itself
+//! `sched_yield(2)`, `clock_gettime(2)` and `abort(3)`, and nothing else. It never
+//! allocates, logs or takes a lock. A write fault on a page the engine armed is served in
+//! the handler itself
 //! ([`crate::engine::fast`]); every other fault goes to the comm thread.
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -609,16 +610,6 @@ pub(crate) struct Fault {
     pub(crate) write: Option<bool>,
 }
 
-/// How long a thread waiting for the comm thread (a fault parked in the handler) keeps its
-/// core with `sched_yield` before sleeping on the futex; 0: sleep at once. See
-/// [`set_spin`].
-static SPIN_NS: AtomicU64 = AtomicU64::new(0);
-
-/// Sets how long the fault handler polls before it sleeps (see [`crate::spin`] for why).
-pub(crate) fn set_spin(budget: std::time::Duration) {
-    SPIN_NS.store(budget.as_nanos() as u64, Ordering::Relaxed);
-}
-
 /// CLOCK_MONOTONIC in nanoseconds, from the handler (clock_gettime is async-signal-safe).
 fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -769,7 +760,8 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
             1,
         )
     };
-    let spin_ns = SPIN_NS.load(Ordering::Relaxed);
+    // A parked fault polls for the process's budget before it sleeps (`crate::spin`).
+    let spin_ns = crate::spin::budget_ns();
     let spin_from = if spin_ns > 0 { monotonic_ns() } else { 0 };
     let (mut polled, mut slept) = (false, false);
     let outcome = loop {

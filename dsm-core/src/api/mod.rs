@@ -395,10 +395,9 @@ impl Dsm {
         };
         let page_limit = engine.page_limit();
         let ranks_here = env.local.map_or(env.size, |l| l.size);
-        let spin = crate::spin::budget(env.spin, ranks_here);
-        let mut comm = Comm::start(mesh, engine, mailbox, seg, env.liveness, env.replay.chaos)
+        crate::spin::set_budget(crate::spin::budget_for(env.spin, ranks_here));
+        let comm = Comm::start(mesh, engine, mailbox, seg, env.liveness, env.replay.chaos)
             .map_err(DsmError::Io)?;
-        comm.set_spin(spin);
         Ok(Dsm {
             page_limit,
             states: comm.states(),

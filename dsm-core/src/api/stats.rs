@@ -66,7 +66,7 @@ impl Dsm {
             "allocations": self.allocs.iter().map(|a| a.name.clone()).collect::<Vec<_>>(),
             "protocol": stats,
             "waits": {
-                "spin_budget_us": self.comm.as_ref().map_or(0, |c| c.spin().as_micros() as u64),
+                "spin_budget_us": crate::spin::current().as_micros() as u64,
                 "polled": crate::spin::waits().0,
                 "slept": crate::spin::waits().1,
             },
