@@ -125,17 +125,24 @@ impl<M: Memory> Engine<M> {
         self.cur_cause = cause;
     }
 
-    /// Intervals in the log that a node with knowledge `known` has not seen, as coherence
-    /// needs them: with their write notices, without race notices (the race master gets
-    /// those from the recording node itself, at barriers or in race batches), and only
-    /// those that have write notices.
-    pub(super) fn unseen_by(&self, known: &VectorTime) -> Vec<IntervalRecord> {
+    /// Intervals in the log that a node with knowledge `known` has not seen and that
+    /// `upto` covers (a lock's or semaphore signal's release time: what came later is not
+    /// ordered before the receiver), as coherence needs them: with their write notices,
+    /// without race notices (the race master gets those from the recording node itself,
+    /// at barriers or in race batches), and only those that have write notices.
+    ///
+    /// Only the records in range are looked at: a grant of a lock released long ago (a
+    /// node that went on closing intervals since) costs what it carries, not the whole
+    /// log since the release.
+    pub(super) fn unseen_by(&self, known: &VectorTime, upto: &VectorTime) -> Vec<IntervalRecord> {
         let mut out = Vec::new();
         for (node, list) in self.log.iter().enumerate() {
             let seen = known.0.get(node).copied().unwrap_or(0);
+            let last = upto.0.get(node).copied().unwrap_or(0);
             let start = list.partition_point(|r| r.index <= seen);
+            let end = list.partition_point(|r| r.index <= last).max(start);
             out.extend(
-                list[start..]
+                list[start..end]
                     .iter()
                     .filter(|r| !r.writes.is_empty())
                     .map(|r| IntervalRecord {

@@ -281,11 +281,7 @@ impl<M: Memory> Engine<M> {
             .released_known
             .clone()
             .unwrap_or_else(|| VectorTime::zero(n));
-        let intervals: Vec<IntervalRecord> = self
-            .unseen_by(&their_known)
-            .into_iter()
-            .filter(|r| r.index <= known.get(r.node))
-            .collect();
+        let intervals = self.unseen_by(&their_known, &known);
         // The acquirer now knows our intervals up to the release.
         let me = self.me;
         let told = &mut self.told[to as usize];

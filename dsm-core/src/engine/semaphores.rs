@@ -243,11 +243,7 @@ impl<M: Memory> Engine<M> {
             ));
             return;
         };
-        let intervals: Vec<IntervalRecord> = self
-            .unseen_by(&their_known)
-            .into_iter()
-            .filter(|r| r.index <= known.get(r.node))
-            .collect();
+        let intervals = self.unseen_by(&their_known, &known);
         let signal = Some((self.me, seq));
         self.sem_send(
             waiter,
