@@ -1192,6 +1192,9 @@ fn sim_with_setup(
         // Data pushed with grants and arrivals: off, a cap so small that most pushes are
         // cut off, or the default (the fallback to invalidation is exercised by all three).
         eng.set_push_limit(push_limit_for(seed));
+        // Written pages kept writable across interval closes (the default outside race
+        // mode) in most runs, write-protected at every close in the others.
+        eng.set_keep_writable(seed % 4 != 3);
         setup(k, &mut eng);
         let mut clock = vec![0; n];
         clock[k] = 1;
@@ -1554,6 +1557,51 @@ fn interval_bookkeeping_counts() {
     assert_eq!(h.diffs_applied, 1);
     assert_eq!(h.pages_fetched, 0, "the home never fetches its own page");
     assert_eq!(s.model[0], 1);
+}
+
+#[test]
+fn pages_written_interval_after_interval_stay_writable_until_a_notice_names_them() {
+    // Node 1 adds to a counter on a page homed at node 0 in five critical sections in a
+    // row: only the first write faults (the page stays writable, its twin refreshed at
+    // each close), yet every section's diff reaches the home. Then node 0 writes the page
+    // under the lock: node 1's next acquire must see that write, so the notice
+    // write-protects node 1's kept copy before it is invalidated or brought up to date.
+    let mut s = sim(2, &[0], 1, 0);
+    for _ in 0..5 {
+        s.nodes[1]
+            .script
+            .extend([Op::Acquire(0), Op::Incr(0), Op::Release(0)]);
+    }
+    s.run();
+    let w = s.nodes[1].eng.stats().clone();
+    assert_eq!(w.write_faults, 1, "{w:?}");
+    assert_eq!(w.diffs_sent, 5, "{w:?}");
+    assert!(w.pages_kept_writable >= 5, "{w:?}");
+    s.nodes[0]
+        .script
+        .extend([Op::Acquire(0), Op::Incr(0), Op::Check(0), Op::Release(0)]);
+    s.run();
+    s.nodes[1]
+        .script
+        .extend([Op::Acquire(0), Op::Check(0), Op::Incr(0), Op::Release(0)]);
+    s.run();
+    assert_eq!(s.model[0], 7);
+    let w = s.nodes[1].eng.stats().clone();
+    assert_eq!(
+        w.write_faults, 2,
+        "the kept copy was write-protected: {w:?}"
+    );
+
+    // With keeping off (as in race mode), every section faults.
+    let mut s = sim(2, &[0], 1, 0);
+    s.nodes[1].eng.set_keep_writable(false);
+    for _ in 0..5 {
+        s.nodes[1]
+            .script
+            .extend([Op::Acquire(0), Op::Incr(0), Op::Release(0)]);
+    }
+    s.run();
+    assert_eq!(s.nodes[1].eng.stats().write_faults, 5);
 }
 
 #[test]

@@ -11,6 +11,11 @@ use dsm_proto::{
 };
 use std::collections::BTreeMap;
 
+/// Closes in a row that may find a page kept writable unchanged before it is
+/// write-protected again: two, so that the close at the acquire between two critical
+/// sections writing the page does not end it.
+pub(super) const KEEP_QUIET_CLOSES: u8 = 2;
+
 impl<M: Memory> Engine<M> {
     /// What this node has seen, counting only its closed intervals.
     pub(super) fn known(&self) -> VectorTime {
@@ -23,14 +28,23 @@ impl<M: Memory> Engine<M> {
 
     /// Ends the open interval: diffs go to homes, pages are write-protected, and the
     /// interval is logged if it carries any notice.
+    ///
+    /// Outside race mode a page whose diff was not empty stays writable, its twin brought
+    /// up to the page (`keep_writable`): code that writes the same page interval after
+    /// interval (a lock per element of an array, sums added one critical section at a
+    /// time) then pays one diff per interval instead of a write fault, a twin and two
+    /// `mprotect`s. Its next interval's writes are still found, by that diff. A page that
+    /// comes through [`KEEP_QUIET_CLOSES`] closes unchanged is write-protected as before,
+    /// and one that a write notice names is write-protected before anything is decided
+    /// about it ([`Engine::protect_kept`]).
     pub(super) fn close_interval(&mut self, race: Option<RaceNotices>) {
         let index = self.vt.get(self.me);
-        let mut dirty = std::mem::take(&mut self.dirty);
-        self.protect_runs(&mut dirty, Prot::Read);
+        let dirty = std::mem::take(&mut self.dirty);
         let mut by_home: BTreeMap<NodeId, Vec<PageDiff>> = BTreeMap::new();
         let mut written: Vec<PageNo> = std::mem::take(&mut self.home_writes);
+        let mut protect = Vec::with_capacity(dirty.len());
         for &p in &dirty {
-            let twin = match self.twins.remove(&p).expect("dirty page has a twin") {
+            let mut twin = match self.twins.remove(&p).expect("dirty page has a twin") {
                 Twin::Owned(twin) => twin,
                 Twin::Slot(slot) => {
                     let fast = self.fast.as_ref().expect("slots come from the handler");
@@ -44,8 +58,23 @@ impl<M: Memory> Engine<M> {
                 }
             };
             let runs = self.mem.make_diff(p, &twin);
-            self.spare_twins.push(twin);
-            self.set_state(p, PageState::ReadOnly);
+            let quiet = if runs.is_empty() {
+                self.kept.get(&p).map_or(KEEP_QUIET_CLOSES, |q| q + 1)
+            } else {
+                0
+            };
+            if self.keep_writable && quiet < KEEP_QUIET_CLOSES {
+                self.mem.read_page(p, &mut twin);
+                self.twins.insert(p, Twin::Owned(twin));
+                self.kept.insert(p, quiet);
+                self.dirty.push(p);
+                self.stats.pages_kept_writable += 1;
+            } else {
+                self.spare_twins.push(twin);
+                self.kept.remove(&p);
+                self.set_state(p, PageState::ReadOnly);
+                protect.push(p);
+            }
             if !runs.is_empty() {
                 self.stats.diffs_sent += 1;
                 self.stats.diff_bytes_sent += runs.len() as u64;
@@ -57,6 +86,7 @@ impl<M: Memory> Engine<M> {
                 written.push(p);
             }
         }
+        self.protect_runs(&mut protect, Prot::Read);
         for (home, diffs) in by_home {
             // Diffs this node's copies held without the home having sent them (pushed
             // with a grant) must reach the home's copy before these do.
@@ -118,6 +148,31 @@ impl<M: Memory> Engine<M> {
                 fast.grow_slots(made * 2);
             }
         }
+    }
+
+    /// Turns keeping written pages writable across interval closes on or off (on by
+    /// default outside race mode; see `close_interval`). Off, every interval's first write
+    /// to a page takes a write fault, as in race mode.
+    pub fn set_keep_writable(&mut self, on: bool) {
+        self.keep_writable = on && !self.race_mode;
+    }
+
+    /// Write-protects `p` if it was kept writable past the last close (see
+    /// `close_interval`), dropping its twin: afterwards it is an ordinary read-only copy.
+    /// Its changes went out at that close, and the app wrote nothing since: this runs in
+    /// a synchronisation operation, which the app thread waits for.
+    pub(super) fn protect_kept(&mut self, p: PageNo) {
+        if self.kept.remove(&p).is_none() {
+            return;
+        }
+        if let Some(pos) = self.dirty.iter().position(|&d| d == p) {
+            self.dirty.swap_remove(pos);
+        }
+        if let Some(Twin::Owned(twin)) = self.twins.remove(&p) {
+            self.spare_twins.push(twin);
+        }
+        self.mem.protect(p, 1, Prot::Read);
+        self.set_state(p, PageState::ReadOnly);
     }
 
     pub(super) fn begin_interval(&mut self, cause: SyncCause) {
@@ -207,6 +262,7 @@ impl<M: Memory> Engine<M> {
                         }
                         continue;
                     }
+                    self.protect_kept(p);
                     if entry.home != node {
                         // The writer is not the home, so its changes reach the home as a
                         // diff: a later fetch must wait for it.

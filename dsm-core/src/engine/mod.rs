@@ -414,6 +414,10 @@ pub struct Stats {
     pub pushes_rejected: u64,
     /// Intervals ended (at every acquire, release and barrier arrival).
     pub intervals_closed: u64,
+    /// Pages left writable at the end of an interval (their diff sent, their twin brought
+    /// up to date), each a write fault the next interval does not take if it writes the
+    /// page again.
+    pub pages_kept_writable: u64,
     /// Lock acquires started.
     pub lock_acquires: u64,
     /// Acquires that needed no message because the lock's token was already here.
@@ -462,6 +466,12 @@ pub struct Engine<M: Memory> {
     /// Non-home pages with a twin in this interval.
     dirty: Vec<PageNo>,
     twins: HashMap<PageNo, Twin>,
+    /// Outside race mode: pages of `dirty` left writable at the last close, with how many
+    /// closes in a row found them unchanged (see `close_interval`).
+    kept: HashMap<PageNo, u8>,
+    /// Whether closes keep written pages writable (off in race mode, whose access
+    /// notices come from the faults of every interval).
+    keep_writable: bool,
     /// Write faults served in the SIGSEGV handler (see [`fast`]); `None`: every fault goes
     /// through [`Engine::on_fault`].
     fast: Option<Arc<FastFaults>>,
@@ -557,6 +567,8 @@ impl<M: Memory> Engine<M> {
             cur_cause: SyncCause::Start,
             race_shipped: 0,
             dirty: Vec::new(),
+            kept: HashMap::new(),
+            keep_writable: !race_mode,
             twins: HashMap::new(),
             fast: None,
             to_arm: Vec::new(),
