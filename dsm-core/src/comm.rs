@@ -432,7 +432,16 @@ impl Shared {
                     let Some(outbox) = self.outbox.get() else {
                         continue;
                     };
-                    if let Err(e) = outbox.send(to as usize, &msg) {
+                    // Nobody waits for a diff: it goes to the page's home without waking
+                    // the home's reader, and the next frame this node sends, or the app
+                    // thread before it waits (`Comm::recv`), wakes it. Diffs come only
+                    // from the app thread's commands, at interval closes.
+                    let sent = if matches!(msg, Msg::Diffs { .. }) {
+                        outbox.send_quiet(to as usize, &msg)
+                    } else {
+                        outbox.send(to as usize, &msg)
+                    };
+                    if let Err(e) = sent {
                         // A closed outbox after shutdown is expected.
                         if self.dying.load(Ordering::Relaxed) {
                             continue;
@@ -621,6 +630,10 @@ impl Comm {
     pub(crate) fn recv(&self) -> Reply {
         if let Ok(r) = self.replies.try_recv() {
             return r;
+        }
+        if let Some(outbox) = self.shared.outbox.get() {
+            // What this thread waits for may need a diff it sent quietly.
+            outbox.ring_owed_bells();
         }
         let polled = self.poll_for_reply();
         crate::spin::count_wait(polled.is_some());
