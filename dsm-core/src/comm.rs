@@ -851,22 +851,17 @@ mod tests {
     #[test]
     fn a_send_to_a_reset_peer_reports_that_peer_lost() {
         use dsm_proto::liveness::PeerLoss;
-        use dsm_proto::{JobConfig, Launcher, TransportChoice};
+        use dsm_proto::{JobConfig, TransportChoice};
         let coord = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap();
         let job = move |rank| JobConfig {
-            rank,
-            size: 2,
-            launcher: Launcher::Standalone,
-            coord: Some(coord),
-            secret: "t".into(),
             connect_timeout: Duration::from_secs(10),
             // A TCP link: a shared-memory ring to a gone peer accepts frames until the
             // link's TCP side reports the end, so only TCP fails the send itself.
             transport: TransportChoice::Tcp,
-            ..JobConfig::single_node()
+            ..JobConfig::standalone(rank, 2, coord, "t")
         };
         let peer = std::thread::spawn(move || dsm_net::connect_mesh(&job(1)).unwrap());
         let mesh0 = dsm_net::connect_mesh(&job(0)).unwrap();

@@ -471,13 +471,8 @@ mod tests {
 
     fn job(rank: usize, size: usize, coord: SocketAddr, secret: &str, timeout: f64) -> JobConfig {
         JobConfig {
-            rank,
-            size,
-            launcher: dsm_proto::Launcher::Standalone,
-            coord: Some(coord),
-            secret: secret.into(),
             connect_timeout: Duration::from_secs_f64(timeout),
-            ..JobConfig::single_node()
+            ..JobConfig::standalone(rank, size, coord, secret)
         }
     }
 

@@ -972,7 +972,7 @@ impl Transport {
 mod tests {
     use super::*;
     use crate::bootstrap::connect_mesh;
-    use dsm_proto::{JobConfig, Launcher, TransportChoice};
+    use dsm_proto::{JobConfig, TransportChoice};
     use std::cell::RefCell;
     use std::io::Write;
     use std::net::TcpListener;
@@ -984,14 +984,9 @@ mod tests {
 
     fn job_over(rank: usize, coord: std::net::SocketAddr, transport: TransportChoice) -> JobConfig {
         JobConfig {
-            rank,
-            size: 2,
-            launcher: Launcher::Standalone,
-            coord: Some(coord),
-            secret: "t".into(),
             connect_timeout: Duration::from_secs(10),
             transport,
-            ..JobConfig::single_node()
+            ..JobConfig::standalone(rank, 2, coord, "t")
         }
     }
 

@@ -324,6 +324,18 @@ fn parse_spin(v: &str) -> Result<Option<Duration>, String> {
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl JobConfig {
+    /// Rank `rank` of a `size`-rank job started without a launcher: the ranks meet at
+    /// `coord` with `secret`, every other option at its default.
+    pub fn standalone(rank: usize, size: usize, coord: SocketAddr, secret: &str) -> JobConfig {
+        JobConfig {
+            rank,
+            size,
+            coord: Some(coord),
+            secret: secret.into(),
+            ..JobConfig::single_node()
+        }
+    }
+
     /// A single-node job with every option at its default.
     pub fn single_node() -> JobConfig {
         JobConfig {
