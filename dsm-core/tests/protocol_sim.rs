@@ -1604,6 +1604,36 @@ fn pages_written_interval_after_interval_stay_writable_until_a_notice_names_them
     assert_eq!(s.nodes[1].eng.stats().write_faults, 5);
 }
 
+/// Three generated programs (N = 4 and 5) in which a granter's pushed diff of a page homed
+/// at a third node reached a copy that already held it, fetched or pushed from the home
+/// after the home had applied it, together with a later write to the same bytes; laying
+/// the diff again undid that write and a later read saw the old value. The copy now
+/// knows which diffs it holds (`PageCopy::applied`) and those are passed over.
+#[test]
+fn pushed_diffs_never_undo_later_writes_a_copy_already_holds() {
+    for (case, race) in [(27108u64, false), (1907, true), (9349, true)] {
+        let r = mix(case ^ 0x1234_5678);
+        let n = 2 + (r % 4) as usize;
+        let pages = 1 + ((r >> 4) % 4) as usize;
+        let home_seed = mix(r);
+        let homes: Vec<usize> = (0..pages)
+            .map(|p| ((home_seed >> (p * 3)) as usize) % n)
+            .collect();
+        let locks = 1 + ((r >> 8) % 3) as usize;
+        let vars = locks * (1 + ((r >> 12) % 3) as usize);
+        let spec = AllocSpec { elem: 8, homes };
+        let mut s = sim_with(n, &[spec], vars, mix(r ^ 77), race);
+        random_program(&mut s, vars, locks, 3, 4);
+        s.run();
+        let by_diffs: u64 = s
+            .nodes
+            .iter()
+            .map(|node| node.eng.stats().pushes_applied_diffs)
+            .sum();
+        assert!(by_diffs > 0, "case {case}: pushed diffs were taken");
+    }
+}
+
 #[test]
 fn grant_carries_the_knowledge_of_the_release_not_later_intervals() {
     // Node 0 writes under lock 1 and releases it (closing interval r), then arrives at a

@@ -171,7 +171,11 @@ mod tests {
             .prop_map(|v| Msg::PageReply {
                 pages: v
                     .into_iter()
-                    .map(|(page, data)| PageCopy { page, data })
+                    .map(|(page, data)| PageCopy {
+                        page,
+                        data,
+                        applied: vec![(1, page)],
+                    })
                     .collect()
             }),
             (

@@ -19,7 +19,7 @@ pub type LockId = u64;
 pub type SemId = u64;
 
 /// Protocol version spoken in the handshake; bump it when any message layout changes.
-pub const PROTOCOL_VERSION: u32 = 9;
+pub const PROTOCOL_VERSION: u32 = 10;
 
 /// A vector timestamp: entry `n` is the index of the latest interval of node `n` that is
 /// known (has been "seen"). Intervals are numbered from 1, so 0 means "nothing seen".
@@ -350,6 +350,10 @@ pub struct PageCopy {
     /// other length).
     #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
+    /// Per writer other than the home, the latest interval whose diff of the page is in
+    /// `data`, as in [`PushedPage::applied`]: the copy may hold diffs its receiver has not
+    /// heard of yet, which a diff pushed to it later must not be laid over again.
+    pub applied: Vec<(NodeId, u32)>,
 }
 
 /// A page's contents pushed by its home, unasked, with a lock grant or a barrier arrival,

@@ -507,6 +507,10 @@ pub struct Engine<M: Memory> {
     required: HashMap<PageNo, Vec<(NodeId, u32)>>,
     /// At the home: per page, the latest interval of each writer whose diff is applied.
     applied: HashMap<PageNo, Vec<(NodeId, u32)>>,
+    /// For a copy of a page homed elsewhere: the same, for the diffs the copy holds (what
+    /// the home said when it sent the copy, and pushed diffs applied since). A copy made
+    /// at allocation holds none.
+    copy_holds: HashMap<PageNo, Vec<(NodeId, u32)>>,
     /// Page requests waiting at the home for diffs they require.
     parked: Vec<ParkedServe>,
     /// Diffs waiting at the home for the diffs they must follow (`Msg::Diffs::after`):
@@ -585,6 +589,7 @@ impl<M: Memory> Engine<M> {
             barrier_pushes: Vec::new(),
             required: HashMap::new(),
             applied: HashMap::new(),
+            copy_holds: HashMap::new(),
             parked: Vec::new(),
             parked_diffs: Vec::new(),
             home_wait: None,

@@ -307,6 +307,7 @@ impl<M: Memory> Engine<M> {
         }
         for copy in copies {
             self.mem.write_page(copy.page, &copy.data);
+            self.copy_holds.insert(copy.page, copy.applied);
             self.required.remove(&copy.page);
             self.set_state(copy.page, PageState::ReadOnly);
             self.stats.pages_fetched += 1;
@@ -396,7 +397,12 @@ impl<M: Memory> Engine<M> {
             .map(|page| {
                 let mut data = vec![0u8; PAGE_SIZE];
                 self.mem.read_page(page, &mut data);
-                PageCopy { page, data }
+                let applied = self.applied.get(&page).cloned().unwrap_or_default();
+                PageCopy {
+                    page,
+                    data,
+                    applied,
+                }
             })
             .collect::<Vec<_>>();
         self.stats.pages_served += copies.len() as u64;

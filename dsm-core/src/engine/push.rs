@@ -310,6 +310,7 @@ impl<M: Memory> Engine<M> {
             match copy {
                 Some(copy) if self.push_covers(p, copy) => {
                     self.mem.write_page(p, &copy.data);
+                    self.copy_holds.insert(p, copy.applied.clone());
                     self.required.remove(&p);
                     if self.pages[p as usize].state == PageState::Invalid {
                         self.set_state(p, PageState::ReadOnly);
@@ -326,8 +327,21 @@ impl<M: Memory> Engine<M> {
                     // The copy held everything before these notices; the granter's diffs
                     // (disjoint from other writers' bytes, or ordered after them) bring
                     // it up to them. The requirements stay: the home may lack the diffs.
-                    for d in page_diffs {
+                    // A diff the copy holds already (it came from the home after the
+                    // home applied it) is passed over: the copy may also hold later
+                    // writes to the same bytes, which laying it again would undo.
+                    let holds = self.copy_holds.entry(p).or_default();
+                    let held = holds
+                        .iter()
+                        .find(|(w, _)| *w == diffs_from)
+                        .map_or(0, |&(_, i)| i);
+                    for d in page_diffs.iter().filter(|d| d.interval > held) {
                         self.mem.apply_diff(p, &d.runs);
+                    }
+                    let newest = page_diffs.iter().map(|d| d.interval).max().unwrap_or(0);
+                    match holds.iter_mut().find(|(w, _)| *w == diffs_from) {
+                        Some((_, i)) => *i = (*i).max(newest),
+                        None => holds.push((diffs_from, newest)),
                     }
                     self.stats.pushes_applied += 1;
                     self.stats.pushes_applied_diffs += 1;
