@@ -197,10 +197,11 @@ impl<M: Memory> Engine<M> {
         out
     }
 
-    /// A copy of `pages` just arrived from their home `from`. Pushes of those pages that
-    /// `from` sent with a barrier arrival still waiting here for the other arrivals are
-    /// older than that copy (the link is FIFO), and may lack diffs the copy has and this
-    /// node already knew of (whose notices will not come again): they are dropped.
+    /// A copy of `pages` just arrived from their home `from` (fetched, or pushed with a
+    /// lock grant). Pushes of those pages that `from` sent with a barrier arrival still
+    /// waiting here for the other arrivals are older than that copy (the link is FIFO),
+    /// and may lack diffs the copy has and this node already knew of (whose notices will
+    /// not come again): they are dropped.
     pub(super) fn drop_older_pushes(&mut self, from: NodeId, pages: &[PageNo]) {
         let mut dropped = 0;
         for slots in self.arrivals.values_mut() {
@@ -312,6 +313,11 @@ impl<M: Memory> Engine<M> {
                     self.mem.write_page(p, &copy.data);
                     self.copy_holds.insert(p, copy.applied.clone());
                     self.required.remove(&p);
+                    // As after a fetch: a barrier push of the page from the same home
+                    // still waiting here is older, and its requirements just went.
+                    if !self.arrivals.is_empty() {
+                        self.drop_older_pushes(self.pages[p as usize].home, &[p]);
+                    }
                     if self.pages[p as usize].state == PageState::Invalid {
                         self.set_state(p, PageState::ReadOnly);
                         installed.push(p);
