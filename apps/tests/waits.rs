@@ -15,6 +15,13 @@ fn waits(stats: &Path, n: usize) -> Vec<(u64, u64, u64)> {
         .collect()
 }
 
+/// Ring frames the comm threads of all ranks took while following a run of them.
+fn frames_followed(stats: &Path, n: usize) -> u64 {
+    (0..n)
+        .map(|r| dsm_testkit::rank_counter(stats, r, "waits", "frames_followed"))
+        .sum()
+}
+
 fn water(spin: Option<&str>, stats: &Path) -> dsm_testkit::Run {
     dsm_testkit::dsmrun_with_stats(2, WATER, &[], ("DSM_SPIN", spin), stats)
 }
@@ -33,6 +40,11 @@ fn off_sleeps_at_once_and_a_budget_polls() {
         assert_eq!(polled, 0, "rank {rank}: DSM_SPIN=off never polls");
         assert!(slept > 0, "rank {rank}: Water waits for grants and pages");
     }
+    assert_eq!(
+        frames_followed(off.path(), 2),
+        0,
+        "without a budget the comm threads sleep between frames"
+    );
     let long = tempfile::tempdir().unwrap();
     for (rank, (budget, polled, _)) in verified(Some("1000000"), long.path())
         .into_iter()
@@ -44,6 +56,9 @@ fn off_sleeps_at_once_and_a_budget_polls() {
             "rank {rank}: with a one-second budget replies come while the waiter polls"
         );
     }
+    // Water's lock passes send request after request to a rank whose app thread is
+    // computing: its comm thread takes them in a run.
+    assert!(frames_followed(long.path(), 2) > 0);
 }
 
 #[test]

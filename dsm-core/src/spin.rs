@@ -47,6 +47,10 @@ pub(crate) fn count_wait(polled: bool) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
+/// Ring frames the comm thread took while following a run of them (see
+/// `Shared::follow_messages`), instead of being woken for each.
+pub(crate) static FRAMES_FOLLOWED: AtomicU64 = AtomicU64::new(0);
+
 /// `(polled, slept)` so far in this process.
 pub(crate) fn waits() -> (u64, u64) {
     (

@@ -364,18 +364,30 @@ fn lock_inbox(inbox: &Mutex<RingInbox>) -> MutexGuard<'_, RingInbox> {
     inbox.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// What a ring's reader task reads from: the ring (shared with polling threads), the bell
+/// the peer rings after committing, and the TCP connection whose end says the peer is gone.
+struct RingEnds {
+    inbox: Arc<Mutex<RingInbox>>,
+    data_bell: AsyncFd<OwnedFd>,
+    tcp: OwnedReadHalf,
+}
+
 /// Reads a co-located peer's frames from its ring and delivers them, until the peer's TCP
 /// connection closes (then what it committed is delivered, and a half-written frame is a
 /// failure) or something malformed arrives.
 async fn read_ring(
     peer: usize,
-    inbox: Arc<Mutex<RingInbox>>,
-    data_bell: AsyncFd<OwnedFd>,
-    mut tcp: OwnedReadHalf,
+    ends: RingEnds,
     handler: Handler,
     traffic: Arc<Traffic>,
     hearing: Arc<[Hearing]>,
+    after_frames: AfterRingFrames,
 ) {
+    let RingEnds {
+        inbox,
+        data_bell,
+        mut tcp,
+    } = ends;
     let hearing = &hearing[peer];
     let fail = |e: WireError| {
         hearing.end();
@@ -386,20 +398,29 @@ async fn read_ring(
     loop {
         // Everything committed so far, frame by frame, unless a thread polling the ring
         // holds it: that thread takes what is there and arms the bell again when it stops,
-        // so waiting for it here would only cost a wake-up.
-        // (Polling the ring from this thread for a while before sleeping was tried: on
-        // this 2-core machine, shared with other work, it made remote faults three times
-        // slower, the spinning comm threads taking the cores from the threads they wait
-        // for.)
+        // so waiting for it here would only cost a wake-up. After frames, the owner's
+        // hook decides whether to go on taking them (`Transport::after_ring_frames`):
+        // polling every ring after every frame, tried first, made remote faults on this
+        // 2-core machine three times slower, the spinning comm threads taking the cores
+        // from the threads they wait for.
         let inbox_free = match inbox.try_lock() {
             Ok(ib) => Some(ib),
             Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
             Err(std::sync::TryLockError::WouldBlock) => None,
         };
         if let Some(mut ib) = inbox_free {
-            ib.drain(hearing, &traffic, deliver);
+            let mut delivered = false;
+            ib.drain(hearing, &traffic, &mut |m| {
+                delivered = true;
+                deliver(m)
+            });
             if let Some(e) = ib.failure.take() {
                 return fail(e);
+            }
+            if let Some(after) = after_frames.get().filter(|_| delivered) {
+                drop(ib);
+                after();
+                continue;
             }
             match ib.reader.prepare_wait() {
                 Ok(true) => continue,
@@ -779,7 +800,13 @@ pub struct Transport {
     writers: Vec<tokio::task::JoinHandle<()>>,
     /// The keep-alive task, with a liveness deadline.
     keep_alive: Option<tokio::task::JoinHandle<()>>,
+    /// See [`Transport::after_ring_frames`].
+    after_ring_frames: AfterRingFrames,
 }
+
+/// Called by a ring's reader task each time it has delivered frames and let go of the ring
+/// (see [`Transport::after_ring_frames`]).
+type AfterRingFrames = Rc<std::cell::OnceCell<Rc<dyn Fn()>>>;
 
 /// Receives everything the reader and writer tasks report: `(peer rank, event)`, in arrival
 /// order per peer. Called on the comm thread (the `LocalSet`), never concurrently; after a
@@ -806,6 +833,7 @@ impl Transport {
         let started = Instant::now();
         let hearing: Arc<[Hearing]> = (0..mesh.size).map(|_| Hearing::new(started)).collect();
         let mut shm = mesh.shm;
+        let after_ring_frames = AfterRingFrames::default();
         for (peer, stream) in mesh.streams.into_iter().enumerate() {
             let Some(stream) = stream else {
                 outboxes.push(None);
@@ -849,12 +877,15 @@ impl Transport {
                 shm_peers.push(peer);
                 tokio::task::spawn_local(read_ring(
                     peer,
-                    inbox,
-                    data_bell,
-                    read_half,
+                    RingEnds {
+                        inbox,
+                        data_bell,
+                        tcp: read_half,
+                    },
                     handler.clone(),
                     traffic.clone(),
                     hearing.clone(),
+                    after_ring_frames.clone(),
                 ));
                 let h = handler.clone();
                 writers.push(tokio::task::spawn_local(async move {
@@ -932,7 +963,17 @@ impl Transport {
             outbox,
             writers,
             keep_alive,
+            after_ring_frames,
         })
+    }
+
+    /// Sets what a ring's reader task runs each time it has delivered frames, after it has
+    /// let go of the ring and before it looks at the ring again (at most once; later calls
+    /// are ignored). For a caller that keeps taking frames for a while when they come in
+    /// runs ([`Outbox::poll_rings`], then [`Outbox::end_polling`]): a wake-up of this
+    /// thread per frame is what it saves.
+    pub fn after_ring_frames(&self, hook: Rc<dyn Fn()>) {
+        let _ = self.after_ring_frames.set(hook);
     }
 
     /// The thread-safe sending side.
@@ -1285,6 +1326,77 @@ mod tests {
             let e = got(Duration::from_secs(10)).expect("every quiet frame arrives");
             assert!(e.starts_with(&head(4 + i)), "frame {i}: {e:.60}");
         }
+    }
+
+    /// The reader task calls the after-frames hook once it has delivered frames and let go
+    /// of the ring: the hook can take the frames that follow itself, in order, and the
+    /// ring works as before once it stops (`end_polling`).
+    #[test]
+    fn the_after_frames_hook_can_take_the_frames_that_follow() {
+        let (mesh0, mesh1) = pair();
+        let (give, take) = std::sync::mpsc::channel();
+        let _sender = std::thread::spawn(move || {
+            run_local(async move {
+                let t0 = Transport::start(mesh0, Rc::new(|_, _| {}), None).unwrap();
+                give.send(t0.outbox()).unwrap();
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            })
+        });
+        let outbox = take.recv().unwrap();
+        let frames = 200;
+        let got = std::thread::spawn(move || {
+            let events: Rc<RefCell<Vec<(String, bool)>>> = Rc::default();
+            run_local(async {
+                let ev = events.clone();
+                let t1 = Transport::start(
+                    mesh1,
+                    Rc::new(move |_, e| ev.borrow_mut().push((format!("{e:?}"), false))),
+                    None,
+                )
+                .unwrap();
+                let o = t1.outbox();
+                let ev = events.clone();
+                t1.after_ring_frames(Rc::new(move || {
+                    let deliver = &mut |_: usize, m: Msg| {
+                        ev.borrow_mut().push((format!("Message({m:?})"), true))
+                    };
+                    let until = Instant::now() + Duration::from_millis(20);
+                    while Instant::now() < until {
+                        o.poll_rings(deliver);
+                    }
+                    o.end_polling(deliver);
+                }));
+                let until = Instant::now() + Duration::from_secs(20);
+                while events.borrow().len() < frames + 1 && Instant::now() < until {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            });
+            let got = events.borrow().clone();
+            got
+        });
+        // Paced, so that frames arrive while the hook polls (a burst would all be taken
+        // by the reader task before it calls the hook).
+        for i in 0..frames {
+            outbox.send(1, &numbered(i, 100)).unwrap();
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        // A last frame well after the hook stopped polling: the bell was armed again.
+        std::thread::sleep(Duration::from_millis(100));
+        outbox.send(1, &numbered(frames, 100)).unwrap();
+        let got = got.join().unwrap();
+        assert_eq!(got.len(), frames + 1);
+        for (i, (e, _)) in got.iter().enumerate() {
+            let head = format!("Message(Abort {{ reason: \"{i}:");
+            assert!(e.starts_with(&head), "frame {i}: {e:.60}");
+        }
+        assert!(
+            got.iter().any(|(_, by_hook)| *by_hook),
+            "the hook took frames"
+        );
+        assert!(
+            !got.last().unwrap().1,
+            "the reader task was woken for the last one"
+        );
     }
 
     fn recorder(events: &Events) -> Handler {

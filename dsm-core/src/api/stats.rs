@@ -69,6 +69,7 @@ impl Dsm {
                 "spin_budget_us": crate::spin::current().as_micros() as u64,
                 "polled": crate::spin::waits().0,
                 "slept": crate::spin::waits().1,
+                "frames_followed": crate::spin::FRAMES_FOLLOWED.load(std::sync::atomic::Ordering::Relaxed),
             },
             "race": race,
         })
