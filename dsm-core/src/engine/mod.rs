@@ -798,6 +798,7 @@ impl<M: Memory> Engine<M> {
                     pages,
                     diffs,
                     diffs_from: from,
+                    with_grant: true,
                 };
                 self.on_lock_grant(from, lock, known, intervals, grant, pushed)
             }

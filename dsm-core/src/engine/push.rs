@@ -42,6 +42,11 @@ pub(super) struct Pushed {
     /// Diffs of pages homed at third nodes, all made by `diffs_from`.
     pub(super) diffs: Vec<PushedDiff>,
     pub(super) diffs_from: NodeId,
+    /// Came with a lock grant: newer than any barrier push still waiting here (the home's
+    /// link is FIFO, and no later barrier can have begun while this node is outside its
+    /// current one). Pushes taken at a barrier's release are not: what still waits then
+    /// is for the next barrier.
+    pub(super) with_grant: bool,
 }
 
 impl<M: Memory> Engine<M> {
@@ -288,6 +293,7 @@ impl<M: Memory> Engine<M> {
             pages: mut copies,
             mut diffs,
             diffs_from,
+            with_grant,
         } = pushed;
         if copies.is_empty() && diffs.is_empty() {
             return named.into_iter().filter(|&p| self.holds_copy(p)).collect();
@@ -315,7 +321,7 @@ impl<M: Memory> Engine<M> {
                     self.required.remove(&p);
                     // As after a fetch: a barrier push of the page from the same home
                     // still waiting here is older, and its requirements just went.
-                    if !self.arrivals.is_empty() {
+                    if with_grant && !self.arrivals.is_empty() {
                         self.drop_older_pushes(self.pages[p as usize].home, &[p]);
                     }
                     if self.pages[p as usize].state == PageState::Invalid {
