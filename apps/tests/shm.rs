@@ -1,9 +1,11 @@
 //! The shared-memory transport between ranks of one host, in real multi-process jobs: the
-//! apps verify against their sequential references over both transports (`DSM_TRANSPORT`
-//! unset and `tcp`), which links took shared memory is read from each rank's log line, a
-//! rank killed with SIGKILL while its ring is in use stops the job with the peer-lost status
-//! naming it, and ranks in two network namespaces use TCP between the namespaces and shared
-//! memory within each.
+//! apps verify against their sequential references over every transport (`DSM_TRANSPORT`
+//! unset, `rings` and `tcp`), which links took shared memory is read from each rank's log
+//! line, a job whose ranks all share a host maps one common segment (rank 0 says so, no
+//! page travels, and race detection or `rings` turns it off), a rank killed with SIGKILL
+//! while its ring is in use stops the job with the peer-lost status naming it, and ranks in
+//! two network namespaces use TCP between the namespaces and shared memory within each,
+//! with no common segment.
 
 use dsm_testkit::{free_port, ip};
 use std::io::{BufRead, BufReader};
@@ -32,9 +34,12 @@ fn shm_peers(stderr: &str) -> Vec<(usize, String)> {
         .collect()
 }
 
+/// What rank 0 logs when the job maps one common segment.
+const COMMON_SEGMENT: &str = "they map one common segment";
+
 fn dsmrun(n: usize, transport: Option<&str>, program: &str, args: &[&str]) -> Output {
     let mut cmd = dsm_testkit::dsmrun_command(n, &["--timeout", "120"], program, args);
-    cmd.env("DSM_LOG", "dsm_net=info");
+    cmd.env("DSM_LOG", "dsm_net=info,dsm_core=info");
     match transport {
         Some(t) => cmd.env("DSM_TRANSPORT", t),
         None => cmd.env_remove("DSM_TRANSPORT"),
@@ -51,7 +56,7 @@ fn apps_verify_over_shared_memory_and_over_tcp() {
         (4, TEST, &["counter", "--iters", "40"][..]),
         (3, TEST, &["handoff", "--rounds", "2"][..]),
     ] {
-        for transport in [None, Some("tcp")] {
+        for transport in [None, Some("rings"), Some("tcp")] {
             let out = dsmrun(n, transport, program, args);
             let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
             assert!(
@@ -64,13 +69,86 @@ fn apps_verify_over_shared_memory_and_over_tcp() {
             let expected: Vec<(usize, String)> = (0..n)
                 .map(|r| {
                     let peers: Vec<usize> = match transport {
-                        None => (0..n).filter(|&p| p != r).collect(),
-                        Some(_) => vec![],
+                        Some("tcp") => vec![],
+                        _ => (0..n).filter(|&p| p != r).collect(),
                     };
                     (r, format!("{peers:?}"))
                 })
                 .collect();
             assert_eq!(links, expected, "{program} over {transport:?}:\n{stderr}");
+            assert_eq!(
+                stderr.matches(COMMON_SEGMENT).count(),
+                usize::from(transport.is_none()),
+                "rank 0 says whether the job maps one common segment ({transport:?}):\n{stderr}"
+            );
+        }
+    }
+}
+
+/// `(pages_fetched, read_faults + write_faults, diffs_sent)` summed over the ranks of a
+/// finished job whose stats went to `stats`.
+fn page_traffic(stats: &std::path::Path, n: usize) -> (u64, u64, u64) {
+    let sum = |k: &str| -> u64 {
+        (0..n)
+            .map(|r| dsm_testkit::rank_counter(stats, r, "protocol", k))
+            .sum()
+    };
+    (
+        sum("pages_fetched"),
+        sum("read_faults") + sum("write_faults"),
+        sum("diffs_sent"),
+    )
+}
+
+#[test]
+fn ranks_of_one_host_share_one_segment_and_no_page_travels() {
+    const WATER: &str = env!("CARGO_BIN_EXE_water");
+    const TSP: &str = env!("CARGO_BIN_EXE_tsp");
+    // Each of these moves pages under the protocol: SOR's boundary rows at barriers,
+    // FFT's transpose, Water's molecules under per-molecule locks, TSP's queue under locks.
+    for (n, program, args) in [
+        (2, SOR, &["--size", "256", "--iters", "10"][..]),
+        (4, FFT, &["--dims", "32x32x16"][..]),
+        (2, WATER, &["--molecules", "64", "--steps", "2"][..]),
+        (3, TSP, &["--cities", "10", "--locked-bound"][..]),
+    ] {
+        for (transport, race) in [(None, false), (Some("rings"), false), (None, true)] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut flags = vec!["--timeout", "120"];
+            if race {
+                flags.push("--race");
+            }
+            let mut cmd = dsm_testkit::dsmrun_command(n, &flags, program, args);
+            cmd.env("DSM_LOG", "dsm_core=info")
+                .env("DSM_STATS_FILE", dir.path().join("rank-%r.json"));
+            match transport {
+                Some(t) => cmd.env("DSM_TRANSPORT", t),
+                None => cmd.env_remove("DSM_TRANSPORT"),
+            };
+            let run = dsm_testkit::run(cmd);
+            let what = format!("{program} {args:?} N={n} {transport:?} race={race}");
+            run.assert_verified(&what);
+            let common = transport.is_none() && !race;
+            assert_eq!(
+                run.all_output().contains(COMMON_SEGMENT),
+                common,
+                "{what}: {}",
+                run.all_output()
+            );
+            let (fetched, faults, diffs) = page_traffic(dir.path(), n);
+            if common {
+                assert_eq!(
+                    (fetched, faults, diffs),
+                    (0, 0, 0),
+                    "{what}: no fault, fetch or diff in a common segment"
+                );
+            } else {
+                // FFT prefetches what it reads, so it may take no fault at all.
+                assert!(
+                    fetched > 0,
+                    "{what}: the protocol moves pages ({fetched} fetched, {faults} faults)"
+                );
+            }
         }
     }
 }
@@ -225,7 +303,7 @@ fn ranks_share_memory_within_a_host_and_use_tcp_between_hosts() {
                 "two-hosts",
                 30,
             )
-            .env("DSM_LOG", "dsm_net=info")
+            .env("DSM_LOG", "dsm_net=info,dsm_core=info")
             .env_remove("DSM_TRANSPORT")
             .spawn()
             .unwrap()
@@ -247,4 +325,9 @@ fn ranks_share_memory_within_a_host_and_use_tcp_between_hosts() {
     }
     let out0 = text(&outs[0].stdout);
     assert!(out0.contains("verified:"), "{out0}");
+    let err0 = text(&outs[0].stderr);
+    assert!(
+        !err0.contains(COMMON_SEGMENT),
+        "ranks on two hosts keep their own copies of the pages:\n{err0}"
+    );
 }

@@ -1,6 +1,7 @@
-//! Every `unsafe` operation of dsm lives here: mapping the shared segment (one memfd mapped
-//! twice: the app view at a fixed address whose page protections drive the protocol, and an
-//! always-writable runtime view the comm thread uses), `mprotect`, raw element loads and
+//! Every `unsafe` operation of dsm lives here: mapping the shared segment (one memfd, this
+//! process's own or the job's common one, mapped twice: the app view at a fixed address
+//! whose page protections drive the protocol, and an always-writable runtime view the comm
+//! thread uses), committing a common segment's new pages (`madvise`), `mprotect`, raw element loads and
 //! stores through the app view, the SIGSEGV handler with its alternate stack, and the
 //! fault mailbox (socket pair + futex) through which the handler hands a fault to the comm
 //! thread and waits.
@@ -15,6 +16,7 @@
 
 use std::cell::Cell;
 use std::io;
+use std::os::fd::{IntoRawFd, OwnedFd};
 use std::sync::atomic::{
     AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
 };
@@ -55,7 +57,10 @@ unsafe impl Sync for Segment {}
 impl Segment {
     /// Reserves the segment at `addr` (never replacing an existing mapping) and the runtime
     /// view anywhere. Pages start inaccessible in the app view and are committed lazily.
-    pub(crate) fn map(addr: usize, len: usize) -> io::Result<Segment> {
+    /// `common`: the job's common segment file (every rank maps the same one), sized here
+    /// to `len` (every rank sizes it alike, so whoever comes last changes nothing); without
+    /// it the segment is a memfd of this process's own.
+    pub(crate) fn map(addr: usize, len: usize, common: Option<OwnedFd>) -> io::Result<Segment> {
         // SAFETY: sysconf has no memory-safety preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
         if page != PAGE_SIZE as libc::c_long {
@@ -68,8 +73,11 @@ impl Segment {
                 "segment address and size must be page-aligned",
             ));
         }
-        // SAFETY: the name is a valid NUL-terminated string.
-        let memfd = unsafe { libc::memfd_create(c"dsm-segment".as_ptr(), libc::MFD_CLOEXEC) };
+        let memfd = match common {
+            Some(file) => file.into_raw_fd(),
+            // SAFETY: the name is a valid NUL-terminated string.
+            None => unsafe { libc::memfd_create(c"dsm-segment".as_ptr(), libc::MFD_CLOEXEC) },
+        };
         if memfd < 0 {
             return Err(os_err("memfd_create"));
         }
@@ -183,6 +191,27 @@ impl Segment {
         };
         if rc != 0 {
             return Err(os_err("mprotect"));
+        }
+        Ok(())
+    }
+
+    /// Commits `count` pages from `first` and maps them writable in the app view, as a
+    /// write to each would (`MADV_POPULATE_WRITE`, Linux 5.14): in a common segment, so
+    /// that no rank takes a first-touch fault per page later. The pages must be writable
+    /// in the app view. Contents are unchanged.
+    pub(crate) fn populate(&self, first: usize, count: usize) -> io::Result<()> {
+        self.check_pages(first, count);
+        // SAFETY: the range lies inside our app-view mapping (checked above); populating
+        // changes no byte of it, only which pages the kernel has mapped.
+        let rc = unsafe {
+            libc::madvise(
+                (self.app_base + first * PAGE_SIZE) as *mut libc::c_void,
+                count * PAGE_SIZE,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if rc != 0 {
+            return Err(os_err("madvise(MADV_POPULATE_WRITE)"));
         }
         Ok(())
     }
@@ -911,11 +940,16 @@ pub(crate) fn occupy_page_for_test(addr: usize) -> io::Result<()> {
     Ok(())
 }
 
-/// Maps the process's segment at `addr` for the rest of its life, records it for
+/// Maps the process's segment at `addr` (in `common`, the job's common segment file, if
+/// given) for the rest of its life, records it for
 /// [`AppSlice::new_in_global_segment`] and installs the fault handler for it: the safe entry
 /// point to everything below.
-pub(crate) fn start(addr: usize, len: usize) -> io::Result<(&'static Segment, FaultMailbox)> {
-    let seg: &'static Segment = Box::leak(Box::new(Segment::map(addr, len)?));
+pub(crate) fn start(
+    addr: usize,
+    len: usize,
+    common: Option<OwnedFd>,
+) -> io::Result<(&'static Segment, FaultMailbox)> {
+    let seg: &'static Segment = Box::leak(Box::new(Segment::map(addr, len, common)?));
     set_global_segment(seg);
     // SAFETY: the segment is leaked, so it stays mapped for the life of the process, longer
     // than any fault the handler can be asked to serve.

@@ -354,6 +354,9 @@ struct Sim {
     expect_divergence: bool,
     /// Write faults the simulated handler served without the engine.
     handler_faults: u64,
+    /// The nodes map one common memory (`Engine::set_common_memory`): every store lands in
+    /// every node's memory at once, as it does in the one segment file they all map.
+    common: bool,
 }
 
 impl Sim {
@@ -614,7 +617,14 @@ impl Sim {
     }
 
     fn store(&mut self, k: usize, addr: usize, v: u64) {
-        self.nodes[k].eng.memory_mut().data[addr..addr + 8].copy_from_slice(&v.to_le_bytes());
+        let nodes: Vec<usize> = if self.common {
+            (0..self.n).collect()
+        } else {
+            vec![k]
+        };
+        for j in nodes {
+            self.nodes[j].eng.memory_mut().data[addr..addr + 8].copy_from_slice(&v.to_le_bytes());
+        }
     }
 
     /// Logs an access for the oracle.
@@ -984,11 +994,18 @@ impl Sim {
                 let value = self.counter;
                 for e in elems {
                     let at = base + e * size..base + (e + 1) * size;
-                    let data = &mut self.nodes[k].eng.memory_mut().data[at];
-                    if write {
-                        data.fill(value);
+                    let nodes = if self.common && write {
+                        0..self.n
                     } else {
-                        std::hint::black_box(&*data);
+                        k..k + 1
+                    };
+                    for j in nodes {
+                        let data = &mut self.nodes[j].eng.memory_mut().data[at.clone()];
+                        if write {
+                            data.fill(value);
+                        } else {
+                            std::hint::black_box(&*data);
+                        }
                     }
                     self.log(k, alloc, e, write);
                 }
@@ -1266,6 +1283,7 @@ fn sim_with_setup(
         diverged: Vec::new(),
         expect_divergence: false,
         handler_faults: 0,
+        common: false,
     };
     // Variables spread over the pages, several per page (false sharing across locks).
     let slots = specs[0].homes.len() * PAGE_SIZE / 8;
@@ -1365,6 +1383,47 @@ proptest! {
             prop_assert_eq!(counts.concurrent, 0);
             prop_assert!(s.races.is_empty());
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(128), .. ProptestConfig::default() })]
+
+    /// Nodes mapping one common memory: the protocol only orders synchronization, no page
+    /// is ever faulted, fetched, diffed or pushed, and random lock-based programs still
+    /// read what sequential consistency says.
+    #[test]
+    fn random_drf_programs_in_one_common_memory_are_sequentially_consistent(
+        n in 2usize..6,
+        pages in 1usize..5,
+        home_seed in any::<u64>(),
+        seed in any::<u64>(),
+        locks in 1usize..4,
+        vars_per_lock in 1usize..4,
+    ) {
+        let homes: Vec<usize> = (0..pages).map(|p| ((home_seed >> (p * 3)) as usize) % n).collect();
+        let vars = locks * vars_per_lock;
+        let spec = AllocSpec { elem: 8, homes };
+        let mut s = sim_with_setup(n, &[spec], vars, seed, false, |_, eng| {
+            eng.set_common_memory(true)
+        });
+        s.common = true;
+        random_program(&mut s, vars, locks, 3, 4);
+        s.run();
+        for (from, to, m) in &s.delivered {
+            prop_assert!(
+                !matches!(m, Msg::PageRequest { .. } | Msg::PageReply { .. } | Msg::Diffs { .. }),
+                "{} -> {}: {:?}", from, to, m
+            );
+        }
+        for node in &s.nodes {
+            let st = node.eng.stats();
+            prop_assert_eq!(
+                (st.read_faults, st.write_faults, st.twins_made, st.pages_pushed, st.invalidations),
+                (0, 0, 0, 0, 0)
+            );
+        }
+        prop_assert!(s.steps > 0);
     }
 }
 

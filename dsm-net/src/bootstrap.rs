@@ -17,6 +17,7 @@ use dsm_proto::HelloReply;
 use dsm_proto::JobConfig;
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::OwnedFd;
 use std::thread;
 use std::time::{Duration, Instant};
 use thiserror::Error;
@@ -92,6 +93,11 @@ pub struct Mesh {
     /// ([`crate::colocate`]); its protocol messages travel there, while the TCP
     /// connection stays open to tell whether the peer is still alive.
     pub shm: Vec<Option<ShmLink>>,
+    /// The file a common segment would live in ([`crate::colocate`]): at rank 0 the empty
+    /// memfd it made and handed to its co-located peers, at another rank the one rank 0
+    /// handed it. Whether the job uses it is decided afterwards, with the segment's base
+    /// ([`agree_segment_base`]); it is only made with `DSM_TRANSPORT=auto`.
+    pub segment_file: Option<OwnedFd>,
 }
 
 /// Connects this node to every other node of the job described by `env`.
@@ -116,6 +122,7 @@ pub fn connect_mesh_with(
             size: 1,
             streams: vec![None],
             shm: vec![None],
+            segment_file: None,
         });
     }
     let coord = env
@@ -221,6 +228,7 @@ fn rendezvous_as_rank0(
         size: env.size,
         streams,
         shm: (0..env.size).map(|_| None).collect(),
+        segment_file: None,
     })
 }
 
@@ -421,6 +429,7 @@ fn join_as_peer(
         size: env.size,
         streams,
         shm: (0..env.size).map(|_| None).collect(),
+        segment_file: None,
     })
 }
 

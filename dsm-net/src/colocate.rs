@@ -17,6 +17,11 @@
 //!    process on the host could connect too), checks and maps the region, and answers
 //!    [`ShmVerdict`].
 //!
+//! With `DSM_TRANSPORT=auto`, rank 0 also hands each co-located peer, in the same message,
+//! one empty memfd: the file a common segment would live in. The job maps it only if every
+//! rank turns out to hold it and share memory with every other rank
+//! ([`crate::agree_segment_base`] decides; dsm-core sizes and maps it).
+//!
 //! Any failure along the way (no such socket, no memfd, a refused region) leaves the pair
 //! on TCP with a debug line; only a broken TCP connection is an error. Every rank walks its
 //! pairs in the same (lexicographic) order, which cannot deadlock: the smallest pair not
@@ -28,8 +33,9 @@ use crate::handshake::MAX_HANDSHAKE;
 use crate::ring::{self, Direction, Region, DEFAULT_RING_BYTES};
 use dsm_proto::{JobConfig, ShmHello, ShmOffer, ShmVerdict, TransportChoice};
 use nix::sys::eventfd::{EfdFlags, EventFd};
+use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
 use std::sync::Arc;
@@ -94,9 +100,15 @@ pub(crate) fn colocate(
     mesh: &mut Mesh,
     deadline: Instant,
 ) -> Result<(), BootstrapError> {
-    let wants = env.transport == TransportChoice::Auto;
-    let host = if wants { boot_id() } else { None };
     let me = env.rank;
+    let wants = env.transport.rings_allowed();
+    if me == 0 && env.transport == TransportChoice::Auto {
+        match segment_file() {
+            Ok(f) => mesh.segment_file = Some(f),
+            Err(e) => debug!("rank 0: no file for a common segment ({e}); pages travel"),
+        }
+    }
+    let host = if wants { boot_id() } else { None };
     // Our socket for the regions of lower ranks (only rank 0 has none).
     let listener = match (&host, me) {
         (Some(_), 1..) => match listen(me) {
@@ -138,7 +150,12 @@ pub(crate) fn colocate(
                 };
                 write_frame(stream, &verdict).map_err(broke)?;
                 match result {
-                    Ok(link) => Some(link),
+                    Ok((link, file)) => {
+                        if peer == 0 {
+                            mesh.segment_file = file;
+                        }
+                        Some(link)
+                    }
                     Err(e) => {
                         debug!("rank {me}: refused rank {peer}'s shared memory: {e}");
                         None
@@ -151,7 +168,8 @@ pub(crate) fn colocate(
             let hello: ShmHello = read_frame(stream, MAX_HANDSHAKE).map_err(broke)?;
             let offered = match (&host, &hello.host) {
                 (Some(ours), Some(theirs)) if ours == theirs => {
-                    match offer_region(&hello.listen, hello.nonce, ring_bytes(mesh.size)) {
+                    let file = mesh.segment_file.as_ref().map(|f| f.as_fd());
+                    match offer_region(&hello.listen, hello.nonce, ring_bytes(mesh.size), file) {
                         Ok(link) => Some(link),
                         Err(e) => {
                             debug!("rank {me}: no shared memory with rank {peer}: {e}");
@@ -216,23 +234,35 @@ fn listen(me: usize) -> io::Result<(UnixListener, String)> {
     Ok((l, name))
 }
 
-/// The lower rank's side: a new region and bells, handed over on the peer's socket.
-fn offer_region(listen: &str, nonce: [u8; 32], ring_bytes: usize) -> io::Result<ShmLink> {
+/// The empty memfd rank 0 offers as the file of a common segment.
+fn segment_file() -> io::Result<OwnedFd> {
+    Ok(memfd_create(
+        c"dsm-common-segment",
+        MemFdCreateFlag::MFD_CLOEXEC,
+    )?)
+}
+
+/// The lower rank's side: a new region and bells (and, from rank 0, the common segment's
+/// file), handed over on the peer's socket.
+fn offer_region(
+    listen: &str,
+    nonce: [u8; 32],
+    ring_bytes: usize,
+    segment_file: Option<BorrowedFd<'_>>,
+) -> io::Result<ShmLink> {
     let sock = UnixStream::connect_addr(&UnixAddr::from_abstract_name(listen.as_bytes())?)?;
     let region = Region::create(ring_bytes, nonce).map_err(io::Error::other)?;
     // Forward ring: us -> peer. Its data bell wakes the peer, its space bell us.
     let (fwd_data, fwd_space, back_data, back_space) = (bell()?, bell()?, bell()?, bell()?);
-    ring::send_fds(
-        &sock,
-        OFFER_TAG,
-        &[
-            region.fd().as_fd(),
-            fwd_data.as_fd(),
-            fwd_space.as_fd(),
-            back_data.as_fd(),
-            back_space.as_fd(),
-        ],
-    )?;
+    let mut fds = vec![
+        region.fd().as_fd(),
+        fwd_data.as_fd(),
+        fwd_space.as_fd(),
+        back_data.as_fd(),
+        back_space.as_fd(),
+    ];
+    fds.extend(segment_file);
+    ring::send_fds(&sock, OFFER_TAG, &fds)?;
     Ok(ShmLink {
         region: Arc::new(region),
         send: Direction::Forward,
@@ -244,8 +274,11 @@ fn offer_region(listen: &str, nonce: [u8; 32], ring_bytes: usize) -> io::Result<
 }
 
 /// The higher rank's side: the first message on its socket that carries a region with our
-/// nonce, within [`ACCEPT_WAIT`].
-fn accept_region(listener: &UnixListener, nonce: &[u8; 32]) -> io::Result<ShmLink> {
+/// nonce, within [`ACCEPT_WAIT`], and the common segment's file if it came along.
+fn accept_region(
+    listener: &UnixListener,
+    nonce: &[u8; 32],
+) -> io::Result<(ShmLink, Option<OwnedFd>)> {
     let until = Instant::now() + ACCEPT_WAIT;
     loop {
         let sock = match listener.accept() {
@@ -269,7 +302,11 @@ fn accept_region(listener: &UnixListener, nonce: &[u8; 32]) -> io::Result<ShmLin
     }
 }
 
-fn receive_region(sock: &UnixStream, nonce: &[u8; 32], until: Instant) -> io::Result<ShmLink> {
+fn receive_region(
+    sock: &UnixStream,
+    nonce: &[u8; 32],
+    until: Instant,
+) -> io::Result<(ShmLink, Option<OwnedFd>)> {
     sock.set_nonblocking(false)?;
     // The peer sends its offer as soon as it is connected; a connection that says nothing
     // for a moment (a stranger's) must not keep the peer's waiting behind it.
@@ -281,21 +318,27 @@ fn receive_region(sock: &UnixStream, nonce: &[u8; 32], until: Instant) -> io::Re
     if &tag[..n] != OFFER_TAG {
         return Err(bad("not a dsm region offer"));
     }
-    let [region, fwd_data, fwd_space, back_data, back_space]: [OwnedFd; 5] = fds
-        .try_into()
-        .map_err(|_| bad("wrong number of descriptors"))?;
+    let mut fds = fds.into_iter();
+    let mut next = || fds.next().ok_or_else(|| bad("wrong number of descriptors"));
+    let (region, fwd_data, fwd_space, back_data, back_space) =
+        (next()?, next()?, next()?, next()?, next()?);
+    let segment_file = fds.next();
+    if fds.next().is_some() {
+        return Err(bad("wrong number of descriptors"));
+    }
     let region = Region::open(region).map_err(io::Error::other)?;
     if &region.nonce() != nonce {
         return Err(bad("the region does not carry our nonce"));
     }
-    Ok(ShmLink {
+    let link = ShmLink {
         region: Arc::new(region),
         send: Direction::Backward,
         our_data_bell: fwd_data,
         our_space_bell: back_space,
         peer_data_bell: back_data,
         peer_space_bell: fwd_space,
-    })
+    };
+    Ok((link, segment_file))
 }
 
 #[cfg(test)]
@@ -307,12 +350,29 @@ mod tests {
         let (l, name) = listen(3).unwrap();
         let nonce = rand::random();
         // A stranger's region first, then the peer's.
-        let _stranger = offer_region(&name, rand::random(), 64 << 10).unwrap();
-        let ours = offer_region(&name, nonce, 64 << 10).unwrap();
-        let got = accept_region(&l, &nonce).unwrap();
+        let _stranger = offer_region(&name, rand::random(), 64 << 10, None).unwrap();
+        let ours = offer_region(&name, nonce, 64 << 10, None).unwrap();
+        let (got, file) = accept_region(&l, &nonce).unwrap();
         assert_eq!(got.region.nonce(), nonce);
         assert_eq!(ours.region.nonce(), nonce);
         assert_eq!(got.send, Direction::Backward);
+        assert!(file.is_none());
+    }
+
+    #[test]
+    fn rank_0s_segment_file_comes_with_its_region() {
+        let (l, name) = listen(5).unwrap();
+        let nonce = rand::random();
+        let file = segment_file().unwrap();
+        // Sized by the offerer only to tell it apart: the receiver sees the same file.
+        nix::unistd::ftruncate(&file, 3 * 4096).unwrap();
+        let stranger_file = segment_file().unwrap();
+        let _stranger =
+            offer_region(&name, rand::random(), 64 << 10, Some(stranger_file.as_fd())).unwrap();
+        let _ours = offer_region(&name, nonce, 64 << 10, Some(file.as_fd())).unwrap();
+        let (_, got) = accept_region(&l, &nonce).unwrap();
+        let got = std::fs::File::from(got.expect("the segment file came along"));
+        assert_eq!(got.metadata().unwrap().len(), 3 * 4096);
     }
 
     #[test]
@@ -322,9 +382,9 @@ mod tests {
         let _silent =
             UnixStream::connect_addr(&UnixAddr::from_abstract_name(name.as_bytes()).unwrap())
                 .unwrap();
-        let ours = offer_region(&name, nonce, 64 << 10).unwrap();
+        let ours = offer_region(&name, nonce, 64 << 10, None).unwrap();
         let started = Instant::now();
-        let got = accept_region(&l, &nonce).unwrap();
+        let (got, _) = accept_region(&l, &nonce).unwrap();
         assert_eq!(got.region.nonce(), ours.region.nonce());
         assert!(
             started.elapsed() < ACCEPT_WAIT / 2,
@@ -348,7 +408,7 @@ mod tests {
 
     #[test]
     fn a_missing_socket_is_an_error_not_a_hang() {
-        let err = offer_region("dsm-shm-nobody-listens-here", [0; 32], 64 << 10)
+        let err = offer_region("dsm-shm-nobody-listens-here", [0; 32], 64 << 10, None)
             .err()
             .expect("nobody listens");
         assert_eq!(err.kind(), io::ErrorKind::ConnectionRefused, "{err}");

@@ -56,15 +56,28 @@ pub enum Launcher {
     Standalone,
 }
 
-/// Which transports a rank may use for its links (`DSM_TRANSPORT`).
+/// Which transports a rank may use for its links and its pages (`DSM_TRANSPORT`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum TransportChoice {
     /// Shared memory with the ranks that can map the same memory (one host, one network
-    /// namespace), TCP with the others. Chosen at start-up, pair by pair.
+    /// namespace), TCP with the others, chosen at start-up pair by pair; and when every
+    /// rank of the job can map the same memory and race detection is off, one common
+    /// segment for all of them, so pages never travel.
     #[default]
     Auto,
+    /// Shared-memory rings for the messages of ranks on one host, but every rank keeps
+    /// its own copy of the pages and the protocol moves them (`DSM_TRANSPORT=rings`): what
+    /// `auto` does in a job spread over hosts or with race detection.
+    Rings,
     /// TCP with every rank (`DSM_TRANSPORT=tcp`).
     Tcp,
+}
+
+impl TransportChoice {
+    /// Whether co-located ranks may talk through shared-memory rings.
+    pub fn rings_allowed(self) -> bool {
+        self != TransportChoice::Tcp
+    }
 }
 
 /// How much of the race detector runs. Only benchmarks lower it (`DSM_RACE_PHASES`), to
@@ -486,13 +499,15 @@ impl JobConfig {
         };
         let transport = match get(vars::TRANSPORT).as_deref().map(str::trim) {
             None | Some("" | "auto") => TransportChoice::Auto,
+            Some("rings") => TransportChoice::Rings,
             Some("tcp") => TransportChoice::Tcp,
             Some(other) => {
                 return Err(invalid(
                     vars::TRANSPORT,
                     other,
                     "expected `auto` (shared memory between ranks on one host, TCP between \
-                     hosts) or `tcp`"
+                     hosts), `rings` (shared-memory messages, but every rank its own copy of \
+                     the pages) or `tcp`"
                         .into(),
                 ))
             }
@@ -1116,7 +1131,7 @@ mod tests {
     }
 
     #[test]
-    fn transport_is_auto_or_tcp() {
+    fn transport_is_auto_rings_or_tcp() {
         assert_eq!(env(&[]).unwrap().transport, TransportChoice::Auto);
         assert_eq!(
             env(&[("DSM_TRANSPORT", "auto")]).unwrap().transport,
@@ -1125,6 +1140,10 @@ mod tests {
         assert_eq!(
             env(&[("DSM_TRANSPORT", "tcp")]).unwrap().transport,
             TransportChoice::Tcp
+        );
+        assert_eq!(
+            env(&[("DSM_TRANSPORT", "rings")]).unwrap().transport,
+            TransportChoice::Rings
         );
         let err = env(&[("DSM_TRANSPORT", "udp")]).unwrap_err().to_string();
         assert!(

@@ -5,8 +5,9 @@
 //! built mesh and decides ([`choose`]): the first candidate free on every rank, or a stop
 //! that names the rank, its host, the address and the way out ([`SegmentChoice`]). A base
 //! the user chose (`--segment-base`, `DSM_SEGMENT_ADDR`) is the only candidate: dsm never
-//! moves it behind the user's back. Pure decision logic; the exchange is dsm-net's and the
-//! probing dsm-core's.
+//! moves it behind the user's back. The same exchange decides whether the ranks map one common
+//! segment file (every rank on one host, see [`SegmentProbe::common_memory`]). Pure
+//! decision logic; the exchange is dsm-net's and the probing dsm-core's.
 
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +31,10 @@ pub struct SegmentProbe {
     pub len: u64,
     /// The candidates, in order, each with `None` if free here or why not.
     pub bases: Vec<(u64, Option<String>)>,
+    /// Whether this rank could map the job's common segment: it holds rank 0's segment
+    /// file, shares memory with every other rank, and its configuration allows it
+    /// (`DSM_TRANSPORT=auto`, race detection off).
+    pub common_memory: bool,
 }
 
 /// Rank 0's decision, sent to every rank.
@@ -42,6 +47,9 @@ pub enum SegmentChoice {
         /// When the first candidate was not free everywhere: which rank and host could
         /// not take it and why (for a note).
         moved_because: Option<String>,
+        /// Every rank maps rank 0's segment file: one memory for the whole job, no page
+        /// ever travels (every probe said it could).
+        common_memory: bool,
     },
     /// The job cannot start: the reason names the rank, host, address and the way out.
     Stop {
@@ -92,10 +100,12 @@ pub fn choose(probes: &[SegmentProbe], explicit: bool) -> SegmentChoice {
             first.bases[0].0
         )
     });
+    let common_memory = probes.len() > 1 && probes.iter().all(|p| p.common_memory);
     let Some(problem) = first_problem else {
         return SegmentChoice::Use {
             base: first.bases[0].0,
             moved_because: None,
+            common_memory,
         };
     };
     if explicit {
@@ -107,6 +117,7 @@ pub fn choose(probes: &[SegmentProbe], explicit: bool) -> SegmentChoice {
         Some(i) => SegmentChoice::Use {
             base: first.bases[i].0,
             moved_because: Some(problem),
+            common_memory,
         },
         None => SegmentChoice::Stop {
             reason: format!(
@@ -139,6 +150,7 @@ mod tests {
                 .enumerate()
                 .map(|(i, &b)| (b, taken.contains(&i).then(|| "File exists".to_string())))
                 .collect(),
+            common_memory: true,
         }
     }
 
@@ -149,8 +161,38 @@ mod tests {
             c,
             SegmentChoice::Use {
                 base: CANDIDATE_BASES[0],
-                moved_because: None
+                moved_because: None,
+                common_memory: true,
             }
+        );
+    }
+
+    #[test]
+    fn one_memory_only_when_every_rank_can_map_it() {
+        let mut b = probe("b", &[]);
+        b.common_memory = false;
+        let c = choose(&[probe("a", &[]), b, probe("c", &[])], false);
+        assert!(
+            matches!(
+                c,
+                SegmentChoice::Use {
+                    common_memory: false,
+                    ..
+                }
+            ),
+            "{c:?}"
+        );
+        // A single rank has nobody to share with: its segment stays its own.
+        let c = choose(&[probe("a", &[])], false);
+        assert!(
+            matches!(
+                c,
+                SegmentChoice::Use {
+                    common_memory: false,
+                    ..
+                }
+            ),
+            "{c:?}"
         );
     }
 
@@ -164,6 +206,7 @@ mod tests {
             SegmentChoice::Use {
                 base,
                 moved_because: Some(why),
+                ..
             } => {
                 assert_eq!(base, CANDIDATE_BASES[2]);
                 assert!(why.contains("rank 1 (host b)") && why.contains("0x3d0000000000"));

@@ -19,7 +19,7 @@ pub type LockId = u64;
 pub type SemId = u64;
 
 /// Protocol version spoken in the handshake; bump it when any message layout changes.
-pub const PROTOCOL_VERSION: u32 = 10;
+pub const PROTOCOL_VERSION: u32 = 11;
 
 /// A vector timestamp: entry `n` is the index of the latest interval of node `n` that is
 /// known (has been "seen"). Intervals are numbered from 1, so 0 means "nothing seen".

@@ -50,10 +50,20 @@ pub fn command(name: &str) -> Command {
     cmd
 }
 
+/// What the multi-process tests run with unless they say otherwise: the page protocol,
+/// with shared-memory rings between the ranks. Every rank of a test job runs on this one
+/// host, where dsm's default (`DSM_TRANSPORT=auto`) maps one common segment for all of them
+/// and no page travels; the tests were written to exercise the protocol (faults, fetches,
+/// diffs, pushes) over real processes, so they ask for it. The default's own tests set
+/// `DSM_TRANSPORT=auto`.
+pub const PROTOCOL_TRANSPORT: (&str, &str) = ("DSM_TRANSPORT", "rings");
+
 /// `dsmrun -n N [dsmrun_args] PROGRAM [args]`, where PROGRAM is a workspace binary name or a
-/// path.
+/// path, with `DSM_TRANSPORT=rings` ([`PROTOCOL_TRANSPORT`]; set the variable again on the
+/// command to test another transport).
 pub fn dsmrun_command(n: usize, dsmrun_args: &[&str], program: &str, args: &[&str]) -> Command {
     let mut cmd = command("dsmrun");
+    cmd.env(PROTOCOL_TRANSPORT.0, PROTOCOL_TRANSPORT.1);
     let program = if program.contains('/') {
         PathBuf::from(program)
     } else {

@@ -180,8 +180,13 @@ fn watch_launcher(fd: i32, rank: usize) -> Result<(), DsmError> {
 }
 
 /// This rank's [`SegmentProbe`]: which candidate bases (the user's, or
-/// [`segment_base::CANDIDATE_BASES`]) it could map `seg_len` bytes at.
-fn probe_segment_bases(env: &JobConfig, seg_len: usize) -> Result<SegmentProbe, DsmError> {
+/// [`segment_base::CANDIDATE_BASES`]) it could map `seg_len` bytes at, and whether it
+/// could map the job's common segment (see [`can_map_common_segment`]).
+fn probe_segment_bases(
+    env: &JobConfig,
+    seg_len: usize,
+    common_memory: bool,
+) -> Result<SegmentProbe, DsmError> {
     // Fault injection for tests: a page in the way at the default base on one rank.
     let occupy = std::env::var(dsm_proto::env_vars::TEST_OCCUPY_BASE).ok();
     if occupy.and_then(|r| r.trim().parse::<usize>().ok()) == Some(env.rank) {
@@ -206,7 +211,33 @@ fn probe_segment_bases(env: &JobConfig, seg_len: usize) -> Result<SegmentProbe, 
                 (b, why)
             })
             .collect(),
+        common_memory,
     })
+}
+
+/// Whether this rank could map one segment file with every other rank, so that no page
+/// ever travels: it holds rank 0's file, shares memory with every rank, and nothing asks
+/// for the protocol's page copies. Race detection needs them (the detector learns of
+/// accesses through page faults and compares the intervals' notices), and
+/// `DSM_TRANSPORT=rings` or `tcp` asks for them.
+fn can_map_common_segment(env: &JobConfig, mesh: &dsm_net::Mesh) -> bool {
+    env.transport == dsm_proto::TransportChoice::Auto
+        && !env.race.enabled
+        && mesh.segment_file.is_some()
+        && (0..mesh.size).all(|r| r == mesh.rank || mesh.shm[r].is_some())
+}
+
+/// Largest allocation of a common segment committed when it is made (see
+/// `Dsm::populate`): the dense arrays of the shipped apps at their scaled inputs (SOR 4096
+/// is 128 MiB) fit, a large sparse one stays lazy.
+const POPULATE_MAX_BYTES: u64 = 256 << 20;
+
+/// The host's available memory (`MemAvailable` of `/proc/meminfo`), in bytes.
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// A node of the job. Create one per process with [`Dsm::init`].
@@ -214,6 +245,8 @@ pub struct Dsm {
     rank: usize,
     size: usize,
     seg: &'static Segment,
+    /// Every rank maps the same segment file (see [`can_map_common_segment`]).
+    common_memory: bool,
     comm: Option<Comm>,
     /// Page states as the comm thread sees them, to prefetch only what is missing.
     states: Arc<StateMirror>,
@@ -297,7 +330,6 @@ impl Dsm {
                 )))
             }
         };
-        let probe = probe_segment_bases(&env, seg_len)?;
         let rendezvous = match (env.rank, env.coord_fd, env.coord) {
             (0, Some(fd), Some(coord)) => {
                 Some(sys::adopt_rendezvous(fd, coord).map_err(DsmError::Io)?)
@@ -305,6 +337,7 @@ impl Dsm {
             _ => None,
         };
         let mut mesh = dsm_net::connect_mesh_with(&env, rendezvous)?;
+        let probe = probe_segment_bases(&env, seg_len, can_map_common_segment(&env, &mesh))?;
         // Every rank maps the segment at one address: agree on one free on every host
         // before mapping, so that a clash is one clear message, never a crash later.
         let explicit = env.segment_addr.is_some();
@@ -318,23 +351,42 @@ impl Dsm {
                 env.connect_timeout,
             )?
         };
-        let seg_addr = match choice {
+        let (seg_addr, common_memory) = match choice {
             SegmentChoice::Use {
                 base,
                 moved_because,
+                common_memory,
             } => {
                 if let (Some(why), 0) = (moved_because, env.rank) {
                     tracing::warn!(
                         "{why}; the job maps its shared segment at {base:#x} instead (free on every host)"
                     );
                 }
-                base as usize
+                (base as usize, common_memory)
             }
             SegmentChoice::Stop { reason } => {
                 return Err(DsmError::Segment(std::io::Error::other(reason)))
             }
         };
-        let (seg, mailbox) = sys::start(seg_addr, seg_len).map_err(DsmError::Segment)?;
+        let common_file = if common_memory {
+            if env.rank == 0 {
+                tracing::info!(
+                    "the {} ranks share one host: they map one common segment, and no page \
+                     travels (DSM_TRANSPORT=rings gives each rank its own copy)",
+                    env.size
+                );
+            }
+            Some(mesh.segment_file.take().ok_or_else(|| {
+                DsmError::Segment(std::io::Error::other(
+                    "rank 0 chose one common segment, but this rank holds no segment file",
+                ))
+            })?)
+        } else {
+            None
+        };
+        mesh.segment_file = None;
+        let (seg, mailbox) =
+            sys::start(seg_addr, seg_len, common_file).map_err(DsmError::Segment)?;
         place_on_core(&env);
         let race = if env.race.enabled {
             Some(RaceState::new(env.race.clone(), env.rank == 0, env.size).map_err(DsmError::Io)?)
@@ -354,6 +406,7 @@ impl Dsm {
             SegmentMemory::new(seg),
             race.is_some(),
         );
+        engine.set_common_memory(common_memory);
         if fast_faults_enabled()? {
             let fast = std::sync::Arc::new(crate::engine::FastFaults::new(
                 engine.page_limit(),
@@ -404,6 +457,7 @@ impl Dsm {
             rank: env.rank,
             size: env.size,
             seg,
+            common_memory,
             comm: Some(comm),
             allocs: Vec::new(),
             next_page: 0,
@@ -590,6 +644,9 @@ impl Dsm {
             digest,
             race,
         })?;
+        if self.common_memory {
+            self.populate(first, pages);
+        }
         Ok(Array {
             id: self.allocs.len() - 1,
             offset: first * PAGE_SIZE,
@@ -597,6 +654,25 @@ impl Dsm {
             cols,
             _t: PhantomData,
         })
+    }
+
+    /// Commits a new allocation's pages of the common segment and maps them in this
+    /// process: the first touch of a page of shared memory costs each process a fault (the
+    /// file's page is found or made, and zeroed, then mapped), about 1 us per 4 KiB, which
+    /// a program with threads pays once per page and, as dsm's benchmarks set it up,
+    /// outside its timing. The allocation is a barrier anyway. Skipped for an allocation
+    /// larger than [`POPULATE_MAX_BYTES`] or a quarter of the host's available memory (a
+    /// sparse array must not be committed whole), and where the kernel cannot (before
+    /// 5.14): the pages are then committed on first touch.
+    fn populate(&self, first: usize, pages: usize) {
+        let bytes = (pages * PAGE_SIZE) as u64;
+        if bytes > POPULATE_MAX_BYTES || available_memory().is_some_and(|avail| bytes > avail / 4) {
+            tracing::debug!("allocation of {bytes} bytes left to be committed on first touch");
+            return;
+        }
+        if let Err(e) = self.seg.populate(first, pages) {
+            tracing::debug!("pages {first}+{pages} left to be committed on first touch: {e}");
+        }
     }
 
     /// Home of each page of a new allocation, as runs `(first, count, home)`.

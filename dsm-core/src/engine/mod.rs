@@ -472,6 +472,10 @@ pub struct Engine<M: Memory> {
     /// Whether closes keep written pages writable (off in race mode, whose access
     /// notices come from the faults of every interval).
     keep_writable: bool,
+    /// Every node maps the same memory (see [`Engine::set_common_memory`]): this node
+    /// treats every page as one it homes and nobody else copies, so none is ever
+    /// protected, fetched, diffed or pushed.
+    common_memory: bool,
     /// Write faults served in the SIGSEGV handler (see [`fast`]); `None`: every fault goes
     /// through [`Engine::on_fault`].
     fast: Option<Arc<FastFaults>>,
@@ -573,6 +577,7 @@ impl<M: Memory> Engine<M> {
             dirty: Vec::new(),
             kept: HashMap::new(),
             keep_writable: !race_mode,
+            common_memory: false,
             twins: HashMap::new(),
             fast: None,
             to_arm: Vec::new(),

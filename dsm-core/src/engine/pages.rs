@@ -505,6 +505,23 @@ impl<M: Memory> Engine<M> {
         }
     }
 
+    /// Says that every node of the job maps the same memory (the runtime's common
+    /// segment: every rank on one host, race detection off). Must be said before the first
+    /// allocation, by every node alike. Every page is then one this node homes and nobody
+    /// else copies: writable from its allocation on, never protected, fetched, diffed or
+    /// pushed, with no write notices. What the protocol still does is order
+    /// synchronization (locks, semaphores and barriers keep their messages and vector
+    /// times); the memory itself makes a write visible to every rank, and the message that
+    /// orders a release before an acquire (a ring commit with release ordering) orders the
+    /// write before the read.
+    pub fn set_common_memory(&mut self, on: bool) {
+        assert!(
+            self.pages.is_empty(),
+            "set_common_memory after an allocation"
+        );
+        self.common_memory = on && !self.race_mode;
+    }
+
     pub(super) fn alloc(
         &mut self,
         homes: Vec<(PageNo, u32, NodeId)>,
@@ -520,6 +537,7 @@ impl<M: Memory> Engine<M> {
                 ));
                 return;
             }
+            let home = if self.common_memory { self.me } else { home };
             if end > self.pages.len() {
                 // The table covers the allocated pages only; grow it to the new high-water
                 // mark (the runtime has reserved the room already, see `reserve_pages`).
