@@ -446,7 +446,8 @@ fn kernel_row(
     row
 }
 
-/// The primitives measured over the default transport, or with `tcp` over TCP only.
+/// The primitives measured over shared-memory rings (`DSM_TRANSPORT=rings`), or with `tcp`
+/// over TCP only.
 pub fn primitives(runs: &[RunRecord], missing: Option<&String>, tcp: bool) -> Primitives {
     if let Some(why) = missing {
         return Primitives {
@@ -543,9 +544,10 @@ pub fn speedup_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<SpeedupRow> {
     rows
 }
 
-/// The "dsm vs threads" table: for each scaled input in the settings, the threaded and
-/// the dsm times by repetition, their paired ratios, and the sequential time (timed in
-/// every run of both kinds).
+/// The "dsm vs threads" table: for each scaled input in the settings, the threaded time
+/// and dsm's under each transport (default, rings, TCP) by repetition, each dsm time's
+/// ratios paired with the threads of the same repetition, and the sequential time (timed
+/// in every run of every kind).
 pub fn threads_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<ThreadsRow> {
     let s = &ctx.settings;
     let mut rows = Vec::new();
@@ -586,9 +588,10 @@ pub fn threads_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<ThreadsRow> {
             v.sort_by_key(|(rep, _)| *rep);
             v.into_iter().map(|(_, t)| t).collect()
         };
-        let (threads, dsm, dsm_tcp) = (
+        let (threads, dsm, dsm_rings, dsm_tcp) = (
             by_rep(Runner::Threads),
             by_rep(Runner::Dsm),
+            by_rep(Runner::DsmRings),
             by_rep(Runner::DsmTcp),
         );
         let seq: Vec<f64> = outs
@@ -601,6 +604,8 @@ pub fn threads_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<ThreadsRow> {
         row.threads = summary(&threads);
         row.dsm = summary(&dsm);
         row.ratio = summary(&paired_ratios(&threads, &dsm));
+        row.dsm_rings = summary(&dsm_rings);
+        row.ratio_rings = summary(&paired_ratios(&threads, &dsm_rings));
         row.dsm_tcp = summary(&dsm_tcp);
         row.ratio_tcp = summary(&paired_ratios(&threads, &dsm_tcp));
         row.threads_speedup = row.sequential_s.zip(row.threads).map(|(q, t)| q / t.median);
@@ -756,8 +761,9 @@ pub fn targets(
     out
 }
 
-/// The speed targets of the fault, lock and transport work: primitives against the round
-/// trip of their transport, and dsm against plain threads on the scaled inputs.
+/// The speed targets of the fault, lock and transport work: primitives (over rings and
+/// over TCP) against the round trip of their transport, and dsm with the default
+/// transport against plain threads on the scaled inputs.
 pub fn speed_targets(
     prim: &Primitives,
     prim_tcp: &Primitives,
@@ -797,14 +803,14 @@ pub fn speed_targets(
         &prim_tcp.status,
     );
     bound(
-        "remote page fault, default transport",
+        "remote page fault, shared-memory rings (`DSM_TRANSPORT=rings`)",
         "<= 15 us".into(),
         prim.remote_fault_us.map(|f| (f, format!("{f:.1} us"))),
         15.0,
         &prim.status,
     );
     bound(
-        "barrier at N = 2, default transport",
+        "barrier at N = 2, shared-memory rings (`DSM_TRANSPORT=rings`)",
         "< 10 us".into(),
         prim.barrier_us.get("2").map(|&b| (b, format!("{b:.1} us"))),
         10.0,
@@ -1125,6 +1131,10 @@ mod tests {
             // Over TCP: paired with the threads of the same repetition, apart from dsm.
             vs_run("sor", sor, Runner::DsmTcp, 0, Some(0.75)),
             vs_run("sor", sor, Runner::DsmTcp, 1, Some(2.0)),
+            // Over rings likewise; rep 2 has no threads time to pair with.
+            vs_run("sor", sor, Runner::DsmRings, 0, Some(0.65)),
+            vs_run("sor", sor, Runner::DsmRings, 1, Some(1.5)),
+            vs_run("sor", sor, Runner::DsmRings, 2, Some(0.7)),
             // Another input of the same app is another row.
             vs_run("sor", "--size 1024 --iters 100", Runner::Dsm, 0, Some(7.0)),
             // The app table's runs are not this table's.
@@ -1133,7 +1143,7 @@ mod tests {
         let rows = threads_rows(&c, &runs);
         assert_eq!(rows.len(), 3);
         let r = &rows[0];
-        assert_eq!(r.status, "ok (1 of 8 runs failed)");
+        assert_eq!(r.status, "ok (1 of 11 runs failed)");
         assert_eq!(r.sequential_s, Some(1.0));
         assert_eq!(r.threads.unwrap().median, 0.5);
         assert_eq!(r.dsm.unwrap().median, 1.0);
@@ -1147,8 +1157,16 @@ mod tests {
         assert_eq!(tcp.n, 2);
         assert!((tcp.min - 1.5).abs() < 1e-12 && (tcp.max - 4.0).abs() < 1e-12);
         assert!((r.dsm_tcp.unwrap().median - 1.375).abs() < 1e-12);
+        // The rings runs land in their own columns, apart from dsm and TCP.
+        let rings = r.ratio_rings.unwrap();
+        assert_eq!(rings.n, 2);
+        assert!((rings.min - 1.3).abs() < 1e-12 && (rings.max - 3.0).abs() < 1e-12);
+        assert!((rings.median - 2.15).abs() < 1e-12);
+        let dsm_rings = r.dsm_rings.unwrap();
+        assert_eq!((dsm_rings.n, dsm_rings.median), (3, 0.7));
         assert_eq!(rows[1].status, "not run");
         assert_eq!(rows[1].ratio, None);
+        assert_eq!((rows[1].dsm_rings, rows[1].ratio_rings), (None, None));
         assert!(rows[2].status.starts_with("not run: binary"));
     }
 
@@ -1212,7 +1230,7 @@ mod tests {
                 .met
         };
         assert_eq!(met("remote page fault over TCP"), Some(false)); // 30 > 14 + 10
-        assert_eq!(met("remote page fault, default"), Some(true));
+        assert_eq!(met("remote page fault, shared-memory rings"), Some(true));
         assert_eq!(met("barrier at N = 2"), Some(false));
         assert_eq!(met("free lock acquire"), Some(true)); // exactly 2 round trips
         assert_eq!(met("lock hand-off"), None);
@@ -1242,6 +1260,10 @@ mod tests {
         ];
         let p = primitives(&runs, None, false);
         assert_eq!(p.runs, 3);
+        assert!(runs[0]
+            .job
+            .describe()
+            .starts_with("DSM_TRANSPORT=rings dsm-bench"));
         assert_eq!(p.rtt_us, Some(11.0));
         assert_eq!(p.remote_fault_us, Some(31.0));
         assert_eq!(p.barrier_us.get("2"), Some(&22.0));

@@ -65,10 +65,15 @@ pub enum Purpose {
 pub enum Runner {
     /// `app --threads N args`: plain threads of one process, no DSM.
     Threads,
-    /// `dsmrun -n N app args`: the default transport (shared memory between ranks on
-    /// one host).
+    /// `dsmrun -n N app args`: the default transport (`DSM_TRANSPORT=auto`). On one host,
+    /// race detection off, every rank maps one common segment: no page travels, only
+    /// synchronization messages, through shared-memory rings.
     Dsm,
-    /// `DSM_TRANSPORT=tcp dsmrun -n N app args`: every link over loopback TCP.
+    /// `DSM_TRANSPORT=rings dsmrun -n N app args`: messages through shared-memory rings,
+    /// but each rank its own copy of the pages, moved by the coherence protocol.
+    DsmRings,
+    /// `DSM_TRANSPORT=tcp dsmrun -n N app args`: every link over loopback TCP, each rank
+    /// its own copy of the pages.
     DsmTcp,
 }
 
@@ -77,6 +82,7 @@ impl Runner {
         match self {
             Runner::Threads => "threads",
             Runner::Dsm => "dsm",
+            Runner::DsmRings => "dsm-rings",
             Runner::DsmTcp => "dsm-tcp",
         }
     }
@@ -111,7 +117,9 @@ pub enum Job {
     },
     /// `dsmrun -n nodes --race race-kernel run kernel`.
     DsmKernel { kernel: String, nodes: usize },
-    /// `dsm-bench --reps reps`, repeated; with `tcp`, under `DSM_TRANSPORT=tcp`.
+    /// `dsm-bench --reps reps`, repeated: under `DSM_TRANSPORT=rings`, or with `tcp` under
+    /// `DSM_TRANSPORT=tcp`. Not the default transport: on one host it maps one common
+    /// segment, and the page faults dsm-bench times would not happen.
     Primitives {
         reps: usize,
         rep: usize,
@@ -167,7 +175,11 @@ impl Job {
             }
             Job::Primitives { reps, rep, tcp } => format!(
                 "{}dsm-bench --reps {reps} (run {})",
-                if *tcp { "DSM_TRANSPORT=tcp " } else { "" },
+                if *tcp {
+                    "DSM_TRANSPORT=tcp "
+                } else {
+                    "DSM_TRANSPORT=rings "
+                },
                 rep + 1
             ),
             Job::VsThreads {
@@ -424,14 +436,21 @@ pub struct ThreadsRow {
     pub nodes: usize,
     pub oversubscribed: bool,
     pub status: String,
-    /// Median of the sequential times timed in every run (both kinds).
+    /// Median of the sequential times timed in every run (every kind).
     pub sequential_s: Option<f64>,
     /// The threaded kernel's time.
     pub threads: Option<Summary>,
-    /// dsm's parallel time (race detection off).
+    /// dsm's parallel time (race detection off, default transport).
     pub dsm: Option<Summary>,
     /// dsm over threads, paired by repetition: the ratio that matters.
     pub ratio: Option<Summary>,
+    /// dsm's parallel time with private page copies moved through shared-memory rings
+    /// (`DSM_TRANSPORT=rings`).
+    #[serde(default)]
+    pub dsm_rings: Option<Summary>,
+    /// dsm over rings over threads, paired by repetition.
+    #[serde(default)]
+    pub ratio_rings: Option<Summary>,
     /// dsm's parallel time with every link over TCP (`DSM_TRANSPORT=tcp`).
     #[serde(default)]
     pub dsm_tcp: Option<Summary>,
@@ -482,6 +501,8 @@ pub struct Report {
     pub dynamic: Vec<DynamicRow>,
     pub breakdown: Vec<BreakdownRow>,
     pub peers: Vec<PeerRow>,
+    /// The primitives over shared-memory rings (`DSM_TRANSPORT=rings`; reports from before
+    /// the common segment measured them with the default transport).
     pub primitives: Primitives,
     /// The same primitives with every link over TCP (`DSM_TRANSPORT=tcp`).
     #[serde(default)]

@@ -115,7 +115,7 @@ pub fn render(r: &Report) -> String {
     );
     let _ = writeln!(
         o,
-        "Runs with N greater than the {} cores are marked \\* (oversubscribed: ranks share cores, so their times measure scheduling as much as dsm). All nodes run on this one machine; they talk through shared memory (dsm's default between ranks on one host) unless a column says TCP (`DSM_TRANSPORT=tcp`, loopback TCP as between hosts). Times are each program's own timing of its parallel part; medians of the repetitions, with min{DASH}max in parentheses.\n",
+        "Runs with N greater than the {} cores are marked \\* (oversubscribed: ranks share cores, so their times measure scheduling as much as dsm). All nodes run on this one machine. With dsm's default transport and race detection off, every rank maps one common segment: no page travels, and only synchronization messages (locks, barriers, semaphores) pass, through shared-memory rings; the *dsm* columns of the dsm-vs-threads table run so. Race detection needs each rank's own copy of the pages, moved by the coherence protocol through shared-memory rings, so the application tables, the breakdown and the speedups run every job, with and without `--race`, that way (`DSM_TRANSPORT=rings`): a slowdown compares the same page protocol with and without the detector. So do the DSM primitives and the columns marked rings. Columns marked TCP (`DSM_TRANSPORT=tcp`) send everything over loopback TCP, as between hosts, each rank with its own copy of the pages. Times are each program's own timing of its parallel part; medians of the repetitions, with min{DASH}max in parentheses.\n",
         m.cores
     );
 
@@ -387,7 +387,7 @@ pub fn render(r: &Report) -> String {
         let tcp_rtt = t.rtt_us.unwrap_or(f64::NAN);
         let _ = writeln!(
             o,
-            "| operation | default transport (us) | in TCP round trips | over TCP (us) | in TCP round trips |\n|---|---|---|---|---|"
+            "| operation | shared-memory rings, `DSM_TRANSPORT=rings` (us) | in TCP round trips | over TCP (us) | in TCP round trips |\n|---|---|---|---|---|"
         );
         let mut row = |name: &str, v: Option<f64>, w: Option<f64>| {
             let _ = writeln!(
@@ -436,7 +436,7 @@ pub fn render(r: &Report) -> String {
         }
         let _ = writeln!(
             o,
-            "\nFrom `dsm-bench --reps {}`, once with the default transport (shared memory between ranks on one host) and once with `DSM_TRANSPORT=tcp` (every link over loopback TCP, as between hosts). Both runs measure the plain loopback TCP round trip between the two ranks' processes, and both columns are given in those round trips; a round trip through a shared-memory ring is printed by `cargo run --release -p dsm-net --example ring_rtt` (on the development VM 4.6-5.5 us at quiet moments, about 48 us when its wake-ups were slow, with loopback TCP at 14-17 and 64-69 us). each figure is the median over {} runs of each run's median (a run disturbed by other load is slow throughout). Over TCP a remote fault costs at least a round trip plus a local fault: with the default transport it is {} of that floor.\n",
+            "\nFrom `dsm-bench --reps {}`, once over shared-memory rings (`DSM_TRANSPORT=rings`: messages through shared-memory rings, each rank its own copy of the pages, moved by the coherence protocol) and once with `DSM_TRANSPORT=tcp` (every link over loopback TCP, as between hosts). Not with the default transport: on one host it maps one common segment, and the remote fault, the write fault and the page hand-off would time no fault at all. Both runs measure the plain loopback TCP round trip between the two ranks' processes, and both columns are given in those round trips; a round trip through a shared-memory ring is printed by `cargo run --release -p dsm-net --example ring_rtt` (on the development VM 4.6-5.5 us at quiet moments, about 48 us when its wake-ups were slow, with loopback TCP at 14-17 and 64-69 us). Each figure is the median over {} runs of each run's median (a run disturbed by other load is slow throughout). Over TCP a remote fault costs at least a round trip plus a local fault: over shared-memory rings it is {} of that floor.\n",
             s.bench_reps,
             p.runs,
             opt(p.remote_fault_vs_floor, |x| format!("{x:.2}x"))
@@ -481,12 +481,12 @@ pub fn render(r: &Report) -> String {
     } else {
         let _ = writeln!(
             o,
-            "| app | input | N | sequential (s) | threads (s) | dsm (s) | dsm / threads | dsm over TCP (s) | TCP / threads | speedup: threads, dsm | status |\n|---|---|---|---|---|---|---|---|---|---|---|"
+            "| app | input | N | sequential (s) | threads (s) | dsm (s) | dsm / threads | dsm, rings (s) | dsm rings / threads | dsm over TCP (s) | TCP / threads | speedup: threads, dsm | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
         for t in &r.threads {
             let _ = writeln!(
                 o,
-                "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {}, {} | {} |",
+                "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}, {} | {} |",
                 t.app,
                 cell(&t.input),
                 nodes(t.nodes, t.oversubscribed),
@@ -494,6 +494,8 @@ pub fn render(r: &Report) -> String {
                 times(t.threads),
                 times(t.dsm),
                 ratio(t.ratio),
+                times(t.dsm_rings),
+                ratio(t.ratio_rings),
                 times(t.dsm_tcp),
                 ratio(t.ratio_tcp),
                 opt(t.threads_speedup, |x| format!("{x:.2}")),
@@ -503,7 +505,7 @@ pub fn render(r: &Report) -> String {
         }
         let _ = writeln!(
             o,
-            "\nScaled inputs, race detection off, measured in the same run with the three kinds alternating ({} each). *threads* is the same kernel split over N plain threads of one process (`--threads N`: rows or planes banded as across dsm's nodes, a barrier between phases, bitwise the sequential result): the limit for N ranks on one host. *dsm* is `dsmrun -n N` with the default transport (ranks on one host exchange pages and messages through shared memory); *dsm over TCP* is the same with `DSM_TRANSPORT=tcp` (every link over loopback TCP, as between hosts). *sequential* is the app's plain optimised sequential code, timed in every run of both kinds. **dsm / threads** is the ratio that matters: the median of the per-repetition ratios, with min{DASH}max.\n",
+            "\nScaled inputs, race detection off, measured in the same run with the four kinds alternating ({} each). *threads* is the same kernel split over N plain threads of one process (`--threads N`: rows or planes banded as across dsm's nodes, a barrier between phases, bitwise the sequential result): the limit for N ranks on one host. *dsm* is `dsmrun -n N` with the default transport: on one host every rank maps one common segment, so no page travels, and only synchronization messages pass, through shared-memory rings. *dsm, rings* is the same with `DSM_TRANSPORT=rings`: each rank its own copy of the pages, moved by the coherence protocol through shared-memory rings. *dsm over TCP* is the same with `DSM_TRANSPORT=tcp`: each rank its own copy of the pages, and every link over loopback TCP, as between hosts. *sequential* is the app's plain optimised sequential code, timed in every run of every kind. **dsm / threads** is the ratio that matters: the median of the per-repetition ratios, with min{DASH}max; the rings and TCP ratios are taken the same way. *speedup* is the sequential time over the threads' and over dsm's with the default transport.\n",
             match r.settings.vs_threads_reps {
                 1 => "1 repetition".to_string(),
                 n => format!("{n} repetitions"),
@@ -577,10 +579,16 @@ pub fn summary(r: &Report) -> String {
         .iter()
         .filter_map(|t| {
             t.ratio.map(|x| {
-                let tcp = t
-                    .ratio_tcp
-                    .map_or(String::new(), |y| format!(" (TCP {:.2}x)", y.median));
-                format!("{} {} {:.2}x{tcp}", t.app, t.input, x.median)
+                let others: Vec<String> = [("rings", t.ratio_rings), ("TCP", t.ratio_tcp)]
+                    .into_iter()
+                    .filter_map(|(name, y)| Some(format!("{name} {:.2}x", y?.median)))
+                    .collect();
+                let others = if others.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", others.join(", "))
+                };
+                format!("{} {} {:.2}x{others}", t.app, t.input, x.median)
             })
         })
         .collect();
@@ -626,17 +634,29 @@ mod tests {
         let r = fixture();
         let md = render(&r);
         assert!(
-            md.contains("| sor | `--size 2048 --iters 50` | 2 | 0.420 | 0.230 (0.220–0.250) | 0.310 (0.290–0.360) | **1.35** (1.20–1.50) | 0.400 (0.380–0.450) | **1.74** (1.60–1.90) | 1.83, 1.35 | ok |"),
+            md.contains("| sor | `--size 2048 --iters 50` | 2 | 0.420 | 0.230 (0.220–0.250) | 0.310 (0.290–0.360) | **1.35** (1.20–1.50) | 0.330 (0.300–0.380) | **1.43** (1.30–1.60) | 0.400 (0.380–0.450) | **1.74** (1.60–1.90) | 1.83, 1.35 | ok |"),
             "{md}"
         );
-        assert!(md
-            .contains("| fft | `--dims 128x128x64` | 2 | – | – | – | – | – | – | –, – | failed |"));
-        assert!(md.contains("(5 repetitions each)"));
+        assert!(md.contains(
+            "| fft | `--dims 128x128x64` | 2 | – | – | – | – | – | – | – | – | –, – | failed |"
+        ));
+        assert!(md.contains(
+            "| dsm / threads | dsm, rings (s) | dsm rings / threads | dsm over TCP (s) |"
+        ));
+        assert!(md.contains("with the four kinds alternating (5 repetitions each)"));
         let s = summary(&r);
         assert!(
-            s.contains("dsm / threads at N = 2: sor --size 2048 --iters 50 1.35x (TCP 1.74x)\n"),
+            s.contains(
+                "dsm / threads at N = 2: sor --size 2048 --iters 50 1.35x (rings 1.43x, TCP 1.74x)\n"
+            ),
             "{s}"
         );
+        // A report from before the rings column: the row renders with dashes there.
+        let mut old = r.clone();
+        old.threads[0].dsm_rings = None;
+        old.threads[0].ratio_rings = None;
+        assert!(render(&old).contains("| **1.35** (1.20–1.50) | – | – | 0.400 (0.380–0.450) |"));
+        assert!(summary(&old).contains(" 1.35x (TCP 1.74x)\n"));
         let mut empty = r.clone();
         empty.threads.clear();
         assert!(render(&empty).contains("## 7. dsm vs threads\n\nNot measured."));
@@ -722,5 +742,11 @@ mod tests {
         for k in ["tool", "app", "slowdown", "peak_rss_mb", "found_race"] {
             assert!(v["peers"][0].get(k).is_some(), "peers[].{k}");
         }
+        // Rows written before the rings column (the fixture's fft row) still load.
+        assert_eq!(
+            (r.threads[1].dsm_rings, r.threads[1].ratio_rings),
+            (None, None)
+        );
+        assert!(v["threads"][0].get("ratio_rings").is_some());
     }
 }

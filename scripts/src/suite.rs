@@ -345,6 +345,35 @@ pub fn app_available(paths: &Paths, app: &str) -> Result<(), String> {
     }
 }
 
+/// The runners of the "dsm vs threads" table, in the order of its first repetition.
+pub const VS_THREADS_RUNNERS: &[Runner] = &[
+    Runner::Threads,
+    Runner::Dsm,
+    Runner::DsmRings,
+    Runner::DsmTcp,
+];
+
+/// `DSM_TRANSPORT` of a dsm-bench run: shared-memory rings, or TCP. Never the default
+/// (`auto`): on one host it maps one common segment, and dsm-bench's remote fault, write
+/// fault and page hand-off would time no fault at all.
+pub fn primitives_transport(tcp: bool) -> &'static str {
+    if tcp {
+        "tcp"
+    } else {
+        "rings"
+    }
+}
+
+/// `DSM_TRANSPORT` of a dsm runner of the "dsm vs threads" table (`None` for threads).
+pub fn runner_transport(runner: Runner) -> Option<&'static str> {
+    match runner {
+        Runner::Threads => None,
+        Runner::Dsm => Some("auto"),
+        Runner::DsmRings => Some("rings"),
+        Runner::DsmTcp => Some("tcp"),
+    }
+}
+
 fn rotate<T: Clone>(v: &[T], by: usize) -> Vec<T> {
     let k = by % v.len().max(1);
     v[k..].iter().chain(&v[..k]).cloned().collect()
@@ -421,14 +450,15 @@ pub fn plan(knobs: &Knobs, apps: &[AppSpec], tools: &Tools, paths: &Paths) -> Ve
             }
         }
     }
-    // dsm against plain threads: the two runners alternate, first one then the other.
+    // dsm against plain threads: the four runners alternate, their order rotating from
+    // one repetition to the next.
     let scaled: Vec<AppSpec> = vs_threads_specs()
         .into_iter()
         .filter(|v| apps.iter().any(|a| a.name == v.name))
         .collect();
     for rep in 0..knobs.vs_threads_reps {
         for v in &scaled {
-            for runner in rotate(&[Runner::Threads, Runner::Dsm, Runner::DsmTcp], rep) {
+            for runner in rotate(VS_THREADS_RUNNERS, rep) {
                 jobs.push(Job::VsThreads {
                     app: v.name.into(),
                     args: v.args.clone(),
@@ -545,6 +575,10 @@ pub fn spec_for(
             if let Some(p) = variant.phases_env() {
                 spec.env.push(("DSM_RACE_PHASES".into(), p.into()));
             }
+            // Race detection keeps each rank's own copy of the pages; the runs without it
+            // do too, so that a slowdown measures the detector, not the common segment the
+            // default would map on one host (the dsm-vs-threads table shows that).
+            spec.env.push((env_vars::TRANSPORT.into(), "rings".into()));
             // Only SOR's rows report dsm's memory; sampling costs a little CPU.
             spec.sample_children = app == "sor" && *nodes == knobs.peer_threads;
             spec
@@ -600,9 +634,10 @@ pub fn spec_for(
                 vec!["--reps".into(), reps.to_string()],
                 Duration::from_secs(600),
             );
-            let transport = if *tcp { "tcp" } else { "auto" };
-            spec.env
-                .push((env_vars::TRANSPORT.into(), transport.into()));
+            spec.env.push((
+                env_vars::TRANSPORT.into(),
+                primitives_transport(*tcp).into(),
+            ));
             spec
         }
         Job::VsThreads {
@@ -624,7 +659,7 @@ pub fn spec_for(
             app,
             args,
             nodes,
-            runner: runner @ (Runner::Dsm | Runner::DsmTcp),
+            runner: runner @ (Runner::Dsm | Runner::DsmRings | Runner::DsmTcp),
             ..
         } => {
             let mut a = vec![
@@ -637,13 +672,10 @@ pub fn spec_for(
             ];
             a.extend(args.iter().cloned());
             let mut spec = Spec::new(&dsmrun, a, Duration::from_secs(knobs.app_timeout_s + 20));
-            let transport = if *runner == Runner::DsmTcp {
-                "tcp"
-            } else {
-                "auto"
-            };
-            spec.env
-                .push((env_vars::TRANSPORT.into(), transport.into()));
+            if let Some(transport) = runner_transport(*runner) {
+                spec.env
+                    .push((env_vars::TRANSPORT.into(), transport.into()));
+            }
             spec
         }
     })
@@ -723,7 +755,9 @@ pub fn interpret(job: &Job, raw: &measure::Raw, scratch: &Path) -> Outcome {
             }
             let times = match runner {
                 Runner::Threads => parse::parse_threads(&raw.stdout),
-                Runner::Dsm | Runner::DsmTcp => parse::parse_verified(&raw.stdout),
+                Runner::Dsm | Runner::DsmRings | Runner::DsmTcp => {
+                    parse::parse_verified(&raw.stdout)
+                }
             };
             match times {
                 Ok(t) => {
@@ -874,6 +908,162 @@ mod tests {
         assert_eq!((n.reps_at(2), n.reps_at(8)), (7, 7));
         assert!(!n.valgrind && Knobs::new(Mode::Full, 2).valgrind);
         assert_eq!((q.vs_threads_nodes, q.vs_threads_reps), (2, 1));
+    }
+
+    fn no_tools() -> Tools {
+        Tools {
+            plain: Err("not built".into()),
+            tsan: Err("not built".into()),
+            valgrind: Err("not run".into()),
+        }
+    }
+
+    fn paths_in(dir: &Path) -> Paths {
+        Paths {
+            repo: dir.into(),
+            out_dir: dir.join("out"),
+            bin_dir: dir.join("bin"),
+            c_dir: dir.join("c"),
+            work: dir.join("work"),
+        }
+    }
+
+    fn transport_of(spec: &Spec) -> Option<&str> {
+        spec.env
+            .iter()
+            .find(|(k, _)| k == env_vars::TRANSPORT)
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn primitives_run_over_rings_or_tcp_never_the_default() {
+        let knobs = Knobs::new(Mode::Quick, 2);
+        let dir = std::env::temp_dir();
+        let paths = paths_in(&dir);
+        let spec = |tcp: bool| {
+            let job = Job::Primitives {
+                reps: 10,
+                rep: 0,
+                tcp,
+            };
+            spec_for(&job, &knobs, &paths, &no_tools(), &dir).unwrap()
+        };
+        let rings = spec(false);
+        assert_eq!(transport_of(&rings), Some("rings"));
+        assert!(
+            rings
+                .display()
+                .starts_with("DSM_TRANSPORT=rings dsm-bench --reps 10"),
+            "{}",
+            rings.display()
+        );
+        assert_eq!(transport_of(&spec(true)), Some("tcp"));
+    }
+
+    #[test]
+    fn app_runs_keep_the_page_protocol_with_and_without_race_detection() {
+        let knobs = Knobs::new(Mode::Quick, 2);
+        let dir = std::env::temp_dir();
+        let paths = paths_in(&dir);
+        for variant in [Variant::Off, Variant::Record, Variant::On] {
+            let job = Job::App {
+                app: "sor".into(),
+                purpose: Purpose::Table,
+                nodes: 2,
+                variant,
+                rep: 0,
+                args: vec![],
+            };
+            let spec = spec_for(&job, &knobs, &paths, &no_tools(), &dir).unwrap();
+            assert_eq!(transport_of(&spec), Some("rings"), "{variant:?}");
+        }
+    }
+
+    #[test]
+    fn each_vs_threads_runner_sets_its_transport() {
+        let knobs = Knobs::new(Mode::Quick, 2);
+        let dir = std::env::temp_dir();
+        let paths = paths_in(&dir);
+        let spec = |runner: Runner| {
+            let job = Job::VsThreads {
+                app: "sor".into(),
+                args: strs(&["--size", "64", "--iters", "2"]),
+                nodes: 2,
+                runner,
+                rep: 0,
+            };
+            spec_for(&job, &knobs, &paths, &no_tools(), &dir).unwrap()
+        };
+        let threads = spec(Runner::Threads);
+        assert_eq!(transport_of(&threads), None);
+        assert!(threads.display().starts_with("sor --threads 2"));
+        for (runner, transport) in [
+            (Runner::Dsm, "auto"),
+            (Runner::DsmRings, "rings"),
+            (Runner::DsmTcp, "tcp"),
+        ] {
+            let s = spec(runner);
+            assert_eq!(transport_of(&s), Some(transport), "{runner:?}");
+            assert!(
+                s.display()
+                    .starts_with(&format!("DSM_TRANSPORT={transport} dsmrun -n 2 ")),
+                "{}",
+                s.display()
+            );
+        }
+    }
+
+    #[test]
+    fn plan_runs_the_four_kinds_and_both_primitives() {
+        let dir = std::env::temp_dir().join(format!("dsm-bench-plan-{}", std::process::id()));
+        let paths = paths_in(&dir);
+        std::fs::create_dir_all(&paths.bin_dir).unwrap();
+        for app in ["sor", "fft", "dsm-bench"] {
+            std::fs::write(paths.bin_dir.join(app), "").unwrap();
+        }
+        let knobs = Knobs::new(Mode::Normal, 2);
+        let jobs = plan(&knobs, &app_specs(Mode::Normal), &no_tools(), &paths);
+        let _ = std::fs::remove_dir_all(&dir);
+        let vs: Vec<(usize, &str, Runner)> = jobs
+            .iter()
+            .filter_map(|j| match j {
+                Job::VsThreads {
+                    args, runner, rep, ..
+                } if args.join(" ") == "--dims 128x128x64" => Some((*rep, "fft", *runner)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(vs.len(), 4 * knobs.vs_threads_reps);
+        let order = |rep: usize| -> Vec<Runner> {
+            vs.iter()
+                .filter(|(r, _, _)| *r == rep)
+                .map(|(_, _, runner)| *runner)
+                .collect()
+        };
+        assert_eq!(order(0), VS_THREADS_RUNNERS);
+        assert_eq!(
+            order(1),
+            [
+                Runner::Dsm,
+                Runner::DsmRings,
+                Runner::DsmTcp,
+                Runner::Threads
+            ]
+        );
+        let all_vs = jobs
+            .iter()
+            .filter(|j| matches!(j, Job::VsThreads { .. }))
+            .count();
+        assert_eq!(all_vs, 3 * 4 * knobs.vs_threads_reps);
+        let prims: Vec<bool> = jobs
+            .iter()
+            .filter_map(|j| match j {
+                Job::Primitives { tcp, .. } => Some(*tcp),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(prims.len(), 2 * knobs.bench_runs);
+        assert_eq!(prims.iter().filter(|t| !**t).count(), knobs.bench_runs);
     }
 
     #[test]
