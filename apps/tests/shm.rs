@@ -100,10 +100,11 @@ fn page_traffic(stats: &std::path::Path, n: usize) -> (u64, u64, u64) {
     )
 }
 
+const WATER: &str = env!("CARGO_BIN_EXE_water");
+const TSP: &str = env!("CARGO_BIN_EXE_tsp");
+
 #[test]
 fn ranks_of_one_host_share_one_segment_and_no_page_travels() {
-    const WATER: &str = env!("CARGO_BIN_EXE_water");
-    const TSP: &str = env!("CARGO_BIN_EXE_tsp");
     // Each of these moves pages under the protocol: SOR's boundary rows at barriers,
     // FFT's transpose, Water's molecules under per-molecule locks, TSP's queue under locks.
     for (n, program, args) in [
@@ -136,6 +137,23 @@ fn ranks_of_one_host_share_one_segment_and_no_page_travels() {
                 run.all_output()
             );
             let (fetched, faults, diffs) = page_traffic(dir.path(), n);
+            let sum = |section: &str, key: &str| -> u64 {
+                (0..n)
+                    .map(|r| dsm_testkit::rank_counter(dir.path(), r, section, key))
+                    .sum()
+            };
+            let (host_locks, protocol_locks) = (
+                sum("common_memory", "host_lock_acquires"),
+                sum("protocol", "lock_acquires"),
+            );
+            if program == WATER || program == TSP {
+                // Their locks are taken in the common memory, or through the protocol.
+                assert_eq!(
+                    (host_locks > 0, protocol_locks > 0),
+                    (common, !common),
+                    "{what}: {host_locks} host locks, {protocol_locks} protocol locks"
+                );
+            }
             if common {
                 assert_eq!(
                     (fetched, faults, diffs),
@@ -330,4 +348,81 @@ fn ranks_share_memory_within_a_host_and_use_tcp_between_hosts() {
         !err0.contains(COMMON_SEGMENT),
         "ranks on two hosts keep their own copies of the pages:\n{err0}"
     );
+}
+
+/// Recording the synchronization order needs the protocol's lock grants, so a recorded run
+/// in a common segment takes its locks through the protocol, and a replay of it works.
+#[test]
+fn a_recorded_run_in_a_common_segment_takes_its_locks_through_the_protocol() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("run.dsmrec");
+    let args = ["--molecules", "64", "--steps", "2"];
+    for mode in ["--record", "--replay"] {
+        let stats = dir.path().join(mode.trim_start_matches('-'));
+        std::fs::create_dir_all(&stats).unwrap();
+        let rec = rec.to_str().unwrap();
+        let mut cmd =
+            dsm_testkit::dsmrun_command(2, &["--timeout", "120", mode, rec], WATER, &args);
+        cmd.env_remove("DSM_TRANSPORT")
+            .env("DSM_LOG", "dsm_core=info")
+            .env("DSM_STATS_FILE", stats.join("rank-%r.json"));
+        let run = dsm_testkit::run(cmd);
+        run.assert_verified(mode);
+        assert!(run.all_output().contains(COMMON_SEGMENT), "{mode}: {run:?}");
+        for r in 0..2 {
+            assert_eq!(
+                dsm_testkit::rank_counter(&stats, r, "common_memory", "host_lock_acquires"),
+                0,
+                "{mode}"
+            );
+        }
+        let protocol: u64 = (0..2)
+            .map(|r| dsm_testkit::rank_counter(&stats, r, "protocol", "lock_acquires"))
+            .sum();
+        assert!(protocol > 0, "{mode}: locks went through the protocol");
+    }
+}
+
+/// A rank that dies holding a lock of the common memory, while the others sleep on it,
+/// stops the job promptly, named as the cause; nobody hangs. Without dsmrun too: the
+/// survivors' comm threads see the connection close and end their processes.
+#[test]
+fn a_rank_dying_with_a_host_lock_stops_the_job() {
+    let t = Instant::now();
+    let mut cmd =
+        dsm_testkit::dsmrun_command(3, &["--timeout", "60"], TEST, &["lock-lost", "--rank", "2"]);
+    cmd.env_remove("DSM_TRANSPORT")
+        .env("DSM_LOG", "dsm_core=info");
+    let run = dsm_testkit::run(cmd);
+    let all = run.all_output();
+    assert_eq!(run.code, Some(1), "{all}");
+    assert!(all.contains(COMMON_SEGMENT), "{all}");
+    assert!(all.contains("rank 2 exited with status 3"), "{all}");
+    assert!(t.elapsed() < Duration::from_secs(30), "{all}");
+
+    let port = free_port();
+    let t = Instant::now();
+    let ranks: Vec<_> = (0..2)
+        .map(|r| {
+            let mut c = Command::new(TEST);
+            c.args(["lock-lost", "--rank", "1"]);
+            dsm_testkit::as_rank(&mut c, r, 2, &format!("127.0.0.1:{port}"), "lock-lost", 20)
+                .env_remove("DSM_TRANSPORT")
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<Output> = ranks
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    assert_eq!(outs[1].status.code(), Some(3));
+    let err = text(&outs[0].stderr);
+    assert_eq!(
+        outs[0].status.code(),
+        Some(dsm_proto::exit_codes::PEER_LOST),
+        "{err}"
+    );
+    assert!(err.contains("lost rank 1"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(30), "{err}");
 }

@@ -1,7 +1,8 @@
 //! Every `unsafe` operation of dsm lives here: mapping the shared segment (one memfd, this
 //! process's own or the job's common one, mapped twice: the app view at a fixed address
 //! whose page protections drive the protocol, and an always-writable runtime view the comm
-//! thread uses), committing a common segment's new pages (`madvise`), `mprotect`, raw element loads and
+//! thread uses), committing a common segment's new pages (`madvise`), the locks of a common
+//! segment (atomics and futexes on a table in the shared file, [`HostLock`]), `mprotect`, raw element loads and
 //! stores through the app view, the SIGSEGV handler with its alternate stack, and the
 //! fault mailbox (socket pair + futex) through which the handler hands a fault to the comm
 //! thread and waits.
@@ -47,6 +48,9 @@ pub(crate) struct Segment {
     runtime_base: usize,
     len: usize,
     memfd: libc::c_int,
+    /// Address of the host lock table (see [`HostLock`]) in a common segment file, 0 for a
+    /// segment of this process's own.
+    host_locks: usize,
 }
 
 // SAFETY-relevant invariant for the Send/Sync impls: the segment only holds addresses and a
@@ -60,6 +64,8 @@ impl Segment {
     /// `common`: the job's common segment file (every rank maps the same one), sized here
     /// to `len` (every rank sizes it alike, so whoever comes last changes nothing); without
     /// it the segment is a memfd of this process's own.
+    /// A common file also holds, after the segment, the table of host locks
+    /// ([`HOST_LOCK_BYTES`]).
     pub(crate) fn map(addr: usize, len: usize, common: Option<OwnedFd>) -> io::Result<Segment> {
         // SAFETY: sysconf has no memory-safety preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
@@ -73,6 +79,12 @@ impl Segment {
                 "segment address and size must be page-aligned",
             ));
         }
+        let is_common = common.is_some();
+        let file_len = if is_common {
+            len + HOST_LOCK_BYTES
+        } else {
+            len
+        };
         let memfd = match common {
             Some(file) => file.into_raw_fd(),
             // SAFETY: the name is a valid NUL-terminated string.
@@ -88,7 +100,7 @@ impl Segment {
             e
         };
         // SAFETY: ftruncate on our own descriptor.
-        if unsafe { libc::ftruncate(memfd, len as libc::off_t) } != 0 {
+        if unsafe { libc::ftruncate(memfd, file_len as libc::off_t) } != 0 {
             return Err(fail(&format!(
                 "cannot size the segment's memfd to {} MiB (use a smaller dsmrun \
                  --segment or DSM_SEGMENT)",
@@ -149,12 +161,90 @@ impl Segment {
                 len >> 20
             )));
         }
+        let host_locks = if is_common {
+            // SAFETY: a fresh shared mapping of the table part of our descriptor (offset
+            // `len`, page-aligned) at a kernel-chosen address.
+            let table = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    HOST_LOCK_BYTES,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    memfd,
+                    len as libc::off_t,
+                )
+            };
+            if table == libc::MAP_FAILED {
+                // SAFETY: unmapping the two views we created above.
+                unsafe {
+                    libc::munmap(app, len);
+                    libc::munmap(runtime, len);
+                }
+                return Err(fail("cannot map the host lock table"));
+            }
+            table as usize
+        } else {
+            0
+        };
         Ok(Segment {
             app_base: addr,
             runtime_base: runtime as usize,
             len,
             memfd,
+            host_locks,
         })
+    }
+
+    /// The host lock of lock `id` (see [`HostLock`]), made on first use by whichever rank
+    /// comes first; `None` without a common segment, or when the table is full (65,536
+    /// distinct locks), in which case every rank finds it full for this id alike and the
+    /// lock goes through the protocol.
+    pub(crate) fn host_lock(&'static self, id: u64) -> Option<HostLock> {
+        if self.host_locks == 0 {
+            return None;
+        }
+        // Fibonacci hashing spreads consecutive ids (one lock per molecule) over the table.
+        let start = (id.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48) as usize;
+        for probe in 0..HOST_LOCK_SLOTS {
+            let index = (start + probe) % HOST_LOCK_SLOTS;
+            // SAFETY: the table mapping is HOST_LOCK_BYTES long, page-aligned, shared and
+            // unmapped only when the segment is dropped, which a `&'static` one never is
+            // (`start` leaks it), so the slot may be borrowed for 'static; `index` is
+            // below HOST_LOCK_SLOTS, so the slot lies inside it, 16-byte aligned. All-zero
+            // bytes are a valid `HostLockSlot` (atomics), and other processes touch these
+            // bytes only through the same atomics.
+            let slot: &'static HostLockSlot =
+                unsafe { &*((self.host_locks as *const HostLockSlot).add(index)) };
+            loop {
+                match slot.tag.load(Ordering::Acquire) {
+                    LOCK_SLOT_READY => {
+                        if slot.key.load(Ordering::Relaxed) == id {
+                            return Some(HostLock { word: &slot.word });
+                        }
+                        break;
+                    }
+                    LOCK_SLOT_EMPTY => {
+                        if slot
+                            .tag
+                            .compare_exchange(
+                                LOCK_SLOT_EMPTY,
+                                LOCK_SLOT_WRITING,
+                                Ordering::Acquire,
+                                Ordering::Relaxed,
+                            )
+                            .is_ok()
+                        {
+                            slot.key.store(id, Ordering::Relaxed);
+                            slot.tag.store(LOCK_SLOT_READY, Ordering::Release);
+                            return Some(HostLock { word: &slot.word });
+                        }
+                    }
+                    // Another rank is writing this slot's key: a few instructions.
+                    _ => std::hint::spin_loop(),
+                }
+            }
+        }
+        None
     }
 
     pub(crate) fn app_base(&self) -> usize {
@@ -281,6 +371,88 @@ impl Segment {
     }
 }
 
+/// Slots of the host lock table: distinct lock ids a common segment serves in memory.
+const HOST_LOCK_SLOTS: usize = 1 << 16;
+
+/// Bytes of the host lock table at the end of a common segment file (1 MiB).
+pub(crate) const HOST_LOCK_BYTES: usize = HOST_LOCK_SLOTS * std::mem::size_of::<HostLockSlot>();
+
+const LOCK_SLOT_EMPTY: u32 = 0;
+const LOCK_SLOT_WRITING: u32 = 1;
+const LOCK_SLOT_READY: u32 = 2;
+
+/// One entry of the host lock table: which lock (`key`, valid once `tag` is ready) and its
+/// mutex word.
+#[repr(C, align(16))]
+struct HostLockSlot {
+    tag: AtomicU32,
+    word: AtomicU32,
+    key: AtomicU64,
+}
+
+/// A lock of a job whose ranks map one common segment, kept in that memory: a futex mutex
+/// shared by the ranks' processes (0 free, 1 held, 2 held with sleepers), as a
+/// process-shared pthread mutex is. Taking a free one is one compare-and-swap, with no
+/// message; a taker polls for the spin budget (yielding its core) and then sleeps on the
+/// futex. Release and acquire orderings on the word order the holder's writes before the
+/// next holder's reads, which is all the memory needs: it is common. Not FIFO, unlike the
+/// protocol's locks. A rank that dies holding one leaves it held; the others then stop
+/// when their comm threads notice the death (the peer-lost status), as for any lost peer.
+#[derive(Clone, Copy)]
+pub(crate) struct HostLock {
+    word: &'static AtomicU32,
+}
+
+impl HostLock {
+    /// Takes the lock, polling for `spin_ns` before sleeping.
+    pub(crate) fn lock(self, spin_ns: u64) {
+        let w = self.word;
+        if w.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            return;
+        }
+        if spin_ns > 0 {
+            let from = monotonic_ns();
+            while monotonic_ns().wrapping_sub(from) < spin_ns {
+                if w.load(Ordering::Relaxed) == 0
+                    && w.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    return;
+                }
+                // SAFETY: sched_yield has no arguments.
+                unsafe { libc::sched_yield() };
+            }
+        }
+        while w.swap(2, Ordering::Acquire) != 0 {
+            futex_shared(w, libc::FUTEX_WAIT, 2);
+        }
+    }
+
+    /// Releases the lock, waking one sleeper if there is one.
+    pub(crate) fn unlock(self) {
+        if self.word.swap(0, Ordering::Release) == 2 {
+            futex_shared(self.word, libc::FUTEX_WAKE, 1);
+        }
+    }
+}
+
+/// FUTEX_WAIT (`val`: the value expected) or FUTEX_WAKE (`val`: how many) on a word that
+/// other processes map too (so not `FUTEX_PRIVATE_FLAG`).
+fn futex_shared(word: &AtomicU32, op: libc::c_int, val: u32) {
+    // SAFETY: a futex operation on a valid, aligned u32 that stays mapped.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            op,
+            val,
+            std::ptr::null::<libc::timespec>(),
+        );
+    }
+}
+
 impl Drop for Segment {
     fn drop(&mut self) {
         // SAFETY: unmapping our two mappings and closing our descriptor. Callers drop the
@@ -288,6 +460,9 @@ impl Drop for Segment {
         unsafe {
             libc::munmap(self.app_base as *mut libc::c_void, self.len);
             libc::munmap(self.runtime_base as *mut libc::c_void, self.len);
+            if self.host_locks != 0 {
+                libc::munmap(self.host_locks as *mut libc::c_void, HOST_LOCK_BYTES);
+            }
             libc::close(self.memfd);
         }
     }
@@ -1096,4 +1271,83 @@ pub(crate) fn adopt_rendezvous(
 pub(crate) fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns and is always safe to call.
     unsafe { libc::_exit(code) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two mappings of one common file, as two ranks have: increments made under a host
+    /// lock from both are never lost, and a lock id means the same slot in both.
+    #[test]
+    fn host_locks_exclude_across_mappings_of_one_file() {
+        // SAFETY: a fresh memfd; the name is a valid C string.
+        let fd = unsafe { libc::memfd_create(c"host-lock-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: fd is ours; dup gives a second descriptor of the same file.
+        let (a, b) = unsafe {
+            (
+                std::os::fd::FromRawFd::from_raw_fd(fd),
+                std::os::fd::FromRawFd::from_raw_fd(libc::dup(fd)),
+            )
+        };
+        let len = PAGE_SIZE;
+        let one: &'static Segment = Box::leak(Box::new(
+            Segment::map(0x5f00_0000_0000, len, Some(a)).unwrap(),
+        ));
+        let two: &'static Segment = Box::leak(Box::new(
+            Segment::map(0x5f10_0000_0000, len, Some(b)).unwrap(),
+        ));
+        // The counter lives in the first page of the file, seen through each runtime view.
+        let counter = |seg: &'static Segment| -> &'static AtomicU64 {
+            // SAFETY: the runtime view is mapped, writable, page-aligned and never unmapped
+            // (the segment is leaked); both mappings show the same file page.
+            unsafe { &*(seg.runtime_base as *const AtomicU64) }
+        };
+        const ROUNDS: u64 = 20_000;
+        let workers: Vec<_> = [one, two]
+            .into_iter()
+            .enumerate()
+            .map(|(k, seg)| {
+                std::thread::spawn(move || {
+                    for i in 0..ROUNDS {
+                        // Lock 7 is the contended one; the others only fill the table.
+                        let _ = seg.host_lock(1000 + 2 * i + k as u64).unwrap();
+                        let lock = seg.host_lock(7).unwrap();
+                        lock.lock(if k == 0 { 0 } else { 20_000 });
+                        // A read-modify-write that is not atomic: only the lock keeps
+                        // increments from being lost.
+                        let c = counter(seg);
+                        let v = c.load(Ordering::Relaxed);
+                        std::hint::spin_loop();
+                        c.store(v + 1, Ordering::Relaxed);
+                        lock.unlock();
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        assert_eq!(counter(one).load(Ordering::Relaxed), 2 * ROUNDS);
+        assert!(std::ptr::eq(
+            one.host_lock(7).unwrap().word.as_ptr(),
+            one.host_lock(7).unwrap().word.as_ptr()
+        ));
+        // Both mappings agree on every id's slot (same index in the table).
+        let index = |seg: &'static Segment, id: u64| {
+            (seg.host_lock(id).unwrap().word.as_ptr() as usize - seg.host_locks) / 16
+        };
+        for id in [7, 1000, 1001, 1000 + 2 * (ROUNDS - 1) + 1, u64::MAX] {
+            assert_eq!(index(one, id), index(two, id), "lock {id}");
+        }
+    }
+
+    #[test]
+    fn a_segment_of_its_own_has_no_host_locks() {
+        let seg: &'static Segment = Box::leak(Box::new(
+            Segment::map(0x5f20_0000_0000, PAGE_SIZE, None).unwrap(),
+        ));
+        assert!(seg.host_lock(1).is_none());
+    }
 }

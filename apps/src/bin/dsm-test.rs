@@ -62,6 +62,13 @@ enum Test {
         #[arg(long, default_value_t = 1)]
         rank: usize,
     },
+    /// Rank `rank` takes lock 1 and exits with status 3 holding it, while the others wait
+    /// for it: the job must stop, naming that rank, not hang (in a common segment the
+    /// waiters sleep on the lock's word in shared memory, not on a message).
+    LockLost {
+        #[arg(long, default_value_t = 1)]
+        rank: usize,
+    },
     /// Rank 1 creates a semaphore with another initial count than the others: the
     /// collective creation must fail loudly.
     SemMismatch,
@@ -185,6 +192,17 @@ fn main() -> anyhow::Result<ExitCode> {
             }
             dsm.wait(&s)?;
             fail("a wait on a semaphore nobody signalled completed");
+        }
+        Test::LockLost { rank } => {
+            if dsm.rank() == rank {
+                let mut held = dsm.lock(1)?;
+                held.barrier()?;
+                eprintln!("rank {rank}: exiting with status 3 holding lock 1");
+                std::process::exit(3);
+            }
+            dsm.barrier()?;
+            let _g = dsm.lock(1)?;
+            fail("a lock whose holder died was taken");
         }
         Test::SemMismatch => {
             let initial = if dsm.rank() == 1 { 2 } else { 1 };

@@ -247,6 +247,12 @@ pub struct Dsm {
     seg: &'static Segment,
     /// Every rank maps the same segment file (see [`can_map_common_segment`]).
     common_memory: bool,
+    /// Locks are taken in the common memory ([`sys::HostLock`]) rather than through the
+    /// protocol: a common segment, and no recording, replay or chaos (which order the
+    /// protocol's lock grants).
+    host_locks: bool,
+    /// Locks taken in the common memory so far.
+    host_lock_acquires: u64,
     comm: Option<Comm>,
     /// Page states as the comm thread sees them, to prefetch only what is missing.
     states: Arc<StateMirror>,
@@ -458,6 +464,8 @@ impl Dsm {
             size: env.size,
             seg,
             common_memory,
+            host_locks: common_memory && !order_on && env.replay.chaos.is_none(),
+            host_lock_acquires: 0,
             comm: Some(comm),
             allocs: Vec::new(),
             next_page: 0,
@@ -895,6 +903,16 @@ impl Dsm {
     }
 
     fn acquire(&mut self, lock: LockId) -> Result<LockGuard<'_>, DsmError> {
+        if let Some(host) = self.host_locks.then(|| self.seg.host_lock(lock)).flatten() {
+            host.lock(crate::spin::budget_ns());
+            self.host_lock_acquires += 1;
+            return Ok(LockGuard {
+                dsm: self,
+                lock,
+                host: Some(host),
+                released: false,
+            });
+        }
         if let Some(c) = self.chaos.as_mut() {
             c.before_acquire();
         }
@@ -907,6 +925,7 @@ impl Dsm {
             Reply::Done => self.after_lock_sync().map(|()| LockGuard {
                 dsm: self,
                 lock,
+                host: None,
                 released: false,
             }),
             other => Err(DsmError::Protocol(format!(
@@ -1124,6 +1143,8 @@ impl Drop for Dsm {
 pub struct LockGuard<'a> {
     dsm: &'a mut Dsm,
     lock: LockId,
+    /// Taken in the common memory rather than through the protocol.
+    host: Option<sys::HostLock>,
     released: bool,
 }
 
@@ -1131,7 +1152,17 @@ impl LockGuard<'_> {
     /// Releases the lock, reporting errors (dropping the guard releases it too).
     pub fn unlock(mut self) -> Result<(), DsmError> {
         self.released = true;
-        self.dsm.release(self.lock)
+        self.release()
+    }
+
+    fn release(&mut self) -> Result<(), DsmError> {
+        match self.host {
+            Some(host) => {
+                host.unlock();
+                Ok(())
+            }
+            None => self.dsm.release(self.lock),
+        }
     }
 
     /// The id of the held lock: the id given to [`Dsm::lock`], or the id a name hashes to
@@ -1157,7 +1188,7 @@ impl DerefMut for LockGuard<'_> {
 impl Drop for LockGuard<'_> {
     fn drop(&mut self) {
         if !self.released && !std::thread::panicking() {
-            if let Err(e) = self.dsm.release(self.lock) {
+            if let Err(e) = self.release() {
                 crate::comm::fatal(&format!("release of lock {} failed: {e}", self.lock));
             }
         }

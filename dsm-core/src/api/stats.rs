@@ -71,6 +71,10 @@ impl Dsm {
                 "slept": crate::spin::waits().1,
                 "frames_followed": crate::spin::FRAMES_FOLLOWED.load(std::sync::atomic::Ordering::Relaxed),
             },
+            "common_memory": {
+                "segment": self.common_memory,
+                "host_lock_acquires": self.host_lock_acquires,
+            },
             "race": race,
         })
     }
