@@ -53,7 +53,7 @@ fn apps_verify_over_shared_memory_and_over_tcp() {
         (2, SOR, &["--size", "256", "--iters", "10"][..]),
         (4, SOR, &["--size", "200", "--iters", "7"][..]),
         (2, FFT, &["--dims", "16x16x8"][..]),
-        (4, TEST, &["counter", "--iters", "40"][..]),
+        (4, TEST, &["counter", "--iters", "2000"][..]),
         (3, TEST, &["handoff", "--rounds", "2"][..]),
     ] {
         for transport in [None, Some("rings"), Some("tcp")] {

@@ -196,16 +196,17 @@ impl Segment {
     }
 
     /// The host lock of lock `id` (see [`HostLock`]), made on first use by whichever rank
-    /// comes first; `None` without a common segment, or when the table is full (65,536
-    /// distinct locks), in which case every rank finds it full for this id alike and the
-    /// lock goes through the protocol.
+    /// comes first; `None` without a common segment, or when the [`HOST_LOCK_PROBES`]
+    /// slots from the id's hash on are all taken by other ids (the table holds 65,536),
+    /// in which case every rank finds them so alike and the lock goes through the
+    /// protocol.
     pub(crate) fn host_lock(&'static self, id: u64) -> Option<HostLock> {
         if self.host_locks == 0 {
             return None;
         }
         // Fibonacci hashing spreads consecutive ids (one lock per molecule) over the table.
         let start = (id.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48) as usize;
-        for probe in 0..HOST_LOCK_SLOTS {
+        for probe in 0..HOST_LOCK_PROBES {
             let index = (start + probe) % HOST_LOCK_SLOTS;
             // SAFETY: the table mapping is HOST_LOCK_BYTES long, page-aligned, shared and
             // unmapped only when the segment is dropped, which a `&'static` one never is
@@ -239,8 +240,12 @@ impl Segment {
                             return Some(HostLock { word: &slot.word });
                         }
                     }
-                    // Another rank is writing this slot's key: a few instructions.
-                    _ => std::hint::spin_loop(),
+                    // Another rank is writing this slot's key: a few instructions,
+                    // unless it lost its core in between.
+                    _ => {
+                        // SAFETY: sched_yield has no arguments.
+                        unsafe { libc::sched_yield() };
+                    }
                 }
             }
         }
@@ -373,6 +378,11 @@ impl Segment {
 
 /// Slots of the host lock table: distinct lock ids a common segment serves in memory.
 const HOST_LOCK_SLOTS: usize = 1 << 16;
+
+/// Slots an id may occupy, from its hash on: an id with no free slot among them goes
+/// through the protocol. Slots are never freed, so every rank reaches the same verdict
+/// for an id, and a nearly full table costs a lookup at most this many loads.
+const HOST_LOCK_PROBES: usize = 64;
 
 /// Bytes of the host lock table at the end of a common segment file (1 MiB).
 pub(crate) const HOST_LOCK_BYTES: usize = HOST_LOCK_SLOTS * std::mem::size_of::<HostLockSlot>();
@@ -1288,7 +1298,11 @@ mod tests {
         let (a, b) = unsafe {
             (
                 std::os::fd::FromRawFd::from_raw_fd(fd),
-                std::os::fd::FromRawFd::from_raw_fd(libc::dup(fd)),
+                std::os::fd::FromRawFd::from_raw_fd({
+                    let copy = libc::dup(fd);
+                    assert!(copy >= 0, "dup failed");
+                    copy
+                }),
             )
         };
         let len = PAGE_SIZE;
@@ -1312,7 +1326,7 @@ mod tests {
                 std::thread::spawn(move || {
                     for i in 0..ROUNDS {
                         // Lock 7 is the contended one; the others only fill the table.
-                        let _ = seg.host_lock(1000 + 2 * i + k as u64).unwrap();
+                        let _ = seg.host_lock(1000 + 2 * (i % 4000) + k as u64).unwrap();
                         let lock = seg.host_lock(7).unwrap();
                         lock.lock(if k == 0 { 0 } else { 20_000 });
                         // A read-modify-write that is not atomic: only the lock keeps
@@ -1338,9 +1352,25 @@ mod tests {
         let index = |seg: &'static Segment, id: u64| {
             (seg.host_lock(id).unwrap().word.as_ptr() as usize - seg.host_locks) / 16
         };
-        for id in [7, 1000, 1001, 1000 + 2 * (ROUNDS - 1) + 1, u64::MAX] {
+        for id in [7, 1000, 1001, 1000 + 2 * 3999 + 1, u64::MAX] {
             assert_eq!(index(one, id), index(two, id), "lock {id}");
         }
+        // Fill the table until an id finds no slot: both mappings then send it through the
+        // protocol, and every id that has a slot keeps it.
+        let mut id = 1 << 40;
+        let refused = loop {
+            id += 1;
+            if one.host_lock(id).is_none() {
+                break id;
+            }
+            assert!(
+                id < (1 << 40) + 2 * HOST_LOCK_SLOTS as u64,
+                "the table never filled"
+            );
+        };
+        assert!(one.host_lock(refused).is_none() && two.host_lock(refused).is_none());
+        assert_eq!(index(one, 7), index(two, 7));
+        assert_eq!(index(two, refused - 1), index(one, refused - 1));
     }
 
     #[test]

@@ -168,7 +168,13 @@ pub(crate) fn colocate(
             let hello: ShmHello = read_frame(stream, MAX_HANDSHAKE).map_err(broke)?;
             let offered = match (&host, &hello.host) {
                 (Some(ours), Some(theirs)) if ours == theirs => {
-                    let file = mesh.segment_file.as_ref().map(|f| f.as_fd());
+                    // Only rank 0's own file is offered (another rank holds the one it
+                    // received, which its higher peers get from rank 0 directly).
+                    let file = mesh
+                        .segment_file
+                        .as_ref()
+                        .filter(|_| me == 0)
+                        .map(|f| f.as_fd());
                     match offer_region(&hello.listen, hello.nonce, ring_bytes(mesh.size), file) {
                         Ok(link) => Some(link),
                         Err(e) => {

@@ -35,6 +35,9 @@ pub struct SegmentProbe {
     /// file, shares memory with every other rank, and its configuration allows it
     /// (`DSM_TRANSPORT=auto`, race detection off).
     pub common_memory: bool,
+    /// Whether this rank could take its locks in a common segment: nothing of its
+    /// configuration orders the protocol's lock grants (recording, replay, chaos).
+    pub host_locks: bool,
 }
 
 /// Rank 0's decision, sent to every rank.
@@ -50,6 +53,9 @@ pub enum SegmentChoice {
         /// Every rank maps rank 0's segment file: one memory for the whole job, no page
         /// ever travels (every probe said it could).
         common_memory: bool,
+        /// With `common_memory`: every rank takes its locks in that memory (every probe
+        /// said it could), so no lock is taken both ways.
+        host_locks: bool,
     },
     /// The job cannot start: the reason names the rank, host, address and the way out.
     Stop {
@@ -101,11 +107,13 @@ pub fn choose(probes: &[SegmentProbe], explicit: bool) -> SegmentChoice {
         )
     });
     let common_memory = probes.len() > 1 && probes.iter().all(|p| p.common_memory);
+    let host_locks = common_memory && probes.iter().all(|p| p.host_locks);
     let Some(problem) = first_problem else {
         return SegmentChoice::Use {
             base: first.bases[0].0,
             moved_because: None,
             common_memory,
+            host_locks,
         };
     };
     if explicit {
@@ -118,6 +126,7 @@ pub fn choose(probes: &[SegmentProbe], explicit: bool) -> SegmentChoice {
             base: first.bases[i].0,
             moved_because: Some(problem),
             common_memory,
+            host_locks,
         },
         None => SegmentChoice::Stop {
             reason: format!(
@@ -151,6 +160,7 @@ mod tests {
                 .map(|(i, &b)| (b, taken.contains(&i).then(|| "File exists".to_string())))
                 .collect(),
             common_memory: true,
+            host_locks: true,
         }
     }
 
@@ -163,6 +173,7 @@ mod tests {
                 base: CANDIDATE_BASES[0],
                 moved_because: None,
                 common_memory: true,
+                host_locks: true,
             }
         );
     }
@@ -177,6 +188,21 @@ mod tests {
                 c,
                 SegmentChoice::Use {
                     common_memory: false,
+                    ..
+                }
+            ),
+            "{c:?}"
+        );
+        // One rank that records (or replays) keeps every rank's locks in the protocol.
+        let mut b = probe("b", &[]);
+        b.host_locks = false;
+        let c = choose(&[probe("a", &[]), b], false);
+        assert!(
+            matches!(
+                c,
+                SegmentChoice::Use {
+                    common_memory: true,
+                    host_locks: false,
                     ..
                 }
             ),

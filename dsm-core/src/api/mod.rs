@@ -187,6 +187,9 @@ fn probe_segment_bases(
     seg_len: usize,
     common_memory: bool,
 ) -> Result<SegmentProbe, DsmError> {
+    // Recording, replay and chaos order the protocol's lock grants.
+    let host_locks =
+        env.replay.record.is_none() && env.replay.replay.is_none() && env.replay.chaos.is_none();
     // Fault injection for tests: a page in the way at the default base on one rank.
     let occupy = std::env::var(dsm_proto::env_vars::TEST_OCCUPY_BASE).ok();
     if occupy.and_then(|r| r.trim().parse::<usize>().ok()) == Some(env.rank) {
@@ -212,6 +215,7 @@ fn probe_segment_bases(
             })
             .collect(),
         common_memory,
+        host_locks,
     })
 }
 
@@ -248,9 +252,12 @@ pub struct Dsm {
     /// Every rank maps the same segment file (see [`can_map_common_segment`]).
     common_memory: bool,
     /// Locks are taken in the common memory ([`sys::HostLock`]) rather than through the
-    /// protocol: a common segment, and no recording, replay or chaos (which order the
-    /// protocol's lock grants).
+    /// protocol: a common segment, and no rank records, replays or runs chaos (which order
+    /// the protocol's lock grants); decided by rank 0 for every rank alike.
     host_locks: bool,
+    /// Host locks this rank holds: taking one again is an error, as the protocol's
+    /// locks say, not a wait for ever.
+    host_locks_held: Vec<LockId>,
     /// Locks taken in the common memory so far.
     host_lock_acquires: u64,
     comm: Option<Comm>,
@@ -357,18 +364,19 @@ impl Dsm {
                 env.connect_timeout,
             )?
         };
-        let (seg_addr, common_memory) = match choice {
+        let (seg_addr, common_memory, host_locks) = match choice {
             SegmentChoice::Use {
                 base,
                 moved_because,
                 common_memory,
+                host_locks,
             } => {
                 if let (Some(why), 0) = (moved_because, env.rank) {
                     tracing::warn!(
                         "{why}; the job maps its shared segment at {base:#x} instead (free on every host)"
                     );
                 }
-                (base as usize, common_memory)
+                (base as usize, common_memory, host_locks)
             }
             SegmentChoice::Stop { reason } => {
                 return Err(DsmError::Segment(std::io::Error::other(reason)))
@@ -464,7 +472,8 @@ impl Dsm {
             size: env.size,
             seg,
             common_memory,
-            host_locks: common_memory && !order_on && env.replay.chaos.is_none(),
+            host_locks,
+            host_locks_held: Vec::new(),
             host_lock_acquires: 0,
             comm: Some(comm),
             allocs: Vec::new(),
@@ -906,7 +915,15 @@ impl Dsm {
 
     fn acquire(&mut self, lock: LockId) -> Result<LockGuard<'_>, DsmError> {
         if let Some(host) = self.host_locks.then(|| self.seg.host_lock(lock)).flatten() {
+            if self.host_locks_held.contains(&lock) {
+                return Err(DsmError::Protocol(format!(
+                    "lock {lock} acquired again by rank {} while already held (locks are \
+                     not recursive)",
+                    self.rank
+                )));
+            }
             host.lock(crate::spin::budget_ns());
+            self.host_locks_held.push(lock);
             self.host_lock_acquires += 1;
             return Ok(LockGuard {
                 dsm: self,
@@ -1160,6 +1177,7 @@ impl LockGuard<'_> {
     fn release(&mut self) -> Result<(), DsmError> {
         match self.host {
             Some(host) => {
+                self.dsm.host_locks_held.retain(|&l| l != self.lock);
                 host.unlock();
                 Ok(())
             }
