@@ -446,9 +446,13 @@ fn kernel_row(
     row
 }
 
-/// The primitives measured over shared-memory rings (`DSM_TRANSPORT=rings`), or with `tcp`
-/// over TCP only.
-pub fn primitives(runs: &[RunRecord], missing: Option<&String>, tcp: bool) -> Primitives {
+/// The primitives measured over one transport: the default (one common segment), shared-
+/// memory rings or TCP.
+pub fn primitives(
+    runs: &[RunRecord],
+    missing: Option<&String>,
+    transport: BenchTransport,
+) -> Primitives {
     if let Some(why) = missing {
         return Primitives {
             status: format!("not run: {why}"),
@@ -457,7 +461,7 @@ pub fn primitives(runs: &[RunRecord], missing: Option<&String>, tcp: bool) -> Pr
     }
     let outs: Vec<&Outcome> = runs
         .iter()
-        .filter(|r| matches!(r.job, Job::Primitives { tcp: t, .. } if t == tcp))
+        .filter(|r| r.job.bench_transport() == Some(transport))
         .map(|r| &r.outcome)
         .collect();
     let figs: Vec<(BenchFigures, &serde_json::Value)> = outs
@@ -894,8 +898,11 @@ pub fn failures(runs: &[RunRecord], command: &dyn Fn(&Job) -> String) -> Vec<Fai
 pub fn analyze(ctx: &Context, runs: Vec<RunRecord>, command: &dyn Fn(&Job) -> String) -> Report {
     let apps = app_rows(ctx, &runs);
     let peers = peer_rows(ctx, &runs);
-    let prim = primitives(&runs, ctx.missing_apps.get("dsm-bench"), false);
-    let prim_tcp = primitives(&runs, ctx.missing_apps.get("dsm-bench"), true);
+    let bench_missing = ctx.missing_apps.get("dsm-bench");
+    let prim = primitives(&runs, bench_missing, BenchTransport::Rings);
+    let prim_tcp = primitives(&runs, bench_missing, BenchTransport::Tcp);
+    // Figures only: no target is judged on the common segment.
+    let prim_common = primitives(&runs, bench_missing, BenchTransport::Common);
     let threads = threads_rows(ctx, &runs);
     let mut targets = targets(ctx, &apps, &peers, &prim);
     targets.extend(speed_targets(&prim, &prim_tcp, &threads));
@@ -935,6 +942,7 @@ pub fn analyze(ctx: &Context, runs: Vec<RunRecord>, command: &dyn Fn(&Job) -> St
         peers,
         primitives: prim,
         primitives_tcp: prim_tcp,
+        primitives_common: prim_common,
         targets,
         not_run,
         notes,
@@ -1241,8 +1249,8 @@ mod tests {
 
     #[test]
     fn primitives_are_medians_over_runs() {
-        let run_on = |tcp: bool, rep: usize, rtt: f64, fault: f64| RunRecord {
-            job: Job::Primitives { reps: 10, rep, tcp },
+        let run_on = |transport, rep: usize, rtt: f64, fault: f64| RunRecord {
+            job: Job::primitives(10, rep, transport),
             outcome: Outcome {
                 ok: true,
                 bench: Some(serde_json::json!({
@@ -1251,16 +1259,18 @@ mod tests {
                 ..Outcome::default()
             },
         };
-        let run = |rep, rtt, fault| run_on(false, rep, rtt, fault);
+        let run = |rep, rtt, fault| run_on(BenchTransport::Rings, rep, rtt, fault);
         let runs = [
+            run_on(BenchTransport::Common, 0, 13.0, 0.02),
             run(0, 10.0, 30.0),
             run(1, 12.0, 90.0),
             run(2, 11.0, 31.0),
-            run_on(true, 0, 20.0, 60.0),
+            run_on(BenchTransport::Tcp, 0, 20.0, 60.0),
+            run_on(BenchTransport::Common, 1, 15.0, 0.04),
         ];
-        let p = primitives(&runs, None, false);
+        let p = primitives(&runs, None, BenchTransport::Rings);
         assert_eq!(p.runs, 3);
-        assert!(runs[0]
+        assert!(runs[1]
             .job
             .describe()
             .starts_with("DSM_TRANSPORT=rings dsm-bench"));
@@ -1268,10 +1278,29 @@ mod tests {
         assert_eq!(p.remote_fault_us, Some(31.0));
         assert_eq!(p.barrier_us.get("2"), Some(&22.0));
         assert!((p.remote_fault_vs_floor.unwrap() - 31.0 / 16.0).abs() < 1e-12);
-        // The TCP runs are figures of their own.
-        let tcp = primitives(&runs, None, true);
+        // The TCP runs and the common segment runs are figures of their own.
+        let tcp = primitives(&runs, None, BenchTransport::Tcp);
         assert_eq!((tcp.runs, tcp.rtt_us), (1, Some(20.0)));
-        assert_eq!(primitives(&[], None, false).status, "not run");
+        let common = primitives(&runs, None, BenchTransport::Common);
+        assert_eq!((common.runs, common.rtt_us), (2, Some(14.0)));
+        assert!((common.remote_fault_us.unwrap() - 0.03).abs() < 1e-12);
+        assert_eq!(
+            primitives(&[], None, BenchTransport::Common).status,
+            "not run"
+        );
+        // analyze() files each transport's runs under its own field, and judges no target
+        // on the common segment.
+        let report = analyze(&ctx(), runs.to_vec(), &|j| j.describe());
+        assert_eq!(report.primitives.runs, 3);
+        assert_eq!(report.primitives_tcp.runs, 1);
+        assert_eq!(report.primitives_common.runs, 2);
+        assert_eq!(report.primitives_common.rtt_us, Some(14.0));
+        assert_eq!(report.primitives.rtt_us, Some(11.0));
+        let mut no_common = runs.to_vec();
+        no_common.retain(|r| r.job.bench_transport() != Some(BenchTransport::Common));
+        let without = analyze(&ctx(), no_common, &|j| j.describe());
+        assert_eq!(without.primitives_common.status, "not run");
+        assert_eq!(without.targets, report.targets);
     }
 
     #[test]

@@ -88,6 +88,38 @@ impl Runner {
     }
 }
 
+/// The transport of a `dsm-bench` run (section 5 of the report).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BenchTransport {
+    /// The default (`DSM_TRANSPORT=auto`): on one host, every rank maps one common
+    /// segment, nothing faults and locks are futex words in shared memory.
+    Common,
+    /// `DSM_TRANSPORT=rings`: messages through shared-memory rings, each rank its own copy
+    /// of the pages, moved by the coherence protocol.
+    Rings,
+    /// `DSM_TRANSPORT=tcp`: every link over loopback TCP, each rank its own copy of the
+    /// pages.
+    Tcp,
+}
+
+impl BenchTransport {
+    /// In the order the suite runs them in each repetition.
+    pub const ALL: [BenchTransport; 3] = [
+        BenchTransport::Common,
+        BenchTransport::Rings,
+        BenchTransport::Tcp,
+    ];
+
+    /// The value of `DSM_TRANSPORT`.
+    pub fn env(self) -> &'static str {
+        match self {
+            BenchTransport::Common => "auto",
+            BenchTransport::Rings => "rings",
+            BenchTransport::Tcp => "tcp",
+        }
+    }
+}
+
 /// One run the suite makes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -117,14 +149,16 @@ pub enum Job {
     },
     /// `dsmrun -n nodes --race race-kernel run kernel`.
     DsmKernel { kernel: String, nodes: usize },
-    /// `dsm-bench --reps reps`, repeated: under `DSM_TRANSPORT=rings`, or with `tcp` under
-    /// `DSM_TRANSPORT=tcp`. Not the default transport: on one host it maps one common
-    /// segment, and the page faults dsm-bench times would not happen.
+    /// `dsm-bench --reps reps`, repeated: under `DSM_TRANSPORT=rings`, with `tcp` under
+    /// `DSM_TRANSPORT=tcp`, or with `common` under the default (`DSM_TRANSPORT=auto`: on
+    /// one host one common segment, where nothing faults). See [`Job::bench_transport`].
     Primitives {
         reps: usize,
         rep: usize,
         #[serde(default)]
         tcp: bool,
+        #[serde(default)]
+        common: bool,
     },
     /// An app on a scaled input, either over N plain threads or on dsm at N nodes (race
     /// detection off), for the "dsm vs threads" table.
@@ -138,6 +172,27 @@ pub enum Job {
 }
 
 impl Job {
+    /// A `dsm-bench` run over `transport`.
+    pub fn primitives(reps: usize, rep: usize, transport: BenchTransport) -> Job {
+        Job::Primitives {
+            reps,
+            rep,
+            tcp: transport == BenchTransport::Tcp,
+            common: transport == BenchTransport::Common,
+        }
+    }
+
+    /// The transport of a `dsm-bench` run (`None` for other jobs): `common` wins over
+    /// `tcp`, which the suite never sets together.
+    pub fn bench_transport(&self) -> Option<BenchTransport> {
+        match self {
+            Job::Primitives { common: true, .. } => Some(BenchTransport::Common),
+            Job::Primitives { tcp: true, .. } => Some(BenchTransport::Tcp),
+            Job::Primitives { .. } => Some(BenchTransport::Rings),
+            _ => None,
+        }
+    }
+
     pub fn describe(&self) -> String {
         match self {
             Job::App {
@@ -173,13 +228,11 @@ impl Job {
             Job::DsmKernel { kernel, nodes } => {
                 format!("race-kernel {kernel} N={nodes} --race")
             }
-            Job::Primitives { reps, rep, tcp } => format!(
-                "{}dsm-bench --reps {reps} (run {})",
-                if *tcp {
-                    "DSM_TRANSPORT=tcp "
-                } else {
-                    "DSM_TRANSPORT=rings "
-                },
+            Job::Primitives { reps, rep, .. } => format!(
+                "DSM_TRANSPORT={} dsm-bench --reps {reps} (run {})",
+                self.bench_transport()
+                    .unwrap_or(BenchTransport::Rings)
+                    .env(),
                 rep + 1
             ),
             Job::VsThreads {
@@ -507,6 +560,11 @@ pub struct Report {
     /// The same primitives with every link over TCP (`DSM_TRANSPORT=tcp`).
     #[serde(default)]
     pub primitives_tcp: Primitives,
+    /// The same primitives with the default transport (`DSM_TRANSPORT=auto`): one common
+    /// segment on this host, so the fault rows time accesses to pages already mapped. No
+    /// target is judged on them.
+    #[serde(default)]
+    pub primitives_common: Primitives,
     pub speedup: Vec<SpeedupRow>,
     /// dsm against plain threads on scaled inputs.
     #[serde(default)]

@@ -21,6 +21,16 @@ fn opt<T>(x: Option<T>, f: impl Fn(T) -> String) -> String {
     x.map_or_else(|| DASH.to_string(), f)
 }
 
+/// A figure of the common segment's primitives, in us: most are hundredths of a microsecond
+/// (dsm-bench rounds to 0.01 us).
+fn common_us(x: f64) -> String {
+    if x >= 10.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
 fn times(s: Option<crate::stats::Summary>) -> String {
     opt(s, |s| {
         if s.n > 1 {
@@ -115,7 +125,7 @@ pub fn render(r: &Report) -> String {
     );
     let _ = writeln!(
         o,
-        "Runs with N greater than the {} cores are marked \\* (oversubscribed: ranks share cores, so their times measure scheduling as much as dsm). All nodes run on this one machine. With dsm's default transport and race detection off, every rank maps one common segment: no page travels, and only synchronization messages (locks, barriers, semaphores) pass, through shared-memory rings; the *dsm* columns of the dsm-vs-threads table run so. Race detection needs each rank's own copy of the pages, moved by the coherence protocol through shared-memory rings, so the application tables, the breakdown and the speedups run every job, with and without `--race`, that way (`DSM_TRANSPORT=rings`): a slowdown compares the same page protocol with and without the detector. So do the DSM primitives and the columns marked rings. Columns marked TCP (`DSM_TRANSPORT=tcp`) send everything over loopback TCP, as between hosts, each rank with its own copy of the pages. Times are each program's own timing of its parallel part; medians of the repetitions, with min{DASH}max in parentheses.\n",
+        "Runs with N greater than the {} cores are marked \\* (oversubscribed: ranks share cores, so their times measure scheduling as much as dsm). All nodes run on this one machine. With dsm's default transport and race detection off, every rank maps one common segment: no page travels, locks are futex words in that shared memory, and only barrier and semaphore messages pass, through shared-memory rings; the *dsm* columns of the dsm-vs-threads table and the first column of the DSM primitives run so. Race detection needs each rank's own copy of the pages, moved by the coherence protocol through shared-memory rings, so the application tables, the breakdown and the speedups run every job, with and without `--race`, that way (`DSM_TRANSPORT=rings`): a slowdown compares the same page protocol with and without the detector. So do the columns marked rings. Columns marked TCP (`DSM_TRANSPORT=tcp`) send everything over loopback TCP, as between hosts, each rank with its own copy of the pages. Times are each program's own timing of its parallel part; medians of the repetitions, with min{DASH}max in parentheses.\n",
         m.cores
     );
 
@@ -379,66 +389,92 @@ pub fn render(r: &Report) -> String {
     // 5. Primitives.
     let _ = writeln!(o, "## 5. DSM primitives\n");
     let p = &r.primitives;
-    if p.rtt_us.is_none() {
+    let t = &r.primitives_tcp;
+    let c = &r.primitives_common;
+    if [p, t, c].iter().all(|x| x.rtt_us.is_none()) {
         let _ = writeln!(o, "{}\n", cell(&p.status));
     } else {
         let rtt = p.rtt_us.unwrap_or(f64::NAN);
-        let t = &r.primitives_tcp;
         let tcp_rtt = t.rtt_us.unwrap_or(f64::NAN);
         let _ = writeln!(
             o,
-            "| operation | shared-memory rings, `DSM_TRANSPORT=rings` (us) | in TCP round trips | over TCP (us) | in TCP round trips |\n|---|---|---|---|---|"
+            "| operation | one common segment, default (us) | shared-memory rings, `DSM_TRANSPORT=rings` (us) | in TCP round trips | over TCP (us) | in TCP round trips |\n|---|---|---|---|---|---|"
         );
-        let mut row = |name: &str, v: Option<f64>, w: Option<f64>| {
-            let _ = writeln!(
-                o,
-                "| {name} | {} | {} | {} | {} |",
-                opt(v, |x| format!("{x:.1}")),
-                opt(v, |x| format!("{:.2}", x / rtt)),
-                opt(w, |x| format!("{x:.1}")),
-                opt(w, |x| format!("{:.2}", x / tcp_rtt))
-            );
-        };
+        // `no_fault`: in the common segment the page is already mapped, and the fault row
+        // times a plain access.
+        let mut row =
+            |name: &str, u: Option<f64>, no_fault: bool, v: Option<f64>, w: Option<f64>| {
+                let _ = writeln!(
+                    o,
+                    "| {name} | {} | {} | {} | {} | {} |",
+                    opt(u, |x| format!(
+                        "{}{}",
+                        common_us(x),
+                        if no_fault { " (no fault)" } else { "" }
+                    )),
+                    opt(v, |x| format!("{x:.1}")),
+                    opt(v, |x| format!("{:.2}", x / rtt)),
+                    opt(w, |x| format!("{x:.1}")),
+                    opt(w, |x| format!("{:.2}", x / tcp_rtt))
+                );
+            };
         row(
             "loopback TCP round trip between two ranks (plain sockets)",
+            c.rtt_us,
+            false,
             p.rtt_us,
             t.rtt_us,
         );
         row(
             "remote page fault (fetch a page from its home)",
+            c.remote_fault_us,
+            true,
             p.remote_fault_us,
             t.remote_fault_us,
         );
         row(
             "local write fault (twin, no message)",
+            c.write_fault_us,
+            true,
             p.write_fault_us,
             t.write_fault_us,
         );
         row(
             "lock acquire (free, remotely managed)",
+            c.lock_acquire_us,
+            false,
             p.lock_acquire_us,
             t.lock_acquire_us,
         );
         row(
             "lock hand-off carrying one page of changes",
+            c.lock_handoff_page_us,
+            false,
             p.lock_handoff_page_us,
             t.lock_handoff_page_us,
         );
         row(
             "lock hand-offs while both nodes poll one lock (mean)",
+            c.lock_handoff_us,
+            false,
             p.lock_handoff_us,
             t.lock_handoff_us,
         );
-        for (n, v) in &p.barrier_us {
+        // Node counts in numeric order, each once, whichever run measured it.
+        let mut counts: Vec<&String> = [p, c, t].iter().flat_map(|x| x.barrier_us.keys()).collect();
+        counts.sort_by_key(|n| (n.parse::<usize>().unwrap_or(usize::MAX), n.as_str()));
+        counts.dedup();
+        for n in counts {
             let over = n.parse::<usize>().is_ok_and(|k| k > m.cores);
             let label = format!("barrier, N = {n}{}", if over { "\\*" } else { "" });
-            row(&label, Some(*v), t.barrier_us.get(n).copied());
+            let at = |x: &Primitives| x.barrier_us.get(n).copied();
+            row(&label, at(c), false, at(p), at(t));
         }
         let _ = writeln!(
             o,
-            "\nFrom `dsm-bench --reps {}`, once over shared-memory rings (`DSM_TRANSPORT=rings`: messages through shared-memory rings, each rank its own copy of the pages, moved by the coherence protocol) and once with `DSM_TRANSPORT=tcp` (every link over loopback TCP, as between hosts). Not with the default transport: on one host it maps one common segment, and the remote fault, the write fault and the page hand-off would time no fault at all. Both runs measure the plain loopback TCP round trip between the two ranks' processes, and both columns are given in those round trips; a round trip through a shared-memory ring is printed by `cargo run --release -p dsm-net --example ring_rtt` (on the development VM 4.6-5.5 us at quiet moments, about 48 us when its wake-ups were slow, with loopback TCP at 14-17 and 64-69 us). Each figure is the median over {} runs of each run's median (a run disturbed by other load is slow throughout). Over TCP a remote fault costs at least a round trip plus a local fault: over shared-memory rings it is {} of that floor.\n",
+            "\nFrom `dsm-bench --reps {}`, run three times in each repetition. First with the default transport (`DSM_TRANSPORT=auto`): every rank on this host maps one common segment, locks are futex words in that shared memory, and no page faults, so the remote fault and local write fault rows time a read and a write of a page that is already mapped, and a lock hand-off moves no page (the changes are already in the segment). Then over shared-memory rings (`DSM_TRANSPORT=rings`: messages through shared-memory rings, each rank its own copy of the pages, moved by the coherence protocol), and with `DSM_TRANSPORT=tcp` (every link over loopback TCP, as between hosts). Every run measures the plain loopback TCP round trip between the two ranks' processes. The rings and TCP columns are also given in the round trips of their own run; the default column in microseconds only. A round trip through a shared-memory ring is printed by `cargo run --release -p dsm-net --example ring_rtt` (on the development VM 4.6-5.5 us at quiet moments, about 48 us when its wake-ups were slow, with loopback TCP at 14-17 and 64-69 us). Each figure is the median over {} runs of each run's median (a run disturbed by other load is slow throughout). Over TCP a remote fault costs at least a round trip plus a local fault: over shared-memory rings it is {} of that floor.\n",
             s.bench_reps,
-            p.runs,
+            p.runs.max(c.runs).max(t.runs),
             opt(p.remote_fault_vs_floor, |x| format!("{x:.2}x"))
         );
     }
@@ -664,6 +700,60 @@ mod tests {
     }
 
     #[test]
+    fn primitives_with_the_common_segment_first() {
+        let mut r = fixture();
+        // The fixture predates the common segment column: dashes there.
+        assert_eq!(r.primitives_common, Primitives::default());
+        let md = render(&r);
+        assert!(
+            md.contains("| operation | one common segment, default (us) | shared-memory rings, `DSM_TRANSPORT=rings` (us) | in TCP round trips | over TCP (us) | in TCP round trips |\n|---|---|---|---|---|---|\n"),
+            "{md}"
+        );
+        assert!(
+            md.contains(
+                "| remote page fault (fetch a page from its home) | – | 47.4 | 1.17 | – | – |"
+            ),
+            "{md}"
+        );
+        assert!(md.contains("| barrier, N = 8\\* | – | 262.4 | 6.46 | – | – |"));
+        assert!(md.contains("run three times in each repetition"));
+        assert!(md.contains("median over 3 runs"));
+        r.primitives_common = Primitives {
+            status: "ok".into(),
+            rtt_us: Some(38.2),
+            remote_fault_us: Some(0.02),
+            write_fault_us: Some(0.01),
+            lock_acquire_us: Some(0.04),
+            lock_handoff_page_us: Some(0.06),
+            barrier_us: [("2".to_string(), 4.5), ("16".to_string(), 30.0)].into(),
+            runs: 3,
+            ..Primitives::default()
+        };
+        let md = render(&r);
+        for line in [
+            "| loopback TCP round trip between two ranks (plain sockets) | 38.2 | 40.6 | 1.00 | – | – |",
+            "| remote page fault (fetch a page from its home) | 0.02 (no fault) | 47.4 | 1.17 | – | – |",
+            "| local write fault (twin, no message) | 0.01 (no fault) | 16.9 | 0.42 | – | – |",
+            "| lock acquire (free, remotely managed) | 0.04 | 31.1 | 0.77 | – | – |",
+            "| lock hand-off carrying one page of changes | 0.06 | – | – | – | – |",
+            "| lock hand-offs while both nodes poll one lock (mean) | – | 79.3 | 1.95 | – | – |",
+            // A count only the common segment run measured still gets its row, in order.
+            "| barrier, N = 2 | 4.50 | 51.1 | 1.26 | – | – |\n| barrier, N = 4\\* | – | 94.4 | 2.33 | – | – |\n| barrier, N = 8\\* | – | 262.4 | 6.46 | – | – |\n| barrier, N = 16\\* | 30.0 | – | – | – | – |\n",
+        ] {
+            assert!(md.contains(line), "missing {line}\n{md}");
+        }
+        // Only the common segment measured: the table still shows.
+        r.primitives = Primitives {
+            status: "failed".into(),
+            ..Primitives::default()
+        };
+        let md = render(&r);
+        assert!(md.contains("| remote page fault (fetch a page from its home) | 0.02 (no fault) | – | – | – | – |"), "{md}");
+        r.primitives_common = Primitives::default();
+        assert!(render(&r).contains("## 5. DSM primitives\n\nfailed\n"));
+    }
+
+    #[test]
     fn machine_and_oversubscription_are_stated() {
         let md = render(&fixture());
         assert!(md.contains("2 cores (nproc), AMD EPYC 7B13 · Linux 6.1.0"));
@@ -742,6 +832,7 @@ mod tests {
         for k in ["tool", "app", "slowdown", "peak_rss_mb", "found_race"] {
             assert!(v["peers"][0].get(k).is_some(), "peers[].{k}");
         }
+        assert!(v["primitives_common"].get("remote_fault_us").is_some());
         // Rows written before the rings column (the fixture's fft row) still load.
         assert_eq!(
             (r.threads[1].dsm_rings, r.threads[1].ratio_rings),

@@ -4,7 +4,7 @@
 //! 2-core machine two measured jobs at once would time each other.
 
 use crate::measure::{self, Spec};
-use crate::model::{Job, Outcome, Purpose, RunRecord, Runner, Settings, Variant};
+use crate::model::{BenchTransport, Job, Outcome, Purpose, RunRecord, Runner, Settings, Variant};
 use crate::parse::{self, Tool};
 use anyhow::{Context, Result};
 use dsm_proto::env_vars;
@@ -353,15 +353,11 @@ pub const VS_THREADS_RUNNERS: &[Runner] = &[
     Runner::DsmTcp,
 ];
 
-/// `DSM_TRANSPORT` of a dsm-bench run: shared-memory rings, or TCP. Never the default
-/// (`auto`): on one host it maps one common segment, and dsm-bench's remote fault, write
-/// fault and page hand-off would time no fault at all.
-pub fn primitives_transport(tcp: bool) -> &'static str {
-    if tcp {
-        "tcp"
-    } else {
-        "rings"
-    }
+/// `DSM_TRANSPORT` of a dsm-bench run: `auto` (the default: on one host one common
+/// segment, where dsm-bench's remote fault, write fault and page hand-off fault nothing),
+/// `rings` or `tcp`.
+pub fn primitives_transport(transport: BenchTransport) -> &'static str {
+    transport.env()
 }
 
 /// `DSM_TRANSPORT` of a dsm runner of the "dsm vs threads" table (`None` for threads).
@@ -489,12 +485,8 @@ pub fn plan(knobs: &Knobs, apps: &[AppSpec], tools: &Tools, paths: &Paths) -> Ve
     }
     if app_available(paths, "dsm-bench").is_ok() {
         for rep in 0..knobs.bench_runs {
-            for tcp in [false, true] {
-                jobs.push(Job::Primitives {
-                    reps: knobs.bench_reps,
-                    rep,
-                    tcp,
-                });
+            for transport in BenchTransport::ALL {
+                jobs.push(Job::primitives(knobs.bench_reps, rep, transport));
             }
         }
     }
@@ -628,15 +620,16 @@ pub fn spec_for(
             vec![kernel.clone(), threads.to_string()],
             120,
         ),
-        Job::Primitives { reps, tcp, .. } => {
+        Job::Primitives { reps, .. } => {
             let mut spec = Spec::new(
                 paths.bin_dir.join("dsm-bench"),
                 vec!["--reps".into(), reps.to_string()],
                 Duration::from_secs(600),
             );
+            let transport = job.bench_transport().unwrap_or(BenchTransport::Rings);
             spec.env.push((
                 env_vars::TRANSPORT.into(),
-                primitives_transport(*tcp).into(),
+                primitives_transport(transport).into(),
             ));
             spec
         }
@@ -936,28 +929,51 @@ mod tests {
     }
 
     #[test]
-    fn primitives_run_over_rings_or_tcp_never_the_default() {
+    fn primitives_run_with_the_default_over_rings_and_over_tcp() {
         let knobs = Knobs::new(Mode::Quick, 2);
         let dir = std::env::temp_dir();
         let paths = paths_in(&dir);
-        let spec = |tcp: bool| {
+        let spec = |tcp: bool, common: bool| {
             let job = Job::Primitives {
                 reps: 10,
                 rep: 0,
                 tcp,
+                common,
             };
             spec_for(&job, &knobs, &paths, &no_tools(), &dir).unwrap()
         };
-        let rings = spec(false);
-        assert_eq!(transport_of(&rings), Some("rings"));
-        assert!(
-            rings
-                .display()
-                .starts_with("DSM_TRANSPORT=rings dsm-bench --reps 10"),
-            "{}",
-            rings.display()
+        for ((tcp, common), transport) in [
+            ((false, false), "rings"),
+            ((true, false), "tcp"),
+            ((false, true), "auto"),
+        ] {
+            let s = spec(tcp, common);
+            assert_eq!(transport_of(&s), Some(transport));
+            assert!(
+                s.display()
+                    .starts_with(&format!("DSM_TRANSPORT={transport} dsm-bench --reps 10")),
+                "{}",
+                s.display()
+            );
+        }
+        let common = Job::primitives(10, 2, BenchTransport::Common);
+        assert_eq!(
+            common,
+            Job::Primitives {
+                reps: 10,
+                rep: 2,
+                tcp: false,
+                common: true
+            }
         );
-        assert_eq!(transport_of(&spec(true)), Some("tcp"));
+        assert_eq!(
+            common.describe(),
+            "DSM_TRANSPORT=auto dsm-bench --reps 10 (run 3)"
+        );
+        // A job recorded before the common segment run still loads, as a rings run.
+        let old: Job =
+            serde_json::from_str(r#"{"kind": "primitives", "reps": 10, "rep": 0}"#).unwrap();
+        assert_eq!(old.bench_transport(), Some(BenchTransport::Rings));
     }
 
     #[test]
@@ -1014,7 +1030,7 @@ mod tests {
     }
 
     #[test]
-    fn plan_runs_the_four_kinds_and_both_primitives() {
+    fn plan_runs_the_four_kinds_and_the_three_primitives() {
         let dir = std::env::temp_dir().join(format!("dsm-bench-plan-{}", std::process::id()));
         let paths = paths_in(&dir);
         std::fs::create_dir_all(&paths.bin_dir).unwrap();
@@ -1055,15 +1071,22 @@ mod tests {
             .filter(|j| matches!(j, Job::VsThreads { .. }))
             .count();
         assert_eq!(all_vs, 3 * 4 * knobs.vs_threads_reps);
-        let prims: Vec<bool> = jobs
+        let prims: Vec<(usize, BenchTransport)> = jobs
             .iter()
             .filter_map(|j| match j {
-                Job::Primitives { tcp, .. } => Some(*tcp),
+                Job::Primitives { rep, .. } => Some((*rep, j.bench_transport()?)),
                 _ => None,
             })
             .collect();
-        assert_eq!(prims.len(), 2 * knobs.bench_runs);
-        assert_eq!(prims.iter().filter(|t| !**t).count(), knobs.bench_runs);
+        assert_eq!(prims.len(), 3 * knobs.bench_runs);
+        for rep in 0..knobs.bench_runs {
+            let ran: Vec<BenchTransport> = prims
+                .iter()
+                .filter(|(r, _)| *r == rep)
+                .map(|(_, t)| *t)
+                .collect();
+            assert_eq!(ran, BenchTransport::ALL, "repetition {rep}");
+        }
     }
 
     #[test]
