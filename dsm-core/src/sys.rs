@@ -174,6 +174,12 @@ impl Segment {
                     len as libc::off_t,
                 )
             };
+            if table != libc::MAP_FAILED {
+                // Every lock's first use would otherwise fault its table page in. Failing
+                // (a kernel before 5.14) only leaves that to the first use.
+                // SAFETY: populating the table mapping we just made changes no byte of it.
+                unsafe { libc::madvise(table, HOST_LOCK_BYTES, libc::MADV_POPULATE_WRITE) };
+            }
             if table == libc::MAP_FAILED {
                 // SAFETY: unmapping the two views we created above.
                 unsafe {
@@ -211,7 +217,7 @@ impl Segment {
             // SAFETY: the table mapping is HOST_LOCK_BYTES long, page-aligned, shared and
             // unmapped only when the segment is dropped, which a `&'static` one never is
             // (`start` leaks it), so the slot may be borrowed for 'static; `index` is
-            // below HOST_LOCK_SLOTS, so the slot lies inside it, 16-byte aligned. All-zero
+            // below HOST_LOCK_SLOTS, so the slot lies inside it, aligned (32-byte slots). All-zero
             // bytes are a valid `HostLockSlot` (atomics), and other processes touch these
             // bytes only through the same atomics.
             let slot: &'static HostLockSlot =
@@ -220,7 +226,7 @@ impl Segment {
                 match slot.tag.load(Ordering::Acquire) {
                     LOCK_SLOT_READY => {
                         if slot.key.load(Ordering::Relaxed) == id {
-                            return Some(HostLock { word: &slot.word });
+                            return Some(HostLock { slot });
                         }
                         break;
                     }
@@ -237,7 +243,7 @@ impl Segment {
                         {
                             slot.key.store(id, Ordering::Relaxed);
                             slot.tag.store(LOCK_SLOT_READY, Ordering::Release);
-                            return Some(HostLock { word: &slot.word });
+                            return Some(HostLock { slot });
                         }
                     }
                     // Another rank is writing this slot's key: a few instructions,
@@ -384,7 +390,7 @@ const HOST_LOCK_SLOTS: usize = 1 << 16;
 /// for an id, and a nearly full table costs a lookup at most this many loads.
 const HOST_LOCK_PROBES: usize = 64;
 
-/// Bytes of the host lock table at the end of a common segment file (1 MiB).
+/// Bytes of the host lock table at the end of a common segment file (2 MiB).
 pub(crate) const HOST_LOCK_BYTES: usize = HOST_LOCK_SLOTS * std::mem::size_of::<HostLockSlot>();
 
 const LOCK_SLOT_EMPTY: u32 = 0;
@@ -392,66 +398,97 @@ const LOCK_SLOT_WRITING: u32 = 1;
 const LOCK_SLOT_READY: u32 = 2;
 
 /// One entry of the host lock table: which lock (`key`, valid once `tag` is ready) and its
-/// mutex word.
-#[repr(C, align(16))]
+/// ticket lock (`next` ticket to hand out, ticket `serving`, `sleepers` on the futex).
+#[repr(C, align(32))]
 struct HostLockSlot {
     tag: AtomicU32,
-    word: AtomicU32,
+    next: AtomicU32,
+    serving: AtomicU32,
+    sleepers: AtomicU32,
     key: AtomicU64,
 }
 
-/// A lock of a job whose ranks map one common segment, kept in that memory: a futex mutex
-/// shared by the ranks' processes (0 free, 1 held, 2 held with sleepers), as a
-/// process-shared pthread mutex is. Taking a free one is one compare-and-swap, with no
-/// message; a taker polls for the spin budget (yielding its core) and then sleeps on the
-/// futex. Release and acquire orderings on the word order the holder's writes before the
-/// next holder's reads, which is all the memory needs: it is common. Not FIFO, unlike the
-/// protocol's locks. A rank that dies holding one leaves it held; the others then stop
-/// when their comm threads notice the death (the peer-lost status), as for any lost peer.
+/// A lock of a job whose ranks map one common segment, kept in that memory: a ticket lock
+/// shared by the ranks' processes. Taking a free one is one atomic add and one load, with
+/// no message; ranks get the lock in the order they asked for it (first come, first
+/// served, as the protocol's locks), so a rank polling a flag under a lock cannot keep
+/// taking it back from a rank waiting for its turn. A waiter polls for the spin budget
+/// (yielding its core), then sleeps on the `serving` word (`FUTEX_WAIT_BITSET` with a bit
+/// of its ticket, so a release wakes only the waiters whose turn may have come). Release
+/// and acquire orderings on `serving` order the holder's writes before the next holder's
+/// reads, which is all the memory needs: it is common. A rank that dies holding one leaves
+/// it held; the others then stop when their comm threads notice the death (the peer-lost
+/// status), as for any lost peer.
 #[derive(Clone, Copy)]
 pub(crate) struct HostLock {
-    word: &'static AtomicU32,
+    slot: &'static HostLockSlot,
 }
 
 impl HostLock {
     /// Takes the lock, polling for `spin_ns` before sleeping.
     pub(crate) fn lock(self, spin_ns: u64) {
-        let w = self.word;
-        if w.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
-        {
+        let s = self.slot;
+        let ticket = s.next.fetch_add(1, Ordering::Relaxed);
+        if s.serving.load(Ordering::Acquire) == ticket {
             return;
         }
         if spin_ns > 0 {
             let from = monotonic_ns();
             while monotonic_ns().wrapping_sub(from) < spin_ns {
-                if w.load(Ordering::Relaxed) == 0
-                    && w.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
-                        .is_ok()
-                {
-                    return;
-                }
                 // SAFETY: sched_yield has no arguments.
                 unsafe { libc::sched_yield() };
+                if s.serving.load(Ordering::Acquire) == ticket {
+                    return;
+                }
             }
         }
-        while w.swap(2, Ordering::Acquire) != 0 {
-            futex_shared(w, libc::FUTEX_WAIT, 2);
+        loop {
+            // Announce the sleep before the last look (both sequentially consistent, as
+            // the release's add and its look at `sleepers`), so a release either sees the
+            // sleeper or happened before that look.
+            s.sleepers.fetch_add(1, Ordering::SeqCst);
+            let seen = s.serving.load(Ordering::SeqCst);
+            if seen != ticket {
+                futex_shared(
+                    &s.serving,
+                    libc::FUTEX_WAIT_BITSET,
+                    seen,
+                    ticket_bit(ticket),
+                );
+            }
+            s.sleepers.fetch_sub(1, Ordering::Relaxed);
+            if s.serving.load(Ordering::Acquire) == ticket {
+                return;
+            }
         }
     }
 
-    /// Releases the lock, waking one sleeper if there is one.
+    /// Releases the lock to the next ticket, waking its holder if it sleeps.
     pub(crate) fn unlock(self) {
-        if self.word.swap(0, Ordering::Release) == 2 {
-            futex_shared(self.word, libc::FUTEX_WAKE, 1);
+        let s = self.slot;
+        let next = s.serving.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
+        if s.sleepers.load(Ordering::SeqCst) > 0 {
+            futex_shared(
+                &s.serving,
+                libc::FUTEX_WAKE_BITSET,
+                i32::MAX as u32,
+                ticket_bit(next),
+            );
         }
     }
 }
 
-/// FUTEX_WAIT (`val`: the value expected) or FUTEX_WAKE (`val`: how many) on a word that
-/// other processes map too (so not `FUTEX_PRIVATE_FLAG`).
-fn futex_shared(word: &AtomicU32, op: libc::c_int, val: u32) {
-    // SAFETY: a futex operation on a valid, aligned u32 that stays mapped.
+/// The futex bitset bit of a ticket: a release wakes the sleepers of one bit, among them
+/// the one whose turn it is.
+fn ticket_bit(ticket: u32) -> u32 {
+    1 << (ticket % 32)
+}
+
+/// FUTEX_WAIT_BITSET (`val`: the value expected) or FUTEX_WAKE_BITSET (`val`: how many) on
+/// a word that other processes map too (so not `FUTEX_PRIVATE_FLAG`).
+fn futex_shared(word: &AtomicU32, op: libc::c_int, val: u32, bitset: u32) {
+    // SAFETY: a futex operation on a valid, aligned u32 that stays mapped; no timeout, no
+    // second word (its argument is unused by these operations).
     unsafe {
         libc::syscall(
             libc::SYS_futex,
@@ -459,6 +496,8 @@ fn futex_shared(word: &AtomicU32, op: libc::c_int, val: u32) {
             op,
             val,
             std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            bitset,
         );
     }
 }
@@ -1345,12 +1384,13 @@ mod tests {
         }
         assert_eq!(counter(one).load(Ordering::Relaxed), 2 * ROUNDS);
         assert!(std::ptr::eq(
-            one.host_lock(7).unwrap().word.as_ptr(),
-            one.host_lock(7).unwrap().word.as_ptr()
+            one.host_lock(7).unwrap().slot,
+            one.host_lock(7).unwrap().slot
         ));
         // Both mappings agree on every id's slot (same index in the table).
         let index = |seg: &'static Segment, id: u64| {
-            (seg.host_lock(id).unwrap().word.as_ptr() as usize - seg.host_locks) / 16
+            (std::ptr::from_ref(seg.host_lock(id).unwrap().slot) as usize - seg.host_locks)
+                / std::mem::size_of::<HostLockSlot>()
         };
         for id in [7, 1000, 1001, 1000 + 2 * 3999 + 1, u64::MAX] {
             assert_eq!(index(one, id), index(two, id), "lock {id}");

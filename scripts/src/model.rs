@@ -92,7 +92,7 @@ impl Runner {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BenchTransport {
     /// The default (`DSM_TRANSPORT=auto`): on one host, every rank maps one common
-    /// segment, nothing faults and locks are futex words in shared memory.
+    /// segment, nothing faults and locks are ticket locks in shared memory.
     Common,
     /// `DSM_TRANSPORT=rings`: messages through shared-memory rings, each rank its own copy
     /// of the pages, moved by the coherence protocol.

@@ -845,7 +845,7 @@ impl Dsm {
     /// Acquires lock `id` (any integer below 2^63), returning a guard that releases it.
     /// Locks are not recursive. Through the protocol (a manager per lock, grants carrying
     /// the writes the acquirer has not seen), or, when every rank maps one common segment,
-    /// in that memory (a futex word shared by the ranks, no message).
+    /// in that memory (a ticket lock shared by the ranks, no message).
     pub fn lock(&mut self, id: u64) -> Result<LockGuard<'_>, DsmError> {
         if id >= 1 << 63 {
             return Err(DsmError::Config(format!(
