@@ -1093,6 +1093,20 @@ mod tests {
         (mesh0, peer.join().unwrap())
     }
 
+    /// Starts `mesh`'s transport on a thread of its own, kept for 30 s, and returns its
+    /// outbox: the sending side of a test whose receiving side it watches.
+    fn sending_side(mesh: Mesh) -> Arc<Outbox> {
+        let (give, take) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            run_local(async move {
+                let t = Transport::start(mesh, Rc::new(|_, _| {}), None).unwrap();
+                give.send(t.outbox()).unwrap();
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            })
+        });
+        take.recv().unwrap()
+    }
+
     type Events = Rc<RefCell<Vec<(usize, String, Instant)>>>;
 
     /// A message of about `len` bytes, numbered `i`.
@@ -1285,15 +1299,7 @@ mod tests {
         });
         let got = |within: Duration| rx.recv_timeout(within).ok();
         let head = |i: usize| format!("Message(Abort {{ reason: \"{i}:");
-        let (give, take) = std::sync::mpsc::channel();
-        let _sender = std::thread::spawn(move || {
-            run_local(async move {
-                let t0 = Transport::start(mesh0, Rc::new(|_, _| {}), None).unwrap();
-                give.send(t0.outbox()).unwrap();
-                tokio::time::sleep(Duration::from_secs(30)).await;
-            })
-        });
-        let outbox = take.recv().unwrap();
+        let outbox = sending_side(mesh0);
         // A normal frame is heard, after which the reader goes back to sleep.
         outbox.send(1, &numbered(0, 10)).unwrap();
         assert!(got(Duration::from_secs(10)).unwrap().starts_with(&head(0)));
@@ -1334,15 +1340,7 @@ mod tests {
     #[test]
     fn the_after_frames_hook_can_take_the_frames_that_follow() {
         let (mesh0, mesh1) = pair();
-        let (give, take) = std::sync::mpsc::channel();
-        let _sender = std::thread::spawn(move || {
-            run_local(async move {
-                let t0 = Transport::start(mesh0, Rc::new(|_, _| {}), None).unwrap();
-                give.send(t0.outbox()).unwrap();
-                tokio::time::sleep(Duration::from_secs(30)).await;
-            })
-        });
-        let outbox = take.recv().unwrap();
+        let outbox = sending_side(mesh0);
         let frames = 200;
         let got = std::thread::spawn(move || {
             let events: Rc<RefCell<Vec<(String, bool)>>> = Rc::default();
