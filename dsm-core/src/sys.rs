@@ -449,7 +449,7 @@ impl HostLock {
             s.sleepers.fetch_add(1, Ordering::SeqCst);
             let seen = s.serving.load(Ordering::SeqCst);
             if seen != ticket {
-                futex_shared(
+                futex(
                     &s.serving,
                     libc::FUTEX_WAIT_BITSET,
                     seen,
@@ -468,7 +468,7 @@ impl HostLock {
         let s = self.slot;
         let next = s.serving.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
         if s.sleepers.load(Ordering::SeqCst) > 0 {
-            futex_shared(
+            futex(
                 &s.serving,
                 libc::FUTEX_WAKE_BITSET,
                 i32::MAX as u32,
@@ -484,11 +484,13 @@ fn ticket_bit(ticket: u32) -> u32 {
     1 << (ticket % 32)
 }
 
-/// FUTEX_WAIT_BITSET (`val`: the value expected) or FUTEX_WAKE_BITSET (`val`: how many) on
-/// a word that other processes map too (so not `FUTEX_PRIVATE_FLAG`).
-fn futex_shared(word: &AtomicU32, op: libc::c_int, val: u32, bitset: u32) {
-    // SAFETY: a futex operation on a valid, aligned u32 that stays mapped; no timeout, no
-    // second word (its argument is unused by these operations).
+/// One futex operation, without timeout: `FUTEX_WAIT[_BITSET]` (`val`: the value
+/// expected) or `FUTEX_WAKE[_BITSET]` (`val`: how many); `bitset` is ignored by the plain
+/// operations. Without `FUTEX_PRIVATE_FLAG` in `op` it works on a word other processes map
+/// too. A raw system call: async-signal-safe.
+fn futex(word: &AtomicU32, op: libc::c_int, val: u32, bitset: u32) {
+    // SAFETY: a futex operation on a valid, aligned u32 that stays mapped for the call;
+    // no timeout, no second word (these operations do not use one).
     unsafe {
         libc::syscall(
             libc::SYS_futex,
@@ -875,28 +877,21 @@ fn monotonic_ns() -> u64 {
 }
 
 fn futex_wait(word: &AtomicU32, expected: u32) {
-    // SAFETY: FUTEX_WAIT on a valid, aligned u32 we own; async-signal-safe raw syscall.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-            expected,
-            std::ptr::null::<libc::timespec>(),
-        );
-    }
+    futex(
+        word,
+        libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+        expected,
+        0,
+    );
 }
 
 fn futex_wake_all(word: &AtomicU32) {
-    // SAFETY: FUTEX_WAKE on a valid, aligned u32.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-            i32::MAX,
-        );
-    }
+    futex(
+        word,
+        libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+        i32::MAX as u32,
+        0,
+    );
 }
 
 fn errno_location() -> *mut libc::c_int {
