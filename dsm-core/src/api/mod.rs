@@ -238,10 +238,16 @@ const POPULATE_MAX_BYTES: u64 = 256 << 20;
 
 /// The host's available memory (`MemAvailable` of `/proc/meminfo`), in bytes.
 fn available_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    Some(proc_kib("/proc/meminfo", "MemAvailable")? * 1024)
+}
+
+/// A `Key:   N kB` line of a `/proc` file (`meminfo`, `self/status`): N.
+fn proc_kib(path: &str, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let line = text
+        .lines()
+        .find(|l| l.strip_prefix(key).is_some_and(|r| r.starts_with(':')))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// A node of the job. Create one per process with [`Dsm::init`].

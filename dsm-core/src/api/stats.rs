@@ -50,13 +50,7 @@ impl Dsm {
                 "incremental_analysis_ms": r.incremental_time.as_secs_f64() * 1e3,
             })
         });
-        let peak_rss_kib = std::fs::read_to_string("/proc/self/status")
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("VmHWM:"))
-                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-            });
+        let peak_rss_kib = super::proc_kib("/proc/self/status", "VmHWM");
         serde_json::json!({
             "rank": self.rank,
             "size": self.size,
