@@ -174,12 +174,6 @@ impl Segment {
                     len as libc::off_t,
                 )
             };
-            if table != libc::MAP_FAILED {
-                // Every lock's first use would otherwise fault its table page in. Failing
-                // (a kernel before 5.14) only leaves that to the first use.
-                // SAFETY: populating the table mapping we just made changes no byte of it.
-                unsafe { libc::madvise(table, HOST_LOCK_BYTES, libc::MADV_POPULATE_WRITE) };
-            }
             if table == libc::MAP_FAILED {
                 // SAFETY: unmapping the two views we created above.
                 unsafe {
@@ -188,6 +182,10 @@ impl Segment {
                 }
                 return Err(fail("cannot map the host lock table"));
             }
+            // Every lock's first use would otherwise fault its table page in. Failing
+            // (a kernel before 5.14) only leaves that to the first use.
+            // SAFETY: populating the table mapping we just made changes no byte of it.
+            unsafe { libc::madvise(table, HOST_LOCK_BYTES, libc::MADV_POPULATE_WRITE) };
             table as usize
         } else {
             0
