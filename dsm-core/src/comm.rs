@@ -418,7 +418,7 @@ impl Shared {
         if !self.rings_only.load(Ordering::Relaxed) {
             return None;
         }
-        crate::spin::poll_for(budget, || self.mailbox.take())
+        self.mailbox.watch(budget)
     }
 
     /// Serves `fault` as the comm thread does when the handler kicks it: the fault, then,

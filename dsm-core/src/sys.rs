@@ -749,6 +749,14 @@ static SEG_END: AtomicUsize = AtomicUsize::new(0);
 /// Write end of the socket pair that wakes the comm thread (-1: no DSM running).
 static FAULT_KICK_FD: AtomicI32 = AtomicI32::new(-1);
 static SLOT_STATE: AtomicU32 = AtomicU32::new(SLOT_IDLE);
+/// Threads asleep (or about to sleep) on [`SLOT_STATE`]'s futex. A change of the state
+/// makes the `futex` wake system call only when there is one: a parked fault normally
+/// polls, and the wake-up would cost the comm thread a system call per fault for nothing.
+static SLOT_SLEEPERS: AtomicU32 = AtomicU32::new(0);
+/// Set while the comm thread polls the slot for the next fault (`FaultMailbox::watch`):
+/// the handler then skips the kick, a system call on the faulting thread's path that would
+/// also wake the comm thread's runtime later for a fault already taken.
+static COMM_WATCHING: AtomicBool = AtomicBool::new(false);
 static SLOT_ADDR: AtomicUsize = AtomicUsize::new(0);
 /// 0 = read, 1 = write, 2 = unknown (architecture does not tell).
 static SLOT_KIND: AtomicU32 = AtomicU32::new(0);
@@ -883,6 +891,23 @@ fn futex_wait(word: &AtomicU32, expected: u32) {
     );
 }
 
+/// Sleeps on the fault slot while it holds `expected`, counted in [`SLOT_SLEEPERS`].
+fn sleep_on_slot(expected: u32) {
+    // SeqCst against `set_slot`: either it sees this sleeper, or the futex sees its new
+    // state and returns at once.
+    SLOT_SLEEPERS.fetch_add(1, Ordering::SeqCst);
+    futex_wait(&SLOT_STATE, expected);
+    SLOT_SLEEPERS.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Moves the fault slot to `state` and wakes its sleepers, if any.
+fn set_slot(state: u32) {
+    SLOT_STATE.store(state, Ordering::SeqCst);
+    if SLOT_SLEEPERS.load(Ordering::SeqCst) > 0 {
+        futex_wake_all(&SLOT_STATE);
+    }
+}
+
 fn futex_wake_all(word: &AtomicU32) {
     futex(
         word,
@@ -991,21 +1016,26 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
     {
         let seen = SLOT_STATE.load(Ordering::Relaxed);
         if seen != SLOT_IDLE {
-            futex_wait(&SLOT_STATE, seen);
+            sleep_on_slot(seen);
         }
     }
     SLOT_ADDR.store(addr, Ordering::Relaxed);
     SLOT_KIND.store(fault_is_write(ctx), Ordering::Relaxed);
-    SLOT_STATE.store(SLOT_PENDING, Ordering::Release);
-    let kick: u8 = 1;
-    // SAFETY: write(2) on a socket is async-signal-safe; the buffer is 1 valid byte.
-    unsafe {
-        libc::write(
-            FAULT_KICK_FD.load(Ordering::Relaxed),
-            (&kick as *const u8).cast(),
-            1,
-        )
-    };
+    // SeqCst against the comm thread's `COMM_WATCHING` clear and re-look
+    // (`FaultMailbox::watch`): either it sees this fault, or this thread sees it is not
+    // watching and kicks it.
+    SLOT_STATE.store(SLOT_PENDING, Ordering::SeqCst);
+    if !COMM_WATCHING.load(Ordering::SeqCst) {
+        let kick: u8 = 1;
+        // SAFETY: write(2) on a socket is async-signal-safe; the buffer is 1 valid byte.
+        unsafe {
+            libc::write(
+                FAULT_KICK_FD.load(Ordering::Relaxed),
+                (&kick as *const u8).cast(),
+                1,
+            )
+        };
+    }
     // A parked fault polls for the process's budget before it sleeps (`crate::spin`).
     let spin_ns = crate::spin::budget_ns();
     let spin_from = if spin_ns > 0 { monotonic_ns() } else { 0 };
@@ -1022,13 +1052,12 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
             continue;
         }
         slept = true;
-        futex_wait(&SLOT_STATE, s);
+        sleep_on_slot(s);
     };
     if polled || slept {
         crate::spin::count_wait(!slept);
     }
-    SLOT_STATE.store(SLOT_IDLE, Ordering::Release);
-    futex_wake_all(&SLOT_STATE);
+    set_slot(SLOT_IDLE);
     if outcome == SLOT_CRASH {
         // Inside the segment but in no allocation: a wild access; crash like one.
         die_by_default_on_return();
@@ -1082,14 +1111,23 @@ impl FaultMailbox {
 
     /// Lets the faulting thread retry its access.
     pub(crate) fn resolve(&self) {
-        SLOT_STATE.store(SLOT_RESOLVED, Ordering::Release);
-        futex_wake_all(&SLOT_STATE);
+        set_slot(SLOT_RESOLVED);
     }
 
     /// Tells the faulting thread its access is a genuine segmentation fault.
     pub(crate) fn crash(&self) {
-        SLOT_STATE.store(SLOT_CRASH, Ordering::Release);
-        futex_wake_all(&SLOT_STATE);
+        set_slot(SLOT_CRASH);
+    }
+
+    /// Polls the slot for the next fault for up to `budget` ([`crate::spin::poll_for`]),
+    /// telling the handler meanwhile that it need not kick: the comm thread is looking.
+    /// The last look comes after the flag is cleared, so a fault whose handler saw the
+    /// flag set is taken here rather than left without a kick.
+    pub(crate) fn watch(&self, budget: std::time::Duration) -> Option<Fault> {
+        COMM_WATCHING.store(true, Ordering::SeqCst);
+        let seen = crate::spin::poll_for(budget, || self.take());
+        COMM_WATCHING.store(false, Ordering::SeqCst);
+        seen.or_else(|| self.take())
     }
 }
 
