@@ -891,6 +891,26 @@ fn futex_wait(word: &AtomicU32, expected: u32) {
     );
 }
 
+/// From the handler, while a read fault's page is being fetched: commits the page at
+/// `offset` in the runtime view (`MADV_POPULATE_WRITE`), so that on a page this rank never
+/// held the kernel's first-touch work overlaps the round trip instead of lengthening the
+/// comm thread's copy into it (3.5 us of a 22 us remote fault, measured). Contents are
+/// unchanged. On a kernel without the advice the copy does the work, as before, so the
+/// result is not checked.
+fn commit_runtime_page(offset: usize) {
+    let page_start = (offset & !(PAGE_SIZE - 1)) + RUNTIME_BASE.load(Ordering::Relaxed);
+    // SAFETY: `offset` lies inside the segment (the handler checked the address), so the
+    // page lies inside the runtime mapping, which is always readable and writable;
+    // madvise is a system call, async-signal-safe, and populating changes no byte.
+    unsafe {
+        libc::madvise(
+            page_start as *mut libc::c_void,
+            PAGE_SIZE,
+            libc::MADV_POPULATE_WRITE,
+        )
+    };
+}
+
 /// Sleeps on the fault slot while it holds `expected`, counted in [`SLOT_SLEEPERS`].
 fn sleep_on_slot(expected: u32) {
     // SeqCst against `set_slot`: either it sees this sleeper, or the futex sees its new
@@ -1040,10 +1060,17 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
     let spin_ns = crate::spin::budget_ns();
     let spin_from = if spin_ns > 0 { monotonic_ns() } else { 0 };
     let (mut polled, mut slept) = (false, false);
+    // A read fault is a fetch of an invalid page (or a wild access): once the comm thread
+    // has taken it, this thread has nothing to do until the page comes.
+    let mut commit_page = fault_is_write(ctx) == 0;
     let outcome = loop {
         let s = SLOT_STATE.load(Ordering::Acquire);
         if s == SLOT_RESOLVED || s == SLOT_CRASH {
             break s;
+        }
+        if s == SLOT_TAKEN && std::mem::take(&mut commit_page) {
+            commit_runtime_page(addr - start);
+            continue;
         }
         if spin_ns > 0 && monotonic_ns().wrapping_sub(spin_from) < spin_ns {
             polled = true;
