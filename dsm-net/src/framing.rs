@@ -151,10 +151,12 @@ mod tests {
         prop_oneof![
             (
                 proptest::collection::vec(any::<u32>(), 0..10),
-                proptest::collection::vec((any::<u32>(), any::<u16>(), any::<u32>()), 0..5)
+                proptest::collection::vec((any::<u32>(), any::<u16>(), any::<u32>()), 0..5),
+                any::<bool>()
             )
-                .prop_map(|(pages, req)| Msg::PageRequest {
+                .prop_map(|(pages, req, lane)| Msg::PageRequest {
                     pages,
+                    lane,
                     required: req
                         .into_iter()
                         .map(|(page, writer, interval)| Requirement {
@@ -164,6 +166,7 @@ mod tests {
                         })
                         .collect()
                 }),
+            any::<u32>().prop_map(|page| Msg::LanePageReply { page }),
             proptest::collection::vec(
                 (any::<u32>(), proptest::collection::vec(any::<u8>(), 0..64)),
                 0..4

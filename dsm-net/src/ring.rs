@@ -33,12 +33,18 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use thiserror::Error;
 
 /// Identifies a dsm shared-memory region and its layout version.
-const MAGIC: u64 = u64::from_le_bytes(*b"dsmring1");
+const MAGIC: u64 = u64::from_le_bytes(*b"dsmring2");
 /// Bytes of the header before the first ring's data: the identification line and one cache
 /// line per ring side.
 const HEADER: usize = 4096;
 /// One cache line, so the writer's and the reader's indices never share one.
 const LINE: usize = 64;
+/// Bytes of each direction's page lane after the rings: a page of control words and the
+/// page of data.
+const LANE_BYTES: usize = 2 * 4096;
+/// Most `(writer, interval)` entries a lane carries with its page; a copy with more goes
+/// through the ring.
+pub const LANE_APPLIED_MAX: usize = 64;
 /// The seals a region carries: its size can never change, so a mapping of it can never
 /// fault with SIGBUS because the other side shrank the file.
 const SEALS: SealFlag = SealFlag::from_bits_truncate(
@@ -101,7 +107,7 @@ impl Region {
             MemFdCreateFlag::MFD_CLOEXEC | MemFdCreateFlag::MFD_ALLOW_SEALING,
         )
         .map_err(io::Error::from)?;
-        let len = HEADER + 2 * ring_bytes;
+        let len = HEADER + 2 * ring_bytes + 2 * LANE_BYTES;
         nix::unistd::ftruncate(&fd, len as i64).map_err(io::Error::from)?;
         fcntl(fd.as_raw_fd(), FcntlArg::F_ADD_SEALS(SEALS)).map_err(io::Error::from)?;
         let region = Region::map(fd, len, ring_bytes)?;
@@ -127,10 +133,11 @@ impl Region {
         let len = nix::sys::stat::fstat(fd.as_raw_fd())
             .map_err(io::Error::from)?
             .st_size as usize;
-        if len < HEADER + 2 * 4096 || !(len - HEADER).is_multiple_of(2) {
+        let fixed = HEADER + 2 * LANE_BYTES;
+        if len < fixed + 2 * 4096 || !(len - fixed).is_multiple_of(2) {
             return Err(RingError::NotARegion(format!("{len} bytes")));
         }
-        let ring_bytes = (len - HEADER) / 2;
+        let ring_bytes = (len - fixed) / 2;
         if !ring_bytes.is_power_of_two() {
             return Err(RingError::NotARegion(format!("{len} bytes")));
         }
@@ -253,6 +260,153 @@ impl Region {
     }
 }
 
+/// What a [`Lane`] holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LaneState {
+    /// Nothing: the home may publish.
+    Empty,
+    /// A page the home published, not yet taken.
+    Full,
+    /// Taken by one thread of the requester, which copies it out and then empties it.
+    Taken,
+}
+
+const LANE_EMPTY: u32 = 0;
+const LANE_FULL: u32 = 1;
+const LANE_TAKEN: u32 = 2;
+
+/// One direction's page lane: a single slot beside the ring in which a home leaves the
+/// page a co-located requester's fault waits for, so the faulting thread can take it
+/// without waiting for its comm thread to read the ring (see dsm-core's fault handler).
+/// The home publishes only into an empty lane; one thread of the requester takes a full
+/// one (compare-and-swap) and empties it after copying. Every access is an atomic or a
+/// copy into or out of the data page by the side the state gives it to.
+pub struct Lane<'a> {
+    region: &'a Region,
+    /// Byte offset of the lane's control page in the region.
+    at: usize,
+}
+
+impl Lane<'_> {
+    fn word(&self, offset: usize) -> &AtomicU64 {
+        assert!(offset.is_multiple_of(8) && offset + 8 <= 4096);
+        // SAFETY: inside the lane's control page of the mapping (checked above, and the
+        // lane lies inside the region by construction), 8-aligned, only ever accessed
+        // atomically; borrowed no longer than the region.
+        unsafe {
+            &*self
+                .region
+                .base
+                .as_ptr()
+                .add(self.at + offset)
+                .cast::<AtomicU64>()
+        }
+    }
+
+    fn state_word(&self) -> &AtomicU32 {
+        // SAFETY: as in `word`, for the 4-byte state at the start of the control page.
+        unsafe { &*self.region.base.as_ptr().add(self.at).cast::<AtomicU32>() }
+    }
+
+    /// What the lane holds now.
+    pub fn state(&self) -> LaneState {
+        match self.state_word().load(Ordering::Acquire) {
+            LANE_EMPTY => LaneState::Empty,
+            LANE_FULL => LaneState::Full,
+            _ => LaneState::Taken,
+        }
+    }
+
+    /// Home side: leaves `page`'s `data` and its `applied` entries in an empty lane,
+    /// noting `after`, the ring position of everything sent before it. Returns false (and
+    /// changes nothing) if the lane is not empty or `applied` does not fit.
+    pub fn publish(&self, page: u64, after: u64, applied: &[u64], data: &[u8]) -> bool {
+        assert_eq!(data.len(), 4096, "a lane carries one page");
+        if applied.len() > LANE_APPLIED_MAX
+            || self.state_word().load(Ordering::Acquire) != LANE_EMPTY
+        {
+            return false;
+        }
+        self.word(8).store(page, Ordering::Relaxed);
+        self.word(16).store(after, Ordering::Relaxed);
+        self.word(24).store(applied.len() as u64, Ordering::Relaxed);
+        for (i, &a) in applied.iter().enumerate() {
+            self.word(64 + 8 * i).store(a, Ordering::Relaxed);
+        }
+        // SAFETY: the data page lies inside the mapping; an empty lane's data belongs to
+        // the home until it stores `FULL` below.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.region.base.as_ptr().add(self.at + 4096),
+                4096,
+            )
+        };
+        self.state_word().store(LANE_FULL, Ordering::Release);
+        true
+    }
+
+    /// Requester side: the page a full lane holds and the ring position the requester
+    /// must have delivered up to before using it.
+    pub fn full(&self) -> Option<(u64, u64)> {
+        (self.state_word().load(Ordering::Acquire) == LANE_FULL).then(|| {
+            (
+                self.word(8).load(Ordering::Relaxed),
+                self.word(16).load(Ordering::Relaxed),
+            )
+        })
+    }
+
+    /// Requester side: takes a full lane for this thread; false if it is not full (empty,
+    /// or another thread took it).
+    pub fn take(&self) -> bool {
+        self.state_word()
+            .compare_exchange(LANE_FULL, LANE_TAKEN, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Requester side, holding the lane ([`Lane::take`]): the page number, its
+    /// `applied` entries (into `out`, returning how many) and its data (into `data`, one
+    /// page).
+    pub fn copy_out(&self, out: &mut [u64; LANE_APPLIED_MAX], data: &mut [u8]) -> (u64, usize) {
+        assert_eq!(data.len(), 4096, "a lane carries one page");
+        let n = (self.word(24).load(Ordering::Relaxed) as usize).min(LANE_APPLIED_MAX);
+        for (i, slot) in out.iter_mut().enumerate().take(n) {
+            *slot = self.word(64 + 8 * i).load(Ordering::Relaxed);
+        }
+        // SAFETY: the data page lies inside the mapping; a taken lane's data belongs to
+        // the taker until it empties the lane.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.region.base.as_ptr().add(self.at + 4096),
+                data.as_mut_ptr(),
+                4096,
+            )
+        };
+        (self.word(8).load(Ordering::Relaxed), n)
+    }
+
+    /// Requester side, holding the lane: gives it back full, for another thread to take.
+    pub fn put_back(&self) {
+        self.state_word().store(LANE_FULL, Ordering::Release);
+    }
+
+    /// Requester side, holding the lane: empties it for the home's next page.
+    pub fn release(&self) {
+        self.state_word().store(LANE_EMPTY, Ordering::Release);
+    }
+}
+
+impl Region {
+    /// The page lane that travels with ring `dir` (written by that ring's writer).
+    pub fn lane(&self, dir: Direction) -> Lane<'_> {
+        Lane {
+            region: self,
+            at: HEADER + 2 * self.ring_bytes + dir as usize * LANE_BYTES,
+        }
+    }
+}
+
 impl Drop for Region {
     fn drop(&mut self) {
         // SAFETY: unmaps exactly the mapping made in `map`; no reference into it outlives
@@ -312,6 +466,16 @@ impl RingWriter {
         // so that the check of `reader_waiting` below cannot be ordered before it.
         side.tail.store(self.tail, Ordering::SeqCst);
         Ok(n)
+    }
+
+    /// The ring position after everything committed so far.
+    pub fn position(&self) -> u64 {
+        self.tail
+    }
+
+    /// The page lane that travels with this ring.
+    pub fn lane(&self) -> Lane<'_> {
+        self.region.lane(self.dir)
     }
 
     /// Whether the reader said it is going to sleep (and so needs its bell rung); clears
@@ -411,6 +575,11 @@ impl RingReader {
             .side(self.dir)
             .reader_waiting
             .store(0, Ordering::SeqCst);
+    }
+
+    /// The ring position after everything read so far.
+    pub fn position(&self) -> u64 {
+        self.head
     }
 
     /// Committed bytes not yet read.
@@ -555,10 +724,57 @@ mod tests {
         let err = Region::open(fd).err().expect("unsealed").to_string();
         assert!(err.contains("sealed"), "{err}");
         let fd = memfd_create(c"x", MemFdCreateFlag::MFD_ALLOW_SEALING).unwrap();
-        nix::unistd::ftruncate(&fd, (HEADER + 8192) as i64).unwrap();
+        nix::unistd::ftruncate(&fd, (HEADER + 8192 + 2 * LANE_BYTES) as i64).unwrap();
         fcntl(fd.as_raw_fd(), FcntlArg::F_ADD_SEALS(SEALS)).unwrap();
         let err = Region::open(fd).err().expect("no magic").to_string();
         assert!(err.contains("magic"), "{err}");
+    }
+
+    #[test]
+    fn a_lane_holds_one_page_at_a_time_for_one_taker() {
+        let region = Region::create(4096, [0; 32]).unwrap();
+        let (home, back) = (
+            region.lane(Direction::Forward),
+            region.lane(Direction::Backward),
+        );
+        let page: Vec<u8> = (0..4096).map(|i| (i * 7) as u8).collect();
+        assert_eq!(home.state(), LaneState::Empty);
+        assert_eq!(home.full(), None);
+        assert!(home.publish(9, 1234, &[5 << 32 | 2, 1 << 32 | 7], &page));
+        assert_eq!(home.full(), Some((9, 1234)));
+        assert_eq!(
+            back.state(),
+            LaneState::Empty,
+            "each direction has its own lane"
+        );
+        assert!(
+            !home.publish(10, 0, &[], &page),
+            "a full lane takes nothing more"
+        );
+        let too_many = vec![0; LANE_APPLIED_MAX + 1];
+        assert!(
+            !back.publish(1, 0, &too_many, &page),
+            "too many entries for a lane"
+        );
+        assert_eq!(back.state(), LaneState::Empty);
+
+        assert!(home.take());
+        assert!(!home.take(), "one taker");
+        assert_eq!(home.state(), LaneState::Taken);
+        home.put_back();
+        assert!(home.take(), "given back, taken again");
+        let mut applied = [0u64; LANE_APPLIED_MAX];
+        let mut data = vec![0u8; 4096];
+        assert_eq!(home.copy_out(&mut applied, &mut data), (9, 2));
+        assert_eq!(&applied[..2], &[5 << 32 | 2, 1 << 32 | 7]);
+        assert_eq!(data, page);
+        assert!(!home.publish(11, 0, &[], &page), "still taken");
+        home.release();
+        assert!(home.publish(11, 0, &[], &page), "empty again");
+
+        // The peer's mapping of the same file sees the same lane.
+        let peer = Region::open(region.fd().try_clone().unwrap()).unwrap();
+        assert_eq!(peer.lane(Direction::Forward).full(), Some((11, 0)));
     }
 
     #[test]

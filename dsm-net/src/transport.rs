@@ -25,7 +25,7 @@
 use crate::bootstrap::Mesh;
 use crate::colocate::ShmLink;
 use crate::framing::{codec, decode, encode, WireError, MAX_FRAME};
-use crate::ring::{register_bell, RingReader, RingWriter};
+use crate::ring::{register_bell, Direction, Lane, Region, RingReader, RingWriter};
 use bytes::Bytes;
 use dsm_proto::liveness::heartbeat_period;
 use dsm_proto::Msg;
@@ -163,6 +163,30 @@ impl Link {
         }
         self.active.store(true, Ordering::Relaxed);
         self.push(q, frame, quiet)
+    }
+
+    /// Sends `frame` after `publish` has left something in the ring's page lane, given the
+    /// lane and the ring position after every frame sent before (they are all in the ring:
+    /// a link with queued frames takes no lane). Returns false, sending nothing, when the
+    /// link has no ring or queued frames, or `publish` declined.
+    fn send_after_lane(
+        &self,
+        frame: Bytes,
+        publish: impl FnOnce(&Lane<'_>, u64) -> bool,
+    ) -> Result<bool, WireError> {
+        let q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if q.closed {
+            return Err(WireError::Closed);
+        }
+        let Some(ring) = q.ring.as_ref().filter(|_| q.frames.is_empty()) else {
+            return Ok(false);
+        };
+        if !publish(&ring.writer.lane(), ring.writer.position()) {
+            return Ok(false);
+        }
+        self.active.store(true, Ordering::Relaxed);
+        self.push(q, frame, false)?;
+        Ok(true)
     }
 
     /// Rings the bell a quiet frame left owed, if the reader sleeps.
@@ -339,6 +363,9 @@ struct RingInbox {
     /// What a poller found wrong, for the reader task to report (the report goes through
     /// the comm thread's handler, which only that thread may call).
     failure: Option<WireError>,
+    /// The ring position after the last frame delivered, for the fault handler's page
+    /// lane (see [`LaneEnd`]).
+    delivered: Arc<AtomicU64>,
 }
 
 impl RingInbox {
@@ -353,6 +380,7 @@ impl RingInbox {
             &self.peer_space_bell,
             hearing,
             traffic,
+            &self.delivered,
             deliver,
         ) {
             self.failure = Some(e);
@@ -482,6 +510,7 @@ fn drain_ring(
     peer_space_bell: &OwnedFd,
     hearing: &Hearing,
     traffic: &Traffic,
+    delivered: &AtomicU64,
     deliver: &mut dyn FnMut(Msg),
 ) -> Result<usize, WireError> {
     let mut moved = 0;
@@ -517,6 +546,8 @@ fn drain_ring(
                 Msg::Heartbeat => {}
                 msg => deliver(msg),
             }
+            let unread = (buf.len() - at) as u64;
+            delivered.store(reader.position() - unread, Ordering::Release);
         }
         buf.drain(..at);
     }
@@ -656,6 +687,25 @@ pub struct Outbox {
     hearing: Arc<[Hearing]>,
     /// Some link may owe its reader a bell ([`Outbox::send_quiet`]).
     bells_owed: AtomicBool,
+    /// The page lanes from co-located peers to this node.
+    lanes: Vec<LaneEnd>,
+}
+
+/// The receiving side of a co-located peer's page lane (see [`crate::ring::Lane`]): the
+/// region, the direction whose lane carries pages to this node, and the ring position
+/// after the last frame this node delivered from that peer. A page in the lane may be
+/// used once that position has reached the lane's `after`: everything the peer sent
+/// before it has then been taken in.
+#[derive(Clone)]
+pub struct LaneEnd {
+    /// The peer that publishes into the lane.
+    pub peer: usize,
+    /// The shared region holding it.
+    pub region: Arc<Region>,
+    /// The direction of the peer's frames (and its lane) towards this node.
+    pub dir: Direction,
+    /// Ring position after the last frame delivered from the peer.
+    pub delivered: Arc<AtomicU64>,
 }
 
 impl Outbox {
@@ -667,6 +717,44 @@ impl Outbox {
     /// The peers this node reaches through shared memory (the others over TCP).
     pub fn shm_peers(&self) -> &[usize] {
         &self.shm_peers
+    }
+
+    /// The page lanes from co-located peers to this node.
+    pub fn lanes(&self) -> &[LaneEnd] {
+        &self.lanes
+    }
+
+    /// Sends `msg` to the co-located peer `to` after leaving `page`'s `data` and `applied`
+    /// entries in the page lane towards it (see [`crate::ring::Lane::publish`]). Returns
+    /// false, sending nothing, when the lane cannot take it now (no ring to `to`, frames
+    /// queued on the link, the lane still full, too many entries); the caller then sends
+    /// the page in a frame.
+    pub fn send_through_lane(
+        &self,
+        to: usize,
+        msg: &Msg,
+        page: u64,
+        applied: &[u64],
+        data: &[u8],
+    ) -> Result<bool, WireError> {
+        let frame = frame(msg)?;
+        let len = frame.len() - 4;
+        let link = self
+            .links
+            .get(to)
+            .and_then(|o| o.as_ref())
+            .ok_or(WireError::Closed)?;
+        if self.bells_owed.load(Ordering::Acquire) {
+            self.ring_owed_bells_except(to);
+        }
+        let sent = link.send_after_lane(frame, |lane, after| {
+            lane.publish(page, after, applied, data)
+        })?;
+        if sent {
+            bump(&self.traffic.messages_sent, 1);
+            bump(&self.traffic.bytes_sent, len as u64 + 4);
+        }
+        Ok(sent)
     }
 
     /// Encodes and sends (or queues) `msg` for `to`; returns the encoded size in bytes
@@ -828,6 +916,7 @@ impl Transport {
         let traffic = Arc::new(Traffic::default());
         let mut shm_peers = Vec::new();
         let mut inboxes = Vec::new();
+        let mut lanes = Vec::new();
         let mut outboxes = Vec::with_capacity(mesh.size);
         let mut writers = Vec::new();
         let started = Instant::now();
@@ -849,12 +938,21 @@ impl Transport {
                     writer: RingWriter::new(l.region.clone(), l.send),
                     peer_data_bell: l.peer_data_bell,
                 });
+                let reader = RingReader::new(l.region.clone(), receive);
+                let delivered = Arc::new(AtomicU64::new(reader.position()));
+                lanes.push(LaneEnd {
+                    peer,
+                    region: l.region.clone(),
+                    dir: receive,
+                    delivered: delivered.clone(),
+                });
                 let inbox = Arc::new(Mutex::new(RingInbox {
-                    reader: RingReader::new(l.region.clone(), receive),
+                    reader,
                     buf: Vec::new(),
                     peer_space_bell: l.peer_space_bell,
                     own_data_bell: l.our_data_bell.try_clone()?,
                     failure: None,
+                    delivered,
                 }));
                 inboxes.push((peer, inbox.clone()));
                 ring_ends = Some((
@@ -955,6 +1053,7 @@ impl Transport {
             inboxes,
             hearing: hearing.clone(),
             bells_owed: AtomicBool::new(false),
+            lanes,
         });
         let keep_alive = liveness.filter(|_| mesh.size > 1).map(|deadline| {
             tokio::task::spawn_local(keep_alive(outbox.clone(), hearing, deadline, handler))
@@ -1164,6 +1263,70 @@ mod tests {
             assert!(got[i].len() > len, "event {i} was cut short");
         }
         assert_eq!(got.last().unwrap(), "Closed");
+    }
+
+    #[test]
+    fn a_page_in_the_lane_is_announced_by_the_frame_right_after_it() {
+        let (mesh0, mesh1) = pair();
+        let out0 = sending_side(mesh0);
+        let page: Vec<u8> = (0..4096).map(|i| (i % 251) as u8).collect();
+        // What rank 1 saw in the lane each time a frame announced a page there: the page
+        // and position the lane held, and the position delivered so far (where the
+        // announcing frame starts).
+        type Seen = Rc<RefCell<Vec<(Option<(u64, u64)>, u64)>>>;
+        let seen: Seen = Rc::default();
+        let lanes: Rc<std::cell::OnceCell<Vec<LaneEnd>>> = Rc::default();
+        let (s, l) = (seen.clone(), lanes.clone());
+        let handler: Handler = Rc::new(move |_, e| {
+            if let PeerEvent::Message(Msg::LanePageReply { .. }) = e {
+                let end = &l.get().expect("lanes")[0];
+                let lane = end.region.lane(end.dir);
+                s.borrow_mut()
+                    .push((lane.full(), end.delivered.load(Ordering::Acquire)));
+                assert!(lane.take());
+                lane.release();
+            }
+        });
+        out0.send(1, &numbered(1, 3000)).unwrap();
+        let note = Msg::LanePageReply { page: 5 };
+        assert!(out0
+            .send_through_lane(1, &note, 5, &[3 << 32 | 4], &page)
+            .unwrap());
+        assert!(
+            !out0.send_through_lane(1, &note, 6, &[], &page).unwrap(),
+            "the lane holds one page until the receiver takes it"
+        );
+        run_local(async {
+            let t1 = Transport::start(mesh1, handler, None).unwrap();
+            assert_eq!(t1.outbox().lanes().len(), 1);
+            assert_eq!(t1.outbox().lanes()[0].peer, 0);
+            let _ = lanes.set(t1.outbox().lanes().to_vec());
+            for _ in 0..2000 {
+                if !seen.borrow().is_empty() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert!(
+                out0.send_through_lane(1, &note, 7, &[], &page).unwrap(),
+                "taken, free"
+            );
+            for _ in 0..2000 {
+                if seen.borrow().len() == 2 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        let seen = seen.borrow();
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        for &(full, delivered) in seen.iter() {
+            let (_, after) = full.expect("the page is in the lane when its frame comes");
+            assert_eq!(after, delivered, "the frame comes right after the page");
+        }
+        assert_eq!(seen[0].0.map(|f| f.0), Some(5));
+        assert_eq!(seen[1].0.map(|f| f.0), Some(7));
+        assert!(seen[0].1 > 3000, "the earlier frame was delivered first");
     }
 
     #[test]

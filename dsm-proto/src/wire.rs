@@ -19,7 +19,7 @@ pub type LockId = u64;
 pub type SemId = u64;
 
 /// Protocol version spoken in the handshake; bump it when any message layout changes.
-pub const PROTOCOL_VERSION: u32 = 11;
+pub const PROTOCOL_VERSION: u32 = 12;
 
 /// A vector timestamp: entry `n` is the index of the latest interval of node `n` that is
 /// known (has been "seen"). Intervals are numbered from 1, so 0 means "nothing seen".
@@ -454,6 +454,11 @@ pub enum Msg {
         /// Diffs the copies must already contain, from write notices the requester has
         /// seen for these pages.
         required: Vec<Requirement>,
+        /// The requester's faulting thread waits for this one page in the page lane of
+        /// the shared-memory link between the two (a co-located requester): the home may
+        /// answer with [`LanePageReply`](Msg::LanePageReply) instead of a
+        /// [`PageReply`](Msg::PageReply).
+        lane: bool,
     },
     /// The home's answer to a [`PageRequest`](Msg::PageRequest).
     ///
@@ -462,6 +467,15 @@ pub enum Msg {
     PageReply {
         /// A copy of every requested page.
         pages: Vec<PageCopy>,
+    },
+    /// A [`PageReply`](Msg::PageReply) whose one page, with its `applied` entries, the
+    /// home left in the page lane of the link just before sending this frame. The
+    /// requester's faulting thread may take the page from the lane as soon as it has
+    /// delivered every frame sent before this one; otherwise its comm thread takes it when
+    /// this frame arrives.
+    LanePageReply {
+        /// The page in the lane.
+        page: PageNo,
     },
     /// Diffs of one interval, sent by the writer to the pages' home at interval end.
     ///
@@ -699,6 +713,7 @@ impl Msg {
         match self {
             Msg::PageRequest { .. } => "page-request",
             Msg::PageReply { .. } => "page-reply",
+            Msg::LanePageReply { .. } => "lane-page-reply",
             Msg::Diffs { .. } => "diffs",
             Msg::LockRequest { .. } => "lock-request",
             Msg::LockForward { .. } => "lock-forward",
