@@ -171,6 +171,43 @@ fn ranks_of_one_host_share_one_segment_and_no_page_travels() {
     }
 }
 
+/// Over rings, a read fault on a co-located home's page takes the page from the link's
+/// lane in the faulting thread itself; with the handler's paths off (`DSM_FAST_FAULTS=0`)
+/// every page comes in a reply. Both verify, and race detection too.
+#[test]
+fn a_faulting_rank_takes_co_located_pages_from_the_lane() {
+    for (fast, race) in [(true, false), (false, false), (true, true)] {
+        let dir = tempfile::tempdir().unwrap();
+        let flags: &[&str] = if race { &["--race"] } else { &[] };
+        let mut cmd =
+            dsm_testkit::dsmrun_command(2, flags, SOR, &["--size", "256", "--iters", "10"]);
+        cmd.env("DSM_TRANSPORT", "rings")
+            .env("DSM_STATS_FILE", dir.path().join("rank-%r.json"));
+        if !fast {
+            cmd.env("DSM_FAST_FAULTS", "0");
+        }
+        let run = dsm_testkit::run(cmd);
+        let what = format!("SOR over rings, fast faults {fast}, race {race}");
+        run.assert_verified(&what);
+        let sum = |key: &str| -> u64 {
+            (0..2)
+                .map(|r| dsm_testkit::rank_counter(dir.path(), r, "protocol", key))
+                .sum()
+        };
+        let (fetched, lane) = (sum("pages_fetched"), sum("lane_pages"));
+        eprintln!("{what}: {fetched} pages fetched, {lane} from the lane by the faulting thread");
+        assert!(lane <= fetched, "{what}");
+        if fast {
+            assert!(
+                lane > 0,
+                "{what}: no page was taken from a lane ({fetched} fetched)"
+            );
+        } else {
+            assert_eq!(lane, 0, "{what}: lanes need the handler's paths");
+        }
+    }
+}
+
 #[test]
 fn a_wrong_transport_name_is_a_clear_error() {
     let out = dsmrun(2, Some("infiniband"), TEST, &["counter"]);

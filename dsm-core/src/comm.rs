@@ -22,10 +22,11 @@
 use crate::engine::Prot;
 use crate::engine::{Command, Engine, Memory, Output, PageState, RaceBatch, Reply};
 use crate::sys::{self, FaultMailbox, Segment};
+use dsm_net::ring::LaneState;
 use dsm_net::{Mesh, Outbox, PeerEvent, Transport, WireError};
 use dsm_proto::exit_codes::PEER_LOST as PEER_LOST_EXIT;
 use dsm_proto::liveness::Silence;
-use dsm_proto::{Msg, NodeId, PageNo, PAGE_SIZE};
+use dsm_proto::{Msg, NodeId, PageCopy, PageNo, PAGE_SIZE};
 use std::collections::TryReserveError;
 use std::io;
 use std::rc::Rc;
@@ -379,9 +380,79 @@ impl Shared {
 
     /// Runs a message from `peer` through the engine, as the comm thread's reader tasks do.
     fn deliver(&self, peer: usize, msg: Msg) {
+        let msg = self.unpack_lane_reply(peer, msg);
         let mut engine = self.engine();
         let outputs = engine.on_peer_message(peer as NodeId, msg);
         self.dispatch(&mut engine, outputs);
+    }
+
+    /// A [`Msg::LanePageReply`] from `peer`, before the engine sees it (called while the
+    /// frame is delivered, without the engine lock). If the page it announces is still in
+    /// the lane (the faulting thread did not take it), takes it out and returns it as the
+    /// [`Msg::PageReply`] it stands for. If the handler is copying it out, waits for that
+    /// (a page copy and an `mprotect`). If the handler took it, returns the frame as it
+    /// is: the engine has taken in, or takes in first, the handler's record. The lane's
+    /// page is this frame's only if it was published right before it (its `after` is
+    /// where this frame starts); a later page in the lane (this frame having come late)
+    /// is not touched. Other messages pass unchanged.
+    fn unpack_lane_reply(&self, peer: usize, msg: Msg) -> Msg {
+        let Msg::LanePageReply { page } = msg else {
+            return msg;
+        };
+        let Some(end) = self
+            .outbox
+            .get()
+            .and_then(|o| o.lanes().iter().find(|l| l.peer == peer))
+        else {
+            return msg;
+        };
+        let lane = end.region.lane(end.dir);
+        let starts_at = end.delivered.load(Ordering::Acquire);
+        let mut deferred = false;
+        loop {
+            match lane.state() {
+                LaneState::Empty => return msg,
+                LaneState::Taken => std::thread::yield_now(),
+                LaneState::Full => {
+                    match lane.full() {
+                        Some((p, after)) if p == u64::from(page) && after == starts_at => {}
+                        Some(_) => return msg,
+                        None => continue,
+                    }
+                    // The faulting thread, polling for this very page, takes it faster
+                    // than this thread can install it and wake it: let it, for a while.
+                    if sys::lane_awaited(peer) && !std::mem::replace(&mut deferred, true) {
+                        let budget = (crate::spin::current() / 4).min(FOLLOW_FAULTS_MAX);
+                        crate::spin::poll_for(budget, || {
+                            (lane.state() != LaneState::Full || !sys::lane_awaited(peer))
+                                .then_some(())
+                        });
+                        continue;
+                    }
+                    if !lane.take() {
+                        continue;
+                    }
+                    let mut applied = [0u64; dsm_net::ring::LANE_APPLIED_MAX];
+                    let mut data = vec![0u8; PAGE_SIZE];
+                    let (got, n) = lane.copy_out(&mut applied, &mut data);
+                    lane.release();
+                    if got != u64::from(page) {
+                        return Msg::LanePageReply { page };
+                    }
+                    let applied = applied[..n]
+                        .iter()
+                        .map(|&a| ((a >> 32) as NodeId, a as u32))
+                        .collect();
+                    return Msg::PageReply {
+                        pages: vec![PageCopy {
+                            page,
+                            data,
+                            applied,
+                        }],
+                    };
+                }
+            }
+        }
     }
 
     /// The comm thread, having sent a fault's fetch: when every peer is reached through
@@ -484,6 +555,54 @@ impl Shared {
         outbox.end_polling(deliver);
     }
 
+    /// Hands `msg` to the transport (part of [`Shared::dispatch`]).
+    fn send(&self, engine: &mut Engine<SegmentMemory>, to: NodeId, msg: Msg) {
+        let notices = race_notice_bytes(&msg);
+        if notices > 0 {
+            self.race_notice_bytes.fetch_add(notices, Ordering::Relaxed);
+        }
+        let Some(outbox) = self.outbox.get() else {
+            return;
+        };
+        if let Msg::PageRequest { lane: true, .. } = msg {
+            // Before the request leaves: the page may be in the lane at once.
+            sys::expect_lane(to as usize);
+        }
+        // Nobody waits for a diff: it goes to the page's home without waking the home's
+        // reader, and the next frame this node sends, or the app thread before it waits
+        // (`Comm::recv`), wakes it. Diffs come only from the app thread's commands, at
+        // interval closes.
+        let sent = if matches!(msg, Msg::Diffs { .. }) {
+            outbox.send_quiet(to as usize, &msg)
+        } else {
+            outbox.send(to as usize, &msg)
+        };
+        if let Err(e) = sent {
+            self.send_failed(engine, to, msg.kind(), e);
+        }
+    }
+
+    /// A send of a `kind` message to `to` failed with `err`.
+    fn send_failed(
+        &self,
+        engine: &mut Engine<SegmentMemory>,
+        to: NodeId,
+        kind: &str,
+        err: WireError,
+    ) {
+        // A closed outbox after shutdown is expected.
+        if self.dying.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some(outbox) = self.outbox.get() else {
+            return;
+        };
+        match send_failure(engine, outbox.rank(), to, kind, err) {
+            SendFailure::Lost(outputs) => self.dispatch(engine, outputs),
+            SendFailure::Fatal(why) => fatal_with(&why, PEER_LOST_EXIT),
+        }
+    }
+
     /// Carries out the engine's outputs; called with the engine lock held (`engine`) so
     /// messages are queued in the order the engine produced them.
     fn dispatch(&self, engine: &mut Engine<SegmentMemory>, outputs: Vec<Output>) {
@@ -492,32 +611,22 @@ impl Shared {
                 return;
             }
             match out {
-                Output::Send { to, msg } => {
-                    let notices = race_notice_bytes(&msg);
-                    if notices > 0 {
-                        self.race_notice_bytes.fetch_add(notices, Ordering::Relaxed);
-                    }
+                Output::Send { to, msg } => self.send(engine, to, msg),
+                Output::LaneReply { to, copy } => {
                     let Some(outbox) = self.outbox.get() else {
                         continue;
                     };
-                    // Nobody waits for a diff: it goes to the page's home without waking
-                    // the home's reader, and the next frame this node sends, or the app
-                    // thread before it waits (`Comm::recv`), wakes it. Diffs come only
-                    // from the app thread's commands, at interval closes.
-                    let sent = if matches!(msg, Msg::Diffs { .. }) {
-                        outbox.send_quiet(to as usize, &msg)
-                    } else {
-                        outbox.send(to as usize, &msg)
-                    };
-                    if let Err(e) = sent {
-                        // A closed outbox after shutdown is expected.
-                        if self.dying.load(Ordering::Relaxed) {
-                            continue;
-                        }
-                        match send_failure(engine, outbox.rank(), to, msg.kind(), e) {
-                            SendFailure::Lost(outputs) => self.dispatch(engine, outputs),
-                            SendFailure::Fatal(why) => fatal_with(&why, PEER_LOST_EXIT),
-                        }
+                    let applied: Vec<u64> = copy
+                        .applied
+                        .iter()
+                        .map(|&(w, i)| (u64::from(w) << 32) | u64::from(i))
+                        .collect();
+                    let note = Msg::LanePageReply { page: copy.page };
+                    let page = u64::from(copy.page);
+                    match outbox.send_through_lane(to as usize, &note, page, &applied, &copy.data) {
+                        Ok(true) => {}
+                        Ok(false) => self.send(engine, to, Msg::PageReply { pages: vec![copy] }),
+                        Err(e) => self.send_failed(engine, to, note.kind(), e),
                     }
                 }
                 Output::PageStates {
@@ -827,6 +936,10 @@ fn comm_main(
             {
                 c.before_lock_message();
             }
+            let ev = match ev {
+                PeerEvent::Message(msg) => PeerEvent::Message(s.unpack_lane_reply(peer, msg)),
+                other => other,
+            };
             let mut engine = s.engine();
             let outputs = match ev {
                 PeerEvent::Message(msg) => engine.on_peer_message(peer as NodeId, msg),
@@ -855,6 +968,11 @@ fn comm_main(
         shared
             .rings_only
             .store(outbox.shm_peers().len() + 1 == size, Ordering::Relaxed);
+        if !outbox.lanes().is_empty() {
+            sys::set_lanes(outbox.lanes(), size);
+            let peers: Vec<NodeId> = outbox.shm_peers().iter().map(|&p| p as NodeId).collect();
+            shared.engine().set_lane_peers(&peers);
+        }
         let _ = shared.outbox.set(outbox);
         if !chaos_on {
             // Chaos mode's delays are the reader tasks'; it leaves runs to them.

@@ -798,6 +798,89 @@ impl Drop for InEngine {
 /// Lets the handler serve write faults on the pages the engine arms in `fast`, or, with
 /// `None`, sends every fault to the comm thread. Set before the engine arms any page (at
 /// `Dsm::init`); a value set earlier in the process is replaced, not freed.
+/// The page lanes from co-located homes, indexed by rank, for the handler: a value from
+/// `Box::into_raw` never given back (a later job in the same process replaces it and
+/// leaks the old one), so a loaded pointer stays valid for the process's life.
+static LANES: AtomicPtr<Vec<Option<dsm_net::transport::LaneEnd>>> =
+    AtomicPtr::new(std::ptr::null_mut());
+/// `home + 1` while the fault in service waits for a page from `home`'s lane; 0 otherwise.
+static LANE_HOME: AtomicU32 = AtomicU32::new(0);
+
+/// Gives the handler the page lanes from this node's co-located peers.
+pub(crate) fn set_lanes(lanes: &[dsm_net::transport::LaneEnd], size: usize) {
+    let mut table: Vec<Option<dsm_net::transport::LaneEnd>> = vec![None; size];
+    for l in lanes {
+        if let Some(slot) = table.get_mut(l.peer) {
+            *slot = Some(l.clone());
+        }
+    }
+    LANES.store(Box::into_raw(Box::new(table)), Ordering::Release);
+}
+
+/// Whether the fault in service waits for a page from `home`'s lane (its thread polls it).
+pub(crate) fn lane_awaited(home: usize) -> bool {
+    LANE_HOME.load(Ordering::Acquire) == home as u32 + 1
+        && SLOT_STATE.load(Ordering::Acquire) == SLOT_TAKEN
+}
+
+/// The comm thread, about to ask `home` for the faulting page through its lane.
+pub(crate) fn expect_lane(home: usize) {
+    LANE_HOME.store(home as u32 + 1, Ordering::Release);
+}
+
+/// From the handler, while its read fault is in service: if the home left the faulting
+/// page in the lane and this node has taken in every frame the home sent before it, takes
+/// the page, copies it into the runtime view, makes it readable in the app view and
+/// records it for the engine (see [`FastFaults::record_fetched`]); returns whether it
+/// did. The engine takes the page in at the start of its next event, before it can
+/// change anything about it; until then the comm thread leaves the page alone (the lane
+/// is taken, and only its frame or this record completes the fetch). Nothing here
+/// allocates, locks or blocks: atomics, two page-sized copies and one `mprotect`.
+fn take_page_from_lane(addr: usize, start: usize) -> bool {
+    let home = LANE_HOME.load(Ordering::Acquire);
+    let (table, fast) = (LANES.load(Ordering::Acquire), FAST.load(Ordering::Acquire));
+    if home == 0 || table.is_null() || fast.is_null() {
+        return false;
+    }
+    // SAFETY: non-null values of LANES and FAST are never freed (see their docs).
+    let (table, fast) = unsafe { (&*table, &*fast) };
+    let Some(Some(end)) = table.get(home as usize - 1) else {
+        return false;
+    };
+    let page = (addr - start) / PAGE_SIZE;
+    let lane = end.region.lane(end.dir);
+    match lane.full() {
+        Some((p, after)) if p == page as u64 && end.delivered.load(Ordering::Acquire) >= after => {}
+        _ => return false,
+    }
+    if !lane.take() {
+        return false;
+    }
+    let mut applied = [0u64; dsm_net::ring::LANE_APPLIED_MAX];
+    let runtime = RUNTIME_BASE.load(Ordering::Relaxed) + page * PAGE_SIZE;
+    // SAFETY: `runtime` is the page's address in the runtime view, mapped for the life of
+    // the process and page-aligned. The page is invalid and its fetch outstanding, so
+    // nothing else touches it: the app view has no access to it, and the comm thread
+    // installs a fetched page only from a reply, which for this page is the lane this
+    // thread now holds.
+    let data = unsafe { std::slice::from_raw_parts_mut(runtime as *mut u8, PAGE_SIZE) };
+    let (_, n) = lane.copy_out(&mut applied, data);
+    let app = start + page * PAGE_SIZE;
+    // SAFETY: one page of our app-view mapping (inside the segment, checked by the
+    // caller); no Rust reference to app-view memory exists.
+    let readable = unsafe { libc::mprotect(app as *mut libc::c_void, PAGE_SIZE, libc::PROT_READ) };
+    if readable != 0 || !fast.record_fetched(home - 1, page as dsm_proto::PageNo, &applied[..n]) {
+        // Left to the comm thread, as if the handler had never looked: the page stays
+        // inaccessible and the lane full (what was copied is the lane's own data).
+        // SAFETY: as above; back to no access, as the engine has it.
+        unsafe { libc::mprotect(app as *mut libc::c_void, PAGE_SIZE, libc::PROT_NONE) };
+        lane.put_back();
+        return false;
+    }
+    lane.release();
+    true
+}
+
 pub(crate) fn set_fast_faults(fast: Option<Arc<FastFaults>>) {
     let ptr = fast.map_or(std::ptr::null_mut(), |f| Arc::into_raw(f).cast_mut());
     FAST.store(ptr, Ordering::Release);
@@ -1062,15 +1145,29 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
     let (mut polled, mut slept) = (false, false);
     // A read fault is a fetch of an invalid page (or a wild access): once the comm thread
     // has taken it, this thread has nothing to do until the page comes.
-    let mut commit_page = fault_is_write(ctx) == 0;
+    let commit_page = fault_is_write(ctx) == 0;
+    let mut committed = false;
     let outcome = loop {
         let s = SLOT_STATE.load(Ordering::Acquire);
         if s == SLOT_RESOLVED || s == SLOT_CRASH {
             break s;
         }
-        if s == SLOT_TAKEN && std::mem::take(&mut commit_page) {
-            commit_runtime_page(addr - start);
-            continue;
+        if s == SLOT_TAKEN && commit_page {
+            if take_page_from_lane(addr, start) {
+                // The fault is over: the engine takes the page in from the record at the
+                // start of its next event (before any next fault), resolving nothing.
+                LANE_HOME.store(0, Ordering::Release);
+                crate::spin::count_wait(true);
+                set_slot(SLOT_IDLE);
+                // SAFETY: restoring this thread's errno.
+                unsafe { *errno = saved_errno };
+                return;
+            }
+            if !committed {
+                committed = true;
+                commit_runtime_page(addr - start);
+                continue;
+            }
         }
         if spin_ns > 0 && monotonic_ns().wrapping_sub(spin_from) < spin_ns {
             polled = true;
@@ -1138,11 +1235,13 @@ impl FaultMailbox {
 
     /// Lets the faulting thread retry its access.
     pub(crate) fn resolve(&self) {
+        LANE_HOME.store(0, Ordering::Release);
         set_slot(SLOT_RESOLVED);
     }
 
     /// Tells the faulting thread its access is a genuine segmentation fault.
     pub(crate) fn crash(&self) {
+        LANE_HOME.store(0, Ordering::Release);
         set_slot(SLOT_CRASH);
     }
 

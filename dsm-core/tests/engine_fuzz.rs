@@ -70,6 +70,14 @@ impl Net {
                         self.links[k * n + to as usize].push_back(msg);
                     }
                 }
+                // No lanes here: the runtime's fallback, a plain reply.
+                Output::LaneReply { to, copy } => {
+                    if !self.nodes[k].dead {
+                        let n = self.n();
+                        let msg = dsm_proto::Msg::PageReply { pages: vec![copy] };
+                        self.links[k * n + to as usize].push_back(msg);
+                    }
+                }
                 Output::Reply(Reply::AnalyzeEpoch { .. })
                 | Output::Reply(Reply::BitmapsWanted { .. })
                 | Output::Reply(Reply::BitmapsArrived { .. }) => {

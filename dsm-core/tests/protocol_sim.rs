@@ -16,7 +16,9 @@
 //! when they conflict and neither clock is below the other.
 
 use dsm_core::engine::{Command, Engine, FastFaults, Output, PageState, Prot, Reply, VecMemory};
-use dsm_proto::{EncodedBitmap, Msg, NodeId, PageNo, PageRuns, RaceNotices, SyncCause, PAGE_SIZE};
+use dsm_proto::{
+    EncodedBitmap, Msg, NodeId, PageCopy, PageNo, PageRuns, RaceNotices, SyncCause, PAGE_SIZE,
+};
 use dsm_race::{Access, Bitmaps, Plan, Race, RaceKind, Recorder, VarInfo, VarTable};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
@@ -357,6 +359,16 @@ struct Sim {
     /// The nodes map one common memory (`Engine::set_common_memory`): every store lands in
     /// every node's memory at once, as it does in the one segment file they all map.
     common: bool,
+    /// Per link (`from * n + to`), the page the sender left in the link's page lane
+    /// (`Output::LaneReply`), until a `LanePageReply` delivery or the receiver's
+    /// simulated fault handler takes it.
+    lanes: Vec<Option<PageCopy>>,
+    /// Pages the simulated handler took from a lane and installed itself.
+    lane_takes: u64,
+    /// Lane pages the simulated comm thread took when their frame arrived.
+    lane_comm_takes: u64,
+    /// Lane replies sent as plain replies (the lane could not take them).
+    lane_refused: u64,
 }
 
 impl Sim {
@@ -374,6 +386,21 @@ impl Sim {
                 Output::Send { to, msg } => {
                     assert_ne!(to as usize, k, "engines never send to themselves");
                     self.links[k * self.n + to as usize].push_back(msg)
+                }
+                Output::LaneReply { to, copy } => {
+                    // As the runtime does: into the lane with a frame announcing it, or,
+                    // when the lane cannot take it (here a random quarter of the time),
+                    // in a plain reply.
+                    let li = k * self.n + to as usize;
+                    let msg = if self.lanes[li].is_none() && self.rand(4) != 0 {
+                        let page = copy.page;
+                        self.lanes[li] = Some(copy);
+                        Msg::LanePageReply { page }
+                    } else {
+                        self.lane_refused += 1;
+                        Msg::PageReply { pages: vec![copy] }
+                    };
+                    self.links[li].push_back(msg)
                 }
                 Output::FaultResolved => {
                     assert_eq!(self.nodes[k].wait, Wait::Fault, "node {k}");
@@ -562,6 +589,51 @@ impl Sim {
     /// comm thread's events, it claims an armed page, makes it writable and twins it
     /// without the engine, which takes the write in at its next event. A page the engine
     /// did not arm (or the quarter of the time the sim does not try) takes the slow path.
+    /// The SIGSEGV handler of link `li`'s receiver taking its faulting page from the
+    /// lane, as `sys::take_page_from_lane` does: only once every frame sent before the
+    /// page was delivered (its `LanePageReply` is next on the link), and only for the
+    /// receiver's fault. It installs the page readable, records it for the engine, which
+    /// takes it in at its next event without resolving anything, and lets the faulting
+    /// access go at once. Returns whether it did.
+    fn handler_takes_lane(&mut self, li: usize) -> bool {
+        let (from, to) = (li / self.n, li % self.n);
+        let Some(Msg::LanePageReply { page }) = self.links[li].front() else {
+            return false;
+        };
+        let page = *page;
+        let waiting = self.nodes[to].wait == Wait::Fault
+            && self.lanes[li].as_ref().is_some_and(|c| c.page == page);
+        let Some(fast) = self.nodes[to]
+            .eng
+            .fast_faults()
+            .cloned()
+            .filter(|_| waiting)
+        else {
+            return false;
+        };
+        let copy = self.lanes[li].take().expect("checked above");
+        let applied: Vec<u64> = copy
+            .applied
+            .iter()
+            .map(|&(w, i)| (u64::from(w) << 32) | u64::from(i))
+            .collect();
+        assert!(
+            fast.record_fetched(from as u32, page, &applied),
+            "node {to}: an earlier lane page was never taken in"
+        );
+        let mem = self.nodes[to].eng.memory_mut();
+        assert_eq!(
+            mem.prot[page as usize],
+            Prot::None,
+            "node {to}: page {page} in a lane"
+        );
+        mem.data[page as usize * PAGE_SIZE..][..PAGE_SIZE].copy_from_slice(&copy.data);
+        mem.prot[page as usize] = Prot::Read;
+        self.nodes[to].wait = Wait::Running;
+        self.lane_takes += 1;
+        true
+    }
+
     fn access_page(&mut self, k: usize, page: usize, write: bool) -> bool {
         if write && self.nodes[k].eng.memory().prot[page] == Prot::Read && self.rand(4) != 0 {
             if let Some(fast) = self.nodes[k].eng.fast_faults().cloned() {
@@ -1055,8 +1127,19 @@ impl Sim {
                 self.step_node(runnable[pick]);
             } else {
                 let li = links[pick - runnable.len()];
-                let msg = self.links[li].pop_front().unwrap();
+                if self.rand(2) == 0 && self.handler_takes_lane(li) {
+                    continue;
+                }
+                let mut msg = self.links[li].pop_front().unwrap();
                 let (from, to) = (li / self.n, li % self.n);
+                if let Msg::LanePageReply { page } = msg {
+                    // The runtime's comm thread: the page is still in the lane (the
+                    // handler did not take it), so it stands for a plain reply.
+                    if let Some(copy) = self.lanes[li].take_if(|c| c.page == page) {
+                        self.lane_comm_takes += 1;
+                        msg = Msg::PageReply { pages: vec![copy] };
+                    }
+                }
                 self.delivered.push((from, to, msg.clone()));
                 let outs = self.nodes[to].eng.on_peer_message(from as NodeId, msg);
                 self.outputs(to, outs);
@@ -1212,6 +1295,12 @@ fn sim_with_setup(
         // Written pages kept writable across interval closes (the default outside race
         // mode) in most runs, write-protected at every close in the others.
         eng.set_keep_writable(seed % 4 != 3);
+        // Read faults fetch through the page lanes (the runtime's co-located peers) in
+        // two runs of three.
+        if !seed.is_multiple_of(3) {
+            let others: Vec<NodeId> = (0..n as NodeId).filter(|&p| p != k as NodeId).collect();
+            eng.set_lane_peers(&others);
+        }
         setup(k, &mut eng);
         let mut clock = vec![0; n];
         clock[k] = 1;
@@ -1284,6 +1373,10 @@ fn sim_with_setup(
         expect_divergence: false,
         handler_faults: 0,
         common: false,
+        lanes: (0..n * n).map(|_| None).collect(),
+        lane_takes: 0,
+        lane_comm_takes: 0,
+        lane_refused: 0,
     };
     // Variables spread over the pages, several per page (false sharing across locks).
     let slots = specs[0].homes.len() * PAGE_SIZE / 8;
@@ -1386,6 +1479,59 @@ proptest! {
     }
 }
 
+/// Read faults through the page lanes: the home answers a lane request with the page in
+/// the lane and a `LanePageReply` frame (or a plain reply when the lane cannot take it),
+/// and the faulting node's handler takes the page itself once every earlier frame from
+/// the home is in, or its comm thread takes it when the frame arrives. Random lock-based
+/// programs stay sequentially consistent (checked by every run of the simulator), and all
+/// three ways happen.
+#[test]
+fn faults_through_page_lanes_keep_programs_sequentially_consistent() {
+    let (mut handler, mut comm, mut refused) = (0, 0, 0);
+    for seed in 0..cases(300) as u64 {
+        let seed = seed * 3 + 1; // lanes on
+        let n = 2 + (seed % 4) as usize;
+        let homes: Vec<usize> = (0..4).map(|p| (seed as usize + p) % n).collect();
+        let mut s = sim_with(n, &[AllocSpec { elem: 8, homes }], 6, seed, false);
+        random_program(&mut s, 6, 2, 3, 4);
+        s.run();
+        handler += s.lane_takes;
+        let marks = s
+            .delivered
+            .iter()
+            .filter(|(_, _, m)| matches!(m, Msg::LanePageReply { .. }))
+            .count() as u64;
+        assert_eq!(
+            marks, s.lane_takes,
+            "seed {seed}: one frame per page the handler took"
+        );
+        let stats: u64 = s.nodes.iter().map(|n| n.eng.stats().lane_pages).sum();
+        assert_eq!(
+            stats, s.lane_takes,
+            "seed {seed}: the engines took in every lane page"
+        );
+        assert!(
+            s.lanes.iter().all(Option::is_none),
+            "seed {seed}: a page left in a lane"
+        );
+        let requests = s
+            .delivered
+            .iter()
+            .filter(|(_, _, m)| matches!(m, Msg::PageRequest { lane: true, .. }))
+            .count() as u64;
+        assert_eq!(
+            s.lane_takes + s.lane_comm_takes + s.lane_refused,
+            requests,
+            "seed {seed}: every lane request answered once"
+        );
+        comm += s.lane_comm_takes;
+        refused += s.lane_refused;
+    }
+    assert!(handler > 0, "the handler never took a page from a lane");
+    assert!(comm > 0, "the comm thread never took a page from a lane");
+    assert!(refused > 0, "no lane reply fell back to a plain reply");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: cases(128), .. ProptestConfig::default() })]
 
@@ -1485,6 +1631,7 @@ fn pages_taken_back_for_a_serve_are_armed_again() {
     let request = || Msg::PageRequest {
         pages: vec![0],
         required: Vec::new(),
+        lane: false,
     };
     let served = |outs: &[Output]| {
         outs.iter().any(|o| {

@@ -88,8 +88,9 @@ pub enum Distribution {
 /// of slots at most, made as intervals need them; see `engine::fast`).
 const MAX_HANDLER_TWINS: usize = 4096;
 
-/// Whether write faults on valid pages are served in the SIGSEGV handler
-/// (`DSM_FAST_FAULTS`, on unless `0`).
+/// Whether write faults on valid pages are served in the SIGSEGV handler, and read
+/// faults take co-located homes' pages from the page lanes there (`DSM_FAST_FAULTS`, on
+/// unless `0`).
 fn fast_faults_enabled() -> Result<bool, DsmError> {
     let name = dsm_proto::env_vars::FAST_FAULTS;
     match std::env::var(name).as_deref() {

@@ -30,7 +30,7 @@
 //! handler falls back to handing the fault to the comm thread, which is always correct.
 
 use dsm_proto::{PageNo, PAGE_SIZE};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// The handler must hand the fault to the comm thread.
@@ -142,6 +142,31 @@ pub struct FastFaults {
     /// Faults the handler could not serve for want of a slot or ring room since the
     /// engine last looked.
     short: AtomicU64,
+    /// The page the handler installed from a co-located home's page lane, not yet taken
+    /// in by the engine (handler -> engine): `page + 1`, 0 for none. At most one: the
+    /// handler installs only for the fault in service, whose resolution waits for the
+    /// engine to take the record.
+    fetched: AtomicU64,
+    /// Its home.
+    fetched_from: AtomicU32,
+    /// Its `applied` entries, `writer << 32 | interval`.
+    fetched_applied: Box<[AtomicU64]>,
+    fetched_applied_len: AtomicUsize,
+}
+
+/// Most `applied` entries a page installed by the handler carries (as many as a lane).
+pub const FETCHED_APPLIED_MAX: usize = 64;
+
+/// A page the handler installed from a lane ([`FastFaults::take_fetched`]).
+#[derive(Debug, PartialEq, Eq)]
+pub struct FetchedPage {
+    /// Its home, which left it in the lane.
+    pub home: u16,
+    /// The page.
+    pub page: PageNo,
+    /// The copy's `applied` entries, `(writer, interval)`, as in a
+    /// [`PageCopy`](dsm_proto::PageCopy).
+    pub applied: Vec<(u16, u32)>,
 }
 
 impl FastFaults {
@@ -162,7 +187,54 @@ impl FastFaults {
             done: Ring::new(max_slots.div_ceil(SLOT_CHUNK) * SLOT_CHUNK * 2),
             busy: AtomicBool::new(false),
             short: AtomicU64::new(0),
+            fetched: AtomicU64::new(0),
+            fetched_from: AtomicU32::new(0),
+            fetched_applied: (0..FETCHED_APPLIED_MAX)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            fetched_applied_len: AtomicUsize::new(0),
         }
+    }
+
+    /// Handler side: records that it installed `page`, homed at `from`, with its
+    /// `applied` entries (`writer << 32 | interval`, at most [`FETCHED_APPLIED_MAX`]).
+    /// Returns false, recording nothing, if a record is still untaken or `applied` is
+    /// too long (the handler then leaves the page to the comm thread).
+    pub fn record_fetched(&self, from: u32, page: PageNo, applied: &[u64]) -> bool {
+        if applied.len() > FETCHED_APPLIED_MAX || self.fetched.load(Ordering::Acquire) != 0 {
+            return false;
+        }
+        self.fetched_from.store(from, Ordering::Relaxed);
+        for (slot, &a) in self.fetched_applied.iter().zip(applied) {
+            slot.store(a, Ordering::Relaxed);
+        }
+        self.fetched_applied_len
+            .store(applied.len(), Ordering::Relaxed);
+        self.fetched.store(u64::from(page) + 1, Ordering::Release);
+        true
+    }
+
+    /// Engine side: the page the handler installed since the last look, if any.
+    pub fn take_fetched(&self) -> Option<FetchedPage> {
+        if self.fetched.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let page = (self.fetched.load(Ordering::Acquire) - 1) as PageNo;
+        let n = self.fetched_applied_len.load(Ordering::Relaxed);
+        let applied = self.fetched_applied[..n]
+            .iter()
+            .map(|a| {
+                let a = a.load(Ordering::Relaxed);
+                ((a >> 32) as u16, a as u32)
+            })
+            .collect();
+        let home = self.fetched_from.load(Ordering::Relaxed) as u16;
+        self.fetched.store(0, Ordering::Release);
+        Some(FetchedPage {
+            home,
+            page,
+            applied,
+        })
     }
 
     /// Makes the page words of pages `..end` (engine side, at allocation).

@@ -52,8 +52,8 @@ mod vec_memory;
 use crate::diff::{self, DiffError};
 use barriers::{Arrival, MasterRelease};
 use dsm_proto::{
-    BitmapKey, EncodedBitmap, IntervalRecord, LockId, Msg, NodeId, PageNo, PageRuns, RaceNotices,
-    SemId, SyncCause, VectorTime, PAGE_SIZE,
+    BitmapKey, EncodedBitmap, IntervalRecord, LockId, Msg, NodeId, PageCopy, PageNo, PageRuns,
+    RaceNotices, SemId, SyncCause, VectorTime, PAGE_SIZE,
 };
 use locks::LockState;
 use pages::{FetchInFlight, HomeWait, PageEntry, ParkedServe};
@@ -319,6 +319,15 @@ pub enum Output {
         /// The message.
         msg: Msg,
     },
+    /// Answer `to`'s fault through the page lane of the shared-memory link: leave `copy`
+    /// in the lane and send [`Msg::LanePageReply`]; where the lane cannot take it, send
+    /// the copy in a [`Msg::PageReply`] instead (the requester accepts either).
+    LaneReply {
+        /// The requester (never this node).
+        to: NodeId,
+        /// The one page it asked for.
+        copy: PageCopy,
+    },
     /// The faulting access may now proceed: let the app thread retry it.
     FaultResolved,
     /// The faulting access is outside every allocation: let it crash.
@@ -392,6 +401,9 @@ pub struct Stats {
     /// Write faults the SIGSEGV handler served itself (twin and write access without the
     /// comm thread); included in `write_faults` and, for non-home pages, `twins_made`.
     pub handler_write_faults: u64,
+    /// Pages the faulting thread took from a co-located home's page lane and installed
+    /// itself (counted in `pages_fetched` too).
+    pub lane_pages: u64,
     /// Non-empty page diffs sent to homes.
     pub diffs_sent: u64,
     /// Encoded size of those diffs.
@@ -479,6 +491,12 @@ pub struct Engine<M: Memory> {
     /// Write faults served in the SIGSEGV handler (see [`fast`]); `None`: every fault goes
     /// through [`Engine::on_fault`].
     fast: Option<Arc<FastFaults>>,
+    /// Peers (bit per rank) whose pages a read fault fetches through the page lane of the
+    /// shared-memory link: its thread takes the page itself ([`Engine::set_lane_peers`]).
+    lane_peers: u64,
+    /// Per home, pages the handler installed from its lane whose
+    /// [`Msg::LanePageReply`] has not arrived yet (it may come after later traffic).
+    lane_pages_unmarked: BTreeMap<NodeId, u32>,
     /// Pages that became `ReadOnly` during the current event, armed for the handler when
     /// the event ends (after every protection change it makes).
     to_arm: Vec<PageNo>,
@@ -580,6 +598,8 @@ impl<M: Memory> Engine<M> {
             common_memory: false,
             twins: HashMap::new(),
             fast: None,
+            lane_peers: 0,
+            lane_pages_unmarked: BTreeMap::new(),
             to_arm: Vec::new(),
             slot_twins: 0,
             spare_twins: (0..64).map(|_| vec![0u8; PAGE_SIZE].into()).collect(),
@@ -705,7 +725,7 @@ impl<M: Memory> Engine<M> {
     /// Handles a request of the app thread; its [`Reply`] is among the outputs if it could
     /// be answered at once, otherwise it follows from a later event.
     pub fn on_command(&mut self, cmd: Command) -> Vec<Output> {
-        self.drain_handler_writes();
+        self.take_in_handler_work();
         match cmd {
             Command::Alloc {
                 homes,
@@ -753,7 +773,7 @@ impl<M: Memory> Engine<M> {
     /// Handles a message from rank `from`. Malformed or unexpected traffic yields
     /// [`Output::Fatal`] rather than a panic: a peer's bug must not look like this node's.
     pub fn on_peer_message(&mut self, from: NodeId, msg: Msg) -> Vec<Output> {
-        self.drain_handler_writes();
+        self.take_in_handler_work();
         self.handle(from, msg);
         self.take_out()
     }
@@ -762,7 +782,12 @@ impl<M: Memory> Engine<M> {
     /// itself, which never go through the runtime.
     pub(super) fn handle(&mut self, from: NodeId, msg: Msg) {
         match msg {
-            Msg::PageRequest { pages, required } => self.on_page_request(from, pages, required),
+            Msg::PageRequest {
+                pages,
+                required,
+                lane,
+            } => self.on_page_request(from, pages, required, lane),
+            Msg::LanePageReply { page } => self.on_lane_page_reply(from, page),
             Msg::PageReply { pages } => self.on_page_reply(from, pages),
             Msg::Diffs {
                 interval,
@@ -888,7 +913,7 @@ impl<M: Memory> Engine<M> {
     /// messages before its close, so its arrival (or, with race detection, the master's
     /// release to it) is known here by then.
     pub fn on_peer_lost(&mut self, peer: NodeId, why: &str) -> Vec<Output> {
-        self.drain_handler_writes();
+        self.take_in_handler_work();
         let expected = self.finished
             || self.finishing
                 && if !self.all_to_all() {

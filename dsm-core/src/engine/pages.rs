@@ -51,6 +51,7 @@ pub(super) struct ParkedServe {
     from: NodeId,
     pages: Vec<PageNo>,
     required: Vec<Requirement>,
+    lane: bool,
 }
 
 /// Something the app waits for until diffs of home pages have arrived.
@@ -124,6 +125,20 @@ impl<M: Memory> Engine<M> {
         for &(first, count) in runs.runs() {
             self.mem.protect(first, count, prot);
         }
+    }
+
+    /// What the handler did since the last event, taken in at the start of each: the page
+    /// it installed from a lane, if any, then the writes it let through.
+    pub(super) fn take_in_handler_work(&mut self) {
+        if let Some(got) = self.fast.as_ref().and_then(|f| f.take_fetched()) {
+            let copy = PageCopy {
+                page: got.page,
+                data: Vec::new(),
+                applied: got.applied,
+            };
+            self.take_in_copies(got.home, vec![copy], true);
+        }
+        self.drain_handler_writes();
     }
 
     /// Takes in the writes the SIGSEGV handler let through since the last event: each page
@@ -201,7 +216,7 @@ impl<M: Memory> Engine<M> {
     /// A fault of the app thread at `page`. `write` is `None` when the architecture does
     /// not say; the access is then treated as a read and a write retries as a write fault.
     pub fn on_fault(&mut self, page: Option<PageNo>, write: Option<bool>) -> Vec<Output> {
-        self.drain_handler_writes();
+        self.take_in_handler_work();
         let Some(page) = page.filter(|&p| (p as usize) < self.pages.len()) else {
             self.out.push(Output::FaultCrash);
             return self.take_out();
@@ -213,7 +228,10 @@ impl<M: Memory> Engine<M> {
             PageState::Invalid => {
                 self.stats.read_faults += u64::from(!write);
                 self.stats.write_faults += u64::from(write);
-                self.start_fetch(vec![page], write, AfterFetch::ResolveFault);
+                // A read fault on a co-located home's page: the faulting thread can take
+                // the page from the link's lane itself (see `fast`).
+                let lane = !write && self.lane_peers & node_bit(entry.home) != 0;
+                self.start_fetch(vec![page], write, AfterFetch::ResolveFault, lane);
             }
             PageState::ReadOnly if write => {
                 self.stats.write_faults += 1;
@@ -246,7 +264,9 @@ impl<M: Memory> Engine<M> {
         self.set_state(page, PageState::ReadWrite);
     }
 
-    fn start_fetch(&mut self, pages: Vec<PageNo>, write: bool, then: AfterFetch) {
+    /// Asks the pages' homes for copies; `lane`: of one page, for a fault whose thread
+    /// takes it from the page lane (see [`Msg::PageRequest::lane`]).
+    fn start_fetch(&mut self, pages: Vec<PageNo>, write: bool, then: AfterFetch, lane: bool) {
         let mut by_home: BTreeMap<NodeId, Vec<PageNo>> = BTreeMap::new();
         for &p in &pages {
             by_home
@@ -275,11 +295,41 @@ impl<M: Memory> Engine<M> {
                     })
                     .collect();
             self.stats.fetch_requests += 1;
-            self.send(home, Msg::PageRequest { pages, required });
+            let lane = lane && pages.len() == 1;
+            self.send(
+                home,
+                Msg::PageRequest {
+                    pages,
+                    required,
+                    lane,
+                },
+            );
         }
     }
 
     pub(super) fn on_page_reply(&mut self, from: NodeId, copies: Vec<PageCopy>) {
+        self.take_in_copies(from, copies, false);
+    }
+
+    /// The frame that follows a page the home left in the lane, when the faulting thread
+    /// took the page (had the runtime taken it, the frame would have come as the
+    /// [`Msg::PageReply`] it stands for): the handler's record of it was taken in at the
+    /// start of this event or an earlier one, and counted.
+    pub(super) fn on_lane_page_reply(&mut self, from: NodeId, page: PageNo) {
+        let unmarked = self.lane_pages_unmarked.entry(from).or_default();
+        if *unmarked == 0 {
+            self.fatal(format!(
+                "rank {from} said it left page {page} in the page lane, which held nothing"
+            ));
+            return;
+        }
+        *unmarked -= 1;
+    }
+
+    /// Takes in copies from `from`, the pages' home. `installed`: the copies' data is
+    /// already in memory and readable in the app view (the handler put it there from the
+    /// page lane), so only the engine's state changes; their `data` is empty.
+    fn take_in_copies(&mut self, from: NodeId, copies: Vec<PageCopy>, installed: bool) {
         let Some(fetch) = self.fetch.as_mut() else {
             self.fatal(format!("rank {from} sent pages nobody asked for"));
             return;
@@ -288,7 +338,7 @@ impl<M: Memory> Engine<M> {
         for copy in &copies {
             let p = copy.page as usize;
             if p >= self.pages.len()
-                || copy.data.len() != PAGE_SIZE
+                || (copy.data.len() != PAGE_SIZE && !installed)
                 || self.pages[p].state != PageState::Invalid
                 || self.pages[p].home != from
             {
@@ -306,12 +356,18 @@ impl<M: Memory> Engine<M> {
             self.drop_older_pushes(from, &pages);
         }
         for copy in copies {
-            self.mem.write_page(copy.page, &copy.data);
+            if !installed {
+                self.mem.write_page(copy.page, &copy.data);
+                readable.push(copy.page);
+            }
             self.copy_holds.insert(copy.page, copy.applied);
             self.required.remove(&copy.page);
             self.set_state(copy.page, PageState::ReadOnly);
             self.stats.pages_fetched += 1;
-            readable.push(copy.page);
+            if installed {
+                self.stats.lane_pages += 1;
+                *self.lane_pages_unmarked.entry(from).or_default() += 1;
+            }
         }
         self.protect_runs(&mut readable, Prot::Read);
         let fetch = self.fetch.as_ref().expect("checked above");
@@ -327,6 +383,8 @@ impl<M: Memory> Engine<M> {
             }
         }
         match fetch.then {
+            // The handler that installed the page has let its thread go already.
+            AfterFetch::ResolveFault if installed => {}
             AfterFetch::ResolveFault => self.out.push(Output::FaultResolved),
             AfterFetch::ReplyDone => self.reply(Reply::Done),
         }
@@ -348,6 +406,7 @@ impl<M: Memory> Engine<M> {
         from: NodeId,
         pages: Vec<PageNo>,
         required: Vec<Requirement>,
+        lane: bool,
     ) {
         for &p in &pages {
             if (p as usize) >= self.pages.len()
@@ -361,17 +420,20 @@ impl<M: Memory> Engine<M> {
             }
         }
         if self.requirements_met(&required) {
-            self.serve(from, pages);
+            self.serve(from, pages, lane);
         } else {
             self.parked.push(ParkedServe {
                 from,
                 pages,
                 required,
+                lane,
             });
         }
     }
 
-    fn serve(&mut self, to: NodeId, pages: Vec<PageNo>) {
+    /// Sends copies of `pages` to `to`: through the page lane when `lane` asks for it and
+    /// there is one page ([`Output::LaneReply`]), else in a [`Msg::PageReply`].
+    fn serve(&mut self, to: NodeId, pages: Vec<PageNo>, lane: bool) {
         // The app may be writing meanwhile: take the pages back from the handler so the
         // states below are exact (a write it let through is a write notice to make).
         for &p in &pages {
@@ -406,7 +468,11 @@ impl<M: Memory> Engine<M> {
             })
             .collect::<Vec<_>>();
         self.stats.pages_served += copies.len() as u64;
-        self.send(to, Msg::PageReply { pages: copies });
+        match <[PageCopy; 1]>::try_from(copies) {
+            Ok([copy]) if lane => self.out.push(Output::LaneReply { to, copy }),
+            Ok(one) => self.send(to, Msg::PageReply { pages: one.into() }),
+            Err(copies) => self.send(to, Msg::PageReply { pages: copies }),
+        }
     }
 
     pub(super) fn on_diffs(
@@ -480,7 +546,7 @@ impl<M: Memory> Engine<M> {
             let parked = std::mem::take(&mut self.parked);
             for p in parked {
                 if self.requirements_met(&p.required) {
-                    self.serve(p.from, p.pages);
+                    self.serve(p.from, p.pages, p.lane);
                 } else {
                     self.parked.push(p);
                 }
@@ -502,6 +568,21 @@ impl<M: Memory> Engine<M> {
             self.reply(reply);
         } else {
             self.home_wait = Some(HomeWait { waits, reply });
+        }
+    }
+
+    /// Says which peers a read fault fetches from through the page lane of their
+    /// shared-memory link, the faulting thread taking the page itself (the runtime's
+    /// co-located peers; needs the handler's state, [`Engine::with_fast_faults`]). Their
+    /// requests for one faulting page ask for [`Output::LaneReply`]; the copy then comes
+    /// back either through [`FastFaults`](super::fast::FastFaults)' record of a page the
+    /// handler installed or in a [`Msg::PageReply`].
+    pub fn set_lane_peers(&mut self, peers: &[NodeId]) {
+        self.lane_peers = 0;
+        if self.fast.is_some() {
+            for &p in peers {
+                self.lane_peers |= node_bit(p);
+            }
         }
     }
 
@@ -594,7 +675,12 @@ impl<M: Memory> Engine<M> {
         if missing.is_empty() {
             self.reply(Reply::Done);
         } else {
-            self.start_fetch(missing, write, AfterFetch::ReplyDone);
+            self.start_fetch(missing, write, AfterFetch::ReplyDone, false);
         }
     }
+}
+
+/// `node`'s bit in a set of nodes kept as a `u64` (none beyond 64 nodes).
+fn node_bit(node: NodeId) -> u64 {
+    1u64.checked_shl(u32::from(node)).unwrap_or(0)
 }
