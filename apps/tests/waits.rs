@@ -71,6 +71,24 @@ fn auto_polls_only_with_a_core_per_rank() {
     }
 }
 
+/// Pinning (`DSM_PIN=1`) narrows each rank to one core, but the ranks still have a core
+/// each: the budget follows the cores the job may use on the host, not the one left to a
+/// pinned process (which made every wait sleep, and a remote fault over rings 84 us).
+#[test]
+fn pinned_ranks_with_a_core_each_still_poll() {
+    let dir = tempfile::tempdir().unwrap();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let expected = if cores >= 2 { 200 } else { 0 };
+    let run = dsm_testkit::dsmrun_with_stats(2, WATER, &[], ("DSM_PIN", Some("1")), dir.path());
+    run.assert_verified("water with DSM_PIN=1");
+    for (rank, (budget, polled, _)) in waits(dir.path(), 2).into_iter().enumerate() {
+        assert_eq!(budget, expected, "rank {rank} pinned, on {cores} cores");
+        if expected > 0 {
+            assert!(polled > 0, "rank {rank}: pinned ranks poll");
+        }
+    }
+}
+
 #[test]
 fn a_malformed_setting_stops_the_job_with_its_name() {
     let dir = tempfile::tempdir().unwrap();

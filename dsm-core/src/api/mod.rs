@@ -78,12 +78,6 @@ pub enum Distribution {
     OnNode(usize),
 }
 
-/// With `DSM_PIN=1`, keeps this node's threads (the app thread and the comm thread it is
-/// about to start) on one core, a different one per node. Faults hand work between those
-/// two threads, and on virtual machines a wake-up across cores costs several times one on
-/// the same core (measured here: 20 us against 3 us). It is not the default: a node that
-/// serves pages must then preempt its own computation, which made SOR 2048x2048 at N = 2
-/// 25% slower while lock-heavy Water got 20% faster.
 /// Most twins per interval the SIGSEGV handler can take without the comm thread (16 MiB
 /// of slots at most, made as intervals need them; see `engine::fast`).
 const MAX_HANDLER_TWINS: usize = 4096;
@@ -103,6 +97,12 @@ fn fast_faults_enabled() -> Result<bool, DsmError> {
     }
 }
 
+/// With `DSM_PIN=1`, keeps this node's threads (the app thread and the comm thread it is
+/// about to start) on one core, a different one per node. Faults hand work between those
+/// two threads, and on virtual machines a wake-up across cores costs several times one on
+/// the same core (measured here: 20 us against 3 us). It is not the default: a node that
+/// serves pages must then preempt its own computation, which made SOR 2048x2048 at N = 2
+/// 25% slower while lock-heavy Water got 20% faster.
 fn place_on_core(config: &JobConfig) {
     use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
     use nix::unistd::Pid;
@@ -408,6 +408,10 @@ impl Dsm {
         mesh.segment_file = None;
         let (seg, mailbox) =
             sys::start(seg_addr, seg_len, common_file).map_err(DsmError::Segment)?;
+        // Whether polling pays depends on the cores the job's ranks may use on this host,
+        // so it is decided before `DSM_PIN=1` narrows this process to one of them.
+        let ranks_here = env.local.map_or(env.size, |l| l.size);
+        let spin_budget = crate::spin::budget_for(env.spin, ranks_here);
         place_on_core(&env);
         let race = if env.race.enabled {
             Some(RaceState::new(env.race.clone(), env.rank == 0, env.size).map_err(DsmError::Io)?)
@@ -468,8 +472,7 @@ impl Dsm {
             _ => None,
         };
         let page_limit = engine.page_limit();
-        let ranks_here = env.local.map_or(env.size, |l| l.size);
-        crate::spin::set_budget(crate::spin::budget_for(env.spin, ranks_here));
+        crate::spin::set_budget(spin_budget);
         let comm = Comm::start(mesh, engine, mailbox, seg, env.liveness, env.replay.chaos)
             .map_err(DsmError::Io)?;
         Ok(Dsm {
