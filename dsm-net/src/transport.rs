@@ -739,14 +739,7 @@ impl Outbox {
     ) -> Result<bool, WireError> {
         let frame = frame(msg)?;
         let len = frame.len() - 4;
-        let link = self
-            .links
-            .get(to)
-            .and_then(|o| o.as_ref())
-            .ok_or(WireError::Closed)?;
-        if self.bells_owed.load(Ordering::Acquire) {
-            self.ring_owed_bells_except(to);
-        }
+        let link = self.link_to(to)?;
         let sent = link.send_after_lane(frame, |lane, after| {
             lane.publish(page, after, applied, data)
         })?;
@@ -780,9 +773,9 @@ impl Outbox {
         self.send_frame(to, msg, true)
     }
 
-    fn send_frame(&self, to: usize, msg: &Msg, quiet: bool) -> Result<usize, WireError> {
-        let frame = frame(msg)?;
-        let len = frame.len() - 4;
+    /// The link to `to`, for a frame about to go there: the bells quiet frames left owed
+    /// on the other links are rung first (the frame to `to` rings its own).
+    fn link_to(&self, to: usize) -> Result<&Arc<Link>, WireError> {
         let link = self
             .links
             .get(to)
@@ -791,6 +784,13 @@ impl Outbox {
         if self.bells_owed.load(Ordering::Acquire) {
             self.ring_owed_bells_except(to);
         }
+        Ok(link)
+    }
+
+    fn send_frame(&self, to: usize, msg: &Msg, quiet: bool) -> Result<usize, WireError> {
+        let frame = frame(msg)?;
+        let len = frame.len() - 4;
+        let link = self.link_to(to)?;
         if link.send(frame, quiet)? {
             self.bells_owed.store(true, Ordering::Release);
         }
