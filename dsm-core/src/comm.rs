@@ -19,6 +19,7 @@
 //! while the program computes), and a peer silent for the job's liveness deadline ends
 //! this process with the peer-lost status and a [`Silence`] line naming the peer.
 
+use crate::engine::fast::{pack_applied, unpack_applied};
 use crate::engine::Prot;
 use crate::engine::{Command, Engine, Memory, Output, PageState, RaceBatch, Reply};
 use crate::sys::{self, FaultMailbox, Segment};
@@ -439,10 +440,7 @@ impl Shared {
                     if got != u64::from(page) {
                         return Msg::LanePageReply { page };
                     }
-                    let applied = applied[..n]
-                        .iter()
-                        .map(|&a| ((a >> 32) as NodeId, a as u32))
-                        .collect();
+                    let applied = applied[..n].iter().map(|&a| unpack_applied(a)).collect();
                     return Msg::PageReply {
                         pages: vec![PageCopy {
                             page,
@@ -616,11 +614,7 @@ impl Shared {
                     let Some(outbox) = self.outbox.get() else {
                         continue;
                     };
-                    let applied: Vec<u64> = copy
-                        .applied
-                        .iter()
-                        .map(|&(w, i)| (u64::from(w) << 32) | u64::from(i))
-                        .collect();
+                    let applied: Vec<u64> = copy.applied.iter().map(pack_applied).collect();
                     let note = Msg::LanePageReply { page: copy.page };
                     let page = u64::from(copy.page);
                     match outbox.send_through_lane(to as usize, &note, page, &applied, &copy.data) {

@@ -15,6 +15,7 @@
 //! which the run granted each lock, barriers, program order), and calls two accesses a race
 //! when they conflict and neither clock is below the other.
 
+use dsm_core::engine::fast::pack_applied;
 use dsm_core::engine::{Command, Engine, FastFaults, Output, PageState, Prot, Reply, VecMemory};
 use dsm_proto::{
     EncodedBitmap, Msg, NodeId, PageCopy, PageNo, PageRuns, RaceNotices, SyncCause, PAGE_SIZE,
@@ -612,11 +613,7 @@ impl Sim {
             return false;
         };
         let copy = self.lanes[li].take().expect("checked above");
-        let applied: Vec<u64> = copy
-            .applied
-            .iter()
-            .map(|&(w, i)| (u64::from(w) << 32) | u64::from(i))
-            .collect();
+        let applied: Vec<u64> = copy.applied.iter().map(pack_applied).collect();
         assert!(
             fast.record_fetched(from as u32, page, &applied),
             "node {to}: an earlier lane page was never taken in"

@@ -154,6 +154,17 @@ pub struct FastFaults {
     fetched_applied_len: AtomicUsize,
 }
 
+/// One `(writer, interval)` entry of a copy's `applied` list as the lanes and the
+/// handler's record carry it: `writer << 32 | interval`.
+pub fn pack_applied(&(writer, interval): &(u16, u32)) -> u64 {
+    (u64::from(writer) << 32) | u64::from(interval)
+}
+
+/// The `(writer, interval)` entry [`pack_applied`] made.
+pub fn unpack_applied(packed: u64) -> (u16, u32) {
+    ((packed >> 32) as u16, packed as u32)
+}
+
 /// Most `applied` entries a page installed by the handler carries (as many as a lane).
 pub const FETCHED_APPLIED_MAX: usize = 64;
 
@@ -216,17 +227,14 @@ impl FastFaults {
 
     /// Engine side: the page the handler installed since the last look, if any.
     pub fn take_fetched(&self) -> Option<FetchedPage> {
-        if self.fetched.load(Ordering::Acquire) == 0 {
-            return None;
-        }
-        let page = (self.fetched.load(Ordering::Acquire) - 1) as PageNo;
+        let page = match self.fetched.load(Ordering::Acquire) {
+            0 => return None,
+            v => (v - 1) as PageNo,
+        };
         let n = self.fetched_applied_len.load(Ordering::Relaxed);
         let applied = self.fetched_applied[..n]
             .iter()
-            .map(|a| {
-                let a = a.load(Ordering::Relaxed);
-                ((a >> 32) as u16, a as u32)
-            })
+            .map(|a| unpack_applied(a.load(Ordering::Relaxed)))
             .collect();
         let home = self.fetched_from.load(Ordering::Relaxed) as u16;
         self.fetched.store(0, Ordering::Release);
