@@ -172,8 +172,9 @@ fn ranks_of_one_host_share_one_segment_and_no_page_travels() {
 }
 
 /// Over rings, a read fault on a co-located home's page takes the page from the link's
-/// lane in the faulting thread itself; with the handler's paths off (`DSM_FAST_FAULTS=0`)
-/// every page comes in a reply. Both verify, and race detection too.
+/// lane in the faulting thread itself, which also asks the home for it when the page
+/// needs nothing else; with the handler's paths off (`DSM_FAST_FAULTS=0`) every page comes
+/// in a reply to the comm thread's request. All verify, and race detection too.
 #[test]
 fn a_faulting_rank_takes_co_located_pages_from_the_lane() {
     for (fast, race) in [(true, false), (false, false), (true, true)] {
@@ -195,15 +196,23 @@ fn a_faulting_rank_takes_co_located_pages_from_the_lane() {
                 .sum()
         };
         let (fetched, lane) = (sum("pages_fetched"), sum("lane_pages"));
-        eprintln!("{what}: {fetched} pages fetched, {lane} from the lane by the faulting thread");
-        assert!(lane <= fetched, "{what}");
+        let (asked, requests) = (sum("handler_fetches"), sum("fetch_requests"));
+        eprintln!(
+            "{what}: {fetched} pages fetched, {lane} from the lane by the faulting thread, \
+             {asked} of {requests} requests asked by the handler itself"
+        );
+        assert!(lane <= fetched && asked <= requests, "{what}");
         if fast {
             assert!(
                 lane > 0,
                 "{what}: no page was taken from a lane ({fetched} fetched)"
             );
+            assert!(
+                asked > 0,
+                "{what}: the handler never asked a home itself ({requests} requests)"
+            );
         } else {
-            assert_eq!(lane, 0, "{what}: lanes need the handler's paths");
+            assert_eq!(lane + asked, 0, "{what}: lanes need the handler's paths");
         }
     }
 }

@@ -416,9 +416,16 @@ impl Shared {
                 LaneState::Taken => std::thread::yield_now(),
                 LaneState::Full => {
                     match lane.full() {
-                        Some((p, after)) if p == u64::from(page) && after == starts_at => {}
+                        Some(at) if at.page == u64::from(page) && at.after == starts_at => {}
                         Some(_) => return msg,
                         None => continue,
+                    }
+                    // The faulting thread asked for this very page and polls for it: it
+                    // takes it as soon as it runs (every frame before this one has been
+                    // delivered), or hands the wait to this thread first.
+                    if sys::handler_asking() && sys::lane_awaited(peer) {
+                        std::thread::yield_now();
+                        continue;
                     }
                     // The faulting thread, polling for this very page, takes it faster
                     // than this thread can install it and wake it: let it, for a while.
@@ -533,7 +540,7 @@ impl Shared {
         }
         let deliver = &mut |peer: usize, msg: Msg| self.deliver(peer, msg);
         let mut quiet_since = now;
-        while !self.dying.load(Ordering::Relaxed) {
+        while !self.dying.load(Ordering::Relaxed) && !sys::handler_asking() {
             let frames = outbox.poll_rings(deliver);
             crate::spin::FRAMES_FOLLOWED.fetch_add(frames as u64, Ordering::Relaxed);
             let mut busy = frames > 0;
@@ -994,6 +1001,11 @@ fn comm_main(
                 }
                 if let Some(fault) = s.mailbox.take() {
                     s.serve_faults(fault, seg, chaos_on);
+                } else {
+                    // The handler woke this thread for the pages it fetched itself.
+                    let mut engine = s.engine();
+                    let outputs = engine.on_handler_work();
+                    s.dispatch(&mut engine, outputs);
                 }
             }
         });

@@ -24,6 +24,7 @@ use std::sync::atomic::{
 use std::sync::{Arc, OnceLock};
 
 use crate::engine::{FastFaults, Prot};
+use dsm_net::transport::LaneEnd;
 use dsm_proto::PAGE_SIZE;
 
 fn prot_bits(prot: Prot) -> libc::c_int {
@@ -743,6 +744,11 @@ const SLOT_PENDING: u32 = 2;
 const SLOT_TAKEN: u32 = 3;
 const SLOT_RESOLVED: u32 = 4;
 const SLOT_CRASH: u32 = 5;
+/// The handler asked a co-located home for the page itself (see [`ask_lane_home`]) and
+/// polls its lane; the comm thread leaves the slot alone unless a reply to that request
+/// reaches it first (it then resolves the fault) or the handler hands the wait over
+/// (`SLOT_PENDING`).
+const SLOT_ASKED: u32 = 6;
 
 static SEG_START: AtomicUsize = AtomicUsize::new(0);
 static SEG_END: AtomicUsize = AtomicUsize::new(0);
@@ -801,8 +807,7 @@ impl Drop for InEngine {
 /// The page lanes from co-located homes, indexed by rank, for the handler: a value from
 /// `Box::into_raw` never given back (a later job in the same process replaces it and
 /// leaks the old one), so a loaded pointer stays valid for the process's life.
-static LANES: AtomicPtr<Vec<Option<dsm_net::transport::LaneEnd>>> =
-    AtomicPtr::new(std::ptr::null_mut());
+static LANES: AtomicPtr<Vec<Option<LaneEnd>>> = AtomicPtr::new(std::ptr::null_mut());
 /// `home + 1` while the fault in service waits for a page from `home`'s lane; 0 otherwise.
 static LANE_HOME: AtomicU32 = AtomicU32::new(0);
 
@@ -820,7 +825,86 @@ pub(crate) fn set_lanes(lanes: &[dsm_net::transport::LaneEnd], size: usize) {
 /// Whether the fault in service waits for a page from `home`'s lane (its thread polls it).
 pub(crate) fn lane_awaited(home: usize) -> bool {
     LANE_HOME.load(Ordering::Acquire) == home as u32 + 1
-        && SLOT_STATE.load(Ordering::Acquire) == SLOT_TAKEN
+        && matches!(SLOT_STATE.load(Ordering::Acquire), SLOT_TAKEN | SLOT_ASKED)
+}
+
+/// From the handler, holding the fault slot for a read fault at `addr`: if the engine
+/// armed the page for a fetch of the handler's own ([`FastFaults::claim_fetch`]), asks its
+/// co-located home for it through the request slot of the lane towards the home, behind
+/// every frame this node has handed to that link, and rings the home's bell if its reader
+/// sleeps. The page then comes back through the home's lane as for a fetch the comm
+/// thread asked for, with neither thread of this node in the way. Returns whether it
+/// asked. Nothing here allocates, locks or blocks: atomics and at most one `write(2)`.
+fn ask_lane_home(addr: usize, start: usize) -> Option<&'static LaneEnd> {
+    let fast = FAST.load(Ordering::Acquire);
+    if fast.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null value of FAST is never freed (see its doc).
+    let fast = unsafe { &*fast };
+    let page = (addr - start) / PAGE_SIZE;
+    let home = fast.claim_fetch(page)?;
+    let Some(end) = lane_end(usize::from(home)) else {
+        fast.unclaim_fetch(page);
+        return None;
+    };
+    // Before the request: the home may answer at once.
+    end.region.lane(end.dir).set_taker_polling(true);
+    let lane = end.region.lane(end.to_peer);
+    if !lane.post_request(page as u64, end.sent.load(Ordering::Acquire)) {
+        end.region.lane(end.dir).set_taker_polling(false);
+        fast.unclaim_fetch(page);
+        return None;
+    }
+    LANE_HOME.store(u32::from(home) + 1, Ordering::Release);
+    if end.region.reader_needs_wake(end.to_peer) {
+        ring_eventfd(&end.peer_bell);
+    }
+    Some(end)
+}
+
+/// The lane end shared with co-located `peer`, if any.
+fn lane_end(peer: usize) -> Option<&'static LaneEnd> {
+    let table = LANES.load(Ordering::Acquire);
+    if table.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null value of LANES is never freed (see its doc), so the reference may
+    // live for the rest of the process.
+    let table: &'static Vec<Option<LaneEnd>> = unsafe { &*table };
+    table.get(peer)?.as_ref()
+}
+
+/// From the handler, which asked `end`'s peer for a page and stops polling its lane (the
+/// page taken, the fault resolved, or the wait handed to the comm thread): says so in the
+/// lane, and with `wake_reader` rings this node's reader of the peer's ring, which then
+/// reads an announcement the peer may have left without ringing while this thread polled.
+fn stop_polling_lane(end: &LaneEnd, wake_reader: bool) {
+    end.region.lane(end.dir).set_taker_polling(false);
+    if wake_reader {
+        ring_eventfd(&end.own_bell);
+    }
+}
+
+/// Rings an eventfd bell (async-signal-safe: one `write(2)`).
+fn ring_eventfd(bell: &std::os::fd::OwnedFd) {
+    let one = 1u64.to_ne_bytes();
+    // SAFETY: write(2) on an eventfd is async-signal-safe; the buffer is 8 valid bytes and
+    // the descriptor belongs to the never-freed lane table.
+    unsafe {
+        libc::write(
+            std::os::fd::AsRawFd::as_raw_fd(bell),
+            one.as_ptr().cast(),
+            8,
+        )
+    };
+}
+
+/// Whether the faulting thread asked a co-located home for its page itself and polls for
+/// it (`SLOT_ASKED`): the comm thread then keeps off the cores (its polling would only
+/// compete with that thread and with the home's) and leaves the page to it.
+pub(crate) fn handler_asking() -> bool {
+    SLOT_STATE.load(Ordering::Acquire) == SLOT_ASKED
 }
 
 /// The comm thread, about to ask `home` for the faulting page through its lane.
@@ -850,7 +934,8 @@ fn take_page_from_lane(addr: usize, start: usize) -> bool {
     let page = (addr - start) / PAGE_SIZE;
     let lane = end.region.lane(end.dir);
     match lane.full() {
-        Some((p, after)) if p == page as u64 && end.delivered.load(Ordering::Acquire) >= after => {}
+        Some(at) if at.page == page as u64 && end.delivered.load(Ordering::Acquire) >= at.needs => {
+        }
         _ => return false,
     }
     if !lane.take() {
@@ -878,6 +963,11 @@ fn take_page_from_lane(addr: usize, start: usize) -> bool {
         return false;
     }
     lane.release();
+    if fast.fetched_backlog_high() {
+        // No fault of this thread has reached the comm thread for a while: have its engine
+        // take the records in before they run out.
+        kick_unless_watched();
+    }
     true
 }
 
@@ -1124,24 +1214,21 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
     }
     SLOT_ADDR.store(addr, Ordering::Relaxed);
     SLOT_KIND.store(fault_is_write(ctx), Ordering::Relaxed);
-    // SeqCst against the comm thread's `COMM_WATCHING` clear and re-look
-    // (`FaultMailbox::watch`): either it sees this fault, or this thread sees it is not
-    // watching and kicks it.
-    SLOT_STATE.store(SLOT_PENDING, Ordering::SeqCst);
-    if !COMM_WATCHING.load(Ordering::SeqCst) {
-        let kick: u8 = 1;
-        // SAFETY: write(2) on a socket is async-signal-safe; the buffer is 1 valid byte.
-        unsafe {
-            libc::write(
-                FAULT_KICK_FD.load(Ordering::Relaxed),
-                (&kick as *const u8).cast(),
-                1,
-            )
-        };
-    }
     // A parked fault polls for the process's budget before it sleeps (`crate::spin`).
     let spin_ns = crate::spin::budget_ns();
-    let spin_from = if spin_ns > 0 { monotonic_ns() } else { 0 };
+    // A read fault of a page the engine armed asks the home itself, if this thread will
+    // poll for the answer; otherwise, or once the budget is spent, the comm thread takes
+    // the fault (and with it the wait for the copy).
+    let mut asked = None;
+    if spin_ns > 0 && fault_is_write(ctx) == 0 {
+        asked = ask_lane_home(addr, start);
+    }
+    if asked.is_some() {
+        set_slot(SLOT_ASKED);
+    } else {
+        hand_to_comm_thread();
+    }
+    let mut spin_from = if spin_ns > 0 { monotonic_ns() } else { 0 };
     let (mut polled, mut slept) = (false, false);
     // A read fault is a fetch of an invalid page (or a wild access): once the comm thread
     // has taken it, this thread has nothing to do until the page comes.
@@ -1152,12 +1239,17 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
         if s == SLOT_RESOLVED || s == SLOT_CRASH {
             break s;
         }
-        if s == SLOT_TAKEN && commit_page {
+        if (s == SLOT_TAKEN || s == SLOT_ASKED) && commit_page {
             if take_page_from_lane(addr, start) {
+                if let Some(end) = asked.take() {
+                    stop_polling_lane(end, false);
+                }
                 // The fault is over: the engine takes the page in from the record at the
                 // start of its next event (before any next fault), resolving nothing.
                 LANE_HOME.store(0, Ordering::Release);
-                crate::spin::count_wait(true);
+                if polled || slept {
+                    crate::spin::count_wait(!slept);
+                }
                 set_slot(SLOT_IDLE);
                 // SAFETY: restoring this thread's errno.
                 unsafe { *errno = saved_errno };
@@ -1175,11 +1267,35 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
             unsafe { libc::sched_yield() };
             continue;
         }
+        if s == SLOT_ASKED {
+            // No answer within the budget: the comm thread takes over the wait (its engine
+            // adopts the fetch this thread asked for), and this thread sleeps.
+            if let Some(end) = asked.take() {
+                stop_polling_lane(end, true);
+            }
+            if SLOT_STATE
+                .compare_exchange(
+                    SLOT_ASKED,
+                    SLOT_PENDING,
+                    Ordering::SeqCst,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+            {
+                kick_unless_watched();
+            }
+            spin_from = monotonic_ns();
+            continue;
+        }
         slept = true;
         sleep_on_slot(s);
     };
     if polled || slept {
         crate::spin::count_wait(!slept);
+    }
+    if let Some(end) = asked {
+        // Resolved by the comm thread, which read the announcement already.
+        stop_polling_lane(end, false);
     }
     set_slot(SLOT_IDLE);
     if outcome == SLOT_CRASH {
@@ -1188,6 +1304,31 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
     }
     // SAFETY: restoring this thread's errno.
     unsafe { *errno = saved_errno };
+}
+
+/// From the handler: posts the fault in the slot for the comm thread and wakes it, unless
+/// it is watching the slot already.
+fn hand_to_comm_thread() {
+    // SeqCst against the comm thread's `COMM_WATCHING` clear and re-look
+    // (`FaultMailbox::watch`): either it sees this fault, or this thread sees it is not
+    // watching and kicks it.
+    SLOT_STATE.store(SLOT_PENDING, Ordering::SeqCst);
+    kick_unless_watched();
+}
+
+/// From the handler, a fault just posted: kicks the comm thread unless it watches the slot.
+fn kick_unless_watched() {
+    if !COMM_WATCHING.load(Ordering::SeqCst) {
+        let kick: u8 = 1;
+        // SAFETY: write(2) on a socket is async-signal-safe; the buffer is 1 valid byte.
+        unsafe {
+            libc::write(
+                FAULT_KICK_FD.load(Ordering::Relaxed),
+                (&kick as *const u8).cast(),
+                1,
+            )
+        };
+    }
 }
 
 /// Receiving end of the fault mailbox, owned by the comm thread.
@@ -1251,7 +1392,12 @@ impl FaultMailbox {
     /// flag set is taken here rather than left without a kick.
     pub(crate) fn watch(&self, budget: std::time::Duration) -> Option<Fault> {
         COMM_WATCHING.store(true, Ordering::SeqCst);
-        let seen = crate::spin::poll_for(budget, || self.take());
+        let seen = crate::spin::poll_for(budget, || match self.take() {
+            Some(f) => Some(Some(f)),
+            None if handler_asking() => Some(None),
+            None => None,
+        })
+        .flatten();
         COMM_WATCHING.store(false, Ordering::SeqCst);
         seen.or_else(|| self.take())
     }

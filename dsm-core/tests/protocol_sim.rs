@@ -370,6 +370,21 @@ struct Sim {
     lane_comm_takes: u64,
     /// Lane replies sent as plain replies (the lane could not take them).
     lane_refused: u64,
+    /// Per link (`from * n + to`), the request the sender's handler posted in the link's
+    /// lane (`sys::ask_lane_home`): the page and how many messages of the link must have
+    /// been delivered before it (everything sent before it).
+    requests: Vec<Option<(PageNo, u64)>>,
+    /// Messages delivered so far per link.
+    popped: Vec<u64>,
+    /// Per node, the page its handler asked for and polls the lane for (`SLOT_ASKED`).
+    asked: Vec<Option<PageNo>>,
+    /// Read faults whose home the simulated handler asked itself.
+    handler_asks: u64,
+    /// Of those, waits the handler handed to the comm thread (its budget spent).
+    ask_handovers: u64,
+    /// Of those, faults the engine resolved while the handler still polled (the copy
+    /// reached the comm thread first).
+    asks_resolved_by_comm: u64,
 }
 
 impl Sim {
@@ -406,6 +421,9 @@ impl Sim {
                 Output::FaultResolved => {
                     assert_eq!(self.nodes[k].wait, Wait::Fault, "node {k}");
                     self.nodes[k].wait = Wait::Running;
+                    if self.asked[k].take().is_some() {
+                        self.asks_resolved_by_comm += 1;
+                    }
                 }
                 Output::FaultCrash => panic!("node {k}: fault reported as a crash"),
                 Output::Reply(r) => {
@@ -598,7 +616,13 @@ impl Sim {
     /// access go at once. Returns whether it did.
     fn handler_takes_lane(&mut self, li: usize) -> bool {
         let (from, to) = (li / self.n, li % self.n);
-        let Some(Msg::LanePageReply { page }) = self.links[li].front() else {
+        // The handler needs every frame before the page's announcement delivered, except
+        // announcements of pages it took before (the lane's `needs`).
+        let in_lane = self.lanes[li].as_ref().map(|c| c.page);
+        let taken_before =
+            |m: &&Msg| matches!(m, Msg::LanePageReply { page } if Some(*page) != in_lane);
+        let Some(Msg::LanePageReply { page }) = self.links[li].iter().find(|m| !taken_before(m))
+        else {
             return false;
         };
         let page = *page;
@@ -627,8 +651,75 @@ impl Sim {
         mem.data[page as usize * PAGE_SIZE..][..PAGE_SIZE].copy_from_slice(&copy.data);
         mem.prot[page as usize] = Prot::Read;
         self.nodes[to].wait = Wait::Running;
+        self.asked[to] = None;
         self.lane_takes += 1;
+        if fast.fetched_backlog_high() {
+            // As the runtime's handler: the comm thread is woken to have the engine take
+            // the records in.
+            let outs = self.nodes[to].eng.on_handler_work();
+            self.outputs(to, outs);
+        }
         true
+    }
+
+    /// The handler of node `k`, at a read fault on `page` (inaccessible), asking the
+    /// page's co-located home itself if the engine armed the page for that, as
+    /// `sys::ask_lane_home` does: the request goes into the lane of the link to the home,
+    /// behind every message already sent on it, and the node waits for the page without
+    /// the engine hearing of the fault. Returns whether it asked.
+    fn handler_asks_home(&mut self, k: usize, page: usize) -> bool {
+        let Some(fast) = self.nodes[k].eng.fast_faults().cloned() else {
+            return false;
+        };
+        let Some(home) = fast.claim_fetch(page) else {
+            return false;
+        };
+        let li = k * self.n + home as usize;
+        assert!(
+            self.requests[li].is_none() && self.asked[k].is_none(),
+            "node {k}: a second request while one is pending"
+        );
+        self.requests[li] = Some((
+            page as PageNo,
+            self.popped[li] + self.links[li].len() as u64,
+        ));
+        self.asked[k] = Some(page as PageNo);
+        self.nodes[k].wait = Wait::Fault;
+        self.handler_asks += 1;
+        true
+    }
+
+    /// The home's transport delivering the request in link `li`'s lane once every
+    /// message sent before it has been delivered. Returns whether it did.
+    fn deliver_request(&mut self, li: usize) -> bool {
+        let Some((page, after)) = self.requests[li] else {
+            return false;
+        };
+        if self.popped[li] < after {
+            return false;
+        }
+        self.requests[li] = None;
+        let (from, to) = (li / self.n, li % self.n);
+        let msg = Msg::PageRequest {
+            pages: vec![page],
+            required: Vec::new(),
+            lane: true,
+        };
+        self.delivered.push((from, to, msg.clone()));
+        let outs = self.nodes[to].eng.on_peer_message(from as NodeId, msg);
+        self.outputs(to, outs);
+        true
+    }
+
+    /// Node `k`'s handler, its polling budget spent, handing the wait for the page it
+    /// asked for to the comm thread: the fault reaches the engine, which adopts the fetch.
+    fn hand_over_ask(&mut self, k: usize) {
+        let Some(page) = self.asked[k].take() else {
+            return;
+        };
+        self.ask_handovers += 1;
+        let outs = self.nodes[k].eng.on_fault(Some(page), Some(false));
+        self.outputs(k, outs);
     }
 
     fn access_page(&mut self, k: usize, page: usize, write: bool) -> bool {
@@ -665,6 +756,9 @@ impl Sim {
         };
         if ok {
             return true;
+        }
+        if prot == Prot::None && !write && self.rand(4) != 0 && self.handler_asks_home(k, page) {
+            return false;
         }
         self.nodes[k].wait = Wait::Fault;
         let outs = self.nodes[k]
@@ -1105,6 +1199,21 @@ impl Sim {
             let links: Vec<usize> = (0..self.links.len())
                 .filter(|&i| !self.links[i].is_empty())
                 .collect();
+            let requests: Vec<usize> = (0..self.requests.len())
+                .filter(|&i| self.requests[i].is_some_and(|(_, after)| self.popped[i] >= after))
+                .collect();
+            let only_requests = runnable.is_empty() && links.is_empty();
+            if !requests.is_empty() && (only_requests || self.rand(3) == 0) {
+                let li = requests[self.rand(requests.len())];
+                assert!(self.deliver_request(li));
+                continue;
+            }
+            let asking: Vec<usize> = (0..self.n).filter(|&k| self.asked[k].is_some()).collect();
+            if !asking.is_empty() && self.rand(16) == 0 {
+                let k = asking[self.rand(asking.len())];
+                self.hand_over_ask(k);
+                continue;
+            }
             if runnable.is_empty() && links.is_empty() {
                 if !all_done {
                     return;
@@ -1128,6 +1237,7 @@ impl Sim {
                     continue;
                 }
                 let mut msg = self.links[li].pop_front().unwrap();
+                self.popped[li] += 1;
                 let (from, to) = (li / self.n, li % self.n);
                 if let Msg::LanePageReply { page } = msg {
                     // The runtime's comm thread: the page is still in the lane (the
@@ -1374,6 +1484,12 @@ fn sim_with_setup(
         lane_takes: 0,
         lane_comm_takes: 0,
         lane_refused: 0,
+        requests: (0..n * n).map(|_| None).collect(),
+        popped: vec![0; n * n],
+        asked: vec![None; n],
+        handler_asks: 0,
+        ask_handovers: 0,
+        asks_resolved_by_comm: 0,
     };
     // Variables spread over the pages, several per page (false sharing across locks).
     let slots = specs[0].homes.len() * PAGE_SIZE / 8;
@@ -1527,6 +1643,48 @@ fn faults_through_page_lanes_keep_programs_sequentially_consistent() {
     assert!(handler > 0, "the handler never took a page from a lane");
     assert!(comm > 0, "the comm thread never took a page from a lane");
     assert!(refused > 0, "no lane reply fell back to a plain reply");
+}
+
+/// Read faults whose handler asks the co-located home itself, through the request slot
+/// of the link's lane: the request reaches the home only behind every message sent before
+/// it, the handler takes the page from the lane, or hands its wait to the comm thread when
+/// its budget is spent, or the copy reaches the comm thread first and the engine adopts
+/// the fetch and resolves the fault. Programs stay sequentially consistent, every request
+/// is answered once, and the engines count each handler request exactly once.
+#[test]
+fn handlers_asking_homes_themselves_keep_programs_sequentially_consistent() {
+    let (mut asks, mut handovers, mut by_comm, mut taken) = (0, 0, 0, 0);
+    for seed in 0..cases(300) as u64 {
+        let seed = seed * 3 + 2; // lanes on
+        let n = 2 + (seed % 3) as usize;
+        let homes: Vec<usize> = (0..4).map(|p| (seed as usize + p) % n).collect();
+        let mut s = sim_with(n, &[AllocSpec { elem: 8, homes }], 6, seed, false);
+        random_program(&mut s, 6, 2, 3, 4);
+        s.run();
+        let counted: u64 = s.nodes.iter().map(|n| n.eng.stats().handler_fetches).sum();
+        assert_eq!(
+            counted, s.handler_asks,
+            "seed {seed}: every request the handler made reached its engine once"
+        );
+        assert!(
+            s.requests.iter().all(Option::is_none) && s.asked.iter().all(Option::is_none),
+            "seed {seed}: a request left unanswered"
+        );
+        asks += s.handler_asks;
+        handovers += s.ask_handovers;
+        by_comm += s.asks_resolved_by_comm;
+        taken += s.lane_takes;
+    }
+    assert!(asks > 0, "no handler asked a home itself");
+    assert!(
+        handovers > 0,
+        "no handler handed its wait to the comm thread"
+    );
+    assert!(
+        by_comm > 0,
+        "no copy for a handler's request reached the comm thread"
+    );
+    assert!(taken > 0, "no handler took its page from the lane");
 }
 
 proptest! {

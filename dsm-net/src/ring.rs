@@ -33,7 +33,7 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use thiserror::Error;
 
 /// Identifies a dsm shared-memory region and its layout version.
-const MAGIC: u64 = u64::from_le_bytes(*b"dsmring2");
+const MAGIC: u64 = u64::from_le_bytes(*b"dsmring3");
 /// Bytes of the header before the first ring's data: the identification line and one cache
 /// line per ring side.
 const HEADER: usize = 4096;
@@ -271,6 +271,25 @@ pub enum LaneState {
     Taken,
 }
 
+/// Where a page in a lane stands in its ring (see [`Lane::publish`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LanePosition {
+    /// The page.
+    pub page: u64,
+    /// Ring position where the frame announcing the page starts.
+    pub after: u64,
+    /// Ring position after the last frame before it that announces no lane page.
+    pub needs: u64,
+}
+
+/// Offset in a lane's control page of its request slot: `page + 1` (0: none), then the
+/// ring position the request comes after. Written by the lane ring's writer, the
+/// requester; taken by the ring's reader.
+const REQUEST: usize = 2048;
+/// Offset in a lane's control page of the taker's flag: nonzero while a thread of the
+/// requester polls the lane for a page (see [`Lane::set_taker_polling`]).
+const TAKER_POLLING: usize = 2112;
+
 const LANE_EMPTY: u32 = 0;
 const LANE_FULL: u32 = 1;
 const LANE_TAKEN: u32 = 2;
@@ -318,17 +337,22 @@ impl Lane<'_> {
     }
 
     /// Home side: leaves `page`'s `data` and its `applied` entries in an empty lane,
-    /// noting `after`, the ring position of everything sent before it. Returns false (and
-    /// changes nothing) if the lane is not empty or `applied` does not fit.
-    pub fn publish(&self, page: u64, after: u64, applied: &[u64], data: &[u8]) -> bool {
+    /// noting `after`, the ring position of everything sent before it (where the frame
+    /// announcing the page starts), and `needs`, the position after the last frame before
+    /// it that is not itself such an announcement: a faulting thread may take the page
+    /// once the frames up to `needs` are delivered, without waiting for announcements of
+    /// pages it took before. Returns false (and changes nothing) if the lane is not empty
+    /// or `applied` does not fit.
+    pub fn publish(&self, at: LanePosition, applied: &[u64], data: &[u8]) -> bool {
         assert_eq!(data.len(), 4096, "a lane carries one page");
         if applied.len() > LANE_APPLIED_MAX
             || self.state_word().load(Ordering::Acquire) != LANE_EMPTY
         {
             return false;
         }
-        self.word(8).store(page, Ordering::Relaxed);
-        self.word(16).store(after, Ordering::Relaxed);
+        self.word(8).store(at.page, Ordering::Relaxed);
+        self.word(16).store(at.after, Ordering::Relaxed);
+        self.word(32).store(at.needs, Ordering::Relaxed);
         self.word(24).store(applied.len() as u64, Ordering::Relaxed);
         for (i, &a) in applied.iter().enumerate() {
             self.word(64 + 8 * i).store(a, Ordering::Relaxed);
@@ -346,15 +370,61 @@ impl Lane<'_> {
         true
     }
 
-    /// Requester side: the page a full lane holds and the ring position the requester
-    /// must have delivered up to before using it.
-    pub fn full(&self) -> Option<(u64, u64)> {
-        (self.state_word().load(Ordering::Acquire) == LANE_FULL).then(|| {
-            (
-                self.word(8).load(Ordering::Relaxed),
-                self.word(16).load(Ordering::Relaxed),
-            )
+    /// Requester side: the page a full lane holds and where it stands in the ring.
+    pub fn full(&self) -> Option<LanePosition> {
+        (self.state_word().load(Ordering::Acquire) == LANE_FULL).then(|| LanePosition {
+            page: self.word(8).load(Ordering::Relaxed),
+            after: self.word(16).load(Ordering::Relaxed),
+            needs: self.word(32).load(Ordering::Relaxed),
         })
+    }
+
+    /// Requester side (the writer of this lane's ring, which owns the request slot): asks
+    /// the peer for `page` through its lane, to be served once the peer has delivered this
+    /// ring's frames up to position `after` (everything sent before the request). Returns
+    /// false if an earlier request is still pending (only one may be).
+    pub fn post_request(&self, page: u64, after: u64) -> bool {
+        let slot = self.word(REQUEST);
+        if slot.load(Ordering::Acquire) != 0 {
+            return false;
+        }
+        self.word(REQUEST + 8).store(after, Ordering::Relaxed);
+        // SeqCst against the reader's `prepare_wait`: either it sees the request, or the
+        // requester sees it waiting and rings its bell.
+        slot.store(page + 1, Ordering::SeqCst);
+        true
+    }
+
+    /// Peer side (this ring's reader): the pending request, as `(page, after)`.
+    pub fn pending_request(&self) -> Option<(u64, u64)> {
+        match self.word(REQUEST).load(Ordering::SeqCst) {
+            0 => None,
+            v => Some((v - 1, self.word(REQUEST + 8).load(Ordering::Relaxed))),
+        }
+    }
+
+    /// Peer side: takes the pending request for `page` off the slot (the requester may
+    /// post the next one).
+    pub fn take_request(&self, page: u64) -> bool {
+        self.word(REQUEST)
+            .compare_exchange(page + 1, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Requester side: says whether a thread polls this lane for its page. While one does,
+    /// the home's announcement of the page need not wake the requester's reader (the
+    /// poller takes the page; the announcement waits in the ring for the next frame that
+    /// rings). SeqCst against the home's look after its commit: a poller that stops
+    /// polling and then wakes its own reader finds the announcement in the ring, or the
+    /// home sees the flag clear and rings.
+    pub fn set_taker_polling(&self, polling: bool) {
+        self.word(TAKER_POLLING)
+            .store(u64::from(polling), Ordering::SeqCst);
+    }
+
+    /// Home side: whether a thread of the requester polls this lane.
+    pub fn taker_polling(&self) -> bool {
+        self.word(TAKER_POLLING).load(Ordering::SeqCst) != 0
     }
 
     /// Requester side: takes a full lane for this thread; false if it is not full (empty,
@@ -398,6 +468,14 @@ impl Lane<'_> {
 }
 
 impl Region {
+    /// Whether ring `dir`'s reader said it is going to sleep (and so needs its bell
+    /// rung); clears the flag. For the ring's writer, and for a thread that posted a
+    /// request in the lane of `dir` ([`Lane::post_request`]).
+    pub fn reader_needs_wake(&self, dir: Direction) -> bool {
+        let flag = self.side(dir).reader_waiting;
+        flag.load(Ordering::SeqCst) != 0 && flag.swap(0, Ordering::SeqCst) != 0
+    }
+
     /// The page lane that travels with ring `dir` (written by that ring's writer).
     pub fn lane(&self, dir: Direction) -> Lane<'_> {
         Lane {
@@ -481,8 +559,7 @@ impl RingWriter {
     /// Whether the reader said it is going to sleep (and so needs its bell rung); clears
     /// the flag, so one commit rings at most once.
     pub fn reader_needs_wake(&self) -> bool {
-        let flag = self.region.side(self.dir).reader_waiting;
-        flag.load(Ordering::SeqCst) != 0 && flag.swap(0, Ordering::SeqCst) != 0
+        self.region.reader_needs_wake(self.dir)
     }
 
     /// Announces that the writer is about to wait for space; returns whether there is space
@@ -559,7 +636,7 @@ impl RingReader {
         let side = self.region.side(self.dir);
         side.reader_waiting.store(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
-        if self.committed(&side, Ordering::SeqCst)? > 0 {
+        if self.committed(&side, Ordering::SeqCst)? > 0 || self.request_ready() {
             side.reader_waiting.store(0, Ordering::Relaxed);
             Ok(true)
         } else {
@@ -580,6 +657,19 @@ impl RingReader {
     /// The ring position after everything read so far.
     pub fn position(&self) -> u64 {
         self.head
+    }
+
+    /// The lane that travels with this ring (its request slot is the reader's to take).
+    pub fn lane(&self) -> Lane<'_> {
+        self.region.lane(self.dir)
+    }
+
+    /// Whether the lane holds a request this reader could serve once it has delivered
+    /// what it read (its frames up to the request's position are out of the ring).
+    fn request_ready(&self) -> bool {
+        self.lane()
+            .pending_request()
+            .is_some_and(|(_, after)| after <= self.head)
     }
 
     /// Committed bytes not yet read.
@@ -740,20 +830,20 @@ mod tests {
         let page: Vec<u8> = (0..4096).map(|i| (i * 7) as u8).collect();
         assert_eq!(home.state(), LaneState::Empty);
         assert_eq!(home.full(), None);
-        assert!(home.publish(9, 1234, &[5 << 32 | 2, 1 << 32 | 7], &page));
-        assert_eq!(home.full(), Some((9, 1234)));
+        assert!(home.publish(at(9, 1234, 1200), &[5 << 32 | 2, 1 << 32 | 7], &page));
+        assert_eq!(home.full(), Some(at(9, 1234, 1200)));
         assert_eq!(
             back.state(),
             LaneState::Empty,
             "each direction has its own lane"
         );
         assert!(
-            !home.publish(10, 0, &[], &page),
+            !home.publish(at(10, 0, 0), &[], &page),
             "a full lane takes nothing more"
         );
         let too_many = vec![0; LANE_APPLIED_MAX + 1];
         assert!(
-            !back.publish(1, 0, &too_many, &page),
+            !back.publish(at(1, 0, 0), &too_many, &page),
             "too many entries for a lane"
         );
         assert_eq!(back.state(), LaneState::Empty);
@@ -768,13 +858,57 @@ mod tests {
         assert_eq!(home.copy_out(&mut applied, &mut data), (9, 2));
         assert_eq!(&applied[..2], &[5 << 32 | 2, 1 << 32 | 7]);
         assert_eq!(data, page);
-        assert!(!home.publish(11, 0, &[], &page), "still taken");
+        assert!(!home.publish(at(11, 0, 0), &[], &page), "still taken");
         home.release();
-        assert!(home.publish(11, 0, &[], &page), "empty again");
+        assert!(home.publish(at(11, 0, 0), &[], &page), "empty again");
 
         // The peer's mapping of the same file sees the same lane.
         let peer = Region::open(region.fd().try_clone().unwrap()).unwrap();
-        assert_eq!(peer.lane(Direction::Forward).full(), Some((11, 0)));
+        assert_eq!(peer.lane(Direction::Forward).full(), Some(at(11, 0, 0)));
+    }
+
+    fn at(page: u64, after: u64, needs: u64) -> LanePosition {
+        LanePosition { page, after, needs }
+    }
+
+    #[test]
+    fn a_request_in_the_lane_waits_for_the_frames_sent_before_it() {
+        let region = std::sync::Arc::new(Region::create(4096, [0; 32]).unwrap());
+        let (mut writer, mut reader) = (
+            RingWriter::new(region.clone(), Direction::Forward),
+            RingReader::new(region.clone(), Direction::Forward),
+        );
+        let peer = Region::open(region.fd().try_clone().unwrap()).unwrap();
+        assert_eq!(writer.write(b"frame").unwrap(), 5);
+        // The requester posts behind the frame it sent.
+        let lane = peer.lane(Direction::Forward);
+        assert!(lane.post_request(42, writer.position()));
+        assert!(!lane.post_request(43, 0), "one request at a time");
+        assert_eq!(reader.lane().pending_request(), Some((42, 5)));
+        assert!(!reader.request_ready(), "its frame is still in the ring");
+        let mut buf = Vec::new();
+        reader.read_into(&mut buf, 64).unwrap();
+        assert!(reader.request_ready());
+        assert!(
+            reader.prepare_wait().unwrap(),
+            "a ready request keeps it awake"
+        );
+        reader.stop_waiting();
+        assert!(!reader.lane().take_request(41), "only the pending page");
+        assert!(reader.lane().take_request(42));
+        assert_eq!(reader.lane().pending_request(), None);
+        assert!(!reader.prepare_wait().unwrap(), "nothing left: it sleeps");
+        assert!(lane.post_request(43, 5), "the slot is free again");
+        assert!(
+            peer.reader_needs_wake(Direction::Forward),
+            "the reader announced its sleep: the requester rings"
+        );
+        assert!(!peer.reader_needs_wake(Direction::Forward), "once");
+        assert_eq!(
+            region.lane(Direction::Backward).pending_request(),
+            None,
+            "each direction has its own slot"
+        );
     }
 
     #[test]

@@ -25,7 +25,7 @@
 use crate::bootstrap::Mesh;
 use crate::colocate::ShmLink;
 use crate::framing::{codec, decode, encode, WireError, MAX_FRAME};
-use crate::ring::{register_bell, Direction, Lane, Region, RingReader, RingWriter};
+use crate::ring::{register_bell, Direction, Lane, LanePosition, Region, RingReader, RingWriter};
 use bytes::Bytes;
 use dsm_proto::liveness::heartbeat_period;
 use dsm_proto::Msg;
@@ -92,6 +92,10 @@ struct Link {
     /// Something other than a heartbeat was handed to the link since the keep-alive task
     /// last looked.
     active: AtomicBool,
+    /// For a shared-memory link: the ring position after every frame handed to the link
+    /// so far, committed or queued (what a request in the page lane must come after; see
+    /// [`LaneEnd::sent`]).
+    sent: Arc<AtomicU64>,
 }
 
 #[derive(Default)]
@@ -103,6 +107,11 @@ struct LinkQueue {
     bell_owed: bool,
     /// For a co-located peer: the ring the frames go to instead of the socket.
     ring: Option<RingSink>,
+    /// Ring position after every frame handed to the link (mirrored in [`Link::sent`]).
+    accepted: u64,
+    /// Ring position after the last frame that was neither a page lane's announcement nor
+    /// a heartbeat (a lane page's `needs`, see [`crate::ring::Lane::publish`]).
+    significant: u64,
 }
 
 /// The sending side of a shared-memory link, kept under the link's queue lock (the ring
@@ -162,31 +171,59 @@ impl Link {
             return Err(WireError::Closed);
         }
         self.active.store(true, Ordering::Relaxed);
-        self.push(q, frame, quiet)
+        self.push(q, frame, quiet, true)
     }
 
     /// Sends `frame` after `publish` has left something in the ring's page lane, given the
-    /// lane and the ring position after every frame sent before (they are all in the ring:
-    /// a link with queued frames takes no lane). Returns false, sending nothing, when the
-    /// link has no ring or queued frames, or `publish` declined.
+    /// lane, the ring position after every frame sent before (they are all in the ring: a
+    /// link with queued frames takes no lane) and the position after the last of them that
+    /// was not such an announcement. The frame wakes the reader only if no thread of the
+    /// peer polls the lane ([`Lane::set_taker_polling`]). Returns `None`, sending nothing,
+    /// when the link has no ring or queued frames, or `publish` declined; otherwise
+    /// whether a bell is owed (see [`Link::send`]).
     fn send_after_lane(
         &self,
         frame: Bytes,
-        publish: impl FnOnce(&Lane<'_>, u64) -> bool,
-    ) -> Result<bool, WireError> {
-        let q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        publish: impl FnOnce(&Lane<'_>, u64, u64) -> bool,
+    ) -> Result<Option<bool>, WireError> {
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         if q.closed {
             return Err(WireError::Closed);
         }
         let Some(ring) = q.ring.as_ref().filter(|_| q.frames.is_empty()) else {
-            return Ok(false);
+            return Ok(None);
         };
-        if !publish(&ring.writer.lane(), ring.writer.position()) {
-            return Ok(false);
+        if !publish(&ring.writer.lane(), ring.writer.position(), q.significant) {
+            return Ok(None);
         }
         self.active.store(true, Ordering::Relaxed);
-        self.push(q, frame, false)?;
-        Ok(true)
+        let q = &mut *q;
+        self.account(q, frame.len(), false);
+        let ring = q.ring.as_mut().expect("checked above");
+        let n = ring.write_quiet(&frame)?;
+        // The commit comes before the look at the poller's flag (both SeqCst).
+        if n == frame.len() && ring.writer.lane().taker_polling() {
+            q.bell_owed = true;
+            return Ok(Some(true));
+        }
+        ring.wake_reader()?;
+        q.bell_owed = false;
+        if n < frame.len() {
+            q.frames.push_back(frame.slice(n..));
+            self.wake.notify_one();
+        }
+        Ok(Some(false))
+    }
+
+    /// Counts a frame of `len` bytes handed to the link (see [`LinkQueue::accepted`]).
+    fn account(&self, q: &mut LinkQueue, len: usize, significant: bool) {
+        if q.ring.is_some() {
+            q.accepted += len as u64;
+            if significant {
+                q.significant = q.accepted;
+            }
+            self.sent.store(q.accepted, Ordering::Release);
+        }
     }
 
     /// Rings the bell a quiet frame left owed, if the reader sleeps.
@@ -203,12 +240,15 @@ impl Link {
 
     /// Writes `frame` straight to the socket when nothing is queued, and queues what the
     /// socket does not take. Returns whether a bell is owed (see [`Link::send`]).
+    /// `significant`: the frame is neither a lane page's announcement nor a heartbeat.
     fn push(
         &self,
         mut q: MutexGuard<'_, LinkQueue>,
         frame: Bytes,
         quiet: bool,
+        significant: bool,
     ) -> Result<bool, WireError> {
+        self.account(&mut q, frame.len(), significant);
         if let (true, Some(ring)) = (q.frames.is_empty(), q.ring.as_mut()) {
             let n = ring.write_quiet(&frame)?;
             if quiet && n == frame.len() {
@@ -252,7 +292,7 @@ impl Link {
         if q.closed || self.active.swap(false, Ordering::Relaxed) {
             return Ok(false);
         }
-        self.push(q, heartbeat.clone(), false).map(|_| true)
+        self.push(q, heartbeat.clone(), false, false).map(|_| true)
     }
 
     fn close(&self) {
@@ -519,6 +559,7 @@ fn drain_ring(
             .read_into(buf, RING_CHUNK)
             .map_err(|e| WireError::Io(io::Error::other(e)))?;
         if n == 0 {
+            deliver_lane_request(reader, buf.len(), deliver)?;
             return Ok(moved);
         }
         moved += n;
@@ -551,6 +592,38 @@ fn drain_ring(
         }
         buf.drain(..at);
     }
+}
+
+/// Delivers the peer's request in the lane of the ring `reader` reads, as the
+/// [`Msg::PageRequest`] it stands for, once every frame the peer sent before it has been
+/// delivered (`unread`: bytes read from the ring but not yet delivered). The request
+/// carries no requirements: the peer posts one only for a page that needs none.
+fn deliver_lane_request(
+    reader: &RingReader,
+    unread: usize,
+    deliver: &mut dyn FnMut(Msg),
+) -> Result<(), WireError> {
+    let lane = reader.lane();
+    let Some((page, after)) = lane.pending_request() else {
+        return Ok(());
+    };
+    if after > reader.position() - unread as u64 {
+        return Ok(());
+    }
+    let Ok(page_no) = dsm_proto::PageNo::try_from(page) else {
+        return Err(WireError::Io(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a page request in shared memory for page {page}, beyond any segment"),
+        )));
+    };
+    if lane.take_request(page) {
+        deliver(Msg::PageRequest {
+            pages: vec![page_no],
+            required: Vec::new(),
+            lane: true,
+        });
+    }
+    Ok(())
 }
 
 /// Writes what senders could not write directly, whenever the socket can take more.
@@ -691,11 +764,15 @@ pub struct Outbox {
     lanes: Vec<LaneEnd>,
 }
 
-/// The receiving side of a co-located peer's page lane (see [`crate::ring::Lane`]): the
-/// region, the direction whose lane carries pages to this node, and the ring position
-/// after the last frame this node delivered from that peer. A page in the lane may be
-/// used once that position has reached the lane's `after`: everything the peer sent
-/// before it has then been taken in.
+/// This node's ends of the page lanes shared with a co-located peer (see
+/// [`crate::ring::Lane`]): the region, the direction whose lane carries pages to this
+/// node, and the ring position after the last frame this node delivered from that peer. A
+/// page in the lane may be used once that position has reached the lane's `needs`: every
+/// frame the peer sent before it that is not the announcement of an earlier lane page has
+/// then been taken in. In the other direction's lane, this node may post a request for a
+/// page ([`crate::ring::Lane::post_request`]) behind everything it has sent (`sent`),
+/// ringing `peer_bell` if the peer's reader sleeps; the peer's transport delivers it as a
+/// [`Msg::PageRequest`] asking for a lane reply.
 #[derive(Clone)]
 pub struct LaneEnd {
     /// The peer that publishes into the lane.
@@ -706,6 +783,16 @@ pub struct LaneEnd {
     pub dir: Direction,
     /// Ring position after the last frame delivered from the peer.
     pub delivered: Arc<AtomicU64>,
+    /// The direction of this node's frames (and its request slot) towards the peer.
+    pub to_peer: Direction,
+    /// Ring position after every frame this node handed to the link towards the peer.
+    pub sent: Arc<AtomicU64>,
+    /// The bell the peer's ring reader waits on (an eventfd: write 8 bytes to ring it).
+    pub peer_bell: Arc<OwnedFd>,
+    /// The bell this node's reader of the peer's ring waits on: rung by a thread that
+    /// stops polling the lane, so that an announcement the peer left without ringing (see
+    /// [`crate::ring::Lane::set_taker_polling`]) is read.
+    pub own_bell: Arc<OwnedFd>,
 }
 
 impl Outbox {
@@ -740,14 +827,18 @@ impl Outbox {
         let frame = frame(msg)?;
         let len = frame.len() - 4;
         let link = self.link_to(to)?;
-        let sent = link.send_after_lane(frame, |lane, after| {
-            lane.publish(page, after, applied, data)
+        let sent = link.send_after_lane(frame, |lane, after, needs| {
+            lane.publish(LanePosition { page, after, needs }, applied, data)
         })?;
-        if sent {
-            bump(&self.traffic.messages_sent, 1);
-            bump(&self.traffic.bytes_sent, len as u64 + 4);
+        let Some(owed) = sent else {
+            return Ok(false);
+        };
+        if owed {
+            self.bells_owed.store(true, Ordering::Release);
         }
-        Ok(sent)
+        bump(&self.traffic.messages_sent, 1);
+        bump(&self.traffic.bytes_sent, len as u64 + 4);
+        Ok(true)
     }
 
     /// Encodes and sends (or queues) `msg` for `to`; returns the encoded size in bytes
@@ -932,10 +1023,15 @@ impl Transport {
             let shm_link: Option<ShmLink> = shm.get_mut(peer).and_then(Option::take);
             let mut queue = LinkQueue::default();
             let mut ring_ends = None;
+            let sent = Arc::new(AtomicU64::new(0));
             if let Some(l) = shm_link {
                 let receive = l.receive();
+                let writer = RingWriter::new(l.region.clone(), l.send);
+                (queue.accepted, queue.significant) = (writer.position(), writer.position());
+                sent.store(writer.position(), Ordering::Relaxed);
+                let peer_bell = Arc::new(l.peer_data_bell.try_clone()?);
                 queue.ring = Some(RingSink {
-                    writer: RingWriter::new(l.region.clone(), l.send),
+                    writer,
                     peer_data_bell: l.peer_data_bell,
                 });
                 let reader = RingReader::new(l.region.clone(), receive);
@@ -945,6 +1041,10 @@ impl Transport {
                     region: l.region.clone(),
                     dir: receive,
                     delivered: delivered.clone(),
+                    to_peer: l.send,
+                    sent: sent.clone(),
+                    peer_bell,
+                    own_bell: Arc::new(l.our_data_bell.try_clone()?),
                 });
                 let inbox = Arc::new(Mutex::new(RingInbox {
                     reader,
@@ -966,6 +1066,7 @@ impl Transport {
                 queue: Mutex::new(queue),
                 wake: Notify::new(),
                 active: AtomicBool::new(false),
+                sent,
             });
             outboxes.push(Some(link.clone()));
             let stream = TcpStream::from_std(stream)?;
@@ -1266,6 +1367,54 @@ mod tests {
     }
 
     #[test]
+    fn a_request_in_the_lane_reaches_the_peer_after_the_frames_sent_before_it() {
+        let (mesh0, mesh1) = pair();
+        let out0 = sending_side(mesh0);
+        let listener = listen_on_thread(mesh1, 4);
+        let end = out0.lanes()[0].clone();
+        assert_eq!(end.peer, 1);
+        out0.send(1, &numbered(1, 3000)).unwrap();
+        let lane = end.region.lane(end.to_peer);
+        // Posted as the fault handler does, behind everything sent, after the listener has
+        // had time to go to sleep on its bell.
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(lane.post_request(9, end.sent.load(Ordering::Acquire)));
+        if end.region.reader_needs_wake(end.to_peer) {
+            ring_bell(&end.peer_bell).unwrap();
+        }
+        // Served: the slot takes the next request, which follows the frame after it.
+        for _ in 0..2000 {
+            if lane.pending_request().is_none() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        out0.send(1, &numbered(2, 10)).unwrap();
+        assert!(lane.post_request(10, end.sent.load(Ordering::Acquire)));
+        if end.region.reader_needs_wake(end.to_peer) {
+            ring_bell(&end.peer_bell).unwrap();
+        }
+        let got = listener.join().unwrap();
+        assert_eq!(got.len(), 4, "{got:?}");
+        assert!(
+            got[0].starts_with("Message(Abort { reason: \"1:"),
+            "{got:?}"
+        );
+        assert_eq!(
+            got[1],
+            "Message(PageRequest { pages: [9], required: [], lane: true })"
+        );
+        assert!(
+            got[2].starts_with("Message(Abort { reason: \"2:"),
+            "{got:?}"
+        );
+        assert_eq!(
+            got[3],
+            "Message(PageRequest { pages: [10], required: [], lane: true })"
+        );
+    }
+
+    #[test]
     fn a_page_in_the_lane_is_announced_by_the_frame_right_after_it() {
         let (mesh0, mesh1) = pair();
         let out0 = sending_side(mesh0);
@@ -1273,7 +1422,7 @@ mod tests {
         // What rank 1 saw in the lane each time a frame announced a page there: the page
         // and position the lane held, and the position delivered so far (where the
         // announcing frame starts).
-        type Seen = Rc<RefCell<Vec<(Option<(u64, u64)>, u64)>>>;
+        type Seen = Rc<RefCell<Vec<(Option<LanePosition>, u64)>>>;
         let seen: Seen = Rc::default();
         let lanes: Rc<std::cell::OnceCell<Vec<LaneEnd>>> = Rc::default();
         let (s, l) = (seen.clone(), lanes.clone());
@@ -1321,11 +1470,16 @@ mod tests {
         let seen = seen.borrow();
         assert_eq!(seen.len(), 2, "{seen:?}");
         for &(full, delivered) in seen.iter() {
-            let (_, after) = full.expect("the page is in the lane when its frame comes");
-            assert_eq!(after, delivered, "the frame comes right after the page");
+            let at = full.expect("the page is in the lane when its frame comes");
+            assert_eq!(at.after, delivered, "the frame comes right after the page");
         }
-        assert_eq!(seen[0].0.map(|f| f.0), Some(5));
-        assert_eq!(seen[1].0.map(|f| f.0), Some(7));
+        let (first, second) = (seen[0].0.unwrap(), seen[1].0.unwrap());
+        assert_eq!((first.page, second.page), (5, 7));
+        assert_eq!(first.needs, first.after, "the frame before it counts");
+        assert_eq!(
+            second.needs, first.after,
+            "the announcement of page 5 does not: a faulting thread need not wait for it"
+        );
         assert!(seen[0].1 > 3000, "the earlier frame was delivered first");
     }
 

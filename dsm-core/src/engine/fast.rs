@@ -23,6 +23,15 @@
 //! - **Done ring**: `(page, slot)` for every write the handler let through, drained by the
 //!   engine at the start of every event it handles.
 //!
+//! The same word lets the handler fetch an invalid page itself when its home is a
+//! co-located rank (see `sys`'s fault handler and dsm-net's page lanes): the engine *arms*
+//! an invalid page that needs no diff from a third party (`FETCH_ARMED | home`); the
+//! handler claims it (`FETCH_CLAIMED | home`) and posts the request in the home's lane
+//! itself. The word stays claimed until the engine takes the copy in, however it came:
+//! the handler's record ([`FastFaults::record_fetched`]), or a reply the comm thread
+//! received, in which case the engine adopts the fetch as its own
+//! ([`FastFaults::fetch_claimed`]).
+//!
 //! Both rings are single-producer single-consumer: the engine's side runs under the engine
 //! lock, and the handler's side under [`FastFaults`]'s busy flag (a second thread faulting
 //! meanwhile takes the slow path). Whenever the fast path cannot be taken (page not armed,
@@ -43,6 +52,15 @@ pub const ARMED_REMOTE: u8 = 2;
 pub const CLAIMED: u8 = 3;
 /// The handler made the page writable; the engine has not taken it in yet.
 pub const DONE: u8 = 4;
+/// `FETCH_ARMED | home`: an invalid page the handler may fetch from `home` (< 64) itself.
+pub const FETCH_ARMED: u8 = 0x80;
+/// `FETCH_CLAIMED | home`: the handler asked `home` for the page; the engine has not taken
+/// the copy in yet.
+pub const FETCH_CLAIMED: u8 = 0xC0;
+/// The bits of a fetch word that say which.
+const FETCH_KIND: u8 = 0xC0;
+/// Most homes a fetch word can name.
+pub const FETCH_HOMES: u16 = 64;
 
 /// log2 of the pages per chunk of the page words (64 KiB of words per 256 MiB of segment).
 const PAGE_CHUNK_SHIFT: u32 = 16;
@@ -113,6 +131,9 @@ pub enum TakenBack {
     WasArmed,
     /// The handler made the page writable; drain before deciding anything about it.
     HandlerWrote,
+    /// The handler asked the page's home for it: a fetch of the page is under way, which
+    /// the engine takes over (see [`FastFaults::fetch_claimed`]).
+    HandlerFetching,
 }
 
 /// Why the handler did not serve a write fault itself (counted for the stats).
@@ -142,17 +163,32 @@ pub struct FastFaults {
     /// Faults the handler could not serve for want of a slot or ring room since the
     /// engine last looked.
     short: AtomicU64,
-    /// The page the handler installed from a co-located home's page lane, not yet taken
-    /// in by the engine (handler -> engine): `page + 1`, 0 for none. At most one: the
-    /// handler installs only for the fault in service, whose resolution waits for the
-    /// engine to take the record.
-    fetched: AtomicU64,
-    /// Its home.
-    fetched_from: AtomicU32,
-    /// Its `applied` entries, `writer << 32 | interval`.
-    fetched_applied: Box<[AtomicU64]>,
-    fetched_applied_len: AtomicUsize,
+    /// The pages the handler installed from co-located homes' page lanes, not yet taken in
+    /// by the engine (handler -> engine, single-producer single-consumer: the handler
+    /// serves one fault at a time). Several may wait: a fault the handler both asked for
+    /// and served wakes nobody, so the engine hears of it only at its next event.
+    fetched: Box<[FetchedRecord]>,
+    /// Next record the engine reads (only the engine stores it).
+    fetched_head: AtomicUsize,
+    /// Next record the handler writes (only the handler stores it).
+    fetched_tail: AtomicUsize,
 }
+
+/// One page the handler installed (see [`FastFaults::record_fetched`]).
+struct FetchedRecord {
+    page: AtomicU32,
+    from: AtomicU32,
+    /// `applied` entries, `writer << 32 | interval`.
+    applied: Box<[AtomicU64]>,
+    applied_len: AtomicUsize,
+}
+
+/// Most pages the handler may install before the engine takes them in; beyond that it
+/// leaves the page to the comm thread.
+const FETCHED_MAX: usize = 32;
+/// Records waiting at which the handler wakes the comm thread to have the engine take
+/// them in ([`FastFaults::fetched_backlog_high`]), well before the handler runs out.
+const FETCHED_HIGH: usize = FETCHED_MAX / 2;
 
 /// One `(writer, interval)` entry of a copy's `applied` list as the lanes and the
 /// handler's record carry it: `writer << 32 | interval`.
@@ -198,51 +234,69 @@ impl FastFaults {
             done: Ring::new(max_slots.div_ceil(SLOT_CHUNK) * SLOT_CHUNK * 2),
             busy: AtomicBool::new(false),
             short: AtomicU64::new(0),
-            fetched: AtomicU64::new(0),
-            fetched_from: AtomicU32::new(0),
-            fetched_applied: (0..FETCHED_APPLIED_MAX)
-                .map(|_| AtomicU64::new(0))
+            fetched: (0..FETCHED_MAX)
+                .map(|_| FetchedRecord {
+                    page: AtomicU32::new(0),
+                    from: AtomicU32::new(0),
+                    applied: (0..FETCHED_APPLIED_MAX)
+                        .map(|_| AtomicU64::new(0))
+                        .collect(),
+                    applied_len: AtomicUsize::new(0),
+                })
                 .collect(),
-            fetched_applied_len: AtomicUsize::new(0),
+            fetched_head: AtomicUsize::new(0),
+            fetched_tail: AtomicUsize::new(0),
         }
     }
 
     /// Handler side: records that it installed `page`, homed at `from`, with its
     /// `applied` entries (`writer << 32 | interval`, at most [`FETCHED_APPLIED_MAX`]).
-    /// Returns false, recording nothing, if a record is still untaken or `applied` is
-    /// too long (the handler then leaves the page to the comm thread).
+    /// Returns false, recording nothing, if [`FETCHED_MAX`] records are still untaken or
+    /// `applied` is too long (the handler then leaves the page to the comm thread).
     pub fn record_fetched(&self, from: u32, page: PageNo, applied: &[u64]) -> bool {
-        if applied.len() > FETCHED_APPLIED_MAX || self.fetched.load(Ordering::Acquire) != 0 {
+        let tail = self.fetched_tail.load(Ordering::Relaxed);
+        if applied.len() > FETCHED_APPLIED_MAX
+            || tail - self.fetched_head.load(Ordering::Acquire) == FETCHED_MAX
+        {
             return false;
         }
-        self.fetched_from.store(from, Ordering::Relaxed);
-        for (slot, &a) in self.fetched_applied.iter().zip(applied) {
+        let rec = &self.fetched[tail % FETCHED_MAX];
+        rec.page.store(page, Ordering::Relaxed);
+        rec.from.store(from, Ordering::Relaxed);
+        for (slot, &a) in rec.applied.iter().zip(applied) {
             slot.store(a, Ordering::Relaxed);
         }
-        self.fetched_applied_len
-            .store(applied.len(), Ordering::Relaxed);
-        self.fetched.store(u64::from(page) + 1, Ordering::Release);
+        rec.applied_len.store(applied.len(), Ordering::Relaxed);
+        self.fetched_tail.store(tail + 1, Ordering::Release);
         true
     }
 
-    /// Engine side: the page the handler installed since the last look, if any.
+    /// Handler side: whether enough records wait that the engine should take them in now
+    /// (the handler then wakes the comm thread, which runs an engine step).
+    pub fn fetched_backlog_high(&self) -> bool {
+        self.fetched_tail.load(Ordering::Relaxed) - self.fetched_head.load(Ordering::Acquire)
+            >= FETCHED_HIGH
+    }
+
+    /// Engine side: the oldest page the handler installed and the engine has not taken
+    /// in, if any.
     pub fn take_fetched(&self) -> Option<FetchedPage> {
-        let page = match self.fetched.load(Ordering::Acquire) {
-            0 => return None,
-            v => (v - 1) as PageNo,
+        let head = self.fetched_head.load(Ordering::Relaxed);
+        if head == self.fetched_tail.load(Ordering::Acquire) {
+            return None;
+        }
+        let rec = &self.fetched[head % FETCHED_MAX];
+        let n = rec.applied_len.load(Ordering::Relaxed);
+        let got = FetchedPage {
+            home: rec.from.load(Ordering::Relaxed) as u16,
+            page: rec.page.load(Ordering::Relaxed),
+            applied: rec.applied[..n]
+                .iter()
+                .map(|a| unpack_applied(a.load(Ordering::Relaxed)))
+                .collect(),
         };
-        let n = self.fetched_applied_len.load(Ordering::Relaxed);
-        let applied = self.fetched_applied[..n]
-            .iter()
-            .map(|a| unpack_applied(a.load(Ordering::Relaxed)))
-            .collect();
-        let home = self.fetched_from.load(Ordering::Relaxed) as u16;
-        self.fetched.store(0, Ordering::Release);
-        Some(FetchedPage {
-            home,
-            page,
-            applied,
-        })
+        self.fetched_head.store(head + 1, Ordering::Release);
+        Some(got)
     }
 
     /// Makes the page words of pages `..end` (engine side, at allocation).
@@ -352,6 +406,8 @@ impl FastFaults {
             match w.load(Ordering::Acquire) {
                 IDLE => return TakenBack::WasIdle,
                 DONE => return TakenBack::HandlerWrote,
+                // The fetch outlives the engine's step: nothing to wait for.
+                w if w & FETCH_KIND == FETCH_CLAIMED => return TakenBack::HandlerFetching,
                 CLAIMED => {
                     // The handler copies a page and calls mprotect, then stores DONE; it
                     // never waits for the engine.
@@ -369,6 +425,69 @@ impl FastFaults {
                         return TakenBack::WasArmed;
                     }
                 }
+            }
+        }
+    }
+
+    /// Engine side: lets the handler fetch `page`, an invalid page homed at `home` that
+    /// needs no diff from anyone but the home. Returns false if the page's word is not idle
+    /// or `home` cannot be named in it.
+    pub fn arm_fetch(&self, page: PageNo, home: u16) -> bool {
+        let Some(w) = self.page_word(page as usize) else {
+            return false;
+        };
+        home < FETCH_HOMES
+            && w.compare_exchange(
+                IDLE,
+                FETCH_ARMED | home as u8,
+                Ordering::Release,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    }
+
+    /// Handler side: claims `page` for a fetch of its own if the engine armed it; returns
+    /// its home. The handler then owes the home a request (or [`FastFaults::unclaim_fetch`]).
+    pub fn claim_fetch(&self, page: usize) -> Option<u16> {
+        let w = self.page_word(page)?;
+        let armed = w.load(Ordering::Relaxed);
+        if armed & FETCH_KIND != FETCH_ARMED {
+            return None;
+        }
+        let claimed = FETCH_CLAIMED | (armed & !FETCH_KIND);
+        w.compare_exchange(armed, claimed, Ordering::Acquire, Ordering::Relaxed)
+            .ok()
+            .map(|_| u16::from(armed & !FETCH_KIND))
+    }
+
+    /// Handler side: gives back a page it claimed but could not ask for.
+    pub fn unclaim_fetch(&self, page: usize) {
+        if let Some(w) = self.page_word(page) {
+            let claimed = w.load(Ordering::Relaxed);
+            if claimed & FETCH_KIND == FETCH_CLAIMED {
+                w.store(FETCH_ARMED | (claimed & !FETCH_KIND), Ordering::Release);
+            }
+        }
+    }
+
+    /// Engine side: the home the handler asked for `page`, if it did and the copy has not
+    /// been taken in yet.
+    pub fn fetch_claimed(&self, page: PageNo) -> Option<u16> {
+        let w = self.page_word(page as usize)?.load(Ordering::Acquire);
+        (w & FETCH_KIND == FETCH_CLAIMED).then_some(u16::from(w & !FETCH_KIND))
+    }
+
+    /// Engine side: `page` is no longer invalid (its copy came, whoever asked): its word,
+    /// if armed or claimed for a fetch, goes back to idle. A page stops being invalid only
+    /// by a fetch the engine knows of (its own, or the handler's it adopted or took in) or
+    /// by what the app thread's own synchronization brings (pushes, prefetches); the
+    /// handler claims a page only for its thread's fault, so none of these races with a
+    /// claim (the runtime has one app thread, as the engine's single fetch in flight
+    /// assumes too).
+    pub fn end_fetch(&self, page: PageNo) {
+        if let Some(w) = self.page_word(page as usize) {
+            if w.load(Ordering::Acquire) & FETCH_ARMED != 0 {
+                w.store(IDLE, Ordering::Release);
             }
         }
     }
@@ -591,6 +710,66 @@ mod tests {
             Err(Miss::NotArmed)
         );
         assert!(!g.arm(5, true));
+    }
+
+    #[test]
+    fn a_fetch_word_is_armed_claimed_and_ended_by_its_owners() {
+        let f = FastFaults::new(16, 64);
+        f.reserve_pages(16);
+        assert_eq!(f.claim_fetch(2), None, "not armed");
+        assert!(!f.arm_fetch(2, FETCH_HOMES), "a home the word cannot name");
+        assert!(f.arm_fetch(2, 5));
+        assert!(!f.arm_fetch(2, 5) && !f.arm(2, false), "armed already");
+        assert_eq!(
+            f.handler_write_fault(2, || true, |_| ()),
+            Err(Miss::NotArmed),
+            "a fetch word is no write arming"
+        );
+        assert_eq!(f.fetch_claimed(2), None);
+        assert_eq!(f.claim_fetch(2), Some(5));
+        assert_eq!(f.claim_fetch(2), None, "claimed once");
+        assert_eq!(f.fetch_claimed(2), Some(5));
+        assert_eq!(
+            f.take_back(2),
+            TakenBack::HandlerFetching,
+            "the engine does not wait for a fetch"
+        );
+        f.unclaim_fetch(2);
+        assert_eq!(f.fetch_claimed(2), None, "given back");
+        assert_eq!(
+            f.take_back(2),
+            TakenBack::WasArmed,
+            "armed again, taken back"
+        );
+        assert!(f.arm_fetch(2, 63));
+        assert_eq!(f.claim_fetch(2), Some(63));
+        f.end_fetch(2);
+        assert_eq!(f.page_word(2).unwrap().load(Ordering::Relaxed), IDLE);
+        assert!(
+            f.arm(2, true),
+            "idle again: armed for writes once read-only"
+        );
+    }
+
+    #[test]
+    fn fetched_records_queue_in_order_up_to_a_bound() {
+        let f = FastFaults::new(16, 64);
+        assert_eq!(f.take_fetched(), None);
+        assert!(!f.record_fetched(1, 0, &[0; FETCHED_APPLIED_MAX + 1]));
+        for p in 0..FETCHED_MAX as PageNo {
+            assert_eq!(f.fetched_backlog_high(), p as usize >= FETCHED_HIGH);
+            assert!(
+                f.record_fetched(3, p, &[pack_applied(&(2, p))]),
+                "record {p}"
+            );
+        }
+        assert!(!f.record_fetched(3, 99, &[]), "full");
+        for p in 0..FETCHED_MAX as PageNo {
+            let got = f.take_fetched().unwrap();
+            assert_eq!((got.home, got.page, got.applied), (3, p, vec![(2, p)]));
+            assert!(f.record_fetched(4, 100 + p, &[]), "room again");
+        }
+        assert_eq!(f.take_fetched().map(|g| g.page), Some(100));
     }
 
     /// The handler (one thread) and the engine (another) race on the same pages: every

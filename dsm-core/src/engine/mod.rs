@@ -404,6 +404,10 @@ pub struct Stats {
     /// Pages the faulting thread took from a co-located home's page lane and installed
     /// itself (counted in `pages_fetched` too).
     pub lane_pages: u64,
+    /// Read faults whose fetch the SIGSEGV handler asked the co-located home for itself,
+    /// through the request slot of the link's lane, without the comm thread (counted in
+    /// `read_faults` and `fetch_requests` too).
+    pub handler_fetches: u64,
     /// Non-empty page diffs sent to homes.
     pub diffs_sent: u64,
     /// Encoded size of those diffs.
@@ -718,6 +722,13 @@ impl<M: Memory> Engine<M> {
 
     pub(super) fn fatal(&mut self, why: String) {
         self.out.push(Output::Fatal(why));
+    }
+
+    /// Takes in what the SIGSEGV handler did since the last event (pages it fetched
+    /// itself, writes it let through), for a comm thread the handler woke for that alone.
+    pub fn on_handler_work(&mut self) -> Vec<Output> {
+        self.take_in_handler_work();
+        self.take_out()
     }
 
     // ---------------------------------------------------------------- commands

@@ -72,7 +72,15 @@ impl<M: Memory> Engine<M> {
                 debug_assert!(!taken, "page {page} changed without being settled first");
             }
         }
-        if state == PageState::ReadOnly && self.fast.is_some() {
+        if old == PageState::Invalid && state != PageState::Invalid {
+            if let Some(fast) = &self.fast {
+                fast.end_fetch(page);
+            }
+        }
+        let lane_home = self.lane_peers & node_bit(self.pages[page as usize].home) != 0;
+        if self.fast.is_some()
+            && (state == PageState::ReadOnly || state == PageState::Invalid && lane_home)
+        {
             self.to_arm.push(page);
         }
         self.pages[page as usize].state = state;
@@ -130,7 +138,9 @@ impl<M: Memory> Engine<M> {
     /// What the handler did since the last event, taken in at the start of each: the page
     /// it installed from a lane, if any, then the writes it let through.
     pub(super) fn take_in_handler_work(&mut self) {
-        if let Some(got) = self.fast.as_ref().and_then(|f| f.take_fetched()) {
+        while let Some(got) = self.fast.as_ref().and_then(|f| f.take_fetched()) {
+            // A fetch the handler asked for and finished before the engine heard of it.
+            self.adopt_handler_fetch(got.page, got.home);
             let copy = PageCopy {
                 page: got.page,
                 data: Vec::new(),
@@ -184,7 +194,8 @@ impl<M: Memory> Engine<M> {
             return;
         };
         match fast.take_back(page) {
-            TakenBack::WasIdle => {}
+            // Its copy is taken in as any fetch's (the handler's record, or a reply).
+            TakenBack::WasIdle | TakenBack::HandlerFetching => {}
             // Re-armed when the event ends if it is still read-only then.
             TakenBack::WasArmed => self.to_arm.push(page),
             TakenBack::HandlerWrote => self.drain_handler_writes(),
@@ -192,17 +203,59 @@ impl<M: Memory> Engine<M> {
     }
 
     /// Lets the handler take the pages that became `ReadOnly` in this event, now that every
-    /// protection change of the event is made.
+    /// protection change of the event is made, and fetch those that became invalid and
+    /// need nothing but their co-located home's copy (no diff required from a third
+    /// party, no fetch of them under way).
     pub(super) fn arm_pending(&mut self) {
         let Some(fast) = &self.fast else {
             return;
         };
         for page in self.to_arm.drain(..) {
             let entry = self.pages[page as usize];
-            if entry.state == PageState::ReadOnly {
-                fast.arm(page, entry.home == self.me);
+            match entry.state {
+                PageState::ReadOnly => {
+                    fast.arm(page, entry.home == self.me);
+                }
+                PageState::Invalid
+                    if self.lane_peers & node_bit(entry.home) != 0
+                        && !self.required.contains_key(&page)
+                        && !self.fetch.as_ref().is_some_and(|f| f.pages.contains(&page)) =>
+                {
+                    fast.arm_fetch(page, entry.home);
+                }
+                _ => {}
             }
         }
+    }
+
+    /// The handler asked `home` for `page` itself (its word is claimed): unless a fetch
+    /// of it is already in flight (the engine adopted it when the fault reached the comm
+    /// thread), makes it the engine's fetch in flight for the faulting thread, counted as
+    /// the fault and request the handler made. Returns whether the page was the handler's.
+    fn adopt_handler_fetch(&mut self, page: PageNo, home: NodeId) -> bool {
+        let claimed = self.fast.as_ref().and_then(|f| f.fetch_claimed(page));
+        if claimed != Some(home) {
+            return false;
+        }
+        if self.fetch.as_ref().is_some_and(|f| f.pages == [page]) {
+            return true;
+        }
+        if self.fetch.is_some() {
+            self.fatal(format!(
+                "the fault handler fetched page {page} while another fetch was in flight"
+            ));
+            return false;
+        }
+        self.stats.read_faults += 1;
+        self.stats.fetch_requests += 1;
+        self.stats.handler_fetches += 1;
+        self.fetch = Some(FetchInFlight {
+            outstanding: 1,
+            then: AfterFetch::ResolveFault,
+            write: false,
+            pages: vec![page],
+        });
+        true
     }
 
     fn take_twin(&mut self) -> Box<[u8]> {
@@ -226,6 +279,12 @@ impl<M: Memory> Engine<M> {
         match entry.state {
             PageState::Unallocated => self.out.push(Output::FaultCrash),
             PageState::Invalid => {
+                self.settle(page);
+                if self.adopt_handler_fetch(page, entry.home) {
+                    // The handler asked the home itself and then handed the wait to this
+                    // thread: the copy comes as for any fetch.
+                    return self.take_out();
+                }
                 self.stats.read_faults += u64::from(!write);
                 self.stats.write_faults += u64::from(write);
                 // A read fault on a co-located home's page: the faulting thread can take
@@ -308,6 +367,13 @@ impl<M: Memory> Engine<M> {
     }
 
     pub(super) fn on_page_reply(&mut self, from: NodeId, copies: Vec<PageCopy>) {
+        if let [copy] = copies.as_slice() {
+            // The copy answers the handler's own request if the engine has not heard of
+            // that fault yet.
+            if self.fetch.is_none() {
+                self.adopt_handler_fetch(copy.page, from);
+            }
+        }
         self.take_in_copies(from, copies, false);
     }
 
@@ -667,7 +733,10 @@ impl<M: Memory> Engine<M> {
                 break;
             }
             match self.pages[p as usize].state {
-                PageState::Invalid => missing.push(p),
+                PageState::Invalid => {
+                    self.settle(p);
+                    missing.push(p);
+                }
                 PageState::ReadOnly if write => self.make_writable(p),
                 _ => {}
             }
