@@ -251,7 +251,7 @@ impl FastFaults {
 
     /// Handler side: records that it installed `page`, homed at `from`, with its
     /// `applied` entries (`writer << 32 | interval`, at most [`FETCHED_APPLIED_MAX`]).
-    /// Returns false, recording nothing, if [`FETCHED_MAX`] records are still untaken or
+    /// Returns false, recording nothing, if 32 records are still untaken or
     /// `applied` is too long (the handler then leaves the page to the comm thread).
     pub fn record_fetched(&self, from: u32, page: PageNo, applied: &[u64]) -> bool {
         let tail = self.fetched_tail.load(Ordering::Relaxed);
