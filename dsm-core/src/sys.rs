@@ -833,8 +833,9 @@ pub(crate) fn lane_awaited(home: usize) -> bool {
 /// co-located home for it through the request slot of the lane towards the home, behind
 /// every frame this node has handed to that link, and rings the home's bell if its reader
 /// sleeps. The page then comes back through the home's lane as for a fetch the comm
-/// thread asked for, with neither thread of this node in the way. Returns whether it
-/// asked. Nothing here allocates, locks or blocks: atomics and at most one `write(2)`.
+/// thread asked for, with neither thread of this node in the way. Returns the lane end it
+/// asked through, if it asked. Nothing here allocates, locks or blocks: atomics and at
+/// most one `write(2)`.
 fn ask_lane_home(addr: usize, start: usize) -> Option<&'static LaneEnd> {
     let fast = FAST.load(Ordering::Acquire);
     if fast.is_null() {
@@ -965,8 +966,9 @@ fn take_page_from_lane(addr: usize, start: usize) -> bool {
     lane.release();
     if fast.fetched_backlog_high() {
         // No fault of this thread has reached the comm thread for a while: have its engine
-        // take the records in before they run out.
-        kick_unless_watched();
+        // take the records in before they run out (a watching comm thread looks for
+        // faults only, so it is kicked too).
+        kick();
     }
     true
 }
@@ -1319,16 +1321,22 @@ fn hand_to_comm_thread() {
 /// From the handler, a fault just posted: kicks the comm thread unless it watches the slot.
 fn kick_unless_watched() {
     if !COMM_WATCHING.load(Ordering::SeqCst) {
-        let kick: u8 = 1;
-        // SAFETY: write(2) on a socket is async-signal-safe; the buffer is 1 valid byte.
-        unsafe {
-            libc::write(
-                FAULT_KICK_FD.load(Ordering::Relaxed),
-                (&kick as *const u8).cast(),
-                1,
-            )
-        };
+        kick();
     }
+}
+
+/// From the handler: wakes the comm thread, which serves the pending fault if there is one
+/// and otherwise has its engine take in what the handler did.
+fn kick() {
+    let kick: u8 = 1;
+    // SAFETY: write(2) on a socket is async-signal-safe; the buffer is 1 valid byte.
+    unsafe {
+        libc::write(
+            FAULT_KICK_FD.load(Ordering::Relaxed),
+            (&kick as *const u8).cast(),
+            1,
+        )
+    };
 }
 
 /// Receiving end of the fault mailbox, owned by the comm thread.

@@ -1592,6 +1592,17 @@ proptest! {
     }
 }
 
+/// Runs a random lock-based program on `n` nodes over four pages spread across the homes,
+/// with page lanes on (`seed` not a multiple of 3, see `sim_with`).
+fn run_lane_program(seed: u64, n: usize) -> Sim {
+    assert!(!seed.is_multiple_of(3), "lanes are off for seed {seed}");
+    let homes: Vec<usize> = (0..4).map(|p| (seed as usize + p) % n).collect();
+    let mut s = sim_with(n, &[AllocSpec { elem: 8, homes }], 6, seed, false);
+    random_program(&mut s, 6, 2, 3, 4);
+    s.run();
+    s
+}
+
 /// Read faults through the page lanes: the home answers a lane request with the page in
 /// the lane and a `LanePageReply` frame (or a plain reply when the lane cannot take it),
 /// and the faulting node's handler takes the page itself once every earlier frame from
@@ -1602,12 +1613,8 @@ proptest! {
 fn faults_through_page_lanes_keep_programs_sequentially_consistent() {
     let (mut handler, mut comm, mut refused) = (0, 0, 0);
     for seed in 0..cases(300) as u64 {
-        let seed = seed * 3 + 1; // lanes on
-        let n = 2 + (seed % 4) as usize;
-        let homes: Vec<usize> = (0..4).map(|p| (seed as usize + p) % n).collect();
-        let mut s = sim_with(n, &[AllocSpec { elem: 8, homes }], 6, seed, false);
-        random_program(&mut s, 6, 2, 3, 4);
-        s.run();
+        let seed = seed * 3 + 1;
+        let s = run_lane_program(seed, 2 + (seed % 4) as usize);
         handler += s.lane_takes;
         let marks = s
             .delivered
@@ -1655,12 +1662,8 @@ fn faults_through_page_lanes_keep_programs_sequentially_consistent() {
 fn handlers_asking_homes_themselves_keep_programs_sequentially_consistent() {
     let (mut asks, mut handovers, mut by_comm, mut taken) = (0, 0, 0, 0);
     for seed in 0..cases(300) as u64 {
-        let seed = seed * 3 + 2; // lanes on
-        let n = 2 + (seed % 3) as usize;
-        let homes: Vec<usize> = (0..4).map(|p| (seed as usize + p) % n).collect();
-        let mut s = sim_with(n, &[AllocSpec { elem: 8, homes }], 6, seed, false);
-        random_program(&mut s, 6, 2, 3, 4);
-        s.run();
+        let seed = seed * 3 + 2;
+        let s = run_lane_program(seed, 2 + (seed % 3) as usize);
         let counted: u64 = s.nodes.iter().map(|n| n.eng.stats().handler_fetches).sum();
         assert_eq!(
             counted, s.handler_asks,

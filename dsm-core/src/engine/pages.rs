@@ -135,8 +135,9 @@ impl<M: Memory> Engine<M> {
         }
     }
 
-    /// What the handler did since the last event, taken in at the start of each: the page
-    /// it installed from a lane, if any, then the writes it let through.
+    /// What the handler did since the last event, taken in at the start of each: the pages
+    /// it installed from lanes, in order (adopting the fetches it asked for itself), then
+    /// the writes it let through.
     pub(super) fn take_in_handler_work(&mut self) {
         while let Some(got) = self.fast.as_ref().and_then(|f| f.take_fetched()) {
             // A fetch the handler asked for and finished before the engine heard of it.
