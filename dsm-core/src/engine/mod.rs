@@ -408,6 +408,9 @@ pub struct Stats {
     /// through the request slot of the link's lane, without the comm thread (counted in
     /// `read_faults` and `fetch_requests` too).
     pub handler_fetches: u64,
+    /// Of those, fetches whose wait the handler handed to the comm thread (no copy within
+    /// its polling budget).
+    pub handler_fetches_handed_over: u64,
     /// Non-empty page diffs sent to homes.
     pub diffs_sent: u64,
     /// Encoded size of those diffs.

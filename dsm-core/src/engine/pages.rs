@@ -284,6 +284,7 @@ impl<M: Memory> Engine<M> {
                 if self.adopt_handler_fetch(page, entry.home) {
                     // The handler asked the home itself and then handed the wait to this
                     // thread: the copy comes as for any fetch.
+                    self.stats.handler_fetches_handed_over += 1;
                     return self.take_out();
                 }
                 self.stats.read_faults += u64::from(!write);
