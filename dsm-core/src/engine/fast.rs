@@ -271,11 +271,14 @@ impl FastFaults {
         true
     }
 
-    /// Handler side: whether enough records wait that the engine should take them in now
-    /// (the handler then wakes the comm thread, which runs an engine step).
+    /// Handler side, having just recorded a page: whether the records waiting have just
+    /// reached a mark at which the engine should take them in (the handler then wakes the
+    /// comm thread, which runs an engine step): half the queue, and every eighth record
+    /// after, so a comm thread slow to come is woken again but not at every fault.
     pub fn fetched_backlog_high(&self) -> bool {
-        self.fetched_tail.load(Ordering::Relaxed) - self.fetched_head.load(Ordering::Acquire)
-            >= FETCHED_HIGH
+        let waiting =
+            self.fetched_tail.load(Ordering::Relaxed) - self.fetched_head.load(Ordering::Acquire);
+        waiting >= FETCHED_HIGH && waiting.is_multiple_of(8)
     }
 
     /// Engine side: the oldest page the handler installed and the engine has not taken
@@ -757,10 +760,15 @@ mod tests {
         assert_eq!(f.take_fetched(), None);
         assert!(!f.record_fetched(1, 0, &[0; FETCHED_APPLIED_MAX + 1]));
         for p in 0..FETCHED_MAX as PageNo {
-            assert_eq!(f.fetched_backlog_high(), p as usize >= FETCHED_HIGH);
             assert!(
                 f.record_fetched(3, p, &[pack_applied(&(2, p))]),
                 "record {p}"
+            );
+            let waiting = p as usize + 1;
+            assert_eq!(
+                f.fetched_backlog_high(),
+                [FETCHED_HIGH, FETCHED_HIGH + 8, FETCHED_MAX].contains(&waiting),
+                "{waiting} waiting"
             );
         }
         assert!(!f.record_fetched(3, 99, &[]), "full");
