@@ -849,15 +849,21 @@ fn ask_lane_home(addr: usize, start: usize) -> Option<&'static LaneEnd> {
         fast.unclaim_fetch(page);
         return None;
     };
-    // Before the request: the home may answer at once.
+    // All before the request, since the home may answer at once: the flag, the home this
+    // thread waits for, and the slot's state, which lets the comm thread resolve the fault
+    // if the copy reaches it first.
     end.region.lane(end.dir).set_taker_polling(true);
+    LANE_HOME.store(u32::from(home) + 1, Ordering::Release);
+    set_slot(SLOT_ASKED);
     let lane = end.region.lane(end.to_peer);
     if !lane.post_request(page as u64, end.sent.load(Ordering::Acquire)) {
+        // Nothing asked, so nothing can answer: the slot is still this thread's alone.
+        SLOT_STATE.store(SLOT_CLAIMED, Ordering::SeqCst);
+        LANE_HOME.store(0, Ordering::Release);
         end.region.lane(end.dir).set_taker_polling(false);
         fast.unclaim_fetch(page);
         return None;
     }
-    LANE_HOME.store(u32::from(home) + 1, Ordering::Release);
     if end.region.reader_needs_wake(end.to_peer) {
         ring_eventfd(&end.peer_bell);
     }
@@ -921,26 +927,37 @@ pub(crate) fn expect_lane(home: usize) {
 /// change anything about it; until then the comm thread leaves the page alone (the lane
 /// is taken, and only its frame or this record completes the fetch). Nothing here
 /// allocates, locks or blocks: atomics, two page-sized copies and one `mprotect`.
-fn take_page_from_lane(addr: usize, start: usize) -> bool {
+/// What [`take_page_from_lane`] did.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum LaneTake {
+    /// The page is installed and recorded: the fault is over.
+    Taken,
+    /// Not there yet (or not this thread's to take).
+    NotYet,
+    /// There, but the record queue is full until the engine takes records in.
+    NoRoom,
+}
+
+fn take_page_from_lane(addr: usize, start: usize) -> LaneTake {
     let home = LANE_HOME.load(Ordering::Acquire);
     let (table, fast) = (LANES.load(Ordering::Acquire), FAST.load(Ordering::Acquire));
     if home == 0 || table.is_null() || fast.is_null() {
-        return false;
+        return LaneTake::NotYet;
     }
     // SAFETY: non-null values of LANES and FAST are never freed (see their docs).
     let (table, fast) = unsafe { (&*table, &*fast) };
     let Some(Some(end)) = table.get(home as usize - 1) else {
-        return false;
+        return LaneTake::NotYet;
     };
     let page = (addr - start) / PAGE_SIZE;
     let lane = end.region.lane(end.dir);
     match lane.full() {
         Some(at) if at.page == page as u64 && end.delivered.load(Ordering::Acquire) >= at.needs => {
         }
-        _ => return false,
+        _ => return LaneTake::NotYet,
     }
     if !lane.take() {
-        return false;
+        return LaneTake::NotYet;
     }
     let mut applied = [0u64; dsm_net::ring::LANE_APPLIED_MAX];
     let runtime = RUNTIME_BASE.load(Ordering::Relaxed) + page * PAGE_SIZE;
@@ -961,7 +978,11 @@ fn take_page_from_lane(addr: usize, start: usize) -> bool {
         // SAFETY: as above; back to no access, as the engine has it.
         unsafe { libc::mprotect(app as *mut libc::c_void, PAGE_SIZE, libc::PROT_NONE) };
         lane.put_back();
-        return false;
+        return if readable == 0 {
+            LaneTake::NoRoom
+        } else {
+            LaneTake::NotYet
+        };
     }
     lane.release();
     if fast.fetched_backlog_high() {
@@ -970,7 +991,7 @@ fn take_page_from_lane(addr: usize, start: usize) -> bool {
         // faults only, so it is kicked too).
         kick();
     }
-    true
+    LaneTake::Taken
 }
 
 pub(crate) fn set_fast_faults(fast: Option<Arc<FastFaults>>) {
@@ -1225,11 +1246,12 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
     if spin_ns > 0 && fault_is_write(ctx) == 0 {
         asked = ask_lane_home(addr, start);
     }
-    if asked.is_some() {
-        set_slot(SLOT_ASKED);
-    } else {
+    if asked.is_none() {
         hand_to_comm_thread();
     }
+    // Set once the wait is the comm thread's (the budget spent): the engine then owns the
+    // fetch, and a page this thread took from the lane could race its step for the fault.
+    let mut handed_over = false;
     let mut spin_from = if spin_ns > 0 { monotonic_ns() } else { 0 };
     let (mut polled, mut slept) = (false, false);
     // A read fault is a fetch of an invalid page (or a wild access): once the comm thread
@@ -1241,8 +1263,14 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
         if s == SLOT_RESOLVED || s == SLOT_CRASH {
             break s;
         }
-        if (s == SLOT_TAKEN || s == SLOT_ASKED) && commit_page {
-            if take_page_from_lane(addr, start) {
+        if (s == SLOT_TAKEN && !handed_over || s == SLOT_ASKED) && commit_page {
+            let took = take_page_from_lane(addr, start);
+            if took == LaneTake::NoRoom && s == SLOT_ASKED {
+                // The engine must take records in before this thread can install more:
+                // hand the wait over now rather than poll for the budget.
+                spin_from = spin_from.wrapping_sub(spin_ns);
+            }
+            if took == LaneTake::Taken {
                 if let Some(end) = asked.take() {
                     stop_polling_lane(end, false);
                 }
@@ -1275,6 +1303,10 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
             if let Some(end) = asked.take() {
                 stop_polling_lane(end, true);
             }
+            handed_over = true;
+            // The comm thread takes the page when its announcement comes, without
+            // deferring to this thread.
+            LANE_HOME.store(0, Ordering::Release);
             if SLOT_STATE
                 .compare_exchange(
                     SLOT_ASKED,
@@ -1384,14 +1416,31 @@ impl FaultMailbox {
 
     /// Lets the faulting thread retry its access.
     pub(crate) fn resolve(&self) {
-        LANE_HOME.store(0, Ordering::Release);
-        set_slot(SLOT_RESOLVED);
+        self.finish(SLOT_RESOLVED);
     }
 
     /// Tells the faulting thread its access is a genuine segmentation fault.
     pub(crate) fn crash(&self) {
-        LANE_HOME.store(0, Ordering::Release);
-        set_slot(SLOT_CRASH);
+        self.finish(SLOT_CRASH);
+    }
+
+    /// Posts `outcome` for the fault in service: one posted, taken, or asked for by the
+    /// handler. A slot in any other state has no fault the engine could be answering (its
+    /// fault ended in the handler, or the next one is being posted), so it is left alone.
+    fn finish(&self, outcome: u32) {
+        let mut seen = SLOT_STATE.load(Ordering::Acquire);
+        while matches!(seen, SLOT_PENDING | SLOT_TAKEN | SLOT_ASKED) {
+            match SLOT_STATE.compare_exchange(seen, outcome, Ordering::SeqCst, Ordering::Acquire) {
+                Ok(_) => {
+                    LANE_HOME.store(0, Ordering::Release);
+                    if SLOT_SLEEPERS.load(Ordering::SeqCst) > 0 {
+                        futex_wake_all(&SLOT_STATE);
+                    }
+                    return;
+                }
+                Err(now) => seen = now,
+            }
+        }
     }
 
     /// Polls the slot for the next fault for up to `budget` ([`crate::spin::poll_for`]),

@@ -468,7 +468,9 @@ impl FastFaults {
         if let Some(w) = self.page_word(page) {
             let claimed = w.load(Ordering::Relaxed);
             if claimed & FETCH_KIND == FETCH_CLAIMED {
-                w.store(FETCH_ARMED | (claimed & !FETCH_KIND), Ordering::Release);
+                // An exchange: the engine may have moved the word on meanwhile.
+                let armed = FETCH_ARMED | (claimed & !FETCH_KIND);
+                let _ = w.compare_exchange(claimed, armed, Ordering::Release, Ordering::Relaxed);
             }
         }
     }
