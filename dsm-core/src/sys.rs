@@ -837,12 +837,7 @@ pub(crate) fn lane_awaited(home: usize) -> bool {
 /// asked through, if it asked. Nothing here allocates, locks or blocks: atomics and at
 /// most one `write(2)`.
 fn ask_lane_home(addr: usize, start: usize) -> Option<&'static LaneEnd> {
-    let fast = FAST.load(Ordering::Acquire);
-    if fast.is_null() {
-        return None;
-    }
-    // SAFETY: a non-null value of FAST is never freed (see its doc).
-    let fast = unsafe { &*fast };
+    let fast = fast_faults()?;
     let page = (addr - start) / PAGE_SIZE;
     let home = fast.claim_fetch(page)?;
     let Some(end) = lane_end(usize::from(home)) else {
@@ -868,6 +863,14 @@ fn ask_lane_home(addr: usize, start: usize) -> Option<&'static LaneEnd> {
         ring_eventfd(&end.peer_bell);
     }
     Some(end)
+}
+
+/// The state shared with the engine for the handler's paths, unless they are off.
+fn fast_faults() -> Option<&'static FastFaults> {
+    let ptr = FAST.load(Ordering::Acquire);
+    // SAFETY: a non-null value of FAST comes from Arc::into_raw and its count is never
+    // given back, so the FastFaults it points to lives for the rest of the process.
+    (!ptr.is_null()).then(|| unsafe { &*ptr })
 }
 
 /// The lane end shared with co-located `peer`, if any.
@@ -940,13 +943,10 @@ enum LaneTake {
 
 fn take_page_from_lane(addr: usize, start: usize) -> LaneTake {
     let home = LANE_HOME.load(Ordering::Acquire);
-    let (table, fast) = (LANES.load(Ordering::Acquire), FAST.load(Ordering::Acquire));
-    if home == 0 || table.is_null() || fast.is_null() {
-        return LaneTake::NotYet;
-    }
-    // SAFETY: non-null values of LANES and FAST are never freed (see their docs).
-    let (table, fast) = unsafe { (&*table, &*fast) };
-    let Some(Some(end)) = table.get(home as usize - 1) else {
+    let (Some(end), Some(fast)) = (
+        home.checked_sub(1).and_then(|h| lane_end(h as usize)),
+        fast_faults(),
+    ) else {
         return LaneTake::NotYet;
     };
     let page = (addr - start) / PAGE_SIZE;
@@ -1015,13 +1015,9 @@ fn abort_fault_in_engine() -> ! {
 /// Serves a write fault at `addr` (inside the segment that starts at `start`) in the
 /// handler if the engine armed its page. Returns false to take the slow path.
 fn fast_write_fault(addr: usize, start: usize) -> bool {
-    let ptr = FAST.load(Ordering::Acquire);
-    if ptr.is_null() {
+    let Some(fast) = fast_faults() else {
         return false;
-    }
-    // SAFETY: a non-null value of FAST comes from Arc::into_raw and its count is never
-    // given back, so the FastFaults it points to lives for the rest of the process.
-    let fast = unsafe { &*ptr };
+    };
     let page = (addr - start) / PAGE_SIZE;
     let app = start + page * PAGE_SIZE;
     let runtime = RUNTIME_BASE.load(Ordering::Relaxed) + page * PAGE_SIZE;
@@ -1119,6 +1115,11 @@ fn sleep_on_slot(expected: u32) {
 /// Moves the fault slot to `state` and wakes its sleepers, if any.
 fn set_slot(state: u32) {
     SLOT_STATE.store(state, Ordering::SeqCst);
+    wake_slot_sleepers();
+}
+
+/// Wakes the threads asleep on the fault slot after a change of its state, if any.
+fn wake_slot_sleepers() {
     if SLOT_SLEEPERS.load(Ordering::SeqCst) > 0 {
         futex_wake_all(&SLOT_STATE);
     }
@@ -1433,9 +1434,7 @@ impl FaultMailbox {
             match SLOT_STATE.compare_exchange(seen, outcome, Ordering::SeqCst, Ordering::Acquire) {
                 Ok(_) => {
                     LANE_HOME.store(0, Ordering::Release);
-                    if SLOT_SLEEPERS.load(Ordering::SeqCst) > 0 {
-                        futex_wake_all(&SLOT_STATE);
-                    }
+                    wake_slot_sleepers();
                     return;
                 }
                 Err(now) => seen = now,

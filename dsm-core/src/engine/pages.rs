@@ -77,9 +77,9 @@ impl<M: Memory> Engine<M> {
                 fast.end_fetch(page);
             }
         }
-        let lane_home = self.lane_peers & node_bit(self.pages[page as usize].home) != 0;
         if self.fast.is_some()
-            && (state == PageState::ReadOnly || state == PageState::Invalid && lane_home)
+            && (state == PageState::ReadOnly
+                || state == PageState::Invalid && self.through_lane(self.pages[page as usize].home))
         {
             self.to_arm.push(page);
         }
@@ -123,6 +123,12 @@ impl<M: Memory> Engine<M> {
         });
     }
 
+    /// Whether pages homed at `home` come through the page lane of a shared-memory link
+    /// (see [`Engine::set_lane_peers`]).
+    fn through_lane(&self, home: NodeId) -> bool {
+        self.lane_peers & node_bit(home) != 0
+    }
+
     pub(super) fn is_home(&self, page: PageNo) -> bool {
         self.pages[page as usize].home == self.me
     }
@@ -156,7 +162,7 @@ impl<M: Memory> Engine<M> {
     /// is now writable, with its twin in a handler slot (or, at the home, a write notice
     /// to make), exactly as [`Engine::on_fault`] would have left it.
     pub(super) fn drain_handler_writes(&mut self) {
-        let Some(fast) = self.fast.clone() else {
+        let Some(fast) = &self.fast else {
             return;
         };
         if fast.take_short() > 0 {
@@ -211,14 +217,15 @@ impl<M: Memory> Engine<M> {
         let Some(fast) = &self.fast else {
             return;
         };
-        for page in self.to_arm.drain(..) {
+        let mut to_arm = std::mem::take(&mut self.to_arm);
+        for page in to_arm.drain(..) {
             let entry = self.pages[page as usize];
             match entry.state {
                 PageState::ReadOnly => {
                     fast.arm(page, entry.home == self.me);
                 }
                 PageState::Invalid
-                    if self.lane_peers & node_bit(entry.home) != 0
+                    if self.through_lane(entry.home)
                         && !self.required.contains_key(&page)
                         && !self.fetch.as_ref().is_some_and(|f| f.pages.contains(&page)) =>
                 {
@@ -227,6 +234,8 @@ impl<M: Memory> Engine<M> {
                 _ => {}
             }
         }
+        // Kept for its capacity: most steps arm a few pages.
+        self.to_arm = to_arm;
     }
 
     /// The handler asked `home` for `page` itself (its word is claimed): unless a fetch
@@ -291,7 +300,7 @@ impl<M: Memory> Engine<M> {
                 self.stats.write_faults += u64::from(write);
                 // A read fault on a co-located home's page: the faulting thread can take
                 // the page from the link's lane itself (see `fast`).
-                let lane = !write && self.lane_peers & node_bit(entry.home) != 0;
+                let lane = !write && self.through_lane(entry.home);
                 self.start_fetch(vec![page], write, AfterFetch::ResolveFault, lane);
             }
             PageState::ReadOnly if write => {
