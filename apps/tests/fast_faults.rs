@@ -84,3 +84,77 @@ fn a_bad_fast_faults_setting_is_a_clear_error() {
     assert_ne!(out.code, Some(0), "{out:?}");
     assert!(out.all_output().contains("DSM_FAST_FAULTS=yes"), "{out:?}");
 }
+
+/// Sums counter `key` of the `protocol` section over ranks `0..n`.
+fn protocol_sum(stats: &Path, n: usize, key: &str) -> u64 {
+    (0..n)
+        .map(|r| dsm_testkit::rank_counter(stats, r, "protocol", key))
+        .sum()
+}
+
+/// Over TCP the faulting thread writes the page request to the home's socket itself
+/// (`handler_fetches`), and the comm thread takes the reply in and resolves the fault: SOR
+/// (boundary rows) and Water (molecules under locks) verify at 2 and 3 ranks, also with
+/// race detection, and nothing is asked that way with `DSM_FAST_FAULTS=0`.
+#[test]
+fn a_faulting_thread_asks_a_remote_home_over_its_socket() {
+    let sor: &[&str] = &["--size", "256", "--iters", "10"];
+    let water: &[&str] = &[];
+    for (program, args, n, fast, race) in [
+        (SOR, sor, 2, true, false),
+        (SOR, sor, 3, true, false),
+        (SOR, sor, 2, false, false),
+        (SOR, sor, 2, true, true),
+        (WATER, water, 3, true, false),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let flags: &[&str] = if race { &["--race"] } else { &[] };
+        let mut cmd = dsm_testkit::dsmrun_command(n, flags, program, args);
+        // Pushes off: every invalidated page is fetched on a fault.
+        cmd.env("DSM_TRANSPORT", "tcp")
+            .env("DSM_SPIN", "200")
+            .env("DSM_PUSH", "off")
+            .env("DSM_FAST_FAULTS", if fast { "1" } else { "0" })
+            .env("DSM_STATS_FILE", dir.path().join("rank-%r.json"));
+        let what = format!("{program} at N={n} over TCP, fast faults {fast}, race {race}");
+        dsm_testkit::run(cmd).assert_verified(&what);
+        let asked = protocol_sum(dir.path(), n, "handler_fetches");
+        let requests = protocol_sum(dir.path(), n, "fetch_requests");
+        eprintln!("{what}: {asked} of {requests} page requests written by the handler");
+        assert!(asked <= requests, "{what}");
+        assert_eq!(
+            protocol_sum(dir.path(), n, "lane_pages"),
+            0,
+            "{what}: no lanes over TCP"
+        );
+        if fast {
+            assert!(
+                asked > 0,
+                "{what}: the handler never asked a home itself ({requests} requests)"
+            );
+        } else {
+            assert_eq!(asked, 0, "{what}: asking needs the handler's paths");
+        }
+    }
+}
+
+/// Over TCP too, a faulting thread whose budget runs out before the reply hands its wait
+/// to the comm thread, whose engine adopts the fetch the handler asked for.
+#[test]
+fn a_faulting_thread_out_of_budget_over_tcp_hands_its_fetch_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = dsm_testkit::dsmrun_command(2, &[], SOR, &["--size", "256", "--iters", "20"]);
+    cmd.env("DSM_TRANSPORT", "tcp")
+        .env("DSM_SPIN", "1")
+        .env("DSM_PUSH", "off")
+        .env("DSM_STATS_FILE", dir.path().join("rank-%r.json"));
+    dsm_testkit::run(cmd).assert_verified("SOR over TCP, 1 us polling budget");
+    let asked = protocol_sum(dir.path(), 2, "handler_fetches");
+    let handed = protocol_sum(dir.path(), 2, "handler_fetches_handed_over");
+    eprintln!("{asked} fetches asked by the handler, {handed} handed to the comm thread");
+    assert!(handed <= asked);
+    assert!(
+        handed > 0,
+        "no handler handed its wait over ({asked} asked) with a 1 us budget"
+    );
+}

@@ -974,6 +974,12 @@ fn comm_main(
             let peers: Vec<NodeId> = outbox.shm_peers().iter().map(|&p| p as NodeId).collect();
             shared.engine().set_lane_peers(&peers);
         }
+        // Set even when empty: a table from an earlier job in this process must not serve
+        // this one.
+        let direct = outbox.direct_senders();
+        let peers: Vec<NodeId> = direct.iter().map(|d| d.peer() as NodeId).collect();
+        sys::set_direct_senders(direct, size);
+        shared.engine().set_socket_peers(&peers);
         let _ = shared.outbox.set(outbox);
         if !chaos_on {
             // Chaos mode's delays are the reader tasks'; it leaves runs to them.

@@ -24,7 +24,9 @@ use std::sync::atomic::{
 use std::sync::{Arc, OnceLock};
 
 use crate::engine::{FastFaults, Prot};
+use dsm_net::framing::{page_request_frame, PAGE_REQUEST_FRAME_MAX};
 use dsm_net::transport::LaneEnd;
+use dsm_net::DirectSender;
 use dsm_proto::PAGE_SIZE;
 
 fn prot_bits(prot: Prot) -> libc::c_int {
@@ -822,33 +824,111 @@ pub(crate) fn set_lanes(lanes: &[dsm_net::transport::LaneEnd], size: usize) {
     LANES.store(Box::into_raw(Box::new(table)), Ordering::Release);
 }
 
+/// The links to peers reached over TCP, indexed by rank, for the handler to ask a page's
+/// home itself (see [`ask_socket_home`]); kept like [`LANES`], never freed.
+static DIRECT: AtomicPtr<Vec<Option<DirectSender>>> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Gives the handler the TCP links of this node, to send page requests on.
+pub(crate) fn set_direct_senders(senders: Vec<DirectSender>, size: usize) {
+    let mut table: Vec<Option<DirectSender>> = vec![None; size];
+    for d in senders {
+        let peer = d.peer();
+        if let Some(slot) = table.get_mut(peer) {
+            *slot = Some(d);
+        }
+    }
+    DIRECT.store(Box::into_raw(Box::new(table)), Ordering::Release);
+}
+
+/// The TCP link to `peer`, if any.
+fn direct_sender(peer: usize) -> Option<&'static DirectSender> {
+    let table = DIRECT.load(Ordering::Acquire);
+    if table.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null value of DIRECT is never freed (see its doc), so the reference
+    // may live for the rest of the process.
+    let table: &'static Vec<Option<DirectSender>> = unsafe { &*table };
+    table.get(peer)?.as_ref()
+}
+
+/// How the handler asked a page's home for the page itself.
+#[derive(Clone, Copy)]
+enum Asked {
+    /// Through the request slot of the shared-memory link's lane; the page comes back
+    /// in the home's lane, which this thread polls.
+    Lane(&'static LaneEnd),
+    /// In a frame written to the TCP link; the page comes back in a reply frame, which
+    /// the comm thread takes in, resolving the fault.
+    Socket,
+}
+
+/// From the handler, holding the fault slot for a read fault at `addr`: if the engine
+/// armed the page for a fetch of the handler's own ([`FastFaults::claim_fetch`]), asks
+/// its home for it, through the lane of a shared-memory link ([`ask_lane_home`]) or in a
+/// frame on a TCP link ([`ask_socket_home`]). Returns how it asked, if it did; if not, the
+/// page is unclaimed and the slot still this thread's alone (`SLOT_CLAIMED`).
+fn ask_home(addr: usize, start: usize) -> Option<Asked> {
+    let fast = fast_faults()?;
+    let page = (addr - start) / PAGE_SIZE;
+    let home = usize::from(fast.claim_fetch(page)?);
+    let asked = if let Some(end) = lane_end(home) {
+        ask_lane_home(end, page).then_some(Asked::Lane(end))
+    } else if let Some(link) = direct_sender(home) {
+        ask_socket_home(link, page).then_some(Asked::Socket)
+    } else {
+        None
+    };
+    if asked.is_none() {
+        fast.unclaim_fetch(page);
+    }
+    asked
+}
+
+/// From the handler, `page` claimed for a fetch from the home at the far end of TCP link
+/// `link`: writes the home a [`dsm_proto::Msg::PageRequest`] for it, behind every frame
+/// this node handed to the link before, unless another thread is sending on the link or
+/// frames wait in its queue ([`DirectSender::try_send`]). The reply reaches the comm
+/// thread, whose engine adopts the fetch and resolves the fault, so this thread's wait has
+/// one wake-up in it (the comm thread's, for the reply) instead of two. Returns whether it
+/// asked. Nothing here allocates, locks or blocks: the frame is encoded on the stack, and
+/// the link's lock is only tried.
+fn ask_socket_home(link: &DirectSender, page: usize) -> bool {
+    let Ok(page_no) = dsm_proto::PageNo::try_from(page) else {
+        return false;
+    };
+    let mut buf = [0u8; PAGE_REQUEST_FRAME_MAX];
+    let frame = page_request_frame(page_no, &mut buf);
+    // Before the request, since the reply may come at once: the comm thread resolves an
+    // asked fault when the copy arrives.
+    set_slot(SLOT_ASKED);
+    if !link.try_send(frame) {
+        // Nothing asked, so nothing can answer: the slot is still this thread's alone.
+        SLOT_STATE.store(SLOT_CLAIMED, Ordering::SeqCst);
+        return false;
+    }
+    true
+}
+
 /// Whether the fault in service waits for a page from `home`'s lane (its thread polls it).
 pub(crate) fn lane_awaited(home: usize) -> bool {
     LANE_HOME.load(Ordering::Acquire) == home as u32 + 1
         && matches!(SLOT_STATE.load(Ordering::Acquire), SLOT_TAKEN | SLOT_ASKED)
 }
 
-/// From the handler, holding the fault slot for a read fault at `addr`: if the engine
-/// armed the page for a fetch of the handler's own ([`FastFaults::claim_fetch`]), asks its
-/// co-located home for it through the request slot of the lane towards the home, behind
-/// every frame this node has handed to that link, and rings the home's bell if its reader
-/// sleeps. The page then comes back through the home's lane as for a fetch the comm
-/// thread asked for, with neither thread of this node in the way. Returns the lane end it
-/// asked through, if it asked. Nothing here allocates, locks or blocks: atomics and at
-/// most one `write(2)`.
-fn ask_lane_home(addr: usize, start: usize) -> Option<&'static LaneEnd> {
-    let fast = fast_faults()?;
-    let page = (addr - start) / PAGE_SIZE;
-    let home = fast.claim_fetch(page)?;
-    let Some(end) = lane_end(usize::from(home)) else {
-        fast.unclaim_fetch(page);
-        return None;
-    };
+/// From the handler, `page` claimed for a fetch from `end`'s peer, a co-located home:
+/// asks for it through the request slot of the lane towards the home, behind every frame
+/// this node has handed to that link, and rings the home's bell if its reader sleeps.
+/// The page then comes back through the home's lane as for a fetch the comm thread asked
+/// for, with neither thread of this node in the way. Returns whether it asked. Nothing
+/// here allocates, locks or blocks: atomics and at most one `write(2)`.
+fn ask_lane_home(end: &'static LaneEnd, page: usize) -> bool {
+    let home = end.peer as u32;
     // All before the request, since the home may answer at once: the flag, the home this
     // thread waits for, and the slot's state, which lets the comm thread resolve the fault
     // if the copy reaches it first.
     end.region.lane(end.dir).set_taker_polling(true);
-    LANE_HOME.store(u32::from(home) + 1, Ordering::Release);
+    LANE_HOME.store(home + 1, Ordering::Release);
     set_slot(SLOT_ASKED);
     let lane = end.region.lane(end.to_peer);
     if !lane.post_request(page as u64, end.sent.load(Ordering::Acquire)) {
@@ -856,13 +936,12 @@ fn ask_lane_home(addr: usize, start: usize) -> Option<&'static LaneEnd> {
         SLOT_STATE.store(SLOT_CLAIMED, Ordering::SeqCst);
         LANE_HOME.store(0, Ordering::Release);
         end.region.lane(end.dir).set_taker_polling(false);
-        fast.unclaim_fetch(page);
-        return None;
+        return false;
     }
     if end.region.reader_needs_wake(end.to_peer) {
         ring_eventfd(&end.peer_bell);
     }
-    Some(end)
+    true
 }
 
 /// The state shared with the engine for the handler's paths, unless they are off.
@@ -1245,7 +1324,7 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
     // the fault (and with it the wait for the copy).
     let mut asked = None;
     if spin_ns > 0 && fault_is_write(ctx) == 0 {
-        asked = ask_lane_home(addr, start);
+        asked = ask_home(addr, start);
     }
     if asked.is_none() {
         hand_to_comm_thread();
@@ -1272,7 +1351,7 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
                 spin_from = spin_from.wrapping_sub(spin_ns);
             }
             if took == LaneTake::Taken {
-                if let Some(end) = asked.take() {
+                if let Some(Asked::Lane(end)) = asked.take() {
                     stop_polling_lane(end, false);
                 }
                 // The fault is over: the engine takes the page in from the record at the
@@ -1301,7 +1380,7 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
         if s == SLOT_ASKED {
             // No answer within the budget: the comm thread takes over the wait (its engine
             // adopts the fetch this thread asked for), and this thread sleeps.
-            if let Some(end) = asked.take() {
+            if let Some(Asked::Lane(end)) = asked.take() {
                 stop_polling_lane(end, true);
             }
             handed_over = true;
@@ -1328,7 +1407,7 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
     if polled || slept {
         crate::spin::count_wait(!slept);
     }
-    if let Some(end) = asked {
+    if let Some(Asked::Lane(end)) = asked {
         // Resolved by the comm thread, which read the announcement already.
         stop_polling_lane(end, false);
     }

@@ -385,6 +385,10 @@ struct Sim {
     /// Of those, faults the engine resolved while the handler still polled (the copy
     /// reached the comm thread first).
     asks_resolved_by_comm: u64,
+    /// Of those, requests the handler wrote to the home's socket (a home with no lane).
+    socket_asks: u64,
+    /// The engines fetch through page lanes (`Engine::set_lane_peers`).
+    lanes_on: bool,
 }
 
 impl Sim {
@@ -679,13 +683,24 @@ impl Sim {
             self.requests[li].is_none() && self.asked[k].is_none(),
             "node {k}: a second request while one is pending"
         );
+        self.asked[k] = Some(page as PageNo);
+        self.nodes[k].wait = Wait::Fault;
+        self.handler_asks += 1;
+        if !self.lanes_on {
+            // As `sys::ask_socket_home`: a plain request frame on the link, behind every
+            // message sent on it before; the reply comes to the comm thread.
+            self.socket_asks += 1;
+            self.links[li].push_back(Msg::PageRequest {
+                pages: vec![page as PageNo],
+                required: Vec::new(),
+                lane: false,
+            });
+            return true;
+        }
         self.requests[li] = Some((
             page as PageNo,
             self.popped[li] + self.links[li].len() as u64,
         ));
-        self.asked[k] = Some(page as PageNo);
-        self.nodes[k].wait = Wait::Fault;
-        self.handler_asks += 1;
         true
     }
 
@@ -1404,9 +1419,12 @@ fn sim_with_setup(
         eng.set_keep_writable(seed % 4 != 3);
         // Read faults fetch through the page lanes (the runtime's co-located peers) in
         // two runs of three.
+        // In half the others, the handler asks remote homes itself over their sockets.
+        let others: Vec<NodeId> = (0..n as NodeId).filter(|&p| p != k as NodeId).collect();
         if !seed.is_multiple_of(3) {
-            let others: Vec<NodeId> = (0..n as NodeId).filter(|&p| p != k as NodeId).collect();
             eng.set_lane_peers(&others);
+        } else if socket_asks_for(seed) {
+            eng.set_socket_peers(&others);
         }
         setup(k, &mut eng);
         let mut clock = vec![0; n];
@@ -1490,6 +1508,8 @@ fn sim_with_setup(
         handler_asks: 0,
         ask_handovers: 0,
         asks_resolved_by_comm: 0,
+        socket_asks: 0,
+        lanes_on: !seed.is_multiple_of(3),
     };
     // Variables spread over the pages, several per page (false sharing across locks).
     let slots = specs[0].homes.len() * PAGE_SIZE / 8;
@@ -1505,6 +1525,13 @@ fn sim_with_setup(
     }
     s.run();
     s
+}
+
+/// Whether the handlers of a simulation with this seed ask the pages' homes themselves
+/// over sockets (see `sim_with_setup`): lanes off (a multiple of 3), and every other such
+/// seed.
+fn socket_asks_for(seed: u64) -> bool {
+    seed.is_multiple_of(6)
 }
 
 /// The push limit a simulation with this seed runs with (see `sim_with_setup`).
@@ -1688,6 +1715,44 @@ fn handlers_asking_homes_themselves_keep_programs_sequentially_consistent() {
         "no copy for a handler's request reached the comm thread"
     );
     assert!(taken > 0, "no handler took its page from the lane");
+}
+
+/// Read faults whose handler asks a home with no lane itself, writing the request to the
+/// home's socket behind everything sent on it before: the reply reaches the comm thread,
+/// whose engine adopts the fetch and resolves the fault, or the handler hands its wait
+/// over first and the engine adopts the fetch on the fault. Programs stay sequentially
+/// consistent, every request is answered, and each is counted once.
+#[test]
+fn handlers_asking_homes_over_sockets_keep_programs_sequentially_consistent() {
+    let (mut asks, mut handovers, mut by_comm) = (0, 0, 0);
+    for seed in 0..cases(300) as u64 {
+        let seed = seed * 6;
+        assert!(socket_asks_for(seed));
+        let n = 2 + (seed % 4) as usize;
+        let homes: Vec<usize> = (0..4).map(|p| (seed as usize + p) % n).collect();
+        let mut s = sim_with(n, &[AllocSpec { elem: 8, homes }], 6, seed, false);
+        random_program(&mut s, 6, 2, 3, 4);
+        s.run();
+        let counted: u64 = s.nodes.iter().map(|n| n.eng.stats().handler_fetches).sum();
+        assert_eq!(
+            counted, s.handler_asks,
+            "seed {seed}: every request the handler made reached its engine once"
+        );
+        assert_eq!(s.socket_asks, s.handler_asks, "seed {seed}: no lanes here");
+        assert!(
+            s.asked.iter().all(Option::is_none),
+            "seed {seed}: a request left unanswered"
+        );
+        asks += s.handler_asks;
+        handovers += s.ask_handovers;
+        by_comm += s.asks_resolved_by_comm;
+    }
+    assert!(asks > 0, "no handler asked a home itself");
+    assert!(handovers > 0, "no handler handed its wait over");
+    assert!(
+        by_comm > 0,
+        "no copy for a handler's request reached the comm thread"
+    );
 }
 
 proptest! {

@@ -3,6 +3,7 @@
 //! The same framing serves the blocking bootstrap (std sockets) and the async transport
 //! (tokio-util's length-delimited codec, configured identically here).
 
+use dsm_proto::{PageNo, PlainPageRequest};
 use serde::{de::DeserializeOwned, Serialize};
 use std::io::{self, Read, Write};
 use thiserror::Error;
@@ -103,11 +104,47 @@ pub fn read_frame<R: Read, T: DeserializeOwned>(r: &mut R, max: usize) -> Result
     decode(&payload)
 }
 
+/// Longest frame [`page_request_frame`] makes: the length prefix and the payload of a
+/// [`PlainPageRequest`] for any page.
+pub const PAGE_REQUEST_FRAME_MAX: usize = 16;
+
+/// A whole frame (length prefix and payload) asking a page's home for `page`, exactly as
+/// [`dsm_proto::Msg::PageRequest`] with that one page, no requirement and no lane would be
+/// framed, written into `buf` without allocating (for a fault handler; see
+/// [`crate::DirectSender`]). Returns the frame's part of `buf`.
+pub fn page_request_frame(page: PageNo, buf: &mut [u8; PAGE_REQUEST_FRAME_MAX]) -> &[u8] {
+    let (prefix, payload) = buf.split_at_mut(4);
+    let len = postcard::to_slice(&PlainPageRequest(page), payload)
+        .expect("a page request fits its buffer")
+        .len();
+    prefix.copy_from_slice(&(len as u32).to_be_bytes());
+    &buf[..4 + len]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use dsm_proto::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_page_request_frame_is_the_framed_message_it_stands_for() {
+        let mut buf = [0u8; PAGE_REQUEST_FRAME_MAX];
+        for page in [0, 1, 127, 128, 300, 16_383, 16_384, 1 << 21, PageNo::MAX] {
+            let msg = Msg::PageRequest {
+                pages: vec![page],
+                required: Vec::new(),
+                lane: false,
+            };
+            let mut framed = Vec::new();
+            write_frame(&mut framed, &msg).unwrap();
+            assert_eq!(
+                page_request_frame(page, &mut buf),
+                &framed[..],
+                "page {page}"
+            );
+        }
+    }
 
     fn arb_vt() -> impl Strategy<Value = VectorTime> {
         proptest::collection::vec(0u32..1000, 1..9).prop_map(VectorTime)

@@ -3,7 +3,9 @@
 //! arrival order. Sending: any thread encodes its message and writes the frame straight
 //! to the socket when nothing is queued on that link, so a message leaves without waking
 //! another thread; what the socket does not take at once is queued for the link's writer
-//! task. A malformed frame or a lost peer is reported to the callback, never a panic.
+//! task. A malformed frame or a lost peer is reported to the callback, never a panic. A
+//! thread that must not wait or allocate (a fault handler) may write one small frame on a
+//! TCP link through a [`DirectSender`], which only tries the link's lock.
 //!
 //! Links to co-located peers ([`crate::colocate`]) carry the same frames through a
 //! shared-memory ring ([`crate::ring`]) instead of the socket: a sender copies its frame
@@ -30,9 +32,10 @@ use bytes::Bytes;
 use dsm_proto::liveness::heartbeat_period;
 use dsm_proto::Msg;
 use futures_util::StreamExt;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use std::collections::VecDeque;
 use std::io::{self, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -298,6 +301,83 @@ impl Link {
     fn close(&self) {
         self.queue.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
         self.wake.notify_one();
+    }
+}
+
+/// How long [`DirectSender::try_send`] waits for a socket that took part of a frame to take
+/// the rest before it gives the connection up.
+pub const DIRECT_SEND_PATIENCE: Duration = Duration::from_secs(1);
+
+/// The sending side of one TCP link, for a thread that must neither wait for a lock nor
+/// allocate: a SIGSEGV handler asking a page's home for the page itself (dsm-core's fault
+/// path). [`DirectSender::try_send`] writes one small frame, already encoded, now or not
+/// at all.
+#[derive(Clone)]
+pub struct DirectSender {
+    peer: usize,
+    link: Arc<Link>,
+    traffic: Arc<Traffic>,
+}
+
+impl DirectSender {
+    /// The rank at the other end of the link.
+    pub fn peer(&self) -> usize {
+        self.peer
+    }
+
+    /// Writes `frame` (whole: length prefix and payload, a few bytes, such as a
+    /// [`crate::framing::page_request_frame`]) to the socket, behind every frame handed
+    /// to the link before it, and returns true. Returns false having sent nothing when
+    /// another thread holds the link's lock at this moment (this never waits for it),
+    /// when frames are queued on the link (they go first, and the queue is not this
+    /// caller's to extend), when the link is closed or goes through shared memory, or
+    /// when the socket takes nothing now.
+    ///
+    /// Nothing here allocates or blocks on another thread: one compare-and-swap on the
+    /// link's lock, `send(2)` calls and atomics, all async-signal-safe. A socket that takes
+    /// only part of the frame (its buffer full to the last bytes) gets the rest as it
+    /// drains, polled for at most [`DIRECT_SEND_PATIENCE`]; after that the connection is
+    /// shut down, so that both ends report the other lost, rather than left holding half a
+    /// frame.
+    pub fn try_send(&self, frame: &[u8]) -> bool {
+        let Ok(q) = self.link.queue.try_lock() else {
+            return false;
+        };
+        if q.closed || q.ring.is_some() || !q.frames.is_empty() || frame.is_empty() {
+            return false;
+        }
+        let mut done = match (&self.link.raw).write(frame) {
+            Ok(n) if n > 0 => n,
+            // Nothing went: a full socket, or a broken one, which its reader reports; the
+            // caller sends the ordinary way, which meets the same condition.
+            _ => return false,
+        };
+        let deadline = Instant::now() + DIRECT_SEND_PATIENCE;
+        while done < frame.len() {
+            match (&self.link.raw).write(&frame[done..]) {
+                Ok(n) => done += n,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    if Instant::now() >= deadline {
+                        let _ = self.link.raw.shutdown(std::net::Shutdown::Both);
+                        break;
+                    }
+                    let mut ready = [PollFd::new(self.link.raw.as_fd(), PollFlags::POLLOUT)];
+                    let _ = poll(&mut ready, PollTimeout::from(10u16));
+                }
+                // The connection failed mid-frame: its reader reports the peer lost.
+                Err(_) => break,
+            }
+        }
+        drop(q);
+        self.link.active.store(true, Ordering::Relaxed);
+        bump(&self.traffic.messages_sent, 1);
+        bump(&self.traffic.bytes_sent, frame.len() as u64);
+        true
     }
 }
 
@@ -811,6 +891,22 @@ impl Outbox {
         &self.lanes
     }
 
+    /// A [`DirectSender`] for each peer reached over TCP, in rank order.
+    pub fn direct_senders(&self) -> Vec<DirectSender> {
+        self.links
+            .iter()
+            .enumerate()
+            .filter(|(peer, _)| !self.shm_peers.contains(peer))
+            .filter_map(|(peer, link)| {
+                Some(DirectSender {
+                    peer,
+                    link: link.as_ref()?.clone(),
+                    traffic: self.traffic.clone(),
+                })
+            })
+            .collect()
+    }
+
     /// Sends `msg` to the co-located peer `to` after leaving `page`'s `data` and `applied`
     /// entries in the page lane towards it (see [`crate::ring::Lane::publish`]). Returns
     /// false, sending nothing, when the lane cannot take it now (no ring to `to`, frames
@@ -1281,6 +1377,120 @@ mod tests {
             assert!(got[0].1.contains("hi"), "{got:?}");
             assert!(got[1].1.contains("Malformed"), "{got:?}");
         });
+    }
+
+    /// A TCP-only pair: rank 0's mesh, and rank 1's raw socket towards rank 0.
+    fn tcp_pair() -> (Mesh, std::net::TcpStream) {
+        let coord = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let peer = std::thread::spawn(move || {
+            connect_mesh(&job_over(1, coord, TransportChoice::Tcp)).unwrap()
+        });
+        let mesh0 = connect_mesh(&job_over(0, coord, TransportChoice::Tcp)).unwrap();
+        let mut mesh1 = peer.join().unwrap();
+        (mesh0, mesh1.streams[0].take().unwrap())
+    }
+
+    /// Reads frames from `raw` until a page request arrives; returns the `Abort` reasons
+    /// before it and the pages asked for.
+    fn read_until_page_request(raw: &mut std::net::TcpStream) -> (Vec<String>, Vec<u32>) {
+        let mut before = Vec::new();
+        loop {
+            match crate::framing::read_frame::<_, Msg>(raw, MAX_FRAME).unwrap() {
+                Msg::Abort { reason } => before.push(reason),
+                Msg::PageRequest {
+                    pages,
+                    required,
+                    lane,
+                } => {
+                    assert!(required.is_empty() && !lane);
+                    return (before, pages);
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_direct_frame_leaves_in_order_with_the_link_s_other_frames() {
+        let (mesh0, mut raw) = tcp_pair();
+        let outbox = sending_side(mesh0);
+        let senders = outbox.direct_senders();
+        assert_eq!(senders.len(), 1);
+        let direct = &senders[0];
+        assert_eq!(direct.peer(), 1);
+        let mut buf = [0u8; crate::framing::PAGE_REQUEST_FRAME_MAX];
+        let sent_before = outbox.traffic.messages_sent.load(Ordering::Relaxed);
+        for page in [7u32, 300, 70_000] {
+            outbox
+                .send(
+                    1,
+                    &Msg::Abort {
+                        reason: format!("before {page}"),
+                    },
+                )
+                .unwrap();
+            let frame = crate::framing::page_request_frame(page, &mut buf);
+            assert!(direct.try_send(frame), "an idle link takes a direct frame");
+            let (before, pages) = read_until_page_request(&mut raw);
+            assert_eq!(before, [format!("before {page}")]);
+            assert_eq!(pages, [page]);
+        }
+        assert_eq!(
+            outbox.traffic.messages_sent.load(Ordering::Relaxed) - sent_before,
+            6,
+            "direct frames are counted as sent"
+        );
+    }
+
+    #[test]
+    fn a_direct_send_never_waits_for_the_link_and_never_jumps_its_queue() {
+        let (mesh0, mut raw) = tcp_pair();
+        let outbox = sending_side(mesh0);
+        let direct = outbox.direct_senders().remove(0);
+        let mut buf = [0u8; crate::framing::PAGE_REQUEST_FRAME_MAX];
+        let frame = crate::framing::page_request_frame(5, &mut buf).to_vec();
+        // Another thread sending on the link: refused at once, not waited for.
+        let held = direct.link.queue.lock().unwrap();
+        assert!(!direct.try_send(&frame), "the link's lock is held");
+        drop(held);
+        // Rank 1 reads nothing, so big frames back up into the link's queue.
+        let mut sent = 0;
+        while direct.link.queue.lock().unwrap().frames.is_empty() {
+            assert!(sent < 512, "the socket never filled");
+            outbox.send(1, &numbered(sent, 1 << 20)).unwrap();
+            sent += 1;
+        }
+        assert!(!direct.try_send(&frame), "frames are queued on the link");
+        // Once rank 1 reads, the queue drains and the direct frame goes behind it all.
+        let reader = std::thread::spawn(move || read_until_page_request(&mut raw));
+        let until = Instant::now() + Duration::from_secs(20);
+        while !direct.try_send(&frame) {
+            assert!(Instant::now() < until, "the queue never drained");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let (before, pages) = reader.join().unwrap();
+        assert_eq!(pages, [5]);
+        assert_eq!(before.len(), sent, "every queued frame came first");
+        for (i, reason) in before.iter().enumerate() {
+            assert!(
+                reason.starts_with(&format!("{i}:")),
+                "frame {i} out of order"
+            );
+        }
+        // A closed link takes nothing.
+        outbox.close();
+        assert!(!direct.try_send(&frame), "the link is closed");
+    }
+
+    #[test]
+    fn shared_memory_links_have_no_direct_sender() {
+        let (mesh0, _mesh1) = pair();
+        assert!(mesh0.shm[1].is_some());
+        let outbox = sending_side(mesh0);
+        assert!(outbox.direct_senders().is_empty());
     }
 
     fn pair() -> (Mesh, Mesh) {

@@ -707,6 +707,29 @@ pub enum Msg {
     Heartbeat,
 }
 
+/// `Msg::PageRequest { pages: vec![page], required: vec![], lane: false }`, serialized
+/// exactly as that message is but without building it, so without allocating: what a
+/// fault handler sends when it asks a page's home over a socket itself, where nothing may
+/// allocate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlainPageRequest(pub PageNo);
+
+/// [`Msg::PageRequest`]'s place among [`Msg`]'s variants, which its serialization carries
+/// (checked against the derived encoding by a test).
+const PAGE_REQUEST_VARIANT: u32 = 0;
+
+impl Serialize for PlainPageRequest {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStructVariant;
+        let mut v =
+            serializer.serialize_struct_variant("Msg", PAGE_REQUEST_VARIANT, "PageRequest", 3)?;
+        v.serialize_field("pages", &[self.0][..])?;
+        v.serialize_field("required", &[] as &[Requirement])?;
+        v.serialize_field("lane", &false)?;
+        v.end()
+    }
+}
+
 impl Msg {
     /// Short name for logs and statistics.
     pub fn kind(&self) -> &'static str {

@@ -501,6 +501,9 @@ pub struct Engine<M: Memory> {
     /// Peers (bit per rank) whose pages a read fault fetches through the page lane of the
     /// shared-memory link: its thread takes the page itself ([`Engine::set_lane_peers`]).
     lane_peers: u64,
+    /// Peers (bit per rank) to which the SIGSEGV handler writes a page request itself on
+    /// their TCP link ([`Engine::set_socket_peers`]).
+    socket_peers: u64,
     /// Per home, pages the handler installed from its lane whose
     /// [`Msg::LanePageReply`] has not arrived yet (it may come after later traffic).
     lane_pages_unmarked: BTreeMap<NodeId, u32>,
@@ -606,6 +609,7 @@ impl<M: Memory> Engine<M> {
             twins: HashMap::new(),
             fast: None,
             lane_peers: 0,
+            socket_peers: 0,
             lane_pages_unmarked: BTreeMap::new(),
             to_arm: Vec::new(),
             slot_twins: 0,

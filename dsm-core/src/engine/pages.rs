@@ -79,7 +79,8 @@ impl<M: Memory> Engine<M> {
         }
         if self.fast.is_some()
             && (state == PageState::ReadOnly
-                || state == PageState::Invalid && self.through_lane(self.pages[page as usize].home))
+                || state == PageState::Invalid
+                    && self.handler_may_ask(self.pages[page as usize].home))
         {
             self.to_arm.push(page);
         }
@@ -127,6 +128,12 @@ impl<M: Memory> Engine<M> {
     /// (see [`Engine::set_lane_peers`]).
     fn through_lane(&self, home: NodeId) -> bool {
         self.lane_peers & node_bit(home) != 0
+    }
+
+    /// Whether the SIGSEGV handler can ask `home` for a page itself: through the lane of
+    /// their shared-memory link, or in a frame on their TCP link.
+    fn handler_may_ask(&self, home: NodeId) -> bool {
+        (self.lane_peers | self.socket_peers) & node_bit(home) != 0
     }
 
     pub(super) fn is_home(&self, page: PageNo) -> bool {
@@ -211,8 +218,8 @@ impl<M: Memory> Engine<M> {
 
     /// Lets the handler take the pages that became `ReadOnly` in this event, now that every
     /// protection change of the event is made, and fetch those that became invalid and
-    /// need nothing but their co-located home's copy (no diff required from a third
-    /// party, no fetch of them under way).
+    /// need nothing but their home's copy, from a home the handler can ask itself (no diff
+    /// required from a third party, no fetch of them under way).
     pub(super) fn arm_pending(&mut self) {
         let Some(fast) = &self.fast else {
             return;
@@ -225,7 +232,7 @@ impl<M: Memory> Engine<M> {
                     fast.arm(page, entry.home == self.me);
                 }
                 PageState::Invalid
-                    if self.through_lane(entry.home)
+                    if self.handler_may_ask(entry.home)
                         && !self.required.contains_key(&page)
                         && !self.fetch.as_ref().is_some_and(|f| f.pages.contains(&page)) =>
                 {
@@ -659,6 +666,21 @@ impl<M: Memory> Engine<M> {
         if self.fast.is_some() {
             for &p in peers {
                 self.lane_peers |= node_bit(p);
+            }
+        }
+    }
+
+    /// Says to which peers the SIGSEGV handler can write a page request itself, on their
+    /// TCP link (the runtime's peers on other hosts; needs the handler's state,
+    /// [`Engine::with_fast_faults`]). Their invalid pages that need nothing but the home's
+    /// copy are armed for a fetch of the handler's own, as lane peers' are; the copy comes
+    /// back in a [`Msg::PageReply`], and the engine adopts the fetch then, or when the
+    /// handler hands its wait over in a fault.
+    pub fn set_socket_peers(&mut self, peers: &[NodeId]) {
+        self.socket_peers = 0;
+        if self.fast.is_some() {
+            for &p in peers {
+                self.socket_peers |= node_bit(p);
             }
         }
     }
