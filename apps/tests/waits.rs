@@ -61,6 +61,40 @@ fn off_sleeps_at_once_and_a_budget_polls() {
     assert!(frames_followed(long.path(), 2) > 0);
 }
 
+/// Over TCP the comm thread follows runs of messages too, watching the sockets: with a
+/// budget it goes back to its readers when one has data (`sockets_caught`), without one
+/// it never watches.
+#[test]
+fn over_tcp_runs_of_messages_are_followed_on_the_sockets() {
+    for (spin, follows) in [("1000000", true), ("off", false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = dsm_testkit::dsmrun_command(2, &[], WATER, &[]);
+        cmd.env("DSM_TRANSPORT", "tcp")
+            .env("DSM_SPIN", spin)
+            .env("DSM_STATS_FILE", dir.path().join("rank-%r.json"));
+        dsm_testkit::run(cmd).assert_verified(&format!("water over TCP, DSM_SPIN={spin}"));
+        let caught: u64 = (0..2)
+            .map(|r| dsm_testkit::rank_counter(dir.path(), r, "waits", "sockets_caught"))
+            .sum();
+        assert_eq!(
+            frames_followed(dir.path(), 2),
+            0,
+            "DSM_SPIN={spin}: no rings over TCP"
+        );
+        if follows {
+            assert!(
+                caught > 0,
+                "DSM_SPIN={spin}: the comm threads never caught a message"
+            );
+        } else {
+            assert_eq!(
+                caught, 0,
+                "DSM_SPIN={spin}: nothing to follow without a budget"
+            );
+        }
+    }
+}
+
 #[test]
 fn auto_polls_only_with_a_core_per_rank() {
     let dir = tempfile::tempdir().unwrap();

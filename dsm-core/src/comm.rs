@@ -535,12 +535,18 @@ impl Shared {
         let Some(outbox) = self.outbox.get() else {
             return;
         };
-        if window.is_zero() || !in_a_run || !self.rings_only.load(Ordering::Relaxed) {
+        if window.is_zero() || !in_a_run {
             return;
         }
+        let sockets = !self.rings_only.load(Ordering::Relaxed);
         let deliver = &mut |peer: usize, msg: Msg| self.deliver(peer, msg);
         let mut quiet_since = now;
-        while !self.dying.load(Ordering::Relaxed) && !sys::handler_asking() {
+        while !self.dying.load(Ordering::Relaxed) && !sys::handler_asking_lane() {
+            if sockets && outbox.sockets_readable() {
+                // The runtime's reader tasks take it from here, without sleeping.
+                crate::spin::SOCKETS_CAUGHT.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
             let frames = outbox.poll_rings(deliver);
             crate::spin::FRAMES_FOLLOWED.fetch_add(frames as u64, Ordering::Relaxed);
             let mut busy = frames > 0;
@@ -986,7 +992,9 @@ fn comm_main(
             let s = shared.clone();
             let long_ago = Instant::now().checked_sub(Duration::from_secs(1));
             let last_frames = std::cell::Cell::new(long_ago.unwrap_or_else(Instant::now));
-            transport.after_ring_frames(Rc::new(move || s.follow_messages(seg, &last_frames)));
+            let follow: Rc<dyn Fn()> = Rc::new(move || s.follow_messages(seg, &last_frames));
+            transport.after_ring_frames(follow.clone());
+            transport.after_socket_frames(follow);
         }
         let _ = ready.send(Ok(()));
 

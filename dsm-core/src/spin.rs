@@ -51,6 +51,10 @@ pub(crate) fn count_wait(polled: bool) {
 /// `Shared::follow_messages`), instead of being woken for each.
 pub(crate) static FRAMES_FOLLOWED: AtomicU64 = AtomicU64::new(0);
 
+/// Times the comm thread, following a run of messages, saw a TCP socket become readable
+/// and went back to its reader tasks without sleeping (see `Shared::follow_messages`).
+pub(crate) static SOCKETS_CAUGHT: AtomicU64 = AtomicU64::new(0);
+
 /// `(polled, slept)` so far in this process.
 pub(crate) fn waits() -> (u64, u64) {
     (

@@ -996,6 +996,11 @@ pub(crate) fn handler_asking() -> bool {
     SLOT_STATE.load(Ordering::Acquire) == SLOT_ASKED
 }
 
+/// Whether the faulting thread asked a co-located home itself and polls its lane.
+pub(crate) fn handler_asking_lane() -> bool {
+    handler_asking() && LANE_HOME.load(Ordering::Acquire) != 0
+}
+
 /// The comm thread, about to ask `home` for the faulting page through its lane.
 pub(crate) fn expect_lane(home: usize) {
     LANE_HOME.store(home as u32 + 1, Ordering::Release);

@@ -891,6 +891,19 @@ impl Outbox {
         &self.lanes
     }
 
+    /// Whether any TCP link has something to read now (a zero-timeout `poll`): for a
+    /// thread that follows the traffic outside the runtime, which must return to it then.
+    pub fn sockets_readable(&self) -> bool {
+        let mut fds: Vec<PollFd<'_>> = self
+            .links
+            .iter()
+            .enumerate()
+            .filter(|(peer, _)| !self.shm_peers.contains(peer))
+            .filter_map(|(_, l)| Some(PollFd::new(l.as_ref()?.raw.as_fd(), PollFlags::POLLIN)))
+            .collect();
+        !fds.is_empty() && poll(&mut fds, PollTimeout::ZERO).is_ok_and(|n| n > 0)
+    }
+
     /// A [`DirectSender`] for each peer reached over TCP, in rank order.
     pub fn direct_senders(&self) -> Vec<DirectSender> {
         self.links
@@ -1077,6 +1090,8 @@ pub struct Transport {
     keep_alive: Option<tokio::task::JoinHandle<()>>,
     /// See [`Transport::after_ring_frames`].
     after_ring_frames: AfterRingFrames,
+    /// See [`Transport::after_socket_frames`].
+    after_socket_frames: AfterRingFrames,
 }
 
 /// Called by a ring's reader task each time it has delivered frames and let go of the ring
@@ -1110,6 +1125,7 @@ impl Transport {
         let hearing: Arc<[Hearing]> = (0..mesh.size).map(|_| Hearing::new(started)).collect();
         let mut shm = mesh.shm;
         let after_ring_frames = AfterRingFrames::default();
+        let after_socket_frames = AfterRingFrames::default();
         for (peer, stream) in mesh.streams.into_iter().enumerate() {
             let Some(stream) = stream else {
                 outboxes.push(None);
@@ -1194,6 +1210,7 @@ impl Transport {
             let h = handler.clone();
             let t = traffic.clone();
             let ears = hearing.clone();
+            let after = after_socket_frames.clone();
             tokio::task::spawn_local(async move {
                 let mut frames = FramedRead::new(read_half, codec());
                 let hearing = &ears[peer];
@@ -1205,7 +1222,14 @@ impl Transport {
                             bump(&t.bytes_received, frame.len() as u64 + 4);
                             match decode::<Msg>(&frame) {
                                 Ok(Msg::Heartbeat) => {}
-                                Ok(msg) => h(peer, PeerEvent::Message(msg)),
+                                Ok(msg) => {
+                                    h(peer, PeerEvent::Message(msg));
+                                    if frames.read_buffer().is_empty() {
+                                        if let Some(hook) = after.get() {
+                                            hook();
+                                        }
+                                    }
+                                }
                                 Err(e) => {
                                     hearing.end();
                                     h(peer, PeerEvent::Failed(e));
@@ -1260,6 +1284,7 @@ impl Transport {
             writers,
             keep_alive,
             after_ring_frames,
+            after_socket_frames,
         })
     }
 
@@ -1270,6 +1295,14 @@ impl Transport {
     /// thread per frame is what it saves.
     pub fn after_ring_frames(&self, hook: Rc<dyn Fn()>) {
         let _ = self.after_ring_frames.set(hook);
+    }
+
+    /// Sets what a TCP link's reader task runs each time it has delivered a message and
+    /// holds no more whole or partial frames (at most once; later calls are ignored): the
+    /// same hook as [`Transport::after_ring_frames`], for links over sockets, with
+    /// [`Outbox::sockets_readable`] telling it when to let the readers go on.
+    pub fn after_socket_frames(&self, hook: Rc<dyn Fn()>) {
+        let _ = self.after_socket_frames.set(hook);
     }
 
     /// The thread-safe sending side.

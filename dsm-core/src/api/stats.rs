@@ -64,6 +64,7 @@ impl Dsm {
                 "polled": crate::spin::waits().0,
                 "slept": crate::spin::waits().1,
                 "frames_followed": crate::spin::FRAMES_FOLLOWED.load(std::sync::atomic::Ordering::Relaxed),
+                "sockets_caught": crate::spin::SOCKETS_CAUGHT.load(std::sync::atomic::Ordering::Relaxed),
             },
             "common_memory": {
                 "segment": self.common_memory,
