@@ -842,13 +842,18 @@ pub(crate) fn set_direct_senders(senders: Vec<DirectSender>, size: usize) {
 
 /// The TCP link to `peer`, if any.
 fn direct_sender(peer: usize) -> Option<&'static DirectSender> {
-    let table = DIRECT.load(Ordering::Acquire);
+    peer_entry(&DIRECT, peer)
+}
+
+/// `peer`'s entry in one of the handler's per-peer tables ([`LANES`], [`DIRECT`]).
+fn peer_entry<T>(table: &AtomicPtr<Vec<Option<T>>>, peer: usize) -> Option<&'static T> {
+    let table = table.load(Ordering::Acquire);
     if table.is_null() {
         return None;
     }
-    // SAFETY: a non-null value of DIRECT is never freed (see its doc), so the reference
-    // may live for the rest of the process.
-    let table: &'static Vec<Option<DirectSender>> = unsafe { &*table };
+    // SAFETY: a non-null value of either table comes from Box::into_raw and is never
+    // freed (see their docs), so the reference may live for the rest of the process.
+    let table: &'static Vec<Option<T>> = unsafe { &*table };
     table.get(peer)?.as_ref()
 }
 
@@ -954,14 +959,7 @@ fn fast_faults() -> Option<&'static FastFaults> {
 
 /// The lane end shared with co-located `peer`, if any.
 fn lane_end(peer: usize) -> Option<&'static LaneEnd> {
-    let table = LANES.load(Ordering::Acquire);
-    if table.is_null() {
-        return None;
-    }
-    // SAFETY: a non-null value of LANES is never freed (see its doc), so the reference may
-    // live for the rest of the process.
-    let table: &'static Vec<Option<LaneEnd>> = unsafe { &*table };
-    table.get(peer)?.as_ref()
+    peer_entry(&LANES, peer)
 }
 
 /// From the handler, which asked `end`'s peer for a page and stops polling its lane (the

@@ -1370,18 +1370,9 @@ mod tests {
 
     #[test]
     fn messages_flow_and_malformed_frames_are_reported() {
-        let coord = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
-        let peer = std::thread::spawn(move || {
-            connect_mesh(&job_over(1, coord, TransportChoice::Tcp)).unwrap()
-        });
-        let mesh0 = connect_mesh(&job_over(0, coord, TransportChoice::Tcp)).unwrap();
-        let mut mesh1 = peer.join().unwrap();
-        assert!(mesh0.shm.iter().all(Option::is_none), "TCP was asked for");
         // Rank 1 speaks raw bytes: one good frame, then garbage.
-        let mut raw = mesh1.streams[0].take().unwrap();
+        let (mesh0, mut raw) = tcp_pair();
+        assert!(mesh0.shm.iter().all(Option::is_none), "TCP was asked for");
         let good = encode(&Msg::Abort {
             reason: "hi".into(),
         })
