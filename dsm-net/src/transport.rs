@@ -835,6 +835,8 @@ pub struct Outbox {
     pub traffic: Arc<Traffic>,
     /// The peers reached through shared memory, in rank order.
     shm_peers: Vec<usize>,
+    /// The links to the peers reached over TCP, in rank order, with their ranks.
+    tcp_links: Vec<(usize, Arc<Link>)>,
     /// Their rings' receiving ends, for [`Outbox::poll_rings`].
     inboxes: Vec<(usize, Arc<Mutex<RingInbox>>)>,
     hearing: Arc<[Hearing]>,
@@ -895,27 +897,21 @@ impl Outbox {
     /// thread that follows the traffic outside the runtime, which must return to it then.
     pub fn sockets_readable(&self) -> bool {
         let mut fds: Vec<PollFd<'_>> = self
-            .links
+            .tcp_links
             .iter()
-            .enumerate()
-            .filter(|(peer, _)| !self.shm_peers.contains(peer))
-            .filter_map(|(_, l)| Some(PollFd::new(l.as_ref()?.raw.as_fd(), PollFlags::POLLIN)))
+            .map(|(_, link)| PollFd::new(link.raw.as_fd(), PollFlags::POLLIN))
             .collect();
         !fds.is_empty() && poll(&mut fds, PollTimeout::ZERO).is_ok_and(|n| n > 0)
     }
 
     /// A [`DirectSender`] for each peer reached over TCP, in rank order.
     pub fn direct_senders(&self) -> Vec<DirectSender> {
-        self.links
+        self.tcp_links
             .iter()
-            .enumerate()
-            .filter(|(peer, _)| !self.shm_peers.contains(peer))
-            .filter_map(|(peer, link)| {
-                Some(DirectSender {
-                    peer,
-                    link: link.as_ref()?.clone(),
-                    traffic: self.traffic.clone(),
-                })
+            .map(|(peer, link)| DirectSender {
+                peer: *peer,
+                link: link.clone(),
+                traffic: self.traffic.clone(),
             })
             .collect()
     }
@@ -1266,11 +1262,18 @@ impl Transport {
                 }
             }));
         }
+        let tcp_links = outboxes
+            .iter()
+            .enumerate()
+            .filter(|(peer, _)| !shm_peers.contains(peer))
+            .filter_map(|(peer, link)| Some((peer, link.as_ref()?.clone())))
+            .collect();
         let outbox = Arc::new(Outbox {
             me: mesh.rank,
             links: outboxes,
             traffic,
             shm_peers,
+            tcp_links,
             inboxes,
             hearing: hearing.clone(),
             bells_owed: AtomicBool::new(false),
