@@ -82,9 +82,11 @@ fn over_tcp_runs_of_messages_are_followed_on_the_sockets() {
             "DSM_SPIN={spin}: no rings over TCP"
         );
         if follows {
+            // A socket closed at the job's end is readable too, but that is one look per
+            // link; Water's lock traffic gives thousands of catches.
             assert!(
-                caught > 0,
-                "DSM_SPIN={spin}: the comm threads never caught a message"
+                caught > 100,
+                "DSM_SPIN={spin}: the comm threads caught only {caught} messages"
             );
         } else {
             assert_eq!(

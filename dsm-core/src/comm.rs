@@ -539,12 +539,18 @@ impl Shared {
             return;
         }
         let sockets = !self.rings_only.load(Ordering::Relaxed);
+        // With TCP links the runtime has work of its own (writers, heartbeats): a run of
+        // ring frames or faults does not keep it waiting beyond one budget.
+        let give_back = now + budget;
         let deliver = &mut |peer: usize, msg: Msg| self.deliver(peer, msg);
         let mut quiet_since = now;
         while !self.dying.load(Ordering::Relaxed) && !sys::handler_asking_lane() {
-            if sockets && outbox.sockets_readable() {
-                // The runtime's reader tasks take it from here, without sleeping.
+            if sockets && outbox.sockets_need_runtime() {
+                // The runtime's reader and writer tasks take it from here, without sleeping.
                 crate::spin::SOCKETS_CAUGHT.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+            if sockets && Instant::now() >= give_back {
                 break;
             }
             let frames = outbox.poll_rings(deliver);
@@ -975,13 +981,13 @@ fn comm_main(
         shared
             .rings_only
             .store(outbox.shm_peers().len() + 1 == size, Ordering::Relaxed);
+        // Set even when empty, as the TCP table below: a table from an earlier job in this
+        // process must not serve this one.
+        sys::set_lanes(outbox.lanes(), size);
         if !outbox.lanes().is_empty() {
-            sys::set_lanes(outbox.lanes(), size);
             let peers: Vec<NodeId> = outbox.shm_peers().iter().map(|&p| p as NodeId).collect();
             shared.engine().set_lane_peers(&peers);
         }
-        // Set even when empty: a table from an earlier job in this process must not serve
-        // this one.
         let direct = outbox.direct_senders();
         let peers: Vec<NodeId> = direct.iter().map(|d| d.peer() as NodeId).collect();
         sys::set_direct_senders(direct, size);
@@ -1012,6 +1018,10 @@ fn comm_main(
                     Ok(_) => {}
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(e) => fatal(&format!("fault mailbox failed: {e}")),
+                }
+                if let Some(outbox) = s.outbox.get() {
+                    // A page request the handler wrote only in part.
+                    outbox.flush_direct_rests();
                 }
                 if let Some(fault) = s.mailbox.take() {
                     s.serve_faults(fault, seg, chaos_on);

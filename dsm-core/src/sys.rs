@@ -26,7 +26,7 @@ use std::sync::{Arc, OnceLock};
 use crate::engine::{FastFaults, Prot};
 use dsm_net::framing::{page_request_frame, PAGE_REQUEST_FRAME_MAX};
 use dsm_net::transport::LaneEnd;
-use dsm_net::DirectSender;
+use dsm_net::{DirectSend, DirectSender};
 use dsm_proto::PAGE_SIZE;
 
 fn prot_bits(prot: Prot) -> libc::c_int {
@@ -907,12 +907,19 @@ fn ask_socket_home(link: &DirectSender, page: usize) -> bool {
     // Before the request, since the reply may come at once: the comm thread resolves an
     // asked fault when the copy arrives.
     set_slot(SLOT_ASKED);
-    if !link.try_send(frame) {
-        // Nothing asked, so nothing can answer: the slot is still this thread's alone.
-        SLOT_STATE.store(SLOT_CLAIMED, Ordering::SeqCst);
-        return false;
+    match link.try_send(frame) {
+        DirectSend::Sent => true,
+        DirectSend::Partly => {
+            // The rest waits in the link until the comm thread queues it for the writer.
+            kick();
+            true
+        }
+        DirectSend::Refused => {
+            // Nothing asked, so nothing can answer: the slot is still this thread's alone.
+            SLOT_STATE.store(SLOT_CLAIMED, Ordering::SeqCst);
+            false
+        }
     }
-    true
 }
 
 /// Whether the fault in service waits for a page from `home`'s lane (its thread polls it).

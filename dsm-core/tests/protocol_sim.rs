@@ -387,6 +387,8 @@ struct Sim {
     asks_resolved_by_comm: u64,
     /// Of those, requests the handler wrote to the home's socket (a home with no lane).
     socket_asks: u64,
+    /// Socket requests the simulated link refused (the fault then went the slow way).
+    socket_refusals: u64,
     /// The engines fetch through page lanes (`Engine::set_lane_peers`).
     lanes_on: bool,
 }
@@ -678,6 +680,13 @@ impl Sim {
         let Some(home) = fast.claim_fetch(page) else {
             return false;
         };
+        if !self.lanes_on && self.rand(4) == 0 {
+            // As `DirectSender::try_send` refusing (the link busy or backed up): the page
+            // is unclaimed and the fault goes to the engine as any other.
+            fast.unclaim_fetch(page);
+            self.socket_refusals += 1;
+            return false;
+        }
         let li = k * self.n + home as usize;
         assert!(
             self.requests[li].is_none() && self.asked[k].is_none(),
@@ -1509,6 +1518,7 @@ fn sim_with_setup(
         ask_handovers: 0,
         asks_resolved_by_comm: 0,
         socket_asks: 0,
+        socket_refusals: 0,
         lanes_on: !seed.is_multiple_of(3),
     };
     // Variables spread over the pages, several per page (false sharing across locks).
@@ -1724,11 +1734,13 @@ fn handlers_asking_homes_themselves_keep_programs_sequentially_consistent() {
 /// consistent, every request is answered, and each is counted once.
 #[test]
 fn handlers_asking_homes_over_sockets_keep_programs_sequentially_consistent() {
-    let (mut asks, mut handovers, mut by_comm) = (0, 0, 0);
-    for seed in 0..cases(300) as u64 {
-        let seed = seed * 6;
+    let (mut asks, mut handovers, mut by_comm, mut refused) = (0, 0, 0, 0);
+    let mut sizes = std::collections::BTreeSet::new();
+    for k in 0..cases(300) as u64 {
+        let seed = k * 6;
         assert!(socket_asks_for(seed));
-        let n = 2 + (seed % 4) as usize;
+        let n = 2 + (k % 4) as usize;
+        sizes.insert(n);
         let homes: Vec<usize> = (0..4).map(|p| (seed as usize + p) % n).collect();
         let mut s = sim_with(n, &[AllocSpec { elem: 8, homes }], 6, seed, false);
         random_program(&mut s, 6, 2, 3, 4);
@@ -1746,6 +1758,7 @@ fn handlers_asking_homes_over_sockets_keep_programs_sequentially_consistent() {
         asks += s.handler_asks;
         handovers += s.ask_handovers;
         by_comm += s.asks_resolved_by_comm;
+        refused += s.socket_refusals;
     }
     assert!(asks > 0, "no handler asked a home itself");
     assert!(handovers > 0, "no handler handed its wait over");
@@ -1753,6 +1766,8 @@ fn handlers_asking_homes_over_sockets_keep_programs_sequentially_consistent() {
         by_comm > 0,
         "no copy for a handler's request reached the comm thread"
     );
+    assert!(refused > 0, "no link refused a handler's request");
+    assert!(sizes.len() == 4 || cases(300) < 4, "job sizes {sizes:?}");
 }
 
 proptest! {

@@ -26,7 +26,7 @@
 
 use crate::bootstrap::Mesh;
 use crate::colocate::ShmLink;
-use crate::framing::{codec, decode, encode, WireError, MAX_FRAME};
+use crate::framing::{codec, decode, encode, WireError, MAX_FRAME, PAGE_REQUEST_FRAME_MAX};
 use crate::ring::{register_bell, Direction, Lane, LanePosition, Region, RingReader, RingWriter};
 use bytes::Bytes;
 use dsm_proto::liveness::heartbeat_period;
@@ -115,6 +115,26 @@ struct LinkQueue {
     /// Ring position after the last frame that was neither a page lane's announcement nor
     /// a heartbeat (a lane page's `needs`, see [`crate::ring::Lane::publish`]).
     significant: u64,
+    /// The end of a direct frame the socket took only part of ([`DirectSender::try_send`],
+    /// which may not allocate), `direct_rest_len` bytes: it goes out before anything else,
+    /// as the first queued frame, once a thread that may allocate holds the lock
+    /// ([`LinkQueue::queue_direct_rest`]).
+    direct_rest: [u8; PAGE_REQUEST_FRAME_MAX],
+    direct_rest_len: usize,
+}
+
+impl LinkQueue {
+    /// Queues the rest of a partly written direct frame, ahead of every other frame.
+    /// Returns whether there was one.
+    fn queue_direct_rest(&mut self) -> bool {
+        if self.direct_rest_len == 0 {
+            return false;
+        }
+        let rest = Bytes::copy_from_slice(&self.direct_rest[..self.direct_rest_len]);
+        self.direct_rest_len = 0;
+        self.frames.push_front(rest);
+        true
+    }
 }
 
 /// The sending side of a shared-memory link, kept under the link's queue lock (the ring
@@ -169,7 +189,8 @@ impl Link {
     /// for it (the bell is owed until [`Link::ring_owed_bell`] or the next frame).
     /// Returns whether a bell is owed now.
     fn send(&self, frame: Bytes, quiet: bool) -> Result<bool, WireError> {
-        let q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        q.queue_direct_rest();
         if q.closed {
             return Err(WireError::Closed);
         }
@@ -291,7 +312,8 @@ impl Link {
     /// Sends a heartbeat frame unless something else went out since the last look (or the
     /// link is closed). Returns whether it sent one.
     fn keep_alive(&self, heartbeat: &Bytes) -> Result<bool, WireError> {
-        let q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        q.queue_direct_rest();
         if q.closed || self.active.swap(false, Ordering::Relaxed) {
             return Ok(false);
         }
@@ -304,10 +326,6 @@ impl Link {
     }
 }
 
-/// How long [`DirectSender::try_send`] waits for a socket that took part of a frame to take
-/// the rest before it gives the connection up.
-pub const DIRECT_SEND_PATIENCE: Duration = Duration::from_secs(1);
-
 /// The sending side of one TCP link, for a thread that must neither wait for a lock nor
 /// allocate: a SIGSEGV handler asking a page's home for the page itself (dsm-core's fault
 /// path). [`DirectSender::try_send`] writes one small frame, already encoded, now or not
@@ -317,6 +335,22 @@ pub struct DirectSender {
     peer: usize,
     link: Arc<Link>,
     traffic: Arc<Traffic>,
+    /// Set when a frame was only partly written (see [`Outbox::flush_direct_rests`]).
+    rests: Arc<AtomicBool>,
+}
+
+/// What [`DirectSender::try_send`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DirectSend {
+    /// The whole frame went to the socket.
+    Sent,
+    /// Nothing was sent.
+    Refused,
+    /// The socket took part of the frame; the rest waits in the link, ahead of every later
+    /// frame, until a thread that may allocate queues it for the link's writer: another
+    /// send on the link, or [`Outbox::flush_direct_rests`], which the caller must have
+    /// called soon (the fault handler kicks the comm thread for it).
+    Partly,
 }
 
 impl DirectSender {
@@ -325,59 +359,59 @@ impl DirectSender {
         self.peer
     }
 
-    /// Writes `frame` (whole: length prefix and payload, a few bytes, such as a
-    /// [`crate::framing::page_request_frame`]) to the socket, behind every frame handed
-    /// to the link before it, and returns true. Returns false having sent nothing when
-    /// another thread holds the link's lock at this moment (this never waits for it),
-    /// when frames are queued on the link (they go first, and the queue is not this
-    /// caller's to extend), when the link is closed or goes through shared memory, or
-    /// when the socket takes nothing now.
+    /// Writes `frame` (whole: length prefix and payload, at most
+    /// [`PAGE_REQUEST_FRAME_MAX`] bytes, such as a [`crate::framing::page_request_frame`])
+    /// to the socket, behind every frame handed to the link before it. Refuses, sending
+    /// nothing, when another thread holds the link's lock at this moment (this never
+    /// waits for it), when frames are queued on the link (they go first, and the queue is
+    /// not this caller's to extend), when the link is closed or goes through shared
+    /// memory, or when the socket does not report room (a zero-timeout `poll`) or takes
+    /// nothing.
     ///
-    /// Nothing here allocates or blocks on another thread: one compare-and-swap on the
-    /// link's lock, `send(2)` calls and atomics, all async-signal-safe. A socket that takes
-    /// only part of the frame (its buffer full to the last bytes) gets the rest as it
-    /// drains, polled for at most [`DIRECT_SEND_PATIENCE`]; after that the connection is
-    /// shut down, so that both ends report the other lost, rather than left holding half a
-    /// frame.
-    pub fn try_send(&self, frame: &[u8]) -> bool {
-        let Ok(q) = self.link.queue.try_lock() else {
-            return false;
-        };
-        if q.closed || q.ring.is_some() || !q.frames.is_empty() || frame.is_empty() {
-            return false;
+    /// Nothing here allocates, blocks or waits on another thread: one compare-and-swap on
+    /// the link's lock, `poll(2)`, one `send(2)` and atomics, all async-signal-safe. A
+    /// socket that reports room takes a frame this small whole; should it take only part,
+    /// the rest is kept in the link ([`DirectSend::Partly`]), never dropped and never
+    /// waited for here.
+    pub fn try_send(&self, frame: &[u8]) -> DirectSend {
+        if frame.is_empty() || frame.len() > PAGE_REQUEST_FRAME_MAX {
+            return DirectSend::Refused;
         }
-        let mut done = match (&self.link.raw).write(frame) {
+        let Ok(mut q) = self.link.queue.try_lock() else {
+            return DirectSend::Refused;
+        };
+        if q.closed || q.ring.is_some() || !q.frames.is_empty() || q.direct_rest_len > 0 {
+            return DirectSend::Refused;
+        }
+        let mut room = [PollFd::new(self.link.raw.as_fd(), PollFlags::POLLOUT)];
+        let writable = poll(&mut room, PollTimeout::ZERO).is_ok_and(|n| n > 0)
+            && room[0]
+                .revents()
+                .is_some_and(|r| r.contains(PollFlags::POLLOUT));
+        if !writable {
+            return DirectSend::Refused;
+        }
+        let took = match (&self.link.raw).write(frame) {
             Ok(n) if n > 0 => n,
             // Nothing went: a full socket, or a broken one, which its reader reports; the
             // caller sends the ordinary way, which meets the same condition.
-            _ => return false,
+            _ => return DirectSend::Refused,
         };
-        let deadline = Instant::now() + DIRECT_SEND_PATIENCE;
-        while done < frame.len() {
-            match (&self.link.raw).write(&frame[done..]) {
-                Ok(n) => done += n,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                    ) =>
-                {
-                    if Instant::now() >= deadline {
-                        let _ = self.link.raw.shutdown(std::net::Shutdown::Both);
-                        break;
-                    }
-                    let mut ready = [PollFd::new(self.link.raw.as_fd(), PollFlags::POLLOUT)];
-                    let _ = poll(&mut ready, PollTimeout::from(10u16));
-                }
-                // The connection failed mid-frame: its reader reports the peer lost.
-                Err(_) => break,
-            }
+        let rest = frame.len() - took;
+        if rest > 0 {
+            q.direct_rest[..rest].copy_from_slice(&frame[took..]);
+            q.direct_rest_len = rest;
+            self.rests.store(true, Ordering::Release);
         }
         drop(q);
         self.link.active.store(true, Ordering::Relaxed);
         bump(&self.traffic.messages_sent, 1);
         bump(&self.traffic.bytes_sent, frame.len() as u64);
-        true
+        if rest > 0 {
+            DirectSend::Partly
+        } else {
+            DirectSend::Sent
+        }
     }
 }
 
@@ -395,6 +429,7 @@ enum Drained {
 /// across an await: the caller waits outside).
 fn write_queued(link: &Link, half: &OwnedWriteHalf) -> io::Result<Drained> {
     let mut q = link.queue.lock().unwrap_or_else(|p| p.into_inner());
+    q.queue_direct_rest();
     while let Some(front) = q.frames.front_mut() {
         match half.try_write(front) {
             Ok(n) if n == front.len() => {
@@ -837,6 +872,8 @@ pub struct Outbox {
     shm_peers: Vec<usize>,
     /// The links to the peers reached over TCP, in rank order, with their ranks.
     tcp_links: Vec<(usize, Arc<Link>)>,
+    /// Some direct frame was only partly written ([`DirectSend::Partly`]).
+    direct_rests: Arc<AtomicBool>,
     /// Their rings' receiving ends, for [`Outbox::poll_rings`].
     inboxes: Vec<(usize, Arc<Mutex<RingInbox>>)>,
     hearing: Arc<[Hearing]>,
@@ -912,8 +949,36 @@ impl Outbox {
                 peer: *peer,
                 link: link.clone(),
                 traffic: self.traffic.clone(),
+                rests: self.direct_rests.clone(),
             })
             .collect()
+    }
+
+    /// Queues for their links' writers the rests of direct frames the sockets took only
+    /// part of ([`DirectSend::Partly`]); cheap when there are none.
+    pub fn flush_direct_rests(&self) {
+        if !self.direct_rests.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        for (_, link) in &self.tcp_links {
+            let mut q = link.queue.lock().unwrap_or_else(|p| p.into_inner());
+            if q.queue_direct_rest() {
+                drop(q);
+                link.wake.notify_one();
+            }
+        }
+    }
+
+    /// Whether a thread following the traffic outside the runtime must return to it: a
+    /// TCP link has something to read (a zero-timeout `poll`), or frames queued for its
+    /// writer task, which only the runtime runs.
+    pub fn sockets_need_runtime(&self) -> bool {
+        self.sockets_readable()
+            || self.tcp_links.iter().any(|(_, link)| {
+                link.queue
+                    .try_lock()
+                    .is_ok_and(|q| !q.frames.is_empty() || q.direct_rest_len > 0)
+            })
     }
 
     /// Sends `msg` to the co-located peer `to` after leaving `page`'s `data` and `applied`
@@ -1274,6 +1339,7 @@ impl Transport {
             traffic,
             shm_peers,
             tcp_links,
+            direct_rests: Arc::default(),
             inboxes,
             hearing: hearing.clone(),
             bells_owed: AtomicBool::new(false),
@@ -1406,6 +1472,11 @@ mod tests {
         });
     }
 
+    /// `msg` as the bytes of its frame.
+    fn frame_bytes(msg: &Msg) -> Vec<u8> {
+        frame(msg).unwrap().to_vec()
+    }
+
     /// A TCP-only pair: rank 0's mesh, and rank 1's raw socket towards rank 0.
     fn tcp_pair() -> (Mesh, std::net::TcpStream) {
         let coord = TcpListener::bind("127.0.0.1:0")
@@ -1460,7 +1531,11 @@ mod tests {
                 )
                 .unwrap();
             let frame = crate::framing::page_request_frame(page, &mut buf);
-            assert!(direct.try_send(frame), "an idle link takes a direct frame");
+            assert_eq!(
+                direct.try_send(frame),
+                DirectSend::Sent,
+                "an idle link takes a direct frame"
+            );
             let (before, pages) = read_until_page_request(&mut raw);
             assert_eq!(before, [format!("before {page}")]);
             assert_eq!(pages, [page]);
@@ -1481,7 +1556,11 @@ mod tests {
         let frame = crate::framing::page_request_frame(5, &mut buf).to_vec();
         // Another thread sending on the link: refused at once, not waited for.
         let held = direct.link.queue.lock().unwrap();
-        assert!(!direct.try_send(&frame), "the link's lock is held");
+        assert_eq!(
+            direct.try_send(&frame),
+            DirectSend::Refused,
+            "the link's lock is held"
+        );
         drop(held);
         // Rank 1 reads nothing, so big frames back up into the link's queue.
         let mut sent = 0;
@@ -1490,11 +1569,15 @@ mod tests {
             outbox.send(1, &numbered(sent, 1 << 20)).unwrap();
             sent += 1;
         }
-        assert!(!direct.try_send(&frame), "frames are queued on the link");
+        assert_eq!(
+            direct.try_send(&frame),
+            DirectSend::Refused,
+            "frames are queued on the link"
+        );
         // Once rank 1 reads, the queue drains and the direct frame goes behind it all.
         let reader = std::thread::spawn(move || read_until_page_request(&mut raw));
         let until = Instant::now() + Duration::from_secs(20);
-        while !direct.try_send(&frame) {
+        while direct.try_send(&frame) != DirectSend::Sent {
             assert!(Instant::now() < until, "the queue never drained");
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -1509,7 +1592,105 @@ mod tests {
         }
         // A closed link takes nothing.
         outbox.close();
-        assert!(!direct.try_send(&frame), "the link is closed");
+        assert_eq!(
+            direct.try_send(&frame),
+            DirectSend::Refused,
+            "the link is closed"
+        );
+    }
+
+    #[test]
+    fn a_direct_send_needs_room_in_the_socket() {
+        let (mesh0, mut raw) = tcp_pair();
+        let outbox = sending_side(mesh0);
+        let direct = outbox.direct_senders().remove(0);
+        let mut buf = [0u8; crate::framing::PAGE_REQUEST_FRAME_MAX];
+        let frame = crate::framing::page_request_frame(9, &mut buf).to_vec();
+        // One big frame written straight to the socket, which rank 1 does not read, until
+        // the socket takes no more: the link's queue stays empty.
+        let big = frame_bytes(&numbered(0, 64 << 20));
+        let mut done = 0;
+        let full = loop {
+            match (&direct.link.raw).write(&big[done..]) {
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break true,
+                Err(e) => panic!("{e}"),
+            }
+            if done == big.len() {
+                break false;
+            }
+        };
+        assert!(full, "64 MiB went into the socket");
+        assert!(direct.link.queue.lock().unwrap().frames.is_empty());
+        assert_eq!(
+            direct.try_send(&frame),
+            DirectSend::Refused,
+            "a full socket takes no direct frame"
+        );
+        let reader = std::thread::spawn(move || read_until_page_request(&mut raw));
+        while done < big.len() {
+            match (&direct.link.raw).write(&big[done..]) {
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let until = Instant::now() + Duration::from_secs(20);
+        while direct.try_send(&frame) != DirectSend::Sent {
+            assert!(Instant::now() < until, "the socket never drained");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let (before, pages) = reader.join().unwrap();
+        assert_eq!((before.len(), pages), (1, vec![9]));
+    }
+
+    /// Leaves `frame` written up to `at` and its rest in the link, as
+    /// [`DirectSender::try_send`] does when the socket takes only part of it.
+    fn write_partly(direct: &DirectSender, frame: &[u8], at: usize) {
+        let mut q = direct.link.queue.lock().unwrap();
+        (&direct.link.raw).write_all(&frame[..at]).unwrap();
+        q.direct_rest[..frame.len() - at].copy_from_slice(&frame[at..]);
+        q.direct_rest_len = frame.len() - at;
+        direct.rests.store(true, Ordering::Release);
+    }
+
+    #[test]
+    fn the_rest_of_a_partly_written_direct_frame_goes_before_anything_else() {
+        let (mesh0, mut raw) = tcp_pair();
+        let outbox = sending_side(mesh0);
+        let direct = outbox.direct_senders().remove(0);
+        let mut buf = [0u8; crate::framing::PAGE_REQUEST_FRAME_MAX];
+        // The next send on the link queues the rest ahead of its own frame.
+        let frame = crate::framing::page_request_frame(11, &mut buf).to_vec();
+        write_partly(&direct, &frame, 3);
+        assert_eq!(
+            direct.try_send(&frame),
+            DirectSend::Refused,
+            "a rest is waiting"
+        );
+        outbox
+            .send(
+                1,
+                &Msg::Abort {
+                    reason: "after".into(),
+                },
+            )
+            .unwrap();
+        let (before, pages) = read_until_page_request(&mut raw);
+        assert_eq!((before.len(), pages), (0, vec![11]));
+        match crate::framing::read_frame::<_, Msg>(&mut raw, MAX_FRAME).unwrap() {
+            Msg::Abort { reason } => assert_eq!(reason, "after"),
+            other => panic!("unexpected {other:?}"),
+        }
+        // With nothing else to send, the comm thread's flush hands it to the writer.
+        let frame = crate::framing::page_request_frame(12, &mut buf).to_vec();
+        write_partly(&direct, &frame, 5);
+        outbox.flush_direct_rests();
+        let (before, pages) = read_until_page_request(&mut raw);
+        assert_eq!((before.len(), pages), (0, vec![12]));
+        assert!(direct.link.queue.lock().unwrap().direct_rest_len == 0);
     }
 
     #[test]

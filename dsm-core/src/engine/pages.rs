@@ -387,10 +387,9 @@ impl<M: Memory> Engine<M> {
     pub(super) fn on_page_reply(&mut self, from: NodeId, copies: Vec<PageCopy>) {
         if let [copy] = copies.as_slice() {
             // The copy answers the handler's own request if the engine has not heard of
-            // that fault yet.
-            if self.fetch.is_none() {
-                self.adopt_handler_fetch(copy.page, from);
-            }
+            // that fault yet (and is a clear fatal error if another fetch is in flight,
+            // rather than credited to that one).
+            self.adopt_handler_fetch(copy.page, from);
         }
         self.take_in_copies(from, copies, false);
     }
