@@ -15,11 +15,7 @@ const WATER: &str = env!("CARGO_BIN_EXE_water");
 
 /// `(write_faults, handler_write_faults, twins_made)` summed over the ranks.
 fn fault_counters(stats: &Path, n: usize) -> (u64, u64, u64) {
-    let get = |k: &str| {
-        (0..n)
-            .map(|r| dsm_testkit::rank_counter(stats, r, "protocol", k))
-            .sum()
-    };
+    let get = |k: &str| dsm_testkit::counter_sum(stats, n, "protocol", k);
     (
         get("write_faults"),
         get("handler_write_faults"),
@@ -87,9 +83,7 @@ fn a_bad_fast_faults_setting_is_a_clear_error() {
 
 /// Sums counter `key` of the `protocol` section over ranks `0..n`.
 fn protocol_sum(stats: &Path, n: usize, key: &str) -> u64 {
-    (0..n)
-        .map(|r| dsm_testkit::rank_counter(stats, r, "protocol", key))
-        .sum()
+    dsm_testkit::counter_sum(stats, n, "protocol", key)
 }
 
 /// Over TCP the faulting thread writes the page request to the home's socket itself

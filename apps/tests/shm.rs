@@ -88,11 +88,7 @@ fn apps_verify_over_shared_memory_and_over_tcp() {
 /// `(pages_fetched, read_faults + write_faults, diffs_sent)` summed over the ranks of a
 /// finished job whose stats went to `stats`.
 fn page_traffic(stats: &std::path::Path, n: usize) -> (u64, u64, u64) {
-    let sum = |k: &str| -> u64 {
-        (0..n)
-            .map(|r| dsm_testkit::rank_counter(stats, r, "protocol", k))
-            .sum()
-    };
+    let sum = |k: &str| dsm_testkit::counter_sum(stats, n, "protocol", k);
     (
         sum("pages_fetched"),
         sum("read_faults") + sum("write_faults"),
@@ -137,11 +133,8 @@ fn ranks_of_one_host_share_one_segment_and_no_page_travels() {
                 run.all_output()
             );
             let (fetched, faults, diffs) = page_traffic(dir.path(), n);
-            let sum = |section: &str, key: &str| -> u64 {
-                (0..n)
-                    .map(|r| dsm_testkit::rank_counter(dir.path(), r, section, key))
-                    .sum()
-            };
+            let sum =
+                |section: &str, key: &str| dsm_testkit::counter_sum(dir.path(), n, section, key);
             let (host_locks, protocol_locks) = (
                 sum("common_memory", "host_lock_acquires"),
                 sum("protocol", "lock_acquires"),
@@ -190,11 +183,7 @@ fn a_faulting_rank_takes_co_located_pages_from_the_lane() {
         let run = dsm_testkit::run(cmd);
         let what = format!("SOR over rings, fast faults {fast}, race {race}");
         run.assert_verified(&what);
-        let sum = |key: &str| -> u64 {
-            (0..2)
-                .map(|r| dsm_testkit::rank_counter(dir.path(), r, "protocol", key))
-                .sum()
-        };
+        let sum = |key: &str| dsm_testkit::counter_sum(dir.path(), 2, "protocol", key);
         let (fetched, lane) = (sum("pages_fetched"), sum("lane_pages"));
         let (asked, requests) = (sum("handler_fetches"), sum("fetch_requests"));
         eprintln!(
@@ -232,11 +221,7 @@ fn a_faulting_thread_out_of_budget_hands_its_fetch_to_the_comm_thread() {
         .env("DSM_STATS_FILE", dir.path().join("rank-%r.json"));
     let run = dsm_testkit::run(cmd);
     run.assert_verified("SOR over rings, 1 us polling budget");
-    let sum = |key: &str| -> u64 {
-        (0..2)
-            .map(|r| dsm_testkit::rank_counter(dir.path(), r, "protocol", key))
-            .sum()
-    };
+    let sum = |key: &str| dsm_testkit::counter_sum(dir.path(), 2, "protocol", key);
     let (asked, handed) = (sum("handler_fetches"), sum("handler_fetches_handed_over"));
     eprintln!("{asked} fetches asked by the handler, {handed} handed to the comm thread");
     assert!(handed <= asked);
@@ -451,9 +436,7 @@ fn a_recorded_run_in_a_common_segment_takes_its_locks_through_the_protocol() {
                 "{mode}"
             );
         }
-        let protocol: u64 = (0..2)
-            .map(|r| dsm_testkit::rank_counter(&stats, r, "protocol", "lock_acquires"))
-            .sum();
+        let protocol = dsm_testkit::counter_sum(&stats, 2, "protocol", "lock_acquires");
         assert!(protocol > 0, "{mode}: locks went through the protocol");
     }
 }

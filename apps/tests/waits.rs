@@ -17,9 +17,7 @@ fn waits(stats: &Path, n: usize) -> Vec<(u64, u64, u64)> {
 
 /// Ring frames the comm threads of all ranks took while following a run of them.
 fn frames_followed(stats: &Path, n: usize) -> u64 {
-    (0..n)
-        .map(|r| dsm_testkit::rank_counter(stats, r, "waits", "frames_followed"))
-        .sum()
+    dsm_testkit::counter_sum(stats, n, "waits", "frames_followed")
 }
 
 fn water(spin: Option<&str>, stats: &Path) -> dsm_testkit::Run {
@@ -73,9 +71,7 @@ fn over_tcp_runs_of_messages_are_followed_on_the_sockets() {
             .env("DSM_SPIN", spin)
             .env("DSM_STATS_FILE", dir.path().join("rank-%r.json"));
         dsm_testkit::run(cmd).assert_verified(&format!("water over TCP, DSM_SPIN={spin}"));
-        let caught: u64 = (0..2)
-            .map(|r| dsm_testkit::rank_counter(dir.path(), r, "waits", "sockets_caught"))
-            .sum();
+        let caught = dsm_testkit::counter_sum(dir.path(), 2, "waits", "sockets_caught");
         assert_eq!(
             frames_followed(dir.path(), 2),
             0,

@@ -930,9 +930,8 @@ impl Outbox {
         &self.lanes
     }
 
-    /// Whether any TCP link has something to read now (a zero-timeout `poll`): for a
-    /// thread that follows the traffic outside the runtime, which must return to it then.
-    pub fn sockets_readable(&self) -> bool {
+    /// Whether any TCP link has something to read now (a zero-timeout `poll`).
+    fn sockets_readable(&self) -> bool {
         let mut fds: Vec<PollFd<'_>> = self
             .tcp_links
             .iter()
@@ -1369,7 +1368,7 @@ impl Transport {
     /// Sets what a TCP link's reader task runs each time it has delivered a message and
     /// holds no more whole or partial frames (at most once; later calls are ignored): the
     /// same hook as [`Transport::after_ring_frames`], for links over sockets, with
-    /// [`Outbox::sockets_readable`] telling it when to let the readers go on.
+    /// [`Outbox::sockets_need_runtime`] telling it when to let the runtime go on.
     pub fn after_socket_frames(&self, hook: Rc<dyn Fn()>) {
         let _ = self.after_socket_frames.set(hook);
     }
@@ -1511,6 +1510,31 @@ mod tests {
         }
     }
 
+    /// Over a TCP pair: rank 0's outbox, its direct sender towards rank 1, and rank 1's raw
+    /// socket towards rank 0.
+    fn direct_pair() -> (Arc<Outbox>, DirectSender, std::net::TcpStream) {
+        let (mesh0, raw) = tcp_pair();
+        let outbox = sending_side(mesh0);
+        let direct = outbox.direct_senders().remove(0);
+        (outbox, direct, raw)
+    }
+
+    /// The frame of a request for `page`.
+    fn request_frame(page: u32) -> Vec<u8> {
+        let mut buf = [0u8; crate::framing::PAGE_REQUEST_FRAME_MAX];
+        crate::framing::page_request_frame(page, &mut buf).to_vec()
+    }
+
+    /// Tries `frame` every millisecond until it goes whole; fails after 20 s, saying what
+    /// never let it.
+    fn send_when_room(direct: &DirectSender, frame: &[u8], what: &str) {
+        let until = Instant::now() + Duration::from_secs(20);
+        while direct.try_send(frame) != DirectSend::Sent {
+            assert!(Instant::now() < until, "{what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     #[test]
     fn a_direct_frame_leaves_in_order_with_the_link_s_other_frames() {
         let (mesh0, mut raw) = tcp_pair();
@@ -1519,7 +1543,6 @@ mod tests {
         assert_eq!(senders.len(), 1);
         let direct = &senders[0];
         assert_eq!(direct.peer(), 1);
-        let mut buf = [0u8; crate::framing::PAGE_REQUEST_FRAME_MAX];
         let sent_before = outbox.traffic.messages_sent.load(Ordering::Relaxed);
         for page in [7u32, 300, 70_000] {
             outbox
@@ -1530,9 +1553,8 @@ mod tests {
                     },
                 )
                 .unwrap();
-            let frame = crate::framing::page_request_frame(page, &mut buf);
             assert_eq!(
-                direct.try_send(frame),
+                direct.try_send(&request_frame(page)),
                 DirectSend::Sent,
                 "an idle link takes a direct frame"
             );
@@ -1549,11 +1571,8 @@ mod tests {
 
     #[test]
     fn a_direct_send_never_waits_for_the_link_and_never_jumps_its_queue() {
-        let (mesh0, mut raw) = tcp_pair();
-        let outbox = sending_side(mesh0);
-        let direct = outbox.direct_senders().remove(0);
-        let mut buf = [0u8; crate::framing::PAGE_REQUEST_FRAME_MAX];
-        let frame = crate::framing::page_request_frame(5, &mut buf).to_vec();
+        let (outbox, direct, mut raw) = direct_pair();
+        let frame = request_frame(5);
         // Another thread sending on the link: refused at once, not waited for.
         let held = direct.link.queue.lock().unwrap();
         assert_eq!(
@@ -1576,11 +1595,7 @@ mod tests {
         );
         // Once rank 1 reads, the queue drains and the direct frame goes behind it all.
         let reader = std::thread::spawn(move || read_until_page_request(&mut raw));
-        let until = Instant::now() + Duration::from_secs(20);
-        while direct.try_send(&frame) != DirectSend::Sent {
-            assert!(Instant::now() < until, "the queue never drained");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        send_when_room(&direct, &frame, "the queue never drained");
         let (before, pages) = reader.join().unwrap();
         assert_eq!(pages, [5]);
         assert_eq!(before.len(), sent, "every queued frame came first");
@@ -1601,11 +1616,8 @@ mod tests {
 
     #[test]
     fn a_direct_send_needs_room_in_the_socket() {
-        let (mesh0, mut raw) = tcp_pair();
-        let outbox = sending_side(mesh0);
-        let direct = outbox.direct_senders().remove(0);
-        let mut buf = [0u8; crate::framing::PAGE_REQUEST_FRAME_MAX];
-        let frame = crate::framing::page_request_frame(9, &mut buf).to_vec();
+        let (_outbox, direct, mut raw) = direct_pair();
+        let frame = request_frame(9);
         // One big frame written straight to the socket, which rank 1 does not read, until
         // the socket takes no more: the link's queue stays empty.
         let big = frame_bytes(&numbered(0, 64 << 20));
@@ -1637,11 +1649,7 @@ mod tests {
                 Err(e) => panic!("{e}"),
             }
         }
-        let until = Instant::now() + Duration::from_secs(20);
-        while direct.try_send(&frame) != DirectSend::Sent {
-            assert!(Instant::now() < until, "the socket never drained");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        send_when_room(&direct, &frame, "the socket never drained");
         let (before, pages) = reader.join().unwrap();
         assert_eq!((before.len(), pages), (1, vec![9]));
     }
@@ -1658,12 +1666,9 @@ mod tests {
 
     #[test]
     fn the_rest_of_a_partly_written_direct_frame_goes_before_anything_else() {
-        let (mesh0, mut raw) = tcp_pair();
-        let outbox = sending_side(mesh0);
-        let direct = outbox.direct_senders().remove(0);
-        let mut buf = [0u8; crate::framing::PAGE_REQUEST_FRAME_MAX];
+        let (outbox, direct, mut raw) = direct_pair();
         // The next send on the link queues the rest ahead of its own frame.
-        let frame = crate::framing::page_request_frame(11, &mut buf).to_vec();
+        let frame = request_frame(11);
         write_partly(&direct, &frame, 3);
         assert_eq!(
             direct.try_send(&frame),
@@ -1685,7 +1690,7 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
         // With nothing else to send, the comm thread's flush hands it to the writer.
-        let frame = crate::framing::page_request_frame(12, &mut buf).to_vec();
+        let frame = request_frame(12);
         write_partly(&direct, &frame, 5);
         outbox.flush_direct_rests();
         let (before, pages) = read_until_page_request(&mut raw);

@@ -114,6 +114,11 @@ pub fn rank_counter(stats: &std::path::Path, rank: usize, section: &str, key: &s
         .unwrap_or_else(|| panic!("no {section}.{key} in {}", path.display()))
 }
 
+/// Counter `section.key` summed over ranks `0..n` (see [`rank_counter`]).
+pub fn counter_sum(stats: &std::path::Path, n: usize, section: &str, key: &str) -> u64 {
+    (0..n).map(|r| rank_counter(stats, r, section, key)).sum()
+}
+
 /// Runs `dsmrun -n N [dsmrun_args] --race-log LOG PROGRAM [args]` with `env` added to its
 /// environment, LOG being a fresh temporary file; returns the run and the log's JSON
 /// objects, one per line (none when the job wrote no log).
