@@ -189,8 +189,7 @@ impl Link {
     /// for it (the bell is owed until [`Link::ring_owed_bell`] or the next frame).
     /// Returns whether a bell is owed now.
     fn send(&self, frame: Bytes, quiet: bool) -> Result<bool, WireError> {
-        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-        q.queue_direct_rest();
+        let q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         if q.closed {
             return Err(WireError::Closed);
         }
@@ -273,6 +272,9 @@ impl Link {
         significant: bool,
     ) -> Result<bool, WireError> {
         self.account(&mut q, frame.len(), significant);
+        // The rest of a partly written direct frame goes first (the frame then queues
+        // behind it, and the writer is woken below).
+        q.queue_direct_rest();
         if let (true, Some(ring)) = (q.frames.is_empty(), q.ring.as_mut()) {
             let n = ring.write_quiet(&frame)?;
             if quiet && n == frame.len() {
@@ -312,8 +314,7 @@ impl Link {
     /// Sends a heartbeat frame unless something else went out since the last look (or the
     /// link is closed). Returns whether it sent one.
     fn keep_alive(&self, heartbeat: &Bytes) -> Result<bool, WireError> {
-        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-        q.queue_direct_rest();
+        let q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         if q.closed || self.active.swap(false, Ordering::Relaxed) {
             return Ok(false);
         }
