@@ -210,25 +210,30 @@ fn a_faulting_rank_takes_co_located_pages_from_the_lane() {
 /// budget hands the wait to its comm thread, which adopts the fetch: with a budget of 1 us
 /// almost every such fault does, including those whose copy the home left in the lane
 /// while the thread still polled (its announcement sent without a bell), and SOR still
-/// verifies.
+/// verifies. Over TCP too, where the handler wrote its request to the home's socket.
 #[test]
 fn a_faulting_thread_out_of_budget_hands_its_fetch_to_the_comm_thread() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut cmd = dsm_testkit::dsmrun_command(2, &[], SOR, &["--size", "256", "--iters", "20"]);
-    cmd.env("DSM_TRANSPORT", "rings")
-        .env("DSM_SPIN", "1")
-        .env("DSM_PUSH", "off")
-        .env("DSM_STATS_FILE", dir.path().join("rank-%r.json"));
-    let run = dsm_testkit::run(cmd);
-    run.assert_verified("SOR over rings, 1 us polling budget");
-    let sum = |key: &str| dsm_testkit::counter_sum(dir.path(), 2, "protocol", key);
-    let (asked, handed) = (sum("handler_fetches"), sum("handler_fetches_handed_over"));
-    eprintln!("{asked} fetches asked by the handler, {handed} handed to the comm thread");
-    assert!(handed <= asked);
-    assert!(
-        handed > 0,
-        "no handler handed its wait over ({asked} asked) with a 1 us budget"
-    );
+    for transport in ["rings", "tcp"] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = dsm_testkit::dsmrun_command(2, &[], SOR, &["--size", "256", "--iters", "20"]);
+        cmd.env("DSM_TRANSPORT", transport)
+            .env("DSM_SPIN", "1")
+            .env("DSM_PUSH", "off")
+            .env("DSM_STATS_FILE", dir.path().join("rank-%r.json"));
+        let run = dsm_testkit::run(cmd);
+        run.assert_verified(&format!("SOR over {transport}, 1 us polling budget"));
+        let sum = |key: &str| dsm_testkit::counter_sum(dir.path(), 2, "protocol", key);
+        let (asked, handed) = (sum("handler_fetches"), sum("handler_fetches_handed_over"));
+        eprintln!(
+            "{transport}: {asked} fetches asked by the handler, {handed} handed to the comm \
+             thread"
+        );
+        assert!(handed <= asked);
+        assert!(
+            handed > 0,
+            "{transport}: no handler handed its wait over ({asked} asked) with a 1 us budget"
+        );
+    }
 }
 
 #[test]
