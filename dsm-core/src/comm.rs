@@ -544,6 +544,7 @@ impl Shared {
         let give_back = now + budget;
         let deliver = &mut |peer: usize, msg: Msg| self.deliver(peer, msg);
         let mut quiet_since = now;
+        let mut core = crate::spin::CoreWatch::default();
         while !self.dying.load(Ordering::Relaxed) && !sys::handler_asking_lane() {
             if sockets && outbox.sockets_need_runtime() {
                 // The runtime's reader and writer tasks take it from here, without sleeping.
@@ -567,7 +568,7 @@ impl Shared {
             } else if now.duration_since(quiet_since) >= window {
                 break;
             }
-            std::thread::yield_now();
+            core.yield_now();
         }
         outbox.end_polling(deliver);
     }
