@@ -544,7 +544,6 @@ impl Shared {
         let give_back = now + budget;
         let deliver = &mut |peer: usize, msg: Msg| self.deliver(peer, msg);
         let mut quiet_since = now;
-        let mut core = crate::spin::CoreWatch::default();
         while !self.dying.load(Ordering::Relaxed) && !sys::handler_asking_lane() {
             if sockets && outbox.sockets_need_runtime() {
                 // The runtime's reader and writer tasks take it from here, without sleeping.
@@ -568,7 +567,7 @@ impl Shared {
             } else if now.duration_since(quiet_since) >= window {
                 break;
             }
-            core.yield_now();
+            crate::spin::yield_watching_core();
         }
         outbox.end_polling(deliver);
     }

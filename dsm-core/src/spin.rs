@@ -13,7 +13,7 @@
 //! than cores the yields would hand cores around among waiters instead of to the thread
 //! that has work, so the default budget is zero there.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -57,7 +57,7 @@ pub(crate) static FRAMES_FOLLOWED: AtomicU64 = AtomicU64::new(0);
 pub(crate) static SOCKETS_CAUGHT: AtomicU64 = AtomicU64::new(0);
 
 /// Times a polling comm thread found itself sharing its core with another busy thread
-/// for a run of yields ([`CoreWatch`]).
+/// for a run of yields ([`yield_watching_core`]).
 pub(crate) static SHARED_CORE_SEEN: AtomicU64 = AtomicU64::new(0);
 /// Times it then moved to another core.
 pub(crate) static CORE_MOVES: AtomicU64 = AtomicU64::new(0);
@@ -80,7 +80,8 @@ const JUST_MOVED: Duration = Duration::from_millis(2);
 const BACKOFF_MIN: Duration = Duration::from_millis(20);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
-/// A polling thread's watch on its core. Two threads that poll each other with
+/// Yields the core, as [`std::thread::yield_now`], watching whether it is shared (only
+/// the comm thread, following a run of messages, calls it). Two threads that poll each other with
 /// `sched_yield` on one core (a faulting thread waiting for its page, and the home's comm
 /// thread that serves it) run turn by turn while another core idles, and the kernel does
 /// not separate them: each ran within the last half millisecond, which its load balancer
@@ -88,38 +89,34 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// fault over shared memory took 21-23 us while the pair shared a core and 10-13 us once
 /// they did not, and a run could stay in either state throughout. So a comm thread whose
 /// yields keep handing its core away moves itself to another core of its affinity mask
-/// when the host has no more runnable threads than cores to spare (narrowing its mask to
-/// the other cores and at once restoring it migrates it without pinning anything). If
+/// when the host has at most one runnable thread more than the cores it may use
+/// ([`a_core_to_spare`]; narrowing its mask to the other cores and at once restoring it
+/// migrates it without pinning anything). If
 /// that core turns out busy (its next yield hands it to a thread for a whole time slice)
 /// it goes straight back, and waits twice as long before the next try: with every core
 /// busy it stays with the thread it serves, which is then the better place.
-#[derive(Default)]
-pub(crate) struct CoreWatch {
-    long_yields: u32,
-}
-
-impl CoreWatch {
-    /// Yields the core, as [`std::thread::yield_now`], noting whether it was taken.
-    pub(crate) fn yield_now(&mut self) {
-        let before = Instant::now();
-        std::thread::yield_now();
-        let took = before.elapsed();
-        if took < SHARED_YIELD {
-            self.long_yields = 0;
-            return;
-        }
-        if took >= BUSY_YIELD && undo_if_just_moved() {
-            self.long_yields = 0;
-            return;
-        }
-        self.long_yields += 1;
-        if self.long_yields >= SHARED_STREAK {
-            self.long_yields = 0;
-            SHARED_CORE_SEEN.fetch_add(1, Ordering::Relaxed);
-            try_move();
-        }
+pub(crate) fn yield_watching_core() {
+    let before = Instant::now();
+    std::thread::yield_now();
+    let took = before.elapsed();
+    if took < SHARED_YIELD {
+        LONG_YIELDS.store(0, Ordering::Relaxed);
+        return;
+    }
+    if took >= BUSY_YIELD && undo_if_just_moved() {
+        LONG_YIELDS.store(0, Ordering::Relaxed);
+        return;
+    }
+    if LONG_YIELDS.fetch_add(1, Ordering::Relaxed) + 1 >= SHARED_STREAK {
+        LONG_YIELDS.store(0, Ordering::Relaxed);
+        SHARED_CORE_SEEN.fetch_add(1, Ordering::Relaxed);
+        try_move();
     }
 }
+
+/// Long yields in a row so far. It outlives each run the comm thread follows: over TCP a
+/// run ends at every message (the runtime reads it), so a streak spans many runs.
+static LONG_YIELDS: AtomicU32 = AtomicU32::new(0);
 
 /// When the comm thread may move, and where it came from (only the comm thread uses it).
 #[derive(Debug)]
