@@ -144,8 +144,8 @@ fn a_malformed_setting_stops_the_job_with_its_name() {
 /// the first tenth of 8000 remote faults over shared-memory rings, so for a while the two
 /// cannot help taking turns there. Whether the comm thread then moves (`core_moves`), or
 /// the kernel separates the pair first, depends on the scheduler and on what else the
-/// machine runs, so moves are reported, not required; a move taken back (`core_moves_undone`,
-/// the core it went to was busy) must have been made first.
+/// machine runs, so moves are reported, not required; the program itself fails if the
+/// comm thread's affinity does not end as whole as it was given back.
 #[test]
 fn a_comm_thread_notices_it_shares_its_core_with_the_thread_it_serves() {
     if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
@@ -179,7 +179,6 @@ fn a_comm_thread_notices_it_shares_its_core_with_the_thread_it_serves() {
          noticing: {}",
         run.all_output()
     );
-    assert!(undone <= moves, "{undone} moves undone of {moves}");
     let _ = writeln!(
         std::io::stderr(),
         "shared-core: rank 0 saw its core shared {seen} times, moved {moves} times \

@@ -567,7 +567,7 @@ impl Shared {
             } else if now.duration_since(quiet_since) >= window {
                 break;
             }
-            crate::spin::yield_watching_core();
+            crate::core_watch::yield_watching_core(now);
         }
         outbox.end_polling(deliver);
     }

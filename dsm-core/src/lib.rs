@@ -29,6 +29,7 @@
 
 mod api;
 mod comm;
+mod core_watch;
 pub mod diff;
 pub mod engine;
 mod error;

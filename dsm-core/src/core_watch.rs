@@ -1,0 +1,422 @@
+//! Where the comm thread runs: it notices when its polling keeps handing its core to
+//! another thread while a core could be spare, and moves.
+//!
+//! Two threads that poll each other with `sched_yield` on one core (a faulting thread
+//! waiting for its page, and the home's comm thread that serves it) run turn by turn while
+//! another core idles, and the kernel does not separate them: each ran within the last half
+//! millisecond, which its load balancer counts as cache-hot, so it moves neither. In a
+//! 3000-fault trace on the 2-core development VM a remote fault over shared memory took
+//! 21-23 us while the pair shared a core and 10-13 us while it did not, and a run could
+//! stay in either state throughout.
+//!
+//! So the comm thread, while it follows a run of messages (`Shared::follow_messages`),
+//! times its yields. [`SHARED_STREAK`] yields that each handed the core to another thread
+//! for [`SHARED_YIELD`] or more, with no gap over [`STREAK_GAP`] between them, mean a
+//! shared core. If `/proc/loadavg` then shows no more runnable threads than the cores this
+//! thread may use (the pair counts two on one core, so another core is idle), the thread
+//! narrows its affinity to its other cores and restores it at once: the kernel migrates a
+//! thread whose core leaves its mask, and restoring the mask does not move it back, so this
+//! moves it without pinning anything. The kernel picks which of the other cores, not by
+//! idleness; a yield of [`BUSY_YIELD`] or more within [`JUST_MOVED`] of the move says the
+//! new core was busy (a thread there computed for a time slice), and the thread goes back.
+//! Each move taken back doubles the wait before the next try, from [`BACKOFF_MIN`] up to
+//! [`BACKOFF_MAX`]; [`CONFIRM_SHORT`] short yields on the new core confirm a move and reset
+//! it. If an affinity cannot be restored, moves stop for the rest of the process.
+//!
+//! Limits: `/proc/loadavg` counts the whole host (or the whole machine, in a container),
+//! so on a host whose other cores are busy with other work it never moves; and an
+//! affinity change another thread makes in the microseconds between the two
+//! `sched_setaffinity` calls is lost.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::sched::{sched_getaffinity, sched_getcpu, sched_setaffinity, CpuSet};
+use nix::unistd::Pid;
+
+/// Times the comm thread found its core shared for a run of yields.
+pub(crate) static SHARED_CORE_SEEN: AtomicU64 = AtomicU64::new(0);
+/// Times it then moved to another core.
+pub(crate) static CORE_MOVES: AtomicU64 = AtomicU64::new(0);
+/// Moves it took back, the core it went to being busy.
+pub(crate) static CORE_MOVES_UNDONE: AtomicU64 = AtomicU64::new(0);
+
+/// A yield that gave the core away for at least this long ran another thread meanwhile:
+/// alone on its core, `sched_yield` returns in about a microsecond.
+const SHARED_YIELD: Duration = Duration::from_micros(4);
+/// Long yields in a row that make a shared core: one is a passing thread, a run of them
+/// a busy neighbour.
+const SHARED_STREAK: u32 = 8;
+/// A longer gap between two long yields ends the streak. Over TCP the comm thread follows
+/// one message at a time (the runtime reads each), so a streak spans several runs.
+const STREAK_GAP: Duration = Duration::from_millis(1);
+/// A yield this long handed the core to a thread that ran there for a time slice.
+const BUSY_YIELD: Duration = Duration::from_micros(200);
+/// How long after a move a [`BUSY_YIELD`] takes it back.
+const JUST_MOVED: Duration = Duration::from_millis(2);
+/// Short yields after a move that show the new core free.
+const CONFIRM_SHORT: u32 = 8;
+/// The wait between tries: the first, and after a confirmed move.
+const BACKOFF_MIN: Duration = Duration::from_millis(20);
+/// The longest wait between tries, reached by moves taken back again and again.
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// What the comm thread should do after a yield.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Action {
+    Nothing,
+    /// Its core is shared: move off it if a core may be spare.
+    TryMove,
+    /// It moved onto a busy core: go back to this one.
+    GoBack(usize),
+}
+
+/// What the comm thread has seen of its core.
+#[derive(Debug)]
+struct CoreWatch {
+    long_yields: u32,
+    last_long: Option<Instant>,
+    /// The last move, not yet confirmed or taken back: when, and from which core.
+    moved: Option<(Instant, usize)>,
+    short_since_move: u32,
+    next_try: Option<Instant>,
+    backoff: Duration,
+    /// An affinity could not be restored: no more moves.
+    off: bool,
+}
+
+impl CoreWatch {
+    const fn new() -> Self {
+        CoreWatch {
+            long_yields: 0,
+            last_long: None,
+            moved: None,
+            short_since_move: 0,
+            next_try: None,
+            backoff: BACKOFF_MIN,
+            off: false,
+        }
+    }
+
+    /// A yield that ended at `now` after `took`.
+    fn after_yield(&mut self, now: Instant, took: Duration) -> Action {
+        if took < SHARED_YIELD {
+            self.long_yields = 0;
+            if self.moved.is_some() {
+                self.short_since_move += 1;
+                if self.short_since_move >= CONFIRM_SHORT {
+                    self.moved = None;
+                    self.backoff = BACKOFF_MIN;
+                }
+            }
+            return Action::Nothing;
+        }
+        if let Some((at, from)) = self.moved {
+            if now.duration_since(at) >= JUST_MOVED {
+                // Neither confirmed nor refuted: the thread slept, most likely. The
+                // backoff stays as it is.
+                self.moved = None;
+            } else if took >= BUSY_YIELD {
+                self.moved = None;
+                self.long_yields = 0;
+                self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+                self.next_try = Some(now + self.backoff);
+                return Action::GoBack(from);
+            }
+        }
+        if self
+            .last_long
+            .is_some_and(|t| now.duration_since(t) > STREAK_GAP)
+        {
+            self.long_yields = 0;
+        }
+        self.last_long = Some(now);
+        self.long_yields += 1;
+        if self.long_yields < SHARED_STREAK {
+            return Action::Nothing;
+        }
+        self.long_yields = 0;
+        SHARED_CORE_SEEN.fetch_add(1, Ordering::Relaxed);
+        if self.off || self.next_try.is_some_and(|t| now < t) {
+            return Action::Nothing;
+        }
+        self.next_try = Some(now + self.backoff);
+        Action::TryMove
+    }
+
+    fn moved_from(&mut self, now: Instant, core: usize) {
+        self.moved = Some((now, core));
+        self.short_since_move = 0;
+    }
+}
+
+thread_local! {
+    static WATCH: RefCell<CoreWatch> = const { RefCell::new(CoreWatch::new()) };
+}
+
+/// Yields the core, as [`std::thread::yield_now`], watching whether it is shared (see
+/// the module). `before` is the time just before the call, which the caller's loop reads
+/// anyway.
+pub(crate) fn yield_watching_core(before: Instant) {
+    std::thread::yield_now();
+    let now = Instant::now();
+    let action = WATCH.with_borrow_mut(|w| w.after_yield(now, now.duration_since(before)));
+    let outcome = match action {
+        Action::Nothing => return,
+        Action::TryMove => move_off_this_core(),
+        Action::GoBack(core) => go_back_to(core),
+    };
+    WATCH.with_borrow_mut(|w| match outcome {
+        Migration::Landed { from, .. } if action == Action::TryMove => {
+            CORE_MOVES.fetch_add(1, Ordering::Relaxed);
+            w.moved_from(now, from);
+        }
+        Migration::Landed { .. } => {
+            CORE_MOVES_UNDONE.fetch_add(1, Ordering::Relaxed);
+        }
+        Migration::NotMoved => {}
+        Migration::Narrowed(e) => {
+            tracing::warn!(
+                "the comm thread could not restore its CPU affinity ({e}); it stays on \
+                 fewer cores and moves no more"
+            );
+            w.off = true;
+        }
+    });
+}
+
+/// Whether a thread that shares its core with another busy thread, seeing `runnable`
+/// threads runnable on the host and allowed `cores` cores, may find one of them idle:
+/// the two sharing count two on one core, so `runnable <= cores` leaves a core without
+/// a runnable thread.
+fn a_core_to_spare(runnable: usize, cores: usize) -> bool {
+    cores >= 2 && runnable <= cores
+}
+
+/// What an attempt to move the calling thread came to.
+#[derive(Debug)]
+enum Migration {
+    Landed {
+        from: usize,
+        #[cfg_attr(not(test), allow(dead_code))]
+        on: usize,
+    },
+    /// Nothing changed.
+    NotMoved,
+    /// The affinity stayed narrowed to the cores the thread was moved to.
+    Narrowed(nix::Error),
+}
+
+fn move_off_this_core() -> Migration {
+    let (Ok(here), Ok(allowed)) = (sched_getcpu(), sched_getaffinity(Pid::from_raw(0))) else {
+        return Migration::NotMoved;
+    };
+    if !runnable_threads().is_some_and(|r| a_core_to_spare(r, cores_in(&allowed))) {
+        return Migration::NotMoved;
+    }
+    let mut elsewhere = allowed;
+    if elsewhere.unset(here).is_err() || cores_in(&elsewhere) == 0 {
+        return Migration::NotMoved;
+    }
+    migrate_within(here, &elsewhere, &allowed)
+}
+
+fn go_back_to(core: usize) -> Migration {
+    let (Ok(here), Ok(allowed)) = (sched_getcpu(), sched_getaffinity(Pid::from_raw(0))) else {
+        return Migration::NotMoved;
+    };
+    let mut back = CpuSet::new();
+    if !allowed.is_set(core).unwrap_or(false) || back.set(core).is_err() {
+        return Migration::NotMoved;
+    }
+    migrate_within(here, &back, &allowed)
+}
+
+/// Moves the calling thread, now on core `here`, onto one of the cores of `to`, then
+/// gives it back `allowed` (retried once: a failure there would leave it narrowed).
+fn migrate_within(here: usize, to: &CpuSet, allowed: &CpuSet) -> Migration {
+    if sched_setaffinity(Pid::from_raw(0), to).is_err() {
+        return Migration::NotMoved;
+    }
+    // Read between the two calls: once the mask is whole again the kernel may move the
+    // thread anywhere.
+    let on = sched_getcpu().unwrap_or(here);
+    match sched_setaffinity(Pid::from_raw(0), allowed)
+        .or_else(|_| sched_setaffinity(Pid::from_raw(0), allowed))
+    {
+        Ok(()) => Migration::Landed { from: here, on },
+        Err(e) => Migration::Narrowed(e),
+    }
+}
+
+fn cores_in(set: &CpuSet) -> usize {
+    (0..CpuSet::count())
+        .filter(|&c| set.is_set(c).unwrap_or(false))
+        .count()
+}
+
+/// Threads runnable on the host right now: the numerator of the fourth field of
+/// `/proc/loadavg` (`running/total`).
+fn runnable_threads() -> Option<usize> {
+    parse_runnable(&std::fs::read_to_string("/proc/loadavg").ok()?)
+}
+
+fn parse_runnable(loadavg: &str) -> Option<usize> {
+    loadavg
+        .split_whitespace()
+        .nth(3)?
+        .split('/')
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LONG: Duration = Duration::from_micros(20);
+    const SHORT: Duration = Duration::from_micros(1);
+
+    /// Feeds `n` yields of `took`, `every` apart from `*now`; returns the actions.
+    fn feed(
+        w: &mut CoreWatch,
+        now: &mut Instant,
+        n: u32,
+        took: Duration,
+        every: Duration,
+    ) -> Vec<Action> {
+        (0..n)
+            .map(|_| {
+                *now += every;
+                w.after_yield(*now, took)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_runnable_count_is_read_from_loadavg() {
+        assert_eq!(parse_runnable("0.26 0.12 0.04 2/345 5678\n"), Some(2));
+        assert_eq!(parse_runnable("0.26 0.12 0.04 17/1024 1\n"), Some(17));
+        assert_eq!(parse_runnable("0.26 0.12"), None);
+        assert_eq!(parse_runnable("a b c x/y z"), None);
+    }
+
+    #[test]
+    fn a_core_is_spare_only_with_no_more_runnable_threads_than_cores() {
+        // The mover and the thread sharing its core, on a two-core host: one is idle.
+        assert!(a_core_to_spare(2, 2));
+        // Plus a thread on the other core: none is.
+        assert!(!a_core_to_spare(3, 2));
+        assert!(!a_core_to_spare(1, 1), "nowhere to go");
+        assert!(a_core_to_spare(8, 8));
+        assert!(!a_core_to_spare(9, 8));
+    }
+
+    #[test]
+    fn a_streak_of_long_yields_asks_for_a_move_and_a_gap_or_a_short_yield_breaks_it() {
+        let mut w = CoreWatch::new();
+        let mut now = Instant::now();
+        let every = Duration::from_micros(30);
+        let acts = feed(&mut w, &mut now, SHARED_STREAK, LONG, every);
+        assert_eq!(acts.last(), Some(&Action::TryMove));
+        assert!(acts[..acts.len() - 1].iter().all(|a| *a == Action::Nothing));
+        // Within the backoff another streak asks for nothing.
+        let acts = feed(&mut w, &mut now, SHARED_STREAK, LONG, every);
+        assert!(acts.iter().all(|a| *a == Action::Nothing));
+        let mut w = CoreWatch::new();
+        feed(&mut w, &mut now, SHARED_STREAK - 1, LONG, every);
+        // A short yield ends the streak ...
+        w.after_yield(now, SHORT);
+        let acts = feed(&mut w, &mut now, SHARED_STREAK - 1, LONG, every);
+        assert!(acts.iter().all(|a| *a == Action::Nothing));
+        // ... and so does a gap: seven long yields long ago and one now are no streak.
+        now += STREAK_GAP * 2;
+        assert_eq!(w.after_yield(now, LONG), Action::Nothing);
+        let acts = feed(&mut w, &mut now, SHARED_STREAK - 1, LONG, every);
+        assert_eq!(acts.last(), Some(&Action::TryMove));
+    }
+
+    #[test]
+    fn a_move_onto_a_busy_core_is_taken_back_and_the_next_waits_twice_as_long() {
+        let mut w = CoreWatch::new();
+        let mut now = Instant::now();
+        let every = Duration::from_micros(30);
+        feed(&mut w, &mut now, SHARED_STREAK, LONG, every);
+        w.moved_from(now, 3);
+        now += Duration::from_micros(100);
+        assert_eq!(w.after_yield(now, BUSY_YIELD), Action::GoBack(3));
+        assert_eq!(w.backoff, BACKOFF_MIN * 2);
+        // Taken back once only; the next try waits for the doubled backoff.
+        now += Duration::from_micros(100);
+        assert_eq!(w.after_yield(now, BUSY_YIELD), Action::Nothing);
+        now += BACKOFF_MIN;
+        let acts = feed(&mut w, &mut now, SHARED_STREAK, LONG, every);
+        assert!(acts.iter().all(|a| *a == Action::Nothing));
+        now += BACKOFF_MIN;
+        let acts = feed(&mut w, &mut now, SHARED_STREAK, LONG, every);
+        assert_eq!(acts.last(), Some(&Action::TryMove));
+        // Moves taken back again and again stop doubling at the maximum.
+        for _ in 0..20 {
+            w.moved_from(now, 1);
+            assert_eq!(w.after_yield(now, BUSY_YIELD), Action::GoBack(1));
+        }
+        assert_eq!(w.backoff, BACKOFF_MAX);
+    }
+
+    #[test]
+    fn only_short_yields_on_the_new_core_confirm_a_move() {
+        let mut w = CoreWatch::new();
+        let mut now = Instant::now();
+        w.backoff = BACKOFF_MIN * 8;
+        w.moved_from(now, 0);
+        // A busy yield after the window says nothing about the move, and resets nothing.
+        now += JUST_MOVED;
+        assert_eq!(w.after_yield(now, BUSY_YIELD), Action::Nothing);
+        assert_eq!(w.backoff, BACKOFF_MIN * 8);
+        assert!(w.moved.is_none());
+        // Short yields right after a move confirm it.
+        w.moved_from(now, 0);
+        feed(
+            &mut w,
+            &mut now,
+            CONFIRM_SHORT,
+            SHORT,
+            Duration::from_micros(2),
+        );
+        assert_eq!(w.backoff, BACKOFF_MIN);
+        assert!(w.moved.is_none());
+    }
+
+    #[test]
+    fn a_move_lands_on_another_core_and_gives_the_affinity_back() {
+        let allowed = sched_getaffinity(Pid::from_raw(0)).expect("sched_getaffinity");
+        if cores_in(&allowed) < 2 {
+            eprintln!("SKIPPED a_move_lands_on_another_core: this process may use one core");
+            return;
+        }
+        std::thread::spawn(move || {
+            let here = sched_getcpu().expect("sched_getcpu");
+            let mut elsewhere = allowed;
+            elsewhere.unset(here).unwrap();
+            match migrate_within(here, &elsewhere, &allowed) {
+                Migration::Landed { from, on } => {
+                    assert_eq!(from, here);
+                    assert!(
+                        elsewhere.is_set(on).unwrap(),
+                        "moved from core {here} to core {on}, not off it"
+                    );
+                }
+                other => panic!("no move: {other:?}"),
+            }
+            assert_eq!(
+                sched_getaffinity(Pid::from_raw(0)).ok(),
+                Some(allowed),
+                "the affinity is given back whole"
+            );
+        })
+        .join()
+        .unwrap();
+    }
+}
