@@ -324,6 +324,15 @@ mod tests {
             .collect()
     }
 
+    /// Feeds one streak of long yields; returns what its last yield asked for, the others
+    /// having asked for nothing.
+    fn streak(w: &mut CoreWatch, now: &mut Instant) -> Action {
+        let acts = feed(w, now, SHARED_STREAK, LONG, Duration::from_micros(30));
+        let (last, before) = acts.split_last().unwrap();
+        assert!(before.iter().all(|a| *a == Action::Nothing), "{acts:?}");
+        *last
+    }
+
     #[test]
     fn the_runnable_count_is_read_from_loadavg() {
         assert_eq!(parse_runnable("0.26 0.12 0.04 2/345 5678\n"), Some(2));
@@ -350,12 +359,9 @@ mod tests {
         let mut w = CoreWatch::new();
         let mut now = Instant::now();
         let every = Duration::from_micros(30);
-        let acts = feed(&mut w, &mut now, SHARED_STREAK, LONG, every);
-        assert_eq!(acts.last(), Some(&Action::TryMove));
-        assert!(acts[..acts.len() - 1].iter().all(|a| *a == Action::Nothing));
+        assert_eq!(streak(&mut w, &mut now), Action::TryMove);
         // Within the backoff another streak asks for nothing.
-        let acts = feed(&mut w, &mut now, SHARED_STREAK, LONG, every);
-        assert!(acts.iter().all(|a| *a == Action::Nothing));
+        assert_eq!(streak(&mut w, &mut now), Action::Nothing);
         let mut w = CoreWatch::new();
         feed(&mut w, &mut now, SHARED_STREAK - 1, LONG, every);
         // A short yield ends the streak ...
@@ -373,8 +379,7 @@ mod tests {
     fn a_move_onto_a_busy_core_is_taken_back_and_the_next_waits_twice_as_long() {
         let mut w = CoreWatch::new();
         let mut now = Instant::now();
-        let every = Duration::from_micros(30);
-        feed(&mut w, &mut now, SHARED_STREAK, LONG, every);
+        assert_eq!(streak(&mut w, &mut now), Action::TryMove);
         w.moved_from(now, 3);
         now += Duration::from_micros(100);
         assert_eq!(w.after_yield(now, BUSY_YIELD), Action::GoBack(3));
@@ -383,11 +388,9 @@ mod tests {
         now += Duration::from_micros(100);
         assert_eq!(w.after_yield(now, BUSY_YIELD), Action::Nothing);
         now += BACKOFF_MIN;
-        let acts = feed(&mut w, &mut now, SHARED_STREAK, LONG, every);
-        assert!(acts.iter().all(|a| *a == Action::Nothing));
+        assert_eq!(streak(&mut w, &mut now), Action::Nothing);
         now += BACKOFF_MIN;
-        let acts = feed(&mut w, &mut now, SHARED_STREAK, LONG, every);
-        assert_eq!(acts.last(), Some(&Action::TryMove));
+        assert_eq!(streak(&mut w, &mut now), Action::TryMove);
         // Moves taken back again and again stop doubling at the maximum.
         for _ in 0..20 {
             w.moved_from(now, 1);
@@ -400,19 +403,15 @@ mod tests {
     fn a_try_that_finds_no_spare_core_looks_again_soon_a_few_times() {
         let mut w = CoreWatch::new();
         let mut now = Instant::now();
-        let every = Duration::from_micros(30);
         for look in 0..LOOKS_MAX {
-            let acts = feed(&mut w, &mut now, SHARED_STREAK, LONG, every);
-            assert_eq!(acts.last(), Some(&Action::TryMove), "look {look}");
+            assert_eq!(streak(&mut w, &mut now), Action::TryMove, "look {look}");
             w.no_spare_core(now);
             now += LOOK_AGAIN;
         }
         // The last of them waits for the backoff.
-        let acts = feed(&mut w, &mut now, SHARED_STREAK, LONG, every);
-        assert!(acts.iter().all(|a| *a == Action::Nothing));
+        assert_eq!(streak(&mut w, &mut now), Action::Nothing);
         now += BACKOFF_MIN;
-        let acts = feed(&mut w, &mut now, SHARED_STREAK, LONG, every);
-        assert_eq!(acts.last(), Some(&Action::TryMove));
+        assert_eq!(streak(&mut w, &mut now), Action::TryMove);
     }
 
     #[test]
