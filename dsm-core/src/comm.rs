@@ -550,9 +550,6 @@ impl Shared {
                 crate::spin::SOCKETS_CAUGHT.fetch_add(1, Ordering::Relaxed);
                 break;
             }
-            if sockets && Instant::now() >= give_back {
-                break;
-            }
             let frames = outbox.poll_rings(deliver);
             crate::spin::FRAMES_FOLLOWED.fetch_add(frames as u64, Ordering::Relaxed);
             let mut busy = frames > 0;
@@ -561,6 +558,9 @@ impl Shared {
                 busy = true;
             }
             let now = Instant::now();
+            if sockets && now >= give_back {
+                break;
+            }
             if busy {
                 quiet_since = now;
                 last_frames.set(now);

@@ -237,8 +237,16 @@ enum Migration {
     Narrowed(nix::Error),
 }
 
+/// The core the calling thread is on and the cores it may use.
+fn placement() -> Option<(usize, CpuSet)> {
+    Some((
+        sched_getcpu().ok()?,
+        sched_getaffinity(Pid::from_raw(0)).ok()?,
+    ))
+}
+
 fn move_off_this_core() -> Migration {
-    let (Ok(here), Ok(allowed)) = (sched_getcpu(), sched_getaffinity(Pid::from_raw(0))) else {
+    let Some((here, allowed)) = placement() else {
         return Migration::NotMoved;
     };
     if !runnable_threads().is_some_and(|r| a_core_to_spare(r, cores_in(&allowed))) {
@@ -252,7 +260,7 @@ fn move_off_this_core() -> Migration {
 }
 
 fn go_back_to(core: usize) -> Migration {
-    let (Ok(here), Ok(allowed)) = (sched_getcpu(), sched_getaffinity(Pid::from_raw(0))) else {
+    let Some((here, allowed)) = placement() else {
         return Migration::NotMoved;
     };
     let mut back = CpuSet::new();

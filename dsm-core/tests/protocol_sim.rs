@@ -1653,16 +1653,12 @@ fn faults_through_page_lanes_keep_programs_sequentially_consistent() {
         let seed = seed * 3 + 1;
         let s = run_lane_program(seed, 2 + (seed % 4) as usize);
         handler += s.lane_takes;
-        let marks = s
-            .delivered
-            .iter()
-            .filter(|(_, _, m)| matches!(m, Msg::LanePageReply { .. }))
-            .count() as u64;
+        let marks = delivered(&s, |m| matches!(m, Msg::LanePageReply { .. }));
         assert_eq!(
             marks, s.lane_takes,
             "seed {seed}: one frame per page the handler took"
         );
-        let stats: u64 = s.nodes.iter().map(|n| n.eng.stats().lane_pages).sum();
+        let stats = total(&s, |st| st.lane_pages);
         assert_eq!(
             stats, s.lane_takes,
             "seed {seed}: the engines took in every lane page"
@@ -1671,11 +1667,7 @@ fn faults_through_page_lanes_keep_programs_sequentially_consistent() {
             s.lanes.iter().all(Option::is_none),
             "seed {seed}: a page left in a lane"
         );
-        let requests = s
-            .delivered
-            .iter()
-            .filter(|(_, _, m)| matches!(m, Msg::PageRequest { lane: true, .. }))
-            .count() as u64;
+        let requests = delivered(&s, |m| matches!(m, Msg::PageRequest { lane: true, .. }));
         assert_eq!(
             s.lane_takes + s.lane_comm_takes + s.lane_refused,
             requests,
@@ -1692,7 +1684,7 @@ fn faults_through_page_lanes_keep_programs_sequentially_consistent() {
 /// After a run whose handlers asked homes themselves: the engines counted every request
 /// once, and no handler still waits for an answer.
 fn assert_asks_answered_once(seed: u64, s: &Sim) {
-    let counted: u64 = s.nodes.iter().map(|n| n.eng.stats().handler_fetches).sum();
+    let counted = total(s, |st| st.handler_fetches);
     assert_eq!(
         counted, s.handler_asks,
         "seed {seed}: every request the handler made reached its engine once"
@@ -3082,6 +3074,11 @@ fn set_push(s: &mut Sim, pages: u32) {
     for node in &mut s.nodes {
         node.eng.set_push_limit(pages);
     }
+}
+
+/// Messages delivered so far, on every link, that `f` accepts.
+fn delivered(s: &Sim, f: impl Fn(&Msg) -> bool) -> u64 {
+    s.delivered.iter().filter(|(_, _, m)| f(m)).count() as u64
 }
 
 /// Sums a counter over the nodes.
