@@ -14,22 +14,27 @@
 //! for [`SHARED_YIELD`] or more, with no gap over [`STREAK_GAP`] between them, mean a
 //! shared core. If `/proc/loadavg` then shows at most one runnable thread more than the
 //! cores this thread may use (the pair counts two on one core; see [`a_core_to_spare`]),
-//! the thread narrows its affinity to its other cores and restores it at once: the kernel
-//! migrates a
-//! thread whose core leaves its mask, and restoring the mask does not move it back, so this
-//! moves it without pinning anything. The kernel picks which of the other cores, not by
-//! idleness; a yield of [`BUSY_YIELD`] or more within [`JUST_MOVED`] of the move says the
-//! new core was busy (a thread there computed for a time slice), and the thread goes back.
-//! Each move taken back doubles the wait before the next try, from [`BACKOFF_MIN`] up to
+//! the thread narrows its affinity to its other cores, and the kernel migrates it. It keeps
+//! the narrowed mask while its run of messages goes on, and gets its whole mask back after
+//! [`HOLD_QUIET`] without following messages, or after [`HOLD_MAX`] at most (a timer on
+//! the comm thread's runtime sees to that while it sleeps). The hold is what keeps the pair apart: restoring the mask at once
+//! left the thread free to come back, and the kernel brought it back whenever it slept at
+//! the end of a run and the faulting thread's bell woke it, beside the waker (in a
+//! `perf sched` trace, about 6 ms after a good move). The kernel picks which of the other
+//! cores, not by idleness; a yield of [`BUSY_YIELD`] or more within [`JUST_MOVED`] of the
+//! move says the new core was busy (a thread there computed for a time slice), and the
+//! thread goes back, with its whole mask. Each move taken back doubles the wait before the next try, from [`BACKOFF_MIN`] up to
 //! [`BACKOFF_MAX`]; [`CONFIRM_SHORT`] short yields on the new core confirm a move and reset
 //! it. A try that finds no core to spare looks again after [`LOOK_AGAIN`], up to
-//! [`LOOKS_MAX`] times in a row, since one passing thread is enough to spoil a reading. If
-//! an affinity cannot be restored, moves stop for the rest of the process.
+//! [`LOOKS_MAX`] times in a row, since one passing thread is enough to spoil a reading. A
+//! held thread that finds its new core shared moves again, among all the cores of its
+//! whole mask. If an affinity cannot be restored, moves stop for the rest of the process.
 //!
 //! Limits: `/proc/loadavg` counts the whole host (or the whole machine, in a container),
 //! so on a host whose other cores are busy with other work it rarely moves; and an
-//! affinity change another thread makes in the microseconds between the two
-//! `sched_setaffinity` calls is lost.
+//! affinity change another thread makes to the comm thread while it is held (or between
+//! the two `sched_setaffinity` calls of a move taken back) is lost when the whole mask is
+//! restored.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -70,6 +75,13 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 const LOOK_AGAIN: Duration = Duration::from_millis(2);
 /// Looks in a row that may find no core to spare before the backoff applies.
 const LOOKS_MAX: u32 = 8;
+/// A moved thread keeps off the core it left until it has neither followed messages nor
+/// yielded for this long.
+pub(crate) const HOLD_QUIET: Duration = Duration::from_millis(10);
+/// The longest a move holds, busy or not: a comm thread kept busy by a whole run (Water's
+/// lock traffic) would otherwise stay on one core for all of it, which cost Water with
+/// 1000 molecules 8% at N = 2.
+const HOLD_MAX: Duration = Duration::from_millis(50);
 
 /// What the comm thread should do after a yield.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -184,6 +196,7 @@ thread_local! {
 pub(crate) fn yield_watching_core(before: Instant) {
     std::thread::yield_now();
     let now = Instant::now();
+    note_active(now);
     let action = WATCH.with_borrow_mut(|w| w.after_yield(now, now.duration_since(before)));
     let outcome = match action {
         Action::Nothing => return,
@@ -208,6 +221,66 @@ pub(crate) fn yield_watching_core(before: Instant) {
             w.off = true;
         }
     });
+}
+
+/// A moved thread keeps off the core it left while it goes on following messages: the
+/// mask it had before, and when it last followed or yielded.
+#[derive(Clone, Copy)]
+struct Hold {
+    whole: CpuSet,
+    since: Instant,
+    last_active: Instant,
+}
+
+thread_local! {
+    static HOLD: std::cell::Cell<Option<Hold>> = const { std::cell::Cell::new(None) };
+    static HOLD_TIMER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// At a yield or the start of a followed run: gives the thread its whole mask back if it
+/// has done neither for [`HOLD_QUIET`] (its run of messages is over, and whatever runs
+/// next may want the core it left), and otherwise notes it active.
+pub(crate) fn note_active(now: Instant) {
+    if release_if_quiet(now) {
+        HOLD.set(HOLD.get().map(|h| Hold {
+            last_active: now,
+            ..h
+        }));
+    }
+}
+
+/// Gives the thread its whole mask back if it has been quiet for [`HOLD_QUIET`] or held
+/// for [`HOLD_MAX`]; returns
+/// whether it is still held. For a timer too: a thread that sleeps does not note itself.
+pub(crate) fn release_if_quiet(now: Instant) -> bool {
+    let Some(hold) = HOLD.get() else {
+        return false;
+    };
+    if now.duration_since(hold.last_active) <= HOLD_QUIET
+        && now.duration_since(hold.since) <= HOLD_MAX
+    {
+        return true;
+    }
+    HOLD.set(None);
+    if restore(&hold.whole).is_err() {
+        WATCH.with_borrow_mut(|w| w.off = true);
+        tracing::warn!(
+            "the comm thread could not restore its CPU affinity; it stays on fewer cores \
+             and moves no more"
+        );
+    }
+    false
+}
+
+/// Whether the thread is held and nothing is yet set to release it while it sleeps; the
+/// caller then sets a timer that calls [`release_if_quiet`] every [`HOLD_QUIET`] until it
+/// returns false, then [`release_timer_ended`].
+pub(crate) fn needs_release_timer() -> bool {
+    HOLD.get().is_some() && !HOLD_TIMER.replace(true)
+}
+
+pub(crate) fn release_timer_ended() {
+    HOLD_TIMER.set(false);
 }
 
 /// Whether a thread that shares its core with another busy thread, seeing `runnable`
@@ -245,10 +318,16 @@ fn placement() -> Option<(usize, CpuSet)> {
     ))
 }
 
+/// The mask to move within: the one held back while the thread keeps off a core.
+fn whole_mask(current: CpuSet) -> CpuSet {
+    HOLD.get().map_or(current, |h| h.whole)
+}
+
 fn move_off_this_core() -> Migration {
-    let Some((here, allowed)) = placement() else {
+    let Some((here, current)) = placement() else {
         return Migration::NotMoved;
     };
+    let allowed = whole_mask(current);
     if !runnable_threads().is_some_and(|r| a_core_to_spare(r, cores_in(&allowed))) {
         return Migration::NoSpareCore;
     }
@@ -256,18 +335,44 @@ fn move_off_this_core() -> Migration {
     if elsewhere.unset(here).is_err() || cores_in(&elsewhere) == 0 {
         return Migration::NotMoved;
     }
-    migrate_within(here, &elsewhere, &allowed)
+    hold_off(here, &elsewhere, &allowed)
+}
+
+/// Moves the calling thread, now on core `here`, onto one of the cores of `to` and keeps
+/// it there until [`release_if_quiet`] gives it back `allowed`.
+fn hold_off(here: usize, to: &CpuSet, allowed: &CpuSet) -> Migration {
+    if sched_setaffinity(Pid::from_raw(0), to).is_err() {
+        return Migration::NotMoved;
+    }
+    let on = sched_getcpu().unwrap_or(here);
+    let now = Instant::now();
+    HOLD.set(Some(Hold {
+        whole: *allowed,
+        since: now,
+        last_active: now,
+    }));
+    Migration::Landed { from: here, on }
 }
 
 fn go_back_to(core: usize) -> Migration {
-    let Some((here, allowed)) = placement() else {
+    let Some((here, current)) = placement() else {
         return Migration::NotMoved;
     };
+    let allowed = whole_mask(current);
+    HOLD.set(None);
     let mut back = CpuSet::new();
     if !allowed.is_set(core).unwrap_or(false) || back.set(core).is_err() {
-        return Migration::NotMoved;
+        return match restore(&allowed) {
+            Ok(()) => Migration::NotMoved,
+            Err(e) => Migration::Narrowed(e),
+        };
     }
     migrate_within(here, &back, &allowed)
+}
+
+fn restore(allowed: &CpuSet) -> nix::Result<()> {
+    sched_setaffinity(Pid::from_raw(0), allowed)
+        .or_else(|_| sched_setaffinity(Pid::from_raw(0), allowed))
 }
 
 /// Moves the calling thread, now on core `here`, onto one of the cores of `to`, then
@@ -279,9 +384,7 @@ fn migrate_within(here: usize, to: &CpuSet, allowed: &CpuSet) -> Migration {
     // Read between the two calls: once the mask is whole again the kernel may move the
     // thread anywhere.
     let on = sched_getcpu().unwrap_or(here);
-    match sched_setaffinity(Pid::from_raw(0), allowed)
-        .or_else(|_| sched_setaffinity(Pid::from_raw(0), allowed))
-    {
+    match restore(allowed) {
         Ok(()) => Migration::Landed { from: here, on },
         Err(e) => Migration::Narrowed(e),
     }
@@ -444,6 +547,59 @@ mod tests {
         );
         assert_eq!(w.backoff, BACKOFF_MIN);
         assert!(w.moved.is_none());
+    }
+
+    #[test]
+    fn a_moved_thread_keeps_off_its_old_core_until_it_goes_quiet() {
+        let allowed = sched_getaffinity(Pid::from_raw(0)).expect("sched_getaffinity");
+        if cores_in(&allowed) < 2 {
+            eprintln!(
+                "SKIPPED a_moved_thread_keeps_off_its_old_core: this process may use one core"
+            );
+            return;
+        }
+        std::thread::spawn(move || {
+            let here = sched_getcpu().expect("sched_getcpu");
+            let mut elsewhere = allowed;
+            elsewhere.unset(here).unwrap();
+            assert!(matches!(
+                hold_off(here, &elsewhere, &allowed),
+                Migration::Landed { from, .. } if from == here
+            ));
+            let mask = || sched_getaffinity(Pid::from_raw(0)).unwrap();
+            assert_eq!(mask(), elsewhere, "held off the core it left");
+            let start = HOLD.get().expect("a hold").last_active;
+            // Yields that keep coming keep the hold, each one moving its quiet mark on.
+            note_active(start + HOLD_QUIET);
+            note_active(start + HOLD_QUIET * 2);
+            assert_eq!(mask(), elsewhere);
+            // A timer's look within the quiet spell notes nothing.
+            assert!(release_if_quiet(start + HOLD_QUIET * 3));
+            assert!(needs_release_timer() && !needs_release_timer());
+            // A move from a held thread is among all the cores it had before.
+            assert_eq!(whole_mask(mask()), allowed);
+            // A quiet spell gives the whole mask back.
+            assert!(!release_if_quiet(start + HOLD_QUIET * 4));
+            assert_eq!(mask(), allowed);
+            assert!(HOLD.get().is_none());
+            // However busy it keeps, a hold ends after HOLD_MAX.
+            assert!(matches!(
+                hold_off(here, &elsewhere, &allowed),
+                Migration::Landed { .. }
+            ));
+            let start = HOLD.get().expect("a hold").since;
+            let mut now = start;
+            while now + HOLD_QUIET <= start + HOLD_MAX {
+                now += HOLD_QUIET;
+                note_active(now);
+                assert_eq!(mask(), elsewhere);
+            }
+            note_active(start + HOLD_MAX + HOLD_QUIET / 2);
+            assert_eq!(mask(), allowed);
+            assert!(HOLD.get().is_none());
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

@@ -518,6 +518,9 @@ fn shared_core(dsm: &mut Dsm, pages: usize) -> anyhow::Result<()> {
     }
     dsm.barrier()?;
     sched_setaffinity(gettid(), &allowed)?;
+    // A comm thread that moved keeps off the core it left until a quiet spell ends its
+    // run of messages.
+    std::thread::sleep(Duration::from_millis(30));
     if dsm.rank() == 0 {
         // Whatever the comm thread did about its core, its affinity ends as it was given
         // back (looked at a few times: a move in progress narrows it for microseconds).
