@@ -545,7 +545,7 @@ impl Shared {
         let give_back = now + budget;
         let deliver = &mut |peer: usize, msg: Msg| self.deliver(peer, msg);
         let mut quiet_since = now;
-        while !self.dying.load(Ordering::Relaxed) && !sys::handler_asking_lane() {
+        while !self.dying.load(Ordering::Relaxed) && !sys::handler_asking() {
             if sockets && outbox.sockets_need_runtime() {
                 // The runtime's reader and writer tasks take it from here, without sleeping.
                 crate::spin::SOCKETS_CAUGHT.fetch_add(1, Ordering::Relaxed);

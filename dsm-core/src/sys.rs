@@ -8,11 +8,14 @@
 //! thread and waits.
 //!
 //! The signal handler is async-signal-safe: it reads and writes atomics, copies a page into
-//! a preallocated twin slot, calls `mprotect(2)`, `write(2)`, `futex(2)`, `sigaction(2)`,
-//! `sched_yield(2)`, `clock_gettime(2)` and `abort(3)`, and nothing else. It never
-//! allocates, logs or takes a lock. A write fault on a page the engine armed is served in
-//! the handler itself
-//! ([`crate::engine::fast`]); every other fault goes to the comm thread.
+//! a preallocated twin slot or from a page lane or a reply frame (parsed in place on its
+//! stack) into the runtime view, calls `mprotect(2)`, `madvise(2)`, `write(2)`, `send(2)`,
+//! `recv(2)`, `poll(2)`, `futex(2)`, `sigaction(2)`, `sched_yield(2)`, `clock_gettime(2)`
+//! and `abort(3)`, and nothing else. It never allocates, logs or waits for a lock (a TCP
+//! link's send lock and its incoming bytes it only tries). A write fault on a page the
+//! engine armed is served in the handler itself ([`crate::engine::fast`]); a read fault on
+//! a page armed for a fetch asks the home itself and takes the page from the home's lane or
+//! out of its socket; every other fault goes to the comm thread.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 use std::cell::Cell;
@@ -24,9 +27,11 @@ use std::sync::atomic::{
 use std::sync::{Arc, OnceLock};
 
 use crate::engine::{FastFaults, Prot};
-use dsm_net::framing::{page_request_frame, PAGE_REQUEST_FRAME_MAX};
+use dsm_net::framing::{
+    page_request_frame, plain_page_reply, PAGE_REQUEST_FRAME_MAX, PLAIN_REPLY_FRAME_MAX,
+};
 use dsm_net::transport::LaneEnd;
-use dsm_net::{DirectSend, DirectSender};
+use dsm_net::{DirectSend, DirectSender, DirectTake};
 use dsm_proto::PAGE_SIZE;
 
 fn prot_bits(prot: Prot) -> libc::c_int {
@@ -864,8 +869,10 @@ enum Asked {
     /// in the home's lane, which this thread polls.
     Lane(&'static LaneEnd),
     /// In a frame written to the TCP link; the page comes back in a reply frame, which
-    /// the comm thread takes in, resolving the fault.
-    Socket,
+    /// this thread takes out of the socket itself if the comm thread's reader holds
+    /// nothing of the link's then ([`take_page_from_socket`]); otherwise the comm thread
+    /// takes it in, resolving the fault.
+    Socket(&'static DirectSender),
 }
 
 /// From the handler, holding the fault slot for a read fault at `addr`: if the engine
@@ -880,7 +887,7 @@ fn ask_home(addr: usize, start: usize) -> Option<Asked> {
     let asked = if let Some(end) = lane_end(home) {
         ask_lane_home(end, page).then_some(Asked::Lane(end))
     } else if let Some(link) = direct_sender(home) {
-        ask_socket_home(link, page).then_some(Asked::Socket)
+        ask_socket_home(link, page).then_some(Asked::Socket(link))
     } else {
         None
     };
@@ -893,9 +900,9 @@ fn ask_home(addr: usize, start: usize) -> Option<Asked> {
 /// From the handler, `page` claimed for a fetch from the home at the far end of TCP link
 /// `link`: writes the home a [`dsm_proto::Msg::PageRequest`] for it, behind every frame
 /// this node handed to the link before, unless another thread is sending on the link or
-/// frames wait in its queue ([`DirectSender::try_send`]). The reply reaches the comm
-/// thread, whose engine adopts the fetch and resolves the fault, so this thread's wait has
-/// one wake-up in it (the comm thread's, for the reply) instead of two. Returns whether it
+/// frames wait in its queue ([`DirectSender::try_send`]). This thread then looks for the
+/// reply in the socket itself ([`take_page_from_socket`]); if the comm thread's reader
+/// takes it first, its engine adopts the fetch and resolves the fault. Returns whether it
 /// asked. Nothing here allocates, locks or blocks: the frame is encoded on the stack, and
 /// the link's lock is only tried.
 fn ask_socket_home(link: &DirectSender, page: usize) -> bool {
@@ -905,8 +912,9 @@ fn ask_socket_home(link: &DirectSender, page: usize) -> bool {
     let mut buf = [0u8; PAGE_REQUEST_FRAME_MAX];
     let frame = page_request_frame(page_no, &mut buf);
     // Before the request, since the reply may come at once: the comm thread resolves an
-    // asked fault when the copy arrives.
+    // asked fault when the copy arrives, and its reader leaves the reply to this thread.
     set_slot(SLOT_ASKED);
+    link.await_reply(true);
     match link.try_send(frame) {
         DirectSend::Sent => true,
         DirectSend::Partly => {
@@ -916,6 +924,7 @@ fn ask_socket_home(link: &DirectSender, page: usize) -> bool {
         }
         DirectSend::Refused => {
             // Nothing asked, so nothing can answer: the slot is still this thread's alone.
+            link.await_reply(false);
             SLOT_STATE.store(SLOT_CLAIMED, Ordering::SeqCst);
             false
         }
@@ -994,16 +1003,12 @@ fn ring_eventfd(bell: &std::os::fd::OwnedFd) {
     };
 }
 
-/// Whether the faulting thread asked a co-located home for its page itself and polls for
-/// it (`SLOT_ASKED`): the comm thread then keeps off the cores (its polling would only
-/// compete with that thread and with the home's) and leaves the page to it.
+/// Whether the faulting thread asked the home for its page itself and polls for it
+/// (`SLOT_ASKED`), in the home's lane or in the socket from it: the comm thread then
+/// keeps off the cores (its polling would only compete with that thread and with the
+/// home's) and leaves the page to it.
 pub(crate) fn handler_asking() -> bool {
     SLOT_STATE.load(Ordering::Acquire) == SLOT_ASKED
-}
-
-/// Whether the faulting thread asked a co-located home itself and polls its lane.
-pub(crate) fn handler_asking_lane() -> bool {
-    handler_asking() && LANE_HOME.load(Ordering::Acquire) != 0
 }
 
 /// The comm thread, about to ask `home` for the faulting page through its lane.
@@ -1078,6 +1083,78 @@ fn take_page_from_lane(addr: usize, start: usize) -> LaneTake {
         // No fault of this thread has reached the comm thread for a while: have its engine
         // take the records in before they run out (a watching comm thread looks for
         // faults only, so it is kicked too).
+        kick();
+    }
+    LaneTake::Taken
+}
+
+/// From the handler, which asked the home at the far end of TCP link `link` for the page
+/// at `addr` itself and has not handed the wait over: if the socket's next frame is that
+/// page's reply, whole, and the comm thread's reader holds nothing of the link's (so every
+/// frame the home sent before it has been taken in), takes it out of the socket, copies
+/// the page into the runtime view, makes it readable in the app view and records it for
+/// the engine, as [`take_page_from_lane`] does for a lane. The engine takes the page in
+/// at the start of its next event; the reply never reaches it. Nothing here allocates,
+/// locks or blocks: atomics, `recv(2)`, the frame parsed in place on this stack, one
+/// page-sized copy and one `mprotect`.
+fn take_page_from_socket(link: &DirectSender, addr: usize, start: usize) -> LaneTake {
+    let Some(fast) = fast_faults() else {
+        return LaneTake::NotYet;
+    };
+    if !fast.fetched_room() {
+        return LaneTake::NoRoom;
+    }
+    let page = (addr - start) / PAGE_SIZE;
+    let app = start + page * PAGE_SIZE;
+    let mut applied = [0u64; crate::engine::FETCHED_APPLIED_MAX];
+    let mut entries = 0;
+    let mut frame = [0u8; PLAIN_REPLY_FRAME_MAX];
+    let took = link.try_take_frame(&mut frame, &mut |payload| {
+        let Some(reply) = plain_page_reply(payload) else {
+            return false;
+        };
+        if reply.page as usize != page || reply.applied().len() > applied.len() {
+            return false;
+        }
+        let runtime = RUNTIME_BASE.load(Ordering::Relaxed) + page * PAGE_SIZE;
+        // SAFETY: `runtime` is the page's address in the runtime view, mapped for the life
+        // of the process and page-aligned. The page is invalid and this thread's fetch of
+        // it outstanding, so nothing else touches it: the app view has no access to it,
+        // and the comm thread installs a fetched page only from its reply, which the link
+        // lets only this thread read now.
+        let data = unsafe { std::slice::from_raw_parts_mut(runtime as *mut u8, PAGE_SIZE) };
+        data.copy_from_slice(reply.data);
+        // SAFETY: one page of our app-view mapping (inside the segment, checked by the
+        // caller); no Rust reference to app-view memory exists.
+        if unsafe { libc::mprotect(app as *mut libc::c_void, PAGE_SIZE, libc::PROT_READ) } != 0 {
+            // Left in the socket for the comm thread, whose copy overwrites this one.
+            return false;
+        }
+        for (slot, entry) in applied.iter_mut().zip(reply.applied()) {
+            *slot = crate::engine::pack_applied(entry);
+        }
+        entries = reply.applied().len();
+        true
+    });
+    match took {
+        DirectTake::NotThere => return LaneTake::NotYet,
+        DirectTake::Other => {
+            // Something else comes first: the reader takes it in, and the reply with it.
+            link.await_reply(false);
+            return LaneTake::NotYet;
+        }
+        DirectTake::Taken | DirectTake::Broken => link.await_reply(false),
+    }
+    // Taken (or read out of a socket that then failed, whole: the page is installed all
+    // the same, and the reader reports the link). Room was there, and only this thread
+    // records, so the record goes in.
+    let recorded = fast.record_fetched(
+        link.peer() as u32,
+        page as dsm_proto::PageNo,
+        &applied[..entries],
+    );
+    debug_assert!(recorded, "room for a fetched record was checked first");
+    if fast.fetched_backlog_high() {
         kick();
     }
     LaneTake::Taken
@@ -1354,7 +1431,12 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
             break s;
         }
         if (s == SLOT_TAKEN && !handed_over || s == SLOT_ASKED) && commit_page {
-            let took = take_page_from_lane(addr, start);
+            let took = match asked {
+                Some(Asked::Socket(link)) if s == SLOT_ASKED => {
+                    take_page_from_socket(link, addr, start)
+                }
+                _ => take_page_from_lane(addr, start),
+            };
             if took == LaneTake::NoRoom && s == SLOT_ASKED {
                 // The engine must take records in before this thread can install more:
                 // hand the wait over now rather than poll for the budget.
@@ -1390,8 +1472,10 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
         if s == SLOT_ASKED {
             // No answer within the budget: the comm thread takes over the wait (its engine
             // adopts the fetch this thread asked for), and this thread sleeps.
-            if let Some(Asked::Lane(end)) = asked.take() {
-                stop_polling_lane(end, true);
+            match asked.take() {
+                Some(Asked::Lane(end)) => stop_polling_lane(end, true),
+                Some(Asked::Socket(link)) => link.await_reply(false),
+                None => {}
             }
             handed_over = true;
             // The comm thread takes the page when its announcement comes, without
@@ -1417,9 +1501,11 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
     if polled || slept {
         crate::spin::count_wait(!slept);
     }
-    if let Some(Asked::Lane(end)) = asked {
-        // Resolved by the comm thread, which read the announcement already.
-        stop_polling_lane(end, false);
+    match asked {
+        // Resolved by the comm thread, which read the announcement (or the reply) already.
+        Some(Asked::Lane(end)) => stop_polling_lane(end, false),
+        Some(Asked::Socket(link)) => link.await_reply(false),
+        None => {}
     }
     set_slot(SLOT_IDLE);
     if outcome == SLOT_CRASH {

@@ -389,6 +389,9 @@ struct Sim {
     socket_asks: u64,
     /// Socket requests the simulated link refused (the fault then went the slow way).
     socket_refusals: u64,
+    /// Replies to a socket request that the simulated handler took out of the link
+    /// itself and installed.
+    socket_takes: u64,
     /// The engines fetch through page lanes (`Engine::set_lane_peers`).
     lanes_on: bool,
 }
@@ -668,6 +671,57 @@ impl Sim {
         true
     }
 
+    /// The SIGSEGV handler of link `li`'s receiver taking the reply to the request it
+    /// wrote to the home's socket out of the link itself, as `sys::take_page_from_socket`
+    /// does: only when that reply is the next message on the link (every message sent
+    /// before it delivered: the comm thread's reader holds nothing), it is a reply of one
+    /// page, and the receiver's handler still polls for that page. It installs the page
+    /// readable and records it for the engine, which takes it in at its next event; the
+    /// reply never reaches the engine. Returns whether it did.
+    fn handler_takes_socket_reply(&mut self, li: usize) -> bool {
+        let (from, to) = (li / self.n, li % self.n);
+        let Some(Msg::PageReply { pages }) = self.links[li].front() else {
+            return false;
+        };
+        let [copy] = pages.as_slice() else {
+            return false;
+        };
+        if self.lanes_on || self.nodes[to].wait != Wait::Fault || self.asked[to] != Some(copy.page)
+        {
+            return false;
+        }
+        let Some(fast) = self.nodes[to].eng.fast_faults().cloned() else {
+            return false;
+        };
+        let Some(Msg::PageReply { mut pages }) = self.links[li].pop_front() else {
+            unreachable!("looked at above");
+        };
+        self.popped[li] += 1;
+        let copy = pages.pop().expect("one page");
+        let applied: Vec<u64> = copy.applied.iter().map(pack_applied).collect();
+        assert!(
+            fast.record_fetched(from as u32, copy.page, &applied),
+            "node {to}: an earlier fetched page was never taken in"
+        );
+        let page = copy.page as usize;
+        let mem = self.nodes[to].eng.memory_mut();
+        assert_eq!(
+            mem.prot[page],
+            Prot::None,
+            "node {to}: page {page} asked for"
+        );
+        mem.data[page * PAGE_SIZE..][..PAGE_SIZE].copy_from_slice(&copy.data);
+        mem.prot[page] = Prot::Read;
+        self.nodes[to].wait = Wait::Running;
+        self.asked[to] = None;
+        self.socket_takes += 1;
+        if fast.fetched_backlog_high() {
+            let outs = self.nodes[to].eng.on_handler_work();
+            self.outputs(to, outs);
+        }
+        true
+    }
+
     /// The handler of node `k`, at a read fault on `page` (inaccessible), asking the
     /// page's co-located home itself if the engine armed the page for that, as
     /// `sys::ask_lane_home` does: the request goes into the lane of the link to the home,
@@ -697,7 +751,8 @@ impl Sim {
         self.handler_asks += 1;
         if !self.lanes_on {
             // As `sys::ask_socket_home`: a plain request frame on the link, behind every
-            // message sent on it before; the reply comes to the comm thread.
+            // message sent on it before; the handler takes the reply out of the link
+            // itself, or the comm thread takes it in.
             self.socket_asks += 1;
             self.links[li].push_back(Msg::PageRequest {
                 pages: vec![page as PageNo],
@@ -1257,7 +1312,9 @@ impl Sim {
                 self.step_node(runnable[pick]);
             } else {
                 let li = links[pick - runnable.len()];
-                if self.rand(2) == 0 && self.handler_takes_lane(li) {
+                if self.rand(2) == 0
+                    && (self.handler_takes_lane(li) || self.handler_takes_socket_reply(li))
+                {
                     continue;
                 }
                 let mut msg = self.links[li].pop_front().unwrap();
@@ -1519,6 +1576,7 @@ fn sim_with_setup(
         asks_resolved_by_comm: 0,
         socket_asks: 0,
         socket_refusals: 0,
+        socket_takes: 0,
         lanes_on: !seed.is_multiple_of(3),
     };
     // Variables spread over the pages, several per page (false sharing across locks).
@@ -1730,13 +1788,14 @@ fn handlers_asking_homes_themselves_keep_programs_sequentially_consistent() {
 }
 
 /// Read faults whose handler asks a home with no lane itself, writing the request to the
-/// home's socket behind everything sent on it before: the reply reaches the comm thread,
-/// whose engine adopts the fetch and resolves the fault, or the handler hands its wait
-/// over first and the engine adopts the fetch on the fault. Programs stay sequentially
-/// consistent, every request is answered, and each is counted once.
+/// home's socket behind everything sent on it before: the handler takes the reply out of
+/// the link itself when it comes next, or the reply reaches the comm thread, whose engine
+/// adopts the fetch and resolves the fault, or the handler hands its wait over first and
+/// the engine adopts the fetch on the fault. Programs stay sequentially consistent, every
+/// request is answered, and each is counted once.
 #[test]
 fn handlers_asking_homes_over_sockets_keep_programs_sequentially_consistent() {
-    let (mut asks, mut handovers, mut by_comm, mut refused) = (0, 0, 0, 0);
+    let (mut asks, mut handovers, mut by_comm, mut refused, mut taken) = (0, 0, 0, 0, 0);
     let mut sizes = std::collections::BTreeSet::new();
     for k in 0..cases(300) as u64 {
         let seed = k * 6;
@@ -1753,8 +1812,20 @@ fn handlers_asking_homes_over_sockets_keep_programs_sequentially_consistent() {
         handovers += s.ask_handovers;
         by_comm += s.asks_resolved_by_comm;
         refused += s.socket_refusals;
+        taken += s.socket_takes;
+        assert_eq!(
+            total(&s, |st| st.socket_pages),
+            s.socket_takes,
+            "seed {seed}: every reply the handler took was taken in once"
+        );
+        assert_eq!(
+            total(&s, |st| st.lane_pages),
+            0,
+            "seed {seed}: no lanes here"
+        );
     }
     assert!(asks > 0, "no handler asked a home itself");
+    assert!(taken > 0, "no handler took a reply out of its socket");
     assert!(handovers > 0, "no handler handed its wait over");
     assert!(
         by_comm > 0,

@@ -3,7 +3,7 @@
 //! The same framing serves the blocking bootstrap (std sockets) and the async transport
 //! (tokio-util's length-delimited codec, configured identically here).
 
-use dsm_proto::{PageNo, PlainPageRequest};
+use dsm_proto::{PageNo, PlainPageReply, PlainPageRequest, PAGE_SIZE, PLAIN_REPLY_APPLIED_MAX};
 use serde::{de::DeserializeOwned, Serialize};
 use std::io::{self, Read, Write};
 use thiserror::Error;
@@ -121,6 +121,21 @@ pub fn page_request_frame(page: PageNo, buf: &mut [u8; PAGE_REQUEST_FRAME_MAX]) 
     &buf[..4 + len]
 }
 
+/// Longest frame (length prefix and payload) that [`plain_page_reply`] can accept: a
+/// [`dsm_proto::Msg::PageReply`] of one page with [`PLAIN_REPLY_APPLIED_MAX`] entries,
+/// every number at its longest encoding.
+pub const PLAIN_REPLY_FRAME_MAX: usize =
+    4 + 1 + 1 + 5 + 2 + PAGE_SIZE + 1 + PLAIN_REPLY_APPLIED_MAX * (3 + 5);
+
+/// Reads a frame's payload as a [`dsm_proto::Msg::PageReply`] of exactly one whole page
+/// without allocating (for a fault handler; see [`crate::DirectSender::try_take_frame`]).
+/// `None` for anything else: another message, several pages, a page of the wrong size,
+/// too many `applied` entries, or trailing bytes.
+pub fn plain_page_reply(payload: &[u8]) -> Option<PlainPageReply<'_>> {
+    let (reply, rest) = postcard::take_from_bytes::<PlainPageReply>(payload).ok()?;
+    (rest.is_empty() && reply.data.len() == PAGE_SIZE).then_some(reply)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,6 +157,83 @@ mod tests {
                 page_request_frame(page, &mut buf),
                 &framed[..],
                 "page {page}"
+            );
+        }
+    }
+
+    fn one_page_reply(page: PageNo, fill: u8, applied: Vec<(NodeId, u32)>) -> Msg {
+        Msg::PageReply {
+            pages: vec![PageCopy {
+                page,
+                data: vec![fill; PAGE_SIZE],
+                applied,
+            }],
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn a_plain_page_reply_reads_what_the_derived_encoding_wrote(
+            page in any::<u32>(),
+            fill in any::<u8>(),
+            applied in proptest::collection::vec(any::<(u16, u32)>(), 0..=PLAIN_REPLY_APPLIED_MAX),
+        ) {
+            let msg = one_page_reply(page, fill, applied.clone());
+            let payload = encode(&msg).unwrap();
+            prop_assert!(payload.len() + 4 <= PLAIN_REPLY_FRAME_MAX);
+            let reply = plain_page_reply(&payload).expect("a plain reply");
+            prop_assert_eq!(reply.page, page);
+            prop_assert_eq!(reply.data, &[fill; PAGE_SIZE][..]);
+            prop_assert_eq!(reply.applied(), &applied[..]);
+            // Cut anywhere, it is no reply; with a byte more, neither.
+            for cut in [0, 1, payload.len() / 2, payload.len() - 1] {
+                prop_assert!(plain_page_reply(&payload[..cut]).is_none());
+            }
+            let mut longer = payload.clone();
+            longer.push(0);
+            prop_assert!(plain_page_reply(&longer).is_none());
+        }
+
+        #[test]
+        fn no_other_message_reads_as_a_plain_page_reply(msg in arb_msg()) {
+            let payload = encode(&msg).unwrap();
+            let plain = matches!(&msg, Msg::PageReply { pages }
+                if pages.len() == 1
+                    && pages[0].data.len() == PAGE_SIZE
+                    && pages[0].applied.len() <= PLAIN_REPLY_APPLIED_MAX);
+            prop_assert_eq!(plain_page_reply(&payload).is_some(), plain);
+        }
+    }
+
+    #[test]
+    fn replies_that_are_not_plain_are_refused() {
+        let two = Msg::PageReply {
+            pages: vec![
+                PageCopy {
+                    page: 1,
+                    data: vec![0; PAGE_SIZE],
+                    applied: vec![],
+                },
+                PageCopy {
+                    page: 2,
+                    data: vec![0; PAGE_SIZE],
+                    applied: vec![],
+                },
+            ],
+        };
+        let short_page = Msg::PageReply {
+            pages: vec![PageCopy {
+                page: 1,
+                data: vec![0; 100],
+                applied: vec![],
+            }],
+        };
+        let crowded = one_page_reply(3, 0, vec![(1, 1); PLAIN_REPLY_APPLIED_MAX + 1]);
+        let none = Msg::PageReply { pages: vec![] };
+        for msg in [two, short_page, crowded, none, Msg::Heartbeat] {
+            assert!(
+                plain_page_reply(&encode(&msg).unwrap()).is_none(),
+                "{msg:?}"
             );
         }
     }

@@ -15,4 +15,4 @@ pub mod user_key;
 
 pub use bootstrap::{agree_segment_base, connect_mesh, connect_mesh_with, BootstrapError, Mesh};
 pub use framing::{decode, encode, WireError, MAX_FRAME};
-pub use transport::{DirectSend, DirectSender, Outbox, PeerEvent, Transport};
+pub use transport::{DirectSend, DirectSender, DirectTake, Outbox, PeerEvent, Transport};

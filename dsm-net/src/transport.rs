@@ -5,7 +5,11 @@
 //! another thread; what the socket does not take at once is queued for the link's writer
 //! task. A malformed frame or a lost peer is reported to the callback, never a panic. A
 //! thread that must not wait or allocate (a fault handler) may write one small frame on a
-//! TCP link through a [`DirectSender`], which only tries the link's lock.
+//! TCP link through a [`DirectSender`], which only tries the link's lock, and take the
+//! reply out of the socket itself ([`DirectSender::try_take_frame`]): a link's incoming
+//! bytes have one reader at a time, and its reader task holds them only between frames it
+//! has not finished delivering, so a frame is always read whole, and in order, by one of
+//! the two.
 //!
 //! Links to co-located peers ([`crate::colocate`]) carry the same frames through a
 //! shared-memory ring ([`crate::ring`]) instead of the socket: a sender copies its frame
@@ -28,16 +32,15 @@ use crate::bootstrap::Mesh;
 use crate::colocate::ShmLink;
 use crate::framing::{codec, decode, encode, WireError, MAX_FRAME, PAGE_REQUEST_FRAME_MAX};
 use crate::ring::{register_bell, Direction, Lane, LanePosition, Region, RingReader, RingWriter};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use dsm_proto::liveness::heartbeat_period;
 use dsm_proto::Msg;
-use futures_util::StreamExt;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use std::collections::VecDeque;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
@@ -45,7 +48,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
-use tokio_util::codec::FramedRead;
+use tokio_util::codec::Decoder;
 
 /// What a reader task reports about its peer.
 #[derive(Debug)]
@@ -99,7 +102,28 @@ struct Link {
     /// so far, committed or queued (what a request in the page lane must come after; see
     /// [`LaneEnd::sent`]).
     sent: Arc<AtomicU64>,
+    /// Who reads the socket's incoming bytes now: nobody ([`INCOMING_FREE`]), the reader
+    /// task ([`INCOMING_READER`], from its first read until it holds no partial frame and
+    /// has delivered every whole one), or a fault handler taking one frame
+    /// ([`INCOMING_HANDLER`], see [`DirectSender::try_take_frame`]). So a frame is read
+    /// whole by one of them, and a handler that finds the socket free knows that every
+    /// frame before the one it takes has been delivered.
+    incoming: AtomicU8,
+    /// A fault handler asked over this link and waits for the reply in the socket
+    /// ([`DirectSender::await_reply`]): the reader task, at a frame boundary, leaves the
+    /// socket's bytes to it for a moment ([`REPLY_LEFT_FOR`] at most).
+    reply_awaited: AtomicBool,
 }
+
+/// How long the reader task leaves a socket's bytes to a fault handler that waits for its
+/// reply there before it reads them itself: the handler takes a reply within a few of its
+/// polls, and one that does not (its budget spent, the thread preempted) must not hold
+/// the link's other frames up for long.
+const REPLY_LEFT_FOR: Duration = Duration::from_micros(100);
+
+const INCOMING_FREE: u8 = 0;
+const INCOMING_READER: u8 = 1;
+const INCOMING_HANDLER: u8 = 2;
 
 #[derive(Default)]
 struct LinkQueue {
@@ -338,6 +362,25 @@ pub struct DirectSender {
     traffic: Arc<Traffic>,
     /// Set when a frame was only partly written (see [`Outbox::flush_direct_rests`]).
     rests: Arc<AtomicBool>,
+    /// When each peer was last heard from: a frame taken here counts, as one the reader
+    /// task takes does.
+    hearing: Arc<[Hearing]>,
+}
+
+/// What [`DirectSender::try_take_frame`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DirectTake {
+    /// The frame was accepted and taken out of the socket.
+    Taken,
+    /// Nothing was taken: the reader task holds the socket's bytes, or the next frame is
+    /// not whole yet.
+    NotThere,
+    /// Nothing was taken: the next frame is whole but not the one wanted, or longer than
+    /// the buffer.
+    Other,
+    /// The frame was accepted, but the socket failed while it was read out of it; what
+    /// was left of it, the reader task finds and reports as a broken link.
+    Broken,
 }
 
 /// What [`DirectSender::try_send`] did.
@@ -413,6 +456,91 @@ impl DirectSender {
         } else {
             DirectSend::Sent
         }
+    }
+
+    /// Says whether this thread waits for a reply it will take from the socket itself
+    /// ([`DirectSender::try_take_frame`]): while it does, the reader task leaves the
+    /// socket's bytes alone at a frame boundary, for 100 us at most. Set it
+    /// before asking, and clear it once the wait is over or the next frame is not the
+    /// reply ([`DirectTake::Other`]). An atomic store.
+    pub fn await_reply(&self, waiting: bool) {
+        self.link.reply_awaited.store(waiting, Ordering::Release);
+    }
+
+    /// Takes the next frame out of the socket if no other reader holds the link's incoming
+    /// bytes, the frame is whole in the socket already, fits `buf`, and `accept` says it
+    /// is the one wanted. `accept` sees the frame's payload (in `buf`, peeked, not yet
+    /// taken); once it returns true the frame is taken, and it is in `buf` after its
+    /// 4-byte length prefix. While this runs the reader task reads nothing from the socket,
+    /// and before it the reader task delivered every frame it had read, so the taken
+    /// frame comes right after the last frame delivered.
+    ///
+    /// Nothing here allocates, blocks or waits on another thread: compare-and-swaps,
+    /// `recv(2)` with `MSG_PEEK` and without, and atomics, all async-signal-safe. The
+    /// peeked bytes are in the kernel already, so reading them out takes one `recv`;
+    /// should it take less, this reads on (yielding between tries) until the frame is out
+    /// or the socket fails ([`DirectTake::Broken`]): half a frame is never left behind
+    /// for the reader task to misread as a frame.
+    pub fn try_take_frame(
+        &self,
+        buf: &mut [u8],
+        accept: &mut dyn FnMut(&[u8]) -> bool,
+    ) -> DirectTake {
+        let incoming = &self.link.incoming;
+        if incoming
+            .compare_exchange(
+                INCOMING_FREE,
+                INCOMING_HANDLER,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return DirectTake::NotThere;
+        }
+        let taken = self.take_whole_frame(buf, accept);
+        incoming.store(INCOMING_FREE, Ordering::Release);
+        if taken == DirectTake::Taken {
+            self.hearing[self.peer].heard();
+        }
+        taken
+    }
+
+    fn take_whole_frame(
+        &self,
+        buf: &mut [u8],
+        accept: &mut dyn FnMut(&[u8]) -> bool,
+    ) -> DirectTake {
+        let raw = &self.link.raw;
+        if buf.len() < 4 || !matches!(raw.peek(&mut buf[..4]), Ok(4)) {
+            return DirectTake::NotThere;
+        }
+        let len = 4 + u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+        if len > buf.len() {
+            // Longer than anything wanted: the reader task's.
+            return DirectTake::Other;
+        }
+        if !matches!(raw.peek(&mut buf[..len]), Ok(n) if n == len) {
+            return DirectTake::NotThere;
+        }
+        if !accept(&buf[4..len]) {
+            return DirectTake::Other;
+        }
+        let (mut got, mut empty_reads) = (0, 0u32);
+        while got < len {
+            match (&*raw).read(&mut buf[got..len]) {
+                Ok(n) if n > 0 => got += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && empty_reads < 10_000 => {
+                    empty_reads += 1;
+                    std::thread::yield_now();
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                _ => return DirectTake::Broken,
+            }
+        }
+        bump(&self.traffic.messages_received, 1);
+        bump(&self.traffic.bytes_received, len as u64);
+        DirectTake::Taken
     }
 }
 
@@ -760,6 +888,129 @@ async fn drain_link(link: Arc<Link>, mut half: OwnedWriteHalf) -> io::Result<()>
 }
 
 /// `msg` encoded behind its length prefix.
+/// The reader task of a TCP link: reads what the socket has, delivers every whole frame
+/// in order, and runs the follow hook when it holds no partial frame. It holds the link's
+/// incoming bytes ([`Link::incoming`]) from its first read until then, so a fault handler
+/// taking a frame itself ([`DirectSender::try_take_frame`]) never starts in the middle of
+/// one, and gives way to such a handler for the microseconds it reads.
+async fn read_socket(
+    peer: usize,
+    half: OwnedReadHalf,
+    link: Arc<Link>,
+    handler: Handler,
+    traffic: Arc<Traffic>,
+    hearing: Arc<[Hearing]>,
+    after: AfterRingFrames,
+) {
+    let hearing = &hearing[peer];
+    let fail = |e: WireError| {
+        hearing.end();
+        handler(peer, PeerEvent::Failed(e));
+    };
+    let mut codec = codec();
+    let mut buf = BytesMut::new();
+    let mut left_since: Option<Instant> = None;
+    loop {
+        if let Err(e) = half.readable().await {
+            link.incoming.store(INCOMING_FREE, Ordering::Release);
+            return fail(WireError::Io(e));
+        }
+        if buf.is_empty() && link.reply_awaited.load(Ordering::Acquire) {
+            // A fault handler polls for its reply in the socket: leave it the bytes.
+            let since = *left_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < REPLY_LEFT_FOR {
+                std::thread::yield_now();
+                tokio::task::yield_now().await;
+                continue;
+            }
+        }
+        left_since = None;
+        if buf.is_empty() {
+            // A handler holds the bytes only while it reads one frame that is whole in the
+            // socket: wait for it on the spot.
+            while link
+                .incoming
+                .compare_exchange(
+                    INCOMING_FREE,
+                    INCOMING_READER,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+            {
+                std::thread::yield_now();
+            }
+        }
+        buf.reserve(READ_CHUNK);
+        match half.try_read_buf(&mut buf) {
+            Ok(0) => {
+                link.incoming.store(INCOMING_FREE, Ordering::Release);
+                if buf.is_empty() {
+                    hearing.end();
+                    handler(peer, PeerEvent::Closed);
+                } else {
+                    fail(WireError::Io(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the connection closed in the middle of a frame",
+                    )));
+                }
+                return;
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if buf.is_empty() {
+                    link.incoming.store(INCOMING_FREE, Ordering::Release);
+                }
+                continue;
+            }
+            Err(e) => {
+                link.incoming.store(INCOMING_FREE, Ordering::Release);
+                return fail(WireError::Io(e));
+            }
+        }
+        let mut delivered = false;
+        loop {
+            let frame = match codec.decode(&mut buf) {
+                Ok(Some(frame)) => frame,
+                Ok(None) => break,
+                Err(_) => {
+                    link.incoming.store(INCOMING_FREE, Ordering::Release);
+                    return fail(WireError::TooLarge {
+                        len: usize::MAX,
+                        max: MAX_FRAME,
+                    });
+                }
+            };
+            hearing.heard();
+            bump(&traffic.messages_received, 1);
+            bump(&traffic.bytes_received, frame.len() as u64 + 4);
+            match decode::<Msg>(&frame) {
+                Ok(Msg::Heartbeat) => {}
+                Ok(msg) => {
+                    handler(peer, PeerEvent::Message(msg));
+                    delivered = true;
+                }
+                Err(e) => {
+                    link.incoming.store(INCOMING_FREE, Ordering::Release);
+                    return fail(e);
+                }
+            }
+        }
+        if buf.is_empty() {
+            link.incoming.store(INCOMING_FREE, Ordering::Release);
+            if delivered {
+                if let Some(hook) = after.get() {
+                    hook();
+                }
+            }
+        }
+    }
+}
+
+/// How much room the reader task makes in its buffer before each read: a page reply and
+/// then some, so a run of small frames and a page come in one `read`.
+const READ_CHUNK: usize = 16 << 10;
+
 fn frame(msg: &Msg) -> Result<Bytes, WireError> {
     let payload = encode(msg)?;
     let mut frame = Vec::with_capacity(4 + payload.len());
@@ -950,6 +1201,7 @@ impl Outbox {
                 link: link.clone(),
                 traffic: self.traffic.clone(),
                 rests: self.direct_rests.clone(),
+                hearing: self.hearing.clone(),
             })
             .collect()
     }
@@ -1240,6 +1492,8 @@ impl Transport {
                 wake: Notify::new(),
                 active: AtomicBool::new(false),
                 sent,
+                incoming: AtomicU8::new(INCOMING_FREE),
+                reply_awaited: AtomicBool::new(false),
             });
             outboxes.push(Some(link.clone()));
             let stream = TcpStream::from_std(stream)?;
@@ -1268,57 +1522,15 @@ impl Transport {
                 continue;
             }
 
-            let h = handler.clone();
-            let t = traffic.clone();
-            let ears = hearing.clone();
-            let after = after_socket_frames.clone();
-            tokio::task::spawn_local(async move {
-                let mut frames = FramedRead::new(read_half, codec());
-                let hearing = &ears[peer];
-                loop {
-                    match frames.next().await {
-                        Some(Ok(frame)) => {
-                            hearing.heard();
-                            bump(&t.messages_received, 1);
-                            bump(&t.bytes_received, frame.len() as u64 + 4);
-                            match decode::<Msg>(&frame) {
-                                Ok(Msg::Heartbeat) => {}
-                                Ok(msg) => {
-                                    h(peer, PeerEvent::Message(msg));
-                                    if frames.read_buffer().is_empty() {
-                                        if let Some(hook) = after.get() {
-                                            hook();
-                                        }
-                                    }
-                                }
-                                Err(e) => {
-                                    hearing.end();
-                                    h(peer, PeerEvent::Failed(e));
-                                    return;
-                                }
-                            }
-                        }
-                        Some(Err(e)) => {
-                            hearing.end();
-                            let err = if e.kind() == std::io::ErrorKind::InvalidData {
-                                WireError::TooLarge {
-                                    len: usize::MAX,
-                                    max: crate::framing::MAX_FRAME,
-                                }
-                            } else {
-                                WireError::Io(e)
-                            };
-                            h(peer, PeerEvent::Failed(err));
-                            return;
-                        }
-                        None => {
-                            hearing.end();
-                            h(peer, PeerEvent::Closed);
-                            return;
-                        }
-                    }
-                }
-            });
+            tokio::task::spawn_local(read_socket(
+                peer,
+                read_half,
+                link.clone(),
+                handler.clone(),
+                traffic.clone(),
+                hearing.clone(),
+                after_socket_frames.clone(),
+            ));
 
             let h = handler.clone();
             writers.push(tokio::task::spawn_local(async move {
@@ -1697,6 +1909,181 @@ mod tests {
         let (before, pages) = read_until_page_request(&mut raw);
         assert_eq!((before.len(), pages), (0, vec![12]));
         assert!(direct.link.queue.lock().unwrap().direct_rest_len == 0);
+    }
+
+    /// Rank 0's transport over a TCP pair on a thread of its own, recording the kinds of
+    /// the messages it delivers; `pause_runtime` stops its runtime (reader task included)
+    /// until the sender it returns is dropped, and an `Abort` saying "hold" keeps
+    /// the reader inside its delivery until `go` is set.
+    #[allow(clippy::type_complexity)]
+    fn paused_receiver(
+        mesh0: Mesh,
+        go: Arc<AtomicBool>,
+    ) -> (
+        Arc<Outbox>,
+        Arc<Mutex<Vec<String>>>,
+        std::sync::mpsc::Sender<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>,
+    ) {
+        let (give, take) = std::sync::mpsc::channel();
+        let (pause, paused) = std::sync::mpsc::channel::<(
+            std::sync::mpsc::Sender<()>,
+            std::sync::mpsc::Receiver<()>,
+        )>();
+        let kinds = Arc::new(Mutex::new(Vec::new()));
+        let k = kinds.clone();
+        std::thread::spawn(move || {
+            run_local(async move {
+                let record: Handler = Rc::new(move |_, e| {
+                    if let PeerEvent::Message(m) = e {
+                        k.lock().unwrap().push(m.kind().to_string());
+                        if matches!(&m, Msg::Abort { reason } if reason == "hold") {
+                            while !go.load(Ordering::Acquire) {
+                                std::thread::sleep(Duration::from_millis(1));
+                            }
+                        }
+                    }
+                });
+                let t = Transport::start(mesh0, record, None).unwrap();
+                give.send(t.outbox()).unwrap();
+                let until = Instant::now() + Duration::from_secs(30);
+                while Instant::now() < until {
+                    if let Ok((stopped, resume)) = paused.try_recv() {
+                        let _ = stopped.send(());
+                        let _ = resume.recv();
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            })
+        });
+        (take.recv().unwrap(), kinds, pause)
+    }
+
+    /// Stops the runtime of a [`paused_receiver`] until the returned sender is dropped.
+    fn pause_runtime(
+        pause: &std::sync::mpsc::Sender<(
+            std::sync::mpsc::Sender<()>,
+            std::sync::mpsc::Receiver<()>,
+        )>,
+    ) -> std::sync::mpsc::Sender<()> {
+        let (stopped, on_stop) = std::sync::mpsc::channel();
+        let (resume, resumed) = std::sync::mpsc::channel();
+        pause.send((stopped, resumed)).unwrap();
+        on_stop.recv().unwrap();
+        resume
+    }
+
+    fn page_reply_frame(page: u32) -> Vec<u8> {
+        frame_bytes(&Msg::PageReply {
+            pages: vec![dsm_proto::PageCopy {
+                page,
+                data: vec![page as u8; dsm_proto::PAGE_SIZE],
+                applied: vec![(1, 9)],
+            }],
+        })
+    }
+
+    fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+        let until = Instant::now() + Duration::from_secs(20);
+        while !done() {
+            assert!(Instant::now() < until, "{what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_handler_takes_a_whole_reply_frame_only_when_the_reader_holds_nothing() {
+        let (mesh0, mut raw) = tcp_pair();
+        let go = Arc::new(AtomicBool::new(false));
+        let (outbox, kinds, pause) = paused_receiver(mesh0, go.clone());
+        let direct = outbox.direct_senders().remove(0);
+        let mut buf = [0u8; crate::framing::PLAIN_REPLY_FRAME_MAX];
+        let page_seven = &mut |payload: &[u8]| {
+            crate::framing::plain_page_reply(payload).is_some_and(|r| r.page == 7)
+        };
+
+        // The reader idle and its runtime stopped: the reply is whole in the socket, and
+        // the handler takes it, but only the reply it wants.
+        let resume = pause_runtime(&pause);
+        raw.write_all(&page_reply_frame(8)).unwrap();
+        wait_for("the frame reached the socket", || outbox.sockets_readable());
+        assert_eq!(
+            direct.try_take_frame(&mut buf, page_seven),
+            DirectTake::Other
+        );
+        drop(resume);
+        wait_for("the reader delivered page 8's reply", || {
+            kinds.lock().unwrap().len() == 1
+        });
+        let resume = pause_runtime(&pause);
+        raw.write_all(&page_reply_frame(7)).unwrap();
+        wait_for("the frame reached the socket", || outbox.sockets_readable());
+        assert_eq!(
+            direct.try_take_frame(&mut buf, page_seven),
+            DirectTake::Taken
+        );
+        let len = u32::from_be_bytes(buf[..4].try_into().unwrap()) as usize;
+        let reply = crate::framing::plain_page_reply(&buf[4..4 + len]).unwrap();
+        assert_eq!(
+            (reply.page, reply.data[0], reply.applied()),
+            (7, 7, &[(1, 9)][..])
+        );
+        assert!(
+            !outbox.sockets_readable(),
+            "the frame was taken out of the socket"
+        );
+        drop(resume);
+
+        // Half a frame read by the reader: the handler stays off the rest.
+        let half = page_reply_frame(7);
+        raw.write_all(&half[..100]).unwrap();
+        wait_for("the reader read the first part", || {
+            !outbox.sockets_readable()
+        });
+        let resume = pause_runtime(&pause);
+        raw.write_all(&half[100..]).unwrap();
+        wait_for("the rest reached the socket", || outbox.sockets_readable());
+        assert_eq!(
+            direct.try_take_frame(&mut buf, page_seven),
+            DirectTake::NotThere
+        );
+        drop(resume);
+
+        wait_for("the reader delivered the second page 7 reply", || {
+            kinds.lock().unwrap().len() == 2
+        });
+
+        // A reader in the middle of delivering what it read: the handler waits for it
+        // even with a whole reply in the socket, which may come only after what the
+        // reader holds.
+        raw.write_all(&frame_bytes(&Msg::Abort {
+            reason: "hold".into(),
+        }))
+        .unwrap();
+        wait_for("the reader took the frame in", || {
+            kinds.lock().unwrap().len() == 3
+        });
+        raw.write_all(&page_reply_frame(7)).unwrap();
+        wait_for("the reply reached the socket", || outbox.sockets_readable());
+        assert_eq!(
+            direct.try_take_frame(&mut buf, page_seven),
+            DirectTake::NotThere
+        );
+        go.store(true, Ordering::Release);
+
+        // The stream is whole after a take: the reader delivers what follows, in order.
+        raw.write_all(&frame_bytes(&Msg::Abort {
+            reason: "after".into(),
+        }))
+        .unwrap();
+        wait_for("the reader delivered the rest", || {
+            kinds.lock().unwrap().len() == 5
+        });
+        assert_eq!(
+            *kinds.lock().unwrap(),
+            ["page-reply", "page-reply", "abort", "page-reply", "abort"],
+            "page 8's reply, page 7's second and third replies, the aborts (the first page \
+             7 reply was taken)"
+        );
     }
 
     #[test]

@@ -730,6 +730,142 @@ impl Serialize for PlainPageRequest {
     }
 }
 
+/// Most `applied` entries a [`PlainPageReply`] holds; a reply whose page has more is not
+/// plain (its receiver's comm thread takes it the ordinary way).
+pub const PLAIN_REPLY_APPLIED_MAX: usize = 64;
+
+/// [`Msg::PageReply`] with exactly one page, read in place from a frame's payload without
+/// allocating: the page's bytes borrowed from the payload, its `applied` entries in a
+/// fixed array. What a fault handler reads when it takes its page from a socket itself.
+/// Its `Deserialize` accepts only that shape (any other message, or more or fewer pages,
+/// or more than [`PLAIN_REPLY_APPLIED_MAX`] entries, is an error); a test holds it to the
+/// derived encoding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlainPageReply<'a> {
+    /// Which page.
+    pub page: PageNo,
+    /// The page's bytes, as the home sent them.
+    pub data: &'a [u8],
+    applied: [(NodeId, u32); PLAIN_REPLY_APPLIED_MAX],
+    applied_len: usize,
+}
+
+impl PlainPageReply<'_> {
+    /// The page's [`PageCopy::applied`] entries.
+    pub fn applied(&self) -> &[(NodeId, u32)] {
+        &self.applied[..self.applied_len]
+    }
+}
+
+/// [`Msg::PageReply`]'s place among [`Msg`]'s variants.
+const PAGE_REPLY_VARIANT: u32 = 1;
+
+impl<'de> Deserialize<'de> for PlainPageReply<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::{self, EnumAccess, SeqAccess, VariantAccess, Visitor};
+        use std::fmt;
+
+        /// `PageCopy`'s fields in order, borrowing the page's bytes.
+        #[derive(Deserialize)]
+        struct OneCopy<'a> {
+            page: PageNo,
+            #[serde(borrow)]
+            data: &'a [u8],
+            applied: Applied,
+        }
+
+        struct Applied([(NodeId, u32); PLAIN_REPLY_APPLIED_MAX], usize);
+
+        impl<'de> Deserialize<'de> for Applied {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct Entries;
+                impl<'de> Visitor<'de> for Entries {
+                    type Value = Applied;
+                    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                        f.write_str("a page copy's applied entries")
+                    }
+                    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Applied, A::Error> {
+                        let mut out = Applied([(0, 0); PLAIN_REPLY_APPLIED_MAX], 0);
+                        while let Some(entry) = seq.next_element::<(NodeId, u32)>()? {
+                            let slot = out.0.get_mut(out.1).ok_or_else(|| {
+                                de::Error::custom("more applied entries than a plain reply holds")
+                            })?;
+                            *slot = entry;
+                            out.1 += 1;
+                        }
+                        Ok(out)
+                    }
+                }
+                d.deserialize_seq(Entries)
+            }
+        }
+
+        /// The `pages` field: a sequence of exactly one copy.
+        struct OnlyCopy<'a>(OneCopy<'a>);
+
+        impl<'de> Deserialize<'de> for OnlyCopy<'de> {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct One;
+                impl<'de> Visitor<'de> for One {
+                    type Value = OnlyCopy<'de>;
+                    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                        f.write_str("one page copy")
+                    }
+                    fn visit_seq<A: SeqAccess<'de>>(
+                        self,
+                        mut seq: A,
+                    ) -> Result<Self::Value, A::Error> {
+                        if seq.size_hint() != Some(1) {
+                            return Err(de::Error::custom("not exactly one page"));
+                        }
+                        let copy = seq
+                            .next_element()?
+                            .ok_or_else(|| de::Error::custom("not exactly one page"))?;
+                        Ok(OnlyCopy(copy))
+                    }
+                }
+                d.deserialize_seq(One)
+            }
+        }
+
+        struct Reply;
+        impl<'de> Visitor<'de> for Reply {
+            type Value = PlainPageReply<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a page reply of one page")
+            }
+            fn visit_enum<A: EnumAccess<'de>>(self, data: A) -> Result<Self::Value, A::Error> {
+                let (variant, fields) = data.variant::<u32>()?;
+                if variant != PAGE_REPLY_VARIANT {
+                    return Err(de::Error::custom("not a page reply"));
+                }
+                fields.struct_variant(&["pages"], Fields)
+            }
+        }
+
+        struct Fields;
+        impl<'de> Visitor<'de> for Fields {
+            type Value = PlainPageReply<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a page reply's fields")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let OnlyCopy(copy) = seq
+                    .next_element()?
+                    .ok_or_else(|| de::Error::custom("a page reply without pages"))?;
+                Ok(PlainPageReply {
+                    page: copy.page,
+                    data: copy.data,
+                    applied: copy.applied.0,
+                    applied_len: copy.applied.1,
+                })
+            }
+        }
+
+        deserializer.deserialize_enum("Msg", &["PageRequest", "PageReply"], Reply)
+    }
+}
+
 impl Msg {
     /// Short name for logs and statistics.
     pub fn kind(&self) -> &'static str {

@@ -271,6 +271,13 @@ impl FastFaults {
         true
     }
 
+    /// Handler side: whether a [`FastFaults::record_fetched`] now would find room (only
+    /// the thread that holds the fault slot records, so room found stays until it does).
+    pub fn fetched_room(&self) -> bool {
+        self.fetched_tail.load(Ordering::Relaxed) - self.fetched_head.load(Ordering::Acquire)
+            < FETCHED_MAX
+    }
+
     /// Handler side, having just recorded a page: whether the records waiting have just
     /// reached a mark at which the engine should take them in (the handler then wakes the
     /// comm thread, which runs an engine step): half the queue, and every eighth record

@@ -61,7 +61,7 @@ use semaphores::SemState;
 use std::collections::{BTreeMap, HashMap, TryReserveError};
 use std::sync::Arc;
 
-pub use fast::FastFaults;
+pub use fast::{pack_applied, FastFaults, FETCHED_APPLIED_MAX};
 
 pub use barriers::ALL_TO_ALL_MAX_NODES;
 pub use locks::lock_manager;
@@ -404,6 +404,9 @@ pub struct Stats {
     /// Pages the faulting thread took from a co-located home's page lane and installed
     /// itself (counted in `pages_fetched` too).
     pub lane_pages: u64,
+    /// Pages the faulting thread took out of a remote home's socket itself (the reply to
+    /// the request it wrote there) and installed (counted in `pages_fetched` too).
+    pub socket_pages: u64,
     /// Read faults whose fetch the SIGSEGV handler asked the co-located home for itself,
     /// through the request slot of the link's lane, without the comm thread (counted in
     /// `read_faults` and `fetch_requests` too).

@@ -19,6 +19,18 @@ pub(super) struct PageEntry {
     pub(super) home: NodeId,
 }
 
+/// Where copies taken in ([`Engine::take_in_copies`]) came from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CopySource {
+    /// A [`Msg::PageReply`] to the engine.
+    Reply,
+    /// The page lane of a co-located home, installed by the handler (a
+    /// [`Msg::LanePageReply`] frame follows it).
+    Lane,
+    /// A reply the handler took out of a remote home's socket and installed.
+    Socket,
+}
+
 impl PageEntry {
     /// A page no allocation covers yet.
     const UNALLOCATED: PageEntry = PageEntry {
@@ -160,7 +172,12 @@ impl<M: Memory> Engine<M> {
                 data: Vec::new(),
                 applied: got.applied,
             };
-            self.take_in_copies(got.home, vec![copy], true);
+            let source = if self.lane_peers & node_bit(got.home) != 0 {
+                CopySource::Lane
+            } else {
+                CopySource::Socket
+            };
+            self.take_in_copies(got.home, vec![copy], source);
         }
         self.drain_handler_writes();
     }
@@ -391,7 +408,7 @@ impl<M: Memory> Engine<M> {
             // rather than credited to that one).
             self.adopt_handler_fetch(copy.page, from);
         }
-        self.take_in_copies(from, copies, false);
+        self.take_in_copies(from, copies, CopySource::Reply);
     }
 
     /// The frame that follows a page the home left in the lane, when the faulting thread
@@ -409,10 +426,11 @@ impl<M: Memory> Engine<M> {
         *unmarked -= 1;
     }
 
-    /// Takes in copies from `from`, the pages' home. `installed`: the copies' data is
-    /// already in memory and readable in the app view (the handler put it there from the
-    /// page lane), so only the engine's state changes; their `data` is empty.
-    fn take_in_copies(&mut self, from: NodeId, copies: Vec<PageCopy>, installed: bool) {
+    /// Takes in copies from `from`, the pages' home. Unless they came in a reply to the
+    /// engine, the copies' data is already in memory and readable in the app view (the
+    /// handler put it there), so only the engine's state changes; their `data` is empty.
+    fn take_in_copies(&mut self, from: NodeId, copies: Vec<PageCopy>, source: CopySource) {
+        let installed = source != CopySource::Reply;
         let Some(fetch) = self.fetch.as_mut() else {
             self.fatal(format!("rank {from} sent pages nobody asked for"));
             return;
@@ -447,9 +465,14 @@ impl<M: Memory> Engine<M> {
             self.required.remove(&copy.page);
             self.set_state(copy.page, PageState::ReadOnly);
             self.stats.pages_fetched += 1;
-            if installed {
-                self.stats.lane_pages += 1;
-                *self.lane_pages_unmarked.entry(from).or_default() += 1;
+            match source {
+                CopySource::Reply => {}
+                CopySource::Lane => {
+                    self.stats.lane_pages += 1;
+                    *self.lane_pages_unmarked.entry(from).or_default() += 1;
+                }
+                // No frame follows: the handler took the reply itself.
+                CopySource::Socket => self.stats.socket_pages += 1,
             }
         }
         self.protect_runs(&mut readable, Prot::Read);
