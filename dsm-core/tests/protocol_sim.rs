@@ -611,12 +611,6 @@ impl Sim {
         assert_eq!(races, reported, "node {k}: race count of barrier {epoch}");
     }
 
-    /// Whether node k may access `page` now; if not, the node faults and waits, or, for a
-    /// write to a write-protected page, usually plays the SIGSEGV handler's fast path
-    /// (`engine::fast`): between two engine steps, as the real handler runs between the
-    /// comm thread's events, it claims an armed page, makes it writable and twins it
-    /// without the engine, which takes the write in at its next event. A page the engine
-    /// did not arm (or the quarter of the time the sim does not try) takes the slow path.
     /// The SIGSEGV handler of link `li`'s receiver taking its faulting page from the
     /// lane, as `sys::take_page_from_lane` does: only once every frame sent before the
     /// page was delivered (its `LanePageReply` is next on the link), and only for the
@@ -646,29 +640,37 @@ impl Sim {
             return false;
         };
         let copy = self.lanes[li].take().expect("checked above");
+        self.handler_installs(from, to, copy, &fast);
+        self.lane_takes += 1;
+        true
+    }
+
+    /// Node `to`'s handler installing `copy` of the page it waits for, homed at `from`,
+    /// which it took itself: recorded for the engine, readable, and the faulting access
+    /// let go.
+    fn handler_installs(&mut self, from: usize, to: usize, copy: PageCopy, fast: &FastFaults) {
         let applied: Vec<u64> = copy.applied.iter().map(pack_applied).collect();
         assert!(
-            fast.record_fetched(from as u32, page, &applied),
-            "node {to}: an earlier lane page was never taken in"
+            fast.record_fetched(from as u32, copy.page, &applied),
+            "node {to}: an earlier fetched page was never taken in"
         );
+        let page = copy.page as usize;
         let mem = self.nodes[to].eng.memory_mut();
         assert_eq!(
-            mem.prot[page as usize],
+            mem.prot[page],
             Prot::None,
-            "node {to}: page {page} in a lane"
+            "node {to}: page {page} taken by the handler"
         );
-        mem.data[page as usize * PAGE_SIZE..][..PAGE_SIZE].copy_from_slice(&copy.data);
-        mem.prot[page as usize] = Prot::Read;
+        mem.data[page * PAGE_SIZE..][..PAGE_SIZE].copy_from_slice(&copy.data);
+        mem.prot[page] = Prot::Read;
         self.nodes[to].wait = Wait::Running;
         self.asked[to] = None;
-        self.lane_takes += 1;
         if fast.fetched_backlog_high() {
             // As the runtime's handler: the comm thread is woken to have the engine take
             // the records in.
             let outs = self.nodes[to].eng.on_handler_work();
             self.outputs(to, outs);
         }
-        true
     }
 
     /// The SIGSEGV handler of link `li`'s receiver taking the reply to the request it
@@ -698,27 +700,8 @@ impl Sim {
         };
         self.popped[li] += 1;
         let copy = pages.pop().expect("one page");
-        let applied: Vec<u64> = copy.applied.iter().map(pack_applied).collect();
-        assert!(
-            fast.record_fetched(from as u32, copy.page, &applied),
-            "node {to}: an earlier fetched page was never taken in"
-        );
-        let page = copy.page as usize;
-        let mem = self.nodes[to].eng.memory_mut();
-        assert_eq!(
-            mem.prot[page],
-            Prot::None,
-            "node {to}: page {page} asked for"
-        );
-        mem.data[page * PAGE_SIZE..][..PAGE_SIZE].copy_from_slice(&copy.data);
-        mem.prot[page] = Prot::Read;
-        self.nodes[to].wait = Wait::Running;
-        self.asked[to] = None;
+        self.handler_installs(from, to, copy, &fast);
         self.socket_takes += 1;
-        if fast.fetched_backlog_high() {
-            let outs = self.nodes[to].eng.on_handler_work();
-            self.outputs(to, outs);
-        }
         true
     }
 
@@ -801,6 +784,12 @@ impl Sim {
         self.outputs(k, outs);
     }
 
+    /// Whether node k may access `page` now; if not, the node faults and waits, or, for a
+    /// write to a write-protected page, usually plays the SIGSEGV handler's fast path
+    /// (`engine::fast`): between two engine steps, as the real handler runs between the
+    /// comm thread's events, it claims an armed page, makes it writable and twins it
+    /// without the engine, which takes the write in at its next event. A page the engine
+    /// did not arm (or the quarter of the time the sim does not try) takes the slow path.
     fn access_page(&mut self, k: usize, page: usize, write: bool) -> bool {
         if write && self.nodes[k].eng.memory().prot[page] == Prot::Read && self.rand(4) != 0 {
             if let Some(fast) = self.nodes[k].eng.fast_faults().cloned() {

@@ -2001,26 +2001,27 @@ mod tests {
             crate::framing::plain_page_reply(payload).is_some_and(|r| r.page == 7)
         };
 
+        // With the reader's runtime stopped, writes `bytes` and tries a take while they
+        // are in the socket; the runtime goes on when the returned sender is dropped.
+        let mut paused_take = |bytes: &[u8], buf: &mut [u8], want: DirectTake| {
+            let resume = pause_runtime(&pause);
+            (&raw).write_all(bytes).unwrap();
+            wait_for("the bytes reached the socket", || outbox.sockets_readable());
+            assert_eq!(direct.try_take_frame(buf, page_seven), want);
+            resume
+        };
+
         // The reader idle and its runtime stopped: the reply is whole in the socket, and
         // the handler takes it, but only the reply it wants.
-        let resume = pause_runtime(&pause);
-        raw.write_all(&page_reply_frame(8)).unwrap();
-        wait_for("the frame reached the socket", || outbox.sockets_readable());
-        assert_eq!(
-            direct.try_take_frame(&mut buf, page_seven),
-            DirectTake::Other
-        );
-        drop(resume);
+        drop(paused_take(
+            &page_reply_frame(8),
+            &mut buf,
+            DirectTake::Other,
+        ));
         wait_for("the reader delivered page 8's reply", || {
             kinds.lock().unwrap().len() == 1
         });
-        let resume = pause_runtime(&pause);
-        raw.write_all(&page_reply_frame(7)).unwrap();
-        wait_for("the frame reached the socket", || outbox.sockets_readable());
-        assert_eq!(
-            direct.try_take_frame(&mut buf, page_seven),
-            DirectTake::Taken
-        );
+        let resume = paused_take(&page_reply_frame(7), &mut buf, DirectTake::Taken);
         let len = u32::from_be_bytes(buf[..4].try_into().unwrap()) as usize;
         let reply = crate::framing::plain_page_reply(&buf[4..4 + len]).unwrap();
         assert_eq!(
@@ -2035,18 +2036,11 @@ mod tests {
 
         // Half a frame read by the reader: the handler stays off the rest.
         let half = page_reply_frame(7);
-        raw.write_all(&half[..100]).unwrap();
+        (&raw).write_all(&half[..100]).unwrap();
         wait_for("the reader read the first part", || {
             !outbox.sockets_readable()
         });
-        let resume = pause_runtime(&pause);
-        raw.write_all(&half[100..]).unwrap();
-        wait_for("the rest reached the socket", || outbox.sockets_readable());
-        assert_eq!(
-            direct.try_take_frame(&mut buf, page_seven),
-            DirectTake::NotThere
-        );
-        drop(resume);
+        drop(paused_take(&half[100..], &mut buf, DirectTake::NotThere));
 
         wait_for("the reader delivered the second page 7 reply", || {
             kinds.lock().unwrap().len() == 2
