@@ -475,8 +475,8 @@ impl DirectSender {
     /// and before it the reader task delivered every frame it had read, so the taken
     /// frame comes right after the last frame delivered.
     ///
-    /// Nothing here allocates, blocks or waits on another thread: compare-and-swaps,
-    /// `recv(2)` with `MSG_PEEK` and without, and atomics, all async-signal-safe. The
+    /// Nothing here allocates, blocks or waits on another thread: compare-and-swaps, one
+    /// `recv(2)` with `MSG_PEEK` and one without, and atomics, all async-signal-safe. The
     /// peeked bytes are in the kernel already, so reading them out takes one `recv`;
     /// should it take less, this reads on (yielding between tries) until the frame is out
     /// or the socket fails ([`DirectTake::Broken`]): half a frame is never left behind
@@ -512,15 +512,17 @@ impl DirectSender {
         accept: &mut dyn FnMut(&[u8]) -> bool,
     ) -> DirectTake {
         let raw = &self.link.raw;
-        if buf.len() < 4 || !matches!(raw.peek(&mut buf[..4]), Ok(4)) {
-            return DirectTake::NotThere;
-        }
+        // One look at everything the socket holds, up to the buffer's size.
+        let seen = match raw.peek(buf) {
+            Ok(n) if n >= 4 => n,
+            _ => return DirectTake::NotThere,
+        };
         let len = 4 + u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
         if len > buf.len() {
             // Longer than anything wanted: the reader task's.
             return DirectTake::Other;
         }
-        if !matches!(raw.peek(&mut buf[..len]), Ok(n) if n == len) {
+        if seen < len {
             return DirectTake::NotThere;
         }
         if !accept(&buf[4..len]) {
