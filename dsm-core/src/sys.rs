@@ -1106,14 +1106,13 @@ fn take_page_from_socket(link: &DirectSender, addr: usize, start: usize) -> Lane
     }
     let page = (addr - start) / PAGE_SIZE;
     let app = start + page * PAGE_SIZE;
-    let mut applied = [0u64; crate::engine::FETCHED_APPLIED_MAX];
-    let mut entries = 0;
     let mut frame = [0u8; PLAIN_REPLY_FRAME_MAX];
-    let took = link.try_take_frame(&mut frame, &mut |payload| {
+    let install = &mut |payload: &[u8]| {
         let Some(reply) = plain_page_reply(payload) else {
             return false;
         };
-        if reply.page as usize != page || reply.applied().len() > applied.len() {
+        if reply.page as usize != page || reply.applied().len() > crate::engine::FETCHED_APPLIED_MAX
+        {
             return false;
         }
         let runtime = RUNTIME_BASE.load(Ordering::Relaxed) + page * PAGE_SIZE;
@@ -1126,34 +1125,40 @@ fn take_page_from_socket(link: &DirectSender, addr: usize, start: usize) -> Lane
         data.copy_from_slice(reply.data);
         // SAFETY: one page of our app-view mapping (inside the segment, checked by the
         // caller); no Rust reference to app-view memory exists.
-        if unsafe { libc::mprotect(app as *mut libc::c_void, PAGE_SIZE, libc::PROT_READ) } != 0 {
-            // Left in the socket for the comm thread, whose copy overwrites this one.
-            return false;
-        }
-        for (slot, entry) in applied.iter_mut().zip(reply.applied()) {
-            *slot = crate::engine::pack_applied(entry);
-        }
-        entries = reply.applied().len();
-        true
-    });
-    match took {
+        let readable =
+            unsafe { libc::mprotect(app as *mut libc::c_void, PAGE_SIZE, libc::PROT_READ) };
+        // If not, left in the socket for the comm thread, whose copy overwrites this one.
+        readable == 0
+    };
+    // Recorded before the link's reader may read on, so the engine takes the page in
+    // before anything the home sent after the reply. Room was there, and only this
+    // thread records, so the record goes in.
+    let record = &mut |payload: &[u8]| {
+        let mut applied = [0u64; crate::engine::FETCHED_APPLIED_MAX];
+        let entries = plain_page_reply(payload).map_or(0, |reply| {
+            for (slot, entry) in applied.iter_mut().zip(reply.applied()) {
+                *slot = crate::engine::pack_applied(entry);
+            }
+            reply.applied().len()
+        });
+        let recorded = fast.record_fetched(
+            link.peer() as u32,
+            page as dsm_proto::PageNo,
+            &applied[..entries],
+        );
+        debug_assert!(recorded, "room for a fetched record was checked first");
+    };
+    match link.try_take_frame(&mut frame, install, record) {
         DirectTake::NotThere => return LaneTake::NotYet,
         DirectTake::Other => {
             // Something else comes first: the reader takes it in, and the reply with it.
             link.await_reply(false);
             return LaneTake::NotYet;
         }
+        // Taken (or read out of a socket that then failed, whole: the page is installed
+        // and recorded all the same, and the reader reports the link).
         DirectTake::Taken | DirectTake::Broken => link.await_reply(false),
     }
-    // Taken (or read out of a socket that then failed, whole: the page is installed all
-    // the same, and the reader reports the link). Room was there, and only this thread
-    // records, so the record goes in.
-    let recorded = fast.record_fetched(
-        link.peer() as u32,
-        page as dsm_proto::PageNo,
-        &applied[..entries],
-    );
-    debug_assert!(recorded, "room for a fetched record was checked first");
     if fast.fetched_backlog_high() {
         kick();
     }

@@ -1,13 +1,13 @@
 //! Message encoding and framing: postcard payloads behind a 4-byte big-endian length, with a
 //! maximum frame size so a corrupt or hostile length cannot make a node allocate gigabytes.
 //! The same framing serves the blocking bootstrap (std sockets) and the async transport
-//! (tokio-util's length-delimited codec, configured identically here).
+//! ([`next_frame`] over the reader task's buffer).
 
+use bytes::{Buf, BytesMut};
 use dsm_proto::{PageNo, PlainPageReply, PlainPageRequest, PAGE_SIZE, PLAIN_REPLY_APPLIED_MAX};
 use serde::{de::DeserializeOwned, Serialize};
 use std::io::{self, Read, Write};
 use thiserror::Error;
-use tokio_util::codec::LengthDelimitedCodec;
 
 /// Largest frame a node sends or accepts, in payload bytes (the 4-byte length prefix not
 /// counted): 256 MiB.
@@ -63,13 +63,27 @@ pub fn decode<T: DeserializeOwned>(frame: &[u8]) -> Result<T, WireError> {
     Ok(value)
 }
 
-/// The codec the async transport uses; identical on-wire format to [`write_frame`].
-pub fn codec() -> LengthDelimitedCodec {
-    LengthDelimitedCodec::builder()
-        .length_field_length(4)
-        .big_endian()
-        .max_frame_length(MAX_FRAME)
-        .new_codec()
+/// The next whole frame's payload out of `buf` (the async transport's read buffer), if it
+/// holds one; the same on-wire format as [`write_frame`]. A frame's 4-byte length prefix
+/// stays in `buf` until the whole frame is there, so an empty `buf` means no partial
+/// frame is held (tokio-util's length-delimited codec takes the prefix out first, which
+/// is why this is not that codec). A length over [`MAX_FRAME`] is an error.
+pub fn next_frame(buf: &mut BytesMut) -> Result<Option<BytesMut>, WireError> {
+    let Some(prefix) = buf.first_chunk::<4>() else {
+        return Ok(None);
+    };
+    let len = u32::from_be_bytes(*prefix) as usize;
+    if len > MAX_FRAME {
+        return Err(WireError::TooLarge {
+            len,
+            max: MAX_FRAME,
+        });
+    }
+    if buf.len() < 4 + len {
+        return Ok(None);
+    }
+    buf.advance(4);
+    Ok(Some(buf.split_to(len)))
 }
 
 /// Blocking write of one frame (bootstrap only): the length prefix and the [`encode`]d
@@ -203,6 +217,39 @@ mod tests {
                     && pages[0].applied.len() <= PLAIN_REPLY_APPLIED_MAX);
             prop_assert_eq!(plain_page_reply(&payload).is_some(), plain);
         }
+    }
+
+    #[test]
+    fn a_frame_leaves_the_buffer_only_whole_and_its_prefix_stays_until_then() {
+        let mut wire = Vec::new();
+        for msg in [Msg::Heartbeat, one_page_reply(3, 1, vec![])] {
+            write_frame(&mut wire, &msg).unwrap();
+        }
+        let mut buf = BytesMut::new();
+        let mut got = Vec::new();
+        for (i, byte) in wire.iter().enumerate() {
+            buf.extend_from_slice(&[*byte]);
+            while let Some(frame) = next_frame(&mut buf).unwrap() {
+                got.push(decode::<Msg>(&frame).unwrap().kind());
+                assert!(buf.is_empty() || i + 1 < wire.len());
+            }
+            // Whatever is held is the start of a frame, prefix included.
+            assert!(buf.is_empty() || buf.len() <= wire.len() - got.len());
+        }
+        assert_eq!(got, ["heartbeat", "page-reply"]);
+        assert!(buf.is_empty());
+        let mut prefix_only = BytesMut::from(&wire[..4]);
+        assert!(next_frame(&mut prefix_only).unwrap().is_none());
+        assert_eq!(
+            &prefix_only[..],
+            &wire[..4],
+            "the prefix stays until the frame is whole"
+        );
+        let mut huge = BytesMut::from(&((MAX_FRAME as u32) + 1).to_be_bytes()[..]);
+        assert!(matches!(
+            next_frame(&mut huge),
+            Err(WireError::TooLarge { .. })
+        ));
     }
 
     #[test]

@@ -30,7 +30,7 @@
 
 use crate::bootstrap::Mesh;
 use crate::colocate::ShmLink;
-use crate::framing::{codec, decode, encode, WireError, MAX_FRAME, PAGE_REQUEST_FRAME_MAX};
+use crate::framing::{decode, encode, WireError, MAX_FRAME, PAGE_REQUEST_FRAME_MAX};
 use crate::ring::{register_bell, Direction, Lane, LanePosition, Region, RingReader, RingWriter};
 use bytes::{Bytes, BytesMut};
 use dsm_proto::liveness::heartbeat_period;
@@ -48,7 +48,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
-use tokio_util::codec::Decoder;
 
 /// What a reader task reports about its peer.
 #[derive(Debug)]
@@ -124,6 +123,9 @@ const REPLY_LEFT_FOR: Duration = Duration::from_micros(100);
 const INCOMING_FREE: u8 = 0;
 const INCOMING_READER: u8 = 1;
 const INCOMING_HANDLER: u8 = 2;
+/// The link's incoming bytes are done with: its reader task ended, or a handler's read
+/// failed in the middle of a frame (the reader task then reports the link broken).
+const INCOMING_CLOSED: u8 = 3;
 
 #[derive(Default)]
 struct LinkQueue {
@@ -470,21 +472,24 @@ impl DirectSender {
     /// Takes the next frame out of the socket if no other reader holds the link's incoming
     /// bytes, the frame is whole in the socket already, fits `buf`, and `accept` says it
     /// is the one wanted. `accept` sees the frame's payload (in `buf`, peeked, not yet
-    /// taken); once it returns true the frame is taken, and it is in `buf` after its
-    /// 4-byte length prefix. While this runs the reader task reads nothing from the socket,
-    /// and before it the reader task delivered every frame it had read, so the taken
-    /// frame comes right after the last frame delivered.
+    /// taken); once it returns true the frame is read out of the socket into `buf` (its
+    /// payload after the 4-byte length prefix), and `taken` runs with the payload before
+    /// the reader task may read again, so whatever `taken` records comes before the next
+    /// frame's delivery. Before the take, the reader task delivered every frame it had
+    /// read, so the taken frame comes right after the last frame delivered.
     ///
     /// Nothing here allocates, blocks or waits on another thread: compare-and-swaps, one
     /// `recv(2)` with `MSG_PEEK` and one without, and atomics, all async-signal-safe. The
     /// peeked bytes are in the kernel already, so reading them out takes one `recv`;
     /// should it take less, this reads on (yielding between tries) until the frame is out
-    /// or the socket fails ([`DirectTake::Broken`]): half a frame is never left behind
-    /// for the reader task to misread as a frame.
+    /// or the socket fails ([`DirectTake::Broken`], after which the link's bytes are
+    /// nobody's and its reader task reports it broken): half a frame is never left for
+    /// the reader task to misread as a frame.
     pub fn try_take_frame(
         &self,
         buf: &mut [u8],
         accept: &mut dyn FnMut(&[u8]) -> bool,
+        taken: &mut dyn FnMut(&[u8]),
     ) -> DirectTake {
         let incoming = &self.link.incoming;
         if incoming
@@ -498,12 +503,21 @@ impl DirectSender {
         {
             return DirectTake::NotThere;
         }
-        let taken = self.take_whole_frame(buf, accept);
-        incoming.store(INCOMING_FREE, Ordering::Release);
-        if taken == DirectTake::Taken {
+        let took = self.take_whole_frame(buf, accept);
+        if let DirectTake::Taken | DirectTake::Broken = took {
+            let len = 4 + u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+            taken(&buf[4..len]);
+        }
+        let after = if took == DirectTake::Broken {
+            INCOMING_CLOSED
+        } else {
+            INCOMING_FREE
+        };
+        incoming.store(after, Ordering::Release);
+        if took == DirectTake::Taken {
             self.hearing[self.peer].heard();
         }
-        taken
+        took
     }
 
     fn take_whole_frame(
@@ -528,6 +542,8 @@ impl DirectSender {
         if !accept(&buf[4..len]) {
             return DirectTake::Other;
         }
+        // What is read lands where the peek put the same bytes, so `buf` holds the frame
+        // whatever happens below.
         let (mut got, mut empty_reads) = (0, 0u32);
         while got < len {
             match (&*raw).read(&mut buf[got..len]) {
@@ -892,9 +908,11 @@ async fn drain_link(link: Arc<Link>, mut half: OwnedWriteHalf) -> io::Result<()>
 /// `msg` encoded behind its length prefix.
 /// The reader task of a TCP link: reads what the socket has, delivers every whole frame
 /// in order, and runs the follow hook when it holds no partial frame. It holds the link's
-/// incoming bytes ([`Link::incoming`]) from its first read until then, so a fault handler
-/// taking a frame itself ([`DirectSender::try_take_frame`]) never starts in the middle of
-/// one, and gives way to such a handler for the microseconds it reads.
+/// incoming bytes ([`Link::incoming`]) from its first read until then (its buffer empty:
+/// [`crate::framing::next_frame`] leaves a frame's length prefix in it until the whole
+/// frame is there), so a fault
+/// handler taking a frame itself ([`DirectSender::try_take_frame`]) never starts in the
+/// middle of one, and gives way to such a handler for the microseconds it reads.
 async fn read_socket(
     peer: usize,
     half: OwnedReadHalf,
@@ -906,15 +924,14 @@ async fn read_socket(
 ) {
     let hearing = &hearing[peer];
     let fail = |e: WireError| {
+        close_incoming(&link);
         hearing.end();
         handler(peer, PeerEvent::Failed(e));
     };
-    let mut codec = codec();
     let mut buf = BytesMut::new();
     let mut left_since: Option<Instant> = None;
     loop {
         if let Err(e) = half.readable().await {
-            link.incoming.store(INCOMING_FREE, Ordering::Release);
             return fail(WireError::Io(e));
         }
         if buf.is_empty() && link.reply_awaited.load(Ordering::Acquire) {
@@ -927,36 +944,24 @@ async fn read_socket(
             }
         }
         left_since = None;
-        if buf.is_empty() {
-            // A handler holds the bytes only while it reads one frame that is whole in the
-            // socket: wait for it on the spot.
-            while link
-                .incoming
-                .compare_exchange(
-                    INCOMING_FREE,
-                    INCOMING_READER,
-                    Ordering::Acquire,
-                    Ordering::Relaxed,
-                )
-                .is_err()
-            {
-                std::thread::yield_now();
-            }
+        if buf.is_empty() && !claim_incoming(&link) {
+            return fail(WireError::Io(io::Error::other(
+                "a fault handler's read of a frame failed half-way",
+            )));
         }
         buf.reserve(READ_CHUNK);
         match half.try_read_buf(&mut buf) {
-            Ok(0) => {
-                link.incoming.store(INCOMING_FREE, Ordering::Release);
-                if buf.is_empty() {
-                    hearing.end();
-                    handler(peer, PeerEvent::Closed);
-                } else {
-                    fail(WireError::Io(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "the connection closed in the middle of a frame",
-                    )));
-                }
+            Ok(0) if buf.is_empty() => {
+                close_incoming(&link);
+                hearing.end();
+                handler(peer, PeerEvent::Closed);
                 return;
+            }
+            Ok(0) => {
+                return fail(WireError::Io(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the connection closed in the middle of a frame",
+                )));
             }
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -965,23 +970,14 @@ async fn read_socket(
                 }
                 continue;
             }
-            Err(e) => {
-                link.incoming.store(INCOMING_FREE, Ordering::Release);
-                return fail(WireError::Io(e));
-            }
+            Err(e) => return fail(WireError::Io(e)),
         }
         let mut delivered = false;
         loop {
-            let frame = match codec.decode(&mut buf) {
+            let frame = match crate::framing::next_frame(&mut buf) {
                 Ok(Some(frame)) => frame,
                 Ok(None) => break,
-                Err(_) => {
-                    link.incoming.store(INCOMING_FREE, Ordering::Release);
-                    return fail(WireError::TooLarge {
-                        len: usize::MAX,
-                        max: MAX_FRAME,
-                    });
-                }
+                Err(e) => return fail(e),
             };
             hearing.heard();
             bump(&traffic.messages_received, 1);
@@ -992,10 +988,7 @@ async fn read_socket(
                     handler(peer, PeerEvent::Message(msg));
                     delivered = true;
                 }
-                Err(e) => {
-                    link.incoming.store(INCOMING_FREE, Ordering::Release);
-                    return fail(e);
-                }
+                Err(e) => return fail(e),
             }
         }
         if buf.is_empty() {
@@ -1003,6 +996,45 @@ async fn read_socket(
             if delivered {
                 if let Some(hook) = after.get() {
                     hook();
+                }
+            }
+        }
+    }
+}
+
+/// The reader task, about to read with an empty buffer: takes the link's incoming bytes,
+/// waiting on the spot while a handler reads a frame (microseconds: the frame is whole in
+/// the kernel). False if a handler's read failed half-way and left them to nobody.
+fn claim_incoming(link: &Link) -> bool {
+    loop {
+        match link.incoming.compare_exchange(
+            INCOMING_FREE,
+            INCOMING_READER,
+            Ordering::Acquire,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => return true,
+            Err(INCOMING_CLOSED) => return false,
+            Err(_) => std::thread::yield_now(),
+        }
+    }
+}
+
+/// The reader task, ending: the link's incoming bytes are nobody's any more, so no
+/// handler takes a frame after whatever the reader left half-read (it waits out a
+/// handler that is reading one).
+fn close_incoming(link: &Link) {
+    loop {
+        match link.incoming.load(Ordering::Acquire) {
+            INCOMING_CLOSED => return,
+            INCOMING_HANDLER => std::thread::yield_now(),
+            seen => {
+                if link
+                    .incoming
+                    .compare_exchange(seen, INCOMING_CLOSED, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    return;
                 }
             }
         }
@@ -2002,6 +2034,18 @@ mod tests {
         let page_seven = &mut |payload: &[u8]| {
             crate::framing::plain_page_reply(payload).is_some_and(|r| r.page == 7)
         };
+        // What a handler records of a taken frame, recorded while it still holds the
+        // link's bytes (so before the reader can deliver what follows).
+        let takes = std::cell::RefCell::new(Vec::new());
+        let incoming = &direct.link.incoming;
+        let record = &mut |payload: &[u8]| {
+            assert_eq!(incoming.load(Ordering::Acquire), INCOMING_HANDLER);
+            let reply = crate::framing::plain_page_reply(payload).unwrap();
+            takes
+                .borrow_mut()
+                .push((reply.page, reply.data[0], reply.applied().to_vec()));
+        };
+        let reader_holds = || incoming.load(Ordering::Acquire) == INCOMING_READER;
 
         // With the reader's runtime stopped, writes `bytes` and tries a take while they
         // are in the socket; the runtime goes on when the returned sender is dropped.
@@ -2009,7 +2053,7 @@ mod tests {
             let resume = pause_runtime(&pause);
             (&raw).write_all(bytes).unwrap();
             wait_for("the bytes reached the socket", || outbox.sockets_readable());
-            assert_eq!(direct.try_take_frame(buf, page_seven), want);
+            assert_eq!(direct.try_take_frame(buf, page_seven, record), want);
             resume
         };
 
@@ -2024,28 +2068,23 @@ mod tests {
             kinds.lock().unwrap().len() == 1
         });
         let resume = paused_take(&page_reply_frame(7), &mut buf, DirectTake::Taken);
-        let len = u32::from_be_bytes(buf[..4].try_into().unwrap()) as usize;
-        let reply = crate::framing::plain_page_reply(&buf[4..4 + len]).unwrap();
-        assert_eq!(
-            (reply.page, reply.data[0], reply.applied()),
-            (7, 7, &[(1, 9)][..])
-        );
+        assert_eq!(*takes.borrow(), [(7, 7, vec![(1, 9)])]);
         assert!(
             !outbox.sockets_readable(),
             "the frame was taken out of the socket"
         );
         drop(resume);
 
-        // Half a frame read by the reader: the handler stays off the rest.
-        let half = page_reply_frame(7);
-        (&raw).write_all(&half[..100]).unwrap();
-        wait_for("the reader read the first part", || {
-            !outbox.sockets_readable()
-        });
-        drop(paused_take(&half[100..], &mut buf, DirectTake::NotThere));
-
-        wait_for("the reader delivered the second page 7 reply", || {
-            kinds.lock().unwrap().len() == 2
+        // Part of a frame read by the reader (past the length prefix, or the prefix
+        // alone): the handler stays off the rest.
+        for split in [100, 4] {
+            let frame = page_reply_frame(7);
+            (&raw).write_all(&frame[..split]).unwrap();
+            wait_for("the reader read the first part", reader_holds);
+            drop(paused_take(&frame[split..], &mut buf, DirectTake::NotThere));
+        }
+        wait_for("the reader delivered the split page 7 replies", || {
+            kinds.lock().unwrap().len() == 3
         });
 
         // A reader in the middle of delivering what it read: the handler waits for it
@@ -2056,12 +2095,12 @@ mod tests {
         }))
         .unwrap();
         wait_for("the reader took the frame in", || {
-            kinds.lock().unwrap().len() == 3
+            kinds.lock().unwrap().len() == 4
         });
         raw.write_all(&page_reply_frame(7)).unwrap();
         wait_for("the reply reached the socket", || outbox.sockets_readable());
         assert_eq!(
-            direct.try_take_frame(&mut buf, page_seven),
+            direct.try_take_frame(&mut buf, page_seven, record),
             DirectTake::NotThere
         );
         go.store(true, Ordering::Release);
@@ -2072,14 +2111,22 @@ mod tests {
         }))
         .unwrap();
         wait_for("the reader delivered the rest", || {
-            kinds.lock().unwrap().len() == 5
+            kinds.lock().unwrap().len() == 6
         });
         assert_eq!(
             *kinds.lock().unwrap(),
-            ["page-reply", "page-reply", "abort", "page-reply", "abort"],
-            "page 8's reply, page 7's second and third replies, the aborts (the first page \
-             7 reply was taken)"
+            [
+                "page-reply",
+                "page-reply",
+                "page-reply",
+                "abort",
+                "page-reply",
+                "abort"
+            ],
+            "page 8's reply, the two split page 7 replies, the aborts around the last page \
+             7 reply (the first page 7 reply was taken)"
         );
+        assert_eq!(takes.borrow().len(), 1, "one take recorded");
     }
 
     #[test]

@@ -518,13 +518,11 @@ fn shared_core(dsm: &mut Dsm, pages: usize) -> anyhow::Result<()> {
     }
     dsm.barrier()?;
     sched_setaffinity(gettid(), &allowed)?;
-    // A comm thread that moved keeps off the core it left until a quiet spell ends its
-    // run of messages.
-    std::thread::sleep(Duration::from_millis(30));
     if dsm.rank() == 0 {
         // Whatever the comm thread did about its core, its affinity ends as it was given
-        // back (looked at a few times: a move in progress narrows it for microseconds).
-        let whole = (0..3).any(|_| {
+        // back: a thread that moved keeps off the core it left until 10 ms without a
+        // message (its timer looks every 10 ms), so this looks for up to half a second.
+        let whole = (0..500).any(|_| {
             std::thread::sleep(Duration::from_millis(1));
             sched_getaffinity(thread).is_ok_and(|now| now == allowed)
         });
