@@ -17,13 +17,14 @@
 //! the thread narrows its affinity to its other cores, and the kernel migrates it. It keeps
 //! the narrowed mask while its run of messages goes on, and gets its whole mask back after
 //! [`HOLD_QUIET`] without following messages, or after [`HOLD_MAX`] at most (a timer on
-//! the comm thread's runtime sees to that while it sleeps). The hold is what keeps the pair apart: restoring the mask at once
-//! left the thread free to come back, and the kernel brought it back whenever it slept at
-//! the end of a run and the faulting thread's bell woke it, beside the waker (in a
-//! `perf sched` trace, about 6 ms after a good move). The kernel picks which of the other
-//! cores, not by idleness; a yield of [`BUSY_YIELD`] or more within [`JUST_MOVED`] of the
-//! move says the new core was busy (a thread there computed for a time slice), and the
-//! thread goes back, with its whole mask. Each move taken back doubles the wait before the next try, from [`BACKOFF_MIN`] up to
+//! the comm thread's runtime sees to that while it sleeps). The hold is what keeps the
+//! pair apart: restoring the mask at once left the thread free to come back, and the
+//! kernel brought it back whenever it slept at the end of a run and the faulting thread's
+//! bell woke it, beside the waker (in a `perf sched` trace, about 6 ms after a good move).
+//! The kernel picks which of the other cores, not by idleness; a yield of [`BUSY_YIELD`]
+//! or more within [`JUST_MOVED`] of the move says the new core was busy (a thread there
+//! computed for a time slice), and the thread goes back, with its whole mask. Each move
+//! taken back doubles the wait before the next try, from [`BACKOFF_MIN`] up to
 //! [`BACKOFF_MAX`]; [`CONFIRM_SHORT`] short yields on the new core confirm a move and reset
 //! it. A try that finds no core to spare looks again after [`LOOK_AGAIN`], up to
 //! [`LOOKS_MAX`] times in a row, since one passing thread is enough to spoil a reading. A
@@ -250,8 +251,8 @@ pub(crate) fn note_active(now: Instant) {
 }
 
 /// Gives the thread its whole mask back if it has been quiet for [`HOLD_QUIET`] or held
-/// for [`HOLD_MAX`]; returns
-/// whether it is still held. For a timer too: a thread that sleeps does not note itself.
+/// for [`HOLD_MAX`]; returns whether it is still held. For a timer too: a thread that
+/// sleeps does not note itself.
 pub(crate) fn release_if_quiet(now: Instant) -> bool {
     let Some(hold) = HOLD.get() else {
         return false;
