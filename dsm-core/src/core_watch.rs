@@ -176,6 +176,15 @@ impl CoreWatch {
         self.looks = 0;
     }
 
+    /// The thread's affinity could not be restored: it stays narrowed, so no more moves.
+    fn stop_moving(&mut self, e: nix::Error) {
+        tracing::warn!(
+            "the comm thread could not restore its CPU affinity ({e}); it stays on fewer \
+             cores and moves no more"
+        );
+        self.off = true;
+    }
+
     /// A try at `now` found no core to spare: look again soon, unless it has many times.
     fn no_spare_core(&mut self, now: Instant) {
         self.looks += 1;
@@ -214,13 +223,7 @@ pub(crate) fn yield_watching_core(before: Instant) {
         }
         Migration::NoSpareCore => w.no_spare_core(now),
         Migration::NotMoved => {}
-        Migration::Narrowed(e) => {
-            tracing::warn!(
-                "the comm thread could not restore its CPU affinity ({e}); it stays on \
-                 fewer cores and moves no more"
-            );
-            w.off = true;
-        }
+        Migration::Narrowed(e) => w.stop_moving(e),
     });
 }
 
@@ -263,12 +266,8 @@ pub(crate) fn release_if_quiet(now: Instant) -> bool {
         return true;
     }
     HOLD.set(None);
-    if restore(&hold.whole).is_err() {
-        WATCH.with_borrow_mut(|w| w.off = true);
-        tracing::warn!(
-            "the comm thread could not restore its CPU affinity; it stays on fewer cores \
-             and moves no more"
-        );
+    if let Err(e) = restore(&hold.whole) {
+        WATCH.with_borrow_mut(|w| w.stop_moving(e));
     }
     false
 }

@@ -1035,6 +1035,39 @@ enum LaneTake {
     NoRoom,
 }
 
+/// The runtime view of `page`, for the handler to copy a fetched page into.
+///
+/// # Safety
+///
+/// The caller holds the page's fetch, its reply not yet taken in: the page is invalid, so
+/// the app view has no access to it, and the comm thread installs a fetched page only
+/// from its reply, which the caller holds (the lane it took, or the socket bytes it
+/// claimed). Nothing else touches the page meanwhile.
+unsafe fn runtime_page_of_fetch(page: usize) -> &'static mut [u8] {
+    let runtime = RUNTIME_BASE.load(Ordering::Relaxed) + page * PAGE_SIZE;
+    // SAFETY: `runtime` is the page's address in the runtime view, mapped for the life of
+    // the process and page-aligned; the caller guarantees nothing else uses it.
+    unsafe { std::slice::from_raw_parts_mut(runtime as *mut u8, PAGE_SIZE) }
+}
+
+/// Sets the app view's protection of the page at `app` (page-aligned, inside the segment);
+/// returns whether `mprotect` succeeded. Async-signal-safe.
+fn protect_app_page(app: usize, prot: libc::c_int) -> bool {
+    // SAFETY: one page of our app-view mapping; no Rust reference to app-view memory
+    // exists.
+    unsafe { libc::mprotect(app as *mut libc::c_void, PAGE_SIZE, prot) == 0 }
+}
+
+/// From the handler, having recorded a page it installed: when the records waiting reach
+/// a mark, kicks the comm thread. No fault of this thread has reached it for a while, so
+/// its engine must take the records in before they run out (a watching comm thread looks
+/// for faults only, so it is kicked too).
+fn kick_if_backlog_high(fast: &FastFaults) {
+    if fast.fetched_backlog_high() {
+        kick();
+    }
+}
+
 fn take_page_from_lane(addr: usize, start: usize) -> LaneTake {
     let home = LANE_HOME.load(Ordering::Acquire);
     let (Some(end), Some(fast)) = (
@@ -1054,37 +1087,26 @@ fn take_page_from_lane(addr: usize, start: usize) -> LaneTake {
         return LaneTake::NotYet;
     }
     let mut applied = [0u64; dsm_net::ring::LANE_APPLIED_MAX];
-    let runtime = RUNTIME_BASE.load(Ordering::Relaxed) + page * PAGE_SIZE;
-    // SAFETY: `runtime` is the page's address in the runtime view, mapped for the life of
-    // the process and page-aligned. The page is invalid and its fetch outstanding, so
-    // nothing else touches it: the app view has no access to it, and the comm thread
-    // installs a fetched page only from a reply, which for this page is the lane this
-    // thread now holds.
-    let data = unsafe { std::slice::from_raw_parts_mut(runtime as *mut u8, PAGE_SIZE) };
+    // SAFETY: the page is invalid and its fetch outstanding, and its reply is the lane
+    // this thread now holds.
+    let data = unsafe { runtime_page_of_fetch(page) };
     let (_, n) = lane.copy_out(&mut applied, data);
     let app = start + page * PAGE_SIZE;
-    // SAFETY: one page of our app-view mapping (inside the segment, checked by the
-    // caller); no Rust reference to app-view memory exists.
-    let readable = unsafe { libc::mprotect(app as *mut libc::c_void, PAGE_SIZE, libc::PROT_READ) };
-    if readable != 0 || !fast.record_fetched(home - 1, page as dsm_proto::PageNo, &applied[..n]) {
+    let readable = protect_app_page(app, libc::PROT_READ);
+    if !readable || !fast.record_fetched(home - 1, page as dsm_proto::PageNo, &applied[..n]) {
         // Left to the comm thread, as if the handler had never looked: the page stays
-        // inaccessible and the lane full (what was copied is the lane's own data).
-        // SAFETY: as above; back to no access, as the engine has it.
-        unsafe { libc::mprotect(app as *mut libc::c_void, PAGE_SIZE, libc::PROT_NONE) };
+        // inaccessible (back to no access, as the engine has it) and the lane full (what
+        // was copied is the lane's own data).
+        protect_app_page(app, libc::PROT_NONE);
         lane.put_back();
-        return if readable == 0 {
+        return if readable {
             LaneTake::NoRoom
         } else {
             LaneTake::NotYet
         };
     }
     lane.release();
-    if fast.fetched_backlog_high() {
-        // No fault of this thread has reached the comm thread for a while: have its engine
-        // take the records in before they run out (a watching comm thread looks for
-        // faults only, so it is kicked too).
-        kick();
-    }
+    kick_if_backlog_high(fast);
     LaneTake::Taken
 }
 
@@ -1107,6 +1129,9 @@ fn take_page_from_socket(link: &DirectSender, addr: usize, start: usize) -> Lane
     let page = (addr - start) / PAGE_SIZE;
     let app = start + page * PAGE_SIZE;
     let mut frame = [0u8; PLAIN_REPLY_FRAME_MAX];
+    // The reply's `applied` entries, packed by `install` for `record`.
+    let applied = Cell::new([0u64; crate::engine::FETCHED_APPLIED_MAX]);
+    let entries = Cell::new(0);
     let install = &mut |payload: &[u8]| {
         let Some(reply) = plain_page_reply(payload) else {
             return false;
@@ -1115,36 +1140,27 @@ fn take_page_from_socket(link: &DirectSender, addr: usize, start: usize) -> Lane
         {
             return false;
         }
-        let runtime = RUNTIME_BASE.load(Ordering::Relaxed) + page * PAGE_SIZE;
-        // SAFETY: `runtime` is the page's address in the runtime view, mapped for the life
-        // of the process and page-aligned. The page is invalid and this thread's fetch of
-        // it outstanding, so nothing else touches it: the app view has no access to it,
-        // and the comm thread installs a fetched page only from its reply, which the link
-        // lets only this thread read now.
-        let data = unsafe { std::slice::from_raw_parts_mut(runtime as *mut u8, PAGE_SIZE) };
-        data.copy_from_slice(reply.data);
-        // SAFETY: one page of our app-view mapping (inside the segment, checked by the
-        // caller); no Rust reference to app-view memory exists.
-        let readable =
-            unsafe { libc::mprotect(app as *mut libc::c_void, PAGE_SIZE, libc::PROT_READ) };
-        // If not, left in the socket for the comm thread, whose copy overwrites this one.
-        readable == 0
+        // SAFETY: the page is invalid and this thread's fetch of it outstanding, and its
+        // reply is in the socket bytes the link lets only this thread read now.
+        unsafe { runtime_page_of_fetch(page) }.copy_from_slice(reply.data);
+        let mut packed = [0u64; crate::engine::FETCHED_APPLIED_MAX];
+        for (slot, entry) in packed.iter_mut().zip(reply.applied()) {
+            *slot = crate::engine::pack_applied(entry);
+        }
+        applied.set(packed);
+        entries.set(reply.applied().len());
+        // If not readable, left in the socket for the comm thread, whose copy overwrites
+        // this one.
+        protect_app_page(app, libc::PROT_READ)
     };
     // Recorded before the link's reader may read on, so the engine takes the page in
     // before anything the home sent after the reply. Room was there, and only this
     // thread records, so the record goes in.
-    let record = &mut |payload: &[u8]| {
-        let mut applied = [0u64; crate::engine::FETCHED_APPLIED_MAX];
-        let entries = plain_page_reply(payload).map_or(0, |reply| {
-            for (slot, entry) in applied.iter_mut().zip(reply.applied()) {
-                *slot = crate::engine::pack_applied(entry);
-            }
-            reply.applied().len()
-        });
+    let record = &mut |_: &[u8]| {
         let recorded = fast.record_fetched(
             link.peer() as u32,
             page as dsm_proto::PageNo,
-            &applied[..entries],
+            &applied.get()[..entries.get()],
         );
         debug_assert!(recorded, "room for a fetched record was checked first");
     };
@@ -1159,9 +1175,7 @@ fn take_page_from_socket(link: &DirectSender, addr: usize, start: usize) -> Lane
         // and recorded all the same, and the reader reports the link).
         DirectTake::Taken | DirectTake::Broken => link.await_reply(false),
     }
-    if fast.fetched_backlog_high() {
-        kick();
-    }
+    kick_if_backlog_high(fast);
     LaneTake::Taken
 }
 
@@ -1194,17 +1208,7 @@ fn fast_write_fault(addr: usize, start: usize) -> bool {
     let runtime = RUNTIME_BASE.load(Ordering::Relaxed) + page * PAGE_SIZE;
     fast.handler_write_fault(
         page,
-        || {
-            // SAFETY: one page of our app-view mapping (the address is inside the segment,
-            // checked by the caller); no Rust reference to app-view memory exists.
-            unsafe {
-                libc::mprotect(
-                    app as *mut libc::c_void,
-                    PAGE_SIZE,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                ) == 0
-            }
-        },
+        || protect_app_page(app, libc::PROT_READ | libc::PROT_WRITE),
         |slot: &[AtomicU64]| {
             let src = runtime as *const u64;
             for (i, word) in slot.iter().enumerate().take(PAGE_SIZE / 8) {

@@ -462,9 +462,9 @@ impl DirectSender {
 
     /// Says whether this thread waits for a reply it will take from the socket itself
     /// ([`DirectSender::try_take_frame`]): while it does, the reader task leaves the
-    /// socket's bytes alone at a frame boundary, for 100 us at most. Set it
-    /// before asking, and clear it once the wait is over or the next frame is not the
-    /// reply ([`DirectTake::Other`]). An atomic store.
+    /// socket's bytes alone at a frame boundary, for 100 us at most. Set it before asking,
+    /// and clear it once the wait is over or the next frame is not the reply
+    /// ([`DirectTake::Other`]). An atomic store.
     pub fn await_reply(&self, waiting: bool) {
         self.link.reply_awaited.store(waiting, Ordering::Release);
     }
@@ -503,11 +503,7 @@ impl DirectSender {
         {
             return DirectTake::NotThere;
         }
-        let took = self.take_whole_frame(buf, accept);
-        if let DirectTake::Taken | DirectTake::Broken = took {
-            let len = 4 + u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-            taken(&buf[4..len]);
-        }
+        let took = self.take_whole_frame(buf, accept, taken);
         let after = if took == DirectTake::Broken {
             INCOMING_CLOSED
         } else {
@@ -524,6 +520,7 @@ impl DirectSender {
         &self,
         buf: &mut [u8],
         accept: &mut dyn FnMut(&[u8]) -> bool,
+        taken: &mut dyn FnMut(&[u8]),
     ) -> DirectTake {
         let raw = &self.link.raw;
         // One look at everything the socket holds, up to the buffer's size.
@@ -545,6 +542,7 @@ impl DirectSender {
         // What is read lands where the peek put the same bytes, so `buf` holds the frame
         // whatever happens below.
         let (mut got, mut empty_reads) = (0, 0u32);
+        let mut took = DirectTake::Taken;
         while got < len {
             match (&*raw).read(&mut buf[got..len]) {
                 Ok(n) if n > 0 => got += n,
@@ -553,12 +551,18 @@ impl DirectSender {
                     std::thread::yield_now();
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                _ => return DirectTake::Broken,
+                _ => {
+                    took = DirectTake::Broken;
+                    break;
+                }
             }
         }
-        bump(&self.traffic.messages_received, 1);
-        bump(&self.traffic.bytes_received, len as u64);
-        DirectTake::Taken
+        taken(&buf[4..len]);
+        if took == DirectTake::Taken {
+            bump(&self.traffic.messages_received, 1);
+            bump(&self.traffic.bytes_received, len as u64);
+        }
+        took
     }
 }
 
@@ -910,9 +914,9 @@ async fn drain_link(link: Arc<Link>, mut half: OwnedWriteHalf) -> io::Result<()>
 /// in order, and runs the follow hook when it holds no partial frame. It holds the link's
 /// incoming bytes ([`Link::incoming`]) from its first read until then (its buffer empty:
 /// [`crate::framing::next_frame`] leaves a frame's length prefix in it until the whole
-/// frame is there), so a fault
-/// handler taking a frame itself ([`DirectSender::try_take_frame`]) never starts in the
-/// middle of one, and gives way to such a handler for the microseconds it reads.
+/// frame is there), so a fault handler taking a frame itself
+/// ([`DirectSender::try_take_frame`]) never starts in the middle of one, and gives way to
+/// such a handler for the microseconds it reads.
 async fn read_socket(
     peer: usize,
     half: OwnedReadHalf,
@@ -923,11 +927,12 @@ async fn read_socket(
     after: AfterRingFrames,
 ) {
     let hearing = &hearing[peer];
-    let fail = |e: WireError| {
+    let end = |event: PeerEvent| {
         close_incoming(&link);
         hearing.end();
-        handler(peer, PeerEvent::Failed(e));
+        handler(peer, event);
     };
+    let fail = |e: WireError| end(PeerEvent::Failed(e));
     let mut buf = BytesMut::new();
     let mut left_since: Option<Instant> = None;
     loop {
@@ -951,12 +956,7 @@ async fn read_socket(
         }
         buf.reserve(READ_CHUNK);
         match half.try_read_buf(&mut buf) {
-            Ok(0) if buf.is_empty() => {
-                close_incoming(&link);
-                hearing.end();
-                handler(peer, PeerEvent::Closed);
-                return;
-            }
+            Ok(0) if buf.is_empty() => return end(PeerEvent::Closed),
             Ok(0) => {
                 return fail(WireError::Io(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
