@@ -57,8 +57,11 @@ pub(crate) struct Segment {
     len: usize,
     memfd: libc::c_int,
     /// Address of the host lock table (see [`HostLock`]) in a common segment file, 0 for a
-    /// segment of this process's own.
+    /// segment of this process's own. The locks' release clocks follow it in the same
+    /// mapping.
     host_locks: usize,
+    /// Ranks of the job: entries of each lock's release clock.
+    nodes: usize,
 }
 
 // SAFETY-relevant invariant for the Send/Sync impls: the segment only holds addresses and a
@@ -73,8 +76,15 @@ impl Segment {
     /// to `len` (every rank sizes it alike, so whoever comes last changes nothing); without
     /// it the segment is a memfd of this process's own.
     /// A common file also holds, after the segment, the table of host locks
-    /// ([`HOST_LOCK_BYTES`]).
-    pub(crate) fn map(addr: usize, len: usize, common: Option<OwnedFd>) -> io::Result<Segment> {
+    /// ([`HOST_LOCK_BYTES`]) and their release clocks (`nodes` entries per lock, see
+    /// [`HostLock::released_clock`]), which cost memory only where a lock is released in
+    /// race mode.
+    pub(crate) fn map(
+        addr: usize,
+        len: usize,
+        common: Option<OwnedFd>,
+        nodes: usize,
+    ) -> io::Result<Segment> {
         // SAFETY: sysconf has no memory-safety preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
         if page != PAGE_SIZE as libc::c_long {
@@ -88,11 +98,8 @@ impl Segment {
             ));
         }
         let is_common = common.is_some();
-        let file_len = if is_common {
-            len + HOST_LOCK_BYTES
-        } else {
-            len
-        };
+        let table_len = host_table_bytes(nodes);
+        let file_len = if is_common { len + table_len } else { len };
         let memfd = match common {
             Some(file) => file.into_raw_fd(),
             // SAFETY: the name is a valid NUL-terminated string.
@@ -175,7 +182,7 @@ impl Segment {
             let table = unsafe {
                 libc::mmap(
                     std::ptr::null_mut(),
-                    HOST_LOCK_BYTES,
+                    table_len,
                     libc::PROT_READ | libc::PROT_WRITE,
                     libc::MAP_SHARED,
                     memfd,
@@ -191,7 +198,8 @@ impl Segment {
                 return Err(fail("cannot map the host lock table"));
             }
             // Every lock's first use would otherwise fault its table page in. Failing
-            // (a kernel before 5.14) only leaves that to the first use.
+            // (a kernel before 5.14) only leaves that to the first use. The clocks after
+            // the table stay lazy: most runs never write one.
             // SAFETY: populating the table mapping we just made changes no byte of it.
             unsafe { libc::madvise(table, HOST_LOCK_BYTES, libc::MADV_POPULATE_WRITE) };
             table as usize
@@ -204,7 +212,24 @@ impl Segment {
             len,
             memfd,
             host_locks,
+            nodes,
         })
+    }
+
+    /// The host lock in slot `index` (below [`HOST_LOCK_SLOTS`]) with its release clock.
+    fn host_lock_at(&'static self, index: usize) -> HostLock {
+        debug_assert!(index < HOST_LOCK_SLOTS && self.host_locks != 0);
+        // SAFETY: the table mapping (`host_table_bytes(nodes)` long, page-aligned, shared,
+        // never unmapped for a `&'static` segment) holds HOST_LOCK_SLOTS slots of 32
+        // bytes and then HOST_LOCK_SLOTS clocks of `nodes` u32s; `index` is below
+        // HOST_LOCK_SLOTS, so both lie inside it, aligned. All-zero bytes are valid
+        // atomics, and other processes touch these bytes only through the same atomics.
+        unsafe {
+            let slot = &*((self.host_locks as *const HostLockSlot).add(index));
+            let clocks = (self.host_locks + HOST_LOCK_BYTES) as *const AtomicU32;
+            let clock = std::slice::from_raw_parts(clocks.add(index * self.nodes), self.nodes);
+            HostLock { slot, clock }
+        }
     }
 
     /// The host lock of lock `id` (see [`HostLock`]), made on first use by whichever rank
@@ -232,7 +257,7 @@ impl Segment {
                 match slot.tag.load(Ordering::Acquire) {
                     LOCK_SLOT_READY => {
                         if slot.key.load(Ordering::Relaxed) == id {
-                            return Some(HostLock { slot });
+                            return Some(self.host_lock_at(index));
                         }
                         break;
                     }
@@ -249,7 +274,7 @@ impl Segment {
                         {
                             slot.key.store(id, Ordering::Relaxed);
                             slot.tag.store(LOCK_SLOT_READY, Ordering::Release);
-                            return Some(HostLock { slot });
+                            return Some(self.host_lock_at(index));
                         }
                     }
                     // Another rank is writing this slot's key: a few instructions,
@@ -399,6 +424,12 @@ const HOST_LOCK_PROBES: usize = 64;
 /// Bytes of the host lock table at the end of a common segment file (2 MiB).
 pub(crate) const HOST_LOCK_BYTES: usize = HOST_LOCK_SLOTS * std::mem::size_of::<HostLockSlot>();
 
+/// Bytes of the host lock table and, after it, the locks' release clocks (one `u32` per
+/// rank per slot), rounded up to whole pages.
+fn host_table_bytes(nodes: usize) -> usize {
+    (HOST_LOCK_BYTES + HOST_LOCK_SLOTS * nodes * 4).next_multiple_of(PAGE_SIZE)
+}
+
 const LOCK_SLOT_EMPTY: u32 = 0;
 const LOCK_SLOT_WRITING: u32 = 1;
 const LOCK_SLOT_READY: u32 = 2;
@@ -428,9 +459,32 @@ struct HostLockSlot {
 #[derive(Clone, Copy)]
 pub(crate) struct HostLock {
     slot: &'static HostLockSlot,
+    /// What the lock's last releaser knew (its vector time, one entry per rank), written
+    /// by the holder before it releases and read by the next holder after it acquires:
+    /// the ticket lock orders both, so relaxed accesses suffice. Race detection joins it
+    /// on acquire, as a protocol grant carries the releaser's knowledge; all zeros until
+    /// the first release in race mode.
+    clock: &'static [AtomicU32],
 }
 
 impl HostLock {
+    /// The vector time the lock's last releaser stored ([`HostLock::set_released_clock`]),
+    /// all zeros if none did. Call while holding the lock.
+    pub(crate) fn released_clock(self) -> Vec<u32> {
+        self.clock
+            .iter()
+            .map(|e| e.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Stores what this rank knows as it releases the lock (one entry per rank). Call
+    /// while holding the lock, before [`HostLock::unlock`].
+    pub(crate) fn set_released_clock(self, known: &[u32]) {
+        for (e, &v) in self.clock.iter().zip(known) {
+            e.store(v, Ordering::Relaxed);
+        }
+    }
+
     /// Takes the lock, polling for `spin_ns` before sleeping.
     pub(crate) fn lock(self, spin_ns: u64) {
         let s = self.slot;
@@ -518,7 +572,10 @@ impl Drop for Segment {
             libc::munmap(self.app_base as *mut libc::c_void, self.len);
             libc::munmap(self.runtime_base as *mut libc::c_void, self.len);
             if self.host_locks != 0 {
-                libc::munmap(self.host_locks as *mut libc::c_void, HOST_LOCK_BYTES);
+                libc::munmap(
+                    self.host_locks as *mut libc::c_void,
+                    host_table_bytes(self.nodes),
+                );
             }
             libc::close(self.memfd);
         }
@@ -1715,8 +1772,9 @@ pub(crate) fn start(
     addr: usize,
     len: usize,
     common: Option<OwnedFd>,
+    nodes: usize,
 ) -> io::Result<(&'static Segment, FaultMailbox)> {
-    let seg: &'static Segment = Box::leak(Box::new(Segment::map(addr, len, common)?));
+    let seg: &'static Segment = Box::leak(Box::new(Segment::map(addr, len, common, nodes)?));
     set_global_segment(seg);
     // SAFETY: the segment is leaked, so it stays mapped for the life of the process, longer
     // than any fault the handler can be asked to serve.
@@ -1889,10 +1947,10 @@ mod tests {
         };
         let len = PAGE_SIZE;
         let one: &'static Segment = Box::leak(Box::new(
-            Segment::map(0x5f00_0000_0000, len, Some(a)).unwrap(),
+            Segment::map(0x5f00_0000_0000, len, Some(a), 2).unwrap(),
         ));
         let two: &'static Segment = Box::leak(Box::new(
-            Segment::map(0x5f10_0000_0000, len, Some(b)).unwrap(),
+            Segment::map(0x5f10_0000_0000, len, Some(b), 2).unwrap(),
         ));
         // The counter lives in the first page of the file, seen through each runtime view.
         let counter = |seg: &'static Segment| -> &'static AtomicU64 {
@@ -1959,7 +2017,7 @@ mod tests {
     #[test]
     fn a_segment_of_its_own_has_no_host_locks() {
         let seg: &'static Segment = Box::leak(Box::new(
-            Segment::map(0x5f20_0000_0000, PAGE_SIZE, None).unwrap(),
+            Segment::map(0x5f20_0000_0000, PAGE_SIZE, None, 1).unwrap(),
         ));
         assert!(seg.host_lock(1).is_none());
     }

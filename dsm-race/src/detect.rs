@@ -218,6 +218,69 @@ pub struct Plan {
     pub stats: PlanStats,
 }
 
+/// The pages of `intervals`' notices (each of node group `group_of[i]`) that at least two
+/// groups touch and at least one writes, as sorted disjoint runs `(first, end)`: a sweep
+/// over the runs' ends, so its cost follows the number of runs, not of pages.
+fn contested_pages(intervals: &[IntervalRecord], group_of: &[usize]) -> Vec<(PageNo, PageNo)> {
+    let groups = group_of.last().map_or(0, |g| g + 1);
+    // Per group, the union of the runs it touches and of those it writes.
+    let mut touched: Vec<Vec<(PageNo, u32)>> = vec![Vec::new(); groups];
+    let mut written: Vec<Vec<(PageNo, u32)>> = vec![Vec::new(); groups];
+    for (r, &g) in intervals.iter().zip(group_of) {
+        let Some((rd, wr)) = notices(r) else { continue };
+        touched[g].extend(rd.runs().iter().chain(wr.runs()));
+        written[g].extend(wr.runs());
+    }
+    // Sweep events (page, change in touching groups, change in writing groups): each
+    // group's unions are disjoint, so the counts are numbers of groups.
+    let mut events: Vec<(PageNo, i32, i32)> = Vec::new();
+    for (runs, touch) in touched
+        .into_iter()
+        .map(|t| (t, 1))
+        .chain(written.into_iter().map(|w| (w, 0)))
+    {
+        for &(first, count) in PageRuns::from_runs(runs).runs() {
+            events.push((first, touch, 1 - touch));
+            events.push((first + count, -touch, touch - 1));
+        }
+    }
+    events.sort_unstable_by_key(|e| e.0);
+    let mut out: Vec<(PageNo, PageNo)> = Vec::new();
+    let (mut touching, mut writing) = (0i32, 0i32);
+    let mut k = 0;
+    while k < events.len() {
+        let at = events[k].0;
+        while k < events.len() && events[k].0 == at {
+            touching += events[k].1;
+            writing += events[k].2;
+            k += 1;
+        }
+        let open = out.last().is_some_and(|r| r.1 == PageNo::MAX);
+        let hot = touching >= 2 && writing >= 1;
+        if hot && !open {
+            out.push((at, PageNo::MAX));
+        } else if !hot && open {
+            out.last_mut().expect("open run").1 = at;
+        }
+    }
+    out
+}
+
+/// Calls `f` for every page of `runs` inside `within` (sorted disjoint `(first, end)`
+/// runs), in increasing order.
+fn for_each_page_within(runs: &PageRuns, within: &[(PageNo, PageNo)], mut f: impl FnMut(PageNo)) {
+    for &(first, count) in runs.runs() {
+        let end = first + count;
+        let mut i = within.partition_point(|w| w.1 <= first);
+        while i < within.len() && within[i].0 < end {
+            for page in first.max(within[i].0)..end.min(within[i].1) {
+                f(page);
+            }
+            i += 1;
+        }
+    }
+}
+
 fn notices(r: &IntervalRecord) -> Option<(&PageRuns, &PageRuns)> {
     r.race.as_ref().map(|n| (&n.reads, &n.writes))
 }
@@ -328,13 +391,16 @@ pub fn plan_fresh(
     // so by node). Packed integers sort several times faster than tuples.
     const READ: u64 = 1;
     const WRITE: u64 = 2;
-    let mut index: Vec<u64> = Vec::with_capacity(stats.bitmaps_total as usize);
+    // Only pages that two nodes touch and one writes can hold a conflict: a node working
+    // on its own band of pages adds its few runs here, not its many pages.
+    let contested = contested_pages(&intervals, &group_of);
+    let mut index: Vec<u64> = Vec::new();
     for (i, r) in intervals.iter().enumerate() {
         let (rd, wr) = notices(r).expect("filtered");
         for (runs, flag) in [(rd, READ), (wr, WRITE)] {
-            for page in runs.iter() {
+            for_each_page_within(runs, &contested, |page| {
                 index.push((page as u64) << 32 | (i as u64) << 2 | flag);
-            }
+            });
         }
     }
     index.sort_unstable();

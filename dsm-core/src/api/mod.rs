@@ -33,7 +33,9 @@ use crate::error::DsmError;
 use crate::sys::{self, AppSlice, Segment};
 use bytemuck::Pod;
 use dsm_proto::segment_base::{self, SegmentChoice, SegmentProbe};
-use dsm_proto::{JobConfig, LockId, NodeId, PageNo, PageRuns, MAX_SEGMENT_BYTES, PAGE_SIZE};
+use dsm_proto::{
+    JobConfig, LockId, NodeId, PageNo, PageRuns, VectorTime, MAX_SEGMENT_BYTES, PAGE_SIZE,
+};
 pub use dsm_race::RegionRule;
 use dsm_race::{Point, VarInfo};
 use race::RaceState;
@@ -227,7 +229,6 @@ fn probe_segment_bases(
 /// `DSM_TRANSPORT=rings` or `tcp` asks for them.
 fn can_map_common_segment(env: &JobConfig, mesh: &dsm_net::Mesh) -> bool {
     env.transport == dsm_proto::TransportChoice::Auto
-        && !env.race.enabled
         && mesh.segment_file.is_some()
         && (0..mesh.size).all(|r| r == mesh.rank || mesh.shm[r].is_some())
 }
@@ -407,7 +408,7 @@ impl Dsm {
         };
         mesh.segment_file = None;
         let (seg, mailbox) =
-            sys::start(seg_addr, seg_len, common_file).map_err(DsmError::Segment)?;
+            sys::start(seg_addr, seg_len, common_file, env.size).map_err(DsmError::Segment)?;
         // Whether polling pays depends on the cores the job's ranks may use on this host,
         // so it is decided before `DSM_PIN=1` narrows this process to one of them.
         let ranks_here = env.local.map_or(env.size, |l| l.size);
@@ -935,6 +936,22 @@ impl Dsm {
             host.lock(crate::spin::budget_ns());
             self.host_locks_held.push(lock);
             self.host_lock_acquires += 1;
+            if self.race.is_some() {
+                let race = self.close_race_interval();
+                let released = VectorTime(host.released_clock());
+                match self.comm().call(Command::HostAcquire {
+                    lock,
+                    race,
+                    released,
+                }) {
+                    Reply::Done => self.after_lock_sync()?,
+                    other => {
+                        return Err(DsmError::Protocol(format!(
+                            "unexpected reply to acquire: {other:?}"
+                        )))
+                    }
+                }
+            }
             return Ok(LockGuard {
                 dsm: self,
                 lock,
@@ -961,6 +978,27 @@ impl Dsm {
                 "unexpected reply to acquire: {other:?}"
             ))),
         }
+    }
+
+    /// Releases a lock held in the common memory; with race detection, leaves what this
+    /// rank knew in the lock's memory for the next holder first.
+    fn release_host_lock(&mut self, lock: LockId, host: sys::HostLock) -> Result<(), DsmError> {
+        self.host_locks_held.retain(|&l| l != lock);
+        if self.race.is_none() {
+            host.unlock();
+            return Ok(());
+        }
+        let race = self.close_race_interval();
+        let reply = self.comm().call(Command::HostRelease { lock, race });
+        let Reply::HostReleased(known) = reply else {
+            host.unlock();
+            return Err(DsmError::Protocol(format!(
+                "unexpected reply to release: {reply:?}"
+            )));
+        };
+        host.set_released_clock(&known.0);
+        host.unlock();
+        self.after_lock_sync()
     }
 
     fn release(&mut self, lock: LockId) -> Result<(), DsmError> {
@@ -1186,11 +1224,7 @@ impl LockGuard<'_> {
 
     fn release(&mut self) -> Result<(), DsmError> {
         match self.host {
-            Some(host) => {
-                self.dsm.host_locks_held.retain(|&l| l != self.lock);
-                host.unlock();
-                Ok(())
-            }
+            Some(host) => self.dsm.release_host_lock(self.lock, host),
             None => self.dsm.release(self.lock),
         }
     }

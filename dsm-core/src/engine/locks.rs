@@ -359,4 +359,42 @@ impl<M: Memory> Engine<M> {
         }
         self.reply(Reply::Done);
     }
+
+    /// A lock held in the job's common memory (race mode; see [`Command::HostAcquire`]):
+    /// the app thread holds it already. Only intervals and vector time change: with one
+    /// common memory there is no page to invalidate and no write notice to pass on.
+    ///
+    /// [`Command::HostAcquire`]: super::Command::HostAcquire
+    pub(super) fn host_acquire(
+        &mut self,
+        lock: LockId,
+        race: Option<RaceNotices>,
+        released: &VectorTime,
+    ) {
+        if !self.common_memory || released.len() != self.n {
+            self.fatal(format!(
+                "lock {lock} taken in common memory with a release clock of {} entries \
+                 (common memory: {}, {} nodes)",
+                released.len(),
+                self.common_memory,
+                self.n
+            ));
+            return;
+        }
+        self.close_interval(race);
+        self.vt.merge(released);
+        self.begin_interval(SyncCause::Acquire(lock));
+        self.reply(Reply::Done);
+    }
+
+    /// Releases a lock held in the job's common memory (see [`Command::HostRelease`]):
+    /// closes the interval and answers what the next holder must learn.
+    ///
+    /// [`Command::HostRelease`]: super::Command::HostRelease
+    pub(super) fn host_release(&mut self, lock: LockId, race: Option<RaceNotices>) {
+        self.close_interval(race);
+        let known = self.known();
+        self.begin_interval(SyncCause::Release(lock));
+        self.reply(Reply::HostReleased(known));
+    }
 }

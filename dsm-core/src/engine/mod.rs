@@ -148,6 +148,28 @@ pub enum Command {
         /// Race mode: the accesses of the interval the release closes.
         race: Option<RaceNotices>,
     },
+    /// Race mode with one common memory: the app thread took `lock` in that memory
+    /// (`sys::HostLock`), with no message. The interval before it closes and the next
+    /// starts from what the lock's last releaser knew, as a grant would have carried it.
+    /// Replies [`Reply::Done`].
+    HostAcquire {
+        /// The lock taken.
+        lock: LockId,
+        /// The accesses of the interval the acquire closes.
+        race: Option<RaceNotices>,
+        /// What the lock's last releaser knew, kept in the lock's memory (all zeros if
+        /// nobody released it in race mode yet).
+        released: VectorTime,
+    },
+    /// Race mode with one common memory: the app thread is about to release `lock` in
+    /// that memory. Closes the interval; replies [`Reply::HostReleased`] with what the
+    /// next holder must learn, which the app stores in the lock's memory.
+    HostRelease {
+        /// The lock being released.
+        lock: LockId,
+        /// The accesses of the interval the release closes.
+        race: Option<RaceNotices>,
+    },
     /// Registers a semaphore (collectively: every node, before the synchronization that
     /// makes it usable); replies [`Reply::Done`].
     SemCreate {
@@ -293,6 +315,8 @@ pub enum Reply {
     Record(Vec<dsm_replay::Event>),
     /// A semaphore signal or wait completed (or a try-wait was refused).
     Sem(SemDone),
+    /// Answers [`Command::HostRelease`]: what this node knew at the release.
+    HostReleased(VectorTime),
 }
 
 /// A node's intervals closed between two race batches, with their bitmaps (see
@@ -755,6 +779,12 @@ impl<M: Memory> Engine<M> {
             } => self.alloc(homes, digest, race),
             Command::Acquire { lock, race } => self.acquire(lock, race),
             Command::Release { lock, race } => self.release(lock, race),
+            Command::HostAcquire {
+                lock,
+                race,
+                released,
+            } => self.host_acquire(lock, race, &released),
+            Command::HostRelease { lock, race } => self.host_release(lock, race),
             Command::Barrier {
                 finishing,
                 race,

@@ -721,7 +721,7 @@ impl<M: Memory> Engine<M> {
             self.pages.is_empty(),
             "set_common_memory after an allocation"
         );
-        self.common_memory = on && !self.race_mode;
+        self.common_memory = on;
     }
 
     pub(super) fn alloc(
