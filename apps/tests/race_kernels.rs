@@ -1,6 +1,8 @@
-//! Every labelled kernel under `dsmrun --race` at N = 2 and 4 (and 8 for some): race-yes
-//! kernels must report exactly the expected variables and element indices (no false
-//! negatives, no extra reports), race-no kernels must report nothing.
+//! Every labelled kernel under `dsmrun --race` at N = 2, 3 and 4 (and 8 for some), in each
+//! transport a job on one host can use: the ranks' one common segment (the default), each
+//! rank its own copy over shared-memory rings, and over TCP. Race-yes kernels must report
+//! exactly the expected variables and element indices (no false negatives, no extra
+//! reports), race-no kernels must report nothing.
 
 use apps::kernels::{self, Expect};
 use serde_json::Value;
@@ -26,27 +28,41 @@ const AT_EIGHT: &[&str] = &[
     "sem-pairing-hidden",
 ];
 
-fn check(name: &str, n: usize, expect: &Expect) {
-    check_mode(name, n, expect, "--race");
+/// `DSM_TRANSPORT` of each way a one-host job can run: `auto` maps one common segment.
+const TRANSPORTS: [&str; 3] = ["auto", "rings", "tcp"];
+
+/// Runs every kernel that fits `n` nodes in every transport.
+fn check_all(n: usize, only: impl Fn(&str) -> bool) {
+    for transport in TRANSPORTS {
+        for k in kernels::all()
+            .iter()
+            .filter(|k| k.min_nodes <= n && only(k.name))
+        {
+            check_mode(k.name, n, &(k.expect)(n), "--race", transport);
+        }
+    }
 }
 
-/// [`check`] under `race_flag` (`--race`, or `--race=schedule`, where lock-order
-/// dependences may come on top but the data races must be the same).
-fn check_mode(name: &str, n: usize, expect: &Expect, race_flag: &str) {
+/// Kernel `name` at `n` nodes under `race_flag` (`--race`, or `--race=schedule`, where
+/// lock-order dependences may come on top but the data races must be the same), with
+/// `DSM_TRANSPORT=transport`.
+fn check_mode(name: &str, n: usize, expect: &Expect, race_flag: &str, transport: &str) {
     let schedule = race_flag == "--race=schedule";
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("races.jsonl");
     let log_arg = log.to_str().expect("temporary paths are UTF-8");
-    let out = dsm_testkit::dsmrun(
+    let mut cmd = dsm_testkit::dsmrun_command(
         n,
         &["--timeout", "60", race_flag, "--race-log", log_arg],
         KERNEL,
         &["run", name],
-    )
-    .into_output();
+    );
+    cmd.env("DSM_TRANSPORT", transport);
+    let out = dsm_testkit::run(cmd).into_output();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let ctx = format!("kernel {name} at N={n}\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    let ctx =
+        format!("kernel {name} at N={n} over {transport}\nstdout:\n{stdout}\nstderr:\n{stderr}");
     assert!(stdout.contains(&format!("kernel {name} done")), "{ctx}");
     let mut found: BTreeMap<String, BTreeSet<usize>> = BTreeMap::new();
     for line in std::fs::read_to_string(&log).unwrap_or_default().lines() {
@@ -271,28 +287,31 @@ fn at_least_twenty_kernels_of_both_kinds() {
 /// reported on top: the kernels' locks are real orderings there).
 #[test]
 fn schedule_mode_keeps_the_data_race_answers_at_two_nodes() {
-    for k in kernels::all().iter().filter(|k| k.min_nodes <= 2) {
-        check_mode(k.name, 2, &(k.expect)(2), "--race=schedule");
+    for transport in ["auto", "rings"] {
+        for k in kernels::all().iter().filter(|k| k.min_nodes <= 2) {
+            check_mode(k.name, 2, &(k.expect)(2), "--race=schedule", transport);
+        }
     }
 }
 
 #[test]
 fn kernels_at_two_nodes() {
-    for k in kernels::all().iter().filter(|k| k.min_nodes <= 2) {
-        check(k.name, 2, &(k.expect)(2));
-    }
+    check_all(2, |_| true);
+}
+
+#[test]
+fn kernels_at_three_nodes() {
+    check_all(3, |_| true);
 }
 
 #[test]
 fn kernels_at_four_nodes() {
-    for k in kernels::all() {
-        check(k.name, 4, &(k.expect)(4));
-    }
+    check_all(4, |_| true);
 }
 
 #[test]
 fn some_kernels_at_eight_nodes() {
     for k in kernels::all().iter().filter(|k| AT_EIGHT.contains(&k.name)) {
-        check(k.name, 8, &(k.expect)(8));
+        check_mode(k.name, 8, &(k.expect)(8), "--race", "auto");
     }
 }

@@ -18,7 +18,8 @@
 use dsm_core::engine::fast::pack_applied;
 use dsm_core::engine::{Command, Engine, FastFaults, Output, PageState, Prot, Reply, VecMemory};
 use dsm_proto::{
-    EncodedBitmap, Msg, NodeId, PageCopy, PageNo, PageRuns, RaceNotices, SyncCause, PAGE_SIZE,
+    EncodedBitmap, Msg, NodeId, PageCopy, PageNo, PageRuns, RaceNotices, SyncCause, VectorTime,
+    PAGE_SIZE,
 };
 use dsm_race::{Access, Bitmaps, Plan, Race, RaceKind, Recorder, VarInfo, VarTable};
 use proptest::prelude::*;
@@ -394,6 +395,12 @@ struct Sim {
     socket_takes: u64,
     /// The engines fetch through page lanes (`Engine::set_lane_peers`).
     lanes_on: bool,
+    /// With `common`: locks are taken in the common memory, as `sys::HostLock` does, not
+    /// through the protocol (`Command::HostAcquire` / `HostRelease`).
+    host_locks: bool,
+    /// Host locks: who holds each, and the release clock its last releaser left in it.
+    host_held: BTreeMap<u64, usize>,
+    host_clocks: BTreeMap<u64, VectorTime>,
 }
 
 impl Sim {
@@ -439,6 +446,14 @@ impl Sim {
                     assert_eq!(self.nodes[k].wait, Wait::Reply, "node {k}: reply {r:?}");
                     match r {
                         Reply::Done => self.completed(k),
+                        Reply::HostReleased(known) => {
+                            let Some(Op::Release(l)) = self.nodes[k].pending else {
+                                panic!("node {k}: host release reply without a release");
+                            };
+                            assert_eq!(self.host_held.remove(&l), Some(k), "lock {l}");
+                            self.host_clocks.insert(l, known);
+                            self.completed(k);
+                        }
                         Reply::Sem(done) => self.sem_completed(k, done),
                         Reply::BarrierDone { epoch, races } => self.departed(k, epoch, races),
                         Reply::AnalyzeEpoch { .. }
@@ -1095,6 +1110,32 @@ impl Sim {
                 });
                 self.outputs(k, outs);
             }
+            Op::Acquire(l) if self.host_locks => {
+                // The ticket lock: a node finding it held waits (steps again later).
+                if self.host_held.contains_key(&l) {
+                    return;
+                }
+                self.host_held.insert(l, k);
+                let released = self
+                    .host_clocks
+                    .get(&l)
+                    .cloned()
+                    .unwrap_or_else(|| VectorTime::zero(self.n));
+                let race = self.begin_sync(k, op);
+                let outs = self.nodes[k].eng.on_command(Command::HostAcquire {
+                    lock: l,
+                    race,
+                    released,
+                });
+                self.outputs(k, outs);
+            }
+            Op::Release(l) if self.host_locks => {
+                let race = self.begin_sync(k, op);
+                let outs = self.nodes[k]
+                    .eng
+                    .on_command(Command::HostRelease { lock: l, race });
+                self.outputs(k, outs);
+            }
             Op::Acquire(l) => {
                 let race = self.begin_sync(k, op);
                 let outs = self.nodes[k]
@@ -1553,6 +1594,9 @@ fn sim_with_setup(
         expect_divergence: false,
         handler_faults: 0,
         common: false,
+        host_locks: false,
+        host_held: BTreeMap::new(),
+        host_clocks: BTreeMap::new(),
         lanes: (0..n * n).map(|_| None).collect(),
         lane_takes: 0,
         lane_comm_takes: 0,
@@ -2371,6 +2415,25 @@ fn race_case(
     phases: usize,
     violate: usize,
 ) -> (OracleCounts, Vec<Race>, usize) {
+    race_case_in(
+        false, n, pages, elem, home_seed, seed, locks, phases, violate,
+    )
+}
+
+/// [`race_case`], with `common`: the nodes map one common memory and take their locks in
+/// it (`Command::HostAcquire` / `HostRelease`, the lock's release clock joined on acquire).
+#[allow(clippy::too_many_arguments)]
+fn race_case_in(
+    common: bool,
+    n: usize,
+    pages: (usize, usize),
+    elem: usize,
+    home_seed: u64,
+    seed: u64,
+    locks: usize,
+    phases: usize,
+    violate: usize,
+) -> (OracleCounts, Vec<Race>, usize) {
     let homes = |count: usize, shift: usize| -> Vec<usize> {
         (0..count)
             .map(|p| (mix(home_seed ^ (shift + p) as u64) as usize) % n)
@@ -2386,7 +2449,11 @@ fn race_case(
             homes: homes(pages.1, 16),
         },
     ];
-    let mut s = sim_with(n, &specs, 1, seed, true);
+    let mut s = sim_with_setup(n, &specs, 1, seed, true, |_, eng| {
+        eng.set_common_memory(common)
+    });
+    s.common = common;
+    s.host_locks = common;
     let gen = RaceGen::new(&mut s, locks, phases, 8, violate);
     gen.generate(&mut s);
     let program = s.program();
@@ -2418,6 +2485,24 @@ proptest! {
     ) {
         let _ = race_case(n, (pages0, pages1), elem, home_seed, seed, locks, phases, violate);
     }
+
+    /// The same programs with the nodes in one common memory, as one host's ranks run by
+    /// default: no page moves, locks are taken in the memory and carry their releaser's
+    /// vector time, and the races reported are still exactly the oracle's.
+    #[test]
+    fn race_reports_in_one_common_memory_match_a_happens_before_oracle(
+        n in 2usize..6,
+        pages0 in 1usize..4,
+        pages1 in 1usize..3,
+        elem in prop::sample::select(ELEM_SIZES.to_vec()),
+        home_seed in any::<u64>(),
+        seed in any::<u64>(),
+        locks in 1usize..4,
+        phases in 1usize..5,
+        violate in prop::sample::select(vec![0usize, 1, 2, 4, 8]),
+    ) {
+        let _ = race_case_in(true, n, (pages0, pages1), elem, home_seed, seed, locks, phases, violate);
+    }
 }
 
 /// The random race programs are not vacuous: across fixed seeds, some report races and
@@ -2426,6 +2511,12 @@ proptest! {
 /// the incremental analysis finds races between barriers.
 #[test]
 fn race_programs_cover_races_and_ordered_conflicts() {
+    for common in [false, true] {
+        race_programs_cover_races_and_ordered_conflicts_in(common);
+    }
+}
+
+fn race_programs_cover_races_and_ordered_conflicts_in(common: bool) {
     let (mut racy, mut clean) = (0, 0);
     let mut total = OracleCounts::default();
     let mut kinds = BTreeSet::new();
@@ -2435,7 +2526,7 @@ fn race_programs_cover_races_and_ordered_conflicts() {
         let violate = [0, 1, 2, 4, 8][(i % 5) as usize];
         let elem = ELEM_SIZES[(i % 7) as usize];
         let (c, races, incremental) =
-            race_case(n, (2, 2), elem, i * 77, i * 1013 + 5, 2, 3, violate);
+            race_case_in(common, n, (2, 2), elem, i * 77, i * 1013 + 5, 2, 3, violate);
         between_barriers += incremental;
         if races.is_empty() {
             clean += 1;
