@@ -17,7 +17,10 @@ struct Hosts {
 
 impl Hosts {
     fn new(n: usize) -> Option<Hosts> {
-        let tag = format!("dsm{}", std::process::id() % 100_000);
+        // Tests of this file run in parallel in one process: each gets its own names.
+        static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let made = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tag = format!("dsm{}{made}", std::process::id() % 10_000);
         let h = Hosts { tag, n };
         let br = format!("{}-br", h.tag);
         if !ip(&["netns", "add", &br]) {
@@ -70,12 +73,23 @@ impl Drop for Hosts {
 }
 
 fn run_on_hosts(hosts: &Hosts, program: &str, args: &[&str]) -> Vec<std::process::Output> {
+    run_on_hosts_with(hosts, program, args, &[])
+}
+
+/// [`run_on_hosts`] with `env` set for every rank.
+fn run_on_hosts_with(
+    hosts: &Hosts,
+    program: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Vec<std::process::Output> {
     let children: Vec<_> = (0..hosts.n)
         .map(|k| {
             dsm_testkit::as_rank(
                 Command::new("ip")
                     .args(["netns", "exec", &hosts.ns(k), program])
-                    .args(args),
+                    .args(args)
+                    .envs(env.iter().copied()),
                 k,
                 hosts.n,
                 "10.77.0.1:7707",
@@ -116,5 +130,36 @@ fn ranks_in_separate_network_namespaces() {
         }
         let out0 = String::from_utf8_lossy(&outs[0].stdout);
         assert!(out0.contains("verified:"), "{out0}");
+    }
+}
+
+const KERNEL: &str = env!("CARGO_BIN_EXE_race-kernel");
+
+/// Race detection in a job whose ranks are on separate hosts (each pair over TCP, each
+/// rank its own copy of the pages): a race between hosts is reported by rank 0 with the
+/// race exit status, and a lock-ordered program on the same hosts reports none.
+#[test]
+fn races_between_hosts_are_found() {
+    let Some(hosts) = Hosts::new(3) else {
+        dsm_testkit::skip(
+            "races_between_hosts_are_found",
+            "cannot create network namespaces here (needs root and iproute2)",
+        );
+        return;
+    };
+    for (kernel, racy) in [("missing-barrier", true), ("locked-counter", false)] {
+        let outs = run_on_hosts_with(&hosts, KERNEL, &["run", kernel], &[("DSM_RACE", "1")]);
+        let err0 = String::from_utf8_lossy(&outs[0].stderr);
+        let ctx = format!("{kernel} on three hosts:\n{err0}");
+        for (k, o) in outs.iter().enumerate().skip(1) {
+            assert!(o.status.success(), "rank {k} of {ctx}");
+        }
+        if racy {
+            assert_eq!(outs[0].status.code(), Some(66), "{ctx}");
+            assert!(err0.contains("DATA RACE (read-write) on data["), "{ctx}");
+        } else {
+            assert!(outs[0].status.success(), "{ctx}");
+            assert!(err0.contains("dsm: 0 data races"), "{ctx}");
+        }
     }
 }

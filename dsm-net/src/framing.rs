@@ -309,7 +309,11 @@ mod tests {
                     index,
                     vt,
                     writes,
-                    race: race.map(|(reads, writes)| RaceNotices { reads, writes }),
+                    race: race.map(|(reads, writes)| RaceNotices {
+                        reads,
+                        writes,
+                        ..Default::default()
+                    }),
                     began_with: match cause {
                         0 => SyncCause::Start,
                         1 => SyncCause::Barrier(lock as u32),

@@ -19,7 +19,7 @@ pub type LockId = u64;
 pub type SemId = u64;
 
 /// Protocol version spoken in the handshake; bump it when any message layout changes.
-pub const PROTOCOL_VERSION: u32 = 12;
+pub const PROTOCOL_VERSION: u32 = 13;
 
 /// A vector timestamp: entry `n` is the index of the latest interval of node `n` that is
 /// known (has been "seen"). Intervals are numbered from 1, so 0 means "nothing seen".
@@ -274,6 +274,33 @@ pub struct RaceNotices {
     pub reads: PageRuns,
     /// Write notices: pages with at least one recorded write in the interval.
     pub writes: PageRuns,
+    /// Which 64-byte blocks of a page of `reads` the interval read (bit `i`: bytes
+    /// `64 i..64 i + 64`), for the pages not read in every block, sorted by page. The
+    /// barrier master compares two intervals' bitmaps of a page only where their blocks
+    /// meet, so locks guarding neighbouring elements of one page cost no bitmap.
+    pub read_blocks: Vec<(PageNo, u64)>,
+    /// The same for `writes`.
+    pub write_blocks: Vec<(PageNo, u64)>,
+}
+
+impl RaceNotices {
+    /// The 64-byte blocks of `page` the interval wrote (`write`) or read: every block for
+    /// a page of the notices that `read_blocks`/`write_blocks` do not narrow, none for a
+    /// page they do not name.
+    pub fn blocks(&self, page: PageNo, write: bool) -> u64 {
+        let (pages, narrowed) = if write {
+            (&self.writes, &self.write_blocks)
+        } else {
+            (&self.reads, &self.read_blocks)
+        };
+        if !pages.contains(page) {
+            return 0;
+        }
+        match narrowed.binary_search_by_key(&page, |b| b.0) {
+            Ok(i) => narrowed[i].1,
+            Err(_) => u64::MAX,
+        }
+    }
 }
 
 /// An interval: a stretch of one node's execution between synchronization operations.

@@ -54,7 +54,11 @@ fn epoch(
             index: vt[k][k],
             vt: VectorTime(vt[k].clone()),
             writes: PageRuns::new(),
-            race: Some(RaceNotices { reads, writes }),
+            race: Some(RaceNotices {
+                reads,
+                writes,
+                ..Default::default()
+            }),
             began_with: SyncCause::Barrier(1),
         });
         done[k] += 1;

@@ -441,6 +441,7 @@ mod tests {
             race: Some(RaceNotices {
                 reads: PageRuns::from_pages(reads.iter().copied()),
                 writes: PageRuns::from_pages(writes.iter().copied()),
+                ..Default::default()
             }),
             began_with: SyncCause::Start,
         }

@@ -281,6 +281,31 @@ fn for_each_page_within(runs: &PageRuns, within: &[(PageNo, PageNo)], mut f: imp
     }
 }
 
+/// The 64-byte blocks of one page an interval read and wrote (see
+/// [`RaceNotices::blocks`](dsm_proto::RaceNotices::blocks)).
+#[derive(Clone, Copy)]
+struct Blocks {
+    read: u64,
+    write: u64,
+}
+
+impl Blocks {
+    fn of(r: &IntervalRecord, page: PageNo) -> Blocks {
+        r.race
+            .as_ref()
+            .map_or(Blocks { read: 0, write: 0 }, |n| Blocks {
+                read: n.blocks(page, false),
+                write: n.blocks(page, true),
+            })
+    }
+
+    /// Whether a write of one side shares a block with an access of the other: only then
+    /// can their bitmaps of the page hold a race.
+    fn meet(self, other: Blocks) -> bool {
+        self.write & (other.read | other.write) | self.read & other.write != 0
+    }
+}
+
 fn notices(r: &IntervalRecord) -> Option<(&PageRuns, &PageRuns)> {
     r.race.as_ref().map(|n| (&n.reads, &n.writes))
 }
@@ -415,6 +440,11 @@ pub fn plan_fresh(
     });
     let pos = |e: u64| ((e >> 2) & ((1 << 30) - 1)) as usize;
     let page_of = |e: u64| (e >> 32) as PageNo;
+    // Per entry, the 64-byte blocks its interval read and wrote on its page.
+    let blocks: Vec<Blocks> = index
+        .iter()
+        .map(|&e| Blocks::of(&intervals[pos(e)], page_of(e)))
+        .collect();
     // Per page, the slices of its entries that belong to each node: segments[seg_of[j]..]
     // for entry j are its page's segments, (group, start, end, whether any entry writes).
     let mut segments: Vec<(usize, usize, usize, bool)> = Vec::new();
@@ -489,7 +519,10 @@ pub fn plan_fresh(
                     let from = seg.partition_point(|&f| pos(f) < lo as usize);
                     let to = seg.partition_point(|&f| pos(f) < hi as usize);
                     for (jf, &f) in seg[from..to].iter().enumerate() {
-                        if (a_w || f & WRITE != 0) && (is_fresh[ai] || is_fresh[pos(f)]) {
+                        if (a_w || f & WRITE != 0)
+                            && (is_fresh[ai] || is_fresh[pos(f)])
+                            && blocks[j as usize].meet(blocks[s + from + jf])
+                        {
                             let jf = (s + from + jf) as u32;
                             found.push((qk, pos(f) as u32, page_of(e), j, jf));
                         }
@@ -608,12 +641,6 @@ pub fn plan_pairwise(epoch: u32, mut intervals: Vec<IntervalRecord>) -> Plan {
                     let ww = aw.intersect(bw);
                     let wr = aw.intersect(br);
                     let rw = ar.intersect(bw);
-                    if ww.is_empty() && wr.is_empty() && rw.is_empty() {
-                        continue;
-                    }
-                    stats.overlapping_pairs += 1;
-                    in_overlap[ai] = true;
-                    in_overlap[bi] = true;
                     let want = |wanted: &mut BTreeMap<NodeId, BTreeSet<BitmapKey>>,
                                 r: &IntervalRecord,
                                 page: PageNo,
@@ -624,7 +651,16 @@ pub fn plan_pairwise(epoch: u32, mut intervals: Vec<IntervalRecord>) -> Plan {
                             kind,
                         });
                     };
-                    for page in ww.union(&wr).union(&rw).iter() {
+                    let pages: Vec<PageNo> = ww
+                        .union(&wr)
+                        .union(&rw)
+                        .iter()
+                        .filter(|&p| Blocks::of(a, p).meet(Blocks::of(b, p)))
+                        .collect();
+                    if pages.is_empty() {
+                        continue;
+                    }
+                    for page in pages {
                         let a_w = ww.contains(page) || wr.contains(page);
                         let b_w = ww.contains(page) || rw.contains(page);
                         if a_w {
@@ -641,6 +677,9 @@ pub fn plan_pairwise(epoch: u32, mut intervals: Vec<IntervalRecord>) -> Plan {
                         }
                         checks.push(Check { a: ai, b: bi, page });
                     }
+                    stats.overlapping_pairs += 1;
+                    in_overlap[ai] = true;
+                    in_overlap[bi] = true;
                 }
             }
         }
@@ -1042,6 +1081,7 @@ mod tests {
             race: Some(RaceNotices {
                 reads: PageRuns::from_pages(reads.iter().copied()),
                 writes: PageRuns::from_pages(writes.iter().copied()),
+                ..Default::default()
             }),
             began_with: SyncCause::Barrier(1),
         }
@@ -1278,7 +1318,24 @@ mod tests {
                 )
             };
             let (reads, writes) = (runs(3), runs(2));
-            let race = (rnd(8) != 0).then_some(RaceNotices { reads, writes });
+            // Some pages narrowed to a few 64-byte blocks, as the recorder leaves them.
+            let mut blocks = |pages: &PageRuns| -> Vec<(PageNo, u64)> {
+                let mut out = Vec::new();
+                for p in pages.iter() {
+                    if rnd(2) == 0 {
+                        let mask = 1u64 << rnd(4) | 1u64 << rnd(4);
+                        out.push((p, mask));
+                    }
+                }
+                out
+            };
+            let (read_blocks, write_blocks) = (blocks(&reads), blocks(&writes));
+            let race = (rnd(8) != 0).then_some(RaceNotices {
+                reads,
+                writes,
+                read_blocks,
+                write_blocks,
+            });
             all.push(IntervalRecord {
                 node: k as NodeId,
                 index: vt[k][k],
@@ -1318,7 +1375,7 @@ mod tests {
             let epoch = random_epoch(seed, nodes, steps, pages);
             let sched = plan_with(1, epoch.clone(), true);
             // Brute force: every pair of intervals of different nodes, and every page one
-            // writes and the other reads or writes.
+            // writes and the other reads or writes in a common 64-byte block.
             let mut want = BTreeSet::new();
             for a in epoch.iter().filter(|r| r.race.is_some()) {
                 for b in epoch.iter().filter(|r| r.race.is_some() && r.node > a.node) {
@@ -1326,7 +1383,12 @@ mod tests {
                     let (br, bw) = notices(b).unwrap();
                     let pages = aw.intersect(bw).union(&aw.intersect(br)).union(&ar.intersect(bw));
                     for page in pages.iter() {
-                        want.insert((a.node, a.index, b.node, b.index, page));
+                        let (na, nb) = (a.race.as_ref().unwrap(), b.race.as_ref().unwrap());
+                        let meet = na.blocks(page, true) & (nb.blocks(page, false) | nb.blocks(page, true))
+                            | na.blocks(page, false) & nb.blocks(page, true);
+                        if meet != 0 {
+                            want.insert((a.node, a.index, b.node, b.index, page));
+                        }
                     }
                 }
             }

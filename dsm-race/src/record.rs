@@ -393,6 +393,7 @@ impl Recorder {
         self.interval += 1;
         let mut reads = Vec::new();
         let mut writes = Vec::new();
+        let (mut read_blocks, mut write_blocks) = (Vec::new(), Vec::new());
         let mut stored = IntervalBitmaps {
             interval: index,
             words_per_page: Vec::new(),
@@ -413,9 +414,21 @@ impl Recorder {
                 let flags = a.flags[page].replace(0);
                 let global = a.first_page + page as PageNo;
                 let range = page * a.words_per_page..(page + 1) * a.words_per_page;
-                for (kind, bit, bits, list) in [
-                    (AccessKind::Read, READ, &a.read, &mut reads),
-                    (AccessKind::Write, WRITE, &a.write, &mut writes),
+                for (kind, bit, bits, list, blocks) in [
+                    (
+                        AccessKind::Read,
+                        READ,
+                        &a.read,
+                        &mut reads,
+                        &mut read_blocks,
+                    ),
+                    (
+                        AccessKind::Write,
+                        WRITE,
+                        &a.write,
+                        &mut writes,
+                        &mut write_blocks,
+                    ),
                 ] {
                     if flags & bit == 0 {
                         continue;
@@ -427,6 +440,10 @@ impl Recorder {
                         continue;
                     }
                     list.push(global);
+                    let mask = block_mask(words.iter().map(Cell::get), a.shift);
+                    if mask != u64::MAX {
+                        blocks.push((global, mask));
+                    }
                     stored.index.push(Stored {
                         page: global,
                         kind,
@@ -459,6 +476,8 @@ impl Recorder {
         RaceNotices {
             reads: PageRuns::from_pages(reads),
             writes: PageRuns::from_pages(writes),
+            read_blocks,
+            write_blocks,
         }
     }
 
@@ -550,6 +569,27 @@ impl Recorder {
     }
 }
 
+/// The 64-byte blocks of a page (bit `i`: bytes `64 i..64 i + 64`) that a page's bitmap
+/// `words`, of granules of `1 << shift` bytes (`shift` at most 3), touches.
+fn block_mask(words: impl Iterator<Item = u64>, shift: u32) -> u64 {
+    let per_word = 1usize << shift;
+    let granules = 64usize >> shift;
+    let block = if granules == 64 {
+        u64::MAX
+    } else {
+        (1u64 << granules) - 1
+    };
+    let mut mask = 0u64;
+    for (i, w) in words.enumerate().filter(|(_, w)| *w != 0) {
+        for b in 0..per_word {
+            if (w >> (b * granules)) & block != 0 {
+                mask |= 1 << (i * per_word + b);
+            }
+        }
+    }
+    mask
+}
+
 /// Bitmap words as little-endian bytes (a whole number of words).
 pub fn encode_words(words: &[u64]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
@@ -618,6 +658,36 @@ mod tests {
         let n2 = r.close_interval();
         assert!(n2.reads.is_empty() && n2.writes.is_empty());
         assert_eq!(r.current_interval(), 3);
+    }
+
+    #[test]
+    fn notices_narrow_partly_touched_pages_to_their_blocks() {
+        let mut r = Recorder::new();
+        let f64s = r.add_alloc(0, 2 * PAGE_SIZE, 8).unwrap();
+        let bytes = r.add_alloc(2, PAGE_SIZE, 1).unwrap();
+        r.alloc(f64s).write(0, 8); // block 0 of page 0
+        r.alloc(f64s).write(100 * 8, 8); // byte 800: block 12
+        r.alloc(f64s).read(PAGE_SIZE, PAGE_SIZE); // all of page 1
+        r.alloc(bytes).read(65, 1); // block 1 of page 2
+        r.alloc(bytes).read(4095, 1); // block 63
+        let n = r.close_interval();
+        assert_eq!(n.write_blocks, vec![(0, 1 | 1 << 12)]);
+        assert_eq!(n.read_blocks, vec![(2, 1 << 1 | 1 << 63)]);
+        assert_eq!(n.blocks(1, false), u64::MAX, "a whole page is not narrowed");
+        assert_eq!(n.blocks(1, true), 0, "page 1 was not written");
+        assert_eq!(n.blocks(0, true), 1 | 1 << 12);
+        for shift in 0..4 {
+            let words = (PAGE_SIZE >> shift) / 64;
+            let last = block_mask(std::iter::repeat_n(1u64 << 63, words), shift);
+            assert_eq!(
+                last.count_ones() as usize,
+                words,
+                "one block a word, shift {shift}"
+            );
+            let all = block_mask(std::iter::repeat_n(u64::MAX, words), shift);
+            assert_eq!(all, u64::MAX, "shift {shift}");
+            assert_eq!(block_mask(std::iter::once(1), shift), 1);
+        }
     }
 
     #[test]
