@@ -35,8 +35,11 @@ fn app_runs<'a>(
             nodes: n,
             variant: v,
             rep,
+            purpose,
             ..
-        } if a == app && *n == nodes && *v == variant => Some((*rep, &r.outcome)),
+        } if a == app && *n == nodes && *v == variant && *purpose != Purpose::RaceCost => {
+            Some((*rep, &r.outcome))
+        }
         _ => None,
     })
 }
@@ -517,8 +520,11 @@ pub fn speedup_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<SpeedupRow> {
                 Job::App {
                     app: a,
                     variant: Variant::Off,
+                    purpose,
                     ..
-                } if a == app && r.outcome.ok => r.outcome.sequential_s,
+                } if a == app && r.outcome.ok && *purpose != Purpose::RaceCost => {
+                    r.outcome.sequential_s
+                }
                 _ => None,
             })
             .collect();
@@ -894,6 +900,76 @@ pub fn failures(runs: &[RunRecord], command: &dyn Fn(&Job) -> String) -> Vec<Fai
     out.into_iter().map(|(_, f)| f).collect()
 }
 
+/// The race-cost table: one row per input, N and transport that was run, in the order of
+/// the runs, with the paired ratio of `--race` over the same command without it.
+pub fn race_cost_rows(runs: &[RunRecord]) -> Vec<RaceCostRow> {
+    type Cell = (String, String, usize, String);
+    let mut cells: Vec<Cell> = Vec::new();
+    let mut times: BTreeMap<(Cell, Variant), Vec<(usize, f64)>> = BTreeMap::new();
+    for r in runs {
+        let Job::App {
+            app,
+            purpose: Purpose::RaceCost,
+            nodes,
+            variant,
+            rep,
+            args,
+            transport,
+        } = &r.job
+        else {
+            continue;
+        };
+        let cell = (
+            app.clone(),
+            args.join(" "),
+            *nodes,
+            transport.clone().unwrap_or_else(|| "auto".into()),
+        );
+        if !cells.contains(&cell) {
+            cells.push(cell.clone());
+        }
+        let t = r.outcome.parallel_s.filter(|_| r.outcome.ok);
+        times
+            .entry((cell, *variant))
+            .or_default()
+            .push((*rep, t.unwrap_or(f64::NAN)));
+    }
+    cells
+        .into_iter()
+        .map(|cell| {
+            let by_rep = |v: Variant| -> Vec<f64> {
+                let mut t = times.get(&(cell.clone(), v)).cloned().unwrap_or_default();
+                t.sort_by_key(|(rep, _)| *rep);
+                t.into_iter().map(|(_, x)| x).collect()
+            };
+            let (off, on) = (by_rep(Variant::Off), by_rep(Variant::On));
+            let failed = off.iter().chain(&on).filter(|t| t.is_nan()).count();
+            let (app, input, nodes, transport) = cell;
+            RaceCostRow {
+                app,
+                input,
+                nodes,
+                transport,
+                status: status_of(off.len() + on.len(), failed),
+                off: summary(&off),
+                on: summary(&on),
+                ratio: summary(&paired_ratios(&off, &on)),
+            }
+        })
+        .collect()
+}
+
+/// Geometric mean of the race-cost ratios (medians) of one transport, with the number of
+/// cells it covers; `None` when no cell of it has a ratio.
+pub fn race_cost_geomean(rows: &[RaceCostRow], transport: &str) -> Option<(f64, usize)> {
+    let ratios: Vec<f64> = rows
+        .iter()
+        .filter(|r| r.transport == transport)
+        .filter_map(|r| r.ratio.map(|x| x.median))
+        .collect();
+    geomean(&ratios).map(|g| (g, ratios.len()))
+}
+
 /// The whole report except what only the caller knows (date, plots, duration).
 pub fn analyze(ctx: &Context, runs: Vec<RunRecord>, command: &dyn Fn(&Job) -> String) -> Report {
     let apps = app_rows(ctx, &runs);
@@ -937,6 +1013,7 @@ pub fn analyze(ctx: &Context, runs: Vec<RunRecord>, command: &dyn Fn(&Job) -> St
         breakdown: breakdown_rows(ctx, &runs),
         speedup: speedup_rows(ctx, &runs),
         threads: threads_rows(ctx, &runs),
+        race_cost: race_cost_rows(&runs),
         failures: failures(&runs, command),
         apps,
         peers,
@@ -956,6 +1033,57 @@ mod tests {
     use super::*;
     use crate::parse::{Analysis, JobStats};
 
+    #[test]
+    fn race_cost_pairs_each_cell_by_repetition_and_keeps_other_tables_apart() {
+        let run = |transport: &str, variant, rep, t: f64| RunRecord {
+            job: Job::App {
+                app: "sor".into(),
+                purpose: Purpose::RaceCost,
+                nodes: 2,
+                variant,
+                rep,
+                args: vec!["--size".into(), "1024".into()],
+                transport: Some(transport.into()),
+            },
+            outcome: Outcome {
+                ok: true,
+                parallel_s: Some(t),
+                ..Outcome::default()
+            },
+        };
+        let runs = vec![
+            run("auto", Variant::Off, 0, 1.0),
+            run("auto", Variant::On, 0, 1.5),
+            run("auto", Variant::On, 1, 4.0),
+            run("auto", Variant::Off, 1, 2.0),
+            run("tcp", Variant::Off, 0, 1.0),
+            run("tcp", Variant::On, 0, 3.0),
+        ];
+        let rows = race_cost_rows(&runs);
+        assert_eq!(rows.len(), 2);
+        assert_eq!(
+            (rows[0].transport.as_str(), rows[0].input.as_str()),
+            ("auto", "--size 1024")
+        );
+        // Ratios 1.5 and 2.0, paired by repetition, not by order of the runs.
+        assert_eq!(rows[0].ratio.map(|r| r.median), Some(1.75));
+        let (g, cells) = race_cost_geomean(&rows, "tcp").unwrap();
+        assert!((g - 3.0).abs() < 1e-12 && cells == 1);
+        assert!(race_cost_geomean(&rows, "rings").is_none());
+        // The race-cost runs stay out of the applications table.
+        assert_eq!(app_runs(&runs, "sor", 2, Variant::Off).count(), 0);
+        let mut report = Report {
+            race_cost: rows,
+            ..Report::default()
+        };
+        report.settings.mode = "quick".into();
+        let text = crate::render::render(&report);
+        assert!(
+            text.contains("the default transport: geometric mean 1.75x over 1 cells"),
+            "{text}"
+        );
+    }
+
     fn app_run(app: &str, nodes: usize, variant: Variant, rep: usize, t: Option<f64>) -> RunRecord {
         RunRecord {
             job: Job::App {
@@ -965,6 +1093,7 @@ mod tests {
                 variant,
                 rep,
                 args: vec![],
+                transport: None,
             },
             outcome: Outcome {
                 ok: t.is_some(),

@@ -57,6 +57,9 @@ pub enum Purpose {
     Table,
     /// Extra node counts for the speedup plot.
     Speedup,
+    /// The cost of `--race` as a user sees it: the same command with and without it, on
+    /// the default transport (and, beside it, over rings and TCP).
+    RaceCost,
 }
 
 /// How a "dsm vs threads" job runs its kernel.
@@ -132,6 +135,9 @@ pub enum Job {
         variant: Variant,
         rep: usize,
         args: Vec<String>,
+        /// `DSM_TRANSPORT` of the run; `None`: the default a user gets (`auto`).
+        #[serde(default)]
+        transport: Option<String>,
     },
     /// The C SOR under a tool (or plain).
     CSor {
@@ -566,6 +572,9 @@ pub struct Report {
     #[serde(default)]
     pub primitives_common: Primitives,
     pub speedup: Vec<SpeedupRow>,
+    /// `--race` over the same command without it, per input, N and transport.
+    #[serde(default)]
+    pub race_cost: Vec<RaceCostRow>,
     /// dsm against plain threads on scaled inputs.
     #[serde(default)]
     pub threads: Vec<ThreadsRow>,
@@ -580,4 +589,20 @@ pub struct Report {
     pub failures: Vec<Failure>,
     pub notes: Vec<String>,
     pub runs: Vec<RunRecord>,
+}
+
+/// One cell of the race-cost table: an app and input at N nodes over one transport, with
+/// and without `--race`, alternating.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RaceCostRow {
+    pub app: String,
+    pub input: String,
+    pub nodes: usize,
+    /// `auto` (the default: one common segment on one host), `rings` or `tcp`.
+    pub transport: String,
+    pub off: Option<crate::stats::Summary>,
+    pub on: Option<crate::stats::Summary>,
+    /// `--race` over the run without it, paired by repetition.
+    pub ratio: Option<crate::stats::Summary>,
+    pub status: String,
 }

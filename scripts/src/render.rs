@@ -103,6 +103,100 @@ fn cell(s: &str) -> String {
     s.replace('|', "\\|").replace('\n', " ")
 }
 
+/// The race-cost table: per input and N, the default transport's times with and without
+/// `--race` and their ratio, the other transports' ratios beside it, and each transport's
+/// geometric mean.
+fn race_cost(o: &mut String, r: &Report) {
+    let _ = writeln!(o, "## Cost of `--race` as a user sees it\n");
+    if r.race_cost.is_empty() {
+        let _ = writeln!(o, "Not measured.\n");
+        return;
+    }
+    let transports: Vec<&str> = ["auto", "rings", "tcp"]
+        .into_iter()
+        .filter(|t| r.race_cost.iter().any(|c| c.transport == *t))
+        .collect();
+    let _ = write!(
+        o,
+        "| app | input | N | without `--race` (s) | with `--race` (s) | `--race` / without |"
+    );
+    for t in transports.iter().filter(|t| **t != "auto") {
+        let _ = write!(o, " {t}: `--race` / without |");
+    }
+    let _ = writeln!(o, " status |");
+    let _ = writeln!(
+        o,
+        "{}|",
+        "|---".repeat(7 + transports.len().saturating_sub(1))
+    );
+    let mut seen: Vec<(&str, &str, usize)> = Vec::new();
+    for c in &r.race_cost {
+        let key = (c.app.as_str(), c.input.as_str(), c.nodes);
+        if seen.contains(&key) {
+            continue;
+        }
+        seen.push(key);
+        let of = |t: &str| {
+            r.race_cost
+                .iter()
+                .find(|x| (x.app.as_str(), x.input.as_str(), x.nodes) == key && x.transport == t)
+        };
+        let default = of("auto");
+        let _ = write!(
+            o,
+            "| {} | {} | {} | {} | {} | {} |",
+            c.app,
+            c.input,
+            c.nodes,
+            times(default.and_then(|d| d.off)),
+            times(default.and_then(|d| d.on)),
+            ratio(default.and_then(|d| d.ratio)),
+        );
+        for t in transports.iter().filter(|t| **t != "auto") {
+            let _ = write!(o, " {} |", ratio(of(t).and_then(|x| x.ratio)));
+        }
+        let _ = writeln!(
+            o,
+            " {} |",
+            cell(default.map_or("not run", |d| d.status.as_str()))
+        );
+    }
+    o.push('\n');
+    for t in &transports {
+        let name = if *t == "auto" {
+            "the default transport"
+        } else {
+            t
+        };
+        let worst = r
+            .race_cost
+            .iter()
+            .filter(|c| c.transport == *t)
+            .filter_map(|c| c.ratio.map(|x| (x.median, c)))
+            .max_by(|a, b| a.0.total_cmp(&b.0));
+        match crate::analysis::race_cost_geomean(&r.race_cost, t) {
+            Some((g, cells)) => {
+                let _ = write!(o, "- {name}: geometric mean {g:.2}x over {cells} cells");
+                if let Some((w, c)) = worst {
+                    let _ = write!(
+                        o,
+                        "; largest {w:.2}x ({} {} at N = {})",
+                        c.app, c.input, c.nodes
+                    );
+                }
+                let _ = writeln!(o);
+            }
+            None => {
+                let _ = writeln!(o, "- {name}: no complete pair");
+            }
+        }
+    }
+    let _ = writeln!(
+        o,
+        "\nEach cell runs the same `dsmrun -n N app input` without and with `--race` (`--race-exit-code 0`), alternating, with the transport a user gets (`auto`: one common segment on this host) and, beside it, `DSM_TRANSPORT=rings` and `tcp`; the ratio is the median of the per-repetition ratios of the apps' own parallel times.\n"
+    );
+}
+
 pub fn render(r: &Report) -> String {
     let mut o = String::new();
     let m = &r.machine;
@@ -125,7 +219,7 @@ pub fn render(r: &Report) -> String {
     );
     let _ = writeln!(
         o,
-        "Runs with N greater than the {} cores are marked \\* (oversubscribed: ranks share cores, so their times measure scheduling as much as dsm). All nodes run on this one machine. With dsm's default transport and race detection off, every rank maps one common segment: no page travels, locks are ticket locks in that shared memory, and only barrier and semaphore messages pass, through shared-memory rings; the *dsm* columns of the dsm-vs-threads table and the first column of the DSM primitives run so. Race detection needs each rank's own copy of the pages, moved by the coherence protocol through shared-memory rings, so the application tables, the breakdown and the speedups run every job, with and without `--race`, that way (`DSM_TRANSPORT=rings`): a slowdown compares the same page protocol with and without the detector. So do the columns marked rings. Columns marked TCP (`DSM_TRANSPORT=tcp`) send everything over loopback TCP, as between hosts, each rank with its own copy of the pages. Times are each program's own timing of its parallel part; medians of the repetitions, with min{DASH}max in parentheses.\n",
+        "Runs with N greater than the {} cores are marked \\* (oversubscribed: ranks share cores, so their times measure scheduling as much as dsm). All nodes run on this one machine. With dsm's default transport, with or without `--race`, every rank maps one common segment: no page travels, locks are ticket locks in that shared memory (with `--race` each carries its last releaser's vector time), and only barrier and semaphore messages pass, through shared-memory rings. The race-cost table, the application tables, the breakdown, the speedups, the *dsm* columns of the dsm-vs-threads table and the first column of the DSM primitives run so. Columns marked rings (`DSM_TRANSPORT=rings`) give each rank its own copy of the pages, moved by the coherence protocol through shared-memory rings. Columns marked TCP (`DSM_TRANSPORT=tcp`) send everything over loopback TCP, as between hosts, each rank with its own copy of the pages. Times are each program's own timing of its parallel part; medians of the repetitions, with min{DASH}max in parentheses.\n",
         m.cores
     );
 
@@ -152,6 +246,8 @@ pub fn render(r: &Report) -> String {
         );
     }
     o.push('\n');
+
+    race_cost(&mut o, r);
 
     // 1. Applications.
     let _ = writeln!(o, "## 1. Applications (the paper's Table 1)\n");

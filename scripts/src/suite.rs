@@ -108,6 +108,32 @@ pub fn vs_threads_specs() -> Vec<AppSpec> {
     ]
 }
 
+/// The inputs of the race-cost table: the apps on inputs long enough that a run's own
+/// time, not start-up, is what `--race` is measured against.
+pub fn race_cost_specs() -> Vec<AppSpec> {
+    let spec = |name, paper, args: &[&str]| AppSpec {
+        name,
+        paper,
+        args: strs(args),
+    };
+    vec![
+        spec("sor", "512x512", &["--size", "1024", "--iters", "50"]),
+        spec("sor", "512x512", &["--size", "2048", "--iters", "50"]),
+        spec("fft", "64x64x16", &["--dims", "128x128x64"]),
+        spec("tsp", "19 cities", &["--random", "22", "--locked-bound"]),
+        spec(
+            "water",
+            "216 molecules, 5 steps",
+            &["--molecules", "216", "--steps", "5"],
+        ),
+        spec(
+            "water",
+            "216 molecules, 5 steps",
+            &["--molecules", "1000", "--steps", "2"],
+        ),
+    ]
+}
+
 /// Repetitions, node counts and limits of a mode.
 #[derive(Clone, Debug)]
 pub struct Knobs {
@@ -135,6 +161,11 @@ pub struct Knobs {
     /// N of the "dsm vs threads" table, and its alternating repetitions.
     pub vs_threads_nodes: usize,
     pub vs_threads_reps: usize,
+    /// The race-cost table: node counts, alternating off/on pairs, and the transports
+    /// (the default first; `--quick` measures only it).
+    pub race_cost_nodes: Vec<usize>,
+    pub race_cost_reps: usize,
+    pub race_cost_transports: Vec<&'static str>,
 }
 
 impl Knobs {
@@ -162,6 +193,13 @@ impl Knobs {
             app_timeout_s: if quick { 60 } else { 300 },
             vs_threads_nodes: 2,
             vs_threads_reps: if quick { 1 } else { 5 },
+            race_cost_nodes: vec![2, 4, 8],
+            race_cost_reps: if quick { 1 } else { 3 },
+            race_cost_transports: if quick {
+                vec!["auto"]
+            } else {
+                vec!["auto", "rings", "tcp"]
+            },
         }
     }
 
@@ -406,6 +444,7 @@ pub fn plan(knobs: &Knobs, apps: &[AppSpec], tools: &Tools, paths: &Paths) -> Ve
                         variant: v,
                         rep,
                         args: a.args.clone(),
+                        transport: None,
                     });
                 }
             }
@@ -421,6 +460,7 @@ pub fn plan(knobs: &Knobs, apps: &[AppSpec], tools: &Tools, paths: &Paths) -> Ve
                     variant: Variant::Off,
                     rep,
                     args: a.args.clone(),
+                    transport: None,
                 });
             }
         }
@@ -465,6 +505,7 @@ pub fn plan(knobs: &Knobs, apps: &[AppSpec], tools: &Tools, paths: &Paths) -> Ve
             }
         }
     }
+    jobs.extend(race_cost_plan(knobs, paths));
     let have_kernels = app_available(paths, "race-kernel").is_ok();
     for &(kernel, _) in KERNELS {
         if have_kernels {
@@ -487,6 +528,36 @@ pub fn plan(knobs: &Knobs, apps: &[AppSpec], tools: &Tools, paths: &Paths) -> Ve
         for rep in 0..knobs.bench_runs {
             for transport in BenchTransport::ALL {
                 jobs.push(Job::primitives(knobs.bench_reps, rep, transport));
+            }
+        }
+    }
+    jobs
+}
+
+/// The race-cost table's jobs: for each repetition, input, N and transport, the run
+/// without `--race` and with it, their order alternating from one repetition to the next.
+fn race_cost_plan(knobs: &Knobs, paths: &Paths) -> Vec<Job> {
+    let specs: Vec<AppSpec> = race_cost_specs()
+        .into_iter()
+        .filter(|a| app_available(paths, a.name).is_ok())
+        .collect();
+    let mut jobs = Vec::new();
+    for rep in 0..knobs.race_cost_reps {
+        for a in &specs {
+            for &n in &knobs.race_cost_nodes {
+                for &transport in &knobs.race_cost_transports {
+                    for variant in rotate(&[Variant::Off, Variant::On], rep) {
+                        jobs.push(Job::App {
+                            app: a.name.into(),
+                            purpose: Purpose::RaceCost,
+                            nodes: n,
+                            variant,
+                            rep,
+                            args: a.args.clone(),
+                            transport: Some(transport.into()),
+                        });
+                    }
+                }
             }
         }
     }
@@ -544,6 +615,7 @@ pub fn spec_for(
             nodes,
             variant,
             args,
+            transport,
             ..
         } => {
             let mut a = vec![
@@ -567,10 +639,12 @@ pub fn spec_for(
             if let Some(p) = variant.phases_env() {
                 spec.env.push(("DSM_RACE_PHASES".into(), p.into()));
             }
-            // Race detection keeps each rank's own copy of the pages; the runs without it
-            // do too, so that a slowdown measures the detector, not the common segment the
-            // default would map on one host (the dsm-vs-threads table shows that).
-            spec.env.push((env_vars::TRANSPORT.into(), "rings".into()));
+            // The transport a user gets (one common segment on this host, with or without
+            // --race) unless the job names one.
+            spec.env.push((
+                env_vars::TRANSPORT.into(),
+                transport.clone().unwrap_or_else(|| "auto".into()),
+            ));
             // Only SOR's rows report dsm's memory; sampling costs a little CPU.
             spec.sample_children = app == "sor" && *nodes == knobs.peer_threads;
             spec
@@ -821,6 +895,10 @@ pub fn execute(
                 purpose: Purpose::Table,
                 ..
             } => "applications",
+            Job::App {
+                purpose: Purpose::RaceCost,
+                ..
+            } => "cost of --race",
             Job::App { .. } => "speedup",
             Job::CSor { .. } => "SOR under other race detectors",
             Job::CKernel { .. } | Job::DsmKernel { .. } => "race kernels",
@@ -977,7 +1055,7 @@ mod tests {
     }
 
     #[test]
-    fn app_runs_keep_the_page_protocol_with_and_without_race_detection() {
+    fn app_runs_use_the_transport_a_user_gets_with_and_without_race_detection() {
         let knobs = Knobs::new(Mode::Quick, 2);
         let dir = std::env::temp_dir();
         let paths = paths_in(&dir);
@@ -989,9 +1067,10 @@ mod tests {
                 variant,
                 rep: 0,
                 args: vec![],
+                transport: None,
             };
             let spec = spec_for(&job, &knobs, &paths, &no_tools(), &dir).unwrap();
-            assert_eq!(transport_of(&spec), Some("rings"), "{variant:?}");
+            assert_eq!(transport_of(&spec), Some("auto"), "{variant:?}");
         }
     }
 
