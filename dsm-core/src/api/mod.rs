@@ -224,9 +224,8 @@ fn probe_segment_bases(
 
 /// Whether this rank could map one segment file with every other rank, so that no page
 /// ever travels: it holds rank 0's file, shares memory with every rank, and nothing asks
-/// for the protocol's page copies. Race detection needs them (the detector learns of
-/// accesses through page faults and compares the intervals' notices), and
-/// `DSM_TRANSPORT=rings` or `tcp` asks for them.
+/// for the protocol's page copies (`DSM_TRANSPORT=rings` or `tcp` does). Race detection
+/// does not need them: the views record accesses, and host locks carry vector times.
 fn can_map_common_segment(env: &JobConfig, mesh: &dsm_net::Mesh) -> bool {
     env.transport == dsm_proto::TransportChoice::Auto
         && mesh.segment_file.is_some()

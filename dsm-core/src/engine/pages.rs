@@ -708,7 +708,7 @@ impl<M: Memory> Engine<M> {
     }
 
     /// Says that every node of the job maps the same memory (the runtime's common
-    /// segment: every rank on one host, race detection off). Must be said before the first
+    /// segment: every rank on one host). Must be said before the first
     /// allocation, by every node alike. Every page is then one this node homes and nobody
     /// else copies: writable from its allocation on, never protected, fetched, diffed or
     /// pushed, with no write notices. What the protocol still does is order

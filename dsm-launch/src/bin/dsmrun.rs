@@ -66,7 +66,7 @@ DSM_SEGMENT_ADDR, DSM_PIN, DSM_FAST_FAULTS, DSM_STATS_FILE, DSM_PUSH, DSM_SPIN,
 DSM_RACE_PHASES, DSM_LOG and DSM_TRANSPORT are passed through from dsmrun's
 environment (see the README). By default (auto) ranks that can map the same memory
 (one host, one network namespace) talk through shared memory, and when every rank
-of the job can (and --race is off) they map one common segment, so no page travels.
+of the job can (with or without --race) they map one common segment, so no page travels.
 DSM_TRANSPORT=rings keeps each rank's own copy of the pages (moved by the protocol
 through shared memory); DSM_TRANSPORT=tcp makes every link TCP.
 
