@@ -2403,25 +2403,9 @@ impl RaceGen {
 const ELEM_SIZES: [usize; 7] = [1, 2, 3, 4, 8, 12, 16];
 
 /// Runs one random program with race detection and checks the detector against the
-/// oracle. Returns the oracle's counts and the races reported.
-#[allow(clippy::too_many_arguments)]
-fn race_case(
-    n: usize,
-    pages: (usize, usize),
-    elem: usize,
-    home_seed: u64,
-    seed: u64,
-    locks: usize,
-    phases: usize,
-    violate: usize,
-) -> (OracleCounts, Vec<Race>, usize) {
-    race_case_in(
-        false, n, pages, elem, home_seed, seed, locks, phases, violate,
-    )
-}
-
-/// [`race_case`], with `common`: the nodes map one common memory and take their locks in
-/// it (`Command::HostAcquire` / `HostRelease`, the lock's release clock joined on acquire).
+/// oracle; with `common`, the nodes map one common memory and take their locks in it
+/// (`Command::HostAcquire` / `HostRelease`, the lock's release clock joined on acquire).
+/// Returns the oracle's counts and the races reported.
 #[allow(clippy::too_many_arguments)]
 fn race_case_in(
     common: bool,
@@ -2471,8 +2455,13 @@ fn race_case_in(
 proptest! {
     #![proptest_config(ProptestConfig { cases: cases(1024), .. ProptestConfig::default() })]
 
+    /// Random race programs against the brute-force happens-before oracle, with each node
+    /// its own copy of the pages, or (`common`) all in one common memory, as one host's
+    /// ranks run by default: no page moves, locks are taken in the memory and carry their
+    /// releaser's vector time, and the races reported are still exactly the oracle's.
     #[test]
     fn race_reports_match_a_happens_before_oracle(
+        common in any::<bool>(),
         n in 2usize..6,
         pages0 in 1usize..4,
         pages1 in 1usize..3,
@@ -2483,25 +2472,7 @@ proptest! {
         phases in 1usize..5,
         violate in prop::sample::select(vec![0usize, 1, 2, 4, 8]),
     ) {
-        let _ = race_case(n, (pages0, pages1), elem, home_seed, seed, locks, phases, violate);
-    }
-
-    /// The same programs with the nodes in one common memory, as one host's ranks run by
-    /// default: no page moves, locks are taken in the memory and carry their releaser's
-    /// vector time, and the races reported are still exactly the oracle's.
-    #[test]
-    fn race_reports_in_one_common_memory_match_a_happens_before_oracle(
-        n in 2usize..6,
-        pages0 in 1usize..4,
-        pages1 in 1usize..3,
-        elem in prop::sample::select(ELEM_SIZES.to_vec()),
-        home_seed in any::<u64>(),
-        seed in any::<u64>(),
-        locks in 1usize..4,
-        phases in 1usize..5,
-        violate in prop::sample::select(vec![0usize, 1, 2, 4, 8]),
-    ) {
-        let _ = race_case_in(true, n, (pages0, pages1), elem, home_seed, seed, locks, phases, violate);
+        let _ = race_case_in(common, n, (pages0, pages1), elem, home_seed, seed, locks, phases, violate);
     }
 }
 
