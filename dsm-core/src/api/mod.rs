@@ -832,6 +832,7 @@ impl Dsm {
                     let r = self.race.as_mut().ok_or_else(|| {
                         DsmError::Protocol("bitmaps requested without race detection".into())
                     })?;
+                    r.asked_pages.extend(keys.iter().map(|k| k.page));
                     let bitmaps = r.recorder.bitmaps(&keys);
                     self.comm().send(Command::SendBitmaps { epoch, bitmaps });
                 }

@@ -45,6 +45,11 @@ pub(super) struct RaceState {
     pub(super) incremental_time: Duration,
     /// `--sem-order=safe`, master: each semaphore's tokens when the current epoch began.
     pub(super) sem_tokens: std::collections::BTreeMap<dsm_proto::SemId, u32>,
+    /// Pages whose bitmaps the master has asked this node for: an iterative program
+    /// shares the same pages epoch after epoch, so their bitmaps go with the next
+    /// arrivals unasked, sparing the master a round (the protocol's shared pages are
+    /// shipped too; in one common memory nothing marks a page shared).
+    pub(super) asked_pages: std::collections::HashSet<dsm_proto::PageNo>,
 }
 
 /// A node ships its closed intervals at least this often between barriers, so races in
@@ -102,6 +107,7 @@ impl RaceState {
             last_ship: Instant::now(),
             incremental_time: Duration::ZERO,
             sem_tokens: Default::default(),
+            asked_pages: Default::default(),
         })
     }
 
@@ -266,9 +272,13 @@ impl Dsm {
             return Vec::new();
         }
         let t = Instant::now();
+        let asked = &r.asked_pages;
         let shipped = r
             .recorder
-            .shippable(|p| states.shared(p as usize), MAX_SHIPPED_BITMAP_BYTES)
+            .shippable(
+                |p| states.shared(p as usize) || asked.contains(&p),
+                MAX_SHIPPED_BITMAP_BYTES,
+            )
             .unwrap_or_default();
         r.close_time += t.elapsed();
         shipped
