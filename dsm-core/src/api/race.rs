@@ -297,8 +297,11 @@ impl Dsm {
         if r.phases < RacePhases::Compare {
             return Ok(0);
         }
+        // Sizing every notice costs a serialization pass: only for the counters asked for.
+        let counted = r.options.stats || self.stats_file.is_some();
         let notice_bytes: u64 = intervals
             .iter()
+            .filter(|_| counted)
             .filter_map(|i| i.race.as_ref())
             .map(|n| postcard::experimental::serialized_size(n).map_or(0, |s| s as u64))
             .sum();

@@ -195,10 +195,20 @@ impl<M: Memory> Engine<M> {
             });
             self.master_release(0);
         } else {
+            // The release carries intervals for coherence only, as lock grants do: those
+            // with write notices, without race notices (the analysis has them here).
+            let coherence = all
+                .iter()
+                .filter(|r| !r.writes.is_empty())
+                .map(|r| IntervalRecord {
+                    race: None,
+                    ..r.clone()
+                })
+                .collect();
             self.master_release = Some(MasterRelease {
                 epoch,
                 global,
-                all: all.clone(),
+                all: coherence,
                 knowns,
             });
             self.reply(Reply::AnalyzeEpoch {
