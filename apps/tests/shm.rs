@@ -452,6 +452,36 @@ fn a_recorded_run_in_a_common_segment_takes_its_locks_through_the_protocol() {
     }
 }
 
+/// A race-detecting record and its replay keep each rank's own copy of the pages (in one
+/// memory a racy read sees whatever was stored last, which a replay cannot reproduce),
+/// while a plain `--race` run of the same program maps the common segment.
+#[test]
+fn race_detecting_records_and_replays_keep_each_ranks_own_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("run.dsmrec");
+    let rec = rec.to_str().unwrap();
+    let args = ["--random", "10", "--locked-bound"];
+    for flags in [
+        &["--race"][..],
+        &["--race", "--record", rec],
+        &["--race", "--replay", rec],
+    ] {
+        let mut all = vec!["--timeout", "120"];
+        all.extend_from_slice(flags);
+        let mut cmd = dsm_testkit::dsmrun_command(2, &all, TSP, &args);
+        cmd.env_remove("DSM_TRANSPORT")
+            .env("DSM_LOG", "dsm_core=info");
+        let run = dsm_testkit::run(cmd);
+        run.assert_verified(&format!("{flags:?}"));
+        let common = flags.len() == 1;
+        assert_eq!(
+            run.all_output().contains(COMMON_SEGMENT),
+            common,
+            "{flags:?}: {run:?}"
+        );
+    }
+}
+
 /// A rank that dies holding a lock of the common memory, while the others sleep on it,
 /// stops the job promptly, named as the cause; nobody hangs. Without dsmrun too: the
 /// survivors' comm threads see the connection close and end their processes.

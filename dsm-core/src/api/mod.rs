@@ -225,9 +225,14 @@ fn probe_segment_bases(
 /// Whether this rank could map one segment file with every other rank, so that no page
 /// ever travels: it holds rank 0's file, shares memory with every rank, and nothing asks
 /// for the protocol's page copies (`DSM_TRANSPORT=rings` or `tcp` does). Race detection
-/// does not need them: the views record accesses, and host locks carry vector times.
+/// does not need them: the views record accesses, and host locks carry vector times. A
+/// race-detecting record or replay does: in one memory a racy read sees whatever the
+/// writer stored last, so a replay of a racy program (the one `--pinpoint` needs) would
+/// diverge nearly always, where the protocol's copies fix what most racy reads see.
 fn can_map_common_segment(env: &JobConfig, mesh: &dsm_net::Mesh) -> bool {
+    let ordering = env.replay.record.is_some() || env.replay.replay.is_some();
     env.transport == dsm_proto::TransportChoice::Auto
+        && !(env.race.enabled && ordering)
         && mesh.segment_file.is_some()
         && (0..mesh.size).all(|r| r == mesh.rank || mesh.shm[r].is_some())
 }
