@@ -846,8 +846,8 @@ impl Dsm {
                     intervals,
                     bitmaps,
                 } => {
-                    let races = self.analyze(epoch, intervals, bitmaps)?;
-                    self.comm().send(Command::ReleaseBarrier { races });
+                    // Releases the barrier itself, as soon as it holds every bitmap.
+                    self.analyze(epoch, intervals, bitmaps)?;
                 }
                 other => {
                     return Err(DsmError::Protocol(format!(
