@@ -233,12 +233,14 @@ struct Stored {
     uniform: bool,
 }
 
-/// The bitmaps of one interval in one contiguous arena, sorted by (page, kind).
-struct IntervalBitmaps {
+/// One interval's part of the epoch store: its bitmaps are `index[index.0..index.1]`,
+/// sorted by (page, kind), and the words per page of the allocations they lie in are
+/// `words_per_page[table.0..table.1]`.
+#[derive(Clone, Copy)]
+struct IntervalSpan {
     interval: u32,
-    words_per_page: Vec<(PageNo, usize)>,
-    index: Vec<Stored>,
-    words: Vec<u64>,
+    index: (usize, usize),
+    table: (usize, usize),
 }
 
 /// Words per page of the allocation holding `page` (`table` sorted by first page).
@@ -250,29 +252,51 @@ fn words_for(table: &[(PageNo, usize)], page: PageNo) -> usize {
         .map_or(0, |w| w.1)
 }
 
-/// Bitmaps of one epoch, interval by interval (intervals are appended in order).
+/// Bitmaps of one epoch, interval by interval (intervals are appended in order), in one
+/// arena: closing an interval allocates nothing once the epoch's first ones have grown
+/// it, and a barrier empties it keeping its room.
 #[derive(Default)]
 struct EpochStore {
-    intervals: Vec<IntervalBitmaps>,
+    spans: Vec<IntervalSpan>,
+    index: Vec<Stored>,
+    words: Vec<u64>,
+    words_per_page: Vec<(PageNo, usize)>,
     bytes: usize,
 }
 
 impl EpochStore {
+    /// The stored bitmaps of one span, each with its words (one for a uniform bitmap)
+    /// and the words per page of its allocation.
+    fn entries<'a>(
+        &'a self,
+        span: &IntervalSpan,
+    ) -> impl Iterator<Item = (Stored, &'a [u64], usize)> + 'a {
+        let span = *span;
+        (span.index.0..span.index.1).map(move |j| self.entry(&span, j))
+    }
+
+    /// Entry `j` of the arena (in `span`) with its words and its words per page.
+    fn entry(&self, span: &IntervalSpan, j: usize) -> (Stored, &[u64], usize) {
+        let s = self.index[j];
+        let wpp = words_for(&self.words_per_page[span.table.0..span.table.1], s.page);
+        let at = s.offset as usize;
+        let len = if s.uniform { 1 } else { wpp };
+        (s, &self.words[at..at + len], wpp)
+    }
+
     /// Every stored bitmap whose page passes `keep`, in wire form.
     fn encoded(&self, mut keep: impl FnMut(PageNo) -> bool) -> Vec<EncodedBitmap> {
         let mut out = Vec::new();
-        for b in &self.intervals {
-            for s in b.index.iter().filter(|s| keep(s.page)) {
-                let at = s.offset as usize;
-                let wpp = words_for(&b.words_per_page, s.page);
+        for span in &self.spans {
+            for (s, words, wpp) in self.entries(span).filter(|(s, _, _)| keep(s.page)) {
                 let bits = if s.uniform {
-                    encode_uniform(b.words[at], wpp)
+                    encode_uniform(words[0], wpp)
                 } else {
-                    encode_words(&b.words[at..at + wpp])
+                    encode_words(words)
                 };
                 out.push(EncodedBitmap {
                     key: BitmapKey {
-                        interval: b.interval,
+                        interval: span.interval,
                         page: s.page,
                         kind: s.kind,
                     },
@@ -285,22 +309,28 @@ impl EpochStore {
 
     fn get(&self, key: &BitmapKey) -> Option<Vec<u64>> {
         let i = self
-            .intervals
+            .spans
             .binary_search_by_key(&key.interval, |b| b.interval)
             .ok()?;
-        let b = &self.intervals[i];
-        let j = b
-            .index
+        let span = self.spans[i];
+        let j = self.index[span.index.0..span.index.1]
             .binary_search_by_key(&(key.page, key.kind), |s| (s.page, s.kind))
             .ok()?;
-        let s = b.index[j];
-        let wpp = words_for(&b.words_per_page, s.page);
-        let at = s.offset as usize;
+        let (s, words, wpp) = self.entry(&span, span.index.0 + j);
         Some(if s.uniform {
-            vec![b.words[at]; wpp]
+            vec![words[0]; wpp]
         } else {
-            b.words[at..at + wpp].to_vec()
+            words.to_vec()
         })
+    }
+
+    /// Forgets every bitmap, keeping the arena's room for the next epoch.
+    fn clear(&mut self) {
+        self.spans.clear();
+        self.index.clear();
+        self.words.clear();
+        self.words_per_page.clear();
+        self.bytes = 0;
     }
 }
 
@@ -332,6 +362,8 @@ pub struct Recorder {
     stats: RecordStats,
     /// The epoch's access digest over the intervals already drained into race batches.
     drained_digest: u64,
+    /// The page lists of the last close, kept for their room.
+    scratch: (Vec<PageNo>, Vec<PageNo>),
 }
 
 /// Where an epoch's access digest starts (the FNV-1a offset basis).
@@ -352,6 +384,7 @@ impl Recorder {
             store: EpochStore::default(),
             stats: RecordStats::default(),
             drained_digest: DIGEST_SEED,
+            scratch: Default::default(),
         }
     }
 
@@ -396,15 +429,12 @@ impl Recorder {
         if self.allocs.iter().all(|a| a.touched.borrow().is_empty()) {
             return RaceNotices::default();
         }
-        let mut reads = Vec::new();
-        let mut writes = Vec::new();
+        let (mut reads, mut writes) = std::mem::take(&mut self.scratch);
+        reads.clear();
+        writes.clear();
         let (mut read_blocks, mut write_blocks) = (Vec::new(), Vec::new());
-        let mut stored = IntervalBitmaps {
-            interval: index,
-            words_per_page: Vec::new(),
-            index: Vec::new(),
-            words: Vec::new(),
-        };
+        let store = &mut self.store;
+        let (index_start, table_start) = (store.index.len(), store.words_per_page.len());
         // Allocations are in page order, so the arena index comes out sorted by page once
         // each allocation's touched pages are sorted.
         for a in &self.allocs {
@@ -413,7 +443,7 @@ impl Recorder {
                 continue;
             }
             touched.sort_unstable();
-            stored.words_per_page.push((a.first_page, a.words_per_page));
+            store.words_per_page.push((a.first_page, a.words_per_page));
             for &page in touched.iter() {
                 let page = page as usize;
                 let flags = a.flags[page].replace(0);
@@ -449,27 +479,33 @@ impl Recorder {
                     if mask != u64::MAX {
                         blocks.push((global, mask));
                     }
-                    stored.index.push(Stored {
+                    store.index.push(Stored {
                         page: global,
                         kind,
-                        offset: stored.words.len() as u32,
+                        offset: store.words.len() as u32,
                         uniform,
                     });
                     if uniform {
-                        stored.words.push(first);
+                        store.words.push(first);
                         for w in words {
                             w.set(0);
                         }
                     } else {
-                        stored.words.extend(words.iter().map(Cell::take));
+                        store.words.extend(words.iter().map(Cell::take));
                     }
                 }
             }
             touched.clear();
         }
-        if !stored.index.is_empty() {
-            self.store.bytes += stored.words.len() * 8 + stored.index.len() * 16;
-            self.store.intervals.push(stored);
+        if store.index.len() > index_start {
+            store.spans.push(IntervalSpan {
+                interval: index,
+                index: (index_start, store.index.len()),
+                table: (table_start, store.words_per_page.len()),
+            });
+            store.bytes = store.words.len() * 8 + store.index.len() * 16;
+        } else {
+            store.words_per_page.truncate(table_start);
         }
         self.stats.peak_store_bytes = self.stats.peak_store_bytes.max(self.store.bytes);
         if !reads.is_empty() || !writes.is_empty() {
@@ -478,12 +514,16 @@ impl Recorder {
         self.stats.read_notices += reads.len() as u64;
         self.stats.write_notices += writes.len() as u64;
         self.stats.bitmaps_stored += (reads.len() + writes.len()) as u64;
-        RaceNotices {
-            reads: PageRuns::from_pages(reads),
-            writes: PageRuns::from_pages(writes),
+        debug_assert!(reads.windows(2).all(|p| p[0] < p[1]));
+        debug_assert!(writes.windows(2).all(|p| p[0] < p[1]));
+        let notices = RaceNotices {
+            reads: PageRuns::from_sorted_unique(&reads),
+            writes: PageRuns::from_sorted_unique(&writes),
             read_blocks,
             write_blocks,
-        }
+        };
+        self.scratch = (reads, writes);
+        notices
     }
 
     /// The stored bitmaps for `keys` (missing ones come back empty: nothing accessed).
@@ -519,8 +559,7 @@ impl Recorder {
     pub fn drain_all(&mut self) -> Vec<EncodedBitmap> {
         let out = self.store.encoded(|_| true);
         self.drained_digest = self.fold_digest(self.drained_digest);
-        self.store.intervals = Vec::new();
-        self.store.bytes = 0;
+        self.store.clear();
         out
     }
 
@@ -540,19 +579,13 @@ impl Recorder {
                 .iter()
                 .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
         };
-        for b in &self.store.intervals {
-            h = mix(h, u64::from(b.interval));
-            for st in &b.index {
+        for span in &self.store.spans {
+            h = mix(h, u64::from(span.interval));
+            for (st, words, _) in self.store.entries(span) {
                 h = mix(
                     h,
                     u64::from(st.page) << 1 | (st.kind == AccessKind::Write) as u64,
                 );
-                let at = st.offset as usize;
-                let words = if st.uniform {
-                    &b.words[at..at + 1]
-                } else {
-                    &b.words[at..at + words_for(&b.words_per_page, st.page)]
-                };
                 for &w in words {
                     h = mix(h, w);
                 }
@@ -563,8 +596,7 @@ impl Recorder {
 
     /// Forgets the epoch's bitmaps (after the barrier analysis).
     pub fn discard_epoch(&mut self) {
-        self.store.intervals = Vec::new();
-        self.store.bytes = 0;
+        self.store.clear();
         self.drained_digest = DIGEST_SEED;
     }
 

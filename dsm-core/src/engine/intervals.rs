@@ -176,7 +176,8 @@ impl<M: Memory> Engine<M> {
     }
 
     pub(super) fn begin_interval(&mut self, cause: SyncCause) {
-        self.cur_start = self.vt.clone();
+        // In place: lock-heavy programs begin an interval at every acquire and release.
+        self.cur_start.0.clone_from(&self.vt.0);
         self.cur_cause = cause;
     }
 
