@@ -419,7 +419,10 @@ impl Dsm {
         let spin_budget = crate::spin::budget_for(env.spin, ranks_here);
         place_on_core(&env);
         let race = if env.race.enabled {
-            Some(RaceState::new(env.race.clone(), env.rank == 0, env.size).map_err(DsmError::Io)?)
+            let mut r =
+                RaceState::new(env.race.clone(), env.rank == 0, env.size).map_err(DsmError::Io)?;
+            r.timed = env.race.stats || env.stats_file.is_some();
+            Some(r)
         } else {
             None
         };
