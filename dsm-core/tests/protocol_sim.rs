@@ -2134,7 +2134,7 @@ fn pages_written_interval_after_interval_stay_writable_until_a_notice_names_them
         "the kept copy was write-protected: {w:?}"
     );
 
-    // With keeping off (as in race mode), every section faults.
+    // With keeping off, every section faults.
     let mut s = sim(2, &[0], 1, 0);
     s.nodes[1].eng.set_keep_writable(false);
     for _ in 0..5 {

@@ -29,7 +29,7 @@ impl<M: Memory> Engine<M> {
     /// Ends the open interval: diffs go to homes, pages are write-protected, and the
     /// interval is logged if it carries any notice.
     ///
-    /// Outside race mode a page whose diff was not empty stays writable, its twin brought
+    /// A page whose diff was not empty stays writable, its twin brought
     /// up to the page (`keep_writable`): code that writes the same page interval after
     /// interval (a lock per element of an array, sums added one critical section at a
     /// time) then pays one diff per interval instead of a write fault, a twin and two
@@ -151,10 +151,10 @@ impl<M: Memory> Engine<M> {
     }
 
     /// Turns keeping written pages writable across interval closes on or off (on by
-    /// default outside race mode; see `close_interval`). Off, every interval's first write
-    /// to a page takes a write fault, as in race mode.
+    /// default; see `close_interval`). Off, every interval's first write to a page takes
+    /// a write fault.
     pub fn set_keep_writable(&mut self, on: bool) {
-        self.keep_writable = on && !self.race_mode;
+        self.keep_writable = on;
     }
 
     /// Write-protects `p` if it was kept writable past the last close (see

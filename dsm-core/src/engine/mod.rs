@@ -517,8 +517,8 @@ pub struct Engine<M: Memory> {
     /// Outside race mode: pages of `dirty` left writable at the last close, with how many
     /// closes in a row found them unchanged (see `close_interval`).
     kept: HashMap<PageNo, u8>,
-    /// Whether closes keep written pages writable (off in race mode, whose access
-    /// notices come from the faults of every interval).
+    /// Whether closes keep written pages writable (see `close_interval`). Race mode keeps
+    /// them too: its access notices come from the views' recorder, not from faults.
     keep_writable: bool,
     /// Every node maps the same memory (see [`Engine::set_common_memory`]): this node
     /// treats every page as one it homes and nobody else copies, so none is ever
@@ -633,7 +633,7 @@ impl<M: Memory> Engine<M> {
             race_shipped: 0,
             dirty: Vec::new(),
             kept: HashMap::new(),
-            keep_writable: !race_mode,
+            keep_writable: true,
             common_memory: false,
             twins: HashMap::new(),
             fast: None,
