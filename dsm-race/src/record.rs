@@ -475,7 +475,11 @@ impl Recorder {
                         continue;
                     }
                     list.push(global);
-                    let mask = block_mask(words.iter().map(Cell::get), a.shift);
+                    let mask = if uniform {
+                        uniform_block_mask(first, a.shift)
+                    } else {
+                        block_mask(words.iter().map(Cell::get), a.shift)
+                    };
                     if mask != u64::MAX {
                         blocks.push((global, mask));
                     }
@@ -617,6 +621,16 @@ fn block_mask(words: impl Iterator<Item = u64>, shift: u32) -> u64 {
     mask
 }
 
+/// [`block_mask`] of a page whose every word is `w` (most pages of banded programs).
+fn uniform_block_mask(w: u64, shift: u32) -> u64 {
+    let per_word = 1u32 << shift;
+    let blocks = word_blocks(w, shift);
+    if blocks == (1u64 << per_word) - 1 {
+        return u64::MAX;
+    }
+    (0..64 / per_word).fold(0, |m, i| m | blocks << (i * per_word))
+}
+
 /// The blocks one bitmap word touches: bit `b` for its `b`-th run of `64 >> shift`
 /// granules (a byte of the word for 8-byte granules).
 #[inline]
@@ -737,6 +751,19 @@ mod tests {
             );
             let all = block_mask(std::iter::repeat_n(u64::MAX, words), shift);
             assert_eq!(all, u64::MAX, "shift {shift}");
+            for w in [
+                1u64,
+                1 << 63,
+                0x5555_5555_5555_5555,
+                0x00ff_0000_0000_0001,
+                u64::MAX,
+            ] {
+                assert_eq!(
+                    uniform_block_mask(w, shift),
+                    block_mask(std::iter::repeat_n(w, words), shift),
+                    "{w:#x}, shift {shift}"
+                );
+            }
             assert_eq!(block_mask(std::iter::once(1), shift), 1);
         }
         // The byte-gathering multiply against a plain loop over the bytes.
