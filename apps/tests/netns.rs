@@ -58,6 +58,18 @@ impl Hosts {
         Some(h)
     }
 
+    /// [`Hosts::new`], or a visible skip of `test` saying why there are none.
+    fn or_skip(n: usize, test: &str) -> Option<Hosts> {
+        let hosts = Hosts::new(n);
+        if hosts.is_none() {
+            dsm_testkit::skip(
+                test,
+                "cannot create network namespaces here (needs root and iproute2)",
+            );
+        }
+        hosts
+    }
+
     fn ns(&self, k: usize) -> String {
         format!("{}-{k}", self.tag)
     }
@@ -108,11 +120,7 @@ fn run_on_hosts_with(
 
 #[test]
 fn ranks_in_separate_network_namespaces() {
-    let Some(hosts) = Hosts::new(3) else {
-        dsm_testkit::skip(
-            "ranks_in_separate_network_namespaces",
-            "cannot create network namespaces here (needs root and iproute2)",
-        );
+    let Some(hosts) = Hosts::or_skip(3, "ranks_in_separate_network_namespaces") else {
         return;
     };
     for (program, args) in [
@@ -140,11 +148,7 @@ const KERNEL: &str = env!("CARGO_BIN_EXE_race-kernel");
 /// race exit status, and a lock-ordered program on the same hosts reports none.
 #[test]
 fn races_between_hosts_are_found() {
-    let Some(hosts) = Hosts::new(3) else {
-        dsm_testkit::skip(
-            "races_between_hosts_are_found",
-            "cannot create network namespaces here (needs root and iproute2)",
-        );
+    let Some(hosts) = Hosts::or_skip(3, "races_between_hosts_are_found") else {
         return;
     };
     for (kernel, racy) in [("missing-barrier", true), ("locked-counter", false)] {

@@ -220,7 +220,8 @@ impl Segment {
     fn host_lock_at(&'static self, index: usize) -> HostLock {
         debug_assert!(index < HOST_LOCK_SLOTS && self.host_locks != 0);
         // SAFETY: the table mapping (`host_table_bytes(nodes)` long, page-aligned, shared,
-        // never unmapped for a `&'static` segment) holds HOST_LOCK_SLOTS slots of 32
+        // unmapped only when the segment is dropped, which a `&'static` one never is:
+        // `start` leaks it, so both may be borrowed for 'static) holds HOST_LOCK_SLOTS slots of 32
         // bytes and then HOST_LOCK_SLOTS clocks of `nodes` u32s; `index` is below
         // HOST_LOCK_SLOTS, so both lie inside it, aligned. All-zero bytes are valid
         // atomics, and other processes touch these bytes only through the same atomics.
@@ -244,20 +245,13 @@ impl Segment {
         // Fibonacci hashing spreads consecutive ids (one lock per molecule) over the table.
         let start = (id.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48) as usize;
         for probe in 0..HOST_LOCK_PROBES {
-            let index = (start + probe) % HOST_LOCK_SLOTS;
-            // SAFETY: the table mapping is HOST_LOCK_BYTES long, page-aligned, shared and
-            // unmapped only when the segment is dropped, which a `&'static` one never is
-            // (`start` leaks it), so the slot may be borrowed for 'static; `index` is
-            // below HOST_LOCK_SLOTS, so the slot lies inside it, aligned (32-byte slots). All-zero
-            // bytes are a valid `HostLockSlot` (atomics), and other processes touch these
-            // bytes only through the same atomics.
-            let slot: &'static HostLockSlot =
-                unsafe { &*((self.host_locks as *const HostLockSlot).add(index)) };
+            let lock = self.host_lock_at((start + probe) % HOST_LOCK_SLOTS);
+            let slot = lock.slot;
             loop {
                 match slot.tag.load(Ordering::Acquire) {
                     LOCK_SLOT_READY => {
                         if slot.key.load(Ordering::Relaxed) == id {
-                            return Some(self.host_lock_at(index));
+                            return Some(lock);
                         }
                         break;
                     }
@@ -274,7 +268,7 @@ impl Segment {
                         {
                             slot.key.store(id, Ordering::Relaxed);
                             slot.tag.store(LOCK_SLOT_READY, Ordering::Release);
-                            return Some(self.host_lock_at(index));
+                            return Some(lock);
                         }
                     }
                     // Another rank is writing this slot's key: a few instructions,

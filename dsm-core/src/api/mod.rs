@@ -941,11 +941,13 @@ impl Dsm {
                     self.rank
                 )));
             }
+            // The interval before the acquire closes before the wait, not inside the
+            // critical section the other ranks queue behind.
+            let race = self.close_race_interval();
             host.lock(crate::spin::budget_ns());
             self.host_locks_held.push(lock);
             self.host_lock_acquires += 1;
             if self.race.is_some() {
-                let race = self.close_race_interval();
                 let released = VectorTime(host.released_clock());
                 match self.comm().call(Command::HostAcquire {
                     lock,

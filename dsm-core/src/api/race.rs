@@ -25,8 +25,9 @@ pub(super) struct RaceState {
     pub(super) vars: VarTable,
     pub(super) options: RaceOptions,
     pub(super) close_time: Duration,
-    /// `close_time` is kept (`--race-stats` or a stats file): lock-heavy programs close
-    /// an interval every microsecond or so, and two clock reads each are not free.
+    /// The detector's own timers and notice sizes are kept (`--race-stats` or a stats
+    /// file): lock-heavy programs close an interval every microsecond or so, and two clock
+    /// reads each are not free.
     pub(super) timed: bool,
     pub(super) plan_time: Duration,
     pub(super) bitmap_time: Duration,
@@ -309,13 +310,15 @@ impl Dsm {
             return Ok(0);
         }
         // Sizing every notice costs a serialization pass: only for the counters asked for.
-        let counted = r.options.stats || self.stats_file.is_some();
-        let notice_bytes: u64 = intervals
-            .iter()
-            .filter(|_| counted)
-            .filter_map(|i| i.race.as_ref())
-            .map(|n| postcard::experimental::serialized_size(n).map_or(0, |s| s as u64))
-            .sum();
+        let notice_bytes: u64 = if r.timed {
+            intervals
+                .iter()
+                .filter_map(|i| i.race.as_ref())
+                .map(|n| postcard::experimental::serialized_size(n).map_or(0, |s| s as u64))
+                .sum()
+        } else {
+            0
+        };
         // Batches sent before the arrivals are all here: analyse them first; the barrier's
         // plan then skips the pairs they covered.
         self.absorb_race_batches()?;
