@@ -849,8 +849,8 @@ impl Dsm {
                     intervals,
                     bitmaps,
                 } => {
-                    // Releases the barrier itself, as soon as it holds every bitmap.
-                    self.analyze(epoch, intervals, bitmaps)?;
+                    let races = self.analyze(epoch, intervals, bitmaps)?;
+                    self.comm().send(Command::ReleaseBarrier { races });
                 }
                 other => {
                     return Err(DsmError::Protocol(format!(

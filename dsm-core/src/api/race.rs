@@ -293,9 +293,7 @@ impl Dsm {
         shipped
     }
 
-    /// Barrier master, race mode: find, fetch, release the barrier, compare, report. The
-    /// nodes go on once every bitmap the comparison needs is here: comparing and
-    /// reporting take rank 0's time, not everyone's.
+    /// Barrier master, race mode: find, fetch, compare, report.
     pub(super) fn analyze(
         &mut self,
         epoch: u32,
@@ -306,7 +304,6 @@ impl Dsm {
             DsmError::Protocol("analysis requested without race detection".into())
         })?;
         if r.phases < RacePhases::Compare {
-            self.comm().send(Command::ReleaseBarrier { races: 0 });
             return Ok(0);
         }
         // Sizing every notice costs a serialization pass: only for the counters asked for.
@@ -426,7 +423,6 @@ impl Dsm {
                 }
             }
         }
-        comm.send(Command::ReleaseBarrier { races: 0 });
         let findings = match r.checker.as_mut() {
             Some(checker) => checker.check(epoch, plan.intervals(), &bitmaps, &r.vars),
             None => Vec::new(),

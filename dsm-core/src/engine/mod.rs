@@ -238,12 +238,10 @@ pub enum Command {
         /// The bitmaps asked for.
         bitmaps: Vec<EncodedBitmap>,
     },
-    /// Race mode, barrier master: the analysis needs nothing more from the nodes, let
-    /// everyone go. The master's own [`Reply::BarrierDone`] follows.
+    /// Race mode, barrier master: analysis done, let everyone go. The master's own
+    /// [`Reply::BarrierDone`] follows.
     ReleaseBarrier {
-        /// Races the master had reported for the epoch when it released it, passed on to
-        /// every node (the runtime releases before it compares, so it passes 0: only the
-        /// master reports).
+        /// Races reported for the epoch, passed on to every node.
         races: u64,
     },
     /// Snapshot of the protocol counters, answered with [`Reply::Stats`].
