@@ -130,6 +130,9 @@ struct Node {
     interval: u32,
     epoch: u32,
     began: SyncCause,
+    /// Incremental runs: whether the node shipped a race batch since its last barrier
+    /// (only then does it ship a last one before the next, as `api.rs`).
+    shipped_in_epoch: bool,
 }
 
 /// Whether any page of `first..=last` would fault for this access, by the mirrored page
@@ -499,6 +502,9 @@ impl Sim {
                         b.intervals,
                         b.bitmaps,
                     );
+                    if b.last {
+                        inc.entered_barrier(b.from);
+                    }
                     self.incremental_races += races.len();
                     self.races.extend(races);
                 }
@@ -518,9 +524,11 @@ impl Sim {
     fn completed(&mut self, k: usize) {
         if self.incremental.is_some() && self.rand(3) == 0 {
             let bitmaps = self.nodes[k].rec.as_mut().expect("race mode").drain_all();
-            let outs = self.nodes[k]
-                .eng
-                .on_command(Command::ShipRaceBatch { bitmaps });
+            self.nodes[k].shipped_in_epoch = true;
+            let outs = self.nodes[k].eng.on_command(Command::ShipRaceBatch {
+                bitmaps,
+                last: None,
+            });
             self.outputs(k, outs);
         }
         let node = &mut self.nodes[k];
@@ -901,6 +909,23 @@ impl Sim {
         self.log(k, 0, addr / 8, write);
     }
 
+    /// Before a barrier, as `Dsm::barrier` does in incremental runs: the open interval
+    /// closes into a last race batch (the same clock, the next interval number), so the
+    /// master may drop the others' intervals without waiting for this node.
+    fn ship_last_batch(&mut self, k: usize) {
+        let node = &mut self.nodes[k];
+        node.shipped_in_epoch = false;
+        let rec = node.rec.as_mut().expect("race mode");
+        let notices = rec.close_interval();
+        let bitmaps = rec.drain_all();
+        node.interval += 1;
+        let outs = node.eng.on_command(Command::ShipRaceBatch {
+            bitmaps,
+            last: Some(notices),
+        });
+        self.outputs(k, outs);
+    }
+
     /// The app side of a synchronization operation: closes the recorder's interval (its
     /// notices go with the command) and tells the oracle what happened.
     fn begin_sync(&mut self, k: usize, op: Op) -> Option<RaceNotices> {
@@ -993,7 +1018,7 @@ impl Sim {
                 let inc = self.incremental.as_ref().filter(|inc| inc.active());
                 if let Some(inc) = inc {
                     intervals.retain(|i| !inc.shipped(i.node, i.index));
-                    intervals.extend(inc.pending_intervals().iter().cloned());
+                    intervals.extend(inc.pending_intervals().cloned());
                     bitmaps.extend(inc.bitmaps());
                 }
                 let plan = dsm_race::plan_fresh(epoch, intervals, false, |i| {
@@ -1168,6 +1193,9 @@ impl Sim {
             }
             Op::Barrier | Op::Finish => {
                 let finishing = matches!(op, Op::Finish);
+                if self.nodes[k].shipped_in_epoch {
+                    self.ship_last_batch(k);
+                }
                 let race = self.begin_sync(k, op);
                 let bitmaps = self.shipped(k);
                 let outs = self.nodes[k].eng.on_command(Command::Barrier {
@@ -1538,6 +1566,7 @@ fn sim_with_setup(
             interval: 1,
             epoch: 1,
             began: SyncCause::Start,
+            shipped_in_epoch: false,
         });
     }
     let mut allocs = Vec::new();
@@ -2678,6 +2707,8 @@ fn crossing_races_leave_a_first_race() {
             homes: vec![0],
         }];
         let mut s = sim_with(2, &specs, 1, seed, true);
+        // First races are a barrier-time notion: `--race-first` ships no race batches.
+        s.incremental = None;
         s.nodes[0].script.extend([
             touch(0),
             Op::Acquire(1),

@@ -19,7 +19,7 @@ pub type LockId = u64;
 pub type SemId = u64;
 
 /// Protocol version spoken in the handshake; bump it when any message layout changes.
-pub const PROTOCOL_VERSION: u32 = 13;
+pub const PROTOCOL_VERSION: u32 = 14;
 
 /// A vector timestamp: entry `n` is the index of the latest interval of node `n` that is
 /// known (has been "seen"). Intervals are numbered from 1, so 0 means "nothing seen".
@@ -659,6 +659,10 @@ pub enum Msg {
         intervals: Vec<IntervalRecord>,
         /// Every bitmap those intervals recorded.
         bitmaps: Vec<EncodedBitmap>,
+        /// The sender is entering a barrier and closes no more intervals with accesses
+        /// in this epoch: its later intervals follow everything, so the master may drop
+        /// the other nodes' intervals without waiting for this one to learn of them.
+        last: bool,
     },
     /// A signal (V) on a semaphore, sent by the signaller to the semaphore's manager
     /// (`sem % nodes`); a manager handles its own signals without a message.

@@ -11,6 +11,14 @@
 //! those nodes follows it, and every earlier one has already been checked against it.
 //! Memory is therefore bounded by the intervals not yet seen by everybody, not by the run.
 //!
+//! A batch costs what it shares with the others, not what is pending: only the pending
+//! intervals of other nodes that touch a page the batch touches are planned with it (a
+//! pair on no common page cannot race, and pending pairs were checked when the later one
+//! arrived), and the intervals every other node has seen leave as a prefix of each node's
+//! list. A node that runs ahead of the others thus keeps the master's work flat, where
+//! re-planning everything pending made each batch cost more than the last and let the
+//! master fall ever further behind (issue 36).
+//!
 //! At the next barrier the master plans the whole epoch as usual but skips pairs of
 //! intervals that were both shipped (already checked), and takes the pending intervals'
 //! bitmaps from here instead of fetching them (the nodes no longer have them): the races
@@ -25,18 +33,20 @@
 //! is exactly what it finds.
 
 use crate::detect::{plan_fresh, Bitmaps, Race, VarTable};
-use dsm_proto::{EncodedBitmap, IntervalRecord, NodeId, VectorTime};
+use dsm_proto::{EncodedBitmap, IntervalRecord, NodeId, PageNo, PageRuns, VectorTime};
 
 /// The race master's state between two barriers.
 pub struct Incremental {
     nodes: usize,
     schedule: bool,
-    /// Received intervals not yet discarded, by node then index.
-    pending: Vec<IntervalRecord>,
+    /// Received intervals with race notices not yet discarded: per node, in index order.
+    pending: Vec<Vec<IntervalRecord>>,
     /// The pending intervals' bitmaps.
     bitmaps: Bitmaps,
     /// Each node's vector time at its latest batch.
     known: Vec<Option<VectorTime>>,
+    /// Nodes whose last batch before the barrier has arrived (see [`Incremental::absorb`]).
+    done: Vec<bool>,
     /// Each node's last interval shipped in this epoch (0: none).
     shipped: Vec<u32>,
     /// Test oracle: every shipped interval, bitmap and incremental race of the epoch.
@@ -53,9 +63,10 @@ impl Incremental {
         Incremental {
             nodes,
             schedule,
-            pending: Vec::new(),
+            pending: vec![Vec::new(); nodes],
             bitmaps: Bitmaps::new(),
             known: vec![None; nodes],
+            done: vec![false; nodes],
             shipped: vec![0; nodes],
             oracle: None,
             batches: 0,
@@ -108,45 +119,71 @@ impl Incremental {
             self.shipped[from_idx] = last.index;
         }
         self.shipped[from_idx] = self.shipped[from_idx].max(known.get(from));
+        let new: Vec<IntervalRecord> = new.into_iter().filter(|r| r.race.is_some()).collect();
         let mut races = Vec::new();
         if !new.is_empty() {
-            let mut all = self.pending.clone();
+            let touched = touched_pages(&new);
+            let mut all: Vec<IntervalRecord> = self
+                .pending
+                .iter()
+                .enumerate()
+                .filter(|&(node, _)| node != from_idx)
+                .flat_map(|(_, list)| list)
+                .filter(|r| touches(r, &touched))
+                .cloned()
+                .collect();
             all.extend(new.iter().cloned());
             let plan = plan_fresh(epoch, all, self.schedule, |r| {
                 r.node == from && r.index > already
             });
             races = plan.compare(&self.bitmaps, vars);
             if let Some((all, _, found)) = self.oracle.as_mut() {
-                all.extend(new.iter().filter(|r| r.race.is_some()).cloned());
+                all.extend(new.iter().cloned());
                 found.extend(races.iter().cloned());
             }
-            self.pending
-                .extend(new.into_iter().filter(|r| r.race.is_some()));
-            self.pending.sort_by_key(|r| (r.node, r.index));
+            self.pending[from_idx].extend(new);
         }
         self.known[from_idx] = Some(known);
-        self.peak_pending = self.peak_pending.max(self.pending.len());
+        self.peak_pending = self.peak_pending.max(self.pending());
         self.discard_seen();
         races
     }
 
-    /// Drops the intervals every other node has seen, and their bitmaps.
+    /// `node` (whose batches were all absorbed) is entering the barrier and closes no
+    /// more intervals with accesses before it: nothing it does later in the epoch can be
+    /// concurrent with what the others do, so their intervals need not wait for it to
+    /// learn of them.
+    pub fn entered_barrier(&mut self, node: NodeId) {
+        if let Some(done) = self.done.get_mut(node as usize) {
+            *done = true;
+            self.discard_seen();
+        }
+    }
+
+    /// Drops the intervals every other node has seen, and their bitmaps: of each node's
+    /// list, the prefix up to the least index the others' latest batches say they know.
     fn discard_seen(&mut self) {
         if self.schedule {
             return;
         }
-        let known = &self.known;
-        let nodes = self.nodes;
-        let seen_by_all = |node: NodeId, index: u32| {
-            (0..nodes)
-                .filter(|&q| q != node as usize)
-                .all(|q| known[q].as_ref().is_some_and(|k| k.get(node) >= index))
-        };
-        let before = self.pending.len();
-        self.pending.retain(|r| !seen_by_all(r.node, r.index));
-        if self.pending.len() != before {
+        let seen: Vec<u32> = (0..self.nodes)
+            .map(|p| {
+                (0..self.nodes)
+                    .filter(|&q| q != p && !self.done[q])
+                    .map(|q| self.known[q].as_ref().map_or(0, |k| k.get(p as NodeId)))
+                    .min()
+                    .unwrap_or(u32::MAX)
+            })
+            .collect();
+        let mut dropped = false;
+        for (list, &upto) in self.pending.iter_mut().zip(&seen) {
+            let k = list.partition_point(|r| r.index <= upto);
+            dropped |= k > 0;
+            list.drain(..k);
+        }
+        if dropped {
             self.bitmaps
-                .retain(|node, key| !seen_by_all(node, key.interval));
+                .retain(|node, key| key.interval > seen[node as usize]);
         }
     }
 
@@ -163,8 +200,8 @@ impl Incremental {
 
     /// The pending intervals, for the barrier's analysis (the nodes no longer send their
     /// access notices).
-    pub fn pending_intervals(&self) -> &[IntervalRecord] {
-        &self.pending
+    pub fn pending_intervals(&self) -> impl Iterator<Item = &IntervalRecord> {
+        self.pending.iter().flatten()
     }
 
     /// The pending intervals' bitmaps, for the barrier's analysis.
@@ -174,17 +211,68 @@ impl Incremental {
 
     /// Intervals pending now.
     pub fn pending(&self) -> usize {
-        self.pending.len()
+        self.pending.iter().map(Vec::len).sum()
     }
 
     /// After a barrier: everything before it is ordered before everything after it.
     pub fn reset(&mut self) {
-        self.pending.clear();
+        self.pending.iter_mut().for_each(Vec::clear);
         self.bitmaps = Bitmaps::new();
         self.known = vec![None; self.nodes];
+        self.done = vec![false; self.nodes];
         self.shipped = vec![0; self.nodes];
         if self.oracle.is_some() {
             self.oracle = Some(Default::default());
         }
+    }
+}
+
+/// Every page the intervals' notices name, as sorted, disjoint runs.
+fn touched_pages(intervals: &[IntervalRecord]) -> PageRuns {
+    PageRuns::from_runs(
+        intervals
+            .iter()
+            .filter_map(|r| r.race.as_ref())
+            .flat_map(|n| n.reads.runs().iter().chain(n.writes.runs()))
+            .copied(),
+    )
+}
+
+/// Whether interval `r`'s notices name a page of `pages`.
+fn touches(r: &IntervalRecord, pages: &PageRuns) -> bool {
+    r.race.as_ref().is_some_and(|n| {
+        runs_meet(n.reads.runs(), pages.runs()) || runs_meet(n.writes.runs(), pages.runs())
+    })
+}
+
+/// Whether two sorted lists of disjoint page runs `(first, count)` share a page.
+fn runs_meet(a: &[(PageNo, u32)], b: &[(PageNo, u32)]) -> bool {
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        let (af, ac) = a[i];
+        let (bf, bc) = b[j];
+        if af < bf + bc && bf < af + ac {
+            return true;
+        }
+        if af + ac <= bf + bc {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_meet_only_on_a_common_page() {
+        assert!(runs_meet(&[(0, 2)], &[(1, 1)]));
+        assert!(!runs_meet(&[(0, 2)], &[(2, 3)]));
+        assert!(runs_meet(&[(0, 1), (10, 5)], &[(3, 2), (14, 9)]));
+        assert!(!runs_meet(&[(0, 1), (10, 5)], &[(3, 2), (15, 9)]));
+        assert!(!runs_meet(&[], &[(0, 9)]));
     }
 }

@@ -117,6 +117,15 @@ enum Test {
         #[arg(long)]
         plant: bool,
     },
+    /// A lock-only program as a user writes one (issue 36): no barrier until `finish`,
+    /// no rendezvous. Each rank makes `iters` updates of its own slots under its own lock,
+    /// and every 100th time adds 1 to a shared counter under a shared lock; rank 0 writes
+    /// `planted[3]` and the last rank reads it right after the allocations, unsynchronized
+    /// (one race). Rank 0 checks the counter; every rank prints its peak resident memory.
+    OwnLocks {
+        #[arg(long, default_value_t = 50_000)]
+        iters: u64,
+    },
     /// Prints the order in which the nodes took one lock: every node takes the lock
     /// `rounds` times and appends its rank to a shared list; after the last barrier rank 0
     /// prints the list (`order: 0 2 1 ...`). The list is the lock's schedule, which is what
@@ -237,6 +246,7 @@ fn main() -> anyhow::Result<ExitCode> {
         Test::SharedCore { pages } => shared_core(&mut dsm, pages)?,
         Test::Checks { bug } => checks(&mut dsm, &bug)?,
         Test::LockOnly { intervals, plant } => lock_only(&mut dsm, intervals, plant)?,
+        Test::OwnLocks { iters } => own_locks(&mut dsm, iters)?,
         Test::LockOrder { rounds, work } => lock_order(&mut dsm, rounds, work)?,
         Test::Hang { seconds } => {
             println!("pid {}", std::process::id());
@@ -340,6 +350,50 @@ fn lock_only(dsm: &mut Dsm, intervals: u64, plant: bool) -> anyhow::Result<()> {
         println!(
             "verified: lock-only, {n} ranks x {iters} iterations ({} intervals), {met} meetings, {:.3} s",
             2 * iters * n as u64,
+            start.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+fn own_locks(dsm: &mut Dsm, iters: u64) -> anyhow::Result<()> {
+    const SLOTS: usize = 512;
+    const SHARE_EVERY: u64 = 100;
+    let (rank, n) = (dsm.rank(), dsm.size());
+    let planted = dsm.alloc::<u64>("planted", 8)?;
+    let own = dsm.alloc::<u64>("own", SLOTS * n)?;
+    let shared = dsm.alloc::<u64>("shared", 8)?;
+    dsm.assume_initialised(&shared);
+    if rank == 0 {
+        dsm.view(&planted).set(3, 1);
+    } else if rank == n - 1 {
+        std::hint::black_box(dsm.view(&planted).get(3));
+    }
+    let start = Instant::now();
+    for i in 0..iters {
+        {
+            let g = dsm.lock(100 + rank as u64)?;
+            g.view(&own).set(rank * SLOTS + (i as usize % SLOTS), i);
+        }
+        if i % SHARE_EVERY == SHARE_EVERY - 1 {
+            let g = dsm.lock(7)?;
+            let v = g.view(&shared);
+            v.set(0, v.get(0) + 1);
+        }
+    }
+    println!(
+        "rank {rank}: {iters} iterations, peak RSS {} KiB",
+        peak_rss_kib()?
+    );
+    dsm.barrier()?;
+    if rank == 0 {
+        let sum = dsm.view(&shared).get(0);
+        let want = n as u64 * (iters / SHARE_EVERY);
+        if sum != want {
+            fail(&format!("shared counter {sum}, expected {want}"));
+        }
+        println!(
+            "verified: own-locks, {n} ranks x {iters} iterations, {:.3} s",
             start.elapsed().as_secs_f64()
         );
     }

@@ -45,6 +45,8 @@ pub(super) struct RaceState {
     unshipped: u32,
     /// When this node last shipped a race batch (or passed a barrier).
     last_ship: Instant,
+    /// Whether this node shipped a race batch since the last barrier.
+    shipped_in_epoch: bool,
     /// Time spent absorbing race batches (rank 0).
     pub(super) incremental_time: Duration,
     /// `--sem-order=safe`, master: each semaphore's tokens when the current epoch began.
@@ -110,16 +112,28 @@ impl RaceState {
             incremental,
             unshipped: 0,
             last_ship: Instant::now(),
+            shipped_in_epoch: false,
             incremental_time: Duration::ZERO,
             sem_tokens: Default::default(),
             asked_pages: Default::default(),
         })
     }
 
+    /// Whether this node ships race batches between barriers. First races, the dynamic
+    /// checks and the safe semaphore order need whole epochs: `--race-first`, `--check`
+    /// and `--sem-order=safe` analyse at barriers only.
+    fn batching(&self) -> bool {
+        self.phases == RacePhases::Full
+            && !self.options.first_only
+            && !self.options.check
+            && !self.options.sem_order_safe
+    }
+
     /// A barrier completed: what was shipped or kept before it is analysed.
     pub(super) fn epoch_done(&mut self) {
         self.unshipped = 0;
         self.last_ship = Instant::now();
+        self.shipped_in_epoch = false;
         if let Some(inc) = self.incremental.as_mut() {
             inc.reset();
         }
@@ -209,13 +223,7 @@ impl Dsm {
         let Some(r) = self.race.as_mut() else {
             return Ok(());
         };
-        // First races, the dynamic checks and the safe semaphore order need whole epochs:
-        // `--race-first`, `--check` and `--sem-order=safe` analyse at barriers only.
-        if r.phases < RacePhases::Full
-            || r.options.first_only
-            || r.options.check
-            || r.options.sem_order_safe
-        {
+        if !r.batching() {
             return Ok(());
         }
         r.unshipped += 1;
@@ -227,13 +235,40 @@ impl Dsm {
         {
             r.unshipped = 0;
             r.last_ship = Instant::now();
+            r.shipped_in_epoch = true;
             let bitmaps = r.recorder.drain_all();
-            self.comm().send(Command::ShipRaceBatch { bitmaps });
+            self.comm().send(Command::ShipRaceBatch {
+                bitmaps,
+                last: None,
+            });
         }
         if absorb_due {
             self.absorb_race_batches()?;
         }
         Ok(())
+    }
+
+    /// Before a barrier, in an epoch this node shipped race batches in: its open interval
+    /// closes into a last batch, which tells the master that nothing this node does
+    /// later in the epoch can race, so the other nodes' intervals need not wait for it
+    /// to learn of them (a node that reaches the barrier long before the others would
+    /// otherwise keep everything they do meanwhile in the master's memory). Not while
+    /// recording or replaying: the extra interval would depend on when batches went.
+    pub(super) fn ship_last_race_batch(&mut self) {
+        let ordered = self.named_locks.is_some();
+        if !self
+            .race
+            .as_ref()
+            .is_some_and(|r| r.batching() && r.shipped_in_epoch && !ordered)
+        {
+            return;
+        }
+        let last = self.close_race_interval();
+        let Some(r) = self.race.as_mut() else {
+            return;
+        };
+        let bitmaps = r.recorder.drain_all();
+        self.comm().send(Command::ShipRaceBatch { bitmaps, last });
     }
 
     /// Rank 0: analyses the race batches that have arrived and reports their races.
@@ -262,6 +297,9 @@ impl Dsm {
                 b.intervals,
                 b.bitmaps,
             );
+            if b.last {
+                inc.entered_barrier(b.from);
+            }
             reported += reporter
                 .report(&at, &races, &mut std::io::stderr())
                 .map_err(DsmError::Io)?;
@@ -346,7 +384,7 @@ impl Dsm {
         let inc = r.incremental.as_ref().filter(|inc| inc.active());
         if let Some(inc) = inc {
             intervals.retain(|i| !inc.shipped(i.node, i.index));
-            intervals.extend(inc.pending_intervals().iter().cloned());
+            intervals.extend(inc.pending_intervals().cloned());
             bitmaps.extend(inc.bitmaps());
         }
         // The oracle (tests): the whole epoch planned as if nothing had been analysed.

@@ -317,8 +317,21 @@ impl<M: Memory> Engine<M> {
     }
 
     /// Race mode: this node's intervals closed since its previous batch go to the race
-    /// master with `bitmaps` (all they recorded), and what this node has seen.
-    pub(super) fn ship_race_batch(&mut self, bitmaps: Vec<EncodedBitmap>) {
+    /// master with `bitmaps` (all they recorded), and what this node has seen. With
+    /// `last`, the open interval closes first (see [`Command::ShipRaceBatch`]).
+    ///
+    /// [`Command::ShipRaceBatch`]: super::Command::ShipRaceBatch
+    pub(super) fn ship_race_batch(
+        &mut self,
+        bitmaps: Vec<EncodedBitmap>,
+        last: Option<RaceNotices>,
+    ) {
+        let closing = last.is_some();
+        if let Some(notices) = last {
+            let cause = self.cur_cause;
+            self.close_interval(Some(notices));
+            self.begin_interval(cause);
+        }
         let shipped_upto = self.race_shipped;
         let own = &mut self.log[self.me as usize];
         let start = own.partition_point(|r| r.index <= shipped_upto);
@@ -350,6 +363,7 @@ impl<M: Memory> Engine<M> {
                 known,
                 intervals,
                 bitmaps,
+                last: closing,
             }));
         } else {
             self.send(
@@ -358,34 +372,25 @@ impl<M: Memory> Engine<M> {
                     known,
                     intervals,
                     bitmaps,
+                    last: closing,
                 },
             );
         }
     }
 
     /// The race master takes a node's batch (checked for shape) to its app thread.
-    pub(super) fn on_race_batch(
-        &mut self,
-        from: NodeId,
-        known: VectorTime,
-        intervals: Vec<IntervalRecord>,
-        bitmaps: Vec<EncodedBitmap>,
-    ) {
+    pub(super) fn on_race_batch(&mut self, from: NodeId, batch: RaceBatch) {
         if self.me != 0
             || from == 0
-            || known.len() != self.n
-            || intervals
+            || batch.known.len() != self.n
+            || batch
+                .intervals
                 .iter()
-                .any(|r| r.node != from || r.index > known.get(from))
+                .any(|r| r.node != from || r.index > batch.known.get(from))
         {
             self.fatal(format!("rank {from} sent a malformed race batch"));
             return;
         }
-        self.out.push(Output::RaceBatch(RaceBatch {
-            from,
-            known,
-            intervals,
-            bitmaps,
-        }));
+        self.out.push(Output::RaceBatch(batch));
     }
 }

@@ -230,6 +230,11 @@ pub enum Command {
     ShipRaceBatch {
         /// Every bitmap of the intervals closed since the previous batch.
         bitmaps: Vec<EncodedBitmap>,
+        /// The last batch before a barrier: the open interval closes first with these
+        /// notices (the recorder closed it and `bitmaps` hold its bitmaps), and the batch
+        /// tells the master this node closes no more intervals with accesses in the epoch
+        /// (see [`Msg::RaceBatch`]).
+        last: Option<RaceNotices>,
     },
     /// Race mode: answer the master's bitmap request. No reply.
     SendBitmaps {
@@ -331,6 +336,8 @@ pub struct RaceBatch {
     pub intervals: Vec<IntervalRecord>,
     /// Their bitmaps.
     pub bitmaps: Vec<EncodedBitmap>,
+    /// The node's last batch before the barrier (see [`Msg::RaceBatch`]).
+    pub last: bool,
 }
 
 /// What the engine asks the runtime to carry out, in order.
@@ -802,7 +809,7 @@ impl<M: Memory> Engine<M> {
                 self.request_bitmaps(node, epoch, keys)
             }
             Command::SendBitmaps { epoch, bitmaps } => self.send_bitmaps(epoch, bitmaps),
-            Command::ShipRaceBatch { bitmaps } => self.ship_race_batch(bitmaps),
+            Command::ShipRaceBatch { bitmaps, last } => self.ship_race_batch(bitmaps, last),
             Command::ReleaseBarrier { races } => self.master_release(races),
             Command::Stats => {
                 let s = Box::new(self.stats.clone());
@@ -922,7 +929,17 @@ impl<M: Memory> Engine<M> {
                 known,
                 intervals,
                 bitmaps,
-            } => self.on_race_batch(from, known, intervals, bitmaps),
+                last,
+            } => self.on_race_batch(
+                from,
+                RaceBatch {
+                    from,
+                    known,
+                    intervals,
+                    bitmaps,
+                    last,
+                },
+            ),
             Msg::SemSignal { sem, seq } => self.on_sem_signal(from, sem, seq),
             Msg::SemWait {
                 sem,
