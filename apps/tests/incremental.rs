@@ -7,7 +7,10 @@
 //! - the same oracle holds for TSP and racy Water, in plain and schedule mode;
 //! - a program that synchronizes through locks alone (100 000 intervals, no barrier until
 //!   `finish`) gets its planted race reported while it runs, with peak memory within 2x of
-//!   the same run without detection.
+//!   the same run without detection;
+//! - a program whose ranks never meet (each takes its own lock, a shared one every 100th
+//!   time; the issue-36 program) runs in memory that does not grow with its length, on one
+//!   host (common memory) and over TCP, and its race is reported.
 
 use apps::kernels::{self, Expect};
 use serde_json::Value;
@@ -142,6 +145,55 @@ fn a_lock_only_program_gets_its_race_reported_while_it_runs_in_bounded_memory() 
         assert!(
             with <= 2 * without,
             "N={n}: peak RSS {with} KiB with --race, {without} KiB without\n{all}"
+        );
+    }
+}
+
+/// Rank 0's peak RSS line of the own-locks program.
+fn rank0_peak_kib(output: &str) -> usize {
+    output
+        .lines()
+        .find(|l| l.contains("rank 0: ") && l.contains("peak RSS "))
+        .and_then(|l| l.split("peak RSS ").nth(1))
+        .and_then(|t| t.trim_end_matches(" KiB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no rank 0 peak RSS line in:\n{output}"))
+}
+
+#[test]
+fn memory_of_a_program_without_barriers_does_not_grow_with_its_length() {
+    for transport in ["auto", "tcp"] {
+        let mut peaks = Vec::new();
+        for iters in ["20000", "200000"] {
+            let (run, lines) = dsm_testkit::dsmrun_race_logged(
+                2,
+                &["--timeout", "120", "--race"],
+                DSM_TEST,
+                &["own-locks", "--iters", iters],
+                &[("DSM_TRANSPORT", transport)],
+            );
+            let all = run.all_output();
+            assert_eq!(
+                run.code,
+                Some(66),
+                "{transport}, {iters} iterations:\n{all}"
+            );
+            assert!(all.contains("verified: own-locks"), "{transport}:\n{all}");
+            assert!(
+                lines.iter().any(|v| v["variable"] == "planted"
+                    && v["kind"] == "read-write"
+                    && v["found_at"] == "running"),
+                "{transport}, {iters} iterations: the planted race was not reported while \
+                 the program ran\n{all}"
+            );
+            peaks.push(rank0_peak_kib(&all));
+        }
+        let (short, long) = (peaks[0], peaks[1]);
+        println!(
+            "{transport}: rank 0 peak RSS {short} KiB at 20 000 iterations, {long} KiB at 200 000"
+        );
+        assert!(
+            long * 2 <= short * 3,
+            "{transport}: rank 0 peak RSS grew from {short} KiB to {long} KiB with 10x the iterations"
         );
     }
 }

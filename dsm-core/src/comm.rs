@@ -33,7 +33,7 @@ use std::io;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc as std_mpsc;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -350,8 +350,8 @@ struct Shared {
     /// ([`Stats::race_notice_bytes`](crate::engine::Stats::race_notice_bytes)).
     race_notice_bytes: AtomicU64,
     /// Race master: batches of intervals that arrived between barriers, waiting for the
-    /// app thread's incremental analysis.
-    race_inbox: Mutex<Vec<RaceBatch>>,
+    /// incremental analysis.
+    race_inbox: Arc<RaceInbox>,
     /// Every peer is reached through a shared-memory ring (set once the transport is up).
     rings_only: AtomicBool,
 }
@@ -697,13 +697,88 @@ impl Shared {
                     }
                 }
                 Output::PeerLost(msg) => fatal_with(&msg, PEER_LOST_EXIT),
-                Output::RaceBatch(batch) => self
-                    .race_inbox
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(batch),
+                Output::RaceBatch(batch) => self.race_inbox.push(batch),
             }
         }
+    }
+}
+
+/// Race master: the race batches that arrived between barriers, in arrival order, until
+/// the analysis takes them (see `api::analyst`). Taking can be paused: between the end of
+/// a barrier's analysis and the app thread's reset for the next epoch, batches of that
+/// next epoch may already arrive and must wait.
+#[derive(Default)]
+pub(crate) struct RaceInbox {
+    state: Mutex<InboxState>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct InboxState {
+    batches: Vec<RaceBatch>,
+    paused: bool,
+    closed: bool,
+}
+
+impl RaceInbox {
+    fn lock(&self) -> std::sync::MutexGuard<'_, InboxState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn push(&self, batch: RaceBatch) {
+        self.lock().batches.push(batch);
+        self.ready.notify_all();
+    }
+
+    /// The batches waiting, unless taking is paused (then none).
+    pub(crate) fn take(&self) -> Vec<RaceBatch> {
+        let mut st = self.lock();
+        if st.paused {
+            return Vec::new();
+        }
+        std::mem::take(&mut st.batches)
+    }
+
+    /// The batches waiting, paused or not (the barrier's own analysis).
+    pub(crate) fn take_all(&self) -> Vec<RaceBatch> {
+        std::mem::take(&mut self.lock().batches)
+    }
+
+    /// Waits until batches may be taken; `false` once the inbox is closed.
+    pub(crate) fn wait_ready(&self) -> bool {
+        let mut st = self.lock();
+        while !st.closed && (st.paused || st.batches.is_empty()) {
+            st = self.ready.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        !st.closed
+    }
+
+    /// Stops or resumes [`RaceInbox::take`].
+    pub(crate) fn set_paused(&self, paused: bool) {
+        self.lock().paused = paused;
+        self.ready.notify_all();
+    }
+
+    /// Wakes the analysis for good: [`RaceInbox::wait_ready`] returns `false`.
+    pub(crate) fn close(&self) {
+        self.lock().closed = true;
+        self.ready.notify_all();
+    }
+}
+
+/// Runs commands that have no reply on this node's engine, from a thread other than the
+/// app thread (whose reply channel any reply would reach).
+#[derive(Clone)]
+pub(crate) struct CommandSender {
+    shared: Arc<Shared>,
+}
+
+impl CommandSender {
+    /// Runs `cmd`, which must be one that has no reply.
+    pub(crate) fn send(&self, cmd: Command) {
+        let mut engine = self.shared.engine();
+        let outputs = engine.on_command(cmd);
+        self.shared.dispatch(&mut engine, outputs);
     }
 }
 
@@ -760,7 +835,7 @@ impl Comm {
             control: control_tx,
             dying: AtomicBool::new(false),
             race_notice_bytes: AtomicU64::new(0),
-            race_inbox: Mutex::new(Vec::new()),
+            race_inbox: Arc::default(),
             rings_only: AtomicBool::new(false),
         });
         let rank = mesh.rank;
@@ -887,25 +962,17 @@ impl Comm {
         }
     }
 
-    /// Race master: whether race batches are waiting.
-    pub(crate) fn has_race_batches(&self) -> bool {
-        !self
-            .shared
-            .race_inbox
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty()
+    /// Race master: where race batches wait for the incremental analysis.
+    pub(crate) fn race_inbox(&self) -> Arc<RaceInbox> {
+        self.shared.race_inbox.clone()
     }
 
-    /// Race master: the race batches that arrived since the last call, in arrival order.
-    pub(crate) fn take_race_batches(&self) -> Vec<RaceBatch> {
-        std::mem::take(
-            &mut *self
-                .shared
-                .race_inbox
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()),
-        )
+    /// A handle that runs commands without a reply from another thread (the race
+    /// master's analyst).
+    pub(crate) fn commands(&self) -> CommandSender {
+        CommandSender {
+            shared: self.shared.clone(),
+        }
     }
 
     /// Executes a command and waits for its reply.

@@ -3436,3 +3436,60 @@ fn a_grant_carries_the_granters_diffs_of_a_third_nodes_page() {
         s.run();
     }
 }
+
+#[test]
+fn a_node_waits_for_the_race_master_to_absorb_its_batches() {
+    let done = |outs: &[Output]| matches!(outs, [Output::Reply(Reply::Done)]);
+    let mut eng = Engine::new(1, 2, 4, VecMemory::new(4), true);
+    // Nothing absorbed yet: asking for zero batches answers at once, for two it waits.
+    assert!(done(
+        &eng.on_command(Command::AwaitRaceAbsorbed { batches: 0 })
+    ));
+    assert!(eng
+        .on_command(Command::AwaitRaceAbsorbed { batches: 2 })
+        .is_empty());
+    assert!(eng
+        .on_peer_message(0, Msg::RaceAbsorbed { batches: 1 })
+        .is_empty());
+    assert!(done(
+        &eng.on_peer_message(0, Msg::RaceAbsorbed { batches: 3 })
+    ));
+    // An acknowledgement that goes backwards changes nothing; one already covered answers.
+    assert!(eng
+        .on_peer_message(0, Msg::RaceAbsorbed { batches: 2 })
+        .is_empty());
+    assert!(done(
+        &eng.on_command(Command::AwaitRaceAbsorbed { batches: 3 })
+    ));
+    // Only the master analyses.
+    let mut three = Engine::new(2, 3, 4, VecMemory::new(4), true);
+    let outs = three.on_peer_message(1, Msg::RaceAbsorbed { batches: 1 });
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Fatal(m) if m.contains("only rank 0"))),
+        "{outs:?}"
+    );
+    // The master's count for itself needs no message; for another node it is one.
+    let mut master = Engine::new(0, 2, 4, VecMemory::new(4), true);
+    assert!(master
+        .on_command(Command::AwaitRaceAbsorbed { batches: 1 })
+        .is_empty());
+    assert!(done(&master.on_command(Command::RaceAbsorbed {
+        node: 0,
+        batches: 1
+    })));
+    let outs = master.on_command(Command::RaceAbsorbed {
+        node: 1,
+        batches: 4,
+    });
+    assert!(
+        matches!(
+            &outs[..],
+            [Output::Send {
+                to: 1,
+                msg: Msg::RaceAbsorbed { batches: 4 }
+            }]
+        ),
+        "{outs:?}"
+    );
+}

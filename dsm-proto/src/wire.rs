@@ -664,6 +664,14 @@ pub enum Msg {
         /// the other nodes' intervals without waiting for this one to learn of them.
         last: bool,
     },
+    /// Race mode, from the race master to a node: the master has analysed the node's
+    /// first `batches` race batches. A node keeps only a few batches unanalysed (it waits
+    /// before shipping more), so a node that closes intervals faster than the master
+    /// analyses them cannot fill the master's memory.
+    RaceAbsorbed {
+        /// How many of the node's batches the master has analysed so far in the run.
+        batches: u64,
+    },
     /// A signal (V) on a semaphore, sent by the signaller to the semaphore's manager
     /// (`sem % nodes`); a manager handles its own signals without a message.
     ///
@@ -914,6 +922,7 @@ impl Msg {
             Msg::BitmapRequest { .. } => "bitmap-request",
             Msg::BitmapReply { .. } => "bitmap-reply",
             Msg::RaceBatch { .. } => "race-batch",
+            Msg::RaceAbsorbed { .. } => "race-absorbed",
             Msg::SemSignal { .. } => "sem-signal",
             Msg::SemWait { .. } => "sem-wait",
             Msg::SemForward { .. } => "sem-forward",

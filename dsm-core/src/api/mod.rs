@@ -16,6 +16,7 @@
 //! synchronization and shutdown. The views live in [`view`], race-detection orchestration
 //! in [`race`], the run's counters and stats file in [`stats`].
 
+mod analyst;
 pub(crate) mod chaos;
 mod pinpoint;
 mod race;
@@ -418,7 +419,7 @@ impl Dsm {
         let ranks_here = env.local.map_or(env.size, |l| l.size);
         let spin_budget = crate::spin::budget_for(env.spin, ranks_here);
         place_on_core(&env);
-        let race = if env.race.enabled {
+        let mut race = if env.race.enabled {
             let mut r =
                 RaceState::new(env.race.clone(), env.rank == 0, env.size).map_err(DsmError::Io)?;
             r.timed = env.race.stats || env.stats_file.is_some();
@@ -483,6 +484,9 @@ impl Dsm {
         crate::spin::set_budget(spin_budget);
         let comm = Comm::start(mesh, engine, mailbox, seg, env.liveness, env.replay.chaos)
             .map_err(DsmError::Io)?;
+        if let Some(r) = race.as_mut() {
+            r.start_analyst(&comm).map_err(DsmError::Io)?;
+        }
         Ok(Dsm {
             page_limit,
             states: comm.states(),
@@ -644,7 +648,7 @@ impl Dsm {
         let race = self.close_race_interval();
         self.fold_access_digest();
         if let Some(r) = self.race.as_mut() {
-            r.vars.push(VarInfo {
+            let var = VarInfo {
                 name: name.to_string(),
                 first_page: first as PageNo,
                 pages: pages as u32,
@@ -653,7 +657,11 @@ impl Dsm {
                 len,
                 cols: (cols > 0).then_some(cols),
                 granule_shift: dsm_race::granule_shift(elem),
-            });
+            };
+            if let Some(mut m) = r.master() {
+                m.vars.push(var.clone());
+            }
+            r.vars.push(var);
         }
         self.next_page += pages;
         if let Some(p) = self.pin.as_mut() {
@@ -829,10 +837,9 @@ impl Dsm {
                 Reply::BarrierDone { epoch, races: _ } => {
                     if let Some(r) = self.race.as_mut() {
                         r.recorder.discard_epoch();
-                        r.epoch_done();
-                        r.barriers += 1;
-                        if let Some(rep) = r.reporter.as_mut() {
-                            rep.note_sync(epoch, &self.sync_point);
+                        r.epoch_done(self.barriers_called);
+                        if let Some(mut m) = r.master() {
+                            m.reporter.note_sync(epoch, &self.sync_point);
                         }
                     }
                     return Ok(());
@@ -880,8 +887,8 @@ impl Dsm {
     /// `--schedule-ignore NAME`. Data races on it are still reported; without schedule mode
     /// this does nothing. Only rank 0's call matters (it reports), but every rank may make it.
     pub fn order_independent(&mut self, name: &str) {
-        if let Some(rep) = self.race.as_mut().and_then(|r| r.reporter.as_mut()) {
-            rep.ignore(name);
+        if let Some(mut m) = self.race.as_ref().and_then(|r| r.master()) {
+            m.reporter.ignore(name);
         }
     }
 
@@ -921,8 +928,8 @@ impl Dsm {
     /// Acquires the lock with this name (the same name means the same lock on every node).
     pub fn lock_named(&mut self, name: &str) -> Result<LockGuard<'_>, DsmError> {
         let id = (1u64 << 63) | (fnv(FNV_OFFSET, name.as_bytes()) & !(1u64 << 63));
-        if let Some(rep) = self.race.as_mut().and_then(|r| r.reporter.as_mut()) {
-            rep.name_lock(id, name);
+        if let Some(mut m) = self.race.as_ref().and_then(|r| r.master()) {
+            m.reporter.name_lock(id, name);
         }
         if let Some(named) = self.named_locks.as_mut() {
             if named.insert(id) {

@@ -3,12 +3,16 @@
 //! analysis of an epoch (plan, fetch the bitmaps it needs, compare, report) and the
 //! detector's counters.
 
+use super::analyst::{self, Analyst, Master, SharedMaster, MAX_UNANALYSED_BATCHES};
 use super::{Dsm, Outcome, MAX_SHIPPED_BITMAP_BYTES};
+use crate::comm::Comm;
 use crate::engine::{Command, Reply};
 use crate::error::DsmError;
 use dsm_proto::{EncodedBitmap, NodeId, RaceNotices, RaceOptions, RacePhases};
-use dsm_race::{Checker, Incremental, Point, Recorder, Reporter, VarTable};
+use dsm_race::{Checker, Incremental, Recorder, Reporter, VarTable};
 use std::io::{self, Write};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Depth of the always-happens-before expansion under `--sem-order=safe` (see dsm-ahb:
@@ -20,8 +24,10 @@ const SAFE_ORDER_DEPTH: u32 = 1;
 pub(super) struct RaceState {
     pub(super) phases: RacePhases,
     pub(super) recorder: Recorder,
-    /// Rank 0 reports.
-    pub(super) reporter: Option<Reporter>,
+    /// Rank 0: the reporter and the incremental analysis, shared with the analyst.
+    pub(super) master: Option<SharedMaster>,
+    /// Rank 0, when nodes ship race batches: the thread that analyses them.
+    analyst: Option<Analyst>,
     pub(super) vars: VarTable,
     pub(super) options: RaceOptions,
     pub(super) close_time: Duration,
@@ -38,8 +44,6 @@ pub(super) struct RaceState {
     pub(super) sum: dsm_race::PlanStats,
     /// Rank 0 with `--check`: the dynamic checks' state across epochs.
     pub(super) checker: Option<Checker>,
-    /// Rank 0: the incremental analysis of race batches between barriers.
-    pub(super) incremental: Option<Incremental>,
     /// Lock operations (each closes an interval) since this node's last race batch or
     /// barrier.
     unshipped: u32,
@@ -47,8 +51,10 @@ pub(super) struct RaceState {
     last_ship: Instant,
     /// Whether this node shipped a race batch since the last barrier.
     shipped_in_epoch: bool,
-    /// Time spent absorbing race batches (rank 0).
-    pub(super) incremental_time: Duration,
+    /// Race batches this node shipped in the run.
+    batches_shipped: u64,
+    /// Rank 0: the analyst's count of other nodes' batches when rank 0 last shipped.
+    foreign_seen: u64,
     /// `--sem-order=safe`, master: each semaphore's tokens when the current epoch began.
     pub(super) sem_tokens: std::collections::BTreeMap<dsm_proto::SemId, u32>,
     /// Pages whose bitmaps the master has asked this node for: an iterative program
@@ -87,17 +93,18 @@ impl RaceState {
             None
         };
         let checker = (master && options.check).then(Checker::new);
-        let incremental = master.then(|| {
+        let master = reporter.map(|rep| {
             let mut inc = Incremental::new(nodes, options.schedule);
             if options.verify_incremental {
                 inc.keep_oracle();
             }
-            inc
+            Arc::new(Mutex::new(Master::new(rep, inc, nodes)))
         });
         Ok(RaceState {
             phases: options.phases,
             recorder: Recorder::new(),
-            reporter,
+            master,
+            analyst: None,
             vars: VarTable::new(),
             options,
             close_time: Duration::ZERO,
@@ -109,11 +116,11 @@ impl RaceState {
             fetched_late: 0,
             sum: Default::default(),
             checker,
-            incremental,
             unshipped: 0,
             last_ship: Instant::now(),
             shipped_in_epoch: false,
-            incremental_time: Duration::ZERO,
+            batches_shipped: 0,
+            foreign_seen: 0,
             sem_tokens: Default::default(),
             asked_pages: Default::default(),
         })
@@ -129,22 +136,59 @@ impl RaceState {
             && !self.options.sem_order_safe
     }
 
-    /// A barrier completed: what was shipped or kept before it is analysed.
-    pub(super) fn epoch_done(&mut self) {
+    /// Rank 0, when nodes ship race batches: starts the thread that analyses them.
+    pub(super) fn start_analyst(&mut self, comm: &Comm) -> io::Result<()> {
+        if let (Some(master), true) = (self.master.as_ref(), self.batching()) {
+            self.analyst = Some(Analyst::start(
+                master.clone(),
+                comm.race_inbox(),
+                comm.commands(),
+            )?);
+        }
+        Ok(())
+    }
+
+    /// Rank 0's reporter and incremental analysis.
+    pub(super) fn master(&self) -> Option<std::sync::MutexGuard<'_, Master>> {
+        self.master.as_ref().map(analyst::lock)
+    }
+
+    /// A barrier completed (`after_barriers`: the program's barriers so far): what was
+    /// shipped or kept before it is analysed; the analysis starts on the next epoch.
+    pub(super) fn epoch_done(&mut self, after_barriers: u32) {
         self.unshipped = 0;
         self.last_ship = Instant::now();
         self.shipped_in_epoch = false;
-        if let Some(inc) = self.incremental.as_mut() {
-            inc.reset();
+        self.barriers += 1;
+        if let Some(mut m) = self.master() {
+            m.incremental.reset();
+            m.epoch = self.barriers as u32 + 1;
+            m.after_barriers = after_barriers;
+        }
+        if let Some(a) = self.analyst.as_ref() {
+            a.inbox().set_paused(false);
         }
     }
 
     /// End of the run: rank 0 prints the run's statistics (if asked) and the summary, and
     /// says which exit status the race convention asks for.
     pub(super) fn finish(&mut self) -> io::Result<Outcome> {
-        let Some(rep) = self.reporter.as_mut() else {
+        if let Some(a) = self.analyst.as_mut() {
+            a.stop();
+        }
+        let Some(master) = self.master.clone() else {
             return Ok(Outcome::default());
         };
+        let mut m = analyst::lock(&master);
+        if let Some(e) = m.take_failure() {
+            return Err(e);
+        }
+        let Master {
+            reporter: rep,
+            incremental: inc,
+            time: incremental_time,
+            ..
+        } = &mut *m;
         rep.finish()?;
         if self.options.stats {
             let s = &self.sum;
@@ -165,12 +209,12 @@ impl RaceState {
                 self.bitmap_time.as_secs_f64() * 1e3,
                 rs.peak_store_bytes
             );
-            if let Some(inc) = self.incremental.as_ref().filter(|inc| inc.batches > 0) {
+            if inc.batches > 0 {
                 eprintln!(
                     "dsm-race-stats: incremental: {} race batches absorbed between barriers, at most {} intervals pending, {:.3} ms",
                     inc.batches,
                     inc.peak_pending,
-                    self.incremental_time.as_secs_f64() * 1e3
+                    incremental_time.as_secs_f64() * 1e3
                 );
             }
         }
@@ -210,16 +254,10 @@ impl Dsm {
 
     /// After a lock operation (it closed an interval): between barriers, ship the closed
     /// intervals' bitmaps to the race master once enough have gathered or a second has
-    /// passed; on rank 0, analyse the batches that have arrived.
+    /// passed. While [`MAX_UNANALYSED_BATCHES`] of this node's batches wait for the
+    /// master's analyst, wait first: a node cannot close intervals faster than the master
+    /// takes them in for long.
     pub(super) fn after_lock_sync(&mut self) -> Result<(), DsmError> {
-        if self.race.is_none() {
-            return Ok(());
-        }
-        // Rank 0 ships its own intervals (to itself, no message) before it analyses the
-        // batches that arrived: an interval is discarded only once every other node's
-        // latest batch has seen it, so a rank 0 that shipped rarely would keep everything
-        // the others send.
-        let absorb_due = self.rank == 0 && self.comm().has_race_batches();
         let Some(r) = self.race.as_mut() else {
             return Ok(());
         };
@@ -227,24 +265,45 @@ impl Dsm {
             return Ok(());
         }
         r.unshipped += 1;
+        // Rank 0 ships its own intervals (to itself, no message) whenever the analyst took
+        // in another node's batch: an interval is discarded only once every other node's
+        // latest batch has seen it, so a rank 0 that shipped rarely would keep everything
+        // the others send.
+        let foreign = r
+            .analyst
+            .as_ref()
+            .map_or(0, |a| a.foreign_absorbed.load(Ordering::Relaxed));
         // The clock is read every 16th lock operation: a lock costs about a microsecond,
         // a clock read a few percent of that.
-        if r.unshipped >= r.options.batch_intervals
+        let due = r.unshipped >= r.options.batch_intervals
             || (r.unshipped % 16 == 0 && r.last_ship.elapsed() >= BATCH_PERIOD)
-            || absorb_due
-        {
-            r.unshipped = 0;
-            r.last_ship = Instant::now();
-            r.shipped_in_epoch = true;
-            let bitmaps = r.recorder.drain_all();
-            self.comm().send(Command::ShipRaceBatch {
-                bitmaps,
-                last: None,
-            });
+            || foreign != r.foreign_seen;
+        if !due {
+            return Ok(());
         }
-        if absorb_due {
-            self.absorb_race_batches()?;
+        r.foreign_seen = foreign;
+        r.unshipped = 0;
+        r.last_ship = Instant::now();
+        r.shipped_in_epoch = true;
+        r.batches_shipped += 1;
+        let bitmaps = r.recorder.drain_all();
+        if let Some(wanted) = r.batches_shipped.checked_sub(MAX_UNANALYSED_BATCHES) {
+            match self
+                .comm()
+                .call(Command::AwaitRaceAbsorbed { batches: wanted })
+            {
+                Reply::Done => {}
+                other => {
+                    return Err(DsmError::Protocol(format!(
+                        "unexpected reply while waiting for the race analysis: {other:?}"
+                    )))
+                }
+            }
         }
+        self.comm().send(Command::ShipRaceBatch {
+            bitmaps,
+            last: None,
+        });
         Ok(())
     }
 
@@ -267,45 +326,9 @@ impl Dsm {
         let Some(r) = self.race.as_mut() else {
             return;
         };
+        r.batches_shipped += 1;
         let bitmaps = r.recorder.drain_all();
         self.comm().send(Command::ShipRaceBatch { bitmaps, last });
-    }
-
-    /// Rank 0: analyses the race batches that have arrived and reports their races.
-    fn absorb_race_batches(&mut self) -> Result<u64, DsmError> {
-        let batches = self.comm().take_race_batches();
-        if batches.is_empty() {
-            return Ok(0);
-        }
-        let at = Point::Running {
-            after: self.barriers_called,
-        };
-        let Some(r) = self.race.as_mut() else {
-            return Ok(0);
-        };
-        let (Some(inc), Some(reporter)) = (r.incremental.as_mut(), r.reporter.as_mut()) else {
-            return Ok(0);
-        };
-        let t = Instant::now();
-        let mut reported = 0;
-        for b in batches {
-            let races = inc.absorb(
-                r.barriers as u32 + 1,
-                &r.vars,
-                b.from,
-                b.known,
-                b.intervals,
-                b.bitmaps,
-            );
-            if b.last {
-                inc.entered_barrier(b.from);
-            }
-            reported += reporter
-                .report(&at, &races, &mut std::io::stderr())
-                .map_err(DsmError::Io)?;
-        }
-        r.incremental_time += t.elapsed();
-        Ok(reported)
     }
 
     /// Race mode: the epoch's bitmaps of pages another node may have touched, shipped with
@@ -354,11 +377,22 @@ impl Dsm {
         } else {
             0
         };
-        // Batches sent before the arrivals are all here: analyse them first; the barrier's
-        // plan then skips the pairs they covered.
-        self.absorb_race_batches()?;
         let comm = self.comm.as_ref().expect("comm alive during barrier");
-        let r = self.race.as_mut().expect("checked above");
+        let master = r
+            .master
+            .clone()
+            .ok_or_else(|| DsmError::Protocol("analysis requested of a non-master".into()))?;
+        // Held to the release: the analyst waits meanwhile (see `analyst`).
+        let mut m = analyst::lock(&master);
+        // Batches sent before the arrivals are all here: those the analyst has not taken
+        // are analysed first; the barrier's plan then skips the pairs they covered.
+        for b in comm.race_inbox().take_all() {
+            let (_, ack) = m.absorb(b);
+            comm.send(ack);
+        }
+        if let Some(e) = m.take_failure() {
+            return Err(DsmError::Io(e));
+        }
         let mut intervals = intervals;
         if r.options.sem_order_safe {
             let n = self.size;
@@ -381,30 +415,26 @@ impl Dsm {
         // batches); the ones still pending here take their place. Pairs of two shipped
         // intervals were checked between barriers.
         let mut bitmaps = dsm_race::Bitmaps::new();
-        let inc = r.incremental.as_ref().filter(|inc| inc.active());
+        let inc = Some(&m.incremental).filter(|inc| inc.active());
         if let Some(inc) = inc {
             intervals.retain(|i| !inc.shipped(i.node, i.index));
             intervals.extend(inc.pending_intervals().cloned());
             bitmaps.extend(inc.bitmaps());
         }
         // The oracle (tests): the whole epoch planned as if nothing had been analysed.
-        let full_plan = r
-            .incremental
-            .as_ref()
-            .and_then(|i| i.oracle())
-            .map(|(all, bs, _)| {
-                bitmaps.extend(bs);
-                let mut every = all.to_vec();
-                every.extend(
-                    intervals
-                        .iter()
-                        .filter(|i| inc.is_none_or(|inc| !inc.shipped(i.node, i.index)))
-                        .cloned(),
-                );
-                every.sort_by_key(|i| (i.node, i.index));
-                every.dedup_by_key(|i| (i.node, i.index));
-                dsm_race::plan_with(epoch, every, r.options.schedule)
-            });
+        let full_plan = m.incremental.oracle().map(|(all, bs, _)| {
+            bitmaps.extend(bs);
+            let mut every = all.to_vec();
+            every.extend(
+                intervals
+                    .iter()
+                    .filter(|i| inc.is_none_or(|inc| !inc.shipped(i.node, i.index)))
+                    .cloned(),
+            );
+            every.sort_by_key(|i| (i.node, i.index));
+            every.dedup_by_key(|i| (i.node, i.index));
+            dsm_race::plan_with(epoch, every, r.options.schedule)
+        });
         let mut plan = dsm_race::plan_fresh(epoch, intervals, r.options.schedule, |i| {
             inc.is_none_or(|inc| !inc.shipped(i.node, i.index))
         });
@@ -466,10 +496,7 @@ impl Dsm {
             None => Vec::new(),
         };
         let mut races = plan.compare(&bitmaps, &r.vars);
-        if let (Some(full), Some((_, _, found))) = (
-            full_plan.as_ref(),
-            r.incremental.as_ref().and_then(|inc| inc.oracle()),
-        ) {
+        if let (Some(full), Some((_, _, found))) = (full_plan.as_ref(), m.incremental.oracle()) {
             verify_incremental(&full.compare(&bitmaps, &r.vars), found, &races)?;
         }
         if r.options.first_only {
@@ -492,7 +519,11 @@ impl Dsm {
             *acc += v;
         }
         let point = &self.sync_point;
-        let reporter = r.reporter.as_mut().expect("rank 0 has the reporter");
+        if let Some(a) = r.analyst.as_ref() {
+            // Before the release: the next epoch's batches wait for `epoch_done`.
+            a.inbox().set_paused(true);
+        }
+        let reporter = &mut m.reporter;
         if let Some(p) = &self.pin {
             reporter.set_hits(dsm_race::pinpoint::read_hits(
                 &p.dir,

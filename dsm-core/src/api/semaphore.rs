@@ -77,8 +77,8 @@ impl Dsm {
         if let Some(r) = self.race.as_mut() {
             r.sem_tokens.insert(id, initial);
         }
-        if let Some(rep) = self.race.as_mut().and_then(|r| r.reporter.as_mut()) {
-            rep.name_lock(id, name);
+        if let Some(mut m) = self.race.as_ref().and_then(|r| r.master()) {
+            m.reporter.name_lock(id, name);
         }
         if let Some(t) = self.sem_trace.as_mut() {
             t.create(name, initial)

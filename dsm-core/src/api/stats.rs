@@ -27,6 +27,8 @@ impl Dsm {
         let shared_bytes: usize = self.next_page * PAGE_SIZE;
         let race = self.race.as_ref().map(|r| {
             let rs = r.recorder.stats();
+            let m = r.master();
+            let m = m.as_deref();
             serde_json::json!({
                 "phases": format!("{:?}", r.phases).to_lowercase(),
                 "intervals_with_accesses": rs.intervals_with_accesses,
@@ -42,12 +44,12 @@ impl Dsm {
                 "analysis_notice_bytes": r.notice_bytes,
                 "bitmaps_fetched_in_extra_round": r.fetched_late,
                 // Rank 0 reports; the other ranks count nothing.
-                "races_reported": r.reporter.as_ref().map_or(0, |rep| rep.total()),
-                "lock_order_dependences_reported": r.reporter.as_ref().map_or(0, |rep| rep.lock_order_total()),
-                "check_findings_reported": r.reporter.as_ref().map_or(0, |rep| rep.check_total()),
-                "race_batches_absorbed": r.incremental.as_ref().map_or(0, |i| i.batches),
-                "peak_pending_intervals": r.incremental.as_ref().map_or(0, |i| i.peak_pending),
-                "incremental_analysis_ms": r.incremental_time.as_secs_f64() * 1e3,
+                "races_reported": m.map_or(0, |m| m.reporter.total()),
+                "lock_order_dependences_reported": m.map_or(0, |m| m.reporter.lock_order_total()),
+                "check_findings_reported": m.map_or(0, |m| m.reporter.check_total()),
+                "race_batches_absorbed": m.map_or(0, |m| m.incremental.batches),
+                "peak_pending_intervals": m.map_or(0, |m| m.incremental.peak_pending),
+                "incremental_analysis_ms": m.map_or(0.0, |m| m.time.as_secs_f64() * 1e3),
             })
         });
         let peak_rss_kib = super::proc_kib("/proc/self/status", "VmHWM");

@@ -378,6 +378,25 @@ impl<M: Memory> Engine<M> {
         }
     }
 
+    pub(super) fn await_race_absorbed(&mut self, batches: u64) {
+        if self.race_absorbed >= batches {
+            self.reply(Reply::Done);
+        } else {
+            self.race_absorbed_wanted = Some(batches);
+        }
+    }
+
+    pub(super) fn on_race_absorbed(&mut self, batches: u64) {
+        self.race_absorbed = self.race_absorbed.max(batches);
+        if self
+            .race_absorbed_wanted
+            .is_some_and(|w| self.race_absorbed >= w)
+        {
+            self.race_absorbed_wanted = None;
+            self.reply(Reply::Done);
+        }
+    }
+
     /// The race master takes a node's batch (checked for shape) to its app thread.
     pub(super) fn on_race_batch(&mut self, from: NodeId, batch: RaceBatch) {
         if self.me != 0

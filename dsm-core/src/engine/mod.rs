@@ -236,6 +236,20 @@ pub enum Command {
         /// (see [`Msg::RaceBatch`]).
         last: Option<RaceNotices>,
     },
+    /// Race mode: replies [`Reply::Done`] once the master has analysed at least `batches`
+    /// of this node's race batches ([`Msg::RaceAbsorbed`]); at once if it has.
+    AwaitRaceAbsorbed {
+        /// How many of this node's batches must have been analysed.
+        batches: u64,
+    },
+    /// Race master: the race batches of `node` analysed so far in the run; tells the node
+    /// (itself without a message). No reply.
+    RaceAbsorbed {
+        /// The node whose batches these are.
+        node: NodeId,
+        /// How many of its batches have been analysed.
+        batches: u64,
+    },
     /// Race mode: answer the master's bitmap request. No reply.
     SendBitmaps {
         /// The epoch named in the request.
@@ -516,6 +530,10 @@ pub struct Engine<M: Memory> {
     /// Race mode: this node's last interval sent in a race batch (see
     /// [`Command::ShipRaceBatch`]).
     race_shipped: u32,
+    /// Race mode: how many of this node's race batches the master has analysed, and the
+    /// count the app thread waits for (see [`Command::AwaitRaceAbsorbed`]).
+    race_absorbed: u64,
+    race_absorbed_wanted: Option<u64>,
     /// Non-home pages with a twin in this interval.
     dirty: Vec<PageNo>,
     twins: HashMap<PageNo, Twin>,
@@ -636,6 +654,8 @@ impl<M: Memory> Engine<M> {
             vt,
             cur_cause: SyncCause::Start,
             race_shipped: 0,
+            race_absorbed: 0,
+            race_absorbed_wanted: None,
             dirty: Vec::new(),
             kept: HashMap::new(),
             keep_writable: true,
@@ -811,6 +831,14 @@ impl<M: Memory> Engine<M> {
             Command::SendBitmaps { epoch, bitmaps } => self.send_bitmaps(epoch, bitmaps),
             Command::ShipRaceBatch { bitmaps, last } => self.ship_race_batch(bitmaps, last),
             Command::ReleaseBarrier { races } => self.master_release(races),
+            Command::AwaitRaceAbsorbed { batches } => self.await_race_absorbed(batches),
+            Command::RaceAbsorbed { node, batches } => {
+                if node == self.me {
+                    self.on_race_absorbed(batches);
+                } else {
+                    self.send(node, Msg::RaceAbsorbed { batches });
+                }
+            }
             Command::Stats => {
                 let s = Box::new(self.stats.clone());
                 self.reply(Reply::Stats(s));
@@ -940,6 +968,10 @@ impl<M: Memory> Engine<M> {
                     last,
                 },
             ),
+            Msg::RaceAbsorbed { batches } if from == 0 => self.on_race_absorbed(batches),
+            Msg::RaceAbsorbed { .. } => self.fatal(format!(
+                "rank {from} sent a race acknowledgement; only rank 0 analyses"
+            )),
             Msg::SemSignal { sem, seq } => self.on_sem_signal(from, sem, seq),
             Msg::SemWait {
                 sem,
