@@ -227,10 +227,15 @@ fn rank_exiting_with_error_stops_the_job() {
     let t = Instant::now();
     let out = dsmrun(4, TEST, &["fail", "--rank", "2", "--code", "3"]);
     let elapsed = t.elapsed();
-    assert!(!out.status.success());
+    // The failing rank's own status, passed on as mpirun does.
+    assert_eq!(out.status.code(), Some(3));
     assert!(elapsed < Duration::from_secs(10), "took {elapsed:?}");
     let err = text(&out.stderr);
     assert!(err.contains("rank 2 exited with status 3"), "{err}");
+    // A status that would read as one of dsmrun's own (66: races found) is not.
+    let out = dsmrun(2, TEST, &["fail", "--rank", "1", "--code", "66"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("rank 1 exited with status 66"));
 }
 
 #[test]
@@ -241,7 +246,7 @@ fn failed_job_with_race_detection_says_the_analysis_is_incomplete() {
         TEST,
         &["fail", "--rank", "1", "--code", "3"],
     );
-    assert_eq!(out.code, Some(1), "{out:?}");
+    assert_eq!(out.code, Some(3), "{out:?}");
     let last = out.stderr.lines().last().unwrap_or_default();
     assert!(last.contains("race detection incomplete"), "{out:?}");
     // Without race detection there is no analysis to call incomplete.

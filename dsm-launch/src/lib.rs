@@ -356,12 +356,19 @@ impl RankStatus {
         self == RankStatus::Exited(0)
     }
 
-    /// `dsmrun`'s exit code when this is the first failure: 1 for a non-zero
-    /// exit, 128+signal for a signal death, as a shell would report it.
+    /// `dsmrun`'s exit code when this is the first failure: the rank's own status (as
+    /// mpirun passes it on), 128+signal for a signal death (as a shell reports it), and 1
+    /// where neither says anything: a rank that left with status 0 while the others still
+    /// needed it, an unknown end, or a status that would read as one of dsmrun's own
+    /// ([`is_dsmrun_status`]).
     pub fn failure_exit_code(self) -> u8 {
         match self {
             RankStatus::Signaled { signal, .. } => signal_exit_code(signal),
-            RankStatus::Exited(_) | RankStatus::Unknown => 1,
+            RankStatus::Exited(code) => match u8::try_from(code) {
+                Ok(code) if code != 0 && !is_dsmrun_status(code) => code,
+                _ => 1,
+            },
+            RankStatus::Unknown => 1,
         }
     }
 }
@@ -391,6 +398,20 @@ impl fmt::Display for RankStatus {
 /// `SIGSEGV` for 11, etc.; `None` for numbers that are not signals here.
 pub fn signal_name(signal: i32) -> Option<&'static str> {
     Signal::try_from(signal).ok().map(Signal::as_str)
+}
+
+/// Statuses with a meaning of dsmrun's own (races found, replay diverged, values differ,
+/// peer lost, timeout, not executable, not found, signals): a failing rank's status that
+/// equals one of them is not passed on, so that they keep meaning only that.
+pub fn is_dsmrun_status(code: u8) -> bool {
+    code == exit_codes::RACES_FOUND
+        || code == exit_codes::REPLAY_DIVERGED
+        || code == exit_codes::VALUES_DIFFER
+        || i32::from(code) == exit_codes::PEER_LOST
+        || code == exit_codes::TIMED_OUT
+        || code == exit_codes::NOT_EXECUTABLE
+        || code == exit_codes::NOT_FOUND
+        || code > 128
 }
 
 fn signal_exit_code(signal: i32) -> u8 {
@@ -1903,7 +1924,13 @@ mod tests {
             "was killed by signal 11 (SIGSEGV), core dumped"
         );
         assert_eq!(segv.failure_exit_code(), 139);
-        assert_eq!(RankStatus::Exited(2).failure_exit_code(), 1);
+        // A rank's own status is passed on, except where it would read as dsmrun's own.
+        assert_eq!(RankStatus::Exited(2).failure_exit_code(), 2);
+        assert_eq!(RankStatus::Exited(3).failure_exit_code(), 3);
+        assert_eq!(RankStatus::Exited(0).failure_exit_code(), 1);
+        for own in [66, 67, 68, 71, 124, 126, 127, 130, 139] {
+            assert_eq!(RankStatus::Exited(own).failure_exit_code(), 1, "{own}");
+        }
         assert_eq!(JobOutcome::Interrupted { signal: 2 }.exit_code(), 130);
         assert_eq!(
             JobOutcome::TimedOut {

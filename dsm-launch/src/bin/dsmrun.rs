@@ -85,9 +85,12 @@ exited are killed.
 
 Exit status:
   0      every rank exited 0
-  1      a rank exited non-zero (the first failure is reported), a rank
-         stopped responding (sent nothing for the liveness deadline), or
-         dsmrun itself failed (e.g. could not start a rank)
+  S      the first failing rank exited with status S (as mpirun passes it on),
+         unless S is one of the statuses below or above 128 (then 1)
+  1      a rank exited with 0 while the others still needed it, or with a
+         status dsmrun keeps for itself; a rank stopped responding (sent
+         nothing for the liveness deadline); or dsmrun itself failed (e.g.
+         could not start a rank)
   2      invalid command line, or DSM_SEGMENT_ADDR, DSM_TRANSPORT, DSM_PUSH or
          DSM_SPIN in dsmrun's environment does not parse (checked before any
          rank starts)
