@@ -620,3 +620,19 @@ fn strangers_at_the_rendezvous_do_not_stop_the_job() {
     );
     drop(strangers);
 }
+
+#[test]
+fn the_race_status_reaches_dsmrun_whatever_main_returns() {
+    // dsm-test --ignore-outcome returns success from main after finish().
+    let args = ["--ignore-outcome", "own-locks", "--iters", "200"];
+    let out = dsm_testkit::dsmrun(2, &["--race"], TEST, &args);
+    assert_eq!(out.code, Some(66), "{out:?}");
+    assert!(out.stderr.contains("data race"), "{out:?}");
+    let out = dsm_testkit::dsmrun(2, &["--race", "--race-exit-code", "9"], TEST, &args);
+    assert_eq!(out.code, Some(9), "{out:?}");
+    // Without races to report (no detection, or the status turned off) nothing changes.
+    let out = dsm_testkit::dsmrun(2, &[], TEST, &args);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let out = dsm_testkit::dsmrun(2, &["--race", "--race-exit-code", "0"], TEST, &args);
+    assert_eq!(out.code, Some(0), "{out:?}");
+}

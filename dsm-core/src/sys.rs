@@ -1910,6 +1910,35 @@ pub(crate) fn adopt_rendezvous(
     Ok(listener)
 }
 
+/// The status this process ends with whatever `main` returns (0: none), see
+/// [`exit_with_at_process_exit`].
+static EXIT_STATUS_OVERRIDE: AtomicI32 = AtomicI32::new(0);
+
+/// Makes this process end with `status` at its exit, whatever `main` returns or passes to
+/// `exit` (as ThreadSanitizer's `exitcode`): rank 0's race and value-comparison statuses
+/// must reach the launcher even from a program that returns success. Output buffers are
+/// flushed first (Rust's are by then; C's stdio with `fflush`). A death by signal or an
+/// `_exit` is not changed. Only the first call registers the hook; later ones set the status.
+pub(crate) fn exit_with_at_process_exit(status: i32) {
+    if EXIT_STATUS_OVERRIDE.swap(status, Ordering::SeqCst) == 0 && status != 0 {
+        // SAFETY: `atexit` takes a function of no arguments that does not return into
+        // freed state; `override_exit_status` only reads an atomic and ends the process.
+        unsafe { libc::atexit(override_exit_status) };
+    }
+}
+
+extern "C" fn override_exit_status() {
+    let status = EXIT_STATUS_OVERRIDE.load(Ordering::SeqCst);
+    if status != 0 {
+        // SAFETY: fflush(NULL) flushes every C stream; _exit never returns. Both are
+        // async-signal-safe enough for an exit handler, which runs on the exiting thread.
+        unsafe {
+            libc::fflush(std::ptr::null_mut());
+            libc::_exit(status)
+        }
+    }
+}
+
 /// Exits immediately without unwinding or running destructors, for fatal errors found on
 /// the comm thread while the app thread may be parked inside the fault handler.
 pub(crate) fn exit_now(code: i32) -> ! {

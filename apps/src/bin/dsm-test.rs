@@ -16,6 +16,10 @@ use std::time::{Duration, Instant};
     about = "Runtime self-tests: run under dsmrun -n N"
 )]
 struct Args {
+    /// Return success from main whatever `finish` reports, as a program that ignores the
+    /// race status does (the status must reach dsmrun anyway).
+    #[arg(long)]
+    ignore_outcome: bool,
     #[command(subcommand)]
     test: Test,
 }
@@ -266,7 +270,11 @@ fn main() -> anyhow::Result<ExitCode> {
             }
         }
     }
-    Ok(dsm.finish()?.exit_code())
+    let outcome = dsm.finish()?;
+    if args.ignore_outcome {
+        return Ok(ExitCode::SUCCESS);
+    }
+    Ok(outcome.exit_code())
 }
 
 fn lock_only(dsm: &mut Dsm, intervals: u64, plant: bool) -> anyhow::Result<()> {

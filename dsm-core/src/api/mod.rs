@@ -1122,6 +1122,10 @@ impl Dsm {
         if differ && outcome.exit_status == 0 {
             outcome.exit_status = dsm_proto::exit_codes::VALUES_DIFFER;
         }
+        if outcome.exit_status != 0 {
+            // The status reaches the launcher even if `main` ignores the outcome.
+            sys::exit_with_at_process_exit(i32::from(outcome.exit_status));
+        }
         Ok(outcome)
     }
 }
@@ -1196,12 +1200,13 @@ impl Dsm {
 
 /// How a node's run ended, as [`Dsm::finish`] reports it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[must_use = "the outcome carries the race exit status; return `outcome.exit_code()` from main"]
 pub struct Outcome {
     /// Data races reported (rank 0 knows them all; other ranks report 0).
     pub races_reported: u64,
     /// The exit status the race convention asks for: the race exit code on rank 0 when races
-    /// were reported and the code is not 0; 0 otherwise.
+    /// were reported and the code is not 0; 0 otherwise. When it is not 0, the process
+    /// ends with it whatever `main` returns (as ThreadSanitizer's `exitcode`), so returning
+    /// [`Outcome::exit_code`] from `main` is a courtesy, not a requirement.
     pub exit_status: u8,
 }
 
