@@ -613,6 +613,7 @@ impl<T: bytemuck::Pod> AppStrided<T> {
     }
 
     #[inline(always)]
+    #[track_caller]
     pub(crate) fn get(&self, k: usize) -> T {
         if k >= self.count {
             out_of_bounds(k, self.count);
@@ -623,6 +624,7 @@ impl<T: bytemuck::Pod> AppStrided<T> {
     }
 
     #[inline(always)]
+    #[track_caller]
     pub(crate) fn set(&self, k: usize, value: T) {
         if k >= self.count {
             out_of_bounds(k, self.count);
@@ -697,6 +699,7 @@ impl<T: bytemuck::Pod> AppSlice<T> {
     }
 
     /// A sub-window of `len` elements from element `start`.
+    #[track_caller]
     pub(crate) fn sub(&self, start: usize, len: usize) -> Self {
         assert!(
             start.checked_add(len).is_some_and(|e| e <= self.len),
@@ -711,6 +714,7 @@ impl<T: bytemuck::Pod> AppSlice<T> {
     }
 
     #[inline(always)]
+    #[track_caller]
     pub(crate) fn get(&self, i: usize) -> T {
         if i >= self.len {
             out_of_bounds(i, self.len);
@@ -721,6 +725,7 @@ impl<T: bytemuck::Pod> AppSlice<T> {
     }
 
     #[inline(always)]
+    #[track_caller]
     pub(crate) fn set(&self, i: usize, value: T) {
         if i >= self.len {
             out_of_bounds(i, self.len);
@@ -737,6 +742,7 @@ impl<T: bytemuck::Pod> AppSlice<T> {
 
     /// `count` elements `step` apart from element `start`, checked to lie in the window.
     #[inline(always)]
+    #[track_caller]
     pub(crate) fn strided(&self, start: usize, step: usize, count: usize) -> AppStrided<T> {
         assert!(step > 0, "stride must be positive");
         if count > 0 {

@@ -147,13 +147,15 @@ impl<'a, T: Pod> View<'a, T> {
     #[inline(always)]
     #[track_caller]
     pub fn get(&self, i: usize) -> T {
+        // The access first: an index out of bounds panics there, at the caller's line.
+        let value = self.mem.get(i);
         if let Some(s) = self.shadow {
             s.read(i * Self::SIZE, Self::SIZE);
             if let Some(w) = self.pin.filter(|w| w.may_touch(i, i + 1)) {
                 self.pin_touch(w, i, 1, 1, false, Location::caller());
             }
         }
-        self.mem.get(i)
+        value
     }
 
     /// Writes element `i`, recorded as a write of that element. Panics if `i` is out of
@@ -161,13 +163,14 @@ impl<'a, T: Pod> View<'a, T> {
     #[inline(always)]
     #[track_caller]
     pub fn set(&self, i: usize, value: T) {
+        // The access first: an index out of bounds panics there, at the caller's line.
+        self.mem.set(i, value);
         if let Some(s) = self.shadow {
             s.write(i * Self::SIZE, Self::SIZE);
             if let Some(w) = self.pin.filter(|w| w.may_touch(i, i + 1)) {
                 self.pin_touch(w, i, 1, 1, true, Location::caller());
             }
         }
-        self.mem.set(i, value)
     }
 
     /// Reads element `(row, col)` of a 2-D array.
@@ -464,6 +467,7 @@ impl<T: Pod> Block<'_, T> {
     /// Elements `col, col+step, ...` (`count` of them) of row `row` (numbered as in the
     /// whole array). Nothing more is recorded: the block already was.
     #[inline(always)]
+    #[track_caller]
     pub fn strided(&self, row: usize, col: usize, step: usize, count: usize) -> Strided<'_, T> {
         let r = row.wrapping_sub(self.first_row);
         assert!(
@@ -484,6 +488,7 @@ impl<T: Pod> Block<'_, T> {
 
     /// Element `(row, col)`, with `row` numbered as in the whole array.
     #[inline(always)]
+    #[track_caller]
     pub fn get(&self, row: usize, col: usize) -> T {
         let r = row.wrapping_sub(self.first_row);
         if r >= self.rows || col >= self.cols {
@@ -516,6 +521,7 @@ impl<T: Pod> Strided<'_, T> {
 
     /// The `k`-th element of the set. Panics if `k` is not below [`len`](Self::len).
     #[inline(always)]
+    #[track_caller]
     pub fn get(&self, k: usize) -> T {
         self.mem.get(k)
     }
@@ -541,6 +547,7 @@ impl<T: Pod> StridedMut<'_, T> {
     /// Writes the `k`-th element of the set. Panics if `k` is not below
     /// [`len`](Self::len).
     #[inline(always)]
+    #[track_caller]
     pub fn set(&self, k: usize, value: T) {
         self.mem.set(k, value)
     }
