@@ -10,6 +10,7 @@ pub mod sor;
 pub mod tsp;
 pub mod water;
 
+use std::process::ExitCode;
 use std::time::Instant;
 
 /// SplitMix64: a tiny generator whose output is fixed by its definition, so inputs made
@@ -65,6 +66,21 @@ pub fn init_logging() {
 /// Seconds since `t`.
 pub fn secs(t: Instant) -> f64 {
     t.elapsed().as_secs_f64()
+}
+
+/// Runs a program's body and turns its error into one line on stderr (`error: ` and the
+/// error's chain of causes) and exit status 1. Returning the error from `main` instead
+/// would print its debug form, and with `RUST_BACKTRACE` set (common in Rust shells) a
+/// full backtrace from every rank for an ordinary error such as a refused join; panics
+/// keep their backtraces.
+pub fn main_with(body: impl FnOnce() -> anyhow::Result<ExitCode>) -> ExitCode {
+    match body() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Prints a failure line and exits with status 1: the convention for a wrong result.

@@ -636,3 +636,25 @@ fn the_race_status_reaches_dsmrun_whatever_main_returns() {
     let out = dsm_testkit::dsmrun(2, &["--race", "--race-exit-code", "0"], TEST, &args);
     assert_eq!(out.code, Some(0), "{out:?}");
 }
+
+#[test]
+fn an_ordinary_error_prints_its_chain_without_a_backtrace() {
+    // A rank started by hand with half a job environment: Dsm::init refuses it.
+    let out = Command::new(TEST)
+        .arg("counter")
+        .env("RUST_BACKTRACE", "1")
+        .env("DSM_RANK", "1")
+        .env("DSM_SIZE", "2")
+        .env("DSM_COORD", "127.0.0.1:1")
+        .env_remove("DSM_JOB_SECRET")
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.starts_with("error: joining the DSM job: bad job environment:"),
+        "{err}"
+    );
+    assert!(!err.to_lowercase().contains("backtrace"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

@@ -31,7 +31,11 @@ struct Args {
     worker: Option<String>,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    apps::main_with(|| run().map(|()| std::process::ExitCode::SUCCESS))
+}
+
+fn run() -> anyhow::Result<()> {
     apps::init_logging();
     let args = Args::parse();
     match args.worker.as_deref() {

@@ -166,7 +166,11 @@ enum Test {
     },
 }
 
-fn main() -> anyhow::Result<ExitCode> {
+fn main() -> ExitCode {
+    apps::main_with(run)
+}
+
+fn run() -> anyhow::Result<ExitCode> {
     apps::init_logging();
     let args = Args::parse();
     let mut dsm = Dsm::init().context("joining the DSM job")?;

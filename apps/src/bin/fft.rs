@@ -268,7 +268,11 @@ fn run_threads(dims: Dims, threads: usize) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn main() -> anyhow::Result<ExitCode> {
+fn main() -> ExitCode {
+    apps::main_with(run)
+}
+
+fn run() -> anyhow::Result<ExitCode> {
     apps::init_logging();
     let args = Args::parse();
     let dims = args.dims.unwrap_or(Dims {

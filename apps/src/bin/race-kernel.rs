@@ -34,7 +34,11 @@ enum Cmd {
     },
 }
 
-fn main() -> anyhow::Result<ExitCode> {
+fn main() -> ExitCode {
+    apps::main_with(run)
+}
+
+fn run() -> anyhow::Result<ExitCode> {
     apps::init_logging();
     match Args::parse().cmd {
         Cmd::List => {

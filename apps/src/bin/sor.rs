@@ -117,7 +117,11 @@ fn run_threads(n: usize, iters: usize, omega: f64, threads: usize) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn main() -> anyhow::Result<ExitCode> {
+fn main() -> ExitCode {
+    apps::main_with(run)
+}
+
+fn run() -> anyhow::Result<ExitCode> {
     apps::init_logging();
     let args = Args::parse();
     if args.size < 3 {

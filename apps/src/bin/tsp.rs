@@ -86,7 +86,11 @@ fn usage_error(msg: &str) -> ! {
     std::process::exit(2)
 }
 
-fn main() -> anyhow::Result<ExitCode> {
+fn main() -> ExitCode {
+    apps::main_with(run)
+}
+
+fn run() -> anyhow::Result<ExitCode> {
     apps::init_logging();
     let args = Args::parse();
     if let Some(n) = args.random {

@@ -65,7 +65,11 @@ enum Locks {
     Molecule,
 }
 
-fn main() -> anyhow::Result<ExitCode> {
+fn main() -> ExitCode {
+    apps::main_with(run)
+}
+
+fn run() -> anyhow::Result<ExitCode> {
     apps::init_logging();
     let args = Args::parse();
     let p = Params::new(args.molecules, args.steps, args.dt).map_err(anyhow::Error::msg)?;
