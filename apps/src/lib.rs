@@ -63,6 +63,15 @@ pub fn init_logging() {
         .try_init();
 }
 
+/// "1 node" or "N nodes", for the apps' result lines.
+pub fn nodes(n: usize) -> String {
+    if n == 1 {
+        "1 node".to_string()
+    } else {
+        format!("{n} nodes")
+    }
+}
+
 /// Seconds since `t`.
 pub fn secs(t: Instant) -> f64 {
     t.elapsed().as_secs_f64()

@@ -202,7 +202,7 @@ fn without_dsmrun_a_program_is_a_single_node() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(text(&out.stdout).contains("verified: sor 32x32, 3 iterations, 1 nodes"));
+    assert!(text(&out.stdout).contains("verified: sor 32x32, 3 iterations, 1 node:"));
 }
 
 #[test]

@@ -30,7 +30,11 @@
 mod api;
 mod comm;
 mod core_watch;
+// The protocol engine and the diff encoding are public for the protocol simulator and the
+// fuzz tests (tests/), not as part of the API.
+#[doc(hidden)]
 pub mod diff;
+#[doc(hidden)]
 pub mod engine;
 mod error;
 mod spin;
@@ -41,6 +45,21 @@ pub use api::{
     band, lock_manager, semaphore_id, Array, Block, Distribution, Dsm, LockGuard, Outcome,
     RegionRule, Semaphore, Stats, Strided, StridedMut, View, DEFAULT_SEGMENT, DEFAULT_SEGMENT_ADDR,
 };
+/// Shared arrays hold plain-old-data types ([`Pod`]); re-exported so that a program's own
+/// element types need no dependency of their own:
+///
+/// ```
+/// #[derive(Clone, Copy, dsm_core::Pod, dsm_core::Zeroable)]
+/// #[bytemuck(crate = "dsm_core::bytemuck")]
+/// #[repr(C)]
+/// struct Particle {
+///     position: [f64; 3],
+///     charge: f64,
+/// }
+/// let p: Particle = dsm_core::bytemuck::Zeroable::zeroed();
+/// assert_eq!(p.charge, 0.0);
+/// ```
+pub use bytemuck::{self, Pod, Zeroable};
 pub use dsm_proto::{env_vars, JobConfig, LockId, RaceOptions, PAGE_SIZE};
 pub use error::DsmError;
 

@@ -39,6 +39,9 @@ fn out_of_bounds_accesses_panic_at_the_callers_line() {
     let grid = dsm.alloc_2d::<f64>("grid", 4, 4).unwrap();
     let v = dsm.view(&a);
     let g = dsm.view(&grid);
+    // A 1-D array is one row of `len` columns to both the array and its view.
+    assert_eq!((a.rows(), a.cols()), (1, 8));
+    assert_eq!((v.cols(), g.cols(), grid.cols()), (8, 4, 4));
     // In this file (rustfmt may put the call and `line!()` on different lines, so the
     // line is only checked to be one of this test's).
     let here = |line: u32, (file, at, msg): (String, u32, String), what: &str| {

@@ -152,9 +152,9 @@ fn run() -> anyhow::Result<ExitCode> {
         dsm.view(&grid).read_into(0, &mut got);
         if args.no_verify || args.inject_bug.is_some() {
             println!(
-                "done: sor {n}x{n}, {} iterations, {} nodes: parallel {parallel:.4} s (not verified)",
+                "done: sor {n}x{n}, {} iterations, {}: parallel {parallel:.4} s (not verified)",
                 args.iters,
-                dsm.size()
+                apps::nodes(dsm.size())
             );
         } else {
             // Timed like the parallel run: the iterations only, not the initialisation.
@@ -164,9 +164,9 @@ fn run() -> anyhow::Result<ExitCode> {
             let sequential = secs(t);
             let checksum = verified_checksum(&format!("sor {n}x{n}"), n, &got, &want);
             println!(
-                "verified: sor {n}x{n}, {} iterations, {} nodes: bitwise identical to sequential (checksum {checksum:.6}); parallel {parallel:.4} s, sequential {sequential:.4} s, speedup {:.2}x",
+                "verified: sor {n}x{n}, {} iterations, {}: bitwise identical to sequential (checksum {checksum:.6}); parallel {parallel:.4} s, sequential {sequential:.4} s, speedup {:.2}x",
                 args.iters,
-                dsm.size(),
+                apps::nodes(dsm.size()),
                 sequential / parallel
             );
         }

@@ -189,8 +189,9 @@ fn run() -> anyhow::Result<ExitCode> {
                 format!("Held-Karp is only run up to {VERIFY_MAX_CITIES} cities")
             };
             println!(
-                "done: {what}, length {} (not verified: {why}), tour {tour_text}, {nodes} nodes, {bound_mode}, parallel {parallel:.4} s",
-                out.length
+                "done: {what}, length {} (not verified: {why}), tour {tour_text}, {}, {bound_mode}, parallel {parallel:.4} s",
+                out.length,
+                apps::nodes(nodes)
             );
         } else {
             let t = Instant::now();
@@ -203,8 +204,9 @@ fn run() -> anyhow::Result<ExitCode> {
                 ));
             }
             println!(
-                "verified: {what}, optimal length {} (Held-Karp agrees), tour {tour_text}, {nodes} nodes, {bound_mode}, parallel {parallel:.4} s, sequential(Held-Karp) {sequential:.4} s",
-                out.length
+                "verified: {what}, optimal length {} (Held-Karp agrees), tour {tour_text}, {}, {bound_mode}, parallel {parallel:.4} s, sequential(Held-Karp) {sequential:.4} s",
+                out.length,
+                apps::nodes(nodes)
             );
         }
         let mut total = search::Stats::default();

@@ -89,12 +89,13 @@ fn run() -> anyhow::Result<ExitCode> {
     if rank == 0 {
         let geo = p.geometry();
         println!(
-            "water: {} molecules, {} steps of {} fs, box {:.4} A, cutoff {:.4} A, {nodes} nodes, {:?} locks{}",
+            "water: {} molecules, {} steps of {} fs, box {:.4} A, cutoff {:.4} A, {}, {:?} locks{}",
             p.molecules,
             p.steps,
             p.dt * 1e3,
             geo.side,
             geo.cutoff,
+            apps::nodes(nodes),
             opts.locks,
             if opts.racy { ", RACY force sums" } else { "" }
         );
@@ -107,8 +108,10 @@ fn run() -> anyhow::Result<ExitCode> {
     let parallel = secs(t);
     if rank == 0 {
         let what = format!(
-            "water {} molecules, {} steps, {nodes} nodes",
-            p.molecules, p.steps
+            "water {} molecules, {} steps, {}",
+            p.molecules,
+            p.steps,
+            apps::nodes(nodes)
         );
         let drift = water::energy_drift(&got);
         let bound = water::drift_bound(&p);

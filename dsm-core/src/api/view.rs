@@ -137,9 +137,13 @@ impl<'a, T: Pod> View<'a, T> {
         self.mem.is_empty()
     }
 
-    /// Columns of a 2-D array (0 for 1-D).
+    /// Columns of a 2-D array (1-D arrays: the length, as [`Array::cols`](crate::Array::cols)).
     pub fn cols(&self) -> usize {
-        self.cols
+        if self.cols == 0 {
+            self.len()
+        } else {
+            self.cols
+        }
     }
 
     /// Reads element `i`, recorded as a read of that element. Panics if `i` is out of
