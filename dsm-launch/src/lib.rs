@@ -159,6 +159,17 @@ pub enum LaunchError {
     /// every rank inherits) does not parse; caught before any rank starts.
     #[error("bad job-wide setting in dsmrun's environment (every rank would inherit it)")]
     JobEnvironment(#[source] dsm_proto::config::ConfigError),
+    /// An output file of the job cannot be written (a missing directory, no permission, a
+    /// read-only file system, a directory by that name); found before any rank starts.
+    #[error("cannot write {flag} '{}': {reason}; no rank was started", path.display())]
+    UnwritableOutput {
+        /// The option that names the file.
+        flag: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Why it cannot be written.
+        reason: String,
+    },
     /// A thread that waits for a rank or forwards its output could not be started.
     #[error("cannot start a supervision thread for rank {rank}")]
     Thread {
@@ -185,7 +196,8 @@ impl LaunchError {
             LaunchError::InvalidRankCount(_)
             | LaunchError::Hosts(_)
             | LaunchError::BadLaunchAgent(_)
-            | LaunchError::JobEnvironment(_) => 2,
+            | LaunchError::JobEnvironment(_)
+            | LaunchError::UnwritableOutput { .. } => 2,
             LaunchError::AgentMissing(_) => 127,
             LaunchError::Rendezvous(_) => 1,
             LaunchError::ProgramNotFound { .. } | LaunchError::ProgramPathNotFound(_) => 127,
@@ -629,6 +641,65 @@ pub fn rank_config(
     }
 }
 
+/// Checks that every file the job will write can be written, before any rank starts (a
+/// typo in a directory must not cost a whole run). The record and the semaphore trace
+/// are merged by dsmrun here; the race log, the SARIF file and a value trace are written
+/// by rank 0, so they are checked here only when rank 0 runs on this host (no host list).
+pub fn check_outputs(config: &LaunchConfig) -> Result<(), LaunchError> {
+    let trace = match &config.trace.mode {
+        TraceMode::Record(p) => Some(p.as_path()),
+        _ => None,
+    };
+    let local = config.hosts.is_none();
+    let outputs = [
+        ("--record", config.replay.record.as_deref(), true),
+        ("--sem-trace", config.sem_trace.as_deref(), true),
+        ("--race-log", config.race.log.as_deref(), local),
+        ("--race-sarif", config.race.sarif.as_deref(), local),
+        ("--trace-values", trace, local),
+    ];
+    for (flag, path, check) in outputs {
+        if let (Some(path), true) = (path, check) {
+            writable(path).map_err(|reason| LaunchError::UnwritableOutput {
+                flag,
+                path: path.to_path_buf(),
+                reason,
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether `path` can be written: an existing file is opened for appending (and left as
+/// it was), otherwise a probe file is made and removed in its directory.
+fn writable(path: &Path) -> Result<(), String> {
+    if path.is_dir() {
+        return Err("it is a directory".into());
+    }
+    if path.exists() {
+        return std::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .map(drop)
+            .map_err(|e| e.to_string());
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(format!("no directory '{}'", dir.display()));
+    }
+    let probe = dir.join(format!(".dsmrun-probe-{}", std::process::id()));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .map_err(|e| format!("cannot create files in '{}': {e}", dir.display()))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
 /// Launches the job described by `config`, forwards its output to this
 /// process's stdout/stderr, and returns once every rank has been reaped.
 ///
@@ -639,6 +710,7 @@ pub fn run(config: &LaunchConfig) -> Result<JobOutcome, LaunchError> {
         return Err(LaunchError::InvalidRankCount(config.ranks));
     }
     check_job_wide_env(|k| std::env::var(k).ok())?;
+    check_outputs(config)?;
     let exe_dir = std::env::current_exe()
         .ok()
         .and_then(|exe| exe.parent().map(Path::to_path_buf));

@@ -842,3 +842,47 @@ fn long_lines_are_forwarded_in_bounded_pieces() {
     assert_eq!(xs, 1_000_000);
     assert!(lines.len() > 10, "split into pieces: {}", lines.len());
 }
+
+#[test]
+fn unwritable_output_paths_are_refused_before_any_rank_starts() {
+    let dir = TempDir::new().unwrap();
+    let marker = dir.path().join("ran");
+    let prog = script(&dir, "touch.sh", &format!("touch {}", marker.display()));
+    let missing = dir.path().join("no-such-dir");
+    let as_dir = dir.path().to_path_buf();
+    let cases: [(&str, PathBuf, &str); 6] = [
+        ("--record", missing.join("x.rec"), "no directory"),
+        ("--race-log", missing.join("r.jsonl"), "no directory"),
+        ("--race-sarif", as_dir.clone(), "it is a directory"),
+        ("--trace-values", missing.join("t.trace"), "no directory"),
+        ("--sem-trace", missing.join("s.trace"), "no directory"),
+        ("--race-log", as_dir, "it is a directory"),
+    ];
+    for (flag, path, why) in cases {
+        let out = run([
+            OsStr::new("-n"),
+            OsStr::new("2"),
+            OsStr::new(flag),
+            path.as_os_str(),
+            prog.as_os_str(),
+        ]);
+        assert_eq!(out.code, Some(2), "{flag} {}: {out:?}", path.display());
+        let want = format!("dsmrun: cannot write {flag} '{}': {why}", path.display());
+        assert!(out.stderr.contains(&want), "{flag}: {out:?}");
+        assert!(out.stderr.contains("no rank was started"), "{out:?}");
+        assert!(!marker.exists(), "{flag}: a rank ran");
+    }
+    // A writable path is left as it was: nothing is created or truncated by the check.
+    let existing = dir.path().join("old.jsonl");
+    fs::write(&existing, "kept\n").unwrap();
+    let mut config = dsm_launch::LaunchConfig::new("true");
+    config.race.enabled = true;
+    config.race.log = Some(existing.clone());
+    assert!(dsm_launch::check_outputs(&config).is_ok());
+    assert_eq!(fs::read_to_string(&existing).unwrap(), "kept\n");
+    assert_eq!(
+        fs::read_dir(dir.path()).unwrap().count(),
+        2,
+        "probe files left"
+    );
+}

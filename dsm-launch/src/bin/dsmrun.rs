@@ -91,9 +91,11 @@ Exit status:
          status dsmrun keeps for itself; a rank stopped responding (sent
          nothing for the liveness deadline); or dsmrun itself failed (e.g.
          could not start a rank)
-  2      invalid command line, or DSM_SEGMENT_ADDR, DSM_TRANSPORT, DSM_PUSH or
-         DSM_SPIN in dsmrun's environment does not parse (checked before any
-         rank starts)
+  2      invalid command line, DSM_SEGMENT_ADDR, DSM_TRANSPORT, DSM_PUSH or
+         DSM_SPIN in dsmrun's environment does not parse, or a file the job
+         would write (--record, --sem-trace; and when rank 0 runs here
+         --race-log, --race-sarif, --trace-values) cannot be written (all
+         checked before any rank starts)
   124    --timeout expired
   126    PROGRAM is not executable
   127    PROGRAM was not found
@@ -741,6 +743,8 @@ fn main() -> ExitCode {
     let mut pin_dir: Option<PathBuf> = None;
     match cli.into_config().and_then(|mut config| {
         race_on = config.race.enabled;
+        // Before the record's path becomes its parts' prefix, so the message names it.
+        launcher::check_outputs(&config)?;
         recording = prepare_order(&mut config)?;
         if !config.race.pinpoint.is_empty() {
             let dir = std::env::temp_dir().join(format!("dsm-pinpoint-{}", std::process::id()));
