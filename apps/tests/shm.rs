@@ -494,7 +494,7 @@ fn a_rank_dying_with_a_host_lock_stops_the_job() {
         .env("DSM_LOG", "dsm_core=info");
     let run = dsm_testkit::run(cmd);
     let all = run.all_output();
-    assert_eq!(run.code, Some(1), "{all}");
+    assert_eq!(run.code, Some(3), "{all}");
     assert!(all.contains(COMMON_SEGMENT), "{all}");
     assert!(all.contains("rank 2 exited with status 3"), "{all}");
     assert!(t.elapsed() < Duration::from_secs(30), "{all}");

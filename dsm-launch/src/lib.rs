@@ -95,6 +95,10 @@ const DRAIN_GRACE: Duration = Duration::from_secs(1);
 
 /// Forwarding threads only hold a small buffer on the stack; with up to 768 of
 /// them the default 2 MiB reservation is pointless.
+/// How long the other ranks may take to exit after one exited with the race exit code
+/// before dsmrun says it waits for them.
+const RACE_EXIT_NOTE_AFTER: Duration = Duration::from_secs(2);
+
 const THREAD_STACK: usize = 128 * 1024;
 
 /// Errors that stop a job from being launched at all. [`LaunchError::exit_code`] maps each
@@ -1506,6 +1510,10 @@ impl Job {
         // The first rank that exited because it lost a peer, and until when to wait for
         // the rank that actually failed.
         let mut collateral: Option<Collateral> = None;
+        // A rank that exited with the race exit code while others still ran, and when to
+        // say that dsmrun waits for them: only if they are still running by then (they
+        // normally finish at once, and a note as the last line made the job look stuck).
+        let mut race_exit: Option<(Instant, usize, i32)> = None;
         // Exits reaped and with their output read, in the order they became ready.
         let mut ready: VecDeque<(usize, RankStatus)> = VecDeque::new();
         while self.running() > 0
@@ -1513,6 +1521,16 @@ impl Job {
                 && (collateral.is_some() || !ready.is_empty() || self.unjudged().is_some())
         {
             let now = Instant::now();
+            if let Some((_, rank, code)) = race_exit.take_if(|(at, ..)| now >= *at) {
+                let others = self.running();
+                if others > 0 && stopping.is_none() {
+                    note(format_args!(
+                        "rank {rank} exited with the race exit code {code} ({}); still waiting for the other {}",
+                        if self.checking { "data races or --check findings reported" } else { "data race found" },
+                        plural(others, "rank", &format!("{others} ranks"))
+                    ));
+                }
+            }
             // An exit whose output is held open past OUTPUT_WAIT is judged without it.
             for (rank, r) in self.ranks.iter_mut().enumerate() {
                 if let Some((status, _)) = r.unjudged.filter(|&(_, at)| now >= at) {
@@ -1652,6 +1670,7 @@ impl Job {
                 None => [
                     deadline,
                     collateral.as_ref().map(|c| c.until),
+                    race_exit.as_ref().map(|r| r.0),
                     start_wake,
                     self.unjudged(),
                 ]
@@ -1735,12 +1754,8 @@ impl Job {
                     if let RankStatus::Exited(code) = status {
                         if Some(code) == self.race_exit_code {
                             race_ranks.push(rank);
-                            if others > 0 {
-                                note(format_args!(
-                                    "rank {rank} exited with the race exit code {code} ({}); waiting for the other {}",
-                                    if self.checking { "data races or --check findings reported" } else { "data race found" },
-                                    plural(others, "rank", &format!("{others} ranks"))
-                                ));
+                            if others > 0 && race_exit.is_none() {
+                                race_exit = Some((now + RACE_EXIT_NOTE_AFTER, rank, code));
                             }
                             continue;
                         }

@@ -886,3 +886,42 @@ fn unwritable_output_paths_are_refused_before_any_rank_starts() {
         "probe files left"
     );
 }
+
+#[test]
+fn a_race_exit_is_not_the_last_word_while_the_others_finish() {
+    let dir = TempDir::new().unwrap();
+    // Rank 0 reports races and exits first; the other finishes a moment later.
+    let prog = script(
+        &dir,
+        "races.sh",
+        r#"if [ "$DSM_RANK" = 0 ]; then exit 66; fi
+sleep 0.3"#,
+    );
+    let out = run([
+        OsStr::new("-n"),
+        OsStr::new("2"),
+        OsStr::new("--race"),
+        prog.as_os_str(),
+    ]);
+    assert_eq!(out.code, Some(66), "{out:?}");
+    assert!(!out.stderr.contains("waiting for the other"), "{out:?}");
+    // One that does not finish is waited for, and dsmrun says so.
+    let slow = script(
+        &dir,
+        "slow.sh",
+        r#"if [ "$DSM_RANK" = 0 ]; then exit 66; fi
+sleep 3"#,
+    );
+    let out = run([
+        OsStr::new("-n"),
+        OsStr::new("2"),
+        OsStr::new("--race"),
+        slow.as_os_str(),
+    ]);
+    assert_eq!(out.code, Some(66), "{out:?}");
+    assert!(
+        out.stderr
+            .contains("rank 0 exited with the race exit code 66 (data race found); still waiting for the other rank"),
+        "{out:?}"
+    );
+}
