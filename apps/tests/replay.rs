@@ -258,3 +258,34 @@ fn damaged_records_are_clear_errors() {
         run.stderr
     );
 }
+
+#[test]
+fn a_record_made_with_race_detection_is_replayed_with_it_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("race.dsmrec");
+    let rec = rec.to_str().unwrap();
+    let args = ["lock-order", "--rounds", "4"];
+    let made = dsm_testkit::dsmrun(
+        2,
+        &["--race", "--race-exit-code", "0", "--record", rec],
+        TEST,
+        &args,
+    );
+    assert_eq!(made.code, Some(0), "{}", made.all_output());
+    let plain = dsm_testkit::dsmrun(2, &["--replay", rec], TEST, &args);
+    assert_eq!(plain.code, Some(67), "{}", plain.all_output());
+    assert!(
+        plain
+            .stderr
+            .contains("it was recorded with race detection: add --race to replay it"),
+        "{}",
+        plain.all_output()
+    );
+    let raced = dsm_testkit::dsmrun(
+        2,
+        &["--race", "--race-exit-code", "0", "--replay", rec],
+        TEST,
+        &args,
+    );
+    assert_eq!(raced.code, Some(0), "{}", raced.all_output());
+}

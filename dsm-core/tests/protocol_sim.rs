@@ -2770,6 +2770,7 @@ fn run_ordered(
             args: Vec::new(),
             nodes: n as u32,
             chaos: None,
+            race: false,
         },
         ranks,
     };

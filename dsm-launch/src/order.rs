@@ -60,7 +60,13 @@ impl OrderError {
 }
 
 /// The header describing a job: the program's file name, its arguments and N.
-pub fn header_for(program: &OsStr, args: &[OsString], nodes: usize, chaos: Option<u64>) -> Header {
+pub fn header_for(
+    program: &OsStr,
+    args: &[OsString],
+    nodes: usize,
+    chaos: Option<u64>,
+    race: bool,
+) -> Header {
     let name = Path::new(program)
         .file_name()
         .unwrap_or(program)
@@ -74,6 +80,7 @@ pub fn header_for(program: &OsStr, args: &[OsString], nodes: usize, chaos: Optio
             .collect(),
         nodes: nodes as u32,
         chaos,
+        race,
     }
 }
 
@@ -117,6 +124,21 @@ pub fn check_replay(path: &Path, job: &Header) -> Result<Record, OrderError> {
             "it records a job of {} nodes, not {} (dsmrun -n {})",
             rec.nodes, job.nodes, rec.nodes
         )));
+    }
+    match (rec.race, job.race) {
+        (true, false) => {
+            return Err(mismatch(
+                "it was recorded with race detection: add --race to replay it".into(),
+            ))
+        }
+        (false, true) => {
+            return Err(mismatch(
+                "it was recorded without race detection: drop --race (and the other race \
+                 options) to replay it"
+                    .into(),
+            ))
+        }
+        _ => {}
     }
     if rec.args != job.args {
         return Err(mismatch(format!(
@@ -208,6 +230,7 @@ mod tests {
             &["--random".into(), "16".into()],
             2,
             None,
+            false,
         );
         assert_eq!(job.program, "tsp");
         let prefix = part_prefix(&path);
@@ -238,6 +261,12 @@ mod tests {
         other = job.clone();
         other.program = "water".into();
         assert!(check_replay(&path, &other).is_err());
+        // Race detection on one side only: refused, saying which flag to add or drop.
+        other = job.clone();
+        other.race = true;
+        let e = check_replay(&path, &other).unwrap_err();
+        assert_eq!(e.exit_code(), 67);
+        assert!(e.to_string().contains("drop --race"), "{e}");
         // A damaged file is an error of its own.
         let mut bytes = std::fs::read(&path).unwrap();
         bytes.truncate(bytes.len() - 3);

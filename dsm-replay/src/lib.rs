@@ -37,7 +37,7 @@ use thiserror::Error;
 /// The first 8 bytes of every record file.
 pub const MAGIC: [u8; 8] = *b"DSMREC\r\n";
 /// The version of the format this crate writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// The first 8 bytes of a rank's part file (what a rank writes for the launcher to merge).
 pub const PART_MAGIC: [u8; 8] = *b"DSMRECP\n";
 
@@ -55,6 +55,9 @@ pub struct Header {
     pub nodes: u32,
     /// The chaos seed the recorded run used, if any (informational: a replay needs no chaos).
     pub chaos: Option<u64>,
+    /// Whether the recorded run detected races: race detection closes and compares
+    /// intervals the replay checks, so a replay must run with it exactly when the record did.
+    pub race: bool,
 }
 
 /// One synchronization event of a rank, in program order.
@@ -475,6 +478,7 @@ mod tests {
                 args: vec!["--random".into(), "16".into()],
                 nodes: 2,
                 chaos: Some(7),
+                race: true,
             },
             ranks: vec![
                 vec![

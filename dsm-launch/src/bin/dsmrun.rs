@@ -106,7 +106,8 @@ Exit status:
          nothing else failed; lock-order dependences alone (--race=schedule)
          leave the status 0
   67     with --replay, the run deviated from the record (another program,
-         other arguments or N, checked before any rank starts; or, while
+         other arguments or N, or race detection on where the record had it
+         off or the other way round, checked before any rank starts; or, while
          running, an acquire or barrier the record does not have there,
          intervals that differ from the recorded ones, or other final values
          in the shared pages); the rank that noticed names the lock, grant
@@ -679,6 +680,7 @@ fn prepare_order(config: &mut LaunchConfig) -> Result<Option<Recording>, OrderEr
         &config.args,
         config.ranks,
         config.replay.chaos,
+        config.race.enabled,
     );
     if let Some(path) = &config.replay.replay {
         order::check_replay(path, &header)?;
