@@ -20,7 +20,8 @@ fn dsmrun(nodes: usize, race: bool, args: &[&str]) -> Run {
 fn assert_verified(r: &Run, molecules: usize, steps: usize, nodes: usize) {
     assert_eq!(r.code, Some(0), "{r:?}");
     let want = format!(
-        "[0] verified: water {molecules} molecules, {steps} steps, {nodes} nodes: energies match sequential"
+        "[0] verified: water {molecules} molecules, {steps} steps, {}: energies match sequential",
+        apps::nodes(nodes)
     );
     assert!(r.stdout.lines().any(|l| l.starts_with(&want)), "{r:?}");
 }
