@@ -199,20 +199,50 @@ fn bad_trace_files_are_clear_errors() {
     }
     let corrupt_path = path(dir.path(), "corrupt.dsmtrace");
     std::fs::write(&corrupt_path, &corrupt).unwrap();
+    // Two bytes flipped in a trace that is mostly values: every record still decodes,
+    // only the checksum tells.
+    let full = path(dir.path(), "full.dsmtrace");
+    let out = kit::dsmrun(
+        1,
+        &["--trace-values", &full, "--trace-values-full"],
+        sor(),
+        &args,
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let mut flipped = std::fs::read(&full).unwrap();
+    let mid = flipped.len() / 2;
+    flipped[mid] ^= 0x04;
+    flipped[mid + 3] ^= 0x40;
+    let flipped_path = path(dir.path(), "flipped.dsmtrace");
+    std::fs::write(&flipped_path, &flipped).unwrap();
     for (file, says) in [
         (&truncated, "truncated"),
         (&garbage, "not a dsm value trace"),
         (&corrupt_path, "trace"),
+        (&flipped_path, "checksum"),
     ] {
         let cmp = dsm_compare(&[&reference, file]);
-        assert_eq!(cmp.code, Some(2), "{cmp:?}");
+        assert_eq!(cmp.code, Some(65), "{cmp:?}");
         assert!(cmp.stderr.contains(says), "{says}: {cmp:?}");
         assert!(!cmp.stderr.contains("panicked"), "{cmp:?}");
+        // dsmrun reads the reference whole before any rank starts: one line, status 65.
         let out = kit::dsmrun(2, &["--compare", file], sor(), &args);
-        assert_eq!(out.code, Some(1), "{out:?}");
+        assert_eq!(out.code, Some(65), "{out:?}");
         assert!(out.all_output().contains(says), "{says}: {out:?}");
+        assert_eq!(out.all_output().trim().lines().count(), 1, "{out:?}");
         assert!(!out.all_output().contains("panicked"), "{out:?}");
     }
+    // A tolerance needs values: a hashes-only reference is refused at start.
+    let out = kit::dsmrun(
+        2,
+        &["--compare", &reference, "--tolerance", "1e-9"],
+        sor(),
+        &args,
+    );
+    assert_eq!(out.code, Some(2), "{out:?}");
+    assert!(out.stderr.contains("has hashes only"), "{out:?}");
+    let cmp = dsm_compare(&["--tolerance", "1e-9", &reference, &reference]);
+    assert_eq!(cmp.code, Some(2), "{cmp:?}");
     let out = kit::dsmrun(1, &["--compare", "/nonexistent/ref.dsmtrace"], sor(), &args);
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(
@@ -287,5 +317,79 @@ fn dsmrun_documents_and_checks_the_trace_options() {
     ] {
         let out = kit::dsmrun(1, args, sor(), &["--size", "8", "--iters", "1"]);
         assert_eq!(out.code, Some(2), "{args:?}: {out:?}");
+    }
+}
+
+#[test]
+fn dsm_compare_names_the_files_it_compares() {
+    let dir = tempfile::tempdir().unwrap();
+    let with_values = path(dir.path(), "values.dsmtrace");
+    let hashes = path(dir.path(), "hashes.dsmtrace");
+    let args = ["--size", "64", "--iters", "2"];
+    let out = kit::dsmrun(
+        1,
+        &["--trace-values", &with_values, "--trace-values-full"],
+        sor(),
+        &args,
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let mut buggy = args.to_vec();
+    buggy.extend(["--inject-bug", "2,40,5"]);
+    let out = kit::dsmrun(1, &["--trace-values", &hashes], sor(), &buggy);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    // The reference has values, the other file hashes only: the message says which.
+    let cmp = dsm_compare(&[&with_values, &hashes]);
+    assert_eq!(cmp.code, Some(68), "{cmp:?}");
+    assert!(
+        cmp.stdout.contains(&format!("'{hashes}' has hashes only")),
+        "{cmp:?}"
+    );
+    assert!(!cmp.stdout.contains("this run"), "{cmp:?}");
+    assert!(!cmp.stdout.contains("the reference"), "{cmp:?}");
+}
+
+/// The README's value-trace examples, as written there (`README.md`, "comparing the two
+/// executions"): every `dsmrun` line of that block runs and ends as its comment says.
+#[test]
+fn the_readmes_trace_examples_run_as_documented() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("README.md");
+    let block: Vec<&str> = readme
+        .lines()
+        .skip_while(|l| !l.starts_with("dsmrun -n 1 --trace-values ref.dsmtrace sor"))
+        .take_while(|l| !l.starts_with("```"))
+        .filter(|l| l.starts_with("dsmrun "))
+        .collect();
+    assert_eq!(
+        block.len(),
+        4,
+        "the README's trace example block changed: {block:?}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    for line in block {
+        let command = line.split('#').next().unwrap().trim();
+        let words: Vec<&str> = command.split_whitespace().collect();
+        let n: usize = words[2].parse().expect("dsmrun -n N");
+        let app = words
+            .iter()
+            .position(|w| ["sor", "water"].contains(w))
+            .unwrap();
+        let flags: Vec<String> = words[3..app]
+            .iter()
+            .map(|w| {
+                if w.ends_with(".dsmtrace") {
+                    path(dir.path(), w)
+                } else {
+                    w.to_string()
+                }
+            })
+            .collect();
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let program = match words[app] {
+            "sor" => sor(),
+            _ => env!("CARGO_BIN_EXE_water"),
+        };
+        let out = kit::dsmrun(n, &flags, program, &words[app + 1..]);
+        assert_eq!(out.code, Some(0), "{line}: {out:?}");
     }
 }

@@ -420,7 +420,8 @@ pub fn signal_name(signal: i32) -> Option<&'static str> {
 /// peer lost, timeout, not executable, not found, signals): a failing rank's status that
 /// equals one of them is not passed on, so that they keep meaning only that.
 pub fn is_dsmrun_status(code: u8) -> bool {
-    code == exit_codes::RACES_FOUND
+    code == exit_codes::CORRUPT_INPUT
+        || code == exit_codes::RACES_FOUND
         || code == exit_codes::REPLAY_DIVERGED
         || code == exit_codes::VALUES_DIFFER
         || i32::from(code) == exit_codes::PEER_LOST
@@ -2015,7 +2016,7 @@ mod tests {
         assert_eq!(RankStatus::Exited(2).failure_exit_code(), 2);
         assert_eq!(RankStatus::Exited(3).failure_exit_code(), 3);
         assert_eq!(RankStatus::Exited(0).failure_exit_code(), 1);
-        for own in [66, 67, 68, 71, 124, 126, 127, 130, 139] {
+        for own in [65, 66, 67, 68, 71, 124, 126, 127, 130, 139] {
             assert_eq!(RankStatus::Exited(own).failure_exit_code(), 1, "{own}");
         }
         assert_eq!(JobOutcome::Interrupted { signal: 2 }.exit_code(), 130);

@@ -54,6 +54,7 @@ impl OrderError {
     pub fn exit_code(&self) -> u8 {
         match self {
             OrderError::Mismatch { .. } => dsm_proto::exit_codes::REPLAY_DIVERGED,
+            OrderError::Bad { .. } => dsm_proto::exit_codes::CORRUPT_INPUT,
             _ => 1,
         }
     }
@@ -272,7 +273,7 @@ mod tests {
         bytes.truncate(bytes.len() - 3);
         std::fs::write(&path, &bytes).unwrap();
         let e = check_replay(&path, &job).unwrap_err();
-        assert_eq!(e.exit_code(), 1);
+        assert_eq!(e.exit_code(), 65);
         assert!(
             e.to_string().contains("truncated") || e.to_string().contains("corrupt"),
             "{e}"

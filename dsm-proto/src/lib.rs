@@ -48,6 +48,9 @@ pub const MAX_NODES: usize = 1024;
 
 /// Exit statuses with a meaning shared by the ranks and the launcher.
 pub mod exit_codes {
+    /// An input file is damaged: a record to replay or a reference trace that is truncated,
+    /// of another version, or whose checksum does not match (sysexits' `EX_DATAERR`).
+    pub const CORRUPT_INPUT: u8 = 65;
     /// Default exit status of rank 0 when data races were reported.
     pub const RACES_FOUND: u8 = 66;
     /// A `--replay` run deviated from its record (another program or arguments, another

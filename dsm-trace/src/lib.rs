@@ -12,7 +12,9 @@
 //! version, then records, each a little-endian `u64` length followed by that many bytes of
 //! a postcard-encoded [`Record`]: first a [`Record::Header`] (program and arguments; the
 //! node count is deliberately not part of it), then one [`Record::Epoch`] per trace point,
-//! and last [`Record::End`]. A file without the end record is reported as truncated.
+//! and last [`Record::End`], which carries a checksum of every record before it (version
+//! 2). A file without the end record is reported as truncated, one whose records do not
+//! match the checksum as corrupt; [`check_whole`] reads a file through to say which.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -25,7 +27,7 @@ use thiserror::Error;
 /// First bytes of every trace file.
 pub const MAGIC: [u8; 8] = *b"DSMTRACE";
 /// Version of the file format this crate writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Bytes per hashed block (one page of the allocation).
 pub const BLOCK_BYTES: usize = 4096;
 /// Suffix of [`AllocTrace::type_name`] for allocations whose elements are declared to be
@@ -116,11 +118,24 @@ pub enum Record {
     Header(Header),
     /// One trace point.
     Epoch(EpochTrace),
-    /// The last record: how many epoch records came before.
+    /// The last record: how many epoch records came before, and their checksum.
     End {
         /// Epoch records in the file.
         epochs: u64,
+        /// [`Checksum`] of the header and epoch records, as encoded.
+        checksum: u64,
     },
+}
+
+/// The running checksum of a trace's records (their encoded bytes, lengths included).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Checksum(u64);
+
+impl Checksum {
+    fn add(&mut self, record: &[u8]) {
+        let h = hash_block(record) ^ (record.len() as u64).rotate_left(32);
+        self.0 = (self.0.rotate_left(5) ^ h).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
 }
 
 /// A 64-bit hash of a block: four independent lanes of 8-byte words (so the multiplies
@@ -304,8 +319,10 @@ pub enum Difference {
         place: String,
         /// The reference's value, printed.
         reference: String,
-        /// This run's value, printed.
+        /// The other side's value, printed.
         run: String,
+        /// What the two sides are called ([`Sides`]).
+        names: [String; 2],
         /// Further differing elements in the allocation.
         more: u64,
     },
@@ -319,6 +336,8 @@ pub enum Difference {
         span: (String, String),
         /// Further differing blocks.
         more_blocks: u64,
+        /// The side that has hashes only, as [`Sides`] calls it.
+        hashes_only: String,
     },
     /// Allocations or their shapes differ, or one trace has a point the other lacks.
     Shape(String),
@@ -334,10 +353,12 @@ impl fmt::Display for Difference {
                 reference,
                 run,
                 more,
+                names,
             } => {
                 write!(
                     f,
-                    "'{alloc}' element {place} (index {index}): reference {reference}, this run {run}"
+                    "'{alloc}' element {place} (index {index}): {} {reference}, {} {run}",
+                    names[0], names[1]
                 )?;
                 if *more > 0 {
                     write!(f, " ({more} more elements of '{alloc}' differ)")?;
@@ -349,6 +370,7 @@ impl fmt::Display for Difference {
                 elements,
                 span,
                 more_blocks,
+                hashes_only,
             } => {
                 write!(
                     f,
@@ -358,11 +380,28 @@ impl fmt::Display for Difference {
                 if *more_blocks > 0 {
                     write!(f, " ({more_blocks} more blocks of 4 KiB differ)")?;
                 }
-                write!(f, "; the reference has hashes only: trace it with --trace-values-full (or --trace-vars {alloc}) to see the element and its values")
+                write!(f, "; {hashes_only} has hashes only: trace it with --trace-values-full (or --trace-vars {alloc}) to see the element and its values")
             }
             Difference::Shape(s) => f.write_str(s),
         }
     }
+}
+
+/// What the two sides of a comparison are called in its messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sides<'a> {
+    /// The reference (the first trace).
+    pub reference: &'a str,
+    /// The other side (a run, or a second trace).
+    pub other: &'a str,
+}
+
+impl Sides<'static> {
+    /// A run compared with its reference trace (`dsmrun --compare`).
+    pub const RUN: Sides<'static> = Sides {
+        reference: "the reference",
+        other: "this run",
+    };
 }
 
 /// Compares one allocation of this run (`run`, which must carry values for element-level
@@ -371,6 +410,7 @@ pub fn compare_alloc(
     reference: &AllocTrace,
     run: &AllocTrace,
     tol: Option<Tolerance>,
+    sides: Sides<'_>,
 ) -> Option<Difference> {
     if reference.name != run.name
         || reference.elem_size != run.elem_size
@@ -378,9 +418,9 @@ pub fn compare_alloc(
         || reference.cols != run.cols
     {
         return Some(Difference::Shape(format!(
-            "allocation '{}' ({} elements of {} bytes, {} columns) in the reference is '{}' ({} elements of {} bytes, {} columns) in this run",
-            reference.name, reference.len, reference.elem_size, reference.cols,
-            run.name, run.len, run.elem_size, run.cols
+            "allocation '{}' ({} elements of {} bytes, {} columns) in {} is '{}' ({} elements of {} bytes, {} columns) in {}",
+            reference.name, reference.len, reference.elem_size, reference.cols, sides.reference,
+            run.name, run.len, run.elem_size, run.cols, sides.other
         )));
     }
     let bad_blocks: Vec<usize> = reference
@@ -433,6 +473,7 @@ pub fn compare_alloc(
                 reference: show(shown, &rv[r.clone()]),
                 run: show(shown, &mv[r]),
                 more: count - 1,
+                names: [sides.reference.to_string(), sides.other.to_string()],
             })
         }
         _ => {
@@ -442,6 +483,12 @@ pub fn compare_alloc(
                 elements: (lo, hi),
                 span: (reference.place(lo), reference.place(hi.saturating_sub(1))),
                 more_blocks: bad_blocks.len() as u64 - 1,
+                hashes_only: if reference.values.is_none() {
+                    sides.reference
+                } else {
+                    sides.other
+                }
+                .to_string(),
             })
         }
     }
@@ -453,29 +500,32 @@ pub fn compare_epoch(
     reference: &EpochTrace,
     run: &EpochTrace,
     tol: Option<Tolerance>,
+    sides: Sides<'_>,
 ) -> Vec<Difference> {
     let mut out = Vec::new();
     if reference.epoch != run.epoch || reference.at_exit != run.at_exit {
         out.push(Difference::Shape(format!(
-            "the reference's next trace point is {}, this run is at {}",
+            "the next trace point of {} is {}, of {} {}",
+            sides.reference,
             reference.label(),
+            sides.other,
             run.label()
         )));
         return out;
     }
     for (k, r) in reference.allocs.iter().enumerate() {
         match run.allocs.get(k) {
-            Some(m) => out.extend(compare_alloc(r, m, tol)),
+            Some(m) => out.extend(compare_alloc(r, m, tol, sides)),
             None => out.push(Difference::Shape(format!(
-                "allocation '{}' of the reference does not exist in this run",
-                r.name
+                "allocation '{}' of {} does not exist in {}",
+                r.name, sides.reference, sides.other
             ))),
         }
     }
     for m in run.allocs.iter().skip(reference.allocs.len()) {
         out.push(Difference::Shape(format!(
-            "allocation '{}' of this run does not exist in the reference",
-            m.name
+            "allocation '{}' of {} does not exist in {}",
+            m.name, sides.other, sides.reference
         )));
     }
     out
@@ -485,12 +535,18 @@ pub fn compare_epoch(
 pub struct TraceWriter<W: Write> {
     out: W,
     epochs: u64,
+    sum: Checksum,
 }
 
-fn write_record<W: Write>(out: &mut W, record: &Record) -> Result<u64, TraceError> {
+fn write_record<W: Write>(
+    out: &mut W,
+    record: &Record,
+    sum: &mut Checksum,
+) -> Result<u64, TraceError> {
     let bytes = postcard::to_stdvec(record).map_err(|e| TraceError::Corrupt(e.to_string()))?;
     out.write_all(&(bytes.len() as u64).to_le_bytes())?;
     out.write_all(&bytes)?;
+    sum.add(&bytes);
     Ok(bytes.len() as u64 + 8)
 }
 
@@ -499,26 +555,30 @@ impl<W: Write> TraceWriter<W> {
     pub fn new(mut out: W, header: &Header) -> Result<Self, TraceError> {
         out.write_all(&MAGIC)?;
         out.write_all(&FORMAT_VERSION.to_le_bytes())?;
-        write_record(&mut out, &Record::Header(header.clone()))?;
-        Ok(TraceWriter { out, epochs: 0 })
+        let mut sum = Checksum::default();
+        write_record(&mut out, &Record::Header(header.clone()), &mut sum)?;
+        Ok(TraceWriter {
+            out,
+            epochs: 0,
+            sum,
+        })
     }
 
     /// Appends a trace point; returns the bytes written.
     pub fn write_epoch(&mut self, epoch: &EpochTrace) -> Result<u64, TraceError> {
         self.epochs += 1;
         // Serialising clones nothing big: the record borrows through a helper enum.
-        let n = write_record(&mut self.out, &Record::Epoch(epoch.clone()))?;
+        let n = write_record(&mut self.out, &Record::Epoch(epoch.clone()), &mut self.sum)?;
         Ok(n)
     }
 
     /// Writes the end record and flushes.
     pub fn finish(mut self) -> Result<W, TraceError> {
-        write_record(
-            &mut self.out,
-            &Record::End {
-                epochs: self.epochs,
-            },
-        )?;
+        let end = Record::End {
+            epochs: self.epochs,
+            checksum: self.sum.0,
+        };
+        write_record(&mut self.out, &end, &mut self.sum)?;
         self.out.flush()?;
         Ok(self.out)
     }
@@ -530,9 +590,14 @@ pub struct TraceReader<R: Read> {
     header: Header,
     epochs: u64,
     ended: bool,
+    sum: Checksum,
 }
 
-fn read_record<R: Read>(input: &mut R, what: &str) -> Result<Record, TraceError> {
+fn read_record<R: Read>(
+    input: &mut R,
+    what: &str,
+    sum: &mut Checksum,
+) -> Result<Record, TraceError> {
     let mut len = [0u8; 8];
     let mut got = 0;
     while got < 8 {
@@ -559,7 +624,12 @@ fn read_record<R: Read>(input: &mut R, what: &str) -> Result<Record, TraceError>
             buf.len()
         )));
     }
-    postcard::from_bytes(&buf).map_err(|e| TraceError::Corrupt(format!("{what}: {e}")))
+    let record =
+        postcard::from_bytes(&buf).map_err(|e| TraceError::Corrupt(format!("{what}: {e}")))?;
+    if !matches!(record, Record::End { .. }) {
+        sum.add(&buf);
+    }
+    Ok(record)
 }
 
 impl<R: Read> TraceReader<R> {
@@ -587,12 +657,14 @@ impl<R: Read> TraceReader<R> {
         if version != FORMAT_VERSION {
             return Err(TraceError::Version { found: version });
         }
-        match read_record(&mut input, "the header")? {
+        let mut sum = Checksum::default();
+        match read_record(&mut input, "the header", &mut sum)? {
             Record::Header(header) => Ok(TraceReader {
                 input,
                 header,
                 epochs: 0,
                 ended: false,
+                sum,
             }),
             _ => Err(TraceError::Corrupt(
                 "the first record is not the header".into(),
@@ -611,22 +683,54 @@ impl<R: Read> TraceReader<R> {
             return Ok(None);
         }
         let what = format!("trace point {}", self.epochs + 1);
-        match read_record(&mut self.input, &what)? {
+        match read_record(&mut self.input, &what, &mut self.sum)? {
             Record::Epoch(e) => {
                 self.epochs += 1;
                 Ok(Some(e))
             }
-            Record::End { epochs } if epochs == self.epochs => {
+            Record::End { epochs, .. } if epochs != self.epochs => {
+                Err(TraceError::Corrupt(format!(
+                    "the end record counts {epochs} trace points, the file has {}",
+                    self.epochs
+                )))
+            }
+            Record::End { checksum, .. } if checksum != self.sum.0 => Err(TraceError::Corrupt(
+                "its records do not match their checksum (the file was changed or damaged)".into(),
+            )),
+            Record::End { .. } => {
                 self.ended = true;
                 Ok(None)
             }
-            Record::End { epochs } => Err(TraceError::Corrupt(format!(
-                "the end record counts {epochs} trace points, the file has {}",
-                self.epochs
-            ))),
             Record::Header(_) => Err(TraceError::Corrupt(format!("{what} is a second header"))),
         }
     }
+}
+
+/// What a whole trace holds (see [`check_whole`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceSummary {
+    /// The run it describes.
+    pub header: Header,
+    /// Its trace points.
+    pub points: u64,
+    /// Whether any allocation at any point carries its values (else hashes only).
+    pub has_values: bool,
+}
+
+/// Reads a trace through to its end record and checks its checksum: a file that is not a
+/// trace, of another version, truncated, or changed anywhere is an error here, before a
+/// comparison starts, rather than a difference or a failure half-way through a run.
+pub fn check_whole<R: Read>(input: R) -> Result<TraceSummary, TraceError> {
+    let mut reader = TraceReader::new(input)?;
+    let mut has_values = false;
+    while let Some(point) = reader.next_epoch()? {
+        has_values |= point.allocs.iter().any(|a| a.values.is_some());
+    }
+    Ok(TraceSummary {
+        header: reader.header().clone(),
+        points: reader.epochs,
+        has_values,
+    })
 }
 
 #[cfg(test)]
@@ -690,11 +794,42 @@ mod tests {
     }
 
     #[test]
+    fn a_changed_byte_anywhere_is_found_by_the_whole_check() {
+        let h = Header {
+            program: "water".into(),
+            args: Vec::new(),
+        };
+        let mut w = TraceWriter::new(Vec::new(), &h).unwrap();
+        w.write_epoch(&epoch(&grid(100, None), true)).unwrap();
+        w.write_epoch(&epoch(&grid(100, Some(7)), false)).unwrap();
+        let file = w.finish().unwrap();
+        let whole = check_whole(&file[..]).unwrap();
+        assert_eq!(
+            (&whole.header, whole.points, whole.has_values),
+            (&h, 2, true)
+        );
+        // Two bytes flipped inside the values of the first point: the records still decode,
+        // so only the checksum can tell.
+        let mut bad = file.clone();
+        let mid = file.len() / 3;
+        bad[mid] ^= 0x10;
+        bad[mid + 1] ^= 0x01;
+        let err = check_whole(&bad[..]).unwrap_err();
+        assert!(matches!(err, TraceError::Corrupt(_)), "{err}");
+        assert!(err.to_string().contains("checksum"), "{err}");
+        // Hashes only.
+        let mut w = TraceWriter::new(Vec::new(), &h).unwrap();
+        w.write_epoch(&epoch(&grid(100, None), false)).unwrap();
+        let file = w.finish().unwrap();
+        assert!(!check_whole(&file[..]).unwrap().has_values);
+    }
+
+    #[test]
     fn difference_is_located_with_values_and_blocked_without() {
         let a = epoch(&grid(100, None), true);
         let b = epoch(&grid(100, Some(1234)), true);
-        assert!(compare_epoch(&a, &a, None).is_empty());
-        let d = compare_epoch(&a, &b, None);
+        assert!(compare_epoch(&a, &a, None, Sides::RUN).is_empty());
+        let d = compare_epoch(&a, &b, None, Sides::RUN);
         match &d[..] {
             [Difference::Element { index, place, .. }] => {
                 assert_eq!((*index, place.as_str()), (1234, "(12, 34)"))
@@ -707,11 +842,12 @@ mod tests {
             Some(Tolerance {
                 abs: 1e-6,
                 rel: 0.0
-            })
+            }),
+            Sides::RUN
         )
         .is_empty());
         let hashes_only = epoch(&grid(100, None), false);
-        match &compare_epoch(&hashes_only, &b, None)[..] {
+        match &compare_epoch(&hashes_only, &b, None, Sides::RUN)[..] {
             [Difference::Block { elements, .. }] => assert_eq!(*elements, (1024, 1536)),
             other => panic!("{other:?}"),
         }

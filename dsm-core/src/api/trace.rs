@@ -19,8 +19,8 @@ use super::{AllocMeta, Array, Dsm};
 use crate::error::DsmError;
 use dsm_proto::{exit_codes, TraceMode, TraceOptions, PAGE_SIZE};
 use dsm_trace::{
-    compare_epoch, hash_block, AllocTrace, EpochTrace, Header, Tolerance, TraceReader, TraceWriter,
-    BLOCK_BYTES,
+    compare_epoch, hash_block, AllocTrace, EpochTrace, Header, Sides, Tolerance, TraceReader,
+    TraceWriter, BLOCK_BYTES,
 };
 
 /// Names of dsm's own allocations start with this; they are not traced.
@@ -390,7 +390,7 @@ impl Dsm {
         let diffs = match state.next_reference()? {
             Some(reference) => {
                 // Hashes first; the values of an allocation are read only when it differs.
-                if compare_epoch(&reference, &epoch, tol).is_empty() {
+                if compare_epoch(&reference, &epoch, tol, Sides::RUN).is_empty() {
                     Vec::new()
                 } else {
                     for (k, &i) in traced.iter().enumerate() {
@@ -402,7 +402,7 @@ impl Dsm {
                             epoch.allocs[k].values = Some(self.alloc_bytes(&self.allocs[i]));
                         }
                     }
-                    compare_epoch(&reference, &epoch, tol)
+                    compare_epoch(&reference, &epoch, tol, Sides::RUN)
                 }
             }
             None => vec![dsm_trace::Difference::Shape(format!(

@@ -96,6 +96,9 @@ Exit status:
          would write (--record, --sem-trace; and when rank 0 runs here
          --race-log, --race-sarif, --trace-values) cannot be written (all
          checked before any rank starts)
+  65     a record to replay or a reference trace to compare with is damaged
+         (not such a file, another version, truncated, or its checksum does
+         not match; checked before any rank starts)
   124    --timeout expired
   126    PROGRAM is not executable
   127    PROGRAM was not found
@@ -561,10 +564,19 @@ impl Cli {
                 let file = std::fs::File::open(&reference).with_context(|| {
                     format!("cannot open the reference trace '{}'", p.display())
                 })?;
-                // A file that is not a trace is dsmrun's one error, not every rank's; a
-                // truncation further in is found by rank 0 when it gets there.
-                dsm_trace::TraceReader::new(std::io::BufReader::new(file))
-                    .with_context(|| format!("reference trace '{}'", p.display()))?;
+                // Read through and checksummed here: a damaged reference is dsmrun's one
+                // line before any rank starts, not a difference or a failure half-way.
+                let whole = dsm_trace::check_whole(std::io::BufReader::new(file))
+                    .map_err(|e| CorruptInput(format!("reference trace '{}': {e}", p.display())))?;
+                if !whole.has_values && (self.tolerance.is_some() || self.rel_tolerance.is_some()) {
+                    return Err(UsageError(format!(
+                        "--tolerance and --rel-tolerance need a reference with values, and \
+                         '{}' has hashes only: record it with --trace-values-full (or \
+                         --trace-vars NAMES)",
+                        p.display()
+                    ))
+                    .into());
+                }
                 TraceMode::Compare(reference)
             }
             (None, None) => TraceMode::Off,
@@ -671,6 +683,16 @@ struct Recording {
     prefix: PathBuf,
     header: dsm_replay::Header,
 }
+
+/// A damaged input file (exit status 65, `exit_codes::CORRUPT_INPUT`).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct CorruptInput(String);
+
+/// Options that do not go together, found after parsing (exit status 2, as clap's).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct UsageError(String);
 
 /// Checks a record to replay against the job, and points the ranks of a recording job
 /// at their part files. Returns what to collect after the job.
@@ -803,13 +825,16 @@ fn main() -> ExitCode {
             if let Some(rec) = recording {
                 order::discard_parts(&rec.prefix, rec.header.nodes as usize);
             }
-            let code = match (
-                err.downcast_ref::<LaunchError>(),
-                err.downcast_ref::<OrderError>(),
-            ) {
-                (Some(e), _) => e.exit_code(),
-                (None, Some(e)) => e.exit_code(),
-                (None, None) => 1,
+            let code = if let Some(e) = err.downcast_ref::<LaunchError>() {
+                e.exit_code()
+            } else if let Some(e) = err.downcast_ref::<OrderError>() {
+                e.exit_code()
+            } else if err.is::<CorruptInput>() {
+                dsm_proto::exit_codes::CORRUPT_INPUT
+            } else if err.is::<UsageError>() {
+                2
+            } else {
+                1
             };
             ExitCode::from(code)
         }
