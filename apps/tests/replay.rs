@@ -246,7 +246,8 @@ fn damaged_records_are_clear_errors() {
     for (content, says) in cases {
         std::fs::write(&bad, content).unwrap();
         let run = dsm_testkit::dsmrun(2, &["--replay", s(&bad)], TEST, &["lock-order"]);
-        assert_eq!(run.code, Some(1), "{}", run.all_output());
+        // A damaged input file: exit_codes::CORRUPT_INPUT.
+        assert_eq!(run.code, Some(65), "{}", run.all_output());
         assert!(run.stderr.contains(says), "{}", run.stderr);
     }
     let missing = dir.path().join("missing.dsmrec");
