@@ -182,6 +182,16 @@ fn rendezvous_as_rank0(
         for mut a in admission.poll(&listener)? {
             let r = a.hello.rank as usize;
             if taken[r] {
+                // Authenticated again (the challenge proves the job secret): a rank whose
+                // handshake broke on its side (a reply lost under load, a timeout) dials
+                // again and must be able to finish. Its old connection is closed then; a
+                // second live connection for the rank is a duplicate process.
+                if streams[r].as_ref().is_some_and(peer_closed) {
+                    debug!("rank 0: rank {r} joined again from {}", a.from);
+                    listen[r] = a.hello.listen;
+                    streams[r] = Some(a.stream);
+                    continue;
+                }
                 let reason = format!("rank {r} has already joined");
                 warn!("rank 0: refused connection from {}: {reason}", a.from);
                 let _ = write_frame(&mut a.stream, &HelloReply::Refused { reason });
@@ -230,6 +240,22 @@ fn rendezvous_as_rank0(
         shm: (0..env.size).map(|_| None).collect(),
         segment_file: None,
     })
+}
+
+/// Whether the peer has closed (or reset) this connection: a read would return end of
+/// file or an error now, rather than block. Nothing is consumed.
+fn peer_closed(stream: &TcpStream) -> bool {
+    if stream.set_nonblocking(true).is_err() {
+        return true;
+    }
+    let mut byte = [0u8; 1];
+    let closed = match stream.peek(&mut byte) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() != io::ErrorKind::WouldBlock,
+    };
+    let _ = stream.set_nonblocking(false);
+    closed
 }
 
 /// Connects with retries until `deadline`: the peer may not be listening yet.
@@ -369,6 +395,14 @@ fn join_as_peer(
         while got.len() < env.size - env.rank - 1 {
             for mut a in admission.poll(&listener)? {
                 let r = a.hello.rank as usize;
+                // As at rank 0: a peer whose handshake broke on its side dials again.
+                let gone = got.iter().position(|(p, s)| *p == r && peer_closed(s));
+                if let (true, Some(k)) = (taken[r], gone) {
+                    write_frame(&mut a.stream, &HelloReply::Welcome { listen: vec![] })
+                        .map_err(|source| BootstrapError::Handshake { peer: r, source })?;
+                    got[k].1 = a.stream;
+                    continue;
+                }
                 if taken[r] {
                     let reason = format!("rank {r} has already connected");
                     warn!(
@@ -650,6 +684,47 @@ mod tests {
         // The job still forms with the real rank 1.
         let real = connect_mesh(&env).unwrap();
         assert!(real.streams[0].is_some());
+        assert!(root.join().unwrap().is_ok());
+    }
+
+    /// A rank whose handshake with rank 0 broke on its side after rank 0 had admitted it
+    /// (here: it gives up waiting for the welcome, which comes only when every rank has
+    /// joined) dials again and joins; a second live connection for a rank is refused.
+    #[test]
+    fn a_rank_that_dials_again_after_a_broken_handshake_joins() {
+        let coord = free_addr();
+        let root = thread::spawn(move || connect_mesh(&job(0, 4, coord, "k", 20.0)));
+        let soon = || Instant::now() + Duration::from_secs(5);
+        let (one, two) = (job(1, 4, coord, "k", 20.0), job(2, 4, coord, "k", 20.0));
+        // Rank 1 is admitted, then gives up before the welcome (which comes only when every
+        // rank has joined): its reply wait times out and it closes the connection.
+        let mut first = connect_retrying(&one, coord, soon(), "r0").unwrap();
+        let early = Instant::now() + Duration::from_millis(300);
+        let broke = handshake::connect(&mut first, &local(&one), 0, "127.0.0.1:1".into(), early);
+        assert!(matches!(broke, Err(ConnectFailure::Broken(_))), "{broke:?}");
+        drop(first);
+        // A second live connection for a rank is a duplicate process: refused.
+        let mut held = connect_retrying(&two, coord, soon(), "r0").unwrap();
+        let wait = Instant::now() + Duration::from_millis(300);
+        let _ = handshake::connect(&mut held, &local(&two), 0, "127.0.0.1:2".into(), wait);
+        let mut dup = connect_retrying(&two, coord, soon(), "r0").unwrap();
+        let refused = handshake::connect(&mut dup, &local(&two), 0, "127.0.0.1:2".into(), soon());
+        assert!(
+            matches!(&refused, Err(ConnectFailure::Refused(r)) if r.contains("already joined")),
+            "{refused:?}"
+        );
+        drop(held);
+        // Ranks 1 and 2 dial again and finish joining; rank 3 comes last.
+        let ones = thread::spawn(move || connect_mesh(&one));
+        let twos = thread::spawn(move || connect_mesh(&two));
+        thread::sleep(Duration::from_secs(1));
+        let three = connect_mesh(&job(3, 4, coord, "k", 20.0));
+        assert!(three.is_ok(), "{:?}", three.err());
+        assert!(
+            ones.join().unwrap().is_ok(),
+            "rank 1 joins after its broken handshake"
+        );
+        assert!(twos.join().unwrap().is_ok());
         assert!(root.join().unwrap().is_ok());
     }
 
