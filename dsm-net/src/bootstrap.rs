@@ -242,6 +242,21 @@ fn rendezvous_as_rank0(
     })
 }
 
+/// Answers an admitted peer; `false` if its connection broke meanwhile (under a flood of
+/// strangers its handshake may have been evicted as it finished): the peer dials again.
+fn welcome_peer(env: &JobConfig, peer: usize, stream: &mut TcpStream) -> bool {
+    match write_frame(stream, &HelloReply::Welcome { listen: vec![] }) {
+        Ok(()) => true,
+        Err(e) => {
+            debug!(
+                "rank {}: welcome to rank {peer} failed ({e}); it dials again",
+                env.rank
+            );
+            false
+        }
+    }
+}
+
 /// Whether the peer has closed (or reset) this connection: a read would return end of
 /// file or an error now, rather than block. Nothing is consumed.
 fn peer_closed(stream: &TcpStream) -> bool {
@@ -398,9 +413,9 @@ fn join_as_peer(
                 // As at rank 0: a peer whose handshake broke on its side dials again.
                 let gone = got.iter().position(|(p, s)| *p == r && peer_closed(s));
                 if let (true, Some(k)) = (taken[r], gone) {
-                    write_frame(&mut a.stream, &HelloReply::Welcome { listen: vec![] })
-                        .map_err(|source| BootstrapError::Handshake { peer: r, source })?;
-                    got[k].1 = a.stream;
+                    if welcome_peer(&env, r, &mut a.stream) {
+                        got[k].1 = a.stream;
+                    }
                     continue;
                 }
                 if taken[r] {
@@ -412,10 +427,10 @@ fn join_as_peer(
                     let _ = write_frame(&mut a.stream, &HelloReply::Refused { reason });
                     continue;
                 }
-                write_frame(&mut a.stream, &HelloReply::Welcome { listen: vec![] })
-                    .map_err(|source| BootstrapError::Handshake { peer: r, source })?;
-                taken[r] = true;
-                got.push((r, a.stream));
+                if welcome_peer(&env, r, &mut a.stream) {
+                    taken[r] = true;
+                    got.push((r, a.stream));
+                }
             }
             if got.len() < env.size - env.rank - 1 && Instant::now() >= deadline {
                 return Err(BootstrapError::Timeout {

@@ -264,6 +264,11 @@ impl Admission {
     /// nothing happened, so a loop around it does not spin.
     pub(crate) fn poll(&mut self, listener: &TcpListener) -> io::Result<Vec<Admitted>> {
         let mut idle = true;
+        // Finished handshakes leave the pending list before new connections may evict its
+        // oldest entries: under a flood, evicting one that had just authenticated cut a
+        // rank off after admitting it (issue 34). A handshake finishing between this and
+        // an eviction is still possible; the rank then dials again and is taken back.
+        let mut admitted = self.finished(&mut idle);
         loop {
             match listener.accept() {
                 Ok((stream, from)) => {
@@ -278,18 +283,24 @@ impl Admission {
                 Err(e) => return Err(e),
             }
         }
+        admitted.extend(self.finished(&mut idle));
+        if idle {
+            thread::sleep(Duration::from_millis(2));
+        }
+        Ok(admitted)
+    }
+
+    /// The handshakes that finished since the last look, out of the pending list.
+    fn finished(&mut self, idle: &mut bool) -> Vec<Admitted> {
         let mut admitted = Vec::new();
         while let Ok((id, result)) = self.done_rx.try_recv() {
-            idle = false;
+            *idle = false;
             self.pending.retain(|(pid, _)| *pid != id);
             if let Some(a) = result {
                 admitted.push(a);
             }
         }
-        if idle {
-            thread::sleep(Duration::from_millis(2));
-        }
-        Ok(admitted)
+        admitted
     }
 
     fn start(&mut self, stream: TcpStream, from: SocketAddr) {
