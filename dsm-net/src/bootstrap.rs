@@ -775,6 +775,61 @@ mod tests {
         drop(strangers);
     }
 
+    /// A hundred strangers connect to rank 0's port as the ranks join, and another hundred
+    /// as a late rank joins: every start must succeed (evicting strangers must never cut
+    /// off a rank that has just authenticated).
+    #[test]
+    fn a_job_starts_under_a_continuous_flood_of_strangers() {
+        for round in 0..5 {
+            let coord = free_addr();
+            let root = thread::spawn(move || connect_mesh(&job(0, 4, coord, "k", 20.0)));
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let flood = {
+                let stop = stop.clone();
+                thread::spawn(move || {
+                    let env = job(1, 4, coord, "k", 5.0);
+                    let mut held = Vec::new();
+                    // A burst as the ranks join and another as the late one does.
+                    for pause in [0, 450] {
+                        thread::sleep(Duration::from_millis(pause));
+                        let soon = Instant::now() + Duration::from_millis(200);
+                        for _ in 0..100 {
+                            if let Ok(s) = connect_retrying(&env, coord, soon, "r0") {
+                                held.push(s);
+                            }
+                        }
+                    }
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        thread::sleep(Duration::from_millis(10));
+                    }
+                })
+            };
+            let peers: Vec<_> = (1..4)
+                .map(|r| {
+                    thread::spawn(move || {
+                        if r == 3 {
+                            thread::sleep(Duration::from_millis(500));
+                        }
+                        connect_mesh(&job(r, 4, coord, "k", 20.0))
+                    })
+                })
+                .collect();
+            for (r, p) in peers.into_iter().enumerate() {
+                let got = p.join().unwrap();
+                assert!(
+                    got.is_ok(),
+                    "round {round}, rank {}: {:?}",
+                    r + 1,
+                    got.err()
+                );
+            }
+            let got = root.join().unwrap();
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            flood.join().unwrap();
+            assert!(got.is_ok(), "round {round}, rank 0: {:?}", got.err());
+        }
+    }
+
     #[test]
     fn missing_rank_times_out_with_its_number() {
         let coord = free_addr();
