@@ -168,3 +168,19 @@ fn ranks_disagreeing_on_a_semaphore_count_fail_its_creation() {
     assert!(all.contains("disagree on the shared allocations"), "{all}");
     assert!(!all.contains("passed the collective creation"), "{all}");
 }
+
+#[test]
+fn a_mistyped_program_leaves_no_semaphore_trace_and_dsmrun_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("x.semtrace");
+    let trace = trace.to_str().unwrap();
+    // `run` forgotten: a usage error before any semaphore exists.
+    let run = dsm_testkit::dsmrun(2, &["--sem-trace", trace], KERNEL, &["sem-pairing-hidden"]);
+    assert_eq!(run.code, Some(2), "{}", run.all_output());
+    assert!(
+        run.stderr.contains("no semaphore trace was written"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains("per-rank"), "{}", run.stderr);
+}

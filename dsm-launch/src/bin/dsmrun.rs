@@ -786,11 +786,23 @@ fn main() -> ExitCode {
             ) {
                 launcher::merge_sem_trace(path, config.ranks).map_err(anyhow::Error::msg)?;
             } else {
-                eprintln!(
-                    "dsmrun: the job failed; the semaphore trace is left in its per-rank \
-                     parts {}.rank<R>",
-                    path.display()
-                );
+                // Name the parts only where the ranks left some: a program that failed
+                // before its first semaphore wrote none.
+                let left: Vec<usize> = (0..config.ranks)
+                    .filter(|&r| dsm_ahb::format::part_path(path, r).exists())
+                    .collect();
+                if left.is_empty() {
+                    eprintln!(
+                        "dsmrun: the job failed; no semaphore trace was written to '{}'",
+                        path.display()
+                    );
+                } else {
+                    eprintln!(
+                        "dsmrun: the job failed; the semaphore trace is left in the per-rank \
+                         parts {}.rank<R> of ranks {left:?}",
+                        path.display()
+                    );
+                }
             }
         }
         Ok(outcome)
