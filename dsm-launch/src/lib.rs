@@ -647,7 +647,8 @@ pub fn rank_config(
 }
 
 /// Checks that every file the job will write can be written, before any rank starts (a
-/// typo in a directory must not cost a whole run). The record and the semaphore trace
+/// typo in a directory must not cost a whole run). A launcher calls it before [`run`], and
+/// before it points `--record` at the ranks' part files, so messages name the user's path. The record and the semaphore trace
 /// are merged by dsmrun here; the race log, the SARIF file and a value trace are written
 /// by rank 0, so they are checked here only when rank 0 runs on this host (no host list).
 pub fn check_outputs(config: &LaunchConfig) -> Result<(), LaunchError> {
@@ -715,7 +716,6 @@ pub fn run(config: &LaunchConfig) -> Result<JobOutcome, LaunchError> {
         return Err(LaunchError::InvalidRankCount(config.ranks));
     }
     check_job_wide_env(|k| std::env::var(k).ok())?;
-    check_outputs(config)?;
     let exe_dir = std::env::current_exe()
         .ok()
         .and_then(|exe| exe.parent().map(Path::to_path_buf));

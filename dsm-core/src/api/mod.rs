@@ -817,7 +817,7 @@ impl Dsm {
             c.before_barrier();
         }
         self.flush_pin_hits()?;
-        self.ship_last_race_batch();
+        self.ship_last_race_batch()?;
         let race = self.close_race_interval();
         self.fold_access_digest();
         let bitmaps = self.shippable_bitmaps();

@@ -284,14 +284,26 @@ impl Dsm {
         r.foreign_seen = foreign;
         r.unshipped = 0;
         r.last_ship = Instant::now();
+        self.ship_race_batch(None)
+    }
+
+    /// Ships the intervals closed since this node's last batch with all their bitmaps. A
+    /// batch between barriers (`last` is `None`) first waits while
+    /// [`MAX_UNANALYSED_BATCHES`] of this node's batches wait for the analyst; the last
+    /// batch before a barrier does not (the barrier's analysis takes it in).
+    fn ship_race_batch(&mut self, last: Option<RaceNotices>) -> Result<(), DsmError> {
+        let Some(r) = self.race.as_mut() else {
+            return Ok(());
+        };
         r.shipped_in_epoch = true;
         r.batches_shipped += 1;
         let bitmaps = r.recorder.drain_all();
-        if let Some(wanted) = r.batches_shipped.checked_sub(MAX_UNANALYSED_BATCHES) {
-            match self
-                .comm()
-                .call(Command::AwaitRaceAbsorbed { batches: wanted })
-            {
+        let wanted = r
+            .batches_shipped
+            .checked_sub(MAX_UNANALYSED_BATCHES)
+            .filter(|&w| w > 0 && last.is_none());
+        if let Some(batches) = wanted {
+            match self.comm().call(Command::AwaitRaceAbsorbed { batches }) {
                 Reply::Done => {}
                 other => {
                     return Err(DsmError::Protocol(format!(
@@ -300,10 +312,7 @@ impl Dsm {
                 }
             }
         }
-        self.comm().send(Command::ShipRaceBatch {
-            bitmaps,
-            last: None,
-        });
+        self.comm().send(Command::ShipRaceBatch { bitmaps, last });
         Ok(())
     }
 
@@ -313,22 +322,17 @@ impl Dsm {
     /// to learn of them (a node that reaches the barrier long before the others would
     /// otherwise keep everything they do meanwhile in the master's memory). Not while
     /// recording or replaying: the extra interval would depend on when batches went.
-    pub(super) fn ship_last_race_batch(&mut self) {
+    pub(super) fn ship_last_race_batch(&mut self) -> Result<(), DsmError> {
         let ordered = self.named_locks.is_some();
         if !self
             .race
             .as_ref()
             .is_some_and(|r| r.batching() && r.shipped_in_epoch && !ordered)
         {
-            return;
+            return Ok(());
         }
         let last = self.close_race_interval();
-        let Some(r) = self.race.as_mut() else {
-            return;
-        };
-        r.batches_shipped += 1;
-        let bitmaps = r.recorder.drain_all();
-        self.comm().send(Command::ShipRaceBatch { bitmaps, last });
+        self.ship_race_batch(last)
     }
 
     /// Race mode: the epoch's bitmaps of pages another node may have touched, shipped with
