@@ -4,44 +4,15 @@
 //! in the kernel's function (found by grep in `apps/src/kernels.rs`, so nothing here
 //! names a line).
 
+mod common;
+
 use apps::kernels::{self, Expect};
+use common::race_lines;
 use serde_json::Value;
 use std::collections::BTreeSet;
 
 const KERNEL: &str = env!("CARGO_BIN_EXE_race-kernel");
 const SOURCE: &str = "src/kernels.rs";
-
-/// The lines (1-based) marked `// RACE` in the function that runs kernel `name`, read
-/// from its `run:` entry in `all()`.
-fn race_lines(source: &str, name: &str) -> BTreeSet<u32> {
-    let lines: Vec<&str> = source.lines().collect();
-    let entry = lines
-        .iter()
-        .position(|l| l.trim() == format!("name: \"{name}\","))
-        .unwrap_or_else(|| panic!("no entry for {name}"));
-    let run = lines[entry..]
-        .iter()
-        .find_map(|l| l.trim().strip_prefix("run: "))
-        .expect("every entry has a run function");
-    let run = run.trim_start_matches("|d| ");
-    let function: String = run
-        .chars()
-        .take_while(|c| c.is_alphanumeric() || *c == '_')
-        .collect();
-    let start = lines
-        .iter()
-        .position(|l| l.starts_with(&format!("fn {function}(")))
-        .unwrap_or_else(|| panic!("no fn {function}"));
-    let end = start
-        + lines[start..]
-            .iter()
-            .position(|l| *l == "}")
-            .expect("functions end");
-    (start..end)
-        .filter(|&i| lines[i].trim_end().ends_with("// RACE"))
-        .map(|i| i as u32 + 1)
-        .collect()
-}
 
 #[test]
 fn pinpoint_reports_exactly_the_race_lines_of_every_racy_kernel() {

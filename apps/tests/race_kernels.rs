@@ -156,7 +156,17 @@ fn assert_matches_documented_fields(v: &Value, ctx: &str) {
                 .as_array()
                 .is_some_and(|a| a.iter().all(Value::is_string)),
             "object" => value.as_object().is_some_and(|side| {
-                side.len() == 4
+                side.len() == 4 + usize::from(side.contains_key("locations"))
+                    && side.get("locations").is_none_or(|l| {
+                        l.as_array().is_some_and(|l| {
+                            l.iter().all(|l| {
+                                l["file"].is_string()
+                                    && l["line"].is_u64()
+                                    && l["column"].is_u64()
+                                    && (l["function"].is_string() || l["function"].is_null())
+                            })
+                        })
+                    })
                     && side["rank"].is_u64()
                     && side["interval"].is_u64()
                     && matches!(side["access"].as_str(), Some("read" | "write"))

@@ -443,6 +443,16 @@ mod tests {
                                     kind: AccessKind::Read,
                                 },
                                 bits,
+                                sites: vec![SiteSpan {
+                                    site: interval,
+                                    first: 0,
+                                    last: 3,
+                                    def: Some(SourceSite {
+                                        file: "src/a.rs".into(),
+                                        line: page,
+                                        column: 5,
+                                    }),
+                                }],
                             })
                             .collect(),
                         pages: if finishing {

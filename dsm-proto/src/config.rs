@@ -142,6 +142,9 @@ pub struct RaceOptions {
     pub verify_incremental: bool,
     /// Where rank 0 writes the distinct races as SARIF 2.1.0 at finish (absolute).
     pub sarif: Option<PathBuf>,
+    /// `--race-suppressions`: the suppression file's entries, one a line (comments and
+    /// blank lines dropped; dsmrun has checked them).
+    pub suppressions: Vec<String>,
     /// Pinpoint: elements to watch, each `VAR[INDEX]@EPOCH` (`--pinpoint`).
     pub pinpoint: Vec<String>,
     /// Pinpoint: where nodes leave their watched accesses for the master.
@@ -171,6 +174,7 @@ impl Default for RaceOptions {
             batch_intervals: DEFAULT_RACE_BATCH,
             verify_incremental: false,
             sarif: None,
+            suppressions: Vec::new(),
             pinpoint: Vec::new(),
             pinpoint_dir: None,
             sem_order_safe: false,
@@ -596,6 +600,10 @@ impl JobConfig {
             sarif: get(vars::RACE_SARIF)
                 .filter(|s| enabled && !s.is_empty())
                 .map(PathBuf::from),
+            suppressions: get(vars::RACE_SUPPRESSIONS)
+                .filter(|_| enabled)
+                .map(|s| s.lines().map(str::to_string).collect())
+                .unwrap_or_default(),
             pinpoint: get(vars::PINPOINT)
                 .filter(|_| enabled)
                 .map(|v| {
@@ -839,6 +847,9 @@ impl JobConfig {
             if let Some(sarif) = &race.sarif {
                 env.push((vars::RACE_SARIF, sarif.clone().into_os_string()));
             }
+            if !race.suppressions.is_empty() {
+                env.push((vars::RACE_SUPPRESSIONS, race.suppressions.join("\n").into()));
+            }
             if !race.pinpoint.is_empty() {
                 env.push((vars::PINPOINT, race.pinpoint.join(";").into()));
             }
@@ -1046,6 +1057,7 @@ mod tests {
             batch_intervals: DEFAULT_RACE_BATCH,
             verify_incremental: false,
             sarif: Some("/tmp/races.sarif".into()),
+            suppressions: vec!["race:variable=bound".into(), "race:line=a.rs:3".into()],
             pinpoint: vec!["bound[0]@3".into(), "grid[17]@1".into()],
             pinpoint_dir: Some("/tmp/pin".into()),
             sem_order_safe: true,

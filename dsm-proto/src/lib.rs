@@ -109,6 +109,9 @@ pub mod env_vars {
     pub const PINPOINT_DIR: &str = "DSM_PINPOINT_DIR";
     /// Absolute path of the SARIF 2.1.0 file rank 0 writes at finish (`--race-sarif`).
     pub const RACE_SARIF: &str = "DSM_RACE_SARIF";
+    /// The entries of `--race-suppressions FILE`, one a line (dsmrun reads and checks
+    /// the file; the ranks get its entries).
+    pub const RACE_SUPPRESSIONS: &str = "DSM_RACE_SUPPRESSIONS";
     /// Exit status of rank 0 when races were reported (`0`: exit normally).
     pub const RACE_EXIT_CODE: &str = "DSM_RACE_EXIT_CODE";
     /// `1`: report only first races (the paper's section 6.4).
@@ -202,10 +205,11 @@ pub mod env_vars {
     /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_RACE_BATCH`, `DSM_PIN`,
     /// `DSM_FAST_FAULTS`, `DSM_STATS_FILE`, `DSM_PUSH`, `DSM_SPIN`, `DSM_LOG`) are the user's to set for
     /// a whole job and reach the ranks by inheritance.
-    pub const LAUNCHER_OWNED: [&str; 35] = [
+    pub const LAUNCHER_OWNED: [&str; 36] = [
         PINPOINT,
         PINPOINT_DIR,
         RACE_SARIF,
+        RACE_SUPPRESSIONS,
         RECORD,
         REPLAY,
         CHAOS,

@@ -19,7 +19,7 @@ pub type LockId = u64;
 pub type SemId = u64;
 
 /// Protocol version spoken in the handshake; bump it when any message layout changes.
-pub const PROTOCOL_VERSION: u32 = 14;
+pub const PROTOCOL_VERSION: u32 = 15;
 
 /// A vector timestamp: entry `n` is the index of the latest interval of node `n` that is
 /// known (has been "seen"). Intervals are numbered from 1, so 0 means "nothing seen".
@@ -460,6 +460,36 @@ pub struct EncodedBitmap {
     /// the node has no such bitmap: nothing was accessed.
     #[serde(with = "serde_bytes")]
     pub bits: Vec<u8>,
+    /// Where in the program the accesses of this bitmap were made: one entry per source
+    /// site, with the granules of the page it touched (sorted by first granule).
+    pub sites: Vec<SiteSpan>,
+}
+
+/// A source location of the program, as the compiler names it (`#[track_caller]`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SourceSite {
+    /// The source file.
+    pub file: String,
+    /// Line, from 1.
+    pub line: u32,
+    /// Column, from 1.
+    pub column: u32,
+}
+
+/// The granules `first..=last` of a bitmap's page that accesses from one source site
+/// touched (some of them: a site's accesses between its first and last granule on the
+/// page). Sites are numbered per node; the first span of a list of bitmaps that names a
+/// site carries its definition, so every message that carries bitmaps is readable alone.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct SiteSpan {
+    /// The recording node's number for the site.
+    pub site: u32,
+    /// First granule of the page (bitmap bit) the site touched.
+    pub first: u16,
+    /// Last granule of the page the site touched.
+    pub last: u16,
+    /// The site itself, on its first mention in a list of bitmaps.
+    pub def: Option<SourceSite>,
 }
 
 /// Every message exchanged between nodes once the mesh is up.

@@ -461,6 +461,7 @@ mod tests {
                 kind,
             },
             bits: crate::record::encode_words(&words),
+            sites: Vec::new(),
         }
     }
 

@@ -16,11 +16,12 @@
 use crate::record::decode_words;
 use dsm_proto::{
     AccessKind, BitmapKey, EncodedBitmap, IntervalRecord, NodeId, PageNo, PageRuns, PlanStats,
-    SyncCause, PAGE_SIZE,
+    SourceSite, SyncCause, PAGE_SIZE,
 };
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
 
 /// A named shared allocation, for turning addresses into variables.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -194,6 +195,9 @@ pub struct Race {
     pub second: Access,
     /// A data race, or (schedule mode) a lock-order dependence.
     pub class: RaceClass,
+    /// The source sites of the two accesses (`first`, `second`), where the bitmaps named
+    /// them.
+    pub sites: [Option<SourceSite>; 2],
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -742,7 +746,16 @@ impl Hasher for KeyHasher {
 /// never inserted reads as all zeros (nothing accessed).
 #[derive(Default)]
 pub struct Bitmaps {
-    map: HashMap<(NodeId, BitmapKey), Vec<u64>, BuildHasherDefault<KeyHasher>>,
+    map: HashMap<(NodeId, BitmapKey), Held, BuildHasherDefault<KeyHasher>>,
+    /// The source sites the inserted bitmaps defined, by node and the node's number.
+    sites: HashMap<(NodeId, u32), Arc<SourceSite>>,
+}
+
+/// One bitmap as held: its words, and its sites' spans (first and last granule).
+#[derive(Clone, Default)]
+struct Held {
+    words: Vec<u64>,
+    sites: Vec<(u16, u16, Arc<SourceSite>)>,
 }
 
 impl Bitmaps {
@@ -753,7 +766,26 @@ impl Bitmaps {
 
     /// Adds `node`'s bitmap `b`, replacing any earlier one with the same key.
     pub fn insert(&mut self, node: NodeId, b: EncodedBitmap) {
-        self.map.insert((node, b.key), decode_words(&b.bits));
+        let mut sites = Vec::with_capacity(b.sites.len());
+        for span in b.sites {
+            let site = match span.def {
+                Some(def) => {
+                    let def = Arc::new(def);
+                    self.sites.insert((node, span.site), def.clone());
+                    Some(def)
+                }
+                None => self.sites.get(&(node, span.site)).cloned(),
+            };
+            // A site whose definition was lost with another list is left unnamed.
+            if let Some(site) = site {
+                sites.push((span.first, span.last, site));
+            }
+        }
+        let held = Held {
+            words: decode_words(&b.bits),
+            sites,
+        };
+        self.map.insert((node, b.key), held);
     }
 
     /// Keeps the bitmaps `keep` accepts.
@@ -765,6 +797,8 @@ impl Bitmaps {
     pub fn extend(&mut self, other: &Bitmaps) {
         self.map
             .extend(other.map.iter().map(|(k, v)| (*k, v.clone())));
+        self.sites
+            .extend(other.sites.iter().map(|(k, v)| (*k, v.clone())));
     }
 
     /// Number of bitmaps held.
@@ -783,16 +817,36 @@ impl Bitmaps {
     }
 
     pub(crate) fn get(&self, r: &IntervalRecord, page: PageNo, kind: AccessKind) -> &[u64] {
-        self.map
-            .get(&(
-                r.node,
-                BitmapKey {
-                    interval: r.index,
-                    page,
-                    kind,
-                },
-            ))
-            .map_or(&[], Vec::as_slice)
+        self.held(r, page, kind).map_or(&[], |h| h.words.as_slice())
+    }
+
+    fn held(&self, r: &IntervalRecord, page: PageNo, kind: AccessKind) -> Option<&Held> {
+        self.map.get(&(
+            r.node,
+            BitmapKey {
+                interval: r.index,
+                page,
+                kind,
+            },
+        ))
+    }
+
+    /// The source site of `r`'s access of `kind` to granule `granule` of `page`: the site
+    /// of the narrowest span holding it (a span over the whole page is a site whose
+    /// granules were not tracked, and yields to any site known to have touched it).
+    pub fn site(
+        &self,
+        r: &IntervalRecord,
+        page: PageNo,
+        kind: AccessKind,
+        granule: usize,
+    ) -> Option<SourceSite> {
+        let held = self.held(r, page, kind)?;
+        held.sites
+            .iter()
+            .filter(|(first, last, _)| (*first as usize..=*last as usize).contains(&granule))
+            .min_by_key(|(first, last, _)| last - first)
+            .map(|s| (*s.2).clone())
     }
 }
 
@@ -859,11 +913,33 @@ impl Plan {
                         },
                     );
                     race.class = class;
+                    let kind = |w: bool| {
+                        if w {
+                            AccessKind::Write
+                        } else {
+                            AccessKind::Read
+                        }
+                    };
+                    race.sites = [
+                        bitmaps.site(a, c.page, kind(a_write), granule),
+                        bitmaps.site(b, c.page, kind(b_write), granule),
+                    ];
                     let key = (race.variable.clone(), race.index, race.first, race.second);
                     match races.get_mut(&key) {
                         Some(r) => {
                             r.bytes.0 = r.bytes.0.min(race.bytes.0);
                             r.bytes.1 = r.bytes.1.max(race.bytes.1);
+                            // A side's site is that of its write where it wrote.
+                            for (side, (had, now)) in
+                                [(r.first.write, a_write), (r.second.write, b_write)]
+                                    .into_iter()
+                                    .enumerate()
+                            {
+                                if r.sites[side].is_none() || (now && !had) {
+                                    r.sites[side] =
+                                        race.sites[side].take().or(r.sites[side].take());
+                                }
+                            }
                             r.first.write |= race.first.write;
                             r.second.write |= race.second.write;
                             if r.first.write && r.second.write {
@@ -934,6 +1010,7 @@ fn describe(
                 first,
                 second,
                 class: RaceClass::DataRace,
+                sites: Default::default(),
             }
         }
         None => Race {
@@ -947,6 +1024,7 @@ fn describe(
             first,
             second,
             class: RaceClass::DataRace,
+            sites: Default::default(),
         },
     }
 }
@@ -1122,6 +1200,7 @@ mod tests {
                     kind,
                 },
                 bits: encode_words(&words),
+                sites: Vec::new(),
             },
         )
     }
@@ -1182,6 +1261,54 @@ mod tests {
         assert_eq!((races[0].index, races[0].class), (3, RaceClass::LockOrder));
         assert_eq!(races[0].second.began_with, SyncCause::Acquire(7));
         assert_eq!((races[1].index, races[1].class), (5, RaceClass::DataRace));
+    }
+
+    fn span(site: u32, first: u16, last: u16, line: Option<u32>) -> dsm_proto::SiteSpan {
+        dsm_proto::SiteSpan {
+            site,
+            first,
+            last,
+            def: line.map(|line| SourceSite {
+                file: "src/k.rs".into(),
+                line,
+                column: 9,
+            }),
+        }
+    }
+
+    #[test]
+    fn races_name_the_site_of_each_side_granule_by_granule() {
+        // Node 0 touched grid[0][0..4] from line 10 and grid[0][4..10] from line 11; node 1
+        // wrote the whole row from line 20. Races on [3] and [5] name different lines on
+        // node 0's side. A later list from node 0 names site 1 without its definition.
+        let a = iv(0, 1, vec![1, 0], &[], &[0]);
+        let b = iv(1, 1, vec![0, 1], &[], &[0]);
+        let mut bitmaps = Bitmaps::new();
+        let (_, mut a_bits) = bitmap(0, 1, 0, AccessKind::Write, &[3, 5]);
+        a_bits.sites = vec![span(0, 0, 3, Some(10)), span(1, 4, 9, Some(11))];
+        let (_, mut b_bits) = bitmap(1, 1, 0, AccessKind::Write, &[3, 5]);
+        b_bits.sites = vec![span(0, 0, 511, Some(20))];
+        bitmaps.insert(0, a_bits);
+        bitmaps.insert(1, b_bits);
+        let races = plan(1, vec![a.clone(), b.clone()]).compare(&bitmaps, &vars());
+        let lines: Vec<(usize, Option<u32>, Option<u32>)> = races
+            .iter()
+            .map(|r| {
+                let line = |i: usize| r.sites[i].as_ref().map(|s| s.line);
+                (r.index, line(0), line(1))
+            })
+            .collect();
+        assert_eq!(
+            lines,
+            vec![(3, Some(10), Some(20)), (5, Some(11), Some(20))]
+        );
+        let mut later = Bitmaps::new();
+        later.extend(&bitmaps);
+        let (_, mut again) = bitmap(0, 1, 0, AccessKind::Write, &[5]);
+        again.sites = vec![span(1, 5, 5, None), span(7, 0, 0, None)];
+        later.insert(0, again);
+        let r = &plan(1, vec![a, b]).compare(&later, &vars())[0];
+        assert_eq!(r.sites[0].as_ref().map(|s| s.line), Some(11));
     }
 
     #[test]
@@ -1488,6 +1615,7 @@ mod tests {
                 began_with: SyncCause::Start,
             },
             class: RaceClass::DataRace,
+            sites: Default::default(),
         };
         let races = vec![mk(0, 1, 1, 1, 0), mk(0, 2, 1, 2, 600)];
         let first = first_races(races, &all);
@@ -1530,6 +1658,7 @@ mod tests {
                 began_with: SyncCause::Start,
             },
             class: RaceClass::DataRace,
+            sites: Default::default(),
         };
         let x = mk(1, 2, 0);
         let y = mk(2, 1, 1);

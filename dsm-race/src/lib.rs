@@ -13,6 +13,7 @@ pub mod incremental;
 pub mod pinpoint;
 pub mod record;
 pub mod report;
+pub mod suppress;
 
 pub use check::{Checker, Finding, FindingKind, RegionRule};
 pub use detect::{
@@ -23,3 +24,4 @@ pub use dsm_proto::PlanStats;
 pub use incremental::Incremental;
 pub use record::{granule_shift, AllocShadow, RecordStats, Recorder};
 pub use report::{Point, Reporter};
+pub use suppress::{SuppressionError, Suppressions};

@@ -9,14 +9,30 @@
 //! element size: two different elements never share a granule (so neighbouring `u8`
 //! elements are told apart) while an `f64` costs one bit, not eight.
 //!
-//! The hot path (`read`/`write` of one element) is a flag test and one word OR; the first
-//! touch of a page in an interval takes an out-of-line path. Nothing allocates per access.
+//! Every access also notes its source site (the program's line, through
+//! `#[track_caller]`): per page and kind, the interval keeps a short most-recently-used
+//! list of the sites that touched it, each with the first and last granule it touched, so
+//! that a race names both sides' lines in the run that found it. Sites get small numbers
+//! per node; the bitmaps carry their sites' spans.
+//!
+//! The hot path (`read`/`write` of one element) is a flag test, one word OR and a compare
+//! of the site with the page's latest; the first touch of a page in an interval, and a
+//! site other than the page's latest, take an out-of-line path. Nothing allocates per
+//! access once an interval's first accesses have grown the site list.
 
 use dsm_proto::{
-    AccessKind, BitmapKey, EncodedBitmap, PageNo, PageRuns, RaceNotices, PAGE_SHIFT, PAGE_SIZE,
+    AccessKind, BitmapKey, EncodedBitmap, PageNo, PageRuns, RaceNotices, SiteSpan, SourceSite,
+    PAGE_SHIFT, PAGE_SIZE,
 };
 use std::cell::{Cell, RefCell};
-use std::collections::TryReserveError;
+use std::collections::{HashMap, TryReserveError};
+use std::panic::Location;
+
+/// A source site of the program, as `#[track_caller]` gives it.
+type Site = &'static Location<'static>;
+
+/// A bitmap's site span as stored: the node's site number, first and last granule.
+type StoredSpan = (u32, u16, u16);
 
 const READ: u8 = 1;
 const WRITE: u8 = 2;
@@ -40,6 +56,25 @@ pub struct AllocShadow {
     touched: RefCell<Vec<u32>>,
     /// The last strided pattern built: (period, width, bits).
     pattern: Cell<(usize, usize, u64)>,
+    /// Per page and kind (`2 * page` reads, `2 * page + 1` writes), the one site that
+    /// touched it in the interval so far, while there is only one (its span is then the
+    /// whole page: one compare per access, as most pages are touched from one line).
+    site_single: Vec<Cell<Option<Site>>>,
+    /// Per page and kind, once a second site touched it, the head of the interval's list
+    /// of its sites, as an index into `runs` plus one (0: none).
+    site_heads: Vec<Cell<u32>>,
+    /// The interval's site runs; each page's list is most recently used first.
+    runs: RefCell<Vec<SiteRun>>,
+}
+
+/// One site's accesses of one kind to one page in the current interval.
+struct SiteRun {
+    site: Cell<Site>,
+    /// First and last granule (of the allocation) the site touched on the page.
+    first: Cell<usize>,
+    last: Cell<usize>,
+    /// The next run of the same page and kind (index plus one; 0: the end).
+    next: u32,
 }
 
 impl AllocShadow {
@@ -65,6 +100,9 @@ impl AllocShadow {
             flags: zeroed(pages, Cell::new(0))?,
             touched: RefCell::new(Vec::new()),
             pattern: Cell::new((0, 0, 0)),
+            site_single: zeroed(pages * 2, Cell::new(None))?,
+            site_heads: zeroed(pages * 2, Cell::new(0))?,
+            runs: RefCell::new(Vec::new()),
         })
     }
 
@@ -99,6 +137,116 @@ impl AllocShadow {
         }
     }
 
+    /// Notes that `site` touched granules `g0..g1` (of the allocation) on `page` with an
+    /// access of `kind`. Costs a compare while one site touches the page, and a compare
+    /// and a range update when the page's latest site of that kind is `site`.
+    #[inline(always)]
+    fn note_site(&self, page: usize, kind: u8, g0: usize, g1: usize, site: Site) {
+        let slot = 2 * page + usize::from(kind == WRITE);
+        let head = self.site_heads[slot].get();
+        if head == 0 {
+            match self.site_single[slot].get() {
+                Some(s) if std::ptr::eq(s, site) => return,
+                None => return self.site_single[slot].set(Some(site)),
+                Some(_) => {}
+            }
+        } else {
+            let runs = self.runs.borrow();
+            let r = &runs[head as usize - 1];
+            if std::ptr::eq(r.site.get(), site) {
+                r.first.set(r.first.get().min(g0));
+                r.last.set(r.last.get().max(g1 - 1));
+                return;
+            }
+        }
+        self.site_changed(slot, g0, g1, site);
+    }
+
+    /// [`AllocShadow::note_site`] for an access from a site other than the page's latest:
+    /// the site's run moves to the front of the page's list (its contents are swapped with
+    /// the head's, so the links stay), or a new run starts there.
+    /// A page touched by one site so far turns its span into a run over the whole page
+    /// (which granules it touched was not tracked); a granule is later named after the
+    /// narrowest span holding it.
+    #[cold]
+    #[inline(never)]
+    fn site_changed(&self, slot: usize, g0: usize, g1: usize, site: Site) {
+        let mut runs = self.runs.borrow_mut();
+        if let Some(only) = self.site_single[slot].take() {
+            let per_page = self.words_per_page * 64;
+            let start = (slot / 2) * per_page;
+            runs.push(SiteRun {
+                site: Cell::new(only),
+                first: Cell::new(start),
+                last: Cell::new(start + per_page - 1),
+                next: 0,
+            });
+            self.site_heads[slot].set(runs.len() as u32);
+        }
+        let head = self.site_heads[slot].get();
+        let mut at = head;
+        while at != 0 {
+            let r = &runs[at as usize - 1];
+            if std::ptr::eq(r.site.get(), site) {
+                let h = &runs[head as usize - 1];
+                let (first, last) = (r.first.get(), r.last.get());
+                r.site.set(h.site.get());
+                r.first.set(h.first.get());
+                r.last.set(h.last.get());
+                h.site.set(site);
+                h.first.set(first.min(g0));
+                h.last.set(last.max(g1 - 1));
+                return;
+            }
+            at = r.next;
+        }
+        runs.push(SiteRun {
+            site: Cell::new(site),
+            first: Cell::new(g0),
+            last: Cell::new(g1 - 1),
+            next: head,
+        });
+        self.site_heads[slot].set(runs.len() as u32);
+    }
+
+    /// Notes `site` on every page of granules `g0..g1` (each page gets its part).
+    #[inline(always)]
+    fn note_site_range(&self, p0: usize, p1: usize, kind: u8, g0: usize, g1: usize, site: Site) {
+        if p0 == p1 {
+            return self.note_site(p0, kind, g0, g1, site);
+        }
+        let per_page = self.words_per_page * 64;
+        for p in p0..=p1 {
+            let lo = g0.max(p * per_page);
+            let hi = g1.min((p + 1) * per_page);
+            if lo < hi {
+                self.note_site(p, kind, lo, hi, site);
+            }
+        }
+    }
+
+    /// The sites of `page`'s accesses of `kind` in the interval, as spans of granules of
+    /// the page sorted by first granule; forgets them.
+    fn take_sites(&self, page: usize, kind: u8, out: &mut Vec<(Site, u16, u16)>) {
+        let slot = 2 * page + usize::from(kind == WRITE);
+        if let Some(only) = self.site_single[slot].take() {
+            let last = (self.words_per_page * 64 - 1).min(u16::MAX as usize) as u16;
+            out.push((only, 0, last));
+            return;
+        }
+        let runs = self.runs.borrow();
+        let base = page * self.words_per_page * 64;
+        let mut at = self.site_heads[slot].replace(0);
+        let start = out.len();
+        while at != 0 {
+            let r = &runs[at as usize - 1];
+            let g = |x: usize| x.saturating_sub(base).min(u16::MAX as usize) as u16;
+            out.push((r.site.get(), g(r.first.get()), g(r.last.get())));
+            at = r.next;
+        }
+        out[start..].sort_unstable_by_key(|s| s.1);
+    }
+
     /// Sets bits `g0..g1` of a flat bitmap.
     #[inline(always)]
     fn set_bits(bits: &[Cell<u64>], g0: usize, g1: usize) {
@@ -127,7 +275,7 @@ impl AllocShadow {
     }
 
     #[inline(always)]
-    fn mark(&self, kind: u8, offset: usize, len: usize) {
+    fn mark(&self, kind: u8, offset: usize, len: usize, site: Site) {
         if len == 0 {
             return;
         }
@@ -138,33 +286,50 @@ impl AllocShadow {
         } else {
             &self.write
         };
-        Self::set_bits(bits, offset >> self.shift, (last >> self.shift) + 1);
+        let (g0, g1) = (offset >> self.shift, (last >> self.shift) + 1);
+        Self::set_bits(bits, g0, g1);
+        self.note_site_range(offset >> PAGE_SHIFT, last >> PAGE_SHIFT, kind, g0, g1, site);
     }
 
-    /// Records a read of `len` bytes at byte `offset` of the allocation.
+    /// Records a read of `len` bytes at byte `offset` of the allocation, made at the
+    /// caller's source line.
     #[inline(always)]
+    #[track_caller]
     pub fn read(&self, offset: usize, len: usize) {
-        self.mark(READ, offset, len);
+        self.mark(READ, offset, len, Location::caller());
     }
 
-    /// Records a write of `len` bytes at byte `offset` of the allocation.
+    /// Records a write of `len` bytes at byte `offset` of the allocation, made at the
+    /// caller's source line.
     #[inline(always)]
+    #[track_caller]
     pub fn write(&self, offset: usize, len: usize) {
-        self.mark(WRITE, offset, len);
+        self.mark(WRITE, offset, len, Location::caller());
     }
 
     /// Records accesses to `count` elements of `elem` bytes, `stride` bytes apart, from
-    /// byte `offset`. Regular patterns are written a word at a time.
+    /// byte `offset`, made at the caller's source line. Regular patterns are written a
+    /// word at a time.
+    #[track_caller]
     pub fn strided(&self, write: bool, offset: usize, elem: usize, stride: usize, count: usize) {
         if count == 0 || elem == 0 {
             return;
         }
         let kind = if write { WRITE } else { READ };
+        let site = Location::caller();
         if stride == elem {
-            return self.mark(kind, offset, elem * count);
+            return self.mark(kind, offset, elem * count, site);
         }
         let last = offset + stride * (count - 1) + elem - 1;
         self.flag_pages(offset, last, kind);
+        self.note_site_range(
+            offset >> PAGE_SHIFT,
+            last >> PAGE_SHIFT,
+            kind,
+            offset >> self.shift,
+            (last >> self.shift) + 1,
+            site,
+        );
         let bits = if write { &self.write } else { &self.read };
         let s = self.shift;
         let granule_mask = (1usize << s) - 1;
@@ -231,6 +396,8 @@ struct Stored {
     kind: AccessKind,
     offset: u32,
     uniform: bool,
+    /// Its sites: `EpochStore::sites[sites.0..sites.1]`.
+    sites: (u32, u32),
 }
 
 /// One interval's part of the epoch store: its bitmaps are `index[index.0..index.1]`,
@@ -261,7 +428,33 @@ struct EpochStore {
     index: Vec<Stored>,
     words: Vec<u64>,
     words_per_page: Vec<(PageNo, usize)>,
+    /// The bitmaps' site spans.
+    sites: Vec<StoredSpan>,
     bytes: usize,
+}
+
+/// Wire spans of `spans`; a site's first mention in the list being built (`defined`
+/// tells which were mentioned) carries its definition from `table`.
+fn wire_sites(spans: &[StoredSpan], table: &[Site], defined: &mut [bool]) -> Vec<SiteSpan> {
+    spans
+        .iter()
+        .map(|&(site, first, last)| {
+            let fresh = !std::mem::replace(&mut defined[site as usize], true);
+            SiteSpan {
+                site,
+                first,
+                last,
+                def: fresh.then(|| {
+                    let l = table[site as usize];
+                    SourceSite {
+                        file: l.file().to_string(),
+                        line: l.line(),
+                        column: l.column(),
+                    }
+                }),
+            }
+        })
+        .collect()
 }
 
 impl EpochStore {
@@ -284,9 +477,11 @@ impl EpochStore {
         (s, &self.words[at..at + len], wpp)
     }
 
-    /// Every stored bitmap whose page passes `keep`, in wire form.
-    fn encoded(&self, mut keep: impl FnMut(PageNo) -> bool) -> Vec<EncodedBitmap> {
+    /// Every stored bitmap whose page passes `keep`, in wire form, its sites named from
+    /// `table`.
+    fn encoded(&self, table: &[Site], mut keep: impl FnMut(PageNo) -> bool) -> Vec<EncodedBitmap> {
         let mut out = Vec::new();
+        let mut defined = vec![false; table.len()];
         for span in &self.spans {
             for (s, words, wpp) in self.entries(span).filter(|(s, _, _)| keep(s.page)) {
                 let bits = if s.uniform {
@@ -301,13 +496,19 @@ impl EpochStore {
                         kind: s.kind,
                     },
                     bits,
+                    sites: wire_sites(self.site_spans(&s), table, &mut defined),
                 });
             }
         }
         out
     }
 
-    fn get(&self, key: &BitmapKey) -> Option<Vec<u64>> {
+    fn site_spans(&self, s: &Stored) -> &[StoredSpan] {
+        &self.sites[s.sites.0 as usize..s.sites.1 as usize]
+    }
+
+    /// The words and site spans of bitmap `key`, if stored.
+    fn get(&self, key: &BitmapKey) -> Option<(Vec<u64>, &[StoredSpan])> {
         let i = self
             .spans
             .binary_search_by_key(&key.interval, |b| b.interval)
@@ -317,11 +518,12 @@ impl EpochStore {
             .binary_search_by_key(&(key.page, key.kind), |s| (s.page, s.kind))
             .ok()?;
         let (s, words, wpp) = self.entry(&span, span.index.0 + j);
-        Some(if s.uniform {
+        let words = if s.uniform {
             vec![words[0]; wpp]
         } else {
             words.to_vec()
-        })
+        };
+        Some((words, self.site_spans(&s)))
     }
 
     /// Forgets every bitmap, keeping the arena's room for the next epoch.
@@ -330,6 +532,7 @@ impl EpochStore {
         self.index.clear();
         self.words.clear();
         self.words_per_page.clear();
+        self.sites.clear();
         self.bytes = 0;
     }
 }
@@ -364,6 +567,14 @@ pub struct Recorder {
     drained_digest: u64,
     /// The page lists of the last close, kept for their room.
     scratch: (Vec<PageNo>, Vec<PageNo>),
+    /// The source sites seen so far (a site's number is its index), by address, with the
+    /// last one looked up for reads and for writes (a loop's pages are read at one line
+    /// and written at another).
+    sites: Vec<Site>,
+    site_numbers: HashMap<usize, u32>,
+    last_site: [Cell<(usize, u32)>; 2],
+    /// One page's site spans, kept for its room.
+    site_scratch: Vec<(Site, u16, u16)>,
 }
 
 /// Where an epoch's access digest starts (the FNV-1a offset basis).
@@ -385,6 +596,10 @@ impl Recorder {
             stats: RecordStats::default(),
             drained_digest: DIGEST_SEED,
             scratch: Default::default(),
+            sites: Vec::new(),
+            site_numbers: HashMap::new(),
+            last_site: [Cell::new((0, u32::MAX)), Cell::new((0, u32::MAX))],
+            site_scratch: Vec::new(),
         }
     }
 
@@ -433,7 +648,11 @@ impl Recorder {
         reads.clear();
         writes.clear();
         let (mut read_blocks, mut write_blocks) = (Vec::new(), Vec::new());
+        let mut site_buf = std::mem::take(&mut self.site_scratch);
         let store = &mut self.store;
+        // Per kind, the spans of the last bitmap stored (an empty range at first).
+        let at = store.sites.len() as u32;
+        let mut last_spans = [(at, at); 2];
         let (index_start, table_start) = (store.index.len(), store.words_per_page.len());
         // Allocations are in page order, so the arena index comes out sorted by page once
         // each allocation's touched pages are sorted.
@@ -468,6 +687,8 @@ impl Recorder {
                     if flags & bit == 0 {
                         continue;
                     }
+                    site_buf.clear();
+                    a.take_sites(page, bit, &mut site_buf);
                     let words = &bits[range.clone()];
                     let first = words[0].get();
                     let uniform = words.iter().all(|w| w.get() == first);
@@ -483,11 +704,32 @@ impl Recorder {
                     if mask != u64::MAX {
                         blocks.push((global, mask));
                     }
+                    let k = usize::from(bit == WRITE);
+                    let from = store.sites.len();
+                    for &(site, first, last) in &site_buf {
+                        let n = intern_site(
+                            &mut self.sites,
+                            &mut self.site_numbers,
+                            &self.last_site[k],
+                            site,
+                        );
+                        store.sites.push((n, first, last));
+                    }
+                    // Pages in a row mostly have the spans of the one before: shared.
+                    let (p0, p1) = last_spans[k];
+                    let sites = if store.sites[p0 as usize..p1 as usize] == store.sites[from..] {
+                        store.sites.truncate(from);
+                        (p0, p1)
+                    } else {
+                        (from as u32, store.sites.len() as u32)
+                    };
+                    last_spans[k] = sites;
                     store.index.push(Stored {
                         page: global,
                         kind,
                         offset: store.words.len() as u32,
                         uniform,
+                        sites,
                     });
                     if uniform {
                         store.words.push(first);
@@ -500,14 +742,16 @@ impl Recorder {
                 }
             }
             touched.clear();
+            a.runs.borrow_mut().clear();
         }
+        self.site_scratch = site_buf;
         if store.index.len() > index_start {
             store.spans.push(IntervalSpan {
                 interval: index,
                 index: (index_start, store.index.len()),
                 table: (table_start, store.words_per_page.len()),
             });
-            store.bytes = store.words.len() * 8 + store.index.len() * 16;
+            store.bytes = store.words.len() * 8 + store.index.len() * 24 + store.sites.len() * 8;
         } else {
             store.words_per_page.truncate(table_start);
         }
@@ -533,14 +777,19 @@ impl Recorder {
     /// The stored bitmaps for `keys` (missing ones come back empty: nothing accessed).
     pub fn bitmaps(&mut self, keys: &[BitmapKey]) -> Vec<EncodedBitmap> {
         self.stats.bitmaps_served += keys.len() as u64;
+        let mut defined = vec![false; self.sites.len()];
         keys.iter()
-            .map(|&key| EncodedBitmap {
-                key,
-                bits: self
-                    .store
-                    .get(&key)
-                    .map(|w| encode_words(&w))
-                    .unwrap_or_default(),
+            .map(|&key| match self.store.get(&key) {
+                Some((words, spans)) => EncodedBitmap {
+                    key,
+                    bits: encode_words(&words),
+                    sites: wire_sites(spans, &self.sites, &mut defined),
+                },
+                None => EncodedBitmap {
+                    key,
+                    bits: Vec::new(),
+                    sites: Vec::new(),
+                },
             })
             .collect()
     }
@@ -553,7 +802,7 @@ impl Recorder {
         shared: impl FnMut(PageNo) -> bool,
         max_bytes: usize,
     ) -> Option<Vec<EncodedBitmap>> {
-        let out = self.store.encoded(shared);
+        let out = self.store.encoded(&self.sites, shared);
         let bytes: usize = out.iter().map(|b| b.bits.len() + 16).sum();
         (bytes <= max_bytes).then_some(out)
     }
@@ -561,7 +810,7 @@ impl Recorder {
     /// Every stored bitmap, for a race batch; the store is emptied (the race master keeps
     /// them from now on). The epoch's access digest carries on over what was drained.
     pub fn drain_all(&mut self) -> Vec<EncodedBitmap> {
-        let out = self.store.encoded(|_| true);
+        let out = self.store.encoded(&self.sites, |_| true);
         self.drained_digest = self.fold_digest(self.drained_digest);
         self.store.clear();
         out
@@ -608,6 +857,26 @@ impl Recorder {
     pub fn store_bytes(&self) -> usize {
         self.store.bytes
     }
+}
+
+/// The node's number for `site`, given it one if new (`last` remembers the previous
+/// lookup: pages in a row are mostly touched by one site).
+fn intern_site(
+    sites: &mut Vec<Site>,
+    numbers: &mut HashMap<usize, u32>,
+    last: &Cell<(usize, u32)>,
+    site: Site,
+) -> u32 {
+    let addr = site as *const Location<'static> as usize;
+    if last.get().0 == addr {
+        return last.get().1;
+    }
+    let n = *numbers.entry(addr).or_insert_with(|| {
+        sites.push(site);
+        sites.len() as u32 - 1
+    });
+    last.set((addr, n));
+    n
 }
 
 /// The 64-byte blocks of a page (bit `i`: bytes `64 i..64 i + 64`) that a page's bitmap
@@ -883,10 +1152,85 @@ mod tests {
         let id = r.add_alloc(0, 4 * PAGE_SIZE, 8).unwrap();
         r.alloc(id).write(0, 4 * PAGE_SIZE);
         r.close_interval();
-        // Four fully written pages: uniform bitmaps, one word each plus the index.
-        assert_eq!(r.store_bytes(), 4 * 8 + 4 * 16);
+        // Four fully written pages: uniform bitmaps, one word each plus the index, and
+        // one site span they share.
+        assert_eq!(r.store_bytes(), 4 * 8 + 4 * 24 + 8);
         r.discard_epoch();
         assert_eq!(r.store_bytes(), 0);
         assert!(bits_of(&mut r, 1, 0, AccessKind::Write).is_empty());
+    }
+
+    /// Reads `len` bytes at `offset`, recorded at the caller's line; returns that line.
+    #[track_caller]
+    fn read_here(r: &Recorder, offset: usize, len: usize) -> u32 {
+        r.alloc(0).read(offset, len);
+        Location::caller().line()
+    }
+
+    #[test]
+    fn bitmaps_name_the_sites_of_their_granules() {
+        let mut r = Recorder::new();
+        r.add_alloc(0, 2 * PAGE_SIZE, 8).unwrap();
+        let a = r.alloc(0);
+        // Two lines alternate on page 0 (their list keeps one run per site), a third
+        // writes across the page boundary.
+        let mut lines = (0, 0);
+        for i in 0..10 {
+            a.read(8 * i, 8);
+            lines.0 = line!() - 1;
+            a.read(8 * (100 + i), 8);
+            lines.1 = line!() - 1;
+        }
+        a.write(PAGE_SIZE - 16, 32);
+        let write_line = line!() - 1;
+        r.close_interval();
+        let bitmaps = r.bitmaps(&[
+            BitmapKey {
+                interval: 1,
+                page: 0,
+                kind: AccessKind::Read,
+            },
+            BitmapKey {
+                interval: 1,
+                page: 0,
+                kind: AccessKind::Write,
+            },
+            BitmapKey {
+                interval: 1,
+                page: 1,
+                kind: AccessKind::Write,
+            },
+        ]);
+        let spans = |b: &EncodedBitmap| -> Vec<(u32, u16, u16)> {
+            b.sites.iter().map(|s| (s.site, s.first, s.last)).collect()
+        };
+        // The first line's granules were not tracked while it was the page's only site:
+        // its span is the page; the second's is exact (and the narrowest names a granule).
+        assert_eq!(spans(&bitmaps[0]), vec![(0, 0, 511), (1, 100, 109)]);
+        // Pages touched from one line only: the whole page.
+        assert_eq!(spans(&bitmaps[1]), vec![(2, 0, 511)]);
+        assert_eq!(spans(&bitmaps[2]), vec![(2, 0, 511)]);
+        // Each site is defined once in the list, on its first mention.
+        let defs: Vec<(u32, u32)> = bitmaps
+            .iter()
+            .flat_map(|b| &b.sites)
+            .filter_map(|s| s.def.as_ref().map(|d| (s.site, d.line)))
+            .collect();
+        assert_eq!(defs, vec![(0, lines.0), (1, lines.1), (2, write_line)]);
+        assert!(bitmaps[0].sites[0]
+            .def
+            .as_ref()
+            .is_some_and(|d| d.file.ends_with("record.rs") && d.column > 0));
+        // A new interval starts with no sites; known sites keep their numbers.
+        let again = read_here(&r, 0, 8);
+        r.close_interval();
+        let b = r.bitmaps(&[BitmapKey {
+            interval: 2,
+            page: 0,
+            kind: AccessKind::Read,
+        }]);
+        assert_eq!(b[0].sites.len(), 1);
+        assert_eq!(b[0].sites[0].site, 3);
+        assert_eq!(b[0].sites[0].def.as_ref().map(|d| d.line), Some(again));
     }
 }

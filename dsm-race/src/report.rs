@@ -67,6 +67,9 @@ pub struct Reporter {
     /// source files.
     hits: Vec<crate::pinpoint::Hit>,
     roots: Vec<std::path::PathBuf>,
+    /// `--race-suppressions`: races these match are counted in `silenced`, not reported.
+    suppressions: crate::suppress::Suppressions,
+    silenced: u64,
 }
 
 /// What makes two races "the same race" for the printed report: the variable, class and
@@ -84,9 +87,12 @@ struct Distinct {
     epoch: u32,
     element: String,
     sides: [String; 2],
-    /// Pinpoint: the source locations of both sides (file, line, column, function).
-    locations: Vec<(String, u32, u32, Option<String>)>,
+    /// The source locations of each side.
+    locations: [Vec<SourceLine>; 2],
 }
+
+/// A source location as reports give it: file, line, column and, where known, function.
+type SourceLine = (String, u32, u32, Option<String>);
 
 /// Races collapse into one block per variable, interval pair, class and kind.
 type BlockKey<'a> = (&'a str, (u16, u32), (u16, u32), RaceClass, RaceKind);
@@ -210,7 +216,20 @@ impl Reporter {
             sarif: None,
             hits: Vec::new(),
             roots: Vec::new(),
+            suppressions: Default::default(),
+            silenced: 0,
         })
+    }
+
+    /// Races `suppressions` match are neither printed, logged nor counted as reported,
+    /// only counted apart ([`Reporter::silenced`]).
+    pub fn set_suppressions(&mut self, suppressions: crate::suppress::Suppressions) {
+        self.suppressions = suppressions;
+    }
+
+    /// Races (and lock-order dependences) the suppressions silenced so far.
+    pub fn silenced(&self) -> u64 {
+        self.silenced
     }
 
     /// Pinpoint: the source locations of the watched accesses of the epoch about to be
@@ -333,14 +352,33 @@ impl Reporter {
     /// variables are dropped first.
     pub fn report(&mut self, at: &Point, races: &[Race], out: &mut dyn Write) -> io::Result<u64> {
         let kept: Vec<Race>;
-        let races = if self.ignore.is_empty() {
+        let races = if self.ignore.is_empty() && self.suppressions.is_empty() {
             races
         } else {
+            let names = Names {
+                locks: &self.lock_names,
+                syncs: &self.sync_points,
+                hits: &self.hits,
+                roots: &self.roots,
+            };
+            let silenced = |r: &Race| {
+                !self.suppressions.is_empty() && {
+                    let (a, b) = (names.located(r, &r.first), names.located(r, &r.second));
+                    self.suppressions.suppresses(r, [&a, &b])
+                }
+            };
+            let before = races.len();
             kept = races
                 .iter()
                 .filter(|r| !(r.class == RaceClass::LockOrder && self.ignore.contains(&r.variable)))
+                .filter(|r| !silenced(r))
                 .cloned()
                 .collect();
+            let ignored = races
+                .iter()
+                .filter(|r| r.class == RaceClass::LockOrder && self.ignore.contains(&r.variable))
+                .count();
+            self.silenced += (before - ignored - kept.len()) as u64;
             &kept[..]
         };
         if races.is_empty() || !self.wants_more() {
@@ -404,11 +442,13 @@ impl Reporter {
                 epoch: at.epoch(),
                 element: element(r),
                 sides: [side(&r.first), side(&r.second)],
-                locations: [&r.first, &r.second]
-                    .into_iter()
-                    .flat_map(|a| names.located(r, a))
-                    .map(|h| (h.file.clone(), h.line, h.column, h.function.clone()))
-                    .collect(),
+                locations: [&r.first, &r.second].map(|a| {
+                    names
+                        .located(r, a)
+                        .into_iter()
+                        .map(|h| (h.file, h.line, h.column, h.function))
+                        .collect()
+                }),
             });
             printed.insert(sig.clone(), (0, 0));
             order.push((sig, rs));
@@ -466,6 +506,14 @@ impl Reporter {
     }
 
     fn race_summary(&self) -> String {
+        let silenced = match self.silenced {
+            0 => String::new(),
+            k => format!("; {k} more silenced by --race-suppressions (not counted)"),
+        };
+        format!("{}{silenced}", self.counted_summary())
+    }
+
+    fn counted_summary(&self) -> String {
         let n = self.total;
         if self.schedule {
             let k = self.lock_order_total;
@@ -558,29 +606,8 @@ impl Reporter {
                             if d.races == 1 { "" } else { "s" },
                         )
                     },
-                    "locations": std::iter::once(json!({
-                        "logicalLocations": [{
-                            "name": d.element,
-                            "fullyQualifiedName": d.signature.0,
-                            "kind": "variable",
-                        }]
-                    }))
-                    .chain(d.locations.iter().map(|(file, line, column, function)| {
-                        let mut loc = json!({
-                            "physicalLocation": {
-                                "artifactLocation": { "uri": file },
-                                "region": { "startLine": line, "startColumn": column },
-                            }
-                        });
-                        if let Some(f) = function {
-                            loc["logicalLocations"] = json!([{
-                                "fullyQualifiedName": f,
-                                "kind": "function",
-                            }]);
-                        }
-                        loc
-                    }))
-                    .collect::<Vec<_>>(),
+                    "locations": [sarif_primary(d)],
+                    "relatedLocations": sarif_related(d),
                     "partialFingerprints": {
                         "dsmRaceSignature/v1": format!(
                             "{}|{}|{}|{}|{}",
@@ -646,6 +673,63 @@ impl Reporter {
     }
 }
 
+/// A SARIF physical location (with the function as a logical location, where known).
+fn sarif_physical(file: &str, line: u32, column: u32, function: Option<&str>) -> serde_json::Value {
+    let mut loc = json!({
+        "physicalLocation": {
+            "artifactLocation": { "uri": file },
+            "region": { "startLine": line, "startColumn": column },
+        }
+    });
+    if let Some(f) = function {
+        loc["logicalLocations"] = json!([{
+            "fullyQualifiedName": f,
+            "kind": "function",
+        }]);
+    }
+    loc
+}
+
+/// A distinct race's SARIF location: the first side's source line (when known) and the
+/// element as a logical location.
+fn sarif_primary(d: &Distinct) -> serde_json::Value {
+    let variable = json!({
+        "name": d.element,
+        "fullyQualifiedName": d.signature.0,
+        "kind": "variable",
+    });
+    match d.locations[0].first() {
+        Some((file, line, column, function)) => {
+            let mut loc = sarif_physical(file, *line, *column, function.as_deref());
+            let logical = loc["logicalLocations"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            loc["logicalLocations"] =
+                json!(std::iter::once(variable).chain(logical).collect::<Vec<_>>());
+            loc
+        }
+        None => json!({ "logicalLocations": [variable] }),
+    }
+}
+
+/// A distinct race's SARIF related locations: the second side's source lines, then any
+/// further lines of the first side, each saying which access it is.
+fn sarif_related(d: &Distinct) -> Vec<serde_json::Value> {
+    let first = d.locations[0].iter().skip(1).map(|l| (0, l));
+    let second = d.locations[1].iter().map(|l| (1, l));
+    first
+        .chain(second)
+        .enumerate()
+        .map(|(id, (side, (file, line, column, function)))| {
+            let mut loc = sarif_physical(file, *line, *column, function.as_deref());
+            loc["id"] = json!(id + 1);
+            loc["message"] = json!({ "text": format!("the {}", d.sides[side]) });
+            loc
+        })
+        .collect()
+}
+
 /// A race's [`Signature`].
 fn signature(r: &Race, names: &Names<'_>) -> Signature {
     let side = |a: &crate::detect::Access| {
@@ -693,9 +777,10 @@ struct Names<'a> {
 }
 
 impl Names<'_> {
-    /// Pinpoint: the source locations of one side of a race (empty when not watched).
-    fn located(&self, r: &Race, a: &crate::detect::Access) -> Vec<&crate::pinpoint::Hit> {
-        let mut out: Vec<&crate::pinpoint::Hit> = self
+    /// The source locations of one side of a race: those pinpoint watched (with their
+    /// functions), else the site recorded with the access, else none.
+    fn located(&self, r: &Race, a: &crate::detect::Access) -> Vec<crate::pinpoint::Hit> {
+        let mut out: Vec<crate::pinpoint::Hit> = self
             .hits
             .iter()
             .filter(|h| {
@@ -707,8 +792,24 @@ impl Names<'_> {
                     && h.interval == a.interval
                     && h.write == a.write
             })
+            .cloned()
             .collect();
         out.dedup_by(|x, y| x.location() == y.location());
+        if out.is_empty() {
+            let side = usize::from(*a != r.first);
+            out.extend(r.sites[side].as_ref().map(|s| crate::pinpoint::Hit {
+                variable: r.variable.clone(),
+                index: r.index,
+                epoch: r.epoch,
+                rank: a.node,
+                interval: a.interval,
+                write: a.write,
+                file: s.file.clone(),
+                line: s.line,
+                column: s.column,
+                function: None,
+            }));
+        }
         out
     }
 
@@ -988,6 +1089,7 @@ mod tests {
                 began_with: SyncCause::Barrier(1),
             },
             class: RaceClass::DataRace,
+            sites: Default::default(),
         }
     }
 

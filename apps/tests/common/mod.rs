@@ -1,7 +1,8 @@
-//! Helpers shared by the replay tests.
+//! Helpers shared by the integration tests.
 
 #![allow(dead_code)]
 
+use std::collections::BTreeSet;
 use std::path::Path;
 
 pub(crate) fn s(p: &Path) -> &str {
@@ -86,4 +87,36 @@ pub(crate) fn record_and_replay(
         completed.push(run);
     }
     (recorded, completed)
+}
+
+/// The lines (1-based) marked `// RACE` in the function that runs kernel `name`, read
+/// from its `run:` entry in `all()`.
+pub(crate) fn race_lines(source: &str, name: &str) -> BTreeSet<u32> {
+    let lines: Vec<&str> = source.lines().collect();
+    let entry = lines
+        .iter()
+        .position(|l| l.trim() == format!("name: \"{name}\","))
+        .unwrap_or_else(|| panic!("no entry for {name}"));
+    let run = lines[entry..]
+        .iter()
+        .find_map(|l| l.trim().strip_prefix("run: "))
+        .expect("every entry has a run function");
+    let run = run.trim_start_matches("|d| ");
+    let function: String = run
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
+    let start = lines
+        .iter()
+        .position(|l| l.starts_with(&format!("fn {function}(")))
+        .unwrap_or_else(|| panic!("no fn {function}"));
+    let end = start
+        + lines[start..]
+            .iter()
+            .position(|l| *l == "}")
+            .expect("functions end");
+    (start..end)
+        .filter(|&i| lines[i].trim_end().ends_with("// RACE"))
+        .map(|i| i as u32 + 1)
+        .collect()
 }

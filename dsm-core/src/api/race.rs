@@ -82,6 +82,16 @@ impl RaceState {
             if let Some(sarif) = &options.sarif {
                 rep.set_sarif(sarif);
             }
+            if !options.suppressions.is_empty() {
+                let entries = dsm_race::Suppressions::parse(&options.suppressions.join("\n"))
+                    .map_err(|e| {
+                        io::Error::new(
+                            io::ErrorKind::InvalidInput,
+                            format!("race suppressions: {e}"),
+                        )
+                    })?;
+                rep.set_suppressions(entries);
+            }
             // Source files named relative to the workspace that built the program.
             let mut roots: Vec<std::path::PathBuf> = std::env::current_dir().into_iter().collect();
             if let Some(ws) = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent() {

@@ -46,6 +46,7 @@ impl Dsm {
                 // Rank 0 reports; the other ranks count nothing.
                 "races_reported": m.map_or(0, |m| m.reporter.total()),
                 "lock_order_dependences_reported": m.map_or(0, |m| m.reporter.lock_order_total()),
+                "races_silenced": m.map_or(0, |m| m.reporter.silenced()),
                 "check_findings_reported": m.map_or(0, |m| m.reporter.check_total()),
                 "race_batches_absorbed": m.map_or(0, |m| m.incremental.batches),
                 "peak_pending_intervals": m.map_or(0, |m| m.incremental.peak_pending),

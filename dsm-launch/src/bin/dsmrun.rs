@@ -6,7 +6,7 @@
 #![forbid(unsafe_code)]
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -48,6 +48,7 @@ Environment of every rank (inherited DSM_* values of these names are dropped):
   DSM_RACE=1 and DSM_RACE_EXIT_CODE=CODE              (only with race detection)
   DSM_RACE_LOG         absolute path of --race-log    (only with --race-log)
   DSM_RACE_SARIF       absolute path of --race-sarif  (only with --race-sarif)
+  DSM_RACE_SUPPRESSIONS  the checked entries of --race-suppressions, one a line
   DSM_PINPOINT         the watched elements, ';'-separated (--pinpoint, --pinpoint-log)
   DSM_PINPOINT_DIR     a directory dsmrun makes for the ranks' notes (with DSM_PINPOINT)
   DSM_RACE_FIRST=1, DSM_RACE_STATS=1                  (only with --race-first/--race-stats)
@@ -295,6 +296,14 @@ struct Cli {
     #[arg(long, value_name = "FILE")]
     race_sarif: Option<PathBuf>,
 
+    /// Do not report races that FILE's entries match (known, accepted races):
+    /// one entry a line, CLASS:FIELD=VALUE with CLASS race or lock-order and
+    /// FIELD variable, file, line (FILE:LINE) or function (`*` wildcards); `#`
+    /// comments. Matched races are counted apart and do not set the race exit
+    /// status. dsmrun checks the file before any rank starts (implies --race)
+    #[arg(long, value_name = "FILE")]
+    race_suppressions: Option<PathBuf>,
+
     /// Pinpoint the source lines of a race: watch element INDEX of VAR in epoch
     /// EPOCH (as a race report names them: `bound[0]@3`; INDEX is the flat index,
     /// row * columns + column for 2-D arrays). Every access to it in that epoch
@@ -500,6 +509,25 @@ fn pin_targets(
     Ok(targets)
 }
 
+/// The entries of a suppression file, checked (comments and blank lines dropped). An
+/// unreadable or malformed file is a usage error (status 2).
+fn read_suppressions(path: &Path) -> anyhow::Result<Vec<String>> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        UsageError(format!(
+            "cannot read --race-suppressions '{}': {e}",
+            path.display()
+        ))
+    })?;
+    dsm_race::Suppressions::parse(&text)
+        .map_err(|e| UsageError(format!("--race-suppressions '{}': {e}", path.display())))?;
+    Ok(text
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect())
+}
+
 fn parse_deadline(text: &str) -> Result<Deadline, dsm_proto::ValueError> {
     parse_seconds_or_off(text).map(Deadline)
 }
@@ -511,6 +539,7 @@ impl Cli {
             || schedule
             || self.race_log.is_some()
             || self.race_sarif.is_some()
+            || self.race_suppressions.is_some()
             || !self.pinpoint.is_empty()
             || self.pinpoint_log.is_some()
             || self.race_exit_code.is_some()
@@ -542,6 +571,12 @@ impl Cli {
                     .map(|p| absolute(p, "--race-sarif"))
                     .transpose()?,
                 sem_order_safe: self.sem_order.as_deref() == Some("safe"),
+                suppressions: self
+                    .race_suppressions
+                    .as_deref()
+                    .map(read_suppressions)
+                    .transpose()?
+                    .unwrap_or_default(),
                 ..RaceOptions::default()
             }
         } else {
