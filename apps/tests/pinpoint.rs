@@ -125,3 +125,38 @@ fn pinpoint_reports_exactly_the_race_lines_of_every_racy_kernel() {
     }
     assert!(checked >= 10, "only {checked} racy kernels");
 }
+
+#[test]
+fn a_pinpoint_target_that_names_nothing_is_a_warning() {
+    const TSP: &str = env!("CARGO_BIN_EXE_tsp");
+    for (target, says) in [
+        (
+            "nosuchvar[0]@3",
+            "no allocation is named 'nosuchvar' (the run allocated: ",
+        ),
+        (
+            "bound[99999]@3",
+            "index 99999 is past the end of 'bound' (1 element)",
+        ),
+        (
+            "bound[0]@99",
+            "the run ended in epoch 4 (3 barriers before finish)",
+        ),
+        ("bound[0]@2", ""),
+    ] {
+        let run = dsm_testkit::dsmrun(
+            4,
+            &["--timeout", "60", "--pinpoint", target],
+            TSP,
+            &["--random", "14", "--seed", "3"],
+        );
+        let ctx = format!("{target}\n{}", run.all_output());
+        assert_eq!(run.code, Some(66), "{ctx}");
+        let warning = format!("dsm: warning: --pinpoint {target} watched nothing: {says}");
+        if says.is_empty() {
+            assert!(!run.stderr.contains("watched nothing"), "{ctx}");
+        } else {
+            assert!(run.stderr.contains(&warning), "{ctx}");
+        }
+    }
+}

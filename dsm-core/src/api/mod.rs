@@ -1097,6 +1097,16 @@ impl Dsm {
             self.trace_point(true)?;
         }
         let result = self.barrier_command(true);
+        if let (Ok(()), Some(pin), 0) = (&result, &self.pin, self.rank) {
+            let allocs: Vec<(&str, usize)> = self
+                .allocs
+                .iter()
+                .map(|a| (a.name.as_str(), a.len))
+                .collect();
+            for w in pin.unmet_targets(&allocs, self.barriers_called + 1) {
+                eprintln!("{w}");
+            }
+        }
         if result.is_ok() {
             if self.named_locks.is_some() {
                 // Recording or replaying: the values the run leaves in this node's home

@@ -113,6 +113,42 @@ impl PinState {
         dsm_race::pinpoint::append_hits(&self.dir, self.rank as usize, &hits)
     }
 
+    /// Warnings for the targets the run could not watch: a name no allocation had, an
+    /// index past the allocation's end, an epoch after the last one the run had
+    /// (`last_epoch`, the one checked at finish). `allocs` gives each allocation's name
+    /// and length.
+    pub(super) fn unmet_targets(&self, allocs: &[(&str, usize)], last_epoch: u32) -> Vec<String> {
+        let mut warnings = Vec::new();
+        for t in &self.targets {
+            let what = match allocs.iter().find(|(name, _)| *name == t.variable) {
+                None => {
+                    let names: Vec<&str> = allocs.iter().map(|a| a.0).collect();
+                    format!(
+                        "no allocation is named '{}' (the run allocated: {})",
+                        t.variable,
+                        names.join(", ")
+                    )
+                }
+                Some((_, len)) if t.index >= *len => format!(
+                    "index {} is past the end of '{}' ({len} element{})",
+                    t.index,
+                    t.variable,
+                    if *len == 1 { "" } else { "s" }
+                ),
+                Some(_) if t.epoch > last_epoch => format!(
+                    "the run ended in epoch {last_epoch} ({} barrier{} before finish)",
+                    last_epoch - 1,
+                    if last_epoch == 2 { "" } else { "s" }
+                ),
+                Some(_) => continue,
+            };
+            warnings.push(format!(
+                "dsm: warning: --pinpoint {t} watched nothing: {what}"
+            ));
+        }
+        warnings
+    }
+
     fn function(&self, loc: &'static Location<'static>) -> Option<String> {
         self.functions
             .borrow_mut()
