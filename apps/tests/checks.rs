@@ -2,6 +2,8 @@
 //! uninitialised reads and the write outside a declared region it plants, and nothing when
 //! clean; the shipped apps run clean under the checks.
 
+mod common;
+
 use serde_json::Value;
 use std::collections::BTreeSet;
 
@@ -130,4 +132,47 @@ fn check_alone_turns_detection_on_even_on_one_node() {
     let all = run.all_output();
     assert_eq!(run.code, Some(0), "{all}");
     assert!(summary(&all).contains("0 uninitialised reads"), "{all}");
+}
+
+#[test]
+fn check_findings_are_in_the_sarif_log_which_validates_against_the_schema() {
+    for (bug, rule, count) in [
+        ("uninit", "dsm/uninitialised-read", 6),
+        ("region", "dsm/write-outside-region", 1),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let sarif = dir.path().join("checks.sarif");
+        let run = dsm_testkit::dsmrun(
+            2,
+            &[
+                "--timeout",
+                "60",
+                "--check",
+                "--race-sarif",
+                sarif.to_str().unwrap(),
+            ],
+            DSM_TEST,
+            &["checks", "--bug", bug],
+        );
+        let all = run.all_output();
+        assert_eq!(run.code, Some(66), "{all}");
+        let doc: Value = serde_json::from_str(&std::fs::read_to_string(&sarif).unwrap()).unwrap();
+        common::assert_valid_sarif(&doc);
+        let results = doc["runs"][0]["results"].as_array().unwrap();
+        assert_eq!(results.len(), 1, "{doc:#}\n{all}");
+        let r = &results[0];
+        assert_eq!(r["ruleId"], rule, "{r}");
+        assert_eq!(r["properties"]["occurrences"], count, "{r}\n{all}");
+        assert_eq!(
+            r["locations"][0]["logicalLocations"][0]["fullyQualifiedName"], "field",
+            "{r}"
+        );
+        let rules: Vec<&str> = doc["runs"][0]["tool"]["driver"]["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"].as_str().unwrap())
+            .collect();
+        assert!(rules.contains(&rule), "{rules:?}");
+    }
 }

@@ -106,6 +106,7 @@ fn pinpoint_reports_exactly_the_race_lines_of_every_racy_kernel() {
         assert_eq!(got, want, "pinpointed lines vs // RACE lines\n{ctx}");
         // SARIF results point at the lines too, so editors can show the race there.
         let doc: Value = serde_json::from_str(&std::fs::read_to_string(&sarif).unwrap()).unwrap();
+        common::assert_valid_sarif(&doc);
         let sarif_lines: BTreeSet<u32> = doc["runs"][0]["results"]
             .as_array()
             .unwrap()

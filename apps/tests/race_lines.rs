@@ -99,6 +99,7 @@ fn check_first_run_lines(nodes: usize, transport: &str) {
         let logged = logged_lines(&std::fs::read_to_string(&log).unwrap(), &ctx);
         assert_eq!(logged, want, "logged lines vs // RACE lines\n{ctx}");
         let doc: Value = serde_json::from_str(&std::fs::read_to_string(&sarif).unwrap()).unwrap();
+        common::assert_valid_sarif(&doc);
         let in_sarif = sarif_lines(&doc, &ctx);
         assert!(
             !in_sarif.is_empty() && in_sarif.is_subset(&want),

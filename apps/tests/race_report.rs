@@ -2,6 +2,8 @@
 //! and the two sides) and `--race-sarif` writes them as SARIF 2.1.0, over a real TSP run
 //! whose one racy line used to print a block per interval pair.
 
+mod common;
+
 use serde_json::Value;
 
 const TSP: &str = env!("CARGO_BIN_EXE_tsp");
@@ -29,6 +31,7 @@ fn tsp_races_collapse_and_sarif_lists_each_distinct_race_once() {
     let races = std::fs::read_to_string(&log).unwrap().lines().count();
     let blocks = run.stderr.matches("DATA RACE").count();
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(&sarif).unwrap()).unwrap();
+    common::assert_valid_sarif(&doc);
     assert_eq!(doc["version"], "2.1.0");
     let results = doc["runs"][0]["results"].as_array().unwrap();
     // Every distinct race is printed once: as many blocks as SARIF results, and (TSP's
@@ -53,4 +56,34 @@ fn tsp_races_collapse_and_sarif_lists_each_distinct_race_once() {
     if races > blocks {
         assert!(run.stderr.contains("distinct race"), "{ctx}");
     }
+}
+
+#[test]
+fn the_sarif_check_accepts_a_minimal_log_and_rejects_broken_ones() {
+    let mut log = serde_json::json!({
+        "version": "2.1.0",
+        "runs": [{
+            "tool": { "driver": { "name": "dsm" } },
+            "results": [{
+                "ruleId": "dsm/data-race",
+                "message": { "text": "x" },
+                "locations": [{
+                    "physicalLocation": {
+                        "artifactLocation": { "uri": "src/a.rs" },
+                        "region": { "startLine": 3 },
+                    }
+                }],
+            }],
+        }],
+    });
+    common::assert_valid_sarif(&log);
+    let region = &mut log["runs"][0]["results"][0]["locations"][0]["physicalLocation"]["region"];
+    region["startLine"] = serde_json::json!(0);
+    let broken = log.clone();
+    assert!(
+        std::panic::catch_unwind(|| common::assert_valid_sarif(&broken)).is_err(),
+        "line 0 is not valid SARIF"
+    );
+    log["version"] = serde_json::json!("2.0");
+    assert!(std::panic::catch_unwind(|| common::assert_valid_sarif(&log)).is_err());
 }

@@ -443,16 +443,21 @@ mod tests {
                                     kind: AccessKind::Read,
                                 },
                                 bits,
-                                sites: vec![SiteSpan {
+                                sites: [SiteSpan {
                                     site: interval,
                                     first: 0,
                                     last: 3,
-                                    def: Some(SourceSite {
+                                }]
+                                .into_iter()
+                                .collect(),
+                                defs: vec![(
+                                    interval,
+                                    SourceSite {
                                         file: "src/a.rs".into(),
                                         line: page,
                                         column: 5,
-                                    }),
-                                }],
+                                    },
+                                )],
                             })
                             .collect(),
                         pages: if finishing {

@@ -5,6 +5,7 @@
 //! encodings, access bitmaps) travel as opaque byte strings.
 
 use serde::{Deserialize, Serialize};
+pub use smallvec::SmallVec;
 use std::fmt;
 
 /// A node's rank within the job, `0..size` (at most [`MAX_NODES`](crate::MAX_NODES)).
@@ -460,9 +461,14 @@ pub struct EncodedBitmap {
     /// the node has no such bitmap: nothing was accessed.
     #[serde(with = "serde_bytes")]
     pub bits: Vec<u8>,
-    /// Where in the program the accesses of this bitmap were made: one entry per source
-    /// site, with the granules of the page it touched (sorted by first granule).
-    pub sites: Vec<SiteSpan>,
+    /// Where in the program the accesses of this bitmap were made: one span per source
+    /// site, with the granules of the page it touched (sorted by first granule). Most
+    /// bitmaps have one or two, held without an allocation of their own.
+    pub sites: SmallVec<[SiteSpan; 2]>,
+    /// The sites of `sites` that this bitmap is the first of its list to name, defined,
+    /// so that every message that carries bitmaps is readable alone (sites are numbered
+    /// per node). Usually empty.
+    pub defs: Vec<(u32, SourceSite)>,
 }
 
 /// A source location of the program, as the compiler names it (`#[track_caller]`).
@@ -477,10 +483,9 @@ pub struct SourceSite {
 }
 
 /// The granules `first..=last` of a bitmap's page that accesses from one source site
-/// touched (some of them: a site's accesses between its first and last granule on the
-/// page). Sites are numbered per node; the first span of a list of bitmaps that names a
-/// site carries its definition, so every message that carries bitmaps is readable alone.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+/// touched (a site's accesses between its first and last granule on the page; the whole
+/// page when it was the page's only site).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SiteSpan {
     /// The recording node's number for the site.
     pub site: u32,
@@ -488,8 +493,6 @@ pub struct SiteSpan {
     pub first: u16,
     /// Last granule of the page the site touched.
     pub last: u16,
-    /// The site itself, on its first mention in a list of bitmaps.
-    pub def: Option<SourceSite>,
 }
 
 /// Every message exchanged between nodes once the mesh is up.

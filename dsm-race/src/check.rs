@@ -461,7 +461,8 @@ mod tests {
                 kind,
             },
             bits: crate::record::encode_words(&words),
-            sites: Vec::new(),
+            sites: Default::default(),
+            defs: Vec::new(),
         }
     }
 

@@ -751,11 +751,34 @@ pub struct Bitmaps {
     sites: HashMap<(NodeId, u32), Arc<SourceSite>>,
 }
 
-/// One bitmap as held: its words, and its sites' spans (first and last granule).
+/// One bitmap as held: its words, and its sites' spans.
 #[derive(Clone, Default)]
 struct Held {
     words: Vec<u64>,
-    sites: Vec<(u16, u16, Arc<SourceSite>)>,
+    sites: HeldSites,
+}
+
+/// A site's span as held: first and last granule, and the site.
+type HeldSpan = (u16, u16, Arc<SourceSite>);
+
+/// A bitmap's site spans; most bitmaps have one, kept without an allocation of its own
+/// (a master analysing between barriers holds many bitmaps at once).
+#[derive(Clone, Default)]
+enum HeldSites {
+    #[default]
+    None,
+    One(HeldSpan),
+    Many(Vec<HeldSpan>),
+}
+
+impl HeldSites {
+    fn as_slice(&self) -> &[HeldSpan] {
+        match self {
+            HeldSites::None => &[],
+            HeldSites::One(s) => std::slice::from_ref(s),
+            HeldSites::Many(v) => v,
+        }
+    }
 }
 
 impl Bitmaps {
@@ -766,21 +789,22 @@ impl Bitmaps {
 
     /// Adds `node`'s bitmap `b`, replacing any earlier one with the same key.
     pub fn insert(&mut self, node: NodeId, b: EncodedBitmap) {
-        let mut sites = Vec::with_capacity(b.sites.len());
+        for (site, def) in b.defs {
+            self.sites.insert((node, site), Arc::new(def));
+        }
+        let mut spans = Vec::new();
         for span in b.sites {
-            let site = match span.def {
-                Some(def) => {
-                    let def = Arc::new(def);
-                    self.sites.insert((node, span.site), def.clone());
-                    Some(def)
-                }
-                None => self.sites.get(&(node, span.site)).cloned(),
-            };
+            let site = self.sites.get(&(node, span.site)).cloned();
             // A site whose definition was lost with another list is left unnamed.
             if let Some(site) = site {
-                sites.push((span.first, span.last, site));
+                spans.push((span.first, span.last, site));
             }
         }
+        let sites = match spans.len() {
+            0 => HeldSites::None,
+            1 => HeldSites::One(spans.pop().expect("one span")),
+            _ => HeldSites::Many(spans),
+        };
         let held = Held {
             words: decode_words(&b.bits),
             sites,
@@ -843,6 +867,7 @@ impl Bitmaps {
     ) -> Option<SourceSite> {
         let held = self.held(r, page, kind)?;
         held.sites
+            .as_slice()
             .iter()
             .filter(|(first, last, _)| (*first as usize..=*last as usize).contains(&granule))
             .min_by_key(|(first, last, _)| last - first)
@@ -1200,7 +1225,8 @@ mod tests {
                     kind,
                 },
                 bits: encode_words(&words),
-                sites: Vec::new(),
+                sites: Default::default(),
+                defs: Vec::new(),
             },
         )
     }
@@ -1263,17 +1289,23 @@ mod tests {
         assert_eq!((races[1].index, races[1].class), (5, RaceClass::DataRace));
     }
 
-    fn span(site: u32, first: u16, last: u16, line: Option<u32>) -> dsm_proto::SiteSpan {
-        dsm_proto::SiteSpan {
-            site,
-            first,
-            last,
-            def: line.map(|line| SourceSite {
-                file: "src/k.rs".into(),
-                line,
-                column: 9,
-            }),
-        }
+    /// Sets `b`'s site spans (site, first, last) and the sites it defines (site, line).
+    fn with_sites(b: &mut EncodedBitmap, spans: &[(u32, u16, u16)], defs: &[(u32, u32)]) {
+        b.sites = spans
+            .iter()
+            .map(|&(site, first, last)| dsm_proto::SiteSpan { site, first, last })
+            .collect();
+        b.defs = defs
+            .iter()
+            .map(|&(site, line)| {
+                let at = SourceSite {
+                    file: "src/k.rs".into(),
+                    line,
+                    column: 9,
+                };
+                (site, at)
+            })
+            .collect();
     }
 
     #[test]
@@ -1285,9 +1317,9 @@ mod tests {
         let b = iv(1, 1, vec![0, 1], &[], &[0]);
         let mut bitmaps = Bitmaps::new();
         let (_, mut a_bits) = bitmap(0, 1, 0, AccessKind::Write, &[3, 5]);
-        a_bits.sites = vec![span(0, 0, 3, Some(10)), span(1, 4, 9, Some(11))];
+        with_sites(&mut a_bits, &[(0, 0, 3), (1, 4, 9)], &[(0, 10), (1, 11)]);
         let (_, mut b_bits) = bitmap(1, 1, 0, AccessKind::Write, &[3, 5]);
-        b_bits.sites = vec![span(0, 0, 511, Some(20))];
+        with_sites(&mut b_bits, &[(0, 0, 511)], &[(0, 20)]);
         bitmaps.insert(0, a_bits);
         bitmaps.insert(1, b_bits);
         let races = plan(1, vec![a.clone(), b.clone()]).compare(&bitmaps, &vars());
@@ -1305,7 +1337,7 @@ mod tests {
         let mut later = Bitmaps::new();
         later.extend(&bitmaps);
         let (_, mut again) = bitmap(0, 1, 0, AccessKind::Write, &[5]);
-        again.sites = vec![span(1, 5, 5, None), span(7, 0, 0, None)];
+        with_sites(&mut again, &[(1, 5, 5), (7, 0, 0)], &[]);
         later.insert(0, again);
         let r = &plan(1, vec![a, b]).compare(&later, &vars())[0];
         assert_eq!(r.sites[0].as_ref().map(|s| s.line), Some(11));

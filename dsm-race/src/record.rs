@@ -21,8 +21,8 @@
 //! access once an interval's first accesses have grown the site list.
 
 use dsm_proto::{
-    AccessKind, BitmapKey, EncodedBitmap, PageNo, PageRuns, RaceNotices, SiteSpan, SourceSite,
-    PAGE_SHIFT, PAGE_SIZE,
+    AccessKind, BitmapKey, EncodedBitmap, PageNo, PageRuns, RaceNotices, SiteSpan, SmallVec,
+    SourceSite, PAGE_SHIFT, PAGE_SIZE,
 };
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, TryReserveError};
@@ -433,28 +433,32 @@ struct EpochStore {
     bytes: usize,
 }
 
-/// Wire spans of `spans`; a site's first mention in the list being built (`defined`
-/// tells which were mentioned) carries its definition from `table`.
-fn wire_sites(spans: &[StoredSpan], table: &[Site], defined: &mut [bool]) -> Vec<SiteSpan> {
-    spans
+/// A bitmap's site spans and the definitions it carries: those of its sites that the
+/// list being built (`defined` tells which were named) has not named before.
+type WireSites = (SmallVec<[SiteSpan; 2]>, Vec<(u32, SourceSite)>);
+
+/// Wire form of `spans`, each site's first mention in the list being built carrying its
+/// definition from `table`.
+fn wire_sites(spans: &[StoredSpan], table: &[Site], defined: &mut [bool]) -> WireSites {
+    let mut defs = Vec::new();
+    let sites = spans
         .iter()
         .map(|&(site, first, last)| {
-            let fresh = !std::mem::replace(&mut defined[site as usize], true);
-            SiteSpan {
-                site,
-                first,
-                last,
-                def: fresh.then(|| {
-                    let l = table[site as usize];
+            if !std::mem::replace(&mut defined[site as usize], true) {
+                let l = table[site as usize];
+                defs.push((
+                    site,
                     SourceSite {
                         file: l.file().to_string(),
                         line: l.line(),
                         column: l.column(),
-                    }
-                }),
+                    },
+                ));
             }
+            SiteSpan { site, first, last }
         })
-        .collect()
+        .collect();
+    (sites, defs)
 }
 
 impl EpochStore {
@@ -489,6 +493,7 @@ impl EpochStore {
                 } else {
                     encode_words(words)
                 };
+                let (sites, defs) = wire_sites(self.site_spans(&s), table, &mut defined);
                 out.push(EncodedBitmap {
                     key: BitmapKey {
                         interval: span.interval,
@@ -496,7 +501,8 @@ impl EpochStore {
                         kind: s.kind,
                     },
                     bits,
-                    sites: wire_sites(self.site_spans(&s), table, &mut defined),
+                    sites,
+                    defs,
                 });
             }
         }
@@ -780,15 +786,20 @@ impl Recorder {
         let mut defined = vec![false; self.sites.len()];
         keys.iter()
             .map(|&key| match self.store.get(&key) {
-                Some((words, spans)) => EncodedBitmap {
-                    key,
-                    bits: encode_words(&words),
-                    sites: wire_sites(spans, &self.sites, &mut defined),
-                },
+                Some((words, spans)) => {
+                    let (sites, defs) = wire_sites(spans, &self.sites, &mut defined);
+                    EncodedBitmap {
+                        key,
+                        bits: encode_words(&words),
+                        sites,
+                        defs,
+                    }
+                }
                 None => EncodedBitmap {
                     key,
                     bits: Vec::new(),
-                    sites: Vec::new(),
+                    sites: SmallVec::new(),
+                    defs: Vec::new(),
                 },
             })
             .collect()
@@ -1213,14 +1224,13 @@ mod tests {
         // Each site is defined once in the list, on its first mention.
         let defs: Vec<(u32, u32)> = bitmaps
             .iter()
-            .flat_map(|b| &b.sites)
-            .filter_map(|s| s.def.as_ref().map(|d| (s.site, d.line)))
+            .flat_map(|b| &b.defs)
+            .map(|(site, d)| (*site, d.line))
             .collect();
         assert_eq!(defs, vec![(0, lines.0), (1, lines.1), (2, write_line)]);
-        assert!(bitmaps[0].sites[0]
-            .def
-            .as_ref()
-            .is_some_and(|d| d.file.ends_with("record.rs") && d.column > 0));
+        assert!(bitmaps[0].defs[0].1.file.ends_with("record.rs"));
+        assert!(bitmaps[0].defs[0].1.column > 0);
+        assert!(bitmaps[2].defs.is_empty(), "defined once in the list");
         // A new interval starts with no sites; known sites keep their numbers.
         let again = read_here(&r, 0, 8);
         r.close_interval();
@@ -1231,6 +1241,7 @@ mod tests {
         }]);
         assert_eq!(b[0].sites.len(), 1);
         assert_eq!(b[0].sites[0].site, 3);
-        assert_eq!(b[0].sites[0].def.as_ref().map(|d| d.line), Some(again));
+        assert_eq!(b[0].defs, vec![(3, b[0].defs[0].1.clone())]);
+        assert_eq!(b[0].defs[0].1.line, again);
     }
 }

@@ -19,7 +19,7 @@
 
 use crate::check::{Finding, FindingKind};
 use crate::detect::{sync_text, Race, RaceClass, RaceKind};
-use dsm_proto::SyncCause;
+use dsm_proto::{NodeId, SyncCause};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -67,6 +67,9 @@ pub struct Reporter {
     /// source files.
     hits: Vec<crate::pinpoint::Hit>,
     roots: Vec<std::path::PathBuf>,
+    /// `--check` findings of the run by kind and variable, in the order first seen (for
+    /// SARIF).
+    distinct_findings: Vec<DistinctFinding>,
     /// `--race-suppressions`: races these match are counted in `silenced`, not reported.
     suppressions: crate::suppress::Suppressions,
     silenced: u64,
@@ -89,6 +92,18 @@ struct Distinct {
     sides: [String; 2],
     /// The source locations of each side.
     locations: [Vec<SourceLine>; 2],
+}
+
+/// The `--check` findings of one kind on one variable over the run: how many elements
+/// (summed over epochs and ranks) and where first.
+#[derive(Clone, Debug)]
+struct DistinctFinding {
+    kind: FindingKind,
+    variable: String,
+    elements: u64,
+    epoch: u32,
+    element: String,
+    rank: NodeId,
 }
 
 /// A source location as reports give it: file, line, column and, where known, function.
@@ -216,6 +231,7 @@ impl Reporter {
             sarif: None,
             hits: Vec::new(),
             roots: Vec::new(),
+            distinct_findings: Vec::new(),
             suppressions: Default::default(),
             silenced: 0,
         })
@@ -301,6 +317,21 @@ impl Reporter {
         for f in findings {
             *self.check_totals.entry(f.kind).or_default() += f.indices.len() as u64;
             n += f.indices.len() as u64;
+            match self
+                .distinct_findings
+                .iter_mut()
+                .find(|d| d.kind == f.kind && d.variable == f.variable)
+            {
+                Some(d) => d.elements += f.indices.len() as u64,
+                None => self.distinct_findings.push(DistinctFinding {
+                    kind: f.kind,
+                    variable: f.variable.clone(),
+                    elements: f.indices.len() as u64,
+                    epoch: at.epoch(),
+                    element: finding_element(f, f.indices[0]),
+                    rank: f.node,
+                }),
+            }
         }
         Ok(n)
     }
@@ -625,6 +656,7 @@ impl Reporter {
                     },
                 })
             })
+            .chain(self.distinct_findings.iter().map(finding_sarif))
             .collect();
         json!({
             "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
@@ -646,6 +678,24 @@ impl Reporter {
                                 "name": "LockOrderDependence",
                                 "shortDescription": { "text": "Conflicting accesses ordered only by which node got a lock first (schedule mode)" },
                                 "defaultConfiguration": { "level": "warning" }
+                            },
+                            {
+                                "id": "dsm/uninitialised-read",
+                                "name": "UninitialisedRead",
+                                "shortDescription": { "text": "A read of an element no node had written since its allocation (--check)" },
+                                "defaultConfiguration": { "level": "error" }
+                            },
+                            {
+                                "id": "dsm/read-outside-region",
+                                "name": "ReadOutsideRegion",
+                                "shortDescription": { "text": "A read outside the rank's declared region (--check)" },
+                                "defaultConfiguration": { "level": "warning" }
+                            },
+                            {
+                                "id": "dsm/write-outside-region",
+                                "name": "WriteOutsideRegion",
+                                "shortDescription": { "text": "A write outside the rank's declared region (--check)" },
+                                "defaultConfiguration": { "level": "error" }
                             }
                         ]
                     }
@@ -978,6 +1028,52 @@ fn json_of(at: &Point, r: &Race, names: &Names<'_>) -> serde_json::Value {
 }
 
 /// An element of a finding's variable, as reports write it.
+/// One SARIF result for the `--check` findings of one kind on one variable.
+fn finding_sarif(d: &DistinctFinding) -> serde_json::Value {
+    let (rule, level, what) = match d.kind {
+        FindingKind::UninitialisedRead => ("dsm/uninitialised-read", "error", "Uninitialised read"),
+        FindingKind::ReadOutsideRegion => (
+            "dsm/read-outside-region",
+            "warning",
+            "Read outside the declared region",
+        ),
+        FindingKind::WriteOutsideRegion => (
+            "dsm/write-outside-region",
+            "error",
+            "Write outside the declared region",
+        ),
+    };
+    json!({
+        "ruleId": rule,
+        "level": level,
+        "message": {
+            "text": format!(
+                "{what} on {}: {} element{} in the run, first {} by rank {} in epoch {}",
+                d.variable,
+                d.elements,
+                if d.elements == 1 { "" } else { "s" },
+                d.element,
+                d.rank,
+                d.epoch
+            )
+        },
+        "locations": [{
+            "logicalLocations": [{
+                "name": d.element,
+                "fullyQualifiedName": d.variable,
+                "kind": "variable",
+            }]
+        }],
+        "partialFingerprints": {
+            "dsmCheck/v1": format!("{}|{}", d.kind.as_str(), d.variable),
+        },
+        "properties": {
+            "occurrences": d.elements,
+            "epoch": d.epoch,
+        },
+    })
+}
+
 fn finding_element(f: &Finding, index: usize) -> String {
     match f.cols {
         Some(c) if c > 0 => format!("{}[{}][{}]", f.variable, index / c, index % c),

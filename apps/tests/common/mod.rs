@@ -120,3 +120,23 @@ pub(crate) fn race_lines(source: &str, name: &str) -> BTreeSet<u32> {
         .map(|i| i as u32 + 1)
         .collect()
 }
+
+/// The SARIF 2.1.0 JSON schema, as OASIS publishes it (`data/sarif-schema-2.1.0.json`, from
+/// the SARIF specification's repository, `sarif-2.1/schema/`).
+const SARIF_SCHEMA: &str = include_str!("../data/sarif-schema-2.1.0.json");
+
+/// Panics, listing what is wrong, unless `log` is a valid SARIF 2.1.0 log.
+pub(crate) fn assert_valid_sarif(log: &serde_json::Value) {
+    let schema: serde_json::Value =
+        serde_json::from_str(SARIF_SCHEMA).expect("the SARIF schema is JSON");
+    let validator = jsonschema::validator_for(&schema).expect("the SARIF schema compiles");
+    let errors: Vec<String> = validator
+        .iter_errors(log)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "not valid SARIF 2.1.0:\n{}\n{log:#}",
+        errors.join("\n")
+    );
+}
