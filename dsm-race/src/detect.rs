@@ -758,8 +758,9 @@ struct Held {
     sites: HeldSites,
 }
 
-/// A site's span as held: first and last granule, and the site.
-type HeldSpan = (u16, u16, Arc<SourceSite>);
+/// A site's span as held: first and last granule, and the node's number for the site
+/// (named through [`Bitmaps`]'s table only when a race needs it).
+type HeldSpan = (u16, u16, u32);
 
 /// A bitmap's site spans; most bitmaps have one, kept without an allocation of its own
 /// (a master analysing between barriers holds many bitmaps at once).
@@ -792,18 +793,11 @@ impl Bitmaps {
         for (site, def) in b.defs {
             self.sites.insert((node, site), Arc::new(def));
         }
-        let mut spans = Vec::new();
-        for span in b.sites {
-            let site = self.sites.get(&(node, span.site)).cloned();
-            // A site whose definition was lost with another list is left unnamed.
-            if let Some(site) = site {
-                spans.push((span.first, span.last, site));
-            }
-        }
-        let sites = match spans.len() {
-            0 => HeldSites::None,
-            1 => HeldSites::One(spans.pop().expect("one span")),
-            _ => HeldSites::Many(spans),
+        let span = |s: &dsm_proto::SiteSpan| (s.first, s.last, s.site);
+        let sites = match b.sites.as_slice() {
+            [] => HeldSites::None,
+            [one] => HeldSites::One(span(one)),
+            many => HeldSites::Many(many.iter().map(span).collect()),
         };
         let held = Held {
             words: decode_words(&b.bits),
@@ -866,12 +860,14 @@ impl Bitmaps {
         granule: usize,
     ) -> Option<SourceSite> {
         let held = self.held(r, page, kind)?;
-        held.sites
+        let (_, _, site) = held
+            .sites
             .as_slice()
             .iter()
             .filter(|(first, last, _)| (*first as usize..=*last as usize).contains(&granule))
-            .min_by_key(|(first, last, _)| last - first)
-            .map(|s| (*s.2).clone())
+            .min_by_key(|(first, last, _)| last - first)?;
+        // A site whose definition was lost with another list is left unnamed.
+        self.sites.get(&(r.node, *site)).map(|s| (**s).clone())
     }
 }
 
