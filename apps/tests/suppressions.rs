@@ -107,6 +107,17 @@ fn a_malformed_suppression_file_stops_dsmrun_before_any_rank_starts() {
         assert!(run.stderr.contains("bad.supp"), "{ctx}");
         assert!(!ctx.contains("[0]"), "a rank started: {ctx}");
     }
+    // Functions are named only by --pinpoint: an entry by function without it is a
+    // warning, and the run goes on.
+    let supp = write(&dir, "f.supp", "race:function=*SharedBound*\n");
+    let run = dsm_testkit::dsmrun(2, &["--race-suppressions", &supp], TSP, &TSP_ARGS);
+    assert_eq!(run.code, Some(66), "{}", run.all_output());
+    assert!(
+        run.stderr
+            .contains("matches by function, but a race names its functions only with --pinpoint"),
+        "{}",
+        run.all_output()
+    );
     let missing = dir.path().join("missing.supp");
     let run = dsm_testkit::dsmrun(
         2,

@@ -106,6 +106,14 @@ impl Suppressions {
         self.entries.is_empty()
     }
 
+    /// Whether an entry matches by function (functions are known only where `--pinpoint`
+    /// names them).
+    pub fn by_function(&self) -> bool {
+        self.entries
+            .iter()
+            .any(|e| matches!(e.matcher, Matcher::Function(_)))
+    }
+
     /// Whether an entry suppresses `race`, whose sides were made at `sides` (each side's
     /// source locations, as the report gives them; empty where unknown).
     pub fn suppresses(&self, race: &Race, sides: [&[Hit]; 2]) -> bool {
