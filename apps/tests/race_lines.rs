@@ -2,7 +2,7 @@
 //! `--race` (no replay, no pinpoint), must name for both sides of every race the lines
 //! marked `// RACE` in the kernel's function (found by grep in `apps/src/kernels.rs`), in
 //! the printed report, the race log and the SARIF file (`locations` for one side,
-//! `relatedLocations` for the other), over each transport.
+//! `relatedLocations` for the other, each with its function), over each transport.
 
 mod common;
 
@@ -35,6 +35,7 @@ fn logged_lines(log: &str, ctx: &str) -> BTreeSet<u32> {
                 loc["column"].as_u64().is_some_and(|c| c > 0),
                 "{loc}\n{ctx}"
             );
+
             lines.insert(loc["line"].as_u64().unwrap() as u32);
         }
     }
@@ -53,6 +54,15 @@ fn sarif_lines(doc: &Value, ctx: &str) -> BTreeSet<u32> {
         let related = r["relatedLocations"].as_array().unwrap();
         assert!(!related.is_empty(), "the other side is missing: {r}\n{ctx}");
         for loc in std::iter::once(primary).chain(related) {
+            // The function, named at the end from the program's debug information.
+            let function = loc["logicalLocations"]
+                .as_array()
+                .and_then(|l| l.iter().find(|l| l["kind"] == "function"))
+                .and_then(|l| l["fullyQualifiedName"].as_str());
+            assert!(
+                function.is_some_and(|f| f.starts_with("apps::kernels::")),
+                "{loc}\n{ctx}"
+            );
             let region = &loc["physicalLocation"]["region"];
             let line = region["startLine"]
                 .as_u64()

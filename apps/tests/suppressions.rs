@@ -1,5 +1,6 @@
 //! `dsmrun --race-suppressions FILE`: a suppression file silences TSP's accepted bound race
-//! (exit 0, the races counted apart, in the summary and the stats file) and nothing else; a
+//! by variable, line, file or function (exit 0, the races counted apart, in the summary and
+//! the stats file) and nothing else; a
 //! malformed file stops dsmrun before any rank starts, naming the line.
 
 const TSP: &str = env!("CARGO_BIN_EXE_tsp");
@@ -21,7 +22,7 @@ fn silenced(stderr: &str) -> u64 {
 }
 
 #[test]
-fn the_tsp_bound_race_is_silenced_by_variable_or_by_line_and_nothing_else() {
+fn the_tsp_bound_race_is_silenced_by_variable_line_file_or_function_and_nothing_else() {
     let dir = tempfile::tempdir().unwrap();
     // Without suppressions: the bound race, at a line of search.rs.
     let plain = dsm_testkit::dsmrun(4, &["--timeout", "60", "--race"], TSP, &TSP_ARGS);
@@ -39,6 +40,7 @@ fn the_tsp_bound_race_is_silenced_by_variable_or_by_line_and_nothing_else() {
         "race:variable=bound".to_string(),
         format!("race:line=tsp/search.rs:{line}"),
         "race:file=search.rs".to_string(),
+        "race:function=*SharedBound as apps::tsp::search::Incumbent>::*".to_string(),
     ]
     .into_iter()
     .enumerate()
@@ -107,17 +109,6 @@ fn a_malformed_suppression_file_stops_dsmrun_before_any_rank_starts() {
         assert!(run.stderr.contains("bad.supp"), "{ctx}");
         assert!(!ctx.contains("[0]"), "a rank started: {ctx}");
     }
-    // Functions are named only by --pinpoint: an entry by function without it is a
-    // warning, and the run goes on.
-    let supp = write(&dir, "f.supp", "race:function=*SharedBound*\n");
-    let run = dsm_testkit::dsmrun(2, &["--race-suppressions", &supp], TSP, &TSP_ARGS);
-    assert_eq!(run.code, Some(66), "{}", run.all_output());
-    assert!(
-        run.stderr
-            .contains("matches by function, but a race names its functions only with --pinpoint"),
-        "{}",
-        run.all_output()
-    );
     let missing = dir.path().join("missing.supp");
     let run = dsm_testkit::dsmrun(
         2,

@@ -70,6 +70,8 @@ pub struct Reporter {
     /// `--check` findings of the run by kind and variable, in the order first seen (for
     /// SARIF).
     distinct_findings: Vec<DistinctFinding>,
+    /// Names the function of a recorded source line (the program's debug information).
+    functions: Option<FunctionNamer>,
     /// `--race-suppressions`: races these match are counted in `silenced`, not reported.
     suppressions: crate::suppress::Suppressions,
     silenced: u64,
@@ -105,6 +107,10 @@ struct DistinctFinding {
     element: String,
     rank: NodeId,
 }
+
+/// Names the function containing a recorded access, where the program's debug
+/// information says (set by the runtime, which can read it).
+pub type FunctionNamer = Box<dyn Fn(&dsm_proto::SourceSite) -> Option<String> + Send + Sync>;
 
 /// A source location as reports give it: file, line, column and, where known, function.
 type SourceLine = (String, u32, u32, Option<String>);
@@ -232,6 +238,7 @@ impl Reporter {
             hits: Vec::new(),
             roots: Vec::new(),
             distinct_findings: Vec::new(),
+            functions: None,
             suppressions: Default::default(),
             silenced: 0,
         })
@@ -252,6 +259,14 @@ impl Reporter {
     /// reported (every node's), so that races on watched elements show both sides' code.
     pub fn set_hits(&mut self, hits: Vec<crate::pinpoint::Hit>) {
         self.hits = hits;
+    }
+
+    /// How the functions of recorded source lines are named. Naming reads the program's
+    /// debug information (a fraction of a second, once), so the reports printed as the
+    /// program runs name functions only where `--pinpoint` does or a suppression entry
+    /// matches by function; the SARIF log, written at the end, names them all.
+    pub fn set_function_namer(&mut self, namer: FunctionNamer) {
+        self.functions = Some(namer);
     }
 
     /// Directories in which source files named by relative paths are looked up.
@@ -299,6 +314,7 @@ impl Reporter {
             syncs: &self.sync_points,
             hits: &[],
             roots: &[],
+            functions: None,
         };
         let mut text = String::new();
         for f in findings {
@@ -391,6 +407,10 @@ impl Reporter {
                 syncs: &self.sync_points,
                 hits: &self.hits,
                 roots: &self.roots,
+                functions: self
+                    .functions
+                    .as_ref()
+                    .filter(|_| self.suppressions.by_function()),
             };
             let silenced = |r: &Race| {
                 !self.suppressions.is_empty() && {
@@ -436,6 +456,10 @@ impl Reporter {
             syncs: &self.sync_points,
             hits: &self.hits,
             roots: &self.roots,
+            functions: self
+                .functions
+                .as_ref()
+                .filter(|_| self.suppressions.by_function()),
         };
         // One printed block per signature: the first interval pair of a signature not
         // seen before, with a note of how many more interval pairs share it.
@@ -612,8 +636,26 @@ impl Reporter {
 
     /// The distinct races as a SARIF 2.1.0 log (one result per distinct race).
     pub fn sarif(&self) -> serde_json::Value {
-        let results: Vec<serde_json::Value> = self
+        let named: Vec<Distinct> = self
             .distinct
+            .iter()
+            .map(|d| {
+                let mut d = d.clone();
+                if let Some(namer) = &self.functions {
+                    for (file, line, column, function) in d.locations.iter_mut().flatten() {
+                        if function.is_none() {
+                            *function = namer(&dsm_proto::SourceSite {
+                                file: file.clone(),
+                                line: *line,
+                                column: *column,
+                            });
+                        }
+                    }
+                }
+                d
+            })
+            .collect();
+        let results: Vec<serde_json::Value> = named
             .iter()
             .map(|d| {
                 let (rule, level) = match d.signature.1 {
@@ -824,6 +866,7 @@ struct Names<'a> {
     syncs: &'a std::collections::HashMap<u32, String>,
     hits: &'a [crate::pinpoint::Hit],
     roots: &'a [std::path::PathBuf],
+    functions: Option<&'a FunctionNamer>,
 }
 
 impl Names<'_> {
@@ -857,7 +900,7 @@ impl Names<'_> {
                 file: s.file.clone(),
                 line: s.line,
                 column: s.column,
-                function: None,
+                function: self.functions.and_then(|name| name(s)),
             }));
         }
         out

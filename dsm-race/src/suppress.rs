@@ -10,8 +10,9 @@
 //! - `file`: either side's source file, as the compiler names it, or any trailing part of
 //!   it made of whole path components (`search.rs`, `src/tsp/search.rs`);
 //! - `line`: either side's `file:line`, the file matched as for `file`;
-//! - `function`: either side's function, where known (`--pinpoint` names functions), as a
-//!   pattern where `*` stands for any run of characters (`apps::tsp::*`).
+//! - `function`: either side's function, as reports name it, as a pattern where `*`
+//!   stands for any run of characters (`*SharedBound*::bound`); the reporter then names
+//!   functions as it goes.
 //!
 //! An entry matches a race when the race is of its class and its field matches; a race is
 //! suppressed when any entry matches it.
@@ -106,8 +107,7 @@ impl Suppressions {
         self.entries.is_empty()
     }
 
-    /// Whether an entry matches by function (functions are known only where `--pinpoint`
-    /// names them).
+    /// Whether an entry matches by function (reports then name functions as they go).
     pub fn by_function(&self) -> bool {
         self.entries
             .iter()

@@ -18,6 +18,7 @@
 
 mod analyst;
 pub(crate) mod chaos;
+mod functions;
 mod pinpoint;
 mod race;
 mod semaphore;

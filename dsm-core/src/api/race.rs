@@ -98,6 +98,10 @@ impl RaceState {
                 roots.push(ws.to_path_buf());
             }
             rep.set_source_roots(roots);
+            if let Ok(exe) = std::env::current_exe() {
+                let names = super::functions::FunctionNames::new(exe);
+                rep.set_function_namer(Box::new(move |site| names.name(site)));
+            }
             Some(rep)
         } else {
             None

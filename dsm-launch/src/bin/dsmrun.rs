@@ -511,22 +511,15 @@ fn pin_targets(
 
 /// The entries of a suppression file, checked (comments and blank lines dropped). An
 /// unreadable or malformed file is a usage error (status 2).
-fn read_suppressions(path: &Path, pinpointed: bool) -> anyhow::Result<Vec<String>> {
+fn read_suppressions(path: &Path) -> anyhow::Result<Vec<String>> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         UsageError(format!(
             "cannot read --race-suppressions '{}': {e}",
             path.display()
         ))
     })?;
-    let entries = dsm_race::Suppressions::parse(&text)
+    dsm_race::Suppressions::parse(&text)
         .map_err(|e| UsageError(format!("--race-suppressions '{}': {e}", path.display())))?;
-    if entries.by_function() && !pinpointed {
-        eprintln!(
-            "dsmrun: warning: --race-suppressions '{}' matches by function, but a race names \
-             its functions only with --pinpoint; without it those entries match nothing",
-            path.display()
-        );
-    }
     Ok(text
         .lines()
         .map(|l| l.split('#').next().unwrap_or("").trim())
@@ -553,7 +546,6 @@ impl Cli {
             || self.race_first
             || self.race_stats
             || self.check;
-        let pinpointed = !self.pinpoint.is_empty() || self.pinpoint_log.is_some();
         let race = if race_on {
             let log = self
                 .race_log
@@ -582,7 +574,7 @@ impl Cli {
                 suppressions: self
                     .race_suppressions
                     .as_deref()
-                    .map(|p| read_suppressions(p, pinpointed))
+                    .map(read_suppressions)
                     .transpose()?
                     .unwrap_or_default(),
                 ..RaceOptions::default()
