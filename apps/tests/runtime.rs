@@ -252,6 +252,12 @@ fn failed_job_with_race_detection_says_the_analysis_is_incomplete() {
     // Without race detection there is no analysis to call incomplete.
     let out = dsm_testkit::dsmrun(2, &[], TEST, &["fail", "--rank", "1", "--code", "3"]);
     assert!(!out.stderr.contains("race detection"), "{out:?}");
+    // Nor in a job that never formed: a mistyped program exits with its usage error
+    // before any rank joins, and nothing was analysed or cut short.
+    let out = dsm_testkit::dsmrun(2, &["--race"], TEST, &["no-such-test"]);
+    assert_eq!(out.code, Some(2), "{out:?}");
+    assert!(out.stderr.contains("unrecognized subcommand"), "{out:?}");
+    assert!(!out.stderr.contains("race detection"), "{out:?}");
 }
 
 #[test]

@@ -145,6 +145,9 @@ pub struct RaceOptions {
     /// `--race-suppressions`: the suppression file's entries, one a line (comments and
     /// blank lines dropped; dsmrun has checked them).
     pub suppressions: Vec<String>,
+    /// Where rank 0 notes that every rank joined (a file it creates; set by dsmrun for
+    /// jobs on its own machine).
+    pub started_marker: Option<PathBuf>,
     /// Pinpoint: elements to watch, each `VAR[INDEX]@EPOCH` (`--pinpoint`).
     pub pinpoint: Vec<String>,
     /// Pinpoint: where nodes leave their watched accesses for the master.
@@ -175,6 +178,7 @@ impl Default for RaceOptions {
             verify_incremental: false,
             sarif: None,
             suppressions: Vec::new(),
+            started_marker: None,
             pinpoint: Vec::new(),
             pinpoint_dir: None,
             sem_order_safe: false,
@@ -604,6 +608,9 @@ impl JobConfig {
                 .filter(|_| enabled)
                 .map(|s| s.lines().map(str::to_string).collect())
                 .unwrap_or_default(),
+            started_marker: get(vars::RACE_STARTED)
+                .filter(|s| enabled && !s.is_empty())
+                .map(PathBuf::from),
             pinpoint: get(vars::PINPOINT)
                 .filter(|_| enabled)
                 .map(|v| {
@@ -850,6 +857,9 @@ impl JobConfig {
             if !race.suppressions.is_empty() {
                 env.push((vars::RACE_SUPPRESSIONS, race.suppressions.join("\n").into()));
             }
+            if let Some(marker) = &race.started_marker {
+                env.push((vars::RACE_STARTED, marker.clone().into_os_string()));
+            }
             if !race.pinpoint.is_empty() {
                 env.push((vars::PINPOINT, race.pinpoint.join(";").into()));
             }
@@ -1058,6 +1068,7 @@ mod tests {
             verify_incremental: false,
             sarif: Some("/tmp/races.sarif".into()),
             suppressions: vec!["race:variable=bound".into(), "race:line=a.rs:3".into()],
+            started_marker: Some("/tmp/started".into()),
             pinpoint: vec!["bound[0]@3".into(), "grid[17]@1".into()],
             pinpoint_dir: Some("/tmp/pin".into()),
             sem_order_safe: true,

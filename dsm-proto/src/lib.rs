@@ -112,6 +112,10 @@ pub mod env_vars {
     /// The entries of `--race-suppressions FILE`, one a line (dsmrun reads and checks
     /// the file; the ranks get its entries).
     pub const RACE_SUPPRESSIONS: &str = "DSM_RACE_SUPPRESSIONS";
+    /// A path rank 0 creates once every rank has joined, so that dsmrun, after a failed
+    /// job, says that race detection was cut short only when it had begun (jobs on this
+    /// machine).
+    pub const RACE_STARTED: &str = "DSM_RACE_STARTED";
     /// Exit status of rank 0 when races were reported (`0`: exit normally).
     pub const RACE_EXIT_CODE: &str = "DSM_RACE_EXIT_CODE";
     /// `1`: report only first races (the paper's section 6.4).
@@ -205,11 +209,12 @@ pub mod env_vars {
     /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_RACE_BATCH`, `DSM_PIN`,
     /// `DSM_FAST_FAULTS`, `DSM_STATS_FILE`, `DSM_PUSH`, `DSM_SPIN`, `DSM_LOG`) are the user's to set for
     /// a whole job and reach the ranks by inheritance.
-    pub const LAUNCHER_OWNED: [&str; 36] = [
+    pub const LAUNCHER_OWNED: [&str; 37] = [
         PINPOINT,
         PINPOINT_DIR,
         RACE_SARIF,
         RACE_SUPPRESSIONS,
+        RACE_STARTED,
         RECORD,
         REPLAY,
         CHAOS,

@@ -364,6 +364,13 @@ impl Dsm {
             _ => None,
         };
         let mut mesh = dsm_net::connect_mesh_with(&env, rendezvous)?;
+        if let (0, Some(marker)) = (env.rank, &env.race.started_marker) {
+            // Every rank joined: from here a failure cuts race detection short. Only
+            // dsmrun's wording depends on it, so a failure to write it is no error.
+            if let Err(e) = std::fs::write(marker, b"") {
+                tracing::debug!("cannot note the job's start in '{}': {e}", marker.display());
+            }
+        }
         let probe = probe_segment_bases(&env, seg_len, can_map_common_segment(&env, &mesh))?;
         // Every rank maps the segment at one address: agree on one free on every host
         // before mapping, so that a clash is one clear message, never a crash later.

@@ -49,6 +49,7 @@ Environment of every rank (inherited DSM_* values of these names are dropped):
   DSM_RACE_LOG         absolute path of --race-log    (only with --race-log)
   DSM_RACE_SARIF       absolute path of --race-sarif  (only with --race-sarif)
   DSM_RACE_SUPPRESSIONS  the checked entries of --race-suppressions, one a line
+  DSM_RACE_STARTED     a file rank 0 creates once every rank joined (with --race, jobs on this host)
   DSM_PINPOINT         the watched elements, ';'-separated (--pinpoint, --pinpoint-log)
   DSM_PINPOINT_DIR     a directory dsmrun makes for the ranks' notes (with DSM_PINPOINT)
   DSM_RACE_FIRST=1, DSM_RACE_STATS=1                  (only with --race-first/--race-stats)
@@ -800,11 +801,18 @@ fn main() -> ExitCode {
     let mut race_on = false;
     let mut recording = None;
     let mut pin_dir: Option<PathBuf> = None;
+    let mut started: Option<PathBuf> = None;
     match cli.into_config().and_then(|mut config| {
         race_on = config.race.enabled;
         // Before the record's path becomes its parts' prefix, so the message names it.
         launcher::check_outputs(&config)?;
         recording = prepare_order(&mut config)?;
+        if race_on && config.hosts.is_none() {
+            let marker = std::env::temp_dir().join(format!("dsm-started-{}", std::process::id()));
+            let _ = std::fs::remove_file(&marker);
+            config.race.started_marker = Some(marker.clone());
+            started = Some(marker);
+        }
         if !config.race.pinpoint.is_empty() {
             let dir = std::env::temp_dir().join(format!("dsm-pinpoint-{}", std::process::id()));
             std::fs::create_dir_all(&dir).with_context(|| {
@@ -853,7 +861,13 @@ fn main() -> ExitCode {
                 outcome,
                 JobOutcome::Success | JobOutcome::RaceReported { .. }
             );
-            if race_on && !clean {
+            // Jobs on this machine say whether every rank joined (rank 0 made the file);
+            // one that never formed analysed nothing and was not cut short.
+            let formed = started.as_ref().is_none_or(|m| m.exists());
+            if let Some(m) = &started {
+                let _ = std::fs::remove_file(m);
+            }
+            if race_on && !clean && formed {
                 // Whatever rank 0 printed last (perhaps "0 data races") covered only the
                 // epochs analysed before the failure; say so after everything else.
                 eprintln!(
@@ -866,6 +880,9 @@ fn main() -> ExitCode {
         }
         Err(err) => {
             eprintln!("dsmrun: {err:#}");
+            if let Some(m) = &started {
+                let _ = std::fs::remove_file(m);
+            }
             if let Some(dir) = &pin_dir {
                 let _ = std::fs::remove_dir_all(dir);
             }
