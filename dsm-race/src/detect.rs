@@ -934,17 +934,21 @@ impl Plan {
                         },
                     );
                     race.class = class;
-                    let kind = |w: bool| {
-                        if w {
+                    // Named when a side first needs one (most granules of a race fall
+                    // into an element already reported).
+                    let site = |side: usize| {
+                        let (r, w) = if side == 0 {
+                            (a, a_write)
+                        } else {
+                            (b, b_write)
+                        };
+                        let kind = if w {
                             AccessKind::Write
                         } else {
                             AccessKind::Read
-                        }
+                        };
+                        bitmaps.site(r, c.page, kind, granule)
                     };
-                    race.sites = [
-                        bitmaps.site(a, c.page, kind(a_write), granule),
-                        bitmaps.site(b, c.page, kind(b_write), granule),
-                    ];
                     let key = (race.variable.clone(), race.index, race.first, race.second);
                     match races.get_mut(&key) {
                         Some(r) => {
@@ -957,8 +961,7 @@ impl Plan {
                                     .enumerate()
                             {
                                 if r.sites[side].is_none() || (now && !had) {
-                                    r.sites[side] =
-                                        race.sites[side].take().or(r.sites[side].take());
+                                    r.sites[side] = site(side).or(r.sites[side].take());
                                 }
                             }
                             r.first.write |= race.first.write;
@@ -968,6 +971,7 @@ impl Plan {
                             }
                         }
                         None => {
+                            race.sites = [site(0), site(1)];
                             races.insert(key, race);
                         }
                     }

@@ -418,18 +418,18 @@ impl Reporter {
                     self.suppressions.suppresses(r, [&a, &b])
                 }
             };
-            let before = races.len();
+            let mut silenced_now = 0;
             kept = races
                 .iter()
                 .filter(|r| !(r.class == RaceClass::LockOrder && self.ignore.contains(&r.variable)))
-                .filter(|r| !silenced(r))
+                .filter(|r| {
+                    let s = silenced(r);
+                    silenced_now += u64::from(s);
+                    !s
+                })
                 .cloned()
                 .collect();
-            let ignored = races
-                .iter()
-                .filter(|r| r.class == RaceClass::LockOrder && self.ignore.contains(&r.variable))
-                .count();
-            self.silenced += (before - ignored - kept.len()) as u64;
+            self.silenced += silenced_now;
             &kept[..]
         };
         if races.is_empty() || !self.wants_more() {
@@ -658,9 +658,11 @@ impl Reporter {
         let results: Vec<serde_json::Value> = named
             .iter()
             .map(|d| {
-                let (rule, level) = match d.signature.1 {
-                    RaceClass::DataRace => ("dsm/data-race", "error"),
-                    RaceClass::LockOrder => ("dsm/lock-order-dependence", "warning"),
+                let SarifRule {
+                    id: rule, level, ..
+                } = match d.signature.1 {
+                    RaceClass::DataRace => SARIF_RULES[0],
+                    RaceClass::LockOrder => SARIF_RULES[1],
                 };
                 json!({
                     "ruleId": rule,
@@ -708,38 +710,12 @@ impl Reporter {
                     "driver": {
                         "name": "dsm",
                         "version": env!("CARGO_PKG_VERSION"),
-                        "rules": [
-                            {
-                                "id": "dsm/data-race",
-                                "name": "DataRace",
-                                "shortDescription": { "text": "Two concurrent accesses to one element of shared memory, at least one a write" },
-                                "defaultConfiguration": { "level": "error" }
-                            },
-                            {
-                                "id": "dsm/lock-order-dependence",
-                                "name": "LockOrderDependence",
-                                "shortDescription": { "text": "Conflicting accesses ordered only by which node got a lock first (schedule mode)" },
-                                "defaultConfiguration": { "level": "warning" }
-                            },
-                            {
-                                "id": "dsm/uninitialised-read",
-                                "name": "UninitialisedRead",
-                                "shortDescription": { "text": "A read of an element no node had written since its allocation (--check)" },
-                                "defaultConfiguration": { "level": "error" }
-                            },
-                            {
-                                "id": "dsm/read-outside-region",
-                                "name": "ReadOutsideRegion",
-                                "shortDescription": { "text": "A read outside the rank's declared region (--check)" },
-                                "defaultConfiguration": { "level": "warning" }
-                            },
-                            {
-                                "id": "dsm/write-outside-region",
-                                "name": "WriteOutsideRegion",
-                                "shortDescription": { "text": "A write outside the rank's declared region (--check)" },
-                                "defaultConfiguration": { "level": "error" }
-                            }
-                        ]
+                        "rules": SARIF_RULES.iter().map(|r| json!({
+                            "id": r.id,
+                            "name": r.name,
+                            "shortDescription": { "text": r.description },
+                            "defaultConfiguration": { "level": r.level },
+                        })).collect::<Vec<_>>(),
                     }
                 },
                 "results": results,
@@ -1071,20 +1047,63 @@ fn json_of(at: &Point, r: &Race, names: &Names<'_>) -> serde_json::Value {
 }
 
 /// An element of a finding's variable, as reports write it.
+/// A SARIF rule: what a result's `ruleId` names.
+#[derive(Clone, Copy)]
+struct SarifRule {
+    id: &'static str,
+    name: &'static str,
+    level: &'static str,
+    description: &'static str,
+}
+
+/// The rules of dsm's SARIF results: data races, lock-order dependences, then the three
+/// `--check` findings.
+const SARIF_RULES: [SarifRule; 5] = [
+    SarifRule {
+        id: "dsm/data-race",
+        name: "DataRace",
+        level: "error",
+        description:
+            "Two concurrent accesses to one element of shared memory, at least one a write",
+    },
+    SarifRule {
+        id: "dsm/lock-order-dependence",
+        name: "LockOrderDependence",
+        level: "warning",
+        description:
+            "Conflicting accesses ordered only by which node got a lock first (schedule mode)",
+    },
+    SarifRule {
+        id: "dsm/uninitialised-read",
+        name: "UninitialisedRead",
+        level: "error",
+        description: "A read of an element no node had written since its allocation (--check)",
+    },
+    SarifRule {
+        id: "dsm/read-outside-region",
+        name: "ReadOutsideRegion",
+        level: "warning",
+        description: "A read outside the rank's declared region (--check)",
+    },
+    SarifRule {
+        id: "dsm/write-outside-region",
+        name: "WriteOutsideRegion",
+        level: "error",
+        description: "A write outside the rank's declared region (--check)",
+    },
+];
+
 /// One SARIF result for the `--check` findings of one kind on one variable.
 fn finding_sarif(d: &DistinctFinding) -> serde_json::Value {
-    let (rule, level, what) = match d.kind {
-        FindingKind::UninitialisedRead => ("dsm/uninitialised-read", "error", "Uninitialised read"),
-        FindingKind::ReadOutsideRegion => (
-            "dsm/read-outside-region",
-            "warning",
-            "Read outside the declared region",
-        ),
-        FindingKind::WriteOutsideRegion => (
-            "dsm/write-outside-region",
-            "error",
-            "Write outside the declared region",
-        ),
+    let (
+        SarifRule {
+            id: rule, level, ..
+        },
+        what,
+    ) = match d.kind {
+        FindingKind::UninitialisedRead => (SARIF_RULES[2], "Uninitialised read"),
+        FindingKind::ReadOutsideRegion => (SARIF_RULES[3], "Read outside the declared region"),
+        FindingKind::WriteOutsideRegion => (SARIF_RULES[4], "Write outside the declared region"),
     };
     json!({
         "ruleId": rule,

@@ -46,6 +46,8 @@ enum Matcher {
 struct Entry {
     class: RaceClass,
     matcher: Matcher,
+    /// The entry as written, without its comment.
+    text: String,
 }
 
 /// The parsed entries of a suppression file.
@@ -97,9 +99,19 @@ impl Suppressions {
                 }
                 _ => return Err(fail("unknown field (variable, file, line or function)")),
             };
-            entries.push(Entry { class, matcher });
+            entries.push(Entry {
+                class,
+                matcher,
+                text: line.to_string(),
+            });
         }
         Ok(Suppressions { entries })
+    }
+
+    /// The entries as written, one a line, without comments and blank lines: what the
+    /// ranks are given to parse again.
+    pub fn entries(&self) -> Vec<String> {
+        self.entries.iter().map(|e| e.text.clone()).collect()
     }
 
     /// Whether there are no entries.

@@ -62,79 +62,89 @@ impl FunctionNames {
         if let Some(known) = s.known.get(&key) {
             return known.clone();
         }
+        // The executable is opened once for this lookup, whichever passes it needs.
+        let loader = std::cell::OnceCell::new();
+        let open = || {
+            loader
+                .get_or_init(|| {
+                    addr2line::Loader::new(&self.exe)
+                        .map_err(|e| tracing::debug!("no function names for race reports: {e}"))
+                        .ok()
+                })
+                .as_ref()
+        };
         if !s.indexed {
             s.indexed = true;
-            match self.call_sites() {
-                Ok(sites) => s.call_sites = sites,
-                Err(e) => tracing::debug!("no function names for race reports: {e}"),
+            if let Some(l) = open() {
+                match call_sites(l) {
+                    Ok(sites) => s.call_sites = sites,
+                    Err(e) => tracing::debug!("no function names for race reports: {e}"),
+                }
             }
         }
-        let found = s
+        let indexed = s
             .call_sites
             .get(&site.line)
             .and_then(|v| v.iter().find(|(f, _)| same_file(f, &site.file)))
-            .map(|(_, function)| function.clone())
-            .or_else(|| self.line_function(site).ok().flatten());
+            .map(|(_, function)| function.clone());
+        let found = indexed.or_else(|| open().and_then(|l| line_function(l, site).ok().flatten()));
         s.known.insert(key, found.clone());
         found
     }
+}
 
-    /// Every call site of an inlined view accessor: the line it was called from, in
-    /// which file and function.
-    fn call_sites(&self) -> Result<CallSites, Failure> {
-        let loader = addr2line::Loader::new(&self.exe)?;
-        let mut sites = CallSites::new();
-        let mut last_range = None;
-        for (addr, len, loc) in loader.find_location_range(0, u64::MAX)? {
-            if !loc.file.is_some_and(|f| f.ends_with(ACCESSORS)) || last_range == Some((addr, len))
+/// Every call site of an inlined view accessor: the line it was called from, in which
+/// file and function.
+fn call_sites(loader: &addr2line::Loader) -> Result<CallSites, Failure> {
+    let mut sites = CallSites::new();
+    let mut last_range = None;
+    for (addr, len, loc) in loader.find_location_range(0, u64::MAX)? {
+        if !loc.file.is_some_and(|f| f.ends_with(ACCESSORS)) || last_range == Some((addr, len)) {
+            continue;
+        }
+        last_range = Some((addr, len));
+        let mut frames = loader.find_frames(addr)?;
+        while let Some(frame) = frames.next()? {
+            let Some(at) = frame.location else { continue };
+            let (Some(file), Some(line)) = (at.file, at.line) else {
+                continue;
+            };
+            if file.ends_with(ACCESSORS) {
+                continue;
+            }
+            if let Some(function) = frame.function.as_ref().and_then(|f| f.demangle().ok()) {
+                let entry = sites.entry(line).or_default();
+                if !entry.iter().any(|(f, _)| f == file) {
+                    entry.push((file.to_string(), function.into_owned()));
+                }
+            }
+            break;
+        }
+    }
+    Ok(sites)
+}
+
+/// The function with code at `site`'s line itself (an accessor called, not inlined).
+fn line_function(loader: &addr2line::Loader, site: &SourceSite) -> Result<Option<String>, Failure> {
+    for (addr, _, loc) in loader.find_location_range(0, u64::MAX)? {
+        if loc.line != Some(site.line) || !loc.file.is_some_and(|f| same_file(f, &site.file)) {
+            continue;
+        }
+        let mut frames = loader.find_frames(addr)?;
+        while let Some(frame) = frames.next()? {
+            let at = frame.location.as_ref();
+            if at.and_then(|l| l.line) == Some(site.line)
+                && at
+                    .and_then(|l| l.file)
+                    .is_some_and(|f| same_file(f, &site.file))
             {
-                continue;
-            }
-            last_range = Some((addr, len));
-            let mut frames = loader.find_frames(addr)?;
-            while let Some(frame) = frames.next()? {
-                let Some(at) = frame.location else { continue };
-                let (Some(file), Some(line)) = (at.file, at.line) else {
-                    continue;
-                };
-                if file.ends_with(ACCESSORS) {
-                    continue;
-                }
-                if let Some(function) = frame.function.as_ref().and_then(|f| f.demangle().ok()) {
-                    let entry = sites.entry(line).or_default();
-                    if !entry.iter().any(|(f, _)| f == file) {
-                        entry.push((file.to_string(), function.into_owned()));
-                    }
-                }
-                break;
+                return Ok(frame
+                    .function
+                    .as_ref()
+                    .and_then(|f| f.demangle().ok())
+                    .map(|f| f.into_owned()));
             }
         }
-        Ok(sites)
     }
-
-    /// The function with code at `site`'s line itself (an accessor called, not inlined).
-    fn line_function(&self, site: &SourceSite) -> Result<Option<String>, Failure> {
-        let loader = addr2line::Loader::new(&self.exe)?;
-        for (addr, _, loc) in loader.find_location_range(0, u64::MAX)? {
-            if loc.line != Some(site.line) || !loc.file.is_some_and(|f| same_file(f, &site.file)) {
-                continue;
-            }
-            let mut frames = loader.find_frames(addr)?;
-            while let Some(frame) = frames.next()? {
-                let at = frame.location.as_ref();
-                if at.and_then(|l| l.line) == Some(site.line)
-                    && at
-                        .and_then(|l| l.file)
-                        .is_some_and(|f| same_file(f, &site.file))
-                {
-                    return Ok(frame
-                        .function
-                        .as_ref()
-                        .and_then(|f| f.demangle().ok())
-                        .map(|f| f.into_owned()));
-                }
-            }
-        }
-        Ok(None)
-    }
+    Ok(None)
 }

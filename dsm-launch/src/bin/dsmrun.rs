@@ -519,14 +519,9 @@ fn read_suppressions(path: &Path) -> anyhow::Result<Vec<String>> {
             path.display()
         ))
     })?;
-    dsm_race::Suppressions::parse(&text)
+    let entries = dsm_race::Suppressions::parse(&text)
         .map_err(|e| UsageError(format!("--race-suppressions '{}': {e}", path.display())))?;
-    Ok(text
-        .lines()
-        .map(|l| l.split('#').next().unwrap_or("").trim())
-        .filter(|l| !l.is_empty())
-        .map(str::to_string)
-        .collect())
+    Ok(entries.entries())
 }
 
 fn parse_deadline(text: &str) -> Result<Deadline, dsm_proto::ValueError> {
