@@ -24,7 +24,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 use tracing::{debug, warn};
@@ -234,13 +234,42 @@ pub(crate) struct Admitted {
     pub(crate) from: SocketAddr,
 }
 
+/// Who has decided a pending connection's fate: its handshake thread once the peer is
+/// authenticated, or the eviction of the oldest when the pending list is full. Whichever
+/// comes first wins, so an authenticated rank is never cut off after being counted, and an
+/// evicted connection is never counted.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Fate {
+    Handshaking,
+    Admitted,
+    Evicted,
+}
+
+/// One connection being handshaken.
+struct Pending {
+    id: u64,
+    handle: TcpStream,
+    fate: Arc<Mutex<Fate>>,
+}
+
+/// Moves `fate` from `Handshaking` to `to`; false if it was already decided.
+fn decide(fate: &Mutex<Fate>, to: Fate) -> bool {
+    let mut f = fate.lock().unwrap_or_else(|p| p.into_inner());
+    if *f != Fate::Handshaking {
+        return false;
+    }
+    *f = to;
+    true
+}
+
 /// Handshakes incoming connections concurrently, bounded in number and in time.
 pub(crate) struct Admission {
     local: Local,
     lowest: usize,
     next_id: u64,
-    /// Connections being handshaken, oldest first, with a handle to drop each.
-    pending: VecDeque<(u64, TcpStream)>,
+    /// Connections being handshaken, oldest first, with a handle to drop each and the
+    /// claim that decides whether it is admitted or evicted.
+    pending: VecDeque<Pending>,
     done_tx: Sender<(u64, Option<Admitted>)>,
     done_rx: Receiver<(u64, Option<Admitted>)>,
 }
@@ -264,10 +293,6 @@ impl Admission {
     /// nothing happened, so a loop around it does not spin.
     pub(crate) fn poll(&mut self, listener: &TcpListener) -> io::Result<Vec<Admitted>> {
         let mut idle = true;
-        // Finished handshakes leave the pending list before new connections may evict its
-        // oldest entries: under a flood, evicting one that had just authenticated cut a
-        // rank off after admitting it (issue 34). A handshake finishing between this and
-        // an eviction is still possible; the rank then dials again and is taken back.
         let mut admitted = self.finished(&mut idle);
         loop {
             match listener.accept() {
@@ -295,7 +320,7 @@ impl Admission {
         let mut admitted = Vec::new();
         while let Ok((id, result)) = self.done_rx.try_recv() {
             *idle = false;
-            self.pending.retain(|(pid, _)| *pid != id);
+            self.pending.retain(|p| p.id != id);
             if let Some(a) = result {
                 admitted.push(a);
             }
@@ -305,20 +330,19 @@ impl Admission {
 
     fn start(&mut self, stream: TcpStream, from: SocketAddr) {
         if self.pending.len() >= MAX_UNAUTHENTICATED {
-            if let Some((_, oldest)) = self.pending.pop_front() {
-                debug!(
-                    "rank {}: too many unauthenticated connections; dropping the oldest",
-                    self.local.rank
-                );
-                let _ = oldest.shutdown(Shutdown::Both);
-            }
+            self.evict_oldest_unauthenticated();
         }
         let Ok(handle) = stream.try_clone() else {
             return;
         };
         let id = self.next_id;
         self.next_id += 1;
-        self.pending.push_back((id, handle));
+        let fate = Arc::new(Mutex::new(Fate::Handshaking));
+        self.pending.push_back(Pending {
+            id,
+            handle,
+            fate: fate.clone(),
+        });
         let local = self.local.clone();
         let lowest = self.lowest;
         let done = self.done_tx.clone();
@@ -328,11 +352,19 @@ impl Admission {
             .spawn(move || {
                 let mut stream = stream;
                 let result = match accept(&mut stream, &local, lowest) {
-                    Ok(hello) => Some(Admitted {
+                    Ok(hello) if decide(&fate, Fate::Admitted) => Some(Admitted {
                         stream,
                         hello,
                         from,
                     }),
+                    Ok(hello) => {
+                        debug!(
+                            "rank {}: rank {} from {from} authenticated after its \
+                             connection was evicted; it dials again",
+                            local.rank, hello.rank
+                        );
+                        None
+                    }
                     Err(reason) if reason.starts_with(NO_HELLO) => {
                         debug!(
                             "rank {}: dropped connection from {from}: {reason}",
@@ -352,16 +384,37 @@ impl Admission {
             });
         if spawned.is_err() {
             // Out of threads: treat it like an evicted stranger.
-            if let Some((_, s)) = self.pending.pop_back() {
-                let _ = s.shutdown(Shutdown::Both);
+            if let Some(p) = self.pending.pop_back() {
+                let _ = p.handle.shutdown(Shutdown::Both);
             }
+        }
+    }
+
+    /// Drops the oldest connection whose handshake has not authenticated it. One that has
+    /// is left alone: its admission is on its way through the channel, and cutting it here
+    /// would count a rank whose connection is dead (issue 34: rank 0 then completed the
+    /// job with it and the rank, redialling a closed port, never joined).
+    fn evict_oldest_unauthenticated(&mut self) {
+        let Some(k) = self
+            .pending
+            .iter()
+            .position(|p| decide(&p.fate, Fate::Evicted))
+        else {
+            return;
+        };
+        if let Some(p) = self.pending.remove(k) {
+            debug!(
+                "rank {}: too many unauthenticated connections; dropping the oldest",
+                self.local.rank
+            );
+            let _ = p.handle.shutdown(Shutdown::Both);
         }
     }
 
     /// Drops every connection still being handshaken (the job is complete or has failed).
     pub(crate) fn close(&mut self) {
-        for (_, s) in self.pending.drain(..) {
-            let _ = s.shutdown(Shutdown::Both);
+        for p in self.pending.drain(..) {
+            let _ = p.handle.shutdown(Shutdown::Both);
         }
     }
 }
@@ -427,6 +480,77 @@ mod tests {
         ) {
             prop_assert_eq!(hostile_connection(hello_first, &bytes), 0);
         }
+    }
+
+    /// A rank that has authenticated but whose admission has not been collected yet is not
+    /// the "oldest unauthenticated" connection a flood evicts: it is admitted with a live
+    /// connection (before, the eviction shut it and rank 0 counted a dead rank).
+    #[test]
+    fn a_flood_never_evicts_an_authenticated_rank() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let local = |rank| Local {
+            rank,
+            size: 2,
+            secret: b"k".as_slice().into(),
+        };
+        let mut admission = Admission::new(local(0), 1);
+        let rank1 = thread::spawn(move || {
+            let mut s = TcpStream::connect(addr).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let reply = connect(&mut s, &local(1), 0, "127.0.0.1:1".into(), deadline);
+            (s, reply.map_err(|e| format!("{e:?}")))
+        });
+        // Start rank 1's handshake and wait until its thread has authenticated it, without
+        // collecting the admission.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while admission.pending.is_empty() {
+            assert!(admission.finished(&mut true).is_empty());
+            if let Ok((s, from)) = listener.accept() {
+                admission.start(s, from);
+            }
+            assert!(Instant::now() < deadline, "rank 1 never connected");
+        }
+        let fate = admission.pending[0].fate.clone();
+        while *fate.lock().unwrap() != Fate::Admitted {
+            assert!(Instant::now() < deadline, "rank 1 never authenticated");
+            thread::sleep(Duration::from_millis(1));
+        }
+        // The flood arrives before the next poll collects rank 1's admission.
+        let strangers: Vec<_> = (0..MAX_UNAUTHENTICATED + 8)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        let mut started = 0;
+        while started < strangers.len() {
+            if let Ok((s, from)) = listener.accept() {
+                admission.start(s, from);
+                started += 1;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the strangers were never accepted"
+            );
+        }
+        assert_eq!(admission.pending.len(), MAX_UNAUTHENTICATED);
+        let mut admitted = Vec::new();
+        while admitted.is_empty() {
+            admitted.extend(admission.poll(&listener).unwrap());
+            assert!(Instant::now() < deadline, "rank 1 was never admitted");
+        }
+        assert_eq!(admitted.len(), 1);
+        assert_eq!(admitted[0].hello.rank, 1);
+        write_frame(
+            &mut admitted[0].stream,
+            &HelloReply::Welcome { listen: vec![] },
+        )
+        .unwrap();
+        let (_s, reply) = rank1.join().unwrap();
+        assert!(
+            matches!(reply, Ok(HelloReply::Welcome { .. })),
+            "rank 1 got {reply:?}"
+        );
+        drop(strangers);
     }
 
     #[test]
