@@ -290,7 +290,13 @@ fn inconsistent_collective_calls_are_clear_errors() {
     let out = dsmrun(3, TEST, &["alloc-mismatch"]);
     assert!(!out.status.success());
     let err = text(&out.stderr);
-    assert!(err.contains("disagree on the shared allocations"), "{err}");
+    assert!(
+        err.contains(
+            "rank 1 and rank 0 disagree on the shared allocations at the allocation of \
+             'table' (before the first barrier)"
+        ),
+        "{err}"
+    );
     assert!(
         !text(&out.stdout).contains("passed"),
         "{}",
@@ -300,8 +306,12 @@ fn inconsistent_collective_calls_are_clear_errors() {
     let out = dsmrun(3, TEST, &["barrier-mismatch"]);
     assert!(!out.status.success());
     let err = text(&out.stderr);
+    // Numbered as the program counts its barriers (the allocation before it is not one).
     assert!(
-        err.contains("finished while others are still at barrier"),
+        err.contains(
+            "rank 1 reached finish (before the first barrier) while rank 0 is at barrier 1, \
+             rank 2 is at barrier 1"
+        ),
         "{err}"
     );
 }

@@ -114,6 +114,10 @@ impl Net {
                     homes,
                     digest: 7,
                     race: None,
+                    at: dsm_proto::SyncPoint::Allocation {
+                        name: "pages".into(),
+                        after: 0,
+                    },
                 })
             }
             Step::Acquire(lock) => {
@@ -134,6 +138,7 @@ impl Net {
                     finishing: false,
                     race: None,
                     bitmaps: Vec::new(),
+                    at: dsm_proto::SyncPoint::Barrier(1),
                 })
             }
             Step::Write(page) | Step::Read(page) => {

@@ -1128,10 +1128,15 @@ impl Sim {
                         Ok(i)
                     );
                 }
+                let at = dsm_proto::SyncPoint::Allocation {
+                    name: format!("alloc {i}"),
+                    after: self.nodes[k].epoch,
+                };
                 let outs = self.nodes[k].eng.on_command(Command::Alloc {
                     homes: a.homes,
                     digest: 42 + i as u64,
                     race,
+                    at,
                 });
                 self.outputs(k, outs);
             }
@@ -1198,10 +1203,18 @@ impl Sim {
                 }
                 let race = self.begin_sync(k, op);
                 let bitmaps = self.shipped(k);
+                let at = if finishing {
+                    dsm_proto::SyncPoint::Finish {
+                        after: self.nodes[k].epoch,
+                    }
+                } else {
+                    dsm_proto::SyncPoint::Barrier(self.nodes[k].epoch + 1)
+                };
                 let outs = self.nodes[k].eng.on_command(Command::Barrier {
                     finishing,
                     race,
                     bitmaps,
+                    at,
                 });
                 self.outputs(k, outs);
             }
@@ -2088,6 +2101,10 @@ fn the_page_table_follows_the_allocations_not_the_segment() {
             homes: vec![(first, count, 0)],
             digest: 7,
             race: None,
+            at: dsm_proto::SyncPoint::Allocation {
+                name: "a".into(),
+                after: 0,
+            },
         });
         assert!(!fatal(&outs), "{outs:?}");
         assert_eq!(eng.allocated_pages(), (first + count) as usize);
@@ -2102,6 +2119,10 @@ fn the_page_table_follows_the_allocations_not_the_segment() {
         homes: vec![(PageNo::MAX - 1, 2, 0)],
         digest: 8,
         race: None,
+        at: dsm_proto::SyncPoint::Allocation {
+            name: "past the end".into(),
+            after: 0,
+        },
     });
     assert!(fatal(&outs), "{outs:?}");
     assert_eq!(eng.allocated_pages(), 5);
@@ -3393,6 +3414,7 @@ fn a_malformed_push_is_a_clear_fatal_error() {
         1,
         Msg::BarrierArrive {
             epoch: 2,
+            at: dsm_proto::SyncPoint::Barrier(2),
             known: dsm_proto::VectorTime::zero(2),
             intervals: Vec::new(),
             check: 0,

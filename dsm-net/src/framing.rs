@@ -430,6 +430,10 @@ mod tests {
                 .prop_map(|(epoch, known, intervals, check, finishing, bm)| {
                     Msg::BarrierArrive {
                         epoch,
+                        at: dsm_proto::SyncPoint::Allocation {
+                            name: format!("a{epoch}"),
+                            after: epoch / 2,
+                        },
                         known,
                         intervals,
                         check,

@@ -20,7 +20,63 @@ pub type LockId = u64;
 pub type SemId = u64;
 
 /// Protocol version spoken in the handshake; bump it when any message layout changes.
-pub const PROTOCOL_VERSION: u32 = 15;
+pub const PROTOCOL_VERSION: u32 = 16;
+
+/// Where a node's program is when it arrives at a barrier, numbered as the program counts:
+/// its own `barrier()` calls, from 1. Every message a user reads about a barrier names this,
+/// never the protocol's epoch number, which also counts allocations and dsm's own barriers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SyncPoint {
+    /// Before the node's first barrier-like call.
+    Start,
+    /// The program's `n`-th `barrier()` call.
+    Barrier(u32),
+    /// A collective allocation (or semaphore creation), after `after` barriers.
+    Allocation {
+        /// What is allocated.
+        name: String,
+        /// The program's barriers passed before it.
+        after: u32,
+    },
+    /// `finish()`, after `after` barriers.
+    Finish {
+        /// The program's barriers passed before it.
+        after: u32,
+    },
+    /// A barrier dsm adds itself (value tracing), after `after` of the program's.
+    Internal {
+        /// The program's barriers passed before it.
+        after: u32,
+    },
+}
+
+impl fmt::Display for SyncPoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let after = |f: &mut fmt::Formatter<'_>, n: u32| match n {
+            0 => write!(f, "before the first barrier"),
+            n => write!(f, "after barrier {n}"),
+        };
+        match self {
+            SyncPoint::Start => write!(f, "the start of the run"),
+            SyncPoint::Barrier(n) => write!(f, "barrier {n}"),
+            SyncPoint::Allocation { name, after: n } => {
+                write!(f, "the allocation of '{name}' (")?;
+                after(f, *n)?;
+                write!(f, ")")
+            }
+            SyncPoint::Finish { after: n } => {
+                write!(f, "finish (")?;
+                after(f, *n)?;
+                write!(f, ")")
+            }
+            SyncPoint::Internal { after: n } => {
+                write!(f, "a barrier of dsm's own (")?;
+                after(f, *n)?;
+                write!(f, ")")
+            }
+        }
+    }
+}
 
 /// A vector timestamp: entry `n` is the index of the latest interval of node `n` that is
 /// known (has been "seen"). Intervals are numbered from 1, so 0 means "nothing seen".
@@ -620,8 +676,11 @@ pub enum Msg {
     /// where every node sends it to every other node and each completes the barrier itself.
     /// Allocations are barriers too and send it.
     BarrierArrive {
-        /// The barrier's number: 1 for the first barrier of the run, one more per barrier.
+        /// The barrier's number: 1 for the first barrier of the run, one more per barrier
+        /// (allocations included). For the protocol only; messages name `at`.
         epoch: u32,
+        /// Where the sender's program is, as the program counts its barriers.
+        at: SyncPoint,
         /// What the sender has seen, its own closed intervals included.
         known: VectorTime,
         /// The sender's own recorded intervals since the previous barrier.

@@ -245,6 +245,9 @@ fn run() -> anyhow::Result<ExitCode> {
             fail("ranks with different allocations passed the collective allocation");
         }
         Test::BarrierMismatch => {
+            // An allocation first, so that the protocol's barrier count (which includes
+            // allocations) differs from the program's, which messages must use.
+            let _a = dsm.alloc::<u64>("before", 8)?;
             if dsm.rank() != 1 {
                 dsm.barrier()?;
                 fail("a barrier completed without rank 1");

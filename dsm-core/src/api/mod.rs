@@ -36,7 +36,8 @@ use crate::sys::{self, AppSlice, Segment};
 use bytemuck::Pod;
 use dsm_proto::segment_base::{self, SegmentChoice, SegmentProbe};
 use dsm_proto::{
-    JobConfig, LockId, NodeId, PageNo, PageRuns, VectorTime, MAX_SEGMENT_BYTES, PAGE_SIZE,
+    JobConfig, LockId, NodeId, PageNo, PageRuns, SyncPoint, VectorTime, MAX_SEGMENT_BYTES,
+    PAGE_SIZE,
 };
 pub use dsm_race::RegionRule;
 use dsm_race::{Point, VarInfo};
@@ -690,10 +691,15 @@ impl Dsm {
             after: self.barriers_called,
         };
         self.flush_pin_hits()?;
+        let at = SyncPoint::Allocation {
+            name: name.to_string(),
+            after: self.barriers_called,
+        };
         self.sync(Command::Alloc {
             homes,
             digest,
             race,
+            at,
         })?;
         if self.common_memory {
             self.populate(first, pages);
@@ -806,7 +812,7 @@ impl Dsm {
     pub fn barrier(&mut self) -> Result<(), DsmError> {
         self.barriers_called += 1;
         self.sync_point = Point::Barrier(self.barriers_called);
-        self.barrier_command(false)?;
+        self.barrier_command(false, SyncPoint::Barrier(self.barriers_called))?;
         if let Some(p) = &self.pin {
             p.barrier_passed(self.barriers_called);
         }
@@ -815,12 +821,13 @@ impl Dsm {
 
     /// A barrier the program did not call (value tracing): not counted in its epochs.
     fn internal_barrier(&mut self) -> Result<(), DsmError> {
-        self.barrier_command(false)
+        let after = self.barriers_called;
+        self.barrier_command(false, SyncPoint::Internal { after })
     }
 
     /// Closes the interval and waits at a barrier (the last one of the run when
-    /// `finishing`), serving race-detection rounds meanwhile.
-    fn barrier_command(&mut self, finishing: bool) -> Result<(), DsmError> {
+    /// `finishing`), serving race-detection rounds meanwhile. `at` names it in messages.
+    fn barrier_command(&mut self, finishing: bool, at: SyncPoint) -> Result<(), DsmError> {
         if let Some(c) = self.chaos.as_mut() {
             c.before_barrier();
         }
@@ -833,7 +840,14 @@ impl Dsm {
             finishing,
             race,
             bitmaps,
+            at,
         })
+    }
+
+    /// The last barrier of the run, in `finish()` or when a value comparison stops it.
+    fn finishing_barrier(&mut self) -> Result<(), DsmError> {
+        let after = self.barriers_called;
+        self.barrier_command(true, SyncPoint::Finish { after })
     }
 
     /// Sends a barrier-like command and serves the race-detection rounds until released.
@@ -1104,7 +1118,7 @@ impl Dsm {
             self.internal_barrier()?;
             self.trace_point(true)?;
         }
-        let result = self.barrier_command(true);
+        let result = self.finishing_barrier();
         if let (Ok(()), Some(pin), 0) = (&result, &self.pin, self.rank) {
             let allocs: Vec<(&str, usize)> = self
                 .allocs

@@ -8,7 +8,7 @@ use crate::engine::{Command, Reply, SemDone};
 use crate::error::DsmError;
 use dsm_ahb::format::PartWriter;
 use dsm_ahb::Op;
-use dsm_proto::SemId;
+use dsm_proto::{SemId, SyncPoint};
 use dsm_race::Point;
 
 /// A counting semaphore made by [`Dsm::semaphore`]: a small handle naming it, valid for
@@ -93,10 +93,15 @@ impl Dsm {
             name: format!("semaphore {name}"),
             after: self.barriers_called,
         };
+        let at = SyncPoint::Allocation {
+            name: format!("semaphore {name}"),
+            after: self.barriers_called,
+        };
         self.sync(Command::Alloc {
             homes: Vec::new(),
             digest,
             race,
+            at,
         })?;
         Ok(Semaphore { id })
     }

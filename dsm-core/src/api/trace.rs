@@ -342,7 +342,7 @@ impl Dsm {
             // Leave the way finish() does (the closing barrier tells every peer this is
             // the end, so no one takes the closed connections for a crash), then exit.
             self.finished = true;
-            let left = self.barrier_command(true);
+            let left = self.finishing_barrier();
             if let Some(comm) = self.comm.take() {
                 comm.shutdown();
             }

@@ -5,11 +5,13 @@
 use super::{Engine, Memory, Output, RaceBatch, Reply};
 use dsm_proto::{
     BitmapKey, EncodedBitmap, IntervalRecord, Msg, NodeId, PushedPage, RaceNotices, SyncCause,
-    VectorTime,
+    SyncPoint, VectorTime,
 };
 
 /// One node's arrival at a barrier, as received (see `Msg::BarrierArrive`).
 pub(super) struct Arrival {
+    /// Where the sender's program is (for messages).
+    pub(super) at: SyncPoint,
     pub(super) known: VectorTime,
     pub(super) intervals: Vec<IntervalRecord>,
     /// The sender's allocation digest, which must match everyone else's.
@@ -52,15 +54,18 @@ impl<M: Memory> Engine<M> {
         finishing: bool,
         race: Option<RaceNotices>,
         bitmaps: Vec<EncodedBitmap>,
+        at: SyncPoint,
     ) {
         self.close_interval(race);
         self.epoch += 1;
+        self.at = at;
         self.finishing = finishing;
-        if !self.note_barrier(self.epoch) {
+        if !self.note_barrier() {
             return;
         }
         let msg = Msg::BarrierArrive {
             epoch: self.epoch,
+            at: self.at.clone(),
             known: self.known(),
             intervals: self.log[self.me as usize].clone(),
             check: self.alloc_digest,
@@ -97,9 +102,9 @@ impl<M: Memory> Engine<M> {
         }
         if epoch != self.epoch && !(epoch == self.epoch + 1 && from != self.me) {
             self.fatal(format!(
-                "rank {from} arrived at barrier {epoch} while rank {} is at barrier {}: \
-                 ranks called barrier/alloc a different number of times",
-                self.me, self.epoch
+                "rank {from} arrived at {} while rank {} last arrived at {}: ranks called \
+                 barrier/alloc a different number of times",
+                arrival.at, self.me, self.at
             ));
             return;
         }
@@ -109,7 +114,7 @@ impl<M: Memory> Engine<M> {
             .entry(epoch)
             .or_insert_with(|| (0..n).map(|_| None).collect());
         if slots[from as usize].is_some() {
-            self.fatal(format!("rank {from} arrived twice at barrier {epoch}"));
+            self.fatal(format!("rank {from} arrived twice, now at {}", arrival.at));
             return;
         }
         slots[from as usize] = Some(arrival);
@@ -147,23 +152,41 @@ impl<M: Memory> Engine<M> {
             engine.fatal(reason);
         };
         if let Some(k) = (0..self.n).find(|&k| arrivals[k].check != arrivals[0].check) {
+            let (theirs, ours) = (&arrivals[k].at, &arrivals[0].at);
+            let at = if theirs == ours {
+                format!("at {ours}")
+            } else {
+                format!("(rank {k} at {theirs}, rank 0 at {ours})")
+            };
             abort(
                 self,
                 format!(
-                    "rank {k} and rank 0 disagree on the shared allocations at barrier {epoch} \
-                     (every rank must make the same alloc and semaphore calls, with the same \
-                     arguments, in the same order)"
+                    "rank {k} and rank 0 disagree on the shared allocations {at}: every rank \
+                     must make the same alloc and semaphore calls, with the same arguments, in \
+                     the same order"
                 ),
             );
             return;
         }
         if arrivals.iter().any(|a| a.finishing) != arrivals.iter().all(|a| a.finishing) {
             let who: Vec<usize> = (0..self.n).filter(|&k| arrivals[k].finishing).collect();
+            let waiting = arrivals
+                .iter()
+                .enumerate()
+                .filter(|(_, a)| !a.finishing)
+                .map(|(k, a)| format!("rank {k} is at {}", a.at))
+                .collect::<Vec<_>>()
+                .join(", ");
             abort(
                 self,
                 format!(
-                    "ranks {who:?} finished while others are still at barrier {epoch}: \
-                     every rank must call barrier the same number of times before finishing"
+                    "{} reached {} while {waiting}: every rank must call barrier the same \
+                     number of times before finishing",
+                    match who.as_slice() {
+                        [one] => format!("rank {one}"),
+                        many => format!("ranks {many:?}"),
+                    },
+                    arrivals[who[0]].at
                 ),
             );
             return;
@@ -261,8 +284,8 @@ impl<M: Memory> Engine<M> {
     ) {
         if epoch != self.epoch {
             self.fatal(format!(
-                "barrier release for {epoch} while at barrier {}",
-                self.epoch
+                "a barrier release arrived for another barrier than this node's latest, {}",
+                self.at
             ));
             return;
         }

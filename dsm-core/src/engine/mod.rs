@@ -53,7 +53,7 @@ use crate::diff::{self, DiffError};
 use barriers::{Arrival, MasterRelease};
 use dsm_proto::{
     BitmapKey, EncodedBitmap, IntervalRecord, LockId, Msg, NodeId, PageCopy, PageNo, PageRuns,
-    RaceNotices, SemId, SyncCause, VectorTime, PAGE_SIZE,
+    RaceNotices, SemId, SyncCause, SyncPoint, VectorTime, PAGE_SIZE,
 };
 use locks::LockState;
 use pages::{FetchInFlight, HomeWait, PageEntry, ParkedServe};
@@ -132,6 +132,8 @@ pub enum Command {
         digest: u64,
         /// Race mode: the accesses of the interval this barrier closes.
         race: Option<RaceNotices>,
+        /// Where the program is (for messages).
+        at: SyncPoint,
     },
     /// Acquires a lock; replies [`Reply::Done`] once the lock is held and the writes
     /// ordered before it are visible.
@@ -205,6 +207,8 @@ pub enum Command {
         race: Option<RaceNotices>,
         /// Race mode: bitmaps shipped with the arrival (see `Msg::BarrierArrive`).
         bitmaps: Vec<EncodedBitmap>,
+        /// Where the program is (for messages).
+        at: SyncPoint,
     },
     /// Makes pages valid (and writable if `write`) ahead of a bulk access, fetching all
     /// missing ones with one request per home instead of one fault per page.
@@ -614,6 +618,8 @@ pub struct Engine<M: Memory> {
     sems: HashMap<SemId, SemState>,
     /// Barriers entered so far; the current barrier's number while in one.
     epoch: u32,
+    /// Where the program was at its latest barrier-like call: what messages call it.
+    at: SyncPoint,
     /// Running hash of the allocations made, compared at every barrier.
     alloc_digest: u64,
     /// Barrier arrivals by epoch (a fast node's arrival at the next barrier can come in
@@ -687,6 +693,7 @@ impl<M: Memory> Engine<M> {
             locks: HashMap::new(),
             sems: HashMap::new(),
             epoch: 0,
+            at: SyncPoint::Start,
             alloc_digest: 0,
             arrivals: BTreeMap::new(),
             master_release: None,
@@ -803,7 +810,8 @@ impl<M: Memory> Engine<M> {
                 homes,
                 digest,
                 race,
-            } => self.alloc(homes, digest, race),
+                at,
+            } => self.alloc(homes, digest, race, at),
             Command::Acquire { lock, race } => self.acquire(lock, race),
             Command::Release { lock, race } => self.release(lock, race),
             Command::HostAcquire {
@@ -816,7 +824,8 @@ impl<M: Memory> Engine<M> {
                 finishing,
                 race,
                 bitmaps,
-            } => self.barrier(finishing, race, bitmaps),
+                at,
+            } => self.barrier(finishing, race, bitmaps, at),
             Command::Prefetch { pages, write } => self.prefetch(pages, write),
             Command::SemCreate { sem, initial } => self.sem_create(sem, initial),
             Command::SemSignal { sem, race } => self.sem_signal(sem, race),
@@ -920,6 +929,7 @@ impl<M: Memory> Engine<M> {
             }
             Msg::BarrierArrive {
                 epoch,
+                at,
                 known,
                 intervals,
                 check,
@@ -934,6 +944,7 @@ impl<M: Memory> Engine<M> {
                         from,
                         epoch,
                         Arrival {
+                            at,
                             known,
                             intervals,
                             check,

@@ -7,7 +7,8 @@ use super::fast::TakenBack;
 use super::{Engine, Memory, Output, PageState, Prot, Reply, Twin};
 use crate::diff;
 use dsm_proto::{
-    Msg, NodeId, PageCopy, PageDiff, PageNo, PageRuns, RaceNotices, Requirement, PAGE_SIZE,
+    Msg, NodeId, PageCopy, PageDiff, PageNo, PageRuns, RaceNotices, Requirement, SyncPoint,
+    PAGE_SIZE,
 };
 use std::collections::BTreeMap;
 
@@ -729,6 +730,7 @@ impl<M: Memory> Engine<M> {
         homes: Vec<(PageNo, u32, NodeId)>,
         digest: u64,
         race: Option<RaceNotices>,
+        at: SyncPoint,
     ) {
         let mut mine = Vec::new();
         for (first, count, home) in homes {
@@ -778,7 +780,7 @@ impl<M: Memory> Engine<M> {
             self.mem.protect(first, count, Prot::ReadWrite);
         }
         self.alloc_digest = self.alloc_digest.rotate_left(7) ^ digest;
-        self.barrier(false, race, Vec::new());
+        self.barrier(false, race, Vec::new(), at);
     }
 
     pub(super) fn prefetch(&mut self, pages: PageRuns, write: bool) {

@@ -210,9 +210,9 @@ impl<M: Memory> Engine<M> {
         }
     }
 
-    /// This node arrives at barrier `epoch` (counting allocations and dsm's own barriers).
+    /// This node arrives at a barrier (or an allocation, or one of dsm's own barriers).
     /// Returns false when a replay diverged here.
-    pub(super) fn note_barrier(&mut self, epoch: u32) -> bool {
+    pub(super) fn note_barrier(&mut self) -> bool {
         if !self.order.active() {
             return true;
         }
@@ -236,9 +236,10 @@ impl<M: Memory> Engine<M> {
                     return true;
                 }
                 let why = format!(
-                    "at barrier {epoch} (counting allocations) its {intervals} intervals since \
-                     the previous barrier differ from the record's {i}{}: the program took \
-                     another course, most likely because a racy read saw another value",
+                    "at {} its {intervals} intervals since the previous barrier differ from \
+                     the record's {i}{}: the program took another course, most likely because \
+                     a racy read saw another value",
+                    self.at,
                     if i == intervals {
                         " (same number, other synchronization or pages)"
                     } else {
@@ -250,8 +251,8 @@ impl<M: Memory> Engine<M> {
             }
             other => {
                 let why = format!(
-                    "the program arrives at barrier {epoch} (counting allocations) as its \
-                     event {}, where the record has {}",
+                    "the program arrives at {} as its event {}, where the record has {}",
+                    self.at,
                     s.position() + 1,
                     self.describe(other)
                 );
