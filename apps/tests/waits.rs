@@ -3,7 +3,6 @@
 //! checked against the sequential reference, with the counters each rank's stats file
 //! keeps of waits that ended while polling and waits that slept.
 
-use std::io::Write;
 use std::path::Path;
 
 const WATER: &str = env!("CARGO_BIN_EXE_water");
@@ -145,57 +144,5 @@ fn a_malformed_setting_stops_the_job_with_its_name() {
     assert!(
         !all.contains("[0]") && !all.contains("[1]"),
         "dsmrun refuses it before starting any rank: {all}"
-    );
-}
-
-/// A comm thread whose polling keeps handing its core to the thread it serves notices
-/// (`shared_core_seen`). `dsm-test shared-core` puts the pair on one core: rank 0 narrows
-/// its comm thread's affinity to that core for 50 ms and rank 1 its faulting thread's for
-/// the first tenth of 8000 remote faults over shared-memory rings, so for a while the two
-/// cannot help taking turns there. Whether the comm thread then moves (`core_moves`), or
-/// the kernel separates the pair first, depends on the scheduler and on what else the
-/// machine runs, so moves are reported, not required; the program itself fails if the
-/// comm thread's affinity does not end as whole as it was given back.
-#[test]
-fn a_comm_thread_notices_it_shares_its_core_with_the_thread_it_serves() {
-    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
-        dsm_testkit::skip(
-            "a_comm_thread_notices_it_shares_its_core_with_the_thread_it_serves",
-            "needs two cores",
-        );
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let mut cmd = dsm_testkit::dsmrun_command(
-        2,
-        &["--timeout", "120"],
-        env!("CARGO_BIN_EXE_dsm-test"),
-        &["shared-core"],
-    );
-    cmd.env("DSM_TRANSPORT", "rings")
-        .env_remove("DSM_SPIN")
-        .env("DSM_STATS_FILE", dir.path().join("rank-%r.json"));
-    let run = dsm_testkit::run(cmd);
-    run.assert_verified("dsm-test shared-core");
-    let get = |r: usize, k: &str| dsm_testkit::rank_counter(dir.path(), r, "waits", k);
-    let (seen, moves, undone) = (
-        get(0, "shared_core_seen"),
-        get(0, "core_moves"),
-        get(0, "core_moves_undone"),
-    );
-    assert!(
-        seen > 0,
-        "rank 0's comm thread served 8000 faults from a thread on its own core without \
-         noticing: {}",
-        run.all_output()
-    );
-    let _ = writeln!(
-        std::io::stderr(),
-        "shared-core: rank 0 saw its core shared {seen} times, moved {moves} times \
-         ({undone} undone); {}",
-        run.stdout_lines()
-            .iter()
-            .find(|l| l.contains("faults:"))
-            .map_or("no fault figures", String::as_str)
     );
 }

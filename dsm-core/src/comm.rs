@@ -530,7 +530,6 @@ impl Shared {
         let budget = crate::spin::current();
         let window = (budget / 4).min(FOLLOW_MESSAGES_MAX);
         let now = Instant::now();
-        crate::core_watch::note_active(now);
         let in_a_run = now.duration_since(last_frames.get()) < budget;
         last_frames.set(now);
         let Some(outbox) = self.outbox.get() else {
@@ -568,22 +567,9 @@ impl Shared {
             } else if now.duration_since(quiet_since) >= window {
                 break;
             }
-            crate::core_watch::yield_watching_core(now);
+            std::thread::yield_now();
         }
         outbox.end_polling(deliver);
-        if crate::core_watch::needs_release_timer() {
-            // Moved and held off a core: gives it back once the runs of messages stop,
-            // even if this thread then sleeps.
-            tokio::task::spawn_local(async {
-                loop {
-                    tokio::time::sleep(crate::core_watch::HOLD_QUIET).await;
-                    if !crate::core_watch::release_if_quiet(Instant::now()) {
-                        break;
-                    }
-                }
-                crate::core_watch::release_timer_ended();
-            });
-        }
     }
 
     /// Hands `msg` to the transport (part of [`Shared::dispatch`]).

@@ -29,7 +29,6 @@
 
 mod api;
 mod comm;
-mod core_watch;
 // The protocol engine and the diff encoding are public for the protocol simulator and the
 // fuzz tests (tests/), not as part of the API.
 #[doc(hidden)]

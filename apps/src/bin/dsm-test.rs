@@ -144,19 +144,6 @@ enum Test {
         #[arg(long, default_value_t = 2000)]
         work: u64,
     },
-    /// On 2 nodes: rank 1 reads `pages` pages homed on rank 0, one remote fault each,
-    /// after the two threads on each fault's path were put on one core: rank 0 narrows its
-    /// comm thread's affinity to the lowest core the job may use, rank 1 its own app
-    /// thread's, and each gives the affinity back early in the run (rank 1 after a tenth of
-    /// the faults, rank 0 50 ms in), leaving the pair sharing that core, free to move, with
-    /// another core idle. The comm thread's watch on its core should then move it
-    /// (`waits.core_moves` in its stats); at the end its affinity must be whole again.
-    /// Prints the median fault of the tenth after rank 1 gave its affinity back and of the
-    /// last tenth.
-    SharedCore {
-        #[arg(long, default_value_t = 8000)]
-        pages: usize,
-    },
     /// After a barrier, rank 0 computes for `seconds` without touching the network or
     /// shared memory while the others wait at the next barrier: a long computation must
     /// not look like a silent rank to the liveness check.
@@ -254,7 +241,6 @@ fn run() -> anyhow::Result<ExitCode> {
             }
         }
         Test::Compute { seconds } => compute(&mut dsm, seconds)?,
-        Test::SharedCore { pages } => shared_core(&mut dsm, pages)?,
         Test::Checks { bug } => checks(&mut dsm, &bug)?,
         Test::LockOnly { intervals, plant } => lock_only(&mut dsm, intervals, plant)?,
         Test::OwnLocks { iters } => own_locks(&mut dsm, iters)?,
@@ -517,105 +503,6 @@ fn lock_order(dsm: &mut Dsm, rounds: u64, work: u64) -> anyhow::Result<()> {
         println!("verified: {n} nodes took the lock {rounds} times each, {total} entries",);
     }
     Ok(())
-}
-
-fn shared_core(dsm: &mut Dsm, pages: usize) -> anyhow::Result<()> {
-    use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
-    use nix::unistd::{gettid, Pid};
-    if dsm.size() != 2 {
-        bail!("shared-core runs on exactly 2 nodes");
-    }
-    if pages < 10 {
-        bail!("--pages must be at least 10");
-    }
-    let per_page = 4096 / std::mem::size_of::<u64>();
-    let data = dsm.alloc_with::<u64>("shared_core", pages * per_page, Distribution::OnNode(0))?;
-    if dsm.rank() == 0 {
-        let v = dsm.view(&data);
-        for p in 0..pages {
-            v.set(p * per_page, p as u64 + 1);
-        }
-    }
-    // The thread of this rank on the fault's path: the home's comm thread, the faulting
-    // app thread.
-    let thread = if dsm.rank() == 0 {
-        comm_thread(dsm.rank())?
-    } else {
-        gettid()
-    };
-    let allowed = sched_getaffinity(Pid::from_raw(0))?;
-    let core = (0..CpuSet::count())
-        .find(|&c| allowed.is_set(c).unwrap_or(false))
-        .context("this process may run on no core")?;
-    let mut one = CpuSet::new();
-    one.set(core)?;
-    sched_setaffinity(thread, &one).context("narrowing a thread to one core")?;
-    dsm.barrier()?;
-    if dsm.rank() == 1 {
-        let v = dsm.view(&data).unrecorded();
-        let tenth = pages / 10;
-        let mut sum = 0u64;
-        let mut faults = Vec::with_capacity(pages);
-        for p in 0..pages {
-            if p == tenth {
-                sched_setaffinity(thread, &allowed)?;
-            }
-            let t = Instant::now();
-            sum += v.get(p * per_page);
-            faults.push(t.elapsed().as_secs_f64() * 1e6);
-        }
-        let expected = (pages as u64) * (pages as u64 + 1) / 2;
-        if sum != expected {
-            fail(&format!("rank 1 read a sum of {sum}, not {expected}"));
-        }
-        let median = |xs: &[f64]| {
-            let mut xs = xs.to_vec();
-            xs.sort_by(f64::total_cmp);
-            xs[xs.len() / 2]
-        };
-        println!(
-            "faults: after giving the affinity back {:.1} us, last tenth {:.1} us",
-            median(&faults[tenth..2 * tenth]),
-            median(&faults[pages - tenth..])
-        );
-    } else {
-        // This thread stays on that core too: waking elsewhere, it would hand the other
-        // core's scheduler a reason to pull one of the pair over.
-        sched_setaffinity(gettid(), &one)?;
-        std::thread::sleep(Duration::from_millis(50));
-        sched_setaffinity(thread, &allowed)?;
-    }
-    dsm.barrier()?;
-    sched_setaffinity(gettid(), &allowed)?;
-    if dsm.rank() == 0 {
-        // Whatever the comm thread did about its core, its affinity ends as it was given
-        // back: a thread that moved keeps off the core it left until 10 ms without a
-        // message (its timer looks every 10 ms), so this looks for up to half a second.
-        let whole = (0..500).any(|_| {
-            std::thread::sleep(Duration::from_millis(1));
-            sched_getaffinity(thread).is_ok_and(|now| now == allowed)
-        });
-        if !whole {
-            fail("rank 0's comm thread was left with a narrower CPU affinity than it was given");
-        }
-        println!(
-            "verified: shared-core, {pages} remote faults read back, comm thread's affinity whole"
-        );
-    }
-    Ok(())
-}
-
-/// The thread id of this process's comm thread (named `dsm-comm-RANK`).
-fn comm_thread(rank: usize) -> anyhow::Result<nix::unistd::Pid> {
-    let name = format!("dsm-comm-{rank}");
-    for task in std::fs::read_dir("/proc/self/task")? {
-        let task = task?;
-        if std::fs::read_to_string(task.path().join("comm"))?.trim_end() == name {
-            let tid: i32 = task.file_name().to_string_lossy().parse()?;
-            return Ok(nix::unistd::Pid::from_raw(tid));
-        }
-    }
-    bail!("no thread named {name} in this process")
 }
 
 fn compute(dsm: &mut Dsm, seconds: f64) -> anyhow::Result<()> {

@@ -68,9 +68,6 @@ impl Dsm {
                 "slept": crate::spin::waits().1,
                 "frames_followed": crate::spin::FRAMES_FOLLOWED.load(std::sync::atomic::Ordering::Relaxed),
                 "sockets_caught": crate::spin::SOCKETS_CAUGHT.load(std::sync::atomic::Ordering::Relaxed),
-                "shared_core_seen": crate::core_watch::SHARED_CORE_SEEN.load(std::sync::atomic::Ordering::Relaxed),
-                "core_moves": crate::core_watch::CORE_MOVES.load(std::sync::atomic::Ordering::Relaxed),
-                "core_moves_undone": crate::core_watch::CORE_MOVES_UNDONE.load(std::sync::atomic::Ordering::Relaxed),
             },
             "common_memory": {
                 "segment": self.common_memory,
