@@ -643,6 +643,8 @@ pub fn rank_config(
         // Set by spawn_rank, which makes the pipe.
         launcher_fd: None,
         coord_fd: None,
+        // Inherited from dsmrun's environment, not written by it.
+        debug: Default::default(),
     }
 }
 

@@ -306,6 +306,59 @@ pub struct JobConfig {
     /// The inherited pipe end that ties the rank's life to its launcher's
     /// (`DSM_LAUNCHER_FD`): end-of-file on it means the launcher died.
     pub launcher_fd: Option<i32>,
+    /// Switches for measurements and tests (README, "Debugging and measurement switches").
+    pub debug: DebugOptions,
+}
+
+/// Switches that exist for A/B measurements and tests, not for everyday use; each rank
+/// reads them from the environment it inherits, through [`JobConfig`] like every other
+/// setting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DebugOptions {
+    /// Serve write faults on valid pages, and co-located page fetches, in the SIGSEGV
+    /// handler (`DSM_FAST_FAULTS`, default on; `0` sends every fault to the comm thread).
+    pub fast_faults: bool,
+    /// Print the value trace's size at finish (`DSM_TRACE_STATS`, any value).
+    pub trace_stats: bool,
+    /// Tests: the rank that maps a page at the default segment base before start-up
+    /// (`DSM_TEST_OCCUPY_BASE`), to exercise the segment base agreement.
+    pub occupy_base_on_rank: Option<usize>,
+}
+
+impl Default for DebugOptions {
+    fn default() -> Self {
+        DebugOptions {
+            fast_faults: true,
+            trace_stats: false,
+            occupy_base_on_rank: None,
+        }
+    }
+}
+
+impl DebugOptions {
+    /// Reads the switches through `get`.
+    fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let fast_faults = match get(vars::FAST_FAULTS).as_deref() {
+            None | Some("1") => true,
+            Some("0") => false,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    var: vars::FAST_FAULTS,
+                    value: other.to_owned(),
+                    why: "expected 0 (faults through the comm thread) or 1 (the default)".into(),
+                })
+            }
+        };
+        let occupy_base_on_rank = match get(vars::TEST_OCCUPY_BASE) {
+            Some(r) => Some(parse_num(vars::TEST_OCCUPY_BASE, &r)?),
+            None => None,
+        };
+        Ok(DebugOptions {
+            fast_faults,
+            trace_stats: get(vars::TRACE_STATS).is_some(),
+            occupy_base_on_rank,
+        })
+    }
 }
 
 /// Pages a home pushes with one lock grant or barrier arrival unless `DSM_PUSH` says
@@ -381,6 +434,7 @@ impl JobConfig {
             sem_trace: None,
             coord_fd: None,
             launcher_fd: None,
+            debug: DebugOptions::default(),
         }
     }
 
@@ -748,6 +802,7 @@ impl JobConfig {
                 .map(PathBuf::from),
             coord_fd: parse_fd(vars::COORD_FD, get(vars::COORD_FD))?,
             launcher_fd: parse_fd(vars::LAUNCHER_FD, get(vars::LAUNCHER_FD))?,
+            debug: DebugOptions::from_lookup(&get)?,
         })
     }
 
@@ -941,6 +996,35 @@ mod tests {
         assert!(e.coord.is_none());
         assert!(!e.race.enabled);
         assert_eq!(e.race.exit_code, 66);
+    }
+
+    #[test]
+    fn debug_switches_are_read_through_the_config() {
+        assert_eq!(env(&[]).unwrap().debug, DebugOptions::default());
+        assert!(env(&[]).unwrap().debug.fast_faults);
+        let e = env(&[
+            ("DSM_FAST_FAULTS", "0"),
+            ("DSM_TRACE_STATS", "1"),
+            ("DSM_TEST_OCCUPY_BASE", "1"),
+        ])
+        .unwrap();
+        assert_eq!(
+            e.debug,
+            DebugOptions {
+                fast_faults: false,
+                trace_stats: true,
+                occupy_base_on_rank: Some(1),
+            }
+        );
+        let err = env(&[("DSM_FAST_FAULTS", "yes")]).unwrap_err().to_string();
+        assert!(
+            err.contains("DSM_FAST_FAULTS") && err.contains("yes"),
+            "{err}"
+        );
+        let err = env(&[("DSM_TEST_OCCUPY_BASE", "x")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("DSM_TEST_OCCUPY_BASE"), "{err}");
     }
 
     #[test]

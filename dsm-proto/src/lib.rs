@@ -183,6 +183,8 @@ pub mod env_vars {
     /// base before start-up, as a library or a launcher's shared memory might on another
     /// host, to exercise the segment base agreement ([`crate::segment_base`]).
     pub const TEST_OCCUPY_BASE: &str = "DSM_TEST_OCCUPY_BASE";
+    /// Set (to anything): rank 0 prints the value trace's size at finish (measurements).
+    pub const TRACE_STATS: &str = "DSM_TRACE_STATS";
     /// Record the synchronization order: path prefix of the part file each rank writes at
     /// finish (`<prefix>.<rank>`), which the launcher merges into the record
     /// (`dsmrun --record`).

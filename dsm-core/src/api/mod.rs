@@ -87,21 +87,6 @@ pub enum Distribution {
 /// of slots at most, made as intervals need them; see `engine::fast`).
 const MAX_HANDLER_TWINS: usize = 4096;
 
-/// Whether write faults on valid pages are served in the SIGSEGV handler, and read
-/// faults take co-located homes' pages from the page lanes there (`DSM_FAST_FAULTS`, on
-/// unless `0`).
-fn fast_faults_enabled() -> Result<bool, DsmError> {
-    let name = dsm_proto::env_vars::FAST_FAULTS;
-    match std::env::var(name).as_deref() {
-        Err(std::env::VarError::NotPresent) | Ok("1") => Ok(true),
-        Ok("0") => Ok(false),
-        Ok(other) => Err(DsmError::Config(format!(
-            "{name}={other}: expected 0 (faults through the comm thread) or 1 (the default)"
-        ))),
-        Err(e) => Err(DsmError::Config(format!("{name}: {e}"))),
-    }
-}
-
 /// With `DSM_PIN=1`, keeps this node's threads (the app thread and the comm thread it is
 /// about to start) on one core, a different one per node. Faults hand work between those
 /// two threads, and on virtual machines a wake-up across cores costs several times one on
@@ -197,8 +182,7 @@ fn probe_segment_bases(
     let host_locks =
         env.replay.record.is_none() && env.replay.replay.is_none() && env.replay.chaos.is_none();
     // Fault injection for tests: a page in the way at the default base on one rank.
-    let occupy = std::env::var(dsm_proto::env_vars::TEST_OCCUPY_BASE).ok();
-    if occupy.and_then(|r| r.trim().parse::<usize>().ok()) == Some(env.rank) {
+    if env.debug.occupy_base_on_rank == Some(env.rank) {
         sys::occupy_page_for_test(DEFAULT_SEGMENT_ADDR).map_err(DsmError::Segment)?;
     }
     let bases: Vec<u64> = match env.segment_addr {
@@ -438,7 +422,7 @@ impl Dsm {
         };
         let tracing = env.trace.mode != dsm_proto::TraceMode::Off;
         let trace = if env.rank == 0 {
-            TraceState::open(&env.trace)?
+            TraceState::open(&env.trace, env.debug.trace_stats)?
         } else {
             None
         };
@@ -450,7 +434,7 @@ impl Dsm {
             race.is_some(),
         );
         engine.set_common_memory(common_memory);
-        if fast_faults_enabled()? {
+        if env.debug.fast_faults {
             let fast = std::sync::Arc::new(crate::engine::FastFaults::new(
                 engine.page_limit(),
                 MAX_HANDLER_TWINS,

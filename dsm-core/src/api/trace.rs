@@ -47,6 +47,8 @@ pub(super) struct TraceState {
     points: u64,
     /// Names of the allocations traced so far (to warn about `--trace-vars` typos).
     seen: std::collections::BTreeSet<String>,
+    /// Print the trace's size at finish (`DebugOptions::trace_stats`).
+    print_size: bool,
 }
 
 fn header() -> Header {
@@ -66,8 +68,12 @@ fn header() -> Header {
 }
 
 impl TraceState {
-    /// Opens the trace (rank 0 only); `None` when tracing is off.
-    pub(super) fn open(options: &TraceOptions) -> Result<Option<TraceState>, DsmError> {
+    /// Opens the trace (rank 0 only); `None` when tracing is off. `print_size`: say how
+    /// large the trace became at finish.
+    pub(super) fn open(
+        options: &TraceOptions,
+        print_size: bool,
+    ) -> Result<Option<TraceState>, DsmError> {
         let bad = |path: &std::path::Path, e: &dyn std::fmt::Display| {
             DsmError::Config(format!("value trace '{}': {e}", path.display()))
         };
@@ -111,6 +117,7 @@ impl TraceState {
             bytes: 0,
             points: 0,
             seen: Default::default(),
+            print_size,
         }))
     }
 
@@ -189,7 +196,7 @@ impl TraceState {
         if let Some(Sink::Record(w)) = self.sink.take() {
             w.finish()
                 .map_err(|e| DsmError::Config(format!("value trace '{}': {e}", self.path)))?;
-            if std::env::var_os("DSM_TRACE_STATS").is_some() {
+            if self.print_size {
                 eprintln!(
                     "dsm: value trace: {} trace points, {} bytes ({} per point)",
                     self.points,
