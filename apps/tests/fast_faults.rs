@@ -78,7 +78,12 @@ fn a_bad_fast_faults_setting_is_a_clear_error() {
         stats.path(),
     );
     assert_ne!(out.code, Some(0), "{out:?}");
-    assert!(out.all_output().contains("DSM_FAST_FAULTS=yes"), "{out:?}");
+    // dsmrun reads job-wide settings as a rank will and refuses before starting any.
+    assert_eq!(out.code, Some(2), "{out:?}");
+    assert!(
+        out.all_output().contains("DSM_FAST_FAULTS=\"yes\" is not valid"),
+        "{out:?}"
+    );
 }
 
 /// Sums counter `key` of the `protocol` section over ranks `0..n`.
