@@ -22,7 +22,8 @@
 use crate::engine::fast::{pack_applied, unpack_applied};
 use crate::engine::Prot;
 use crate::engine::{Command, Engine, Memory, Output, PageState, RaceBatch, Reply};
-use crate::sys::{self, FaultMailbox, Segment};
+use crate::fault::{self, FaultMailbox};
+use crate::sys::{self, Segment};
 use dsm_net::ring::LaneState;
 use dsm_net::{Mesh, Outbox, PeerEvent, Transport, WireError};
 use dsm_proto::exit_codes::PEER_LOST as PEER_LOST_EXIT;
@@ -68,7 +69,12 @@ impl SegmentMemory {
 
 impl Memory for SegmentMemory {
     fn protect(&mut self, first: PageNo, count: u32, prot: Prot) {
-        if let Err(e) = self.seg.protect(first as usize, count as usize, prot) {
+        let access = match prot {
+            Prot::None => sys::PageAccess::None,
+            Prot::Read => sys::PageAccess::Read,
+            Prot::ReadWrite => sys::PageAccess::ReadWrite,
+        };
+        if let Err(e) = self.seg.protect(first as usize, count as usize, access) {
             // ENOMEM here almost always means the process hit vm.max_map_count.
             fatal(&format!(
                 "cannot change page protection ({e}); if this says 'Cannot allocate memory', \
@@ -315,10 +321,10 @@ enum Control {
     Shutdown,
 }
 
-/// The engine lock, held by a thread marked as inside the engine (see [`sys::InEngine`]).
+/// The engine lock, held by a thread marked as inside the engine (see [`fault::InEngine`]).
 struct EngineGuard<'a> {
     guard: MutexGuard<'a, Engine<SegmentMemory>>,
-    _inside: sys::InEngine,
+    _inside: fault::InEngine,
 }
 
 impl std::ops::Deref for EngineGuard<'_> {
@@ -375,7 +381,7 @@ impl Shared {
             });
         EngineGuard {
             guard: polled.unwrap_or_else(|| self.engine.lock().unwrap_or_else(|p| p.into_inner())),
-            _inside: sys::InEngine::enter(),
+            _inside: fault::InEngine::enter(),
         }
     }
 
@@ -423,16 +429,16 @@ impl Shared {
                     // The faulting thread asked for this very page and polls for it: it
                     // takes it as soon as it runs (every frame before this one has been
                     // delivered), or hands the wait to this thread first.
-                    if sys::handler_asking() && sys::lane_awaited(peer) {
+                    if fault::handler_asking() && fault::lane_awaited(peer) {
                         std::thread::yield_now();
                         continue;
                     }
                     // The faulting thread, polling for this very page, takes it faster
                     // than this thread can install it and wake it: let it, for a while.
-                    if sys::lane_awaited(peer) && !std::mem::replace(&mut deferred, true) {
+                    if fault::lane_awaited(peer) && !std::mem::replace(&mut deferred, true) {
                         let budget = (crate::spin::current() / 4).min(FOLLOW_FAULTS_MAX);
                         crate::spin::poll_for(budget, || {
-                            (lane.state() != LaneState::Full || !sys::lane_awaited(peer))
+                            (lane.state() != LaneState::Full || !fault::lane_awaited(peer))
                                 .then_some(())
                         });
                         continue;
@@ -489,7 +495,7 @@ impl Shared {
     /// [`FOLLOW_FAULTS_MAX`], before going back to sleep, in jobs whose peers all share the
     /// host (over TCP its runtime must read the sockets meanwhile). Returns the next fault
     /// if one came.
-    fn follow_faults(&self) -> Option<sys::Fault> {
+    fn follow_faults(&self) -> Option<fault::Fault> {
         let budget = (crate::spin::current() / 4).min(FOLLOW_FAULTS_MAX);
         if !self.rings_only.load(Ordering::Relaxed) {
             return None;
@@ -499,7 +505,7 @@ impl Shared {
 
     /// Serves `fault` as the comm thread does when the handler kicks it: the fault, then,
     /// outside chaos mode, the wait for its page and the faults that follow it.
-    fn serve_faults(&self, fault: sys::Fault, seg: &'static Segment, chaos_on: bool) {
+    fn serve_faults(&self, fault: fault::Fault, seg: &'static Segment, chaos_on: bool) {
         let mut next = Some(fault);
         while let Some(fault) = next {
             let mut engine = self.engine();
@@ -544,7 +550,7 @@ impl Shared {
         let give_back = now + budget;
         let deliver = &mut |peer: usize, msg: Msg| self.deliver(peer, msg);
         let mut quiet_since = now;
-        while !self.dying.load(Ordering::Relaxed) && !sys::handler_asking() {
+        while !self.dying.load(Ordering::Relaxed) && !fault::handler_asking() {
             if sockets && outbox.sockets_need_runtime() {
                 // The runtime's reader and writer tasks take it from here, without sleeping.
                 crate::spin::SOCKETS_CAUGHT.fetch_add(1, Ordering::Relaxed);
@@ -583,7 +589,7 @@ impl Shared {
         };
         if let Msg::PageRequest { lane: true, .. } = msg {
             // Before the request leaves: the page may be in the lane at once.
-            sys::expect_lane(to as usize);
+            fault::expect_lane(to as usize);
         }
         // Nobody waits for a diff: it goes to the page's home without waking the home's
         // reader, and the next frame this node sends, or the app thread before it waits
@@ -1050,14 +1056,14 @@ fn comm_main(
             .store(outbox.shm_peers().len() + 1 == size, Ordering::Relaxed);
         // Set even when empty, as the TCP table below: a table from an earlier job in this
         // process must not serve this one.
-        sys::set_lanes(outbox.lanes(), size);
+        fault::set_lanes(outbox.lanes(), size);
         if !outbox.lanes().is_empty() {
             let peers: Vec<NodeId> = outbox.shm_peers().iter().map(|&p| p as NodeId).collect();
             shared.engine().set_lane_peers(&peers);
         }
         let direct = outbox.direct_senders();
         let peers: Vec<NodeId> = direct.iter().map(|d| d.peer() as NodeId).collect();
-        sys::set_direct_senders(direct, size);
+        fault::set_direct_senders(direct, size);
         shared.engine().set_socket_peers(&peers);
         let _ = shared.outbox.set(outbox);
         if !chaos_on {

@@ -36,6 +36,8 @@ pub mod diff;
 #[doc(hidden)]
 pub mod engine;
 mod error;
+#[allow(unsafe_code)]
+mod fault;
 mod spin;
 #[allow(unsafe_code)]
 mod sys;

@@ -32,6 +32,7 @@ pub use view::{band, Array, Block, Strided, StridedMut, View};
 use crate::comm::{Comm, SegmentMemory, StateMirror};
 use crate::engine::{self, Command, Engine, Reply};
 use crate::error::DsmError;
+use crate::fault;
 use crate::sys::{self, AppSlice, Segment};
 use bytemuck::Pod;
 use dsm_proto::segment_base::{self, SegmentChoice, SegmentProbe};
@@ -406,7 +407,7 @@ impl Dsm {
         };
         mesh.segment_file = None;
         let (seg, mailbox) =
-            sys::start(seg_addr, seg_len, common_file, env.size).map_err(DsmError::Segment)?;
+            fault::start(seg_addr, seg_len, common_file, env.size).map_err(DsmError::Segment)?;
         // Whether polling pays depends on the cores the job's ranks may use on this host,
         // so it is decided before `DSM_PIN=1` narrows this process to one of them.
         let ranks_here = env.local.map_or(env.size, |l| l.size);
@@ -439,10 +440,10 @@ impl Dsm {
                 engine.page_limit(),
                 MAX_HANDLER_TWINS,
             ));
-            sys::set_fast_faults(Some(fast.clone()));
+            fault::set_fast_faults(Some(fast.clone()));
             engine = engine.with_fast_faults(fast);
         } else {
-            sys::set_fast_faults(None);
+            fault::set_fast_faults(None);
         }
         let record_part = env.replay.record.as_ref().map(|prefix| {
             let mut p = prefix.as_os_str().to_owned();
