@@ -81,7 +81,8 @@ fn a_bad_fast_faults_setting_is_a_clear_error() {
     // dsmrun reads job-wide settings as a rank will and refuses before starting any.
     assert_eq!(out.code, Some(2), "{out:?}");
     assert!(
-        out.all_output().contains("DSM_FAST_FAULTS=\"yes\" is not valid"),
+        out.all_output()
+            .contains("DSM_FAST_FAULTS=\"yes\" is not valid"),
         "{out:?}"
     );
 }
