@@ -1010,7 +1010,7 @@ fn comm_main(
         let size = mesh.size;
         // Chaos mode: its own stream of draws (the app thread has another).
         let chaos = std::cell::RefCell::new(
-            chaos.map(|seed| crate::api::chaos::Chaos::new(seed ^ 0x5bd1_e995_c0ff_ee00, me)),
+            chaos.map(|seed| crate::chaos::Chaos::new(seed ^ 0x5bd1_e995_c0ff_ee00, me)),
         );
         let on_peer = Rc::new(move |peer: usize, ev: PeerEvent| {
             if let (

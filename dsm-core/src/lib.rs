@@ -28,6 +28,7 @@
 #![warn(missing_docs)]
 
 mod api;
+mod chaos;
 mod comm;
 // The protocol engine and the diff encoding are public for the protocol simulator and the
 // fuzz tests (tests/), not as part of the API.

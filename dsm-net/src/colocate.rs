@@ -27,9 +27,9 @@
 //! pairs in the same (lexicographic) order, which cannot deadlock: the smallest pair not
 //! yet done always has both ranks waiting on it.
 
-use crate::bootstrap::{BootstrapError, Mesh};
 use crate::framing::{read_frame, write_frame, WireError};
 use crate::handshake::MAX_HANDSHAKE;
+use crate::mesh::{BootstrapError, Mesh};
 use crate::ring::{self, Direction, Region, DEFAULT_RING_BYTES};
 use dsm_proto::{JobConfig, ShmHello, ShmOffer, ShmVerdict, TransportChoice};
 use nix::sys::eventfd::{EfdFlags, EventFd};
@@ -53,32 +53,7 @@ const OFFER_WAIT: Duration = Duration::from_millis(500);
 /// mistaken for one.
 const OFFER_TAG: &[u8] = b"dsm-ring-offer";
 
-/// A shared-memory link to one co-located peer: the region and the bells of both
-/// directions, seen from this rank.
-pub struct ShmLink {
-    /// The region holding both rings.
-    pub region: Arc<Region>,
-    /// The ring this rank writes; it reads the other.
-    pub send: Direction,
-    /// Rung by the peer when it committed bytes for us while we slept.
-    pub our_data_bell: OwnedFd,
-    /// Rung by the peer when it freed space we wait for.
-    pub our_space_bell: OwnedFd,
-    /// What we ring when we committed bytes and the peer sleeps.
-    pub peer_data_bell: OwnedFd,
-    /// What we ring when we freed space the peer waits for.
-    pub peer_space_bell: OwnedFd,
-}
-
-impl ShmLink {
-    /// The ring this rank reads.
-    pub fn receive(&self) -> Direction {
-        match self.send {
-            Direction::Forward => Direction::Backward,
-            Direction::Backward => Direction::Forward,
-        }
-    }
-}
+pub use crate::ring::ShmLink;
 
 /// The kernel's boot id: equal for processes on one running kernel.
 fn boot_id() -> Option<String> {

@@ -8,6 +8,7 @@ pub mod bootstrap;
 pub mod colocate;
 pub mod framing;
 pub mod handshake;
+pub mod mesh;
 #[allow(unsafe_code)]
 pub mod ring;
 pub mod transport;

@@ -744,6 +744,33 @@ pub fn register_bell(bell: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<Owned
 /// Most descriptors [`recv_fds`] accepts in one message.
 pub const MAX_FDS: usize = 8;
 
+/// A shared-memory link to one co-located peer: the region and the bells of both
+/// directions, seen from this rank.
+pub struct ShmLink {
+    /// The region holding both rings.
+    pub region: std::sync::Arc<Region>,
+    /// The ring this rank writes; it reads the other.
+    pub send: Direction,
+    /// Rung by the peer when it committed bytes for us while we slept.
+    pub our_data_bell: OwnedFd,
+    /// Rung by the peer when it freed space we wait for.
+    pub our_space_bell: OwnedFd,
+    /// What we ring when we committed bytes and the peer sleeps.
+    pub peer_data_bell: OwnedFd,
+    /// What we ring when we freed space the peer waits for.
+    pub peer_space_bell: OwnedFd,
+}
+
+impl ShmLink {
+    /// The ring this rank reads.
+    pub fn receive(&self) -> Direction {
+        match self.send {
+            Direction::Forward => Direction::Backward,
+            Direction::Backward => Direction::Forward,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,9 +28,9 @@
 //! callback. Because the task runs on the comm thread, a program busy computing keeps its
 //! links alive; only a process that is stopped, wedged or cut off falls silent.
 
-use crate::bootstrap::Mesh;
-use crate::colocate::ShmLink;
 use crate::framing::{decode, encode, WireError, MAX_FRAME, PAGE_REQUEST_FRAME_MAX};
+use crate::mesh::Mesh;
+use crate::ring::ShmLink;
 use crate::ring::{register_bell, Direction, Lane, LanePosition, Region, RingReader, RingWriter};
 use bytes::{Bytes, BytesMut};
 use dsm_proto::liveness::heartbeat_period;

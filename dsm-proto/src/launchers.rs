@@ -25,7 +25,7 @@
 //!   network; a job across nodes needs the same file on every node (a shared home
 //!   directory, as Slurm clusters usually have).
 
-use crate::config::ConfigError;
+use crate::config_error::ConfigError;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 /// The rendezvous and secret a launcher's environment gives.

@@ -10,6 +10,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod config_error;
 pub mod launchers;
 pub mod liveness;
 pub mod segment_base;

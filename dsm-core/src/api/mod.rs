@@ -17,7 +17,6 @@
 //! in [`race`], the run's counters and stats file in [`stats`].
 
 mod analyst;
-pub(crate) mod chaos;
 mod functions;
 mod pinpoint;
 mod race;
@@ -29,6 +28,7 @@ mod view;
 pub use semaphore::{semaphore_id, Semaphore};
 pub use view::{band, Array, Block, Strided, StridedMut, View};
 
+use crate::chaos;
 use crate::comm::{Comm, SegmentMemory, StateMirror};
 use crate::engine::{self, Command, Engine, Reply};
 use crate::error::DsmError;
