@@ -41,8 +41,7 @@ use tokio::sync::mpsc;
 
 /// Longest the comm thread watches the fault slot after serving a fault. Not more: with
 /// the faulting thread and this one both yielding on one core for long, the scheduler
-/// (EEVDF) ends up holding the one with work back (`DSM_SPIN=1000000` with a 250 ms watch
-/// made remote faults take 918 us instead of 28).
+/// (EEVDF) ends up holding the one with work back (see docs/measurements.md).
 const FOLLOW_FAULTS_MAX: Duration = Duration::from_micros(50);
 
 /// Longest the comm thread goes on taking ring frames after the last one, when frames

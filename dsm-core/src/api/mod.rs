@@ -91,9 +91,9 @@ const MAX_HANDLER_TWINS: usize = 4096;
 /// With `DSM_PIN=1`, keeps this node's threads (the app thread and the comm thread it is
 /// about to start) on one core, a different one per node. Faults hand work between those
 /// two threads, and on virtual machines a wake-up across cores costs several times one on
-/// the same core (measured here: 20 us against 3 us). It is not the default: a node that
-/// serves pages must then preempt its own computation, which made SOR 2048x2048 at N = 2
-/// 25% slower while lock-heavy Water got 20% faster.
+/// the same core. It is not the default: a node that serves pages must then preempt its own
+/// computation, which slows page-serving programs such as SOR while lock-heavy ones gain
+/// (docs/measurements.md).
 fn place_on_core(config: &JobConfig) {
     use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
     use nix::unistd::Pid;

@@ -17,7 +17,7 @@
 //! - The home writes in place. It write-protects a page only when it serves a copy to some
 //!   other node; its next write then faults and records a write notice. Pages nobody else
 //!   has copied stay writable across intervals, so a node working on its own pages takes no
-//!   faults at all. (DESIGN.md asks for one fault per interval at the home; this is the
+//!   faults at all. (The design asks for one fault per interval at the home; this is the
 //!   cheaper equivalent: a notice is needed exactly when a copy may have gone stale.)
 //! - Intervals end at acquires, releases and barrier arrivals. A lock grant carries every
 //!   interval the grantor knew at its release and the acquirer has not seen; the acquirer
