@@ -28,8 +28,7 @@ use std::sync::{Arc, OnceLock};
 
 use crate::engine::FastFaults;
 use crate::sys::{
-    errno_location, futex_wait, futex_wake_all, install_alt_stack, monotonic_ns, os_err,
-    set_global_segment, Segment,
+    errno_location, install_alt_stack, monotonic_ns, os_err, set_global_segment, Segment,
 };
 use dsm_net::framing::{
     page_request_frame, plain_page_reply, PAGE_REQUEST_FRAME_MAX, PLAIN_REPLY_FRAME_MAX,
@@ -38,34 +37,27 @@ use dsm_net::transport::LaneEnd;
 use dsm_net::{DirectSend, DirectSender, DirectTake};
 use dsm_proto::PAGE_SIZE;
 
-const SLOT_IDLE: u32 = 0;
-const SLOT_CLAIMED: u32 = 1;
-const SLOT_PENDING: u32 = 2;
-const SLOT_TAKEN: u32 = 3;
-const SLOT_RESOLVED: u32 = 4;
-const SLOT_CRASH: u32 = 5;
-/// The handler asked a co-located home for the page itself (see [`ask_lane_home`]) and
-/// polls its lane; the comm thread leaves the slot alone unless a reply to that request
-/// reaches it first (it then resolves the fault) or the handler hands the wait over
-/// (`SLOT_PENDING`).
-const SLOT_ASKED: u32 = 6;
+mod slot;
+use slot::{idle_slot, FaultSlot, SlotState};
+
+/// What the fault slot is built on: the process's atomics and futexes (the model test
+/// gives it loom's instead).
+mod slot_deps {
+    pub(super) use crate::sys::{futex_wait, futex_wake_all};
+    pub(super) use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+}
+
+/// The fault in service (see [`slot`]).
+static SLOT: FaultSlot = idle_slot!();
 
 static SEG_START: AtomicUsize = AtomicUsize::new(0);
 static SEG_END: AtomicUsize = AtomicUsize::new(0);
 /// Write end of the socket pair that wakes the comm thread (-1: no DSM running).
 static FAULT_KICK_FD: AtomicI32 = AtomicI32::new(-1);
-static SLOT_STATE: AtomicU32 = AtomicU32::new(SLOT_IDLE);
-/// Threads asleep (or about to sleep) on [`SLOT_STATE`]'s futex. A change of the state
-/// makes the `futex` wake system call only when there is one: a parked fault normally
-/// polls, and the wake-up would cost the comm thread a system call per fault for nothing.
-static SLOT_SLEEPERS: AtomicU32 = AtomicU32::new(0);
 /// Set while the comm thread polls the slot for the next fault (`FaultMailbox::watch`):
 /// the handler then skips the kick, a system call on the faulting thread's path that would
 /// also wake the comm thread's runtime later for a fault already taken.
 static COMM_WATCHING: AtomicBool = AtomicBool::new(false);
-static SLOT_ADDR: AtomicUsize = AtomicUsize::new(0);
-/// 0 = read, 1 = write, 2 = unknown (architecture does not tell).
-static SLOT_KIND: AtomicU32 = AtomicU32::new(0);
 static HANDLER_INSTALLED: AtomicBool = AtomicBool::new(false);
 /// Base of the segment's runtime view, where the handler copies twins from.
 static RUNTIME_BASE: AtomicUsize = AtomicUsize::new(0);
@@ -172,7 +164,7 @@ enum Asked {
 /// armed the page for a fetch of the handler's own ([`FastFaults::claim_fetch`]), asks
 /// its home for it, through the lane of a shared-memory link ([`ask_lane_home`]) or in a
 /// frame on a TCP link ([`ask_socket_home`]). Returns how it asked, if it did; if not, the
-/// page is unclaimed and the slot still this thread's alone (`SLOT_CLAIMED`).
+/// page is unclaimed and the slot still this thread's alone (`Claimed`).
 fn ask_home(addr: usize, start: usize) -> Option<Asked> {
     let fast = fast_faults()?;
     let page = (addr - start) / PAGE_SIZE;
@@ -206,7 +198,7 @@ fn ask_socket_home(link: &DirectSender, page: usize) -> bool {
     let frame = page_request_frame(page_no, &mut buf);
     // Before the request, since the reply may come at once: the comm thread resolves an
     // asked fault when the copy arrives, and its reader leaves the reply to this thread.
-    set_slot(SLOT_ASKED);
+    SLOT.ask();
     link.await_reply(true);
     match link.try_send(frame) {
         DirectSend::Sent => true,
@@ -218,7 +210,7 @@ fn ask_socket_home(link: &DirectSender, page: usize) -> bool {
         DirectSend::Refused => {
             // Nothing asked, so nothing can answer: the slot is still this thread's alone.
             link.await_reply(false);
-            SLOT_STATE.store(SLOT_CLAIMED, Ordering::SeqCst);
+            SLOT.unask();
             false
         }
     }
@@ -227,7 +219,7 @@ fn ask_socket_home(link: &DirectSender, page: usize) -> bool {
 /// Whether the fault in service waits for a page from `home`'s lane (its thread polls it).
 pub(crate) fn lane_awaited(home: usize) -> bool {
     LANE_HOME.load(Ordering::Acquire) == home as u32 + 1
-        && matches!(SLOT_STATE.load(Ordering::Acquire), SLOT_TAKEN | SLOT_ASKED)
+        && matches!(SLOT.state(), SlotState::Taken | SlotState::Asked)
 }
 
 /// From the handler, `page` claimed for a fetch from `end`'s peer, a co-located home:
@@ -243,11 +235,11 @@ fn ask_lane_home(end: &'static LaneEnd, page: usize) -> bool {
     // if the copy reaches it first.
     end.region.lane(end.dir).set_taker_polling(true);
     LANE_HOME.store(home + 1, Ordering::Release);
-    set_slot(SLOT_ASKED);
+    SLOT.ask();
     let lane = end.region.lane(end.to_peer);
     if !lane.post_request(page as u64, end.sent.load(Ordering::Acquire)) {
         // Nothing asked, so nothing can answer: the slot is still this thread's alone.
-        SLOT_STATE.store(SLOT_CLAIMED, Ordering::SeqCst);
+        SLOT.unask();
         LANE_HOME.store(0, Ordering::Release);
         end.region.lane(end.dir).set_taker_polling(false);
         return false;
@@ -297,11 +289,11 @@ fn ring_eventfd(bell: &std::os::fd::OwnedFd) {
 }
 
 /// Whether the faulting thread asked the home for its page itself and polls for it
-/// (`SLOT_ASKED`), in the home's lane or in the socket from it: the comm thread then
+/// (`Asked`), in the home's lane or in the socket from it: the comm thread then
 /// keeps off the cores (its polling would only compete with that thread and with the
 /// home's) and leaves the page to it.
 pub(crate) fn handler_asking() -> bool {
-    SLOT_STATE.load(Ordering::Acquire) == SLOT_ASKED
+    SLOT.state() == SlotState::Asked
 }
 
 /// The comm thread, about to ask `home` for the faulting page through its lane.
@@ -551,28 +543,6 @@ fn commit_runtime_page(offset: usize) {
     };
 }
 
-/// Sleeps on the fault slot while it holds `expected`, counted in [`SLOT_SLEEPERS`].
-fn sleep_on_slot(expected: u32) {
-    // SeqCst against `set_slot`: either it sees this sleeper, or the futex sees its new
-    // state and returns at once.
-    SLOT_SLEEPERS.fetch_add(1, Ordering::SeqCst);
-    futex_wait(&SLOT_STATE, expected);
-    SLOT_SLEEPERS.fetch_sub(1, Ordering::SeqCst);
-}
-
-/// Moves the fault slot to `state` and wakes its sleepers, if any.
-fn set_slot(state: u32) {
-    SLOT_STATE.store(state, Ordering::SeqCst);
-    wake_slot_sleepers();
-}
-
-/// Wakes the threads asleep on the fault slot after a change of its state, if any.
-fn wake_slot_sleepers() {
-    if SLOT_SLEEPERS.load(Ordering::SeqCst) > 0 {
-        futex_wake_all(&SLOT_STATE);
-    }
-}
-
 #[cfg(target_arch = "x86_64")]
 fn fault_is_write(ctx: *mut libc::c_void) -> u32 {
     // SAFETY: for SA_SIGINFO handlers the kernel passes a valid ucontext_t; on x86_64 the
@@ -656,22 +626,7 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
     }
 
     // One fault at a time: other faulting threads wait for the slot.
-    while SLOT_STATE
-        .compare_exchange(
-            SLOT_IDLE,
-            SLOT_CLAIMED,
-            Ordering::Acquire,
-            Ordering::Relaxed,
-        )
-        .is_err()
-    {
-        let seen = SLOT_STATE.load(Ordering::Relaxed);
-        if seen != SLOT_IDLE {
-            sleep_on_slot(seen);
-        }
-    }
-    SLOT_ADDR.store(addr, Ordering::Relaxed);
-    SLOT_KIND.store(fault_is_write(ctx), Ordering::Relaxed);
+    SLOT.claim(addr, fault_is_write(ctx));
     // A parked fault polls for the process's budget before it sleeps (`crate::spin`).
     let spin_ns = crate::spin::budget_ns();
     // A read fault of a page the engine armed asks the home itself, if this thread will
@@ -694,18 +649,18 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
     let commit_page = fault_is_write(ctx) == 0;
     let mut committed = false;
     let outcome = loop {
-        let s = SLOT_STATE.load(Ordering::Acquire);
-        if s == SLOT_RESOLVED || s == SLOT_CRASH {
+        let s = SLOT.state();
+        if matches!(s, SlotState::Resolved | SlotState::Crash) {
             break s;
         }
-        if (s == SLOT_TAKEN && !handed_over || s == SLOT_ASKED) && commit_page {
+        if (s == SlotState::Taken && !handed_over || s == SlotState::Asked) && commit_page {
             let took = match asked {
-                Some(Asked::Socket(link)) if s == SLOT_ASKED => {
+                Some(Asked::Socket(link)) if s == SlotState::Asked => {
                     take_page_from_socket(link, addr, start)
                 }
                 _ => take_page_from_lane(addr, start),
             };
-            if took == LaneTake::NoRoom && s == SLOT_ASKED {
+            if took == LaneTake::NoRoom && s == SlotState::Asked {
                 // The engine must take records in before this thread can install more:
                 // hand the wait over now rather than poll for the budget.
                 spin_from = spin_from.wrapping_sub(spin_ns);
@@ -720,7 +675,7 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
                 if polled || slept {
                     crate::spin::count_wait(!slept);
                 }
-                set_slot(SLOT_IDLE);
+                SLOT.release();
                 // SAFETY: restoring this thread's errno.
                 unsafe { *errno = saved_errno };
                 return;
@@ -737,7 +692,7 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
             unsafe { libc::sched_yield() };
             continue;
         }
-        if s == SLOT_ASKED {
+        if s == SlotState::Asked {
             // No answer within the budget: the comm thread takes over the wait (its engine
             // adopts the fetch this thread asked for), and this thread sleeps.
             match asked.take() {
@@ -749,22 +704,14 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
             // The comm thread takes the page when its announcement comes, without
             // deferring to this thread.
             LANE_HOME.store(0, Ordering::Release);
-            if SLOT_STATE
-                .compare_exchange(
-                    SLOT_ASKED,
-                    SLOT_PENDING,
-                    Ordering::SeqCst,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
-            {
+            if SLOT.hand_over_asked() {
                 kick_unless_watched();
             }
             spin_from = monotonic_ns();
             continue;
         }
         slept = true;
-        sleep_on_slot(s);
+        SLOT.sleep_while(s);
     };
     if polled || slept {
         crate::spin::count_wait(!slept);
@@ -775,8 +722,8 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
         Some(Asked::Socket(link)) => link.await_reply(false),
         None => {}
     }
-    set_slot(SLOT_IDLE);
-    if outcome == SLOT_CRASH {
+    SLOT.release();
+    if outcome == SlotState::Crash {
         // Inside the segment but in no allocation: a wild access; crash like one.
         die_by_default_on_return();
     }
@@ -790,7 +737,7 @@ fn hand_to_comm_thread() {
     // SeqCst against the comm thread's `COMM_WATCHING` clear and re-look
     // (`FaultMailbox::watch`): either it sees this fault, or this thread sees it is not
     // watching and kicks it.
-    SLOT_STATE.store(SLOT_PENDING, Ordering::SeqCst);
+    SLOT.post();
     kick_unless_watched();
 }
 
@@ -831,57 +778,33 @@ impl FaultMailbox {
 
     /// The pending fault, if any (each fault is delivered once).
     pub(crate) fn take(&self) -> Option<Fault> {
-        if SLOT_STATE
-            .compare_exchange(
-                SLOT_PENDING,
-                SLOT_TAKEN,
-                Ordering::Acquire,
-                Ordering::Relaxed,
-            )
-            .is_err()
-        {
-            return None;
-        }
-        Some(Fault {
-            addr: SLOT_ADDR.load(Ordering::Relaxed),
-            write: match SLOT_KIND.load(Ordering::Relaxed) {
-                0 => Some(false),
-                1 => Some(true),
-                _ => None,
-            },
-        })
+        let (addr, write) = SLOT.take()?;
+        Some(Fault { addr, write })
     }
 
     /// Whether the comm thread has taken a fault and not yet resolved it (a fetch for it is
     /// under way).
     pub(crate) fn in_service(&self) -> bool {
-        SLOT_STATE.load(Ordering::Acquire) == SLOT_TAKEN
+        SLOT.state() == SlotState::Taken
     }
 
     /// Lets the faulting thread retry its access.
     pub(crate) fn resolve(&self) {
-        self.finish(SLOT_RESOLVED);
+        self.finish(SlotState::Resolved);
     }
 
     /// Tells the faulting thread its access is a genuine segmentation fault.
     pub(crate) fn crash(&self) {
-        self.finish(SLOT_CRASH);
+        self.finish(SlotState::Crash);
     }
 
     /// Posts `outcome` for the fault in service: one posted, taken, or asked for by the
     /// handler. A slot in any other state has no fault the engine could be answering (its
     /// fault ended in the handler, or the next one is being posted), so it is left alone.
-    fn finish(&self, outcome: u32) {
-        let mut seen = SLOT_STATE.load(Ordering::Acquire);
-        while matches!(seen, SLOT_PENDING | SLOT_TAKEN | SLOT_ASKED) {
-            match SLOT_STATE.compare_exchange(seen, outcome, Ordering::SeqCst, Ordering::Acquire) {
-                Ok(_) => {
-                    LANE_HOME.store(0, Ordering::Release);
-                    wake_slot_sleepers();
-                    return;
-                }
-                Err(now) => seen = now,
-            }
+    fn finish(&self, outcome: SlotState) {
+        if SLOT.try_finish(outcome) {
+            LANE_HOME.store(0, Ordering::Release);
+            SLOT.wake();
         }
     }
 
