@@ -456,6 +456,37 @@ fn dsmrun_hostfile_over_ssh_across_namespaces() {
     assert!(r.stdout.contains("4 nodes"), "{r:?}");
     c.assert_clean("after SOR");
 
+    // dsm-bench between hosts: every measurement of its 2-rank job, rank 0 and rank 1 on
+    // different hosts (--map-by node), its own round-trip socket included (it used to bind
+    // to loopback, and the job hung).
+    let mut cmd = kit::command("dsm-bench");
+    cmd.args(["--reps", "50", "--barrier-nodes", "2", "--", "--hostfile"])
+        .arg(&hostfile)
+        .arg("--launch-agent")
+        .arg(c.agent())
+        .args(["--map-by", "node"]);
+    let r = kit::run(cmd);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let figures: serde_json::Value =
+        serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {r:?}"));
+    for key in [
+        "rtt_us",
+        "remote_fault_us",
+        "write_fault_us",
+        "lock_acquire_us",
+        "sem_handoff_us",
+    ] {
+        let median = figures[key]["median"]
+            .as_f64()
+            .or_else(|| figures[key]["mean"].as_f64());
+        assert!(median.is_some_and(|m| m > 0.0), "{key}: {figures}");
+    }
+    assert!(
+        figures["barrier_us"]["2"]["median"].as_f64().is_some(),
+        "{figures}"
+    );
+    c.assert_clean("after dsm-bench");
+
     // TSP under --race, one rank per host (--map-by node), with a forwarded variable.
     let r = kit::run(c.dsmrun(
         &hostfile,

@@ -3,16 +3,18 @@
 //! Run without arguments it is a driver: it starts itself under `dsmrun` at N = 2 (all
 //! primitives) and N = 4 and 8 (barriers), and prints one JSON object with the figures and
 //! their ratios to the loopback TCP round trip measured in the same run. These are
-//! figures, not pass/fail checks.
+//! figures, not pass/fail checks. Arguments after `--` go to every `dsmrun` it starts, so
+//! `dsm-bench -- --hostfile hosts --map-by node` measures between hosts (the round trip
+//! then goes between rank 0's host and rank 1's).
 
 use anyhow::{bail, Context};
 use clap::Parser;
 use dsm_core::{Distribution, Dsm};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Measures loopback round trip, remote page fault, write fault with twin, remote lock
 /// acquire (time and messages), lock hand-off (polling, and carrying one page of changes),
@@ -29,7 +31,14 @@ struct Args {
     /// Internal: run as a worker inside a dsmrun job ("all" or "barrier").
     #[arg(long, hide = true)]
     worker: Option<String>,
+    /// Arguments for every dsmrun the driver starts, after `--` (e.g. `-- --hostfile
+    /// hosts --map-by node` to measure between hosts).
+    #[arg(last = true)]
+    dsmrun_args: Vec<String>,
 }
+
+/// How long the benchmark's own socket between ranks 0 and 1 may take to connect.
+const SOCKET_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn main() -> std::process::ExitCode {
     apps::main_with(|| run().map(|()| std::process::ExitCode::SUCCESS))
@@ -80,11 +89,14 @@ fn time_each(
     Ok(samples)
 }
 
-fn run_job(nodes: usize, kind: &str, reps: usize) -> anyhow::Result<Value> {
+fn run_job(nodes: usize, kind: &str, args: &Args) -> anyhow::Result<Value> {
+    let reps = args.reps;
     let exe = std::env::current_exe()?;
     let dsmrun = exe.with_file_name("dsmrun");
     let out = Command::new(&dsmrun)
-        .args(["-n", &nodes.to_string(), "--timeout", "300", "--"])
+        .args(["-n", &nodes.to_string(), "--timeout", "300"])
+        .args(&args.dsmrun_args)
+        .arg("--")
         .arg(&exe)
         .args(["--worker", kind, "--reps", &reps.to_string()])
         .output()
@@ -105,13 +117,13 @@ fn run_job(nodes: usize, kind: &str, reps: usize) -> anyhow::Result<Value> {
 }
 
 fn driver(args: &Args) -> anyhow::Result<()> {
-    let mut all = run_job(2, "all", args.reps)?;
+    let mut all = run_job(2, "all", args)?;
     let mut barriers = serde_json::Map::new();
     for &n in &args.barrier_nodes {
         let r = if n == 2 {
             all["barrier_us"].clone()
         } else {
-            run_job(n, "barrier", args.reps)?["barrier_us"].clone()
+            run_job(n, "barrier", args)?["barrier_us"].clone()
         };
         barriers.insert(n.to_string(), r);
     }
@@ -258,13 +270,25 @@ fn semaphores(
     Ok(())
 }
 
-/// A loopback TCP connection between ranks 0 and 1 (collective; rank 0 listens and
-/// publishes its port in the shared allocation `name`), with Nagle off, for the
-/// benchmarks' own signalling outside the DSM.
+/// Where rank 0 listens for the benchmark's own socket: the address the job's ranks
+/// reach it at (its rendezvous host; loopback in a one-host job).
+fn rank0_ip() -> IpAddr {
+    dsm_core::JobConfig::from_env()
+        .ok()
+        .and_then(|c| c.coord)
+        .map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |a| a.ip())
+}
+
+/// A TCP connection between ranks 0 and 1 (collective; rank 0 listens where the job
+/// reaches it and publishes its port in the shared allocation `name`), with Nagle off, for
+/// the benchmarks' own signalling outside the DSM. Waits at most [`SOCKET_TIMEOUT`] on
+/// either side, so a rank that cannot reach the other fails naming the address.
 fn plain_socket_pair(dsm: &mut Dsm, name: &str) -> anyhow::Result<TcpStream> {
     let port = dsm.alloc_with::<u64>(name, 1, Distribution::OnNode(0))?;
+    let ip = rank0_ip();
     let listener = if dsm.rank() == 0 {
-        let l = TcpListener::bind("127.0.0.1:0")?;
+        let l = TcpListener::bind((ip, 0))
+            .with_context(|| format!("rank 0: cannot listen on {ip} for the round trip"))?;
         dsm.view(&port).set(0, l.local_addr()?.port() as u64);
         Some(l)
     } else {
@@ -272,11 +296,44 @@ fn plain_socket_pair(dsm: &mut Dsm, name: &str) -> anyhow::Result<TcpStream> {
     };
     dsm.barrier()?;
     let s = match listener {
-        Some(l) => l.accept()?.0,
-        None => TcpStream::connect(("127.0.0.1", dsm.view(&port).get(0) as u16))?,
+        Some(l) => accept_within(&l, SOCKET_TIMEOUT)?,
+        None => {
+            let at = SocketAddr::new(ip, dsm.view(&port).get(0) as u16);
+            TcpStream::connect_timeout(&at, SOCKET_TIMEOUT).with_context(|| {
+                format!(
+                    "rank {}: cannot connect to rank 0's round-trip socket at {at}",
+                    dsm.rank()
+                )
+            })?
+        }
     };
     s.set_nodelay(true)?;
     Ok(s)
+}
+
+/// The first connection to `l` within `timeout`, as a blocking stream.
+fn accept_within(l: &TcpListener, timeout: Duration) -> anyhow::Result<TcpStream> {
+    l.set_nonblocking(true)?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match l.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false)?;
+                return Ok(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    bail!(
+                        "rank 0: no rank connected to the round-trip socket at {} within {} s",
+                        l.local_addr()?,
+                        timeout.as_secs()
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// Loopback TCP round trip between rank 0 and rank 1 over a plain socket: the physical
