@@ -619,42 +619,75 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
     let errno = errno_location();
     // SAFETY: errno slot of this thread; preserved across our syscalls.
     let saved_errno = unsafe { *errno };
-    if fault_is_write(ctx) == 1 && fast_write_fault(addr, start) {
+    let kind = fault_is_write(ctx);
+    if kind == 1 && fast_write_fault(addr, start) {
         // SAFETY: restoring this thread's errno.
         unsafe { *errno = saved_errno };
         return;
     }
 
     // One fault at a time: other faulting threads wait for the slot.
-    SLOT.claim(addr, fault_is_write(ctx));
+    SLOT.claim(addr, kind);
     // A parked fault polls for the process's budget before it sleeps (`crate::spin`).
     let spin_ns = crate::spin::budget_ns();
     // A read fault of a page the engine armed asks the home itself, if this thread will
     // poll for the answer; otherwise, or once the budget is spent, the comm thread takes
     // the fault (and with it the wait for the copy).
     let mut asked = None;
-    if spin_ns > 0 && fault_is_write(ctx) == 0 {
+    if spin_ns > 0 && kind == 0 {
         asked = ask_home(addr, start);
     }
     if asked.is_none() {
         hand_to_comm_thread();
     }
+    // A read fault is a fetch of an invalid page (or a wild access): once the comm thread
+    // has taken it, this thread has nothing to do until the page comes.
+    let (outcome, waited) = wait_for_outcome(addr, start, spin_ns, kind == 0, &mut asked);
+    if let Some(slept) = waited {
+        crate::spin::count_wait(!slept);
+    }
+    match asked {
+        // Resolved by the comm thread, which read the announcement (or the reply) already.
+        Some(Asked::Lane(end)) => stop_polling_lane(end, false),
+        Some(Asked::Socket(link)) => link.await_reply(false),
+        None => {}
+    }
+    SLOT.release();
+    if outcome == SlotState::Crash {
+        // Inside the segment but in no allocation: a wild access; crash like one.
+        die_by_default_on_return();
+    }
+    // SAFETY: restoring this thread's errno.
+    unsafe { *errno = saved_errno };
+}
+
+/// From the handler, holding the slot with its fault posted or asked for: waits for the
+/// outcome, polling for `spin_ns` (meanwhile taking a read fault's page from the home's
+/// lane or socket itself when `commit_page`), then handing an asked fault's wait to the
+/// comm thread, then sleeping. Returns the outcome (`Resolved` also when this thread took
+/// the page itself; `asked` is then emptied and the lane let go) and, if the thread
+/// waited, whether it slept.
+fn wait_for_outcome(
+    addr: usize,
+    start: usize,
+    spin_ns: u64,
+    commit_page: bool,
+    asked: &mut Option<Asked>,
+) -> (SlotState, Option<bool>) {
     // Set once the wait is the comm thread's (the budget spent): the engine then owns the
     // fetch, and a page this thread took from the lane could race its step for the fault.
     let mut handed_over = false;
     let mut spin_from = if spin_ns > 0 { monotonic_ns() } else { 0 };
     let (mut polled, mut slept) = (false, false);
-    // A read fault is a fetch of an invalid page (or a wild access): once the comm thread
-    // has taken it, this thread has nothing to do until the page comes.
-    let commit_page = fault_is_write(ctx) == 0;
+    let waited = |polled: bool, slept: bool| (polled || slept).then_some(slept);
     let mut committed = false;
-    let outcome = loop {
+    loop {
         let s = SLOT.state();
         if matches!(s, SlotState::Resolved | SlotState::Crash) {
-            break s;
+            return (s, waited(polled, slept));
         }
         if (s == SlotState::Taken && !handed_over || s == SlotState::Asked) && commit_page {
-            let took = match asked {
+            let took = match *asked {
                 Some(Asked::Socket(link)) if s == SlotState::Asked => {
                     take_page_from_socket(link, addr, start)
                 }
@@ -672,13 +705,7 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
                 // The fault is over: the engine takes the page in from the record at the
                 // start of its next event (before any next fault), resolving nothing.
                 LANE_HOME.store(0, Ordering::Release);
-                if polled || slept {
-                    crate::spin::count_wait(!slept);
-                }
-                SLOT.release();
-                // SAFETY: restoring this thread's errno.
-                unsafe { *errno = saved_errno };
-                return;
+                return (SlotState::Resolved, waited(polled, slept));
             }
             if !committed {
                 committed = true;
@@ -712,23 +739,7 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
         }
         slept = true;
         SLOT.sleep_while(s);
-    };
-    if polled || slept {
-        crate::spin::count_wait(!slept);
     }
-    match asked {
-        // Resolved by the comm thread, which read the announcement (or the reply) already.
-        Some(Asked::Lane(end)) => stop_polling_lane(end, false),
-        Some(Asked::Socket(link)) => link.await_reply(false),
-        None => {}
-    }
-    SLOT.release();
-    if outcome == SlotState::Crash {
-        // Inside the segment but in no allocation: a wild access; crash like one.
-        die_by_default_on_return();
-    }
-    // SAFETY: restoring this thread's errno.
-    unsafe { *errno = saved_errno };
 }
 
 /// From the handler: posts the fault in the slot for the comm thread and wakes it, unless
