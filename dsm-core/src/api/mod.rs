@@ -311,6 +311,124 @@ fn fnv(h: u64, bytes: &[u8]) -> u64 {
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 
+/// The shared segment's length: the job's choice rounded up to whole pages, or the default.
+fn segment_len(env: &JobConfig) -> Result<usize, DsmError> {
+    let seg_len = match env.segment_bytes {
+        None => DEFAULT_SEGMENT,
+        Some(b) if b.div_ceil(PAGE_SIZE as u64) <= MAX_SEGMENT_BYTES / PAGE_SIZE as u64 => {
+            (b as usize).div_ceil(PAGE_SIZE) * PAGE_SIZE
+        }
+        Some(b) => {
+            return Err(DsmError::Config(format!(
+                "a shared segment of {b} bytes (dsmrun --segment, DSM_SEGMENT) is larger \
+                 than the largest, 16T ({MAX_SEGMENT_BYTES} bytes): page numbers are 32-bit"
+            )))
+        }
+    };
+    Ok(seg_len)
+}
+
+/// Where the segment goes, agreed by every rank before anyone maps it: its base, whether
+/// the job shares one common segment (with the file to map, then) and whether locks live
+/// in it.
+fn choose_segment(
+    env: &JobConfig,
+    mesh: &mut dsm_net::Mesh,
+    seg_len: usize,
+) -> Result<(usize, bool, bool, Option<std::os::fd::OwnedFd>), DsmError> {
+    let probe = probe_segment_bases(env, seg_len, can_map_common_segment(env, mesh))?;
+    // Every rank maps the segment at one address: agree on one free on every host
+    // before mapping, so that a clash is one clear message, never a crash later.
+    let explicit = env.segment_addr.is_some();
+    let choice = if env.size == 1 {
+        segment_base::choose(&[probe], explicit)
+    } else {
+        dsm_net::agree_segment_base(
+            mesh,
+            probe,
+            |probes| segment_base::choose(probes, explicit),
+            env.connect_timeout,
+        )?
+    };
+    let (seg_addr, common_memory, host_locks) = match choice {
+        SegmentChoice::Use {
+            base,
+            moved_because,
+            common_memory,
+            host_locks,
+        } => {
+            if let (Some(why), 0) = (moved_because, env.rank) {
+                tracing::warn!(
+                    "{why}; the job maps its shared segment at {base:#x} instead (free on every host)"
+                );
+            }
+            (base as usize, common_memory, host_locks)
+        }
+        SegmentChoice::Stop { reason } => {
+            return Err(DsmError::Segment(std::io::Error::other(reason)))
+        }
+    };
+    let common_file = if common_memory {
+        if env.rank == 0 {
+            tracing::info!(
+                "the {} ranks share one host: they map one common segment, and no page \
+                 travels (DSM_TRANSPORT=rings gives each rank its own copy)",
+                env.size
+            );
+        }
+        Some(mesh.segment_file.take().ok_or_else(|| {
+            DsmError::Segment(std::io::Error::other(
+                "rank 0 chose one common segment, but this rank holds no segment file",
+            ))
+        })?)
+    } else {
+        None
+    };
+    mesh.segment_file = None;
+    Ok((seg_addr, common_memory, host_locks, common_file))
+}
+
+/// The protocol engine over the mapped segment, with the handler's fast path, pushes,
+/// and recording or replay as the job asks; also the path of this rank's record part.
+fn build_engine(
+    env: &JobConfig,
+    seg: &'static Segment,
+    common_memory: bool,
+    race_on: bool,
+) -> Result<(Engine<SegmentMemory>, Option<std::path::PathBuf>), DsmError> {
+    let mut engine = Engine::new(
+        env.rank as NodeId,
+        env.size,
+        seg.pages(),
+        SegmentMemory::new(seg),
+        race_on,
+    );
+    engine.set_common_memory(common_memory);
+    if env.debug.fast_faults {
+        let fast = std::sync::Arc::new(crate::engine::FastFaults::new(
+            engine.page_limit(),
+            MAX_HANDLER_TWINS,
+        ));
+        fault::set_fast_faults(Some(fast.clone()));
+        engine = engine.with_fast_faults(fast);
+    } else {
+        fault::set_fast_faults(None);
+    }
+    let record_part = env.replay.record.as_ref().map(|prefix| {
+        let mut p = prefix.as_os_str().to_owned();
+        p.push(format!(".{}", env.rank));
+        std::path::PathBuf::from(p)
+    });
+    engine.set_push_limit(env.push_pages);
+    if record_part.is_some() {
+        engine.start_recording();
+    }
+    if let Some(path) = &env.replay.replay {
+        engine.start_replay(load_schedule(path, env.rank, env.size)?);
+    }
+    Ok((engine, record_part))
+}
+
 impl Dsm {
     /// Joins the job described by the environment (`dsmrun`, `srun` or `mpirun` with
     /// `DSM_COORD` and `DSM_JOB_SECRET`), or runs as a single node when started alone.
@@ -331,18 +449,7 @@ impl Dsm {
         if let Some(fd) = env.launcher_fd {
             watch_launcher(fd, env.rank)?;
         }
-        let seg_len = match env.segment_bytes {
-            None => DEFAULT_SEGMENT,
-            Some(b) if b.div_ceil(PAGE_SIZE as u64) <= MAX_SEGMENT_BYTES / PAGE_SIZE as u64 => {
-                (b as usize).div_ceil(PAGE_SIZE) * PAGE_SIZE
-            }
-            Some(b) => {
-                return Err(DsmError::Config(format!(
-                    "a shared segment of {b} bytes (dsmrun --segment, DSM_SEGMENT) is larger \
-                     than the largest, 16T ({MAX_SEGMENT_BYTES} bytes): page numbers are 32-bit"
-                )))
-            }
-        };
+        let seg_len = segment_len(&env)?;
         let rendezvous = match (env.rank, env.coord_fd, env.coord) {
             (0, Some(fd), Some(coord)) => {
                 Some(sys::adopt_rendezvous(fd, coord).map_err(DsmError::Io)?)
@@ -357,55 +464,8 @@ impl Dsm {
                 tracing::debug!("cannot note the job's start in '{}': {e}", marker.display());
             }
         }
-        let probe = probe_segment_bases(&env, seg_len, can_map_common_segment(&env, &mesh))?;
-        // Every rank maps the segment at one address: agree on one free on every host
-        // before mapping, so that a clash is one clear message, never a crash later.
-        let explicit = env.segment_addr.is_some();
-        let choice = if env.size == 1 {
-            segment_base::choose(&[probe], explicit)
-        } else {
-            dsm_net::agree_segment_base(
-                &mut mesh,
-                probe,
-                |probes| segment_base::choose(probes, explicit),
-                env.connect_timeout,
-            )?
-        };
-        let (seg_addr, common_memory, host_locks) = match choice {
-            SegmentChoice::Use {
-                base,
-                moved_because,
-                common_memory,
-                host_locks,
-            } => {
-                if let (Some(why), 0) = (moved_because, env.rank) {
-                    tracing::warn!(
-                        "{why}; the job maps its shared segment at {base:#x} instead (free on every host)"
-                    );
-                }
-                (base as usize, common_memory, host_locks)
-            }
-            SegmentChoice::Stop { reason } => {
-                return Err(DsmError::Segment(std::io::Error::other(reason)))
-            }
-        };
-        let common_file = if common_memory {
-            if env.rank == 0 {
-                tracing::info!(
-                    "the {} ranks share one host: they map one common segment, and no page \
-                     travels (DSM_TRANSPORT=rings gives each rank its own copy)",
-                    env.size
-                );
-            }
-            Some(mesh.segment_file.take().ok_or_else(|| {
-                DsmError::Segment(std::io::Error::other(
-                    "rank 0 chose one common segment, but this rank holds no segment file",
-                ))
-            })?)
-        } else {
-            None
-        };
-        mesh.segment_file = None;
+        let (seg_addr, common_memory, host_locks, common_file) =
+            choose_segment(&env, &mut mesh, seg_len)?;
         let (seg, mailbox) =
             fault::start(seg_addr, seg_len, common_file, env.size).map_err(DsmError::Segment)?;
         // Whether polling pays depends on the cores the job's ranks may use on this host,
@@ -427,36 +487,7 @@ impl Dsm {
         } else {
             None
         };
-        let mut engine = Engine::new(
-            env.rank as NodeId,
-            env.size,
-            seg.pages(),
-            SegmentMemory::new(seg),
-            race.is_some(),
-        );
-        engine.set_common_memory(common_memory);
-        if env.debug.fast_faults {
-            let fast = std::sync::Arc::new(crate::engine::FastFaults::new(
-                engine.page_limit(),
-                MAX_HANDLER_TWINS,
-            ));
-            fault::set_fast_faults(Some(fast.clone()));
-            engine = engine.with_fast_faults(fast);
-        } else {
-            fault::set_fast_faults(None);
-        }
-        let record_part = env.replay.record.as_ref().map(|prefix| {
-            let mut p = prefix.as_os_str().to_owned();
-            p.push(format!(".{}", env.rank));
-            std::path::PathBuf::from(p)
-        });
-        engine.set_push_limit(env.push_pages);
-        if record_part.is_some() {
-            engine.start_recording();
-        }
-        if let Some(path) = &env.replay.replay {
-            engine.start_replay(load_schedule(path, env.rank, env.size)?);
-        }
+        let (engine, record_part) = build_engine(&env, seg, common_memory, race.is_some())?;
         let order_on = record_part.is_some() || env.replay.replay.is_some();
         let pin = match (&race, env.race.pinpoint.is_empty()) {
             (Some(_), false) => {
