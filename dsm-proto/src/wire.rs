@@ -52,29 +52,26 @@ pub enum SyncPoint {
 
 impl fmt::Display for SyncPoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let after = |f: &mut fmt::Formatter<'_>, n: u32| match n {
-            0 => write!(f, "before the first barrier"),
-            n => write!(f, "after barrier {n}"),
-        };
         match self {
             SyncPoint::Start => write!(f, "the start of the run"),
             SyncPoint::Barrier(n) => write!(f, "barrier {n}"),
-            SyncPoint::Allocation { name, after: n } => {
-                write!(f, "the allocation of '{name}' (")?;
-                after(f, *n)?;
-                write!(f, ")")
+            SyncPoint::Allocation { name, after } => {
+                write!(f, "the allocation of '{name}' ({})", after_barriers(*after))
             }
-            SyncPoint::Finish { after: n } => {
-                write!(f, "finish (")?;
-                after(f, *n)?;
-                write!(f, ")")
-            }
-            SyncPoint::Internal { after: n } => {
-                write!(f, "a barrier of dsm's own (")?;
-                after(f, *n)?;
-                write!(f, ")")
+            SyncPoint::Finish { after } => write!(f, "finish ({})", after_barriers(*after)),
+            SyncPoint::Internal { after } => {
+                write!(f, "a barrier of dsm's own ({})", after_barriers(*after))
             }
         }
+    }
+}
+
+/// Where a point lies among the program's barriers, as messages and reports word it:
+/// `before the first barrier` or `after barrier N`.
+pub fn after_barriers(after: u32) -> String {
+    match after {
+        0 => "before the first barrier".into(),
+        n => format!("after barrier {n}"),
     }
 }
 

@@ -19,7 +19,7 @@
 
 use crate::check::{Finding, FindingKind};
 use crate::detect::{sync_text, Race, RaceClass, RaceKind};
-use dsm_proto::{NodeId, SyncCause};
+use dsm_proto::{after_barriers, NodeId, SyncCause};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -193,13 +193,6 @@ impl Point {
             Point::Exit { .. } => "exit",
             Point::Running { .. } => "running",
         }
-    }
-}
-
-fn after_barriers(after: u32) -> String {
-    match after {
-        0 => "before the first barrier".into(),
-        n => format!("after barrier {n}"),
     }
 }
 
