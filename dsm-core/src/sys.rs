@@ -462,10 +462,13 @@ impl HostLock {
     /// The vector time the lock's last releaser stored ([`HostLock::set_released_clock`]),
     /// all zeros if none did. Call while holding the lock.
     pub(crate) fn released_clock(self) -> Vec<u32> {
-        self.clock
-            .iter()
-            .map(|e| e.load(Ordering::Relaxed))
-            .collect()
+        self.released().collect()
+    }
+
+    /// [`HostLock::released_clock`] without collecting it. Read without holding the lock,
+    /// it is a guess that may be torn by a concurrent release.
+    pub(crate) fn released(self) -> impl ExactSizeIterator<Item = u32> {
+        self.clock.iter().map(|e| e.load(Ordering::Relaxed))
     }
 
     /// Stores what this rank knows as it releases the lock (one entry per rank). Call

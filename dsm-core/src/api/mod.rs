@@ -37,8 +37,8 @@ use crate::sys::{self, AppSlice, Segment};
 use bytemuck::Pod;
 use dsm_proto::segment_base::{self, SegmentChoice, SegmentProbe};
 use dsm_proto::{
-    JobConfig, LockId, NodeId, PageNo, PageRuns, SyncPoint, VectorTime, MAX_SEGMENT_BYTES,
-    PAGE_SIZE,
+    JobConfig, LockId, NodeId, PageNo, PageRuns, RaceNotices, SyncPoint, VectorTime,
+    MAX_SEGMENT_BYTES, PAGE_SIZE,
 };
 pub use dsm_race::RegionRule;
 use dsm_race::{Point, VarInfo};
@@ -872,8 +872,13 @@ impl Dsm {
         loop {
             match self.comm().recv() {
                 // The count of races is rank 0's, which reports them itself.
-                Reply::BarrierDone { epoch, races: _ } => {
+                Reply::BarrierDone {
+                    epoch,
+                    races: _,
+                    known,
+                } => {
                     if let Some(r) = self.race.as_mut() {
+                        r.known.set(&known);
                         r.recorder.discard_epoch();
                         r.epoch_done(self.barriers_called);
                         if let Some(mut m) = r.master() {
@@ -987,25 +992,26 @@ impl Dsm {
                     self.rank
                 )));
             }
-            // The interval before the acquire closes before the wait, not inside the
-            // critical section the other ranks queue behind.
-            let race = self.close_race_interval();
+            // A lock whose last release this rank already knows of leaves the interval
+            // open (see `KnownClock`). The lock's clock read before taking the lock is a
+            // guess, checked again once held.
+            let elide = |r: &RaceState| r.elide_acquires && r.known.covers(host.released());
+            let guessed = self.race.as_ref().is_some_and(elide);
+            // Otherwise the interval before the acquire closes before the wait, not
+            // inside the critical section the other ranks queue behind.
+            let race = if guessed {
+                None
+            } else {
+                self.close_race_interval()
+            };
             host.lock(crate::spin::budget_ns());
             self.host_locks_held.push(lock);
             self.host_lock_acquires += 1;
-            if self.race.is_some() {
-                let released = VectorTime(host.released_clock());
-                match self.comm().call(Command::HostAcquire {
-                    lock,
-                    race,
-                    released,
-                }) {
-                    Reply::Done => self.after_lock_sync()?,
-                    other => {
-                        return Err(DsmError::Protocol(format!(
-                            "unexpected reply to acquire: {other:?}"
-                        )))
-                    }
+            if let Some(r) = self.race.as_mut() {
+                if guessed && elide(r) {
+                    r.elided_acquires += 1;
+                } else {
+                    self.host_acquire_in_engine(lock, host, race, guessed)?;
                 }
             }
             return Ok(LockGuard {
@@ -1036,6 +1042,36 @@ impl Dsm {
         }
     }
 
+    /// Race mode: a host lock just taken joins its release clock in the engine, closing
+    /// the interval before it (here, if the guess that it would not need to was wrong).
+    fn host_acquire_in_engine(
+        &mut self,
+        lock: LockId,
+        host: sys::HostLock,
+        race: Option<RaceNotices>,
+        still_open: bool,
+    ) -> Result<(), DsmError> {
+        let race = if still_open {
+            self.close_race_interval()
+        } else {
+            race
+        };
+        let released = VectorTime(host.released_clock());
+        if let Some(r) = self.race.as_mut() {
+            r.known.join(&released);
+        }
+        match self.comm().call(Command::HostAcquire {
+            lock,
+            race,
+            released,
+        }) {
+            Reply::Done => self.after_lock_sync(),
+            other => Err(DsmError::Protocol(format!(
+                "unexpected reply to acquire: {other:?}"
+            ))),
+        }
+    }
+
     /// Releases a lock held in the common memory; with race detection, leaves what this
     /// rank knew in the lock's memory for the next holder first.
     fn release_host_lock(&mut self, lock: LockId, host: sys::HostLock) -> Result<(), DsmError> {
@@ -1054,6 +1090,9 @@ impl Dsm {
         };
         host.set_released_clock(&known.0);
         host.unlock();
+        if let Some(r) = self.race.as_mut() {
+            r.known.set(&known);
+        }
         self.after_lock_sync()
     }
 

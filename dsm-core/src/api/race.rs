@@ -6,7 +6,7 @@
 use super::analyst::{self, Analyst, Master, SharedMaster, MAX_UNANALYSED_BATCHES};
 use super::{Dsm, Outcome, MAX_SHIPPED_BITMAP_BYTES};
 use crate::comm::Comm;
-use crate::engine::{Command, Reply};
+use crate::engine::{Command, KnownClock, Reply};
 use crate::error::DsmError;
 use dsm_proto::{EncodedBitmap, NodeId, RaceNotices, RaceOptions, RacePhases};
 use dsm_race::{Checker, Incremental, Recorder, Reporter, VarTable};
@@ -62,6 +62,16 @@ pub(super) struct RaceState {
     /// arrivals unasked, sparing the master a round (the protocol's shared pages are
     /// shipped too; in one common memory nothing marks a page shared).
     pub(super) asked_pages: std::collections::HashSet<dsm_proto::PageNo>,
+    /// What the engine knew at this node's last host-lock operation or barrier: an
+    /// acquire of a host lock whose last release it covers leaves the interval open
+    /// (see [`KnownClock`]).
+    pub(super) known: KnownClock,
+    /// Whether such acquires may leave the interval open: not when intervals must be
+    /// numbered alike in every run (`--pinpoint` counts them), nor where lock edges order
+    /// nothing or whole epochs are analysed as such (`--race=schedule`, `--check`).
+    pub(super) elide_acquires: bool,
+    /// Host-lock acquires that left the interval open.
+    pub(super) elided_acquires: u64,
 }
 
 /// A node ships its closed intervals at least this often between barriers, so races in
@@ -114,6 +124,7 @@ impl RaceState {
             }
             Arc::new(Mutex::new(Master::new(rep, inc, nodes)))
         });
+        let elide_acquires = !options.schedule && !options.check && options.pinpoint.is_empty();
         Ok(RaceState {
             phases: options.phases,
             recorder: Recorder::new(),
@@ -137,6 +148,9 @@ impl RaceState {
             foreign_seen: 0,
             sem_tokens: Default::default(),
             asked_pages: Default::default(),
+            known: KnownClock::default(),
+            elide_acquires,
+            elided_acquires: 0,
         })
     }
 
@@ -208,7 +222,7 @@ impl RaceState {
             let s = &self.sum;
             let rs = self.recorder.stats();
             eprintln!(
-                "dsm-race-stats: run: barriers {}, intervals {}, interval pairs {} considered / {} concurrent / {} overlapping, intervals in a concurrent overlapping pair {}, bitmaps {} of {} fetched, notice bytes {}, rank 0 recording (interval close) {:.3} ms, interval comparison {:.3} ms, bitmap round {:.3} ms, peak bitmap store on rank 0 {} bytes",
+                "dsm-race-stats: run: barriers {}, intervals {}, interval pairs {} considered / {} concurrent / {} overlapping, intervals in a concurrent overlapping pair {}, bitmaps {} of {} fetched, notice bytes {}, rank 0 recording (interval close) {:.3} ms, interval comparison {:.3} ms, bitmap round {:.3} ms, peak bitmap store on rank 0 {} bytes, rank 0 acquires that left the interval open {}",
                 self.barriers,
                 s.intervals,
                 s.pairs_considered,
@@ -221,7 +235,8 @@ impl RaceState {
                 self.close_time.as_secs_f64() * 1e3,
                 self.plan_time.as_secs_f64() * 1e3,
                 self.bitmap_time.as_secs_f64() * 1e3,
-                rs.peak_store_bytes
+                rs.peak_store_bytes,
+                self.elided_acquires
             );
             if inc.batches > 0 {
                 eprintln!(

@@ -306,7 +306,15 @@ impl<M: Memory> Engine<M> {
         if self.finishing {
             self.finished = true;
         }
-        self.reply_after_home_diffs(waits, Reply::BarrierDone { epoch, races });
+        let known = self.known();
+        self.reply_after_home_diffs(
+            waits,
+            Reply::BarrierDone {
+                epoch,
+                races,
+                known,
+            },
+        );
     }
 
     // ---------------------------------------------------------------- race-mode rounds

@@ -64,7 +64,7 @@ use std::sync::Arc;
 pub use fast::{pack_applied, FastFaults, FETCHED_APPLIED_MAX};
 
 pub use barriers::ALL_TO_ALL_MAX_NODES;
-pub use locks::lock_manager;
+pub use locks::{lock_manager, KnownClock};
 pub use semaphores::{sem_manager, SemDone};
 pub use vec_memory::VecMemory;
 
@@ -305,6 +305,8 @@ pub enum Reply {
         epoch: u32,
         /// Races the master reported for the epoch (0 without race detection).
         races: u64,
+        /// What this node knows after the barrier (see [`KnownClock`]).
+        known: VectorTime,
     },
     /// Race mode, barrier master: every interval of the epoch, for analysis, and the
     /// bitmaps the nodes shipped with their arrivals. The app answers with
