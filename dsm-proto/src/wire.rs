@@ -20,7 +20,7 @@ pub type LockId = u64;
 pub type SemId = u64;
 
 /// Protocol version spoken in the handshake; bump it when any message layout changes.
-pub const PROTOCOL_VERSION: u32 = 16;
+pub const PROTOCOL_VERSION: u32 = 17;
 
 /// Where a node's program is when it arrives at a barrier, numbered as the program counts:
 /// its own `barrier()` calls, from 1. Every message a user reads about a barrier names this,
@@ -328,31 +328,75 @@ pub struct RaceNotices {
     pub reads: PageRuns,
     /// Write notices: pages with at least one recorded write in the interval.
     pub writes: PageRuns,
-    /// Which 64-byte blocks of a page of `reads` the interval read (bit `i`: bytes
-    /// `64 i..64 i + 64`), for the pages not read in every block, sorted by page. The
-    /// barrier master compares two intervals' bitmaps of a page only where their blocks
-    /// meet, so locks guarding neighbouring elements of one page cost no bitmap.
-    pub read_blocks: Vec<(PageNo, u64)>,
+    /// Where in a page of `reads` the interval read, for the pages it did not read in
+    /// every 64-byte block, sorted by page. The barrier master compares two intervals'
+    /// bitmaps of a page only where their extents meet, so locks guarding neighbouring
+    /// elements of one page cost no bitmap.
+    pub read_extents: Vec<PageExtent>,
     /// The same for `writes`.
-    pub write_blocks: Vec<(PageNo, u64)>,
+    pub write_extents: Vec<PageExtent>,
+}
+
+/// Where an interval read or wrote within one page: two over-approximations of the bytes
+/// it accessed, each cheap to intersect. Blocks alone let neighbouring elements whose
+/// sizes are not multiples of 64 bytes (a 72-byte record, say) meet in the block they
+/// share; the bounds tell them apart, and the blocks tell apart accesses at both ends of
+/// a page.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageExtent {
+    /// The page.
+    pub page: PageNo,
+    /// The 64-byte blocks accessed (bit `i`: bytes `64 i..64 i + 64`).
+    pub blocks: u64,
+    /// The accessed bytes lie in `start..end` (offsets in the page).
+    pub start: u16,
+    /// See `start`.
+    pub end: u16,
+}
+
+impl PageExtent {
+    /// No access to `page`.
+    pub fn none(page: PageNo) -> PageExtent {
+        PageExtent {
+            page,
+            blocks: 0,
+            start: 0,
+            end: 0,
+        }
+    }
+
+    /// Accesses anywhere in `page`.
+    pub fn whole(page: PageNo) -> PageExtent {
+        PageExtent {
+            page,
+            blocks: u64::MAX,
+            start: 0,
+            end: crate::PAGE_SIZE as u16,
+        }
+    }
+
+    /// Whether the accesses of both extents may share a byte.
+    pub fn meets(&self, other: &PageExtent) -> bool {
+        self.blocks & other.blocks != 0 && self.start < other.end && other.start < self.end
+    }
 }
 
 impl RaceNotices {
-    /// The 64-byte blocks of `page` the interval wrote (`write`) or read: every block for
-    /// a page of the notices that `read_blocks`/`write_blocks` do not narrow, none for a
-    /// page they do not name.
-    pub fn blocks(&self, page: PageNo, write: bool) -> u64 {
+    /// Where the interval wrote (`write`) or read in `page`: the whole page for a page of
+    /// the notices that `read_extents`/`write_extents` do not narrow, nothing for a page
+    /// they do not name.
+    pub fn extent(&self, page: PageNo, write: bool) -> PageExtent {
         let (pages, narrowed) = if write {
-            (&self.writes, &self.write_blocks)
+            (&self.writes, &self.write_extents)
         } else {
-            (&self.reads, &self.read_blocks)
+            (&self.reads, &self.read_extents)
         };
         if !pages.contains(page) {
-            return 0;
+            return PageExtent::none(page);
         }
-        match narrowed.binary_search_by_key(&page, |b| b.0) {
-            Ok(i) => narrowed[i].1,
-            Err(_) => u64::MAX,
+        match narrowed.binary_search_by_key(&page, |e| e.page) {
+            Ok(i) => narrowed[i],
+            Err(_) => PageExtent::whole(page),
         }
     }
 }

@@ -15,8 +15,8 @@
 
 use crate::record::decode_words;
 use dsm_proto::{
-    AccessKind, BitmapKey, EncodedBitmap, IntervalRecord, NodeId, PageNo, PageRuns, PlanStats,
-    SourceSite, SyncCause, PAGE_SIZE,
+    AccessKind, BitmapKey, EncodedBitmap, IntervalRecord, NodeId, PageExtent, PageNo, PageRuns,
+    PlanStats, SourceSite, SyncCause, PAGE_SIZE,
 };
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -285,28 +285,34 @@ fn for_each_page_within(runs: &PageRuns, within: &[(PageNo, PageNo)], mut f: imp
     }
 }
 
-/// The 64-byte blocks of one page an interval read and wrote (see
-/// [`RaceNotices::blocks`](dsm_proto::RaceNotices::blocks)).
+/// Where in one page an interval read and wrote (see
+/// [`RaceNotices::extent`](dsm_proto::RaceNotices::extent)).
 #[derive(Clone, Copy)]
 struct Blocks {
-    read: u64,
-    write: u64,
+    read: PageExtent,
+    write: PageExtent,
 }
 
 impl Blocks {
     fn of(r: &IntervalRecord, page: PageNo) -> Blocks {
-        r.race
-            .as_ref()
-            .map_or(Blocks { read: 0, write: 0 }, |n| Blocks {
-                read: n.blocks(page, false),
-                write: n.blocks(page, true),
-            })
+        r.race.as_ref().map_or(
+            Blocks {
+                read: PageExtent::none(page),
+                write: PageExtent::none(page),
+            },
+            |n| Blocks {
+                read: n.extent(page, false),
+                write: n.extent(page, true),
+            },
+        )
     }
 
-    /// Whether a write of one side shares a block with an access of the other: only then
-    /// can their bitmaps of the page hold a race.
+    /// Whether a write of one side may share a byte with an access of the other: only
+    /// then can their bitmaps of the page hold a race.
     fn meet(self, other: Blocks) -> bool {
-        self.write & (other.read | other.write) | self.read & other.write != 0
+        self.write.meets(&other.read)
+            || self.write.meets(&other.write)
+            || self.read.meets(&other.write)
     }
 }
 
@@ -1477,23 +1483,30 @@ mod tests {
                 )
             };
             let (reads, writes) = (runs(3), runs(2));
-            // Some pages narrowed to a few 64-byte blocks, as the recorder leaves them.
-            let mut blocks = |pages: &PageRuns| -> Vec<(PageNo, u64)> {
+            // Some pages narrowed to a few 64-byte blocks and bounds, as the recorder
+            // leaves them.
+            let mut extents = |pages: &PageRuns| -> Vec<PageExtent> {
                 let mut out = Vec::new();
-                for p in pages.iter() {
+                for page in pages.iter() {
                     if rnd(2) == 0 {
-                        let mask = 1u64 << rnd(4) | 1u64 << rnd(4);
-                        out.push((p, mask));
+                        let (b0, b1) = (rnd(4), rnd(4));
+                        let start = (64 * b0.min(b1) + rnd(64)) as u16;
+                        out.push(PageExtent {
+                            page,
+                            blocks: 1u64 << b0 | 1u64 << b1,
+                            start,
+                            end: (64 * b0.max(b1) + 1 + rnd(64)).max(u32::from(start) + 1) as u16,
+                        });
                     }
                 }
                 out
             };
-            let (read_blocks, write_blocks) = (blocks(&reads), blocks(&writes));
+            let (read_extents, write_extents) = (extents(&reads), extents(&writes));
             let race = (rnd(8) != 0).then_some(RaceNotices {
                 reads,
                 writes,
-                read_blocks,
-                write_blocks,
+                read_extents,
+                write_extents,
             });
             all.push(IntervalRecord {
                 node: k as NodeId,
@@ -1534,7 +1547,7 @@ mod tests {
             let epoch = random_epoch(seed, nodes, steps, pages);
             let sched = plan_with(1, epoch.clone(), true);
             // Brute force: every pair of intervals of different nodes, and every page one
-            // writes and the other reads or writes in a common 64-byte block.
+            // writes and the other reads or writes where their extents meet.
             let mut want = BTreeSet::new();
             for a in epoch.iter().filter(|r| r.race.is_some()) {
                 for b in epoch.iter().filter(|r| r.race.is_some() && r.node > a.node) {
@@ -1543,9 +1556,10 @@ mod tests {
                     let pages = aw.intersect(bw).union(&aw.intersect(br)).union(&ar.intersect(bw));
                     for page in pages.iter() {
                         let (na, nb) = (a.race.as_ref().unwrap(), b.race.as_ref().unwrap());
-                        let meet = na.blocks(page, true) & (nb.blocks(page, false) | nb.blocks(page, true))
-                            | na.blocks(page, false) & nb.blocks(page, true);
-                        if meet != 0 {
+                        let meet = na.extent(page, true).meets(&nb.extent(page, false))
+                            || na.extent(page, true).meets(&nb.extent(page, true))
+                            || na.extent(page, false).meets(&nb.extent(page, true));
+                        if meet {
                             want.insert((a.node, a.index, b.node, b.index, page));
                         }
                     }

@@ -21,8 +21,8 @@
 //! access once an interval's first accesses have grown the site list.
 
 use dsm_proto::{
-    AccessKind, BitmapKey, EncodedBitmap, PageNo, PageRuns, RaceNotices, SiteSpan, SmallVec,
-    SourceSite, PAGE_SHIFT, PAGE_SIZE,
+    AccessKind, BitmapKey, EncodedBitmap, PageExtent, PageNo, PageRuns, RaceNotices, SiteSpan,
+    SmallVec, SourceSite, PAGE_SHIFT, PAGE_SIZE,
 };
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, TryReserveError};
@@ -653,7 +653,7 @@ impl Recorder {
         let (mut reads, mut writes) = std::mem::take(&mut self.scratch);
         reads.clear();
         writes.clear();
-        let (mut read_blocks, mut write_blocks) = (Vec::new(), Vec::new());
+        let (mut read_extents, mut write_extents) = (Vec::new(), Vec::new());
         let mut site_buf = std::mem::take(&mut self.site_scratch);
         let store = &mut self.store;
         // Per kind, the spans of the last bitmap stored (an empty range at first).
@@ -680,14 +680,14 @@ impl Recorder {
                         READ,
                         &a.read,
                         &mut reads,
-                        &mut read_blocks,
+                        &mut read_extents,
                     ),
                     (
                         AccessKind::Write,
                         WRITE,
                         &a.write,
                         &mut writes,
-                        &mut write_blocks,
+                        &mut write_extents,
                     ),
                 ] {
                     if flags & bit == 0 {
@@ -708,7 +708,13 @@ impl Recorder {
                         block_mask(words.iter().map(Cell::get), a.shift)
                     };
                     if mask != u64::MAX {
-                        blocks.push((global, mask));
+                        let (start, end) = byte_bounds(words, a.shift);
+                        blocks.push(PageExtent {
+                            page: global,
+                            blocks: mask,
+                            start,
+                            end,
+                        });
                     }
                     let k = usize::from(bit == WRITE);
                     let from = store.sites.len();
@@ -773,8 +779,8 @@ impl Recorder {
         let notices = RaceNotices {
             reads: PageRuns::from_sorted_unique(&reads),
             writes: PageRuns::from_sorted_unique(&writes),
-            read_blocks,
-            write_blocks,
+            read_extents,
+            write_extents,
         };
         self.scratch = (reads, writes);
         notices
@@ -901,6 +907,19 @@ fn block_mask(words: impl Iterator<Item = u64>, shift: u32) -> u64 {
     mask
 }
 
+/// The first accessed byte of a page's bitmap `words` (granules of `1 << shift` bytes)
+/// and one past the last; `(0, 0)` if nothing was.
+fn byte_bounds(words: &[Cell<u64>], shift: u32) -> (u16, u16) {
+    let first = words.iter().position(|w| w.get() != 0);
+    let last = words.iter().rposition(|w| w.get() != 0);
+    let (Some(f), Some(l)) = (first, last) else {
+        return (0, 0);
+    };
+    let g0 = f * 64 + words[f].get().trailing_zeros() as usize;
+    let g1 = l * 64 + 64 - words[l].get().leading_zeros() as usize;
+    ((g0 << shift) as u16, (g1 << shift) as u16)
+}
+
 /// [`block_mask`] of a page whose every word is `w` (most pages of banded programs).
 fn uniform_block_mask(w: u64, shift: u32) -> u64 {
     let per_word = 1u32 << shift;
@@ -1006,6 +1025,25 @@ mod tests {
     }
 
     #[test]
+    fn neighbouring_records_share_a_block_but_their_extents_do_not_meet() {
+        // 72-byte elements (Water's per-molecule forces): element 1 ends in the block
+        // element 2 begins in.
+        let mut r = Recorder::new();
+        let forces = r.add_alloc(0, PAGE_SIZE, 72).unwrap();
+        r.alloc(forces).write(72, 72);
+        let one = r.close_interval().extent(0, true);
+        r.alloc(forces).read(144, 72);
+        r.alloc(forces).write(144, 72);
+        let two = r.close_interval();
+        assert_eq!((one.start, one.end), (72, 144));
+        assert_ne!(one.blocks & two.extent(0, true).blocks, 0, "a block in common");
+        assert!(!one.meets(&two.extent(0, true)) && !one.meets(&two.extent(0, false)));
+        r.alloc(forces).write(140, 8);
+        let three = r.close_interval().extent(0, true);
+        assert!(three.meets(&one) && three.meets(&two.extent(0, false)));
+    }
+
+    #[test]
     fn notices_narrow_partly_touched_pages_to_their_blocks() {
         let mut r = Recorder::new();
         let f64s = r.add_alloc(0, 2 * PAGE_SIZE, 8).unwrap();
@@ -1016,11 +1054,25 @@ mod tests {
         r.alloc(bytes).read(65, 1); // block 1 of page 2
         r.alloc(bytes).read(4095, 1); // block 63
         let n = r.close_interval();
-        assert_eq!(n.write_blocks, vec![(0, 1 | 1 << 12)]);
-        assert_eq!(n.read_blocks, vec![(2, 1 << 1 | 1 << 63)]);
-        assert_eq!(n.blocks(1, false), u64::MAX, "a whole page is not narrowed");
-        assert_eq!(n.blocks(1, true), 0, "page 1 was not written");
-        assert_eq!(n.blocks(0, true), 1 | 1 << 12);
+        let extent = |page, blocks, start, end| PageExtent {
+            page,
+            blocks,
+            start,
+            end,
+        };
+        assert_eq!(n.write_extents, vec![extent(0, 1 | 1 << 12, 0, 808)]);
+        assert_eq!(n.read_extents, vec![extent(2, 1 << 1 | 1 << 63, 65, 4096)]);
+        assert_eq!(
+            n.extent(1, false),
+            PageExtent::whole(1),
+            "a whole page is not narrowed"
+        );
+        assert_eq!(
+            n.extent(1, true),
+            PageExtent::none(1),
+            "page 1 was not written"
+        );
+        assert_eq!(n.extent(0, true).blocks, 1 | 1 << 12);
         for shift in 0..4 {
             let words = (PAGE_SIZE >> shift) / 64;
             let last = block_mask(std::iter::repeat_n(1u64 << 63, words), shift);
