@@ -874,6 +874,20 @@ impl Comm {
         self.park_if_dying();
     }
 
+    /// Runs `f` on the engine on this (the app) thread and carries out what it asked for:
+    /// for the engine's methods that answer at once, with no reply through the channel.
+    pub(crate) fn with_engine_now<R>(&self, f: impl FnOnce(&mut Engine<SegmentMemory>) -> R) -> R {
+        let mut engine = self.shared.engine();
+        let r = f(&mut engine);
+        let outputs = engine.take_outputs();
+        if !outputs.is_empty() {
+            self.shared.dispatch(&mut engine, outputs);
+        }
+        drop(engine);
+        self.park_if_dying();
+        r
+    }
+
     /// Runs `f` while this thread holds the engine lock (tests of the handler's check that
     /// no thread faults while it holds the engine).
     pub(crate) fn with_engine_held<R>(&self, f: impl FnOnce() -> R) -> R {

@@ -817,6 +817,11 @@ impl Bitmaps {
         self.map.retain(|(node, key), _| keep(*node, key));
     }
 
+    /// Drops `node`'s bitmap `key`, if held.
+    pub fn remove(&mut self, node: NodeId, key: &BitmapKey) {
+        self.map.remove(&(node, *key));
+    }
+
     /// Adds every bitmap of `other`.
     pub fn extend(&mut self, other: &Bitmaps) {
         self.map

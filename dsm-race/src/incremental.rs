@@ -33,7 +33,8 @@
 //! is exactly what it finds.
 
 use crate::detect::{plan_fresh, Bitmaps, Race, VarTable};
-use dsm_proto::{EncodedBitmap, IntervalRecord, NodeId, PageNo, PageRuns, VectorTime};
+use dsm_proto::{BitmapKey, EncodedBitmap, IntervalRecord, NodeId, PageNo, PageRuns, VectorTime};
+use std::collections::VecDeque;
 
 /// The race master's state between two barriers.
 pub struct Incremental {
@@ -43,6 +44,10 @@ pub struct Incremental {
     pending: Vec<Vec<IntervalRecord>>,
     /// The pending intervals' bitmaps.
     bitmaps: Bitmaps,
+    /// Per node, the keys of its bitmaps held in `bitmaps`, in the order they came (the
+    /// order of their intervals), so that discarding costs what is dropped, not what is
+    /// held.
+    held: Vec<VecDeque<BitmapKey>>,
     /// Each node's vector time at its latest batch.
     known: Vec<Option<VectorTime>>,
     /// Nodes whose last batch before the barrier has arrived (see [`Incremental::absorb`]).
@@ -65,6 +70,7 @@ impl Incremental {
             schedule,
             pending: vec![Vec::new(); nodes],
             bitmaps: Bitmaps::new(),
+            held: vec![VecDeque::new(); nodes],
             known: vec![None; nodes],
             done: vec![false; nodes],
             shipped: vec![0; nodes],
@@ -108,6 +114,7 @@ impl Incremental {
             if let Some((_, all, _)) = self.oracle.as_mut() {
                 all.insert(from, b.clone());
             }
+            self.held[from_idx].push_back(b.key);
             self.bitmaps.insert(from, b);
         }
         let already = self.shipped[from_idx];
@@ -175,15 +182,15 @@ impl Incremental {
                     .unwrap_or(u32::MAX)
             })
             .collect();
-        let mut dropped = false;
-        for (list, &upto) in self.pending.iter_mut().zip(&seen) {
+        for (node, (list, &upto)) in self.pending.iter_mut().zip(&seen).enumerate() {
             let k = list.partition_point(|r| r.index <= upto);
-            dropped |= k > 0;
             list.drain(..k);
-        }
-        if dropped {
-            self.bitmaps
-                .retain(|node, key| key.interval > seen[node as usize]);
+            let held = &mut self.held[node];
+            while held.front().is_some_and(|key| key.interval <= upto) {
+                if let Some(key) = held.pop_front() {
+                    self.bitmaps.remove(node as NodeId, &key);
+                }
+            }
         }
     }
 
@@ -218,6 +225,7 @@ impl Incremental {
     pub fn reset(&mut self) {
         self.pending.iter_mut().for_each(Vec::clear);
         self.bitmaps = Bitmaps::new();
+        self.held.iter_mut().for_each(VecDeque::clear);
         self.known = vec![None; self.nodes];
         self.done = vec![false; self.nodes];
         self.shipped = vec![0; self.nodes];

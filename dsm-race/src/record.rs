@@ -1036,7 +1036,11 @@ mod tests {
         r.alloc(forces).write(144, 72);
         let two = r.close_interval();
         assert_eq!((one.start, one.end), (72, 144));
-        assert_ne!(one.blocks & two.extent(0, true).blocks, 0, "a block in common");
+        assert_ne!(
+            one.blocks & two.extent(0, true).blocks,
+            0,
+            "a block in common"
+        );
         assert!(!one.meets(&two.extent(0, true)) && !one.meets(&two.extent(0, false)));
         r.alloc(forces).write(140, 8);
         let three = r.close_interval().extent(0, true);

@@ -1060,16 +1060,15 @@ impl Dsm {
         if let Some(r) = self.race.as_mut() {
             r.known.join(&released);
         }
-        match self.comm().call(Command::HostAcquire {
-            lock,
-            race,
-            released,
-        }) {
-            Reply::Done => self.after_lock_sync(),
-            other => Err(DsmError::Protocol(format!(
-                "unexpected reply to acquire: {other:?}"
-            ))),
+        if !self
+            .comm()
+            .with_engine_now(|e| e.host_acquire_now(lock, race, &released))
+        {
+            return Err(DsmError::Protocol(format!(
+                "lock {lock}: the engine refused an acquire in common memory"
+            )));
         }
+        self.after_lock_sync()
     }
 
     /// Releases a lock held in the common memory; with race detection, leaves what this
@@ -1081,13 +1080,9 @@ impl Dsm {
             return Ok(());
         }
         let race = self.close_race_interval();
-        let reply = self.comm().call(Command::HostRelease { lock, race });
-        let Reply::HostReleased(known) = reply else {
-            host.unlock();
-            return Err(DsmError::Protocol(format!(
-                "unexpected reply to release: {reply:?}"
-            )));
-        };
+        let known = self
+            .comm()
+            .with_engine_now(|e| e.host_release_now(lock, race));
         host.set_released_clock(&known.0);
         host.unlock();
         if let Some(r) = self.race.as_mut() {

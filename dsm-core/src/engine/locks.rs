@@ -401,6 +401,32 @@ impl<M: Memory> Engine<M> {
         self.reply(Reply::Done);
     }
 
+    /// [`Command::HostAcquire`] carried out at once for the app thread holding the engine
+    /// (see [`Engine::take_outputs`]): the reply is the return value, `false` if the
+    /// engine refused and queued a fatal output. Lock-heavy programs take a host lock
+    /// every microsecond or two; a reply through the outputs and a channel is a good part
+    /// of that.
+    ///
+    /// [`Command::HostAcquire`]: super::Command::HostAcquire
+    pub fn host_acquire_now(
+        &mut self,
+        lock: LockId,
+        race: Option<RaceNotices>,
+        released: &VectorTime,
+    ) -> bool {
+        self.take_in_handler_work();
+        self.host_acquire(lock, race, released)
+    }
+
+    /// [`Command::HostRelease`] carried out at once (as [`Engine::host_acquire_now`]):
+    /// returns what the next holder must learn.
+    ///
+    /// [`Command::HostRelease`]: super::Command::HostRelease
+    pub fn host_release_now(&mut self, lock: LockId, race: Option<RaceNotices>) -> VectorTime {
+        self.take_in_handler_work();
+        self.host_release(lock, race)
+    }
+
     /// A lock held in the job's common memory (race mode; see [`Command::HostAcquire`]):
     /// the app thread holds it already. Only intervals and vector time change: with one
     /// common memory there is no page to invalidate and no write notice to pass on.
@@ -411,7 +437,7 @@ impl<M: Memory> Engine<M> {
         lock: LockId,
         race: Option<RaceNotices>,
         released: &VectorTime,
-    ) {
+    ) -> bool {
         if !self.common_memory || released.len() != self.n {
             self.fatal(format!(
                 "lock {lock} taken in common memory with a release clock of {} entries \
@@ -420,22 +446,22 @@ impl<M: Memory> Engine<M> {
                 self.common_memory,
                 self.n
             ));
-            return;
+            return false;
         }
         self.close_interval(race);
         self.vt.merge(released);
         self.begin_interval(SyncCause::Acquire(lock));
-        self.reply(Reply::Done);
+        true
     }
 
     /// Releases a lock held in the job's common memory (see [`Command::HostRelease`]):
-    /// closes the interval and answers what the next holder must learn.
+    /// closes the interval and returns what the next holder must learn.
     ///
     /// [`Command::HostRelease`]: super::Command::HostRelease
-    pub(super) fn host_release(&mut self, lock: LockId, race: Option<RaceNotices>) {
+    pub(super) fn host_release(&mut self, lock: LockId, race: Option<RaceNotices>) -> VectorTime {
         self.close_interval(race);
         let known = self.known();
         self.begin_interval(SyncCause::Release(lock));
-        self.reply(Reply::HostReleased(known));
+        known
     }
 }

@@ -777,6 +777,12 @@ impl<M: Memory> Engine<M> {
         self.finished
     }
 
+    /// What the engine asked for since the last event, for a caller of a method that
+    /// runs at once (such as [`Engine::host_acquire_now`]) to carry out.
+    pub fn take_outputs(&mut self) -> Vec<Output> {
+        self.take_out()
+    }
+
     pub(super) fn take_out(&mut self) -> Vec<Output> {
         self.arm_pending();
         std::mem::take(&mut self.out)
@@ -820,8 +826,15 @@ impl<M: Memory> Engine<M> {
                 lock,
                 race,
                 released,
-            } => self.host_acquire(lock, race, &released),
-            Command::HostRelease { lock, race } => self.host_release(lock, race),
+            } => {
+                if self.host_acquire(lock, race, &released) {
+                    self.reply(Reply::Done);
+                }
+            }
+            Command::HostRelease { lock, race } => {
+                let known = self.host_release(lock, race);
+                self.reply(Reply::HostReleased(known));
+            }
             Command::Barrier {
                 finishing,
                 race,
