@@ -408,12 +408,12 @@ impl Shared {
         let Some(end) = self
             .outbox
             .get()
-            .and_then(|o| o.lanes().iter().find(|l| l.peer == peer))
+            .and_then(|o| o.lanes().iter().find(|l| l.peer() == peer))
         else {
             return msg;
         };
-        let lane = end.region.lane(end.dir);
-        let starts_at = end.delivered.load(Ordering::Acquire);
+        let lane = end.incoming();
+        let starts_at = end.delivered();
         let mut deferred = false;
         loop {
             match lane.state() {

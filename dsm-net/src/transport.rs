@@ -1170,34 +1170,84 @@ pub struct Outbox {
 }
 
 /// This node's ends of the page lanes shared with a co-located peer (see
-/// [`crate::ring::Lane`]): the region, the direction whose lane carries pages to this
-/// node, and the ring position after the last frame this node delivered from that peer. A
-/// page in the lane may be used once that position has reached the lane's `needs`: every
-/// frame the peer sent before it that is not the announcement of an earlier lane page has
-/// then been taken in. In the other direction's lane, this node may post a request for a
-/// page ([`crate::ring::Lane::post_request`]) behind everything it has sent (`sent`),
-/// ringing `peer_bell` if the peer's reader sleeps; the peer's transport delivers it as a
-/// [`Msg::PageRequest`] asking for a lane reply.
+/// [`crate::ring::Lane`]), and the rules for using them, kept here with the ring positions
+/// they compare: a page in the incoming lane may be used once every frame the peer sent
+/// before it that is not the announcement of an earlier lane page has been delivered
+/// ([`LaneEnd::holds_current`]); a request for a page goes behind everything this node has
+/// handed to the link, and the peer's transport delivers it as a [`Msg::PageRequest`]
+/// asking for a lane reply ([`LaneEnd::request_page`]). Every method is atomics and at
+/// most one `write(2)`, so the SIGSEGV handler may call them.
 #[derive(Clone)]
 pub struct LaneEnd {
     /// The peer that publishes into the lane.
-    pub peer: usize,
+    peer: usize,
     /// The shared region holding it.
-    pub region: Arc<Region>,
+    region: Arc<Region>,
     /// The direction of the peer's frames (and its lane) towards this node.
-    pub dir: Direction,
+    dir: Direction,
     /// Ring position after the last frame delivered from the peer.
-    pub delivered: Arc<AtomicU64>,
+    delivered: Arc<AtomicU64>,
     /// The direction of this node's frames (and its request slot) towards the peer.
-    pub to_peer: Direction,
+    to_peer: Direction,
     /// Ring position after every frame this node handed to the link towards the peer.
-    pub sent: Arc<AtomicU64>,
-    /// The bell the peer's ring reader waits on (an eventfd: write 8 bytes to ring it).
-    pub peer_bell: Arc<OwnedFd>,
+    sent: Arc<AtomicU64>,
+    /// The bell the peer's ring reader waits on.
+    peer_bell: Arc<OwnedFd>,
     /// The bell this node's reader of the peer's ring waits on: rung by a thread that
     /// stops polling the lane, so that an announcement the peer left without ringing (see
     /// [`crate::ring::Lane::set_taker_polling`]) is read.
-    pub own_bell: Arc<OwnedFd>,
+    own_bell: Arc<OwnedFd>,
+}
+
+impl LaneEnd {
+    /// The co-located peer at the far end.
+    pub fn peer(&self) -> usize {
+        self.peer
+    }
+
+    /// The lane the peer leaves page copies in for this node.
+    pub fn incoming(&self) -> Lane<'_> {
+        self.region.lane(self.dir)
+    }
+
+    /// Ring position after the last frame delivered from the peer.
+    pub fn delivered(&self) -> u64 {
+        self.delivered.load(Ordering::Acquire)
+    }
+
+    /// Whether the incoming lane holds a copy of `page` that may be used now: every frame
+    /// the peer sent before it has been delivered, so the copy is no older than what
+    /// those frames told this node.
+    pub fn holds_current(&self, page: u64) -> bool {
+        matches!(self.incoming().full(), Some(at) if at.page == page && self.delivered() >= at.needs)
+    }
+
+    /// Tells the peer whether a thread of this node polls the incoming lane (it then
+    /// leaves a copy without ringing this node's reader).
+    pub fn set_polling(&self, on: bool) {
+        self.incoming().set_taker_polling(on);
+    }
+
+    /// Asks the peer for `page` through the request slot of this node's lane towards it,
+    /// behind every frame this node has handed to the link, and rings the peer's bell if
+    /// its reader sleeps. Returns whether it asked (the slot may hold a request still).
+    pub fn request_page(&self, page: u64) -> bool {
+        let lane = self.region.lane(self.to_peer);
+        if !lane.post_request(page, self.sent.load(Ordering::Acquire)) {
+            return false;
+        }
+        if self.region.reader_needs_wake(self.to_peer) {
+            // A bell that cannot be rung leaves the request to the peer's next wake-up.
+            let _ = ring_bell(&self.peer_bell);
+        }
+        true
+    }
+
+    /// Rings this node's reader of the peer's ring, after a thread stopped polling the
+    /// incoming lane: an announcement the peer left without ringing is then read.
+    pub fn wake_own_reader(&self) {
+        let _ = ring_bell(&self.own_bell);
+    }
 }
 
 impl Outbox {

@@ -107,7 +107,7 @@ static LANE_HOME: AtomicU32 = AtomicU32::new(0);
 pub(crate) fn set_lanes(lanes: &[dsm_net::transport::LaneEnd], size: usize) {
     let mut table: Vec<Option<dsm_net::transport::LaneEnd>> = vec![None; size];
     for l in lanes {
-        if let Some(slot) = table.get_mut(l.peer) {
+        if let Some(slot) = table.get_mut(l.peer()) {
             *slot = Some(l.clone());
         }
     }
@@ -229,23 +229,19 @@ pub(crate) fn lane_awaited(home: usize) -> bool {
 /// for, with neither thread of this node in the way. Returns whether it asked. Nothing
 /// here allocates, locks or blocks: atomics and at most one `write(2)`.
 fn ask_lane_home(end: &'static LaneEnd, page: usize) -> bool {
-    let home = end.peer as u32;
+    let home = end.peer() as u32;
     // All before the request, since the home may answer at once: the flag, the home this
     // thread waits for, and the slot's state, which lets the comm thread resolve the fault
     // if the copy reaches it first.
-    end.region.lane(end.dir).set_taker_polling(true);
+    end.set_polling(true);
     LANE_HOME.store(home + 1, Ordering::Release);
     SLOT.ask();
-    let lane = end.region.lane(end.to_peer);
-    if !lane.post_request(page as u64, end.sent.load(Ordering::Acquire)) {
+    if !end.request_page(page as u64) {
         // Nothing asked, so nothing can answer: the slot is still this thread's alone.
         SLOT.unask();
         LANE_HOME.store(0, Ordering::Release);
-        end.region.lane(end.dir).set_taker_polling(false);
+        end.set_polling(false);
         return false;
-    }
-    if end.region.reader_needs_wake(end.to_peer) {
-        ring_eventfd(&end.peer_bell);
     }
     true
 }
@@ -268,24 +264,10 @@ fn lane_end(peer: usize) -> Option<&'static LaneEnd> {
 /// lane, and with `wake_reader` rings this node's reader of the peer's ring, which then
 /// reads an announcement the peer may have left without ringing while this thread polled.
 fn stop_polling_lane(end: &LaneEnd, wake_reader: bool) {
-    end.region.lane(end.dir).set_taker_polling(false);
+    end.set_polling(false);
     if wake_reader {
-        ring_eventfd(&end.own_bell);
+        end.wake_own_reader();
     }
-}
-
-/// Rings an eventfd bell (async-signal-safe: one `write(2)`).
-fn ring_eventfd(bell: &std::os::fd::OwnedFd) {
-    let one = 1u64.to_ne_bytes();
-    // SAFETY: write(2) on an eventfd is async-signal-safe; the buffer is 8 valid bytes and
-    // the descriptor belongs to the never-freed lane table.
-    unsafe {
-        libc::write(
-            std::os::fd::AsRawFd::as_raw_fd(bell),
-            one.as_ptr().cast(),
-            8,
-        )
-    };
 }
 
 /// Whether the faulting thread asked the home for its page itself and polls for it
@@ -362,12 +344,10 @@ fn take_page_from_lane(addr: usize, start: usize) -> LaneTake {
         return LaneTake::NotYet;
     };
     let page = (addr - start) / PAGE_SIZE;
-    let lane = end.region.lane(end.dir);
-    match lane.full() {
-        Some(at) if at.page == page as u64 && end.delivered.load(Ordering::Acquire) >= at.needs => {
-        }
-        _ => return LaneTake::NotYet,
+    if !end.holds_current(page as u64) {
+        return LaneTake::NotYet;
     }
+    let lane = end.incoming();
     if !lane.take() {
         return LaneTake::NotYet;
     }
