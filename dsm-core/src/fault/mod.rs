@@ -47,25 +47,55 @@ mod slot_deps {
     pub(super) use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 }
 
-/// The fault in service (see [`slot`]).
-static SLOT: FaultSlot = idle_slot!();
+/// Everything the SIGSEGV handler reads, in one place: written by [`start`], the comm
+/// thread and the engine's side of the fast paths, read by the handler with atomics
+/// only. Process-wide, since a signal handler has no other way to find its state.
+struct HandlerState {
+    /// The fault in service (see [`slot`]).
+    slot: FaultSlot,
+    /// The segment's app view, `seg_start..seg_end` (0..0: no DSM running).
+    seg_start: AtomicUsize,
+    seg_end: AtomicUsize,
+    /// Base of the segment's runtime view, where the handler copies twins from.
+    runtime_base: AtomicUsize,
+    /// Write end of the socket pair that wakes the comm thread (-1: no DSM running).
+    kick_fd: AtomicI32,
+    /// Set while the comm thread polls the slot for the next fault (`FaultMailbox::watch`):
+    /// the handler then skips the kick, a system call on the faulting thread's path that
+    /// would also wake the comm thread's runtime later for a fault already taken.
+    comm_watching: AtomicBool,
+    installed: AtomicBool,
+    /// The state shared with the engine for write faults served in the handler; unset
+    /// when the fast path is off (`DSM_FAST_FAULTS=0`). Each value comes from
+    /// `Arc::into_raw` and is never released, so the handler may use whatever pointer it
+    /// loads for the life of the process, even if a later `Dsm::init` in the same process
+    /// replaces it.
+    fast: AtomicPtr<FastFaults>,
+    /// The page lanes from co-located homes, indexed by rank: a value from
+    /// `Box::into_raw` never given back (a later job in the same process replaces it and
+    /// leaks the old one), so a loaded pointer stays valid for the process's life.
+    lanes: AtomicPtr<Vec<Option<LaneEnd>>>,
+    /// `home + 1` while the fault in service waits for a page from `home`'s lane; 0
+    /// otherwise.
+    lane_home: AtomicU32,
+    /// The links to peers reached over TCP, indexed by rank, for the handler to ask a
+    /// page's home itself (see [`ask_socket_home`]); kept like `lanes`, never freed.
+    direct: AtomicPtr<Vec<Option<DirectSender>>>,
+}
 
-static SEG_START: AtomicUsize = AtomicUsize::new(0);
-static SEG_END: AtomicUsize = AtomicUsize::new(0);
-/// Write end of the socket pair that wakes the comm thread (-1: no DSM running).
-static FAULT_KICK_FD: AtomicI32 = AtomicI32::new(-1);
-/// Set while the comm thread polls the slot for the next fault (`FaultMailbox::watch`):
-/// the handler then skips the kick, a system call on the faulting thread's path that would
-/// also wake the comm thread's runtime later for a fault already taken.
-static COMM_WATCHING: AtomicBool = AtomicBool::new(false);
-static HANDLER_INSTALLED: AtomicBool = AtomicBool::new(false);
-/// Base of the segment's runtime view, where the handler copies twins from.
-static RUNTIME_BASE: AtomicUsize = AtomicUsize::new(0);
-/// The state shared with the engine for write faults served in the handler; unset when
-/// the fast path is off (`DSM_FAST_FAULTS=0`). Each value comes from `Arc::into_raw` and is
-/// never released, so the handler may use whatever pointer it loads for the life of the
-/// process, even if a later `Dsm::init` in the same process replaces it.
-static FAST: AtomicPtr<FastFaults> = AtomicPtr::new(std::ptr::null_mut());
+static HANDLER: HandlerState = HandlerState {
+    slot: idle_slot!(),
+    seg_start: AtomicUsize::new(0),
+    seg_end: AtomicUsize::new(0),
+    runtime_base: AtomicUsize::new(0),
+    kick_fd: AtomicI32::new(-1),
+    comm_watching: AtomicBool::new(false),
+    installed: AtomicBool::new(false),
+    fast: AtomicPtr::new(std::ptr::null_mut()),
+    lanes: AtomicPtr::new(std::ptr::null_mut()),
+    lane_home: AtomicU32::new(0),
+    direct: AtomicPtr::new(std::ptr::null_mut()),
+};
 
 thread_local! {
     /// Set while this thread holds the protocol engine's lock. A fault in the segment
@@ -93,16 +123,6 @@ impl Drop for InEngine {
     }
 }
 
-/// Lets the handler serve write faults on the pages the engine arms in `fast`, or, with
-/// `None`, sends every fault to the comm thread. Set before the engine arms any page (at
-/// `Dsm::init`); a value set earlier in the process is replaced, not freed.
-/// The page lanes from co-located homes, indexed by rank, for the handler: a value from
-/// `Box::into_raw` never given back (a later job in the same process replaces it and
-/// leaks the old one), so a loaded pointer stays valid for the process's life.
-static LANES: AtomicPtr<Vec<Option<LaneEnd>>> = AtomicPtr::new(std::ptr::null_mut());
-/// `home + 1` while the fault in service waits for a page from `home`'s lane; 0 otherwise.
-static LANE_HOME: AtomicU32 = AtomicU32::new(0);
-
 /// Gives the handler the page lanes from this node's co-located peers.
 pub(crate) fn set_lanes(lanes: &[dsm_net::transport::LaneEnd], size: usize) {
     let mut table: Vec<Option<dsm_net::transport::LaneEnd>> = vec![None; size];
@@ -111,12 +131,10 @@ pub(crate) fn set_lanes(lanes: &[dsm_net::transport::LaneEnd], size: usize) {
             *slot = Some(l.clone());
         }
     }
-    LANES.store(Box::into_raw(Box::new(table)), Ordering::Release);
+    HANDLER
+        .lanes
+        .store(Box::into_raw(Box::new(table)), Ordering::Release);
 }
-
-/// The links to peers reached over TCP, indexed by rank, for the handler to ask a page's
-/// home itself (see [`ask_socket_home`]); kept like [`LANES`], never freed.
-static DIRECT: AtomicPtr<Vec<Option<DirectSender>>> = AtomicPtr::new(std::ptr::null_mut());
 
 /// Gives the handler the TCP links of this node, to send page requests on.
 pub(crate) fn set_direct_senders(senders: Vec<DirectSender>, size: usize) {
@@ -127,15 +145,17 @@ pub(crate) fn set_direct_senders(senders: Vec<DirectSender>, size: usize) {
             *slot = Some(d);
         }
     }
-    DIRECT.store(Box::into_raw(Box::new(table)), Ordering::Release);
+    HANDLER
+        .direct
+        .store(Box::into_raw(Box::new(table)), Ordering::Release);
 }
 
 /// The TCP link to `peer`, if any.
 fn direct_sender(peer: usize) -> Option<&'static DirectSender> {
-    peer_entry(&DIRECT, peer)
+    peer_entry(&HANDLER.direct, peer)
 }
 
-/// `peer`'s entry in one of the handler's per-peer tables ([`LANES`], [`DIRECT`]).
+/// `peer`'s entry in one of the handler's per-peer tables (`HandlerState::lanes`, `HandlerState::direct`).
 fn peer_entry<T>(table: &AtomicPtr<Vec<Option<T>>>, peer: usize) -> Option<&'static T> {
     let table = table.load(Ordering::Acquire);
     if table.is_null() {
@@ -198,7 +218,7 @@ fn ask_socket_home(link: &DirectSender, page: usize) -> bool {
     let frame = page_request_frame(page_no, &mut buf);
     // Before the request, since the reply may come at once: the comm thread resolves an
     // asked fault when the copy arrives, and its reader leaves the reply to this thread.
-    SLOT.ask();
+    HANDLER.slot.ask();
     link.await_reply(true);
     match link.try_send(frame) {
         DirectSend::Sent => true,
@@ -210,7 +230,7 @@ fn ask_socket_home(link: &DirectSender, page: usize) -> bool {
         DirectSend::Refused => {
             // Nothing asked, so nothing can answer: the slot is still this thread's alone.
             link.await_reply(false);
-            SLOT.unask();
+            HANDLER.slot.unask();
             false
         }
     }
@@ -218,8 +238,8 @@ fn ask_socket_home(link: &DirectSender, page: usize) -> bool {
 
 /// Whether the fault in service waits for a page from `home`'s lane (its thread polls it).
 pub(crate) fn lane_awaited(home: usize) -> bool {
-    LANE_HOME.load(Ordering::Acquire) == home as u32 + 1
-        && matches!(SLOT.state(), SlotState::Taken | SlotState::Asked)
+    HANDLER.lane_home.load(Ordering::Acquire) == home as u32 + 1
+        && matches!(HANDLER.slot.state(), SlotState::Taken | SlotState::Asked)
 }
 
 /// From the handler, `page` claimed for a fetch from `end`'s peer, a co-located home:
@@ -234,12 +254,12 @@ fn ask_lane_home(end: &'static LaneEnd, page: usize) -> bool {
     // thread waits for, and the slot's state, which lets the comm thread resolve the fault
     // if the copy reaches it first.
     end.set_polling(true);
-    LANE_HOME.store(home + 1, Ordering::Release);
-    SLOT.ask();
+    HANDLER.lane_home.store(home + 1, Ordering::Release);
+    HANDLER.slot.ask();
     if !end.request_page(page as u64) {
         // Nothing asked, so nothing can answer: the slot is still this thread's alone.
-        SLOT.unask();
-        LANE_HOME.store(0, Ordering::Release);
+        HANDLER.slot.unask();
+        HANDLER.lane_home.store(0, Ordering::Release);
         end.set_polling(false);
         return false;
     }
@@ -248,15 +268,15 @@ fn ask_lane_home(end: &'static LaneEnd, page: usize) -> bool {
 
 /// The state shared with the engine for the handler's paths, unless they are off.
 fn fast_faults() -> Option<&'static FastFaults> {
-    let ptr = FAST.load(Ordering::Acquire);
-    // SAFETY: a non-null value of FAST comes from Arc::into_raw and its count is never
+    let ptr = HANDLER.fast.load(Ordering::Acquire);
+    // SAFETY: a non-null value of `HandlerState::fast` comes from Arc::into_raw and its count is never
     // given back, so the FastFaults it points to lives for the rest of the process.
     (!ptr.is_null()).then(|| unsafe { &*ptr })
 }
 
 /// The lane end shared with co-located `peer`, if any.
 fn lane_end(peer: usize) -> Option<&'static LaneEnd> {
-    peer_entry(&LANES, peer)
+    peer_entry(&HANDLER.lanes, peer)
 }
 
 /// From the handler, which asked `end`'s peer for a page and stops polling its lane (the
@@ -275,12 +295,12 @@ fn stop_polling_lane(end: &LaneEnd, wake_reader: bool) {
 /// keeps off the cores (its polling would only compete with that thread and with the
 /// home's) and leaves the page to it.
 pub(crate) fn handler_asking() -> bool {
-    SLOT.state() == SlotState::Asked
+    HANDLER.slot.state() == SlotState::Asked
 }
 
 /// The comm thread, about to ask `home` for the faulting page through its lane.
 pub(crate) fn expect_lane(home: usize) {
-    LANE_HOME.store(home as u32 + 1, Ordering::Release);
+    HANDLER.lane_home.store(home as u32 + 1, Ordering::Release);
 }
 
 /// From the handler, while its read fault is in service: if the home left the faulting
@@ -311,7 +331,7 @@ enum LaneTake {
 /// from its reply, which the caller holds (the lane it took, or the socket bytes it
 /// claimed). Nothing else touches the page meanwhile.
 unsafe fn runtime_page_of_fetch(page: usize) -> &'static mut [u8] {
-    let runtime = RUNTIME_BASE.load(Ordering::Relaxed) + page * PAGE_SIZE;
+    let runtime = HANDLER.runtime_base.load(Ordering::Relaxed) + page * PAGE_SIZE;
     // SAFETY: `runtime` is the page's address in the runtime view, mapped for the life of
     // the process and page-aligned; the caller guarantees nothing else uses it.
     unsafe { std::slice::from_raw_parts_mut(runtime as *mut u8, PAGE_SIZE) }
@@ -336,7 +356,7 @@ fn kick_if_backlog_high(fast: &FastFaults) {
 }
 
 fn take_page_from_lane(addr: usize, start: usize) -> LaneTake {
-    let home = LANE_HOME.load(Ordering::Acquire);
+    let home = HANDLER.lane_home.load(Ordering::Acquire);
     let (Some(end), Some(fast)) = (
         home.checked_sub(1).and_then(|h| lane_end(h as usize)),
         fast_faults(),
@@ -446,7 +466,7 @@ fn take_page_from_socket(link: &DirectSender, addr: usize, start: usize) -> Lane
 
 pub(crate) fn set_fast_faults(fast: Option<Arc<FastFaults>>) {
     let ptr = fast.map_or(std::ptr::null_mut(), |f| Arc::into_raw(f).cast_mut());
-    FAST.store(ptr, Ordering::Release);
+    HANDLER.fast.store(ptr, Ordering::Release);
 }
 
 /// The handler's message when a thread faults on the segment while it holds the engine.
@@ -470,7 +490,7 @@ fn fast_write_fault(addr: usize, start: usize) -> bool {
     };
     let page = (addr - start) / PAGE_SIZE;
     let app = start + page * PAGE_SIZE;
-    let runtime = RUNTIME_BASE.load(Ordering::Relaxed) + page * PAGE_SIZE;
+    let runtime = HANDLER.runtime_base.load(Ordering::Relaxed) + page * PAGE_SIZE;
     fast.handler_write_fault(
         page,
         || protect_app_page(app, libc::PROT_READ | libc::PROT_WRITE),
@@ -510,7 +530,7 @@ pub(crate) struct Fault {
 /// unchanged. On a kernel without the advice the copy does the work, as before, so the
 /// result is not checked.
 fn commit_runtime_page(offset: usize) {
-    let page_start = (offset & !(PAGE_SIZE - 1)) + RUNTIME_BASE.load(Ordering::Relaxed);
+    let page_start = (offset & !(PAGE_SIZE - 1)) + HANDLER.runtime_base.load(Ordering::Relaxed);
     // SAFETY: `offset` lies inside the segment (the handler checked the address), so the
     // page lies inside the runtime mapping, which is always readable and writable;
     // madvise is a system call, async-signal-safe, and populating changes no byte.
@@ -587,9 +607,9 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
         unsafe { libc::raise(libc::SIGSEGV) };
         return;
     }
-    let start = SEG_START.load(Ordering::Relaxed);
-    let end = SEG_END.load(Ordering::Relaxed);
-    if addr < start || addr >= end || FAULT_KICK_FD.load(Ordering::Relaxed) < 0 {
+    let start = HANDLER.seg_start.load(Ordering::Relaxed);
+    let end = HANDLER.seg_end.load(Ordering::Relaxed);
+    if addr < start || addr >= end || HANDLER.kick_fd.load(Ordering::Relaxed) < 0 {
         chain_to_previous(sig, info, ctx);
         return;
     }
@@ -607,7 +627,7 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
     }
 
     // One fault at a time: other faulting threads wait for the slot.
-    SLOT.claim(addr, kind);
+    HANDLER.slot.claim(addr, kind);
     // A parked fault polls for the process's budget before it sleeps (`crate::spin`).
     let spin_ns = crate::spin::budget_ns();
     // A read fault of a page the engine armed asks the home itself, if this thread will
@@ -632,7 +652,7 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
         Some(Asked::Socket(link)) => link.await_reply(false),
         None => {}
     }
-    SLOT.release();
+    HANDLER.slot.release();
     if outcome == SlotState::Crash {
         // Inside the segment but in no allocation: a wild access; crash like one.
         die_by_default_on_return();
@@ -662,7 +682,7 @@ fn wait_for_outcome(
     let waited = |polled: bool, slept: bool| (polled || slept).then_some(slept);
     let mut committed = false;
     loop {
-        let s = SLOT.state();
+        let s = HANDLER.slot.state();
         if matches!(s, SlotState::Resolved | SlotState::Crash) {
             return (s, waited(polled, slept));
         }
@@ -684,7 +704,7 @@ fn wait_for_outcome(
                 }
                 // The fault is over: the engine takes the page in from the record at the
                 // start of its next event (before any next fault), resolving nothing.
-                LANE_HOME.store(0, Ordering::Release);
+                HANDLER.lane_home.store(0, Ordering::Release);
                 return (SlotState::Resolved, waited(polled, slept));
             }
             if !committed {
@@ -710,31 +730,31 @@ fn wait_for_outcome(
             handed_over = true;
             // The comm thread takes the page when its announcement comes, without
             // deferring to this thread.
-            LANE_HOME.store(0, Ordering::Release);
-            if SLOT.hand_over_asked() {
+            HANDLER.lane_home.store(0, Ordering::Release);
+            if HANDLER.slot.hand_over_asked() {
                 kick_unless_watched();
             }
             spin_from = monotonic_ns();
             continue;
         }
         slept = true;
-        SLOT.sleep_while(s);
+        HANDLER.slot.sleep_while(s);
     }
 }
 
 /// From the handler: posts the fault in the slot for the comm thread and wakes it, unless
 /// it is watching the slot already.
 fn hand_to_comm_thread() {
-    // SeqCst against the comm thread's `COMM_WATCHING` clear and re-look
+    // SeqCst against the comm thread's `HANDLER.comm_watching` clear and re-look
     // (`FaultMailbox::watch`): either it sees this fault, or this thread sees it is not
     // watching and kicks it.
-    SLOT.post();
+    HANDLER.slot.post();
     kick_unless_watched();
 }
 
 /// From the handler, a fault just posted: kicks the comm thread unless it watches the slot.
 fn kick_unless_watched() {
-    if !COMM_WATCHING.load(Ordering::SeqCst) {
+    if !HANDLER.comm_watching.load(Ordering::SeqCst) {
         kick();
     }
 }
@@ -746,7 +766,7 @@ fn kick() {
     // SAFETY: write(2) on a socket is async-signal-safe; the buffer is 1 valid byte.
     unsafe {
         libc::write(
-            FAULT_KICK_FD.load(Ordering::Relaxed),
+            HANDLER.kick_fd.load(Ordering::Relaxed),
             (&kick as *const u8).cast(),
             1,
         )
@@ -769,14 +789,14 @@ impl FaultMailbox {
 
     /// The pending fault, if any (each fault is delivered once).
     pub(crate) fn take(&self) -> Option<Fault> {
-        let (addr, write) = SLOT.take()?;
+        let (addr, write) = HANDLER.slot.take()?;
         Some(Fault { addr, write })
     }
 
     /// Whether the comm thread has taken a fault and not yet resolved it (a fetch for it is
     /// under way).
     pub(crate) fn in_service(&self) -> bool {
-        SLOT.state() == SlotState::Taken
+        HANDLER.slot.state() == SlotState::Taken
     }
 
     /// Lets the faulting thread retry its access.
@@ -793,9 +813,9 @@ impl FaultMailbox {
     /// handler. A slot in any other state has no fault the engine could be answering (its
     /// fault ended in the handler, or the next one is being posted), so it is left alone.
     fn finish(&self, outcome: SlotState) {
-        if SLOT.try_finish(outcome) {
-            LANE_HOME.store(0, Ordering::Release);
-            SLOT.wake();
+        if HANDLER.slot.try_finish(outcome) {
+            HANDLER.lane_home.store(0, Ordering::Release);
+            HANDLER.slot.wake();
         }
     }
 
@@ -804,14 +824,14 @@ impl FaultMailbox {
     /// The last look comes after the flag is cleared, so a fault whose handler saw the
     /// flag set is taken here rather than left without a kick.
     pub(crate) fn watch(&self, budget: std::time::Duration) -> Option<Fault> {
-        COMM_WATCHING.store(true, Ordering::SeqCst);
+        HANDLER.comm_watching.store(true, Ordering::SeqCst);
         let seen = crate::spin::poll_for(budget, || match self.take() {
             Some(f) => Some(Some(f)),
             None if handler_asking() => Some(None),
             None => None,
         })
         .flatten();
-        COMM_WATCHING.store(false, Ordering::SeqCst);
+        HANDLER.comm_watching.store(false, Ordering::SeqCst);
         seen.or_else(|| self.take())
     }
 }
@@ -819,7 +839,7 @@ impl FaultMailbox {
 impl Drop for FaultMailbox {
     fn drop(&mut self) {
         // From now on faults in the segment are treated as crashes.
-        FAULT_KICK_FD.store(-1, Ordering::Relaxed);
+        HANDLER.kick_fd.store(-1, Ordering::Relaxed);
     }
 }
 
@@ -853,11 +873,15 @@ pub(crate) unsafe fn install_fault_handler(seg: &Segment) -> io::Result<FaultMai
     let (kick_tx, kick_rx) = std::os::unix::net::UnixStream::pair()?;
     kick_rx.set_nonblocking(true)?;
     let efd = kick_tx.as_raw_fd();
-    RUNTIME_BASE.store(seg.runtime_base(), Ordering::Relaxed);
-    SEG_START.store(seg.app_base(), Ordering::Relaxed);
-    SEG_END.store(seg.app_base() + seg.len(), Ordering::Relaxed);
-    FAULT_KICK_FD.store(efd, Ordering::Release);
-    if !HANDLER_INSTALLED.swap(true, Ordering::AcqRel) {
+    HANDLER
+        .runtime_base
+        .store(seg.runtime_base(), Ordering::Relaxed);
+    HANDLER.seg_start.store(seg.app_base(), Ordering::Relaxed);
+    HANDLER
+        .seg_end
+        .store(seg.app_base() + seg.len(), Ordering::Relaxed);
+    HANDLER.kick_fd.store(efd, Ordering::Release);
+    if !HANDLER.installed.swap(true, Ordering::AcqRel) {
         // SAFETY: building a sigaction for our handler; zeroed is a valid starting value.
         let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
         sa.sa_sigaction = on_sigsegv as *const () as usize;
@@ -868,7 +892,7 @@ pub(crate) unsafe fn install_fault_handler(seg: &Segment) -> io::Result<FaultMai
         let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
         // SAFETY: installing a handler that is async-signal-safe (see on_sigsegv).
         if unsafe { libc::sigaction(libc::SIGSEGV, &sa, &mut old) } != 0 {
-            HANDLER_INSTALLED.store(false, Ordering::Release);
+            HANDLER.installed.store(false, Ordering::Release);
             return Err(os_err("sigaction(SIGSEGV)"));
         }
         let _ = PREVIOUS_ACTION.set(SavedAction(old));
