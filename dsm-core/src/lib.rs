@@ -42,6 +42,15 @@ mod fault;
 mod spin;
 #[allow(unsafe_code)]
 mod sys;
+mod ticket;
+
+/// What `ticket.rs` is built on: the process's atomics and futexes (the model test gives
+/// it loom's instead).
+mod ticket_deps {
+    pub(crate) use crate::sys::{futex_wait_bitset, futex_wake_bitset, monotonic_ns};
+    pub(crate) use std::sync::atomic::{AtomicU32, Ordering};
+    pub(crate) use std::thread::yield_now;
+}
 
 pub use api::{
     band, lock_manager, semaphore_id, Array, Block, Distribution, Dsm, LockGuard, Outcome,

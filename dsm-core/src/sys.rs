@@ -11,6 +11,7 @@
 //! `unsafe`.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+use crate::ticket::TicketLock;
 use std::io;
 use std::os::fd::{IntoRawFd, OwnedFd};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
@@ -426,13 +427,11 @@ const LOCK_SLOT_WRITING: u32 = 1;
 const LOCK_SLOT_READY: u32 = 2;
 
 /// One entry of the host lock table: which lock (`key`, valid once `tag` is ready) and its
-/// ticket lock (`next` ticket to hand out, ticket `serving`, `sleepers` on the futex).
+/// ticket lock.
 #[repr(C, align(32))]
 struct HostLockSlot {
     tag: AtomicU32,
-    next: AtomicU32,
-    serving: AtomicU32,
-    sleepers: AtomicU32,
+    lock: TicketLock,
     key: AtomicU64,
 }
 
@@ -481,61 +480,13 @@ impl HostLock {
 
     /// Takes the lock, polling for `spin_ns` before sleeping.
     pub(crate) fn lock(self, spin_ns: u64) {
-        let s = self.slot;
-        let ticket = s.next.fetch_add(1, Ordering::Relaxed);
-        if s.serving.load(Ordering::Acquire) == ticket {
-            return;
-        }
-        if spin_ns > 0 {
-            let from = monotonic_ns();
-            while monotonic_ns().wrapping_sub(from) < spin_ns {
-                // SAFETY: sched_yield has no arguments.
-                unsafe { libc::sched_yield() };
-                if s.serving.load(Ordering::Acquire) == ticket {
-                    return;
-                }
-            }
-        }
-        loop {
-            // Announce the sleep before the last look (both sequentially consistent, as
-            // the release's add and its look at `sleepers`), so a release either sees the
-            // sleeper or happened before that look.
-            s.sleepers.fetch_add(1, Ordering::SeqCst);
-            let seen = s.serving.load(Ordering::SeqCst);
-            if seen != ticket {
-                futex(
-                    &s.serving,
-                    libc::FUTEX_WAIT_BITSET,
-                    seen,
-                    ticket_bit(ticket),
-                );
-            }
-            s.sleepers.fetch_sub(1, Ordering::Relaxed);
-            if s.serving.load(Ordering::Acquire) == ticket {
-                return;
-            }
-        }
+        self.slot.lock.lock(spin_ns);
     }
 
     /// Releases the lock to the next ticket, waking its holder if it sleeps.
     pub(crate) fn unlock(self) {
-        let s = self.slot;
-        let next = s.serving.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
-        if s.sleepers.load(Ordering::SeqCst) > 0 {
-            futex(
-                &s.serving,
-                libc::FUTEX_WAKE_BITSET,
-                i32::MAX as u32,
-                ticket_bit(next),
-            );
-        }
+        self.slot.lock.unlock();
     }
-}
-
-/// The futex bitset bit of a ticket: a release wakes the sleepers of one bit, among them
-/// the one whose turn it is.
-fn ticket_bit(ticket: u32) -> u32 {
-    1 << (ticket % 32)
 }
 
 /// One futex operation, without timeout: `FUTEX_WAIT[_BITSET]` (`val`: the value
@@ -1007,6 +958,18 @@ pub(crate) fn futex_wait(word: &AtomicU32, expected: u32) {
         expected,
         0,
     );
+}
+
+/// `FUTEX_WAIT_BITSET` on a word other processes may map too: sleeps while `word` holds
+/// `expected`, until a wake-up for a bit of `bitset`.
+pub(crate) fn futex_wait_bitset(word: &AtomicU32, expected: u32, bitset: u32) {
+    futex(word, libc::FUTEX_WAIT_BITSET, expected, bitset);
+}
+
+/// `FUTEX_WAKE_BITSET` on a word other processes may map too: wakes every sleeper on a
+/// bit of `bitset`.
+pub(crate) fn futex_wake_bitset(word: &AtomicU32, bitset: u32) {
+    futex(word, libc::FUTEX_WAKE_BITSET, i32::MAX as u32, bitset);
 }
 
 pub(crate) fn futex_wake_all(word: &AtomicU32) {
