@@ -5,7 +5,7 @@
 //! `cargo run --release -p dsm-ahb --example table1 [TRACES] [MAX_TASKS] [MAX_SEMS]`
 //! (defaults 5000, 4, 3; the paper does not give its MaxTasks and MaxSemaphores).
 
-use dsm_ahb::{analyse, brute_force, generate, is_subset, GenParams};
+use dsm_ahb::{analyse, brute_force, generate, is_subset, paper::analyse_as_printed, GenParams};
 use rand::SeedableRng;
 use std::time::{Duration, Instant};
 
@@ -28,6 +28,8 @@ fn main() {
         let mut missed = [0usize; 4];
         let mut time = [Duration::ZERO; 4];
         let mut brute = Duration::ZERO;
+        let mut punsound = [0usize; 4];
+        let mut pmissed = [0usize; 4];
         for _ in 0..traces {
             let t = generate(
                 GenParams {
@@ -49,6 +51,13 @@ fn main() {
                 if a != exact {
                     missed[d] += 1;
                 }
+                let pa = analyse_as_printed(&t, d as u32).expect("feasible");
+                if !is_subset(&pa, &exact) {
+                    punsound[d] += 1;
+                }
+                if !is_subset(&exact, &pa) {
+                    pmissed[d] += 1;
+                }
             }
         }
         let pct = |m: usize| 100.0 * m as f64 / traces as f64;
@@ -58,6 +67,11 @@ fn main() {
             p[0], p[1], p[2], p[3],
             pct(missed[0]), pct(missed[1]), pct(missed[2]), pct(missed[3]),
             us(time[0]), us(time[1]), us(time[2]), us(time[3]), us(brute)
+        );
+        println!(
+            "   printed: missed {:?} unsound {:?}",
+            pmissed.map(pct),
+            punsound.map(pct)
         );
     }
 }

@@ -11,7 +11,7 @@ fn main() {
     let max_big: u32 = std::env::args()
         .nth(1)
         .map_or(2, |a| a.parse().expect("a depth"));
-    for (events, traces) in [(30usize, 200usize), (40, 200), (1000, 3)] {
+    for (events, traces) in [(30usize, 200usize), (40, 200), (100, 50), (1000, 3)] {
         let mut rng = rand::rngs::StdRng::seed_from_u64(events as u64 + 1);
         let ts: Vec<_> = (0..traces)
             .map(|_| {

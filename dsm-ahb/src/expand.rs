@@ -1,0 +1,418 @@
+//! Algorithm 2 (expand): raise a safe order by what every state in which an operation has
+//! just completed must also contain.
+//!
+//! For an *anchor* operation `e` (node `j`, position `c`), the reachable states in which `e`
+//! has just completed (`e` last) are bounded below by a vector `v`; [`Search::bound`]
+//! raises `v` with three rules, each sound on its own (see ARCHITECTURE.md for how they map
+//! onto the paper's observations):
+//!
+//! 1. *closure*: a state holding an operation holds everything the current order puts
+//!    before it, and, `e` being last, nothing the order puts after `e`;
+//! 2. *counting* (Observations 1 and 3, with initial tokens): if the waits on a semaphore
+//!    in `v` outnumber its initial tokens plus the most of them the signals in `v` can
+//!    serve (a maximum matching; a signal the order puts after a wait cannot serve it, the
+//!    anchor serves nobody), `k` more signals of it are in the state, so the state is at
+//!    least the `k`-th smallest, per component, of the candidates' closed bounds;
+//! 3. *case split* (Observations 2 and 4, chained): if a state needs one more signal of a
+//!    semaphore, it holds the first such signal beyond `v` of some node; the state is at
+//!    least the component-wise minimum, over those (at most one per node), of the bound
+//!    of `v` plus that signal, searched again one level down.
+//!
+//! Depth `d >= 1` applies rules 1-2 to a fixpoint and `d - 1` levels of rule 3.
+
+use crate::{leq, max_into, AnalysisError, Op, Order, Prefixes, Trace};
+use std::collections::HashMap;
+
+/// Above this many operations of one semaphore in a state, rule 2 counts tokens instead of
+/// matching them (a weaker bound, linear instead of cubic; real epochs rarely get there).
+const MATCH_LIMIT: u32 = 48;
+
+/// Algorithm 2 on a safe order, to a fixpoint, at `depth` (0 leaves the order as it is).
+pub(crate) fn expand(trace: &Trace, order: Order, depth: u32) -> Result<Order, AnalysisError> {
+    if depth == 0 {
+        return Ok(order);
+    }
+    let mut s = Search::new(trace, order);
+    let n = trace.nodes();
+    // Anchors in an order compatible with the current one (by the size of their bound),
+    // so that one pass sees most raises before they are needed.
+    let mut anchors: Vec<(usize, usize)> = (0..n)
+        .flat_map(|j| (0..trace.events[j].len()).map(move |c| (j, c)))
+        .collect();
+    anchors.sort_by_key(|&(j, c)| (s.order[j][c].iter().sum::<u32>(), j, c));
+    // An anchor's search reads only the bounds of operations within its caps, so it is
+    // redone only if one of those changed since it last ran: `changed[i]` is the first
+    // position of node `i` raised in the previous pass or this one.
+    let mut changed_prev = vec![0u32; n];
+    loop {
+        let mut changed = vec![u32::MAX; n];
+        for &(j, c) in &anchors {
+            let mut v = s.order[j][c].clone();
+            if c > 0 {
+                max_into(&mut v, &s.order[j][c - 1]);
+            }
+            s.set_anchor((j, c as u32 + 1));
+            let stale = (0..n).any(|i| changed_prev[i].min(changed[i]) < s.caps[i]);
+            if !stale {
+                continue;
+            }
+            s.prepare_reach();
+            let v = s.bound(v, depth).ok_or_else(|| {
+                AnalysisError::Infeasible(format!(
+                    "operation {} of node {j} can never complete",
+                    c + 1
+                ))
+            })?;
+            if v != s.order[j][c] {
+                s.order[j][c] = v;
+                changed[j] = changed[j].min(c as u32);
+            }
+        }
+        if changed.iter().all(|&c| c == u32::MAX) {
+            return Ok(s.order);
+        }
+        changed_prev = changed;
+    }
+}
+
+/// The search for one anchor at a time over the current safe order.
+struct Search<'a> {
+    trace: &'a Trace,
+    prefixes: Prefixes,
+    order: Order,
+    /// Per semaphore, per node: positions (0-based) of its signals.
+    signal_at: Vec<Vec<Vec<u32>>>,
+    /// The anchor: node and 1-based position.
+    anchor: (usize, u32),
+    /// Bounds already searched for this anchor, by closed vector and depth.
+    memo: HashMap<(Vec<u32>, u32), Option<Vec<u32>>>,
+    /// Per node, the most of its operations a state with the anchor last can hold (the
+    /// anchor's node: up to the anchor; others: those the order does not put after it).
+    caps: Vec<u32>,
+    /// What rule 4 allows under the anchor's own bound as caps, with its signal counts:
+    /// every cap rule 4 is asked about is above that bound, and rule 4 is monotone in
+    /// the caps, so each run starts here instead of from nothing.
+    reach_base: (Vec<u32>, Vec<i64>),
+}
+
+impl<'a> Search<'a> {
+    fn new(trace: &'a Trace, order: Order) -> Search<'a> {
+        let mut signal_at = vec![vec![Vec::new(); trace.nodes()]; trace.initial.len()];
+        for (j, evs) in trace.events.iter().enumerate() {
+            for (c, e) in evs.iter().enumerate() {
+                if e.op == Op::Signal {
+                    signal_at[e.sem][j].push(c as u32);
+                }
+            }
+        }
+        Search {
+            trace,
+            prefixes: Prefixes::new(trace),
+            order,
+            signal_at,
+            anchor: (0, 0),
+            memo: HashMap::new(),
+            caps: Vec::new(),
+            reach_base: (Vec::new(), Vec::new()),
+        }
+    }
+
+    fn set_anchor(&mut self, anchor: (usize, u32)) {
+        let (j, c) = anchor;
+        self.anchor = anchor;
+        self.memo.clear();
+        self.caps = (0..self.trace.nodes())
+            .map(|i| {
+                if i == j {
+                    c
+                } else {
+                    self.order[i].partition_point(|w| w[j] < c) as u32
+                }
+            })
+            .collect();
+    }
+
+    /// Rule 4's starting point for the current anchor (see `reach_base`).
+    fn prepare_reach(&mut self) {
+        let (j, c) = self.anchor;
+        self.reach_base = (
+            vec![0; self.trace.nodes()],
+            vec![0; self.trace.initial.len()],
+        );
+        let own = self.order[j][c as usize - 1].clone();
+        self.reach_base = self.relaxed_reach(&own);
+    }
+
+    /// Rule 4 (relaxed reachability): the most of each node's operations some execution
+    /// within `caps` could complete if waits never used tokens up, only needed them: a wait
+    /// may complete once its semaphore's initial tokens and completed signals (the anchor
+    /// excepted) number at least the waits on it the order puts before it, itself
+    /// included. Every execution within `caps` completes only operations this allows (by
+    /// induction along it: each wait's earlier waits consumed distinct earlier tokens),
+    /// and the anchor is allowed only if every state above `v` it ends could be.
+    fn relaxed_reach(&self, caps: &[u32]) -> (Vec<u32>, Vec<i64>) {
+        let n = caps.len();
+        let (mut done, mut signals) = self.reach_base.clone();
+        loop {
+            let mut progress = false;
+            for i in 0..n {
+                while done[i] < caps[i] {
+                    let p = done[i] as usize;
+                    let e = &self.trace.events[i][p];
+                    match e.op {
+                        Op::Signal => {
+                            if (i, done[i] + 1) != self.anchor {
+                                signals[e.sem] += 1;
+                            }
+                        }
+                        Op::Wait => {
+                            let tw = &self.order[i][p];
+                            if tw.iter().zip(caps).any(|(a, b)| a > b) {
+                                break;
+                            }
+                            let before: i64 = tw
+                                .iter()
+                                .enumerate()
+                                .map(|(q, &k)| self.prefixes.waits[q][k as usize][e.sem] as i64)
+                                .sum();
+                            if self.trace.initial[e.sem] as i64 + signals[e.sem] < before {
+                                break;
+                            }
+                        }
+                    }
+                    done[i] += 1;
+                    progress = true;
+                }
+            }
+            if !progress {
+                return (done, signals);
+            }
+        }
+    }
+
+    /// Raises each component of `v` to the least cap under which rule 4 still allows all
+    /// of `v`; `None` if even the anchor's caps do not.
+    fn reach_bound(&self, mut v: Vec<u32>) -> Option<Vec<u32>> {
+        let allows = |caps: &[u32], v: &[u32]| leq(v, &self.relaxed_reach(caps).0);
+        if !allows(&self.caps, &v) {
+            return None;
+        }
+        let mut caps = self.caps.clone();
+        for i in 0..v.len() {
+            if i == self.anchor.0 || v[i] >= caps[i] {
+                continue;
+            }
+            let full = caps[i];
+            caps[i] = v[i];
+            if !allows(&caps, &v) {
+                // The least cap that allows `v` lies in (v[i], full].
+                let (mut lo, mut hi) = (v[i], full);
+                while hi - lo > 1 {
+                    let mid = lo + (hi - lo) / 2;
+                    caps[i] = mid;
+                    if allows(&caps, &v) {
+                        hi = mid;
+                    } else {
+                        lo = mid;
+                    }
+                }
+                v[i] = hi;
+            }
+            caps[i] = full;
+        }
+        Some(v)
+    }
+
+    /// Rule 1 to a fixpoint; `None` if no state with the anchor last is above `v`.
+    fn close(&self, mut v: Vec<u32>) -> Option<Vec<u32>> {
+        let (j, c) = self.anchor;
+        loop {
+            let mut changed = false;
+            for i in 0..v.len() {
+                if v[i] == 0 {
+                    continue;
+                }
+                let w = &self.order[i][v[i] as usize - 1];
+                // Everything else in the state completed before the anchor.
+                if (i, v[i]) != (j, c) && w[j] >= c {
+                    return None;
+                }
+                if !leq(w, &v) {
+                    max_into(&mut v, w);
+                    changed = true;
+                }
+            }
+            if v[j] > c {
+                return None;
+            }
+            if !changed {
+                return Some(v);
+            }
+        }
+    }
+
+    /// A lower bound of the states, with the anchor last, above `v`; `None` if there is
+    /// none. `levels` is how many case splits (rule 3) may still be made.
+    fn bound(&mut self, v: Vec<u32>, levels: u32) -> Option<Vec<u32>> {
+        let mut v = self.close(v)?;
+        // Rule 4 costs a run over the anchor's window per node; the last level of
+        // candidates does without it.
+        if levels > 0 {
+            v = self.close(self.reach_bound(v)?)?;
+        }
+        if let Some(r) = self.memo.get(&(v.clone(), levels)) {
+            return r.clone();
+        }
+        let r = self.bound_closed(v.clone(), levels);
+        self.memo.insert((v, levels), r.clone());
+        r
+    }
+
+    /// Rule 2 to a fixpoint, each candidate signal's bound searched `levels` deep.
+    fn bound_closed(&mut self, mut v: Vec<u32>, levels: u32) -> Option<Vec<u32>> {
+        loop {
+            let mut changed = false;
+            for sem in 0..self.trace.initial.len() {
+                let k = self.need(&v, sem);
+                if k <= 0 {
+                    continue;
+                }
+                let k = k as usize;
+                let mut bounds = Vec::new();
+                for s in self.candidates(&v, sem, k) {
+                    let mut w = v.clone();
+                    max_into(&mut w, &self.order[s.0][s.1 as usize]);
+                    bounds.extend(if levels == 0 {
+                        self.close(w)
+                    } else {
+                        self.bound(w, levels - 1)
+                    });
+                }
+                if bounds.len() < k {
+                    return None;
+                }
+                let m = min_k(&bounds, k, v.len());
+                if !leq(&m, &v) {
+                    max_into(&mut v, &m);
+                    v = self.close(v)?;
+                    changed = true;
+                }
+            }
+            if !changed {
+                return Some(v);
+            }
+        }
+    }
+
+    /// The first `k` signals of `sem` beyond `v` on each node but the anchor's, as
+    /// `(node, 0-based position)`: any `k` signals beyond `v` include, per node, a prefix
+    /// of these.
+    fn candidates(&self, v: &[u32], sem: usize, k: usize) -> Vec<(usize, u32)> {
+        let mut out = Vec::new();
+        for (i, at) in self.signal_at[sem].iter().enumerate() {
+            if i == self.anchor.0 {
+                continue;
+            }
+            let from = at.partition_point(|&p| p < v[i]);
+            out.extend(at[from..].iter().take(k).map(|&p| (i, p)));
+        }
+        out
+    }
+
+    /// How many waits on `sem` in the state `v` signals outside it must serve (rule 2).
+    fn need(&self, v: &[u32], sem: usize) -> i64 {
+        let p = &self.prefixes;
+        let (mut waits, mut signals) = (0i64, 0i64);
+        for (i, &c) in v.iter().enumerate() {
+            waits += p.waits[i][c as usize][sem] as i64;
+            signals += p.signals[i][c as usize][sem] as i64;
+        }
+        let (j, c) = self.anchor;
+        let anchor_op = &self.trace.events[j][c as usize - 1];
+        if anchor_op.op == Op::Signal && anchor_op.sem == sem {
+            signals -= 1;
+        }
+        let need = waits - self.trace.initial[sem] as i64;
+        if need <= 0 {
+            return need;
+        }
+        if waits + signals > MATCH_LIMIT as i64 {
+            return need - signals;
+        }
+        need - self.matched(v, sem) as i64
+    }
+
+    /// The most waits on `sem` in `v` that signals in `v` can serve: a signal can serve a
+    /// wait unless the order puts it after the wait (Kuhn's augmenting paths).
+    fn matched(&self, v: &[u32], sem: usize) -> usize {
+        let mut waits = Vec::new();
+        let mut signals = Vec::new();
+        for (i, &c) in v.iter().enumerate() {
+            for (p, e) in self.trace.events[i][..c as usize].iter().enumerate() {
+                if e.sem != sem {
+                    continue;
+                }
+                match e.op {
+                    Op::Wait => waits.push((i, p as u32)),
+                    Op::Signal if (i, p as u32 + 1) != self.anchor => signals.push((i, p)),
+                    Op::Signal => {}
+                }
+            }
+        }
+        // serves[s] = the waits signal s can serve.
+        let serves: Vec<Vec<usize>> = signals
+            .iter()
+            .map(|&(i, p)| {
+                let vs = &self.order[i][p];
+                (0..waits.len())
+                    .filter(|&w| vs[waits[w].0] <= waits[w].1)
+                    .collect()
+            })
+            .collect();
+        let mut served_by: Vec<Option<usize>> = vec![None; waits.len()];
+        let mut matched = 0;
+        for s in 0..signals.len() {
+            let mut seen = vec![false; waits.len()];
+            if augment(s, &serves, &mut served_by, &mut seen) {
+                matched += 1;
+            }
+        }
+        matched
+    }
+}
+
+fn augment(
+    s: usize,
+    serves: &[Vec<usize>],
+    served_by: &mut [Option<usize>],
+    seen: &mut [bool],
+) -> bool {
+    for &w in &serves[s] {
+        if seen[w] {
+            continue;
+        }
+        seen[w] = true;
+        let free = match served_by[w] {
+            None => true,
+            Some(other) => augment(other, serves, served_by, seen),
+        };
+        if free {
+            served_by[w] = Some(s);
+            return true;
+        }
+    }
+    false
+}
+
+/// The k-th smallest (1-based) of each component.
+pub(crate) fn min_k(vecs: &[Vec<u32>], k: usize, n: usize) -> Vec<u32> {
+    let mut out = vec![0; n];
+    let mut col = Vec::with_capacity(vecs.len());
+    for (i, o) in out.iter_mut().enumerate() {
+        col.clear();
+        col.extend(vecs.iter().map(|v| v[i]));
+        let (_, kth, _) = col.select_nth_unstable(k - 1);
+        *o = *kth;
+    }
+    out
+}
