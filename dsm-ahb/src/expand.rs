@@ -27,6 +27,12 @@ use std::collections::HashMap;
 /// matching them (a weaker bound, linear instead of cubic; real epochs rarely get there).
 const MATCH_LIMIT: u32 = 48;
 
+/// How many of each node's last operations in a state rule 6 tests.
+const RULE6_WINDOW: u32 = 32;
+
+/// How many of each node's last operations in a state rule 7 takes as `w`.
+const RULE7_WINDOW: u32 = 8;
+
 /// Algorithm 2 on a safe order, to a fixpoint, at `depth` (0 leaves the order as it is).
 pub(crate) fn expand(trace: &Trace, order: Order, depth: u32) -> Result<Order, AnalysisError> {
     if depth == 0 {
@@ -268,26 +274,23 @@ impl<'a> Search<'a> {
         r
     }
 
-    /// Rule 2 to a fixpoint, each candidate signal's bound searched `levels` deep.
+    /// Rules 2 and 5 to a fixpoint, each candidate signal's bound searched `levels` deep.
     fn bound_closed(&mut self, mut v: Vec<u32>, levels: u32) -> Option<Vec<u32>> {
         loop {
             let mut changed = false;
+            let w = self.close(self.best_points(v.clone())?)?;
+            if w != v {
+                v = w;
+                continue;
+            }
             for sem in 0..self.trace.initial.len() {
                 let k = self.need(&v, sem);
                 if k <= 0 {
                     continue;
                 }
                 let k = k as usize;
-                let mut bounds = Vec::new();
-                for s in self.candidates(&v, sem, k) {
-                    let mut w = v.clone();
-                    max_into(&mut w, &self.order[s.0][s.1 as usize]);
-                    bounds.extend(if levels == 0 {
-                        self.close(w)
-                    } else {
-                        self.bound(w, levels - 1)
-                    });
-                }
+                let cands = self.candidates(&v, sem, k);
+                let bounds = self.cases(&v, &cands, levels);
                 if bounds.len() < k {
                     return None;
                 }
@@ -298,10 +301,167 @@ impl<'a> Search<'a> {
                     changed = true;
                 }
             }
-            if !changed {
+            if changed {
+                continue;
+            }
+            // Rule 6: if a wait of the state could not get a token even with each other
+            // node at its best point (below), a signal of its semaphore beyond the state
+            // is in it too.
+            if let Some(sem) = self.starved(&v) {
+                let cands = self.candidates(&v, sem, 1);
+                let bounds = self.cases(&v, &cands, levels);
+                if bounds.is_empty() {
+                    return None;
+                }
+                let m = min_k(&bounds, 1, v.len());
+                if !leq(&m, &v) {
+                    max_into(&mut v, &m);
+                    v = self.close(v)?;
+                    continue;
+                }
+            }
+            // Rule 5: a state that cannot complete its own operations even by rule 4's
+            // relaxation holds more: a signal beyond it of a semaphore one of its stuck
+            // waits needs (extra waits feed nobody, and the first stuck wait to move
+            // needs a new token of its own semaphore).
+            let (reach, _) = self.relaxed_reach(&v);
+            if leq(&v, &reach) {
                 return Some(v);
             }
+            let mut cands = Vec::new();
+            for i in 0..v.len() {
+                if reach[i] < v[i] {
+                    let sem = self.trace.events[i][reach[i] as usize].sem;
+                    for s in self.candidates(&v, sem, 1) {
+                        if !cands.contains(&s) {
+                            cands.push(s);
+                        }
+                    }
+                }
+            }
+            let bounds = self.cases(&v, &cands, levels);
+            if bounds.is_empty() {
+                return None;
+            }
+            let m = min_k(&bounds, 1, v.len());
+            if leq(&m, &v) {
+                return Some(v);
+            }
+            max_into(&mut v, &m);
+            v = self.close(v)?;
         }
+    }
+
+    /// Rule 7 (best points): for each recent wait `w` of `v`, the state in which `w` has
+    /// just completed is below the final one; in it `w`'s node is at `w` and each other
+    /// node somewhere between what the order puts before `w` and the last of its
+    /// operations within the anchor's caps the order does not put after `w`. The
+    /// semaphore's count there is at most its initial tokens plus `w`'s node's net
+    /// contribution plus each other node's best one; if that is negative there is no such
+    /// state, and otherwise each node must reach far enough for the others' best to
+    /// cover the rest. `None` if some wait can never get its token.
+    fn best_points(&self, mut v: Vec<u32>) -> Option<Vec<u32>> {
+        let p = &self.prefixes;
+        let (j, c) = self.anchor;
+        let n = v.len();
+        let snapshot = v.clone();
+        for (a, &va) in snapshot.iter().enumerate() {
+            for pw in va.saturating_sub(RULE7_WINDOW)..va {
+                let w = &self.trace.events[a][pw as usize];
+                if w.op != Op::Wait {
+                    continue;
+                }
+                let sem = w.sem;
+                let net = |i: usize, q: u32| {
+                    p.signals[i][q as usize][sem] as i64 - p.waits[i][q as usize][sem] as i64
+                };
+                let tw = &self.order[a][pw as usize];
+                let is_anchor = (a, pw + 1) == (j, c);
+                let mut ranges = vec![(0u32, 0u32); n];
+                let mut best = vec![0i64; n];
+                let mut total = self.trace.initial[sem] as i64 + net(a, pw + 1);
+                for i in (0..n).filter(|&i| i != a) {
+                    let cap = if i == j && !is_anchor {
+                        c - 1
+                    } else {
+                        self.caps[i]
+                    };
+                    let last = self.order[i][..cap as usize].partition_point(|x| x[a] <= pw);
+                    let from = tw[i].min(last as u32);
+                    ranges[i] = (from, last as u32);
+                    best[i] = (from..=last as u32).map(|q| net(i, q)).max().unwrap_or(0);
+                    total += best[i];
+                }
+                if total < 0 {
+                    return None;
+                }
+                for i in (0..n).filter(|&i| i != a) {
+                    // Node `i` must reach a point whose net contribution is at least this.
+                    let want = best[i] - total;
+                    let (from, last) = ranges[i];
+                    let t = (from..=last).find(|&q| net(i, q) >= want).unwrap_or(last);
+                    v[i] = v[i].max(t);
+                }
+            }
+        }
+        Some(v)
+    }
+
+    /// Rule 6's test: a semaphore of a wait `w` in `v` whose tokens would run out in every
+    /// state where `w` has just completed and every node stays within `v`. In such a state
+    /// `w`'s node is at `w` and each other node at some point between what the order puts
+    /// before `w` and the last of its operations in `v` the order does not put after `w`;
+    /// taking each node's best point (most signals less waits) independently bounds the
+    /// semaphore's count from above. Only the last `RULE6_WINDOW` waits of each node are
+    /// tested, which keeps the test linear in the state's recent operations.
+    fn starved(&self, v: &[u32]) -> Option<usize> {
+        let p = &self.prefixes;
+        for (a, &va) in v.iter().enumerate() {
+            for pw in va.saturating_sub(RULE6_WINDOW)..va {
+                let w = &self.trace.events[a][pw as usize];
+                if w.op != Op::Wait {
+                    continue;
+                }
+                let sem = w.sem;
+                let net = |i: usize, q: u32| {
+                    p.signals[i][q as usize][sem] as i64 - p.waits[i][q as usize][sem] as i64
+                };
+                let tw = &self.order[a][pw as usize];
+                let mut count = self.trace.initial[sem] as i64 + net(a, pw + 1);
+                let (j, c) = self.anchor;
+                for (i, &vi) in v.iter().enumerate() {
+                    if i == a {
+                        continue;
+                    }
+                    // The anchor comes after every other operation of the state.
+                    let vi = if i == j { c - 1 } else { vi };
+                    // Operations of node `i` the order does not put after `w`.
+                    let last = self.order[i][..vi as usize].partition_point(|x| x[a] <= pw);
+                    let from = tw[i].min(last as u32);
+                    count += (from..=last as u32).map(|q| net(i, q)).max().unwrap_or(0);
+                }
+                if count < 0 {
+                    return Some(sem);
+                }
+            }
+        }
+        None
+    }
+
+    /// The bound of `v` plus each candidate signal, searched `levels` deep (closure only
+    /// at the last level); impossible cases are left out.
+    fn cases(&mut self, v: &[u32], cands: &[(usize, u32)], levels: u32) -> Vec<Vec<u32>> {
+        let mut bounds = Vec::new();
+        for &(i, p) in cands {
+            let mut w = v.to_vec();
+            max_into(&mut w, &self.order[i][p as usize]);
+            bounds.extend(if levels == 0 {
+                self.close(w)
+            } else {
+                self.bound(w, levels - 1)
+            });
+        }
+        bounds
     }
 
     /// The first `k` signals of `sem` beyond `v` on each node but the anchor's, as
