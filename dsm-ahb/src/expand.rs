@@ -30,6 +30,13 @@ const MATCH_LIMIT: u32 = 48;
 /// How many of each node's last operations in a state rule 6 tests.
 const RULE6_WINDOW: u32 = 32;
 
+/// The least depth at which rule 8 (probing) runs: it multiplies the work by the nodes.
+const PROBE_DEPTH: u32 = 2;
+
+/// Rule 8 runs only for anchors with at most this many operations between their bound
+/// and their caps (small traces always; large ones where little is in doubt).
+const PROBE_WINDOW: u32 = 48;
+
 /// How many of each node's last operations in a state rule 7 takes as `w`.
 const RULE7_WINDOW: u32 = 8;
 
@@ -51,7 +58,9 @@ pub(crate) fn expand(trace: &Trace, order: Order, depth: u32) -> Result<Order, A
     // position of node `i` raised in the previous pass or this one.
     let mut changed_prev = vec![0u32; n];
     loop {
-        let mut changed = vec![u32::MAX; n];
+        let mut changed = refine(trace, &mut s.order, None).ok_or_else(|| {
+            AnalysisError::Infeasible("a wait has no signal that could serve it".into())
+        })?;
         for &(j, c) in &anchors {
             let mut v = s.order[j][c].clone();
             if c > 0 {
@@ -69,6 +78,11 @@ pub(crate) fn expand(trace: &Trace, order: Order, depth: u32) -> Result<Order, A
                     c + 1
                 ))
             })?;
+            let v = if depth >= PROBE_DEPTH {
+                s.probe(v, depth)
+            } else {
+                v
+            };
             if v != s.order[j][c] {
                 s.order[j][c] = v;
                 changed[j] = changed[j].min(c as u32);
@@ -78,6 +92,65 @@ pub(crate) fn expand(trace: &Trace, order: Order, depth: u32) -> Result<Order, A
             return Ok(s.order);
         }
         changed_prev = changed;
+    }
+}
+
+/// Rule 9 (servers): a wait on a semaphore without initial tokens follows, per component,
+/// the earliest of the signals of it the order does not put after the wait (one of them
+/// served it). Within `caps` (the operations a probed state may hold), only signals within
+/// them count, and a wait none can serve is marked impossible by a bound beyond its
+/// node's cap. Raises `order` to a fixpoint and returns, per node, the first position it
+/// raised (`u32::MAX` if none); `None` if, without caps, some wait has no possible server.
+fn refine(trace: &Trace, order: &mut Order, caps: Option<&[u32]>) -> Option<Vec<u32>> {
+    let n = trace.nodes();
+    let mut first = vec![u32::MAX; n];
+    let mut servers: Vec<Vec<(usize, usize)>> = vec![Vec::new(); trace.initial.len()];
+    for (j, evs) in trace.events.iter().enumerate() {
+        let len = caps.map_or(evs.len(), |c| c[j] as usize);
+        for (c, e) in evs[..len].iter().enumerate() {
+            if e.op == Op::Signal {
+                servers[e.sem].push((j, c));
+            }
+        }
+    }
+    loop {
+        let mut changed = false;
+        for j in 0..n {
+            let len = caps.map_or(trace.events[j].len(), |c| c[j] as usize);
+            for c in 0..len {
+                let e = &trace.events[j][c];
+                let mut v = order[j][c].clone();
+                if c > 0 {
+                    max_into(&mut v, &order[j][c - 1]);
+                }
+                if e.op == Op::Wait && trace.initial[e.sem] == 0 {
+                    let mut m: Option<Vec<u32>> = None;
+                    for &(i, p) in &servers[e.sem] {
+                        let ts = &order[i][p];
+                        if ts[j] > c as u32 {
+                            continue;
+                        }
+                        match &mut m {
+                            None => m = Some(ts.clone()),
+                            Some(m) => m.iter_mut().zip(ts).for_each(|(a, &b)| *a = (*a).min(b)),
+                        }
+                    }
+                    match (m, caps) {
+                        (Some(m), _) => max_into(&mut v, &m),
+                        (None, None) => return None,
+                        (None, Some(caps)) => v[j] = v[j].max(caps[j] + 1),
+                    }
+                }
+                if v != order[j][c] {
+                    order[j][c] = v;
+                    first[j] = first[j].min(c as u32);
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            return Some(first);
+        }
     }
 }
 
@@ -99,6 +172,8 @@ struct Search<'a> {
     /// every cap rule 4 is asked about is above that bound, and rule 4 is monotone in
     /// the caps, so each run starts here instead of from nothing.
     reach_base: (Vec<u32>, Vec<i64>),
+    /// Rule 7's result per wait for the current anchor (it does not depend on the state).
+    best: HashMap<(usize, u32), Option<Vec<(usize, u32)>>>,
 }
 
 impl<'a> Search<'a> {
@@ -120,6 +195,7 @@ impl<'a> Search<'a> {
             memo: HashMap::new(),
             caps: Vec::new(),
             reach_base: (Vec::new(), Vec::new()),
+            best: HashMap::new(),
         }
     }
 
@@ -127,6 +203,7 @@ impl<'a> Search<'a> {
         let (j, c) = anchor;
         self.anchor = anchor;
         self.memo.clear();
+        self.best.clear();
         self.caps = (0..self.trace.nodes())
             .map(|i| {
                 if i == j {
@@ -147,6 +224,49 @@ impl<'a> Search<'a> {
         );
         let own = self.order[j][c as usize - 1].clone();
         self.reach_base = self.relaxed_reach(&own);
+    }
+
+    /// Rule 8 (probing): if no state with node `i` held at `v[i]` exists (the search
+    /// under that cap finds none), every state has more of node `i`. The cap prunes the
+    /// candidates of that node at once, so the search refutes what it could only bound.
+    fn probe(&mut self, mut v: Vec<u32>, depth: u32) -> Vec<u32> {
+        let caps = self.caps.clone();
+        let window: u32 = caps.iter().zip(&v).map(|(c, x)| c - x).sum();
+        if window > PROBE_WINDOW {
+            return v;
+        }
+        for i in 0..v.len() {
+            while i != self.anchor.0 && v[i] < caps[i] {
+                self.caps[i] = v[i];
+                let found = self.under_caps(|s| s.bound(v.clone(), depth).is_some());
+                self.caps[i] = caps[i];
+                if found {
+                    break;
+                }
+                v[i] += 1;
+                match self.bound(v.clone(), depth) {
+                    Some(w) => v = w,
+                    // Cannot happen: the unprobed search found a state.
+                    None => break,
+                }
+            }
+        }
+        v
+    }
+
+    /// Runs `f` with the order refined by rule 9 within the current caps, then restores
+    /// the order (a safe order of the whole trace is safe for the part within the caps,
+    /// whose executions are prefixes of the trace's).
+    fn under_caps<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> T {
+        let saved = self.order.clone();
+        refine(self.trace, &mut self.order, Some(&self.caps));
+        self.memo.clear();
+        self.best.clear();
+        let out = f(self);
+        self.order = saved;
+        self.memo.clear();
+        self.best.clear();
+        out
     }
 
     /// Rule 4 (relaxed reachability): the most of each node's operations some execution
@@ -235,6 +355,9 @@ impl<'a> Search<'a> {
         loop {
             let mut changed = false;
             for i in 0..v.len() {
+                if v[i] > self.caps[i] {
+                    return None;
+                }
                 if v[i] == 0 {
                     continue;
                 }
@@ -248,7 +371,7 @@ impl<'a> Search<'a> {
                     changed = true;
                 }
             }
-            if v[j] > c {
+            if v[j] > c || v.iter().zip(&self.caps).any(|(a, b)| a > b) {
                 return None;
             }
             if !changed {
@@ -278,7 +401,8 @@ impl<'a> Search<'a> {
     fn bound_closed(&mut self, mut v: Vec<u32>, levels: u32) -> Option<Vec<u32>> {
         loop {
             let mut changed = false;
-            let w = self.close(self.best_points(v.clone())?)?;
+            let raised = self.best_points(v.clone())?;
+            let w = self.close(raised)?;
             if w != v {
                 v = w;
                 continue;
@@ -360,51 +484,70 @@ impl<'a> Search<'a> {
     /// contribution plus each other node's best one; if that is negative there is no such
     /// state, and otherwise each node must reach far enough for the others' best to
     /// cover the rest. `None` if some wait can never get its token.
-    fn best_points(&self, mut v: Vec<u32>) -> Option<Vec<u32>> {
-        let p = &self.prefixes;
-        let (j, c) = self.anchor;
-        let n = v.len();
+    fn best_points(&mut self, mut v: Vec<u32>) -> Option<Vec<u32>> {
         let snapshot = v.clone();
         for (a, &va) in snapshot.iter().enumerate() {
             for pw in va.saturating_sub(RULE7_WINDOW)..va {
-                let w = &self.trace.events[a][pw as usize];
-                if w.op != Op::Wait {
+                if self.trace.events[a][pw as usize].op != Op::Wait {
                     continue;
                 }
-                let sem = w.sem;
-                let net = |i: usize, q: u32| {
-                    p.signals[i][q as usize][sem] as i64 - p.waits[i][q as usize][sem] as i64
+                let raise = match self.best.get(&(a, pw)) {
+                    Some(r) => r.clone(),
+                    None => {
+                        let r = self.best_point(a, pw);
+                        self.best.insert((a, pw), r.clone());
+                        r
+                    }
                 };
-                let tw = &self.order[a][pw as usize];
-                let is_anchor = (a, pw + 1) == (j, c);
-                let mut ranges = vec![(0u32, 0u32); n];
-                let mut best = vec![0i64; n];
-                let mut total = self.trace.initial[sem] as i64 + net(a, pw + 1);
-                for i in (0..n).filter(|&i| i != a) {
-                    let cap = if i == j && !is_anchor {
-                        c - 1
-                    } else {
-                        self.caps[i]
-                    };
-                    let last = self.order[i][..cap as usize].partition_point(|x| x[a] <= pw);
-                    let from = tw[i].min(last as u32);
-                    ranges[i] = (from, last as u32);
-                    best[i] = (from..=last as u32).map(|q| net(i, q)).max().unwrap_or(0);
-                    total += best[i];
-                }
-                if total < 0 {
-                    return None;
-                }
-                for i in (0..n).filter(|&i| i != a) {
-                    // Node `i` must reach a point whose net contribution is at least this.
-                    let want = best[i] - total;
-                    let (from, last) = ranges[i];
-                    let t = (from..=last).find(|&q| net(i, q) >= want).unwrap_or(last);
+                for (i, t) in raise? {
                     v[i] = v[i].max(t);
                 }
             }
         }
         Some(v)
+    }
+
+    /// Rule 7 for the wait at 0-based position `pw` of node `a`: how far each other node
+    /// must be, as `(node, operations)`; `None` if the wait can never get its token.
+    fn best_point(&self, a: usize, pw: u32) -> Option<Vec<(usize, u32)>> {
+        let p = &self.prefixes;
+        let (j, c) = self.anchor;
+        let n = self.caps.len();
+        let sem = self.trace.events[a][pw as usize].sem;
+        let net = |i: usize, q: u32| {
+            p.signals[i][q as usize][sem] as i64 - p.waits[i][q as usize][sem] as i64
+        };
+        let tw = &self.order[a][pw as usize];
+        let is_anchor = (a, pw + 1) == (j, c);
+        let mut ranges = vec![(0u32, 0u32); n];
+        let mut best = vec![0i64; n];
+        let mut total = self.trace.initial[sem] as i64 + net(a, pw + 1);
+        for i in (0..n).filter(|&i| i != a) {
+            let cap = if i == j && !is_anchor {
+                c - 1
+            } else {
+                self.caps[i]
+            };
+            let last = self.order[i][..cap as usize].partition_point(|x| x[a] <= pw) as u32;
+            let from = tw[i].min(last);
+            ranges[i] = (from, last);
+            best[i] = (from..=last).map(|q| net(i, q)).max().unwrap_or(0);
+            total += best[i];
+        }
+        if total < 0 {
+            return None;
+        }
+        let mut out = Vec::new();
+        for i in (0..n).filter(|&i| i != a) {
+            // Node `i` must reach a point whose net contribution is at least this.
+            let want = best[i] - total;
+            let (from, last) = ranges[i];
+            let t = (from..=last).find(|&q| net(i, q) >= want).unwrap_or(last);
+            if t > tw[i] {
+                out.push((i, t));
+            }
+        }
+        Some(out)
     }
 
     /// Rule 6's test: a semaphore of a wait `w` in `v` whose tokens would run out in every

@@ -21,6 +21,7 @@ pub mod epoch;
 mod expand;
 pub mod format;
 pub mod paper;
+pub mod table1;
 
 pub use brute::{brute_force, brute_force_complete};
 
