@@ -37,6 +37,10 @@ const PROBE_DEPTH: u32 = 2;
 /// and their caps (small traces always; large ones where little is in doubt).
 const PROBE_WINDOW: u32 = 48;
 
+/// Ranges of prefixes up to this long are scanned by rule 6; longer ones are bounded by
+/// the maximum up to their end or from their start, whichever is less.
+const EXACT_RANGE: u32 = 64;
+
 /// How many of each node's last operations in a state rule 7 takes as `w`.
 const RULE7_WINDOW: u32 = 8;
 
@@ -172,6 +176,9 @@ struct Search<'a> {
     /// every cap rule 4 is asked about is above that bound, and rule 4 is monotone in
     /// the caps, so each run starts here instead of from nothing.
     reach_base: (Vec<u32>, Vec<i64>),
+    /// Per node, per semaphore: the most net tokens (signals less waits) over the node's
+    /// prefixes up to each length, and from each length on.
+    net_max: Vec<Vec<(Vec<i64>, Vec<i64>)>>,
     /// Rule 7's result per wait for the current anchor (it does not depend on the state).
     best: HashMap<(usize, u32), Option<Vec<(usize, u32)>>>,
 }
@@ -186,9 +193,34 @@ impl<'a> Search<'a> {
                 }
             }
         }
+        let prefixes = Prefixes::new(trace);
+        let net_max = (0..trace.nodes())
+            .map(|i| {
+                (0..trace.initial.len())
+                    .map(|sem| {
+                        let net: Vec<i64> = (0..=trace.events[i].len())
+                            .map(|q| {
+                                prefixes.signals[i][q][sem] as i64
+                                    - prefixes.waits[i][q][sem] as i64
+                            })
+                            .collect();
+                        let mut up = net.clone();
+                        for q in 1..up.len() {
+                            up[q] = up[q].max(up[q - 1]);
+                        }
+                        let mut down = net;
+                        for q in (0..down.len().saturating_sub(1)).rev() {
+                            down[q] = down[q].max(down[q + 1]);
+                        }
+                        (up, down)
+                    })
+                    .collect()
+            })
+            .collect();
         Search {
             trace,
-            prefixes: Prefixes::new(trace),
+            net_max,
+            prefixes,
             order,
             signal_at,
             anchor: (0, 0),
@@ -581,7 +613,12 @@ impl<'a> Search<'a> {
                     // Operations of node `i` the order does not put after `w`.
                     let last = self.order[i][..vi as usize].partition_point(|x| x[a] <= pw);
                     let from = tw[i].min(last as u32);
-                    count += (from..=last as u32).map(|q| net(i, q)).max().unwrap_or(0);
+                    count += if last as u32 - from <= EXACT_RANGE {
+                        (from..=last as u32).map(|q| net(i, q)).max().unwrap_or(0)
+                    } else {
+                        // Any range around it bounds the maximum from above.
+                        self.net_max[i][sem].0[last].min(self.net_max[i][sem].1[from as usize])
+                    };
                 }
                 if count < 0 {
                     return Some(sem);
