@@ -49,10 +49,10 @@ pub fn tokens_after(
     t.into_iter().map(|(k, v)| (k, v.max(0) as u32)).collect()
 }
 
-/// The expansion depth for an epoch of `ops` semaphore operations, so that its analysis
-/// stays within tens of milliseconds on the development machine (docs/measurements.md:
-/// depth 2 takes about 2 ms at 40 operations and 0.2 s at 1000, depth 1 0.02-0.3 s at
-/// 100-1000, depth 0 5 ms at 1000).
+/// The expansion depth for an epoch of `ops` semaphore operations, so that rank 0's
+/// analysis at a barrier stays well under a second on the development machine
+/// (docs/measurements.md: depth 2 takes about 15 ms at 100 operations and 2 s at 1000,
+/// depth 1 about 4 ms at 100 and 0.2 s at 1000, depth 0 2 ms at 1000).
 pub fn depth_for(ops: usize) -> u32 {
     match ops {
         0..=200 => 2,

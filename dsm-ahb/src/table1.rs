@@ -20,6 +20,9 @@ pub const PAPER: [(usize, [f64; DEPTHS], usize); 3] = [
     (40, [59.0, 3.4, 0.75, 0.56], 1070),
 ];
 
+/// The depth tried on the traces depth 3 misses, to tell a depth limit from a rule limit.
+pub const DEEP: u32 = 8;
+
 /// Brute-force states allowed per trace.
 const MAX_STATES: u64 = 1 << 26;
 
@@ -38,6 +41,9 @@ pub struct Row {
     /// Per depth, traces where the printed algorithm reports an ordering the brute force
     /// lacks.
     pub printed_unsound: [usize; DEPTHS],
+    /// Traces depth 3 misses that depth [`DEEP`] finds whole (the rest are beyond the
+    /// expansion's rules at any depth tried).
+    pub deeper_finds: usize,
     /// Traces whose order over complete executions differs from the paper's relation.
     pub complete_differs: usize,
     /// Per depth, total time of [`analyse`].
@@ -79,6 +85,9 @@ pub fn measure(params: GenParams, traces: usize, seed: u64) -> Result<Row, Analy
             judge(&a, &mut row.missed[d], &mut row.unsound[d]);
             let p = analyse_as_printed(&t, d as u32)?;
             judge(&p, &mut row.printed_missed[d], &mut row.printed_unsound[d]);
+            if d == DEPTHS - 1 && !is_subset(&exact, &a) && is_subset(&exact, &analyse(&t, DEEP)?) {
+                row.deeper_finds += 1;
+            }
         }
     }
     Ok(row)

@@ -105,6 +105,10 @@ fn table1_prints_the_paper_beside_a_sound_measurement() {
     row(&out, "Algorithm 2 as printed");
     assert!(out.contains("unsound: dsm-ahb 0 traces"), "{out}");
     assert!(out.contains("time per trace (us): depth 0 "), "{out}");
+    assert!(
+        out.contains("depth 3 misses, depth 8 finds all orderings of"),
+        "{out}"
+    );
 }
 
 #[test]

@@ -141,6 +141,12 @@ fn table(cli: &Cli) -> anyhow::Result<bool> {
         us(row.brute_time)
     );
     println!(
+        "of the {} traces depth 3 misses, depth {} finds all orderings of {}",
+        row.missed[DEPTHS - 1],
+        table1::DEEP,
+        row.deeper_finds
+    );
+    println!(
         "complete executions only would change the reference on {:.2} % of traces",
         row.pct(row.complete_differs)
     );
