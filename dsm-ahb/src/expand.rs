@@ -158,6 +158,9 @@ fn refine(trace: &Trace, order: &mut Order, caps: Option<&[u32]>) -> Option<Vec<
     }
 }
 
+/// How far nodes must be, as `(node, operations)`.
+type Raise = Vec<(usize, u32)>;
+
 /// The search for one anchor at a time over the current safe order.
 struct Search<'a> {
     trace: &'a Trace,
@@ -180,7 +183,7 @@ struct Search<'a> {
     /// prefixes up to each length, and from each length on.
     net_max: Vec<Vec<(Vec<i64>, Vec<i64>)>>,
     /// Rule 7's result per wait for the current anchor (it does not depend on the state).
-    best: HashMap<(usize, u32), Option<Vec<(usize, u32)>>>,
+    best: HashMap<(usize, u32), Option<Raise>>,
 }
 
 impl<'a> Search<'a> {
@@ -541,7 +544,7 @@ impl<'a> Search<'a> {
 
     /// Rule 7 for the wait at 0-based position `pw` of node `a`: how far each other node
     /// must be, as `(node, operations)`; `None` if the wait can never get its token.
-    fn best_point(&self, a: usize, pw: u32) -> Option<Vec<(usize, u32)>> {
+    fn best_point(&self, a: usize, pw: u32) -> Option<Raise> {
         let p = &self.prefixes;
         let (j, c) = self.anchor;
         let n = self.caps.len();
