@@ -49,15 +49,39 @@ pub fn tokens_after(
     t.into_iter().map(|(k, v)| (k, v.max(0) as u32)).collect()
 }
 
+/// The expansion depth for an epoch of `ops` semaphore operations, so that rank 0's
+/// analysis at a barrier stays well under a second on the development machine
+/// (docs/measurements.md: depth 2 takes about 15 ms at 100 operations and 2 s at 1000,
+/// depth 1 about 4 ms at 100 and 0.2 s at 1000, depth 0 2 ms at 1000).
+pub fn depth_for(ops: usize) -> u32 {
+    match ops {
+        0..=200 => 2,
+        201..=1500 => 1,
+        _ => 0,
+    }
+}
+
+/// What [`make_safe`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SafeOrder {
+    /// Intervals whose vector time changed.
+    pub changed: usize,
+    /// Semaphore operations in the epoch.
+    pub ops: usize,
+    /// The expansion depth used ([`depth_for`] of `ops`, at most the depth asked for).
+    pub depth: u32,
+}
+
 /// Rewrites the vector times of the epoch's `intervals` (all of them, of `nodes` nodes) to
-/// the always-happens-before order of its semaphore operations at `depth`, given the
-/// tokens each semaphore held when the epoch began. Returns how many intervals changed.
+/// the always-happens-before order of its semaphore operations at `max_depth` or, for a
+/// large epoch, the smaller depth [`depth_for`] picks, given the tokens each semaphore
+/// held when the epoch began.
 pub fn make_safe(
     intervals: &mut [IntervalRecord],
     tokens: &BTreeMap<SemId, u32>,
     nodes: usize,
-    depth: u32,
-) -> Result<usize, SafeOrderError> {
+    max_depth: u32,
+) -> Result<SafeOrder, SafeOrderError> {
     if intervals
         .iter()
         .any(|r| matches!(r.began_with, SyncCause::Acquire(_) | SyncCause::Release(_)))
@@ -106,6 +130,8 @@ pub fn make_safe(
             });
         }
     }
+    let op_count = trace.len();
+    let depth = depth_for(op_count).min(max_depth);
     let order = analyse_unpaired(&trace, depth)?;
     let mut changed = 0;
     for r in intervals.iter_mut() {
@@ -136,7 +162,11 @@ pub fn make_safe(
             changed += 1;
         }
     }
-    Ok(changed)
+    Ok(SafeOrder {
+        changed,
+        ops: op_count,
+        depth,
+    })
 }
 
 #[cfg(test)]
@@ -170,8 +200,15 @@ mod tests {
             rec(2, 3, vec![1, 1, 3], SyncCause::SemSignal(7)),
         ];
         let tokens = BTreeMap::from([(7, 0)]);
-        let changed = make_safe(&mut intervals, &tokens, 3, 2).unwrap();
-        assert_eq!(changed, 1);
+        let done = make_safe(&mut intervals, &tokens, 3, 2).unwrap();
+        assert_eq!(
+            done,
+            SafeOrder {
+                changed: 1,
+                ops: 3,
+                depth: 2
+            }
+        );
         assert_eq!(intervals[3].vt, VectorTime(vec![1, 3, 1]));
         assert_eq!(tokens_after(&intervals, &tokens)[&7], 1);
         // With only one signaller the edge is certain and stays.
@@ -179,6 +216,14 @@ mod tests {
         one[3].vt = VectorTime(vec![2, 3, 1]);
         make_safe(&mut one, &tokens, 3, 2).unwrap();
         assert_eq!(one[3].vt, VectorTime(vec![2, 3, 1]));
+    }
+
+    #[test]
+    fn large_epochs_get_a_smaller_depth() {
+        assert_eq!(depth_for(40), 2);
+        assert!(depth_for(1000) < depth_for(40));
+        assert_eq!(depth_for(1_000_000), 0);
+        assert!((1..5000).all(|n| depth_for(n + 1) <= depth_for(n)));
     }
 
     #[test]

@@ -16,8 +16,14 @@
 
 #![warn(missing_docs)]
 
+mod brute;
 pub mod epoch;
+mod expand;
 pub mod format;
+pub mod paper;
+pub mod table1;
+
+pub use brute::{brute_force, brute_force_complete};
 
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -198,7 +204,7 @@ impl Prefixes {
     }
 
     /// Tokens of `sem` a state with prefix `v` has used beyond its initial count and the
-    /// signals in the prefix: how many signals outside the prefix it must contain too.
+    /// signals in the prefix (negative: tokens left).
     fn deficit(&self, trace: &Trace, v: &[u32], sem: usize) -> i64 {
         let mut d = -(trace.initial[sem] as i64);
         for (j, &c) in v.iter().enumerate() {
@@ -208,282 +214,25 @@ impl Prefixes {
     }
 }
 
-/// The k-th smallest (1-based) of each component.
-fn min_k(vecs: &[Vec<u32>], k: usize, n: usize) -> Vec<u32> {
-    let mut out = vec![0; n];
-    let mut col = Vec::with_capacity(vecs.len());
-    for (i, o) in out.iter_mut().enumerate() {
-        col.clear();
-        col.extend(vecs.iter().map(|v| v[i]));
-        let (_, kth, _) = col.select_nth_unstable(k - 1);
-        *o = *kth;
-    }
-    out
-}
-
-/// The analysis state: the trace, its prefix counts and the current safe order.
-struct Analyser<'a> {
-    trace: &'a Trace,
-    prefixes: Prefixes,
-    order: Order,
-    /// Signals per semaphore as `(node, position)`.
-    signals: Vec<Vec<(usize, usize)>>,
-}
-
-impl Analyser<'_> {
-    /// Raises `v`, a lower bound of the reachable states in which the *anchor* operation
-    /// (node `anchor.0`, 1-based position `anchor.1`) has just completed, by what those
-    /// states must also contain; `None` if no such state exists. No such state exceeds
-    /// `cap` (and its anchor component is exactly the anchor's position).
-    ///
-    /// Two rules, each sound on its own, applied to a fixpoint:
-    /// 1. a state containing an operation contains everything the current order puts
-    ///    before it;
-    /// 2. if the prefix `v` uses `k` more tokens of a semaphore than its initial count and
-    ///    the signals in the prefix provide (Observations 1 and 3; an anchor signal is not
-    ///    counted, since every wait of the state completed before it), at least `k` other
-    ///    signals `s` of it are in the state, each completed before the anchor, so each
-    ///    one's own completion state `z` is below the state and below `cap` with the
-    ///    anchor's node one lower. The state is then at least the `k`-th smallest, per
-    ///    component, of the bounds `max(v, z)`.
-    ///
-    /// At depth 0, `z` is the current order's bound of `s`. With `depth > 0`, `z` is
-    /// itself closed at `depth - 1` with `s` as the anchor (Observation 4: the signal needs
-    /// its own tokens, before it), and `max(v, z)` is closed at `depth - 1` with this
-    /// anchor (Observation 2, shadowing: the waits before `s` need tokens too). A signal
-    /// whose bound is infeasible cannot help.
-    fn close(
-        &self,
-        mut v: Vec<u32>,
-        depth: u32,
-        cap: &[u32],
-        anchor: (usize, u32),
-        shadow: bool,
-    ) -> Option<Vec<u32>> {
-        let n = v.len();
-        // Completion states of operations before the anchor.
-        let mut before = cap.to_vec();
-        before[anchor.0] = before[anchor.0].min(anchor.1.saturating_sub(1));
-        loop {
-            if !leq(&v, cap) {
-                return None;
-            }
-            // Rule 1 to a fixpoint.
-            loop {
-                let prev = v.clone();
-                for j in 0..n {
-                    if v[j] > 0 {
-                        let w = self.order[j][v[j] as usize - 1].clone();
-                        max_into(&mut v, &w);
-                    }
-                }
-                if v == prev {
-                    break;
-                }
-            }
-            if !leq(&v, cap) {
-                return None;
-            }
-            let mut changed = false;
-            let anchor_op = &self.trace.events[anchor.0][anchor.1 as usize - 1];
-            for (sem, sigs) in self.signals.iter().enumerate() {
-                if self.prefixes.deficit(self.trace, &v, sem) < 0 {
-                    continue;
-                }
-                let k = self.tokens_from_outside(&v, sem, anchor, anchor_op);
-                if k <= 0 {
-                    continue;
-                }
-                let mut bounds = Vec::new();
-                for &(node, pos) in sigs {
-                    if pos < v[node] as usize || pos as u32 >= before[node] {
-                        continue;
-                    }
-                    let own = &self.order[node][pos];
-                    let z = if depth > 0 {
-                        let mut cap_s = before.clone();
-                        cap_s[node] = pos as u32 + 1;
-                        self.close(own.clone(), depth - 1, &cap_s, (node, pos as u32 + 1), true)
-                    } else {
-                        leq(own, &before).then(|| own.clone())
-                    };
-                    let Some(z) = z else { continue };
-                    let mut w = v.clone();
-                    max_into(&mut w, &z);
-                    let w = if depth > 0 {
-                        self.close(w, depth - 1, cap, anchor, true)
-                    } else if shadow {
-                        // Shadowing at the leaf: the waits `s` brings need tokens too, from
-                        // the other candidates (one round, without deeper recursion).
-                        self.close(w, 0, cap, anchor, false)
-                    } else {
-                        leq(&w, cap).then_some(w)
-                    };
-                    bounds.extend(w);
-                }
-                if bounds.len() < k as usize {
-                    return None;
-                }
-                let m = min_k(&bounds, k as usize, n);
-                if !leq(&m, &v) {
-                    max_into(&mut v, &m);
-                    changed = true;
-                    break;
-                }
-            }
-            if !changed {
-                return Some(v);
-            }
-        }
-    }
-
-    /// How many of the waits on `sem` in the prefix `v` must be served by signals outside
-    /// it: the waits, less the initial tokens, less the most waits the prefix's own signals
-    /// can serve, where a signal can serve a wait unless the current order puts it after
-    /// the wait (a maximum bipartite matching; every execution pairs each wait with an
-    /// earlier signal, so it gives such a matching). An anchor signal serves nobody: every
-    /// other operation of the state completed before it.
-    fn tokens_from_outside(
-        &self,
-        v: &[u32],
-        sem: usize,
-        anchor: (usize, u32),
-        anchor_op: &TraceEvent,
-    ) -> i64 {
-        let mut waits = Vec::new();
-        let mut signals = Vec::new();
-        for (j, &c) in v.iter().enumerate() {
-            for (p, e) in self.trace.events[j][..c as usize].iter().enumerate() {
-                if e.sem != sem {
-                    continue;
-                }
-                match e.op {
-                    Op::Wait => waits.push((j, p)),
-                    Op::Signal => {
-                        let is_anchor = anchor_op.op == Op::Signal && (j, p as u32 + 1) == anchor;
-                        if !is_anchor {
-                            signals.push((j, p));
-                        }
-                    }
-                }
-            }
-        }
-        let need = waits.len() as i64 - self.trace.initial[sem] as i64;
-        if need <= 0 {
-            return 0;
-        }
-        // Kuhn's augmenting paths: signal -> wait it serves.
-        let serves = |s: (usize, usize), w: (usize, usize)| {
-            // Not after the wait: the signal's bound holds fewer of the wait's node's
-            // operations than the wait's position.
-            self.order[s.0][s.1][w.0] <= w.1 as u32
-        };
-        let mut served_by: Vec<Option<usize>> = vec![None; waits.len()];
-        fn augment(
-            si: usize,
-            signals: &[(usize, usize)],
-            waits: &[(usize, usize)],
-            serves: &dyn Fn((usize, usize), (usize, usize)) -> bool,
-            served_by: &mut Vec<Option<usize>>,
-            seen: &mut Vec<bool>,
-        ) -> bool {
-            for wi in 0..waits.len() {
-                if seen[wi] || !serves(signals[si], waits[wi]) {
-                    continue;
-                }
-                seen[wi] = true;
-                let free = match served_by[wi] {
-                    None => true,
-                    Some(other) => augment(other, signals, waits, serves, served_by, seen),
-                };
-                if free {
-                    served_by[wi] = Some(si);
-                    return true;
-                }
-            }
-            false
-        }
-        let mut matched = 0i64;
-        for si in 0..signals.len() {
-            let mut seen = vec![false; waits.len()];
-            if augment(si, &signals, &waits, &serves, &mut served_by, &mut seen) {
-                matched += 1;
-            }
-        }
-        need - matched
-    }
-}
-
 /// The "always happens before" order, safely approximated: every ordering it reports
 /// holds in every feasible execution of the trace's program (given the same straight-line
 /// code per node), and at higher `depth` it finds more of them.
 ///
 /// Depth 0 is the rewind alone ([`rewind`], Algorithm 1: from the observed clocks down to a
 /// fixpoint where a wait follows the earliest, per component, of its semaphore's signals).
-/// Depth `d >= 1` then expands to a fixpoint with Observations 1 and 3 (counting tokens
-/// across every semaphore) and `d - 1` levels of Observations 2 and 4, so depth 1
-/// corresponds to the paper's `modify` with depth 1. See `Analyser::close` for the rules
-/// and ARCHITECTURE.md for how this reading of the paper's garbled Algorithm 2 was checked.
+/// Depth `d >= 1` then expands to a fixpoint (Algorithm 2) with first-order inference
+/// (Observations 1 and 3: counting tokens on every semaphore) and `d - 1` levels of case
+/// splits on the signal that serves a missing token (Observations 2 and 4, chained), so
+/// depth 1 corresponds to the paper's `modify` at depth 1. The rules are in the `expand`
+/// module; ARCHITECTURE.md says how they read the paper's garbled Algorithm 2.
 pub fn analyse(trace: &Trace, depth: u32) -> Result<Order, AnalysisError> {
-    expand(trace, rewind(trace)?, depth)
+    expand::expand(trace, rewind(trace)?, depth)
 }
 
 /// [`analyse`] for a trace without the pairing of waits with signals (the rewind starts
 /// from the top instead of the observed clocks; see [`rewind`] for why that is safe).
 pub fn analyse_unpaired(trace: &Trace, depth: u32) -> Result<Order, AnalysisError> {
-    expand(trace, rewind_unpaired(trace)?, depth)
-}
-
-/// Algorithm 2 (expand) on a safe order, to a fixpoint.
-fn expand(trace: &Trace, order: Order, depth: u32) -> Result<Order, AnalysisError> {
-    let n = trace.nodes();
-    let mut signals = vec![Vec::new(); trace.initial.len()];
-    for (j, evs) in trace.events.iter().enumerate() {
-        for (c, e) in evs.iter().enumerate() {
-            if e.op == Op::Signal {
-                signals[e.sem].push((j, c));
-            }
-        }
-    }
-    if depth == 0 {
-        return Ok(order);
-    }
-    let mut a = Analyser {
-        trace,
-        prefixes: Prefixes::new(trace),
-        order,
-        signals,
-    };
-    loop {
-        let mut changed = false;
-        for j in 0..n {
-            for c in 0..trace.events[j].len() {
-                let mut v = a.order[j][c].clone();
-                if c > 0 {
-                    max_into(&mut v, &a.order[j][c - 1]);
-                }
-                // The states that matter are those where this operation has just
-                // completed: none holds a later operation of its node.
-                let mut cap = vec![u32::MAX; n];
-                cap[j] = c as u32 + 1;
-                let v = a
-                    .close(v, depth - 1, &cap, (j, c as u32 + 1), true)
-                    .ok_or_else(|| {
-                        AnalysisError::Infeasible(format!(
-                            "operation {} of node {j} can never complete",
-                            c + 1
-                        ))
-                    })?;
-                if v != a.order[j][c] {
-                    a.order[j][c] = v;
-                    changed = true;
-                }
-            }
-        }
-        if !changed {
-            return Ok(a.order);
-        }
-    }
+    expand::expand(trace, rewind_unpaired(trace)?, depth)
 }
 
 /// Algorithm 1 (rewind): from the vector clocks of the observed pairing down to a
@@ -556,78 +305,6 @@ fn rewind_from(trace: &Trace, mut tau: Order) -> Result<Order, AnalysisError> {
             return Ok(tau);
         }
     }
-}
-
-/// The exact "always happens before" order by exhaustive search of the reachable states (a
-/// prefix per node, no semaphore's count negative): `v(e)[i]` is the least number of node
-/// `i`'s events over the reachable states where `e` has just completed. Fails when more
-/// than `max_states` states would be visited.
-pub fn brute_force(trace: &Trace, max_states: u64) -> Result<Order, AnalysisError> {
-    let n = trace.nodes();
-    let lens: Vec<usize> = trace.events.iter().map(Vec::len).collect();
-    let mut total: u64 = 1;
-    for &l in &lens {
-        total = total.saturating_mul(l as u64 + 1);
-    }
-    if total > max_states {
-        return Err(AnalysisError::TooManyStates(max_states));
-    }
-    let prefixes = Prefixes::new(trace);
-    let index = |x: &[u32]| -> usize {
-        x.iter()
-            .zip(&lens)
-            .fold(0usize, |acc, (&c, &l)| acc * (l + 1) + c as usize)
-    };
-    let mut seen = vec![false; total as usize];
-    let mut best: Vec<Vec<Option<Vec<u32>>>> = lens.iter().map(|&l| vec![None; l]).collect();
-    let start = vec![0u32; n];
-    seen[index(&start)] = true;
-    let mut queue = VecDeque::from([start]);
-    while let Some(x) = queue.pop_front() {
-        for (j, &c) in x.iter().enumerate() {
-            if c > 0 {
-                let slot = &mut best[j][c as usize - 1];
-                match slot {
-                    Some(b) => {
-                        for (a, &y) in b.iter_mut().zip(&x) {
-                            *a = (*a).min(y);
-                        }
-                    }
-                    None => *slot = Some(x.clone()),
-                }
-            }
-            if c as usize == lens[j] {
-                continue;
-            }
-            let e = &trace.events[j][c as usize];
-            if e.op == Op::Wait && prefixes.deficit(trace, &x, e.sem) >= 0 {
-                continue;
-            }
-            let mut y = x.clone();
-            y[j] += 1;
-            let i = index(&y);
-            if !seen[i] {
-                seen[i] = true;
-                queue.push_back(y);
-            }
-        }
-    }
-    best.into_iter()
-        .enumerate()
-        .map(|(j, evs)| {
-            evs.into_iter()
-                .enumerate()
-                .map(|(c, v)| {
-                    v.ok_or_else(|| {
-                        AnalysisError::Infeasible(format!(
-                            "operation {} of node {j} is in no reachable state",
-                            c + 1
-                        ))
-                    })
-                })
-                .collect()
-        })
-        .collect()
 }
 
 /// The orderings between operations of different nodes an order contains, as pairs
@@ -750,6 +427,30 @@ mod tests {
         assert_eq!(d0[2][1], vec![0, 0, 2]);
         let obs = observed(&t).unwrap();
         assert_eq!(obs[2][0], vec![1, 0, 1]);
+    }
+
+    /// The paper's relation counts deadlocked states: node 2 may take node 0's token
+    /// first, after which node 1 deadlocks, so node 1's wait need not precede node 2's;
+    /// over complete executions it must.
+    #[test]
+    fn deadlocked_prefixes_count() {
+        let mut t = Trace::new(3);
+        t.sem_names = vec!["a".into()];
+        t.initial = vec![0];
+        t.events[0] = vec![ev(Op::Signal, 0, Some(0), None)];
+        t.events[1] = vec![
+            ev(Op::Wait, 0, None, Some((0, 0))),
+            ev(Op::Signal, 0, Some(0), None),
+        ];
+        t.events[2] = vec![ev(Op::Wait, 0, None, Some((1, 0)))];
+        assert_eq!(brute_force(&t, 100).unwrap()[2][0], vec![1, 0, 1]);
+        assert_eq!(brute_force_complete(&t, 100).unwrap()[2][0], vec![1, 2, 1]);
+        for d in 0..4 {
+            assert!(is_subset(
+                &analyse(&t, d).unwrap(),
+                &brute_force(&t, 100).unwrap()
+            ));
+        }
     }
 
     #[test]

@@ -1,9 +1,12 @@
 //! `dsm-ahb`: the orderings of a semaphore trace (`dsmrun --sem-trace`) that hold in every
-//! feasible execution. Exit status: 0 done, 2 usage error or unreadable/corrupt trace.
+//! feasible execution, or (`--table1`) the paper's Table 1 measured for this analysis.
+//! Exit status: 0 done, 1 the analysis reported an ordering the brute force rejects,
+//! 2 usage error or unreadable/corrupt trace.
 
 use anyhow::Context;
 use clap::Parser;
-use dsm_ahb::{analyse, brute_force, edges, format, is_subset, observed, Order, Trace};
+use dsm_ahb::table1::{self, DEPTHS, PAPER};
+use dsm_ahb::{analyse, brute_force, edges, format, is_subset, observed, GenParams, Order, Trace};
 use std::io::BufReader;
 use std::process::ExitCode;
 
@@ -18,11 +21,17 @@ Each line of output is one ordering between operations of two different nodes,
 node's semaphore operations from 1); orderings implied by program order and
 transitivity are left out. Given several files, they are taken as the per-rank
 parts (FILE.rank<R>) of one run and merged first.
-Exit status: 0 done, 2 usage error or unreadable/corrupt trace."
+
+With --table1 no file is read: random traces of --events operations are generated
+as in the paper's Figure 5 and the share of them where the analysis at depths 0
+(the rewind alone) to 3 misses an ordering of the brute force is printed beside
+the paper's Table 1, with the paper's Algorithm 2 as printed for comparison.
+Exit status: 0 done, 1 the analysis reported an ordering the brute force rejects,
+2 usage error or unreadable/corrupt trace."
 )]
 struct Cli {
-    /// Levels of Observation 4 the analysis applies (0: the rewind alone); higher finds
-    /// more orderings and costs more (exponential in the depth)
+    /// How deep the expansion searches each candidate signal's own needs (0: the rewind
+    /// alone); higher finds more orderings and costs more (exponential in the depth)
     #[arg(long, default_value_t = 2)]
     depth: u32,
     /// Compute the exact order by exhaustive search of the reachable states instead
@@ -35,8 +44,26 @@ struct Cli {
     /// Also print the order the run itself observed (its signal-to-wait pairing)
     #[arg(long)]
     observed: bool,
+    /// Measure the paper's Table 1 on random traces instead of reading a file
+    #[arg(long, conflicts_with_all = ["files", "brute_force", "observed"])]
+    table1: bool,
+    /// --table1: operations per trace (the paper has figures for 30, 35 and 40)
+    #[arg(long, default_value_t = 30, requires = "table1")]
+    events: usize,
+    /// --table1: traces generated
+    #[arg(long, default_value_t = 5000, requires = "table1")]
+    traces: usize,
+    /// --table1: seed of the random generator
+    #[arg(long, default_value_t = 1, requires = "table1")]
+    seed: u64,
+    /// --table1: nodes per trace are drawn from 2 to this (the paper does not say its own)
+    #[arg(long, default_value_t = 4, requires = "table1")]
+    max_tasks: usize,
+    /// --table1: semaphores per trace are drawn from 1 to this (nor this)
+    #[arg(long, default_value_t = 3, requires = "table1")]
+    max_sems: usize,
     /// The trace file (or the per-rank parts of one)
-    #[arg(required = true)]
+    #[arg(required_unless_present = "table1")]
     files: Vec<std::path::PathBuf>,
 }
 
@@ -71,7 +98,75 @@ fn print(trace: &Trace, title: &str, order: &Order) {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+/// Prints Table 1 for `cli.events`; `Ok(false)` if some ordering was unsound.
+fn table(cli: &Cli) -> anyhow::Result<bool> {
+    let params = GenParams {
+        max_tasks: cli.max_tasks,
+        max_sems: cli.max_sems,
+        events: cli.events,
+        max_initial: 0,
+    };
+    let row = table1::measure(params, cli.traces, cli.seed)?;
+    println!(
+        "# Table 1, {} operations, {} traces (seed {}, MaxTasks {}, MaxSemaphores {})",
+        cli.events, cli.traces, cli.seed, cli.max_tasks, cli.max_sems
+    );
+    println!("# % of traces missing at least one ordering of the brute force (reachable states)");
+    println!(
+        "{:<28} {:>8} {:>8} {:>8} {:>8}",
+        "", "original", "depth 1", "depth 2", "depth 3"
+    );
+    let line = |name: &str, v: [f64; DEPTHS]| {
+        println!(
+            "{name:<28} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
+            v[0], v[1], v[2], v[3]
+        );
+    };
+    match PAPER.iter().find(|p| p.0 == cli.events) {
+        Some(&(_, figures, n)) => line(&format!("paper ({n} traces)"), figures),
+        None => println!("{:<28} (no figures for {} operations)", "paper", cli.events),
+    }
+    line("dsm-ahb (original: rewind)", row.missed.map(|m| row.pct(m)));
+    line(
+        "Algorithm 2 as printed",
+        row.printed_missed.map(|m| row.pct(m)),
+    );
+    let us = |d: std::time::Duration| d.as_secs_f64() * 1e6 / cli.traces.max(1) as f64;
+    println!(
+        "time per trace (us): depth 0 {:.0}, 1 {:.0}, 2 {:.0}, 3 {:.0}; brute force {:.0}",
+        us(row.time[0]),
+        us(row.time[1]),
+        us(row.time[2]),
+        us(row.time[3]),
+        us(row.brute_time)
+    );
+    println!(
+        "of the {} traces depth 3 misses, depth {} finds all orderings of {}",
+        row.missed[DEPTHS - 1],
+        table1::DEEP,
+        row.deeper_finds
+    );
+    println!(
+        "complete executions only would change the reference on {:.2} % of traces",
+        row.pct(row.complete_differs)
+    );
+    let unsound: usize = row.unsound.iter().sum();
+    println!(
+        "unsound: dsm-ahb {} traces, as printed {} traces",
+        unsound,
+        row.printed_unsound.iter().sum::<usize>()
+    );
+    Ok(unsound == 0)
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    if cli.table1 {
+        return Ok(if table(&cli)? {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
+    }
     let trace = load(&cli.files)?;
     let obs = observed(&trace)?;
     if cli.observed {
@@ -102,13 +197,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             &bounded,
         );
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("dsm-ahb: {e:#}");
             ExitCode::from(2)

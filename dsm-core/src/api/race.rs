@@ -15,10 +15,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Depth of the always-happens-before expansion under `--sem-order=safe` (see dsm-ahb:
-/// depth 1 is first-order inference with shadowing, well under a millisecond for the tens
-/// of operations an epoch usually has; each further level costs several times more).
-const SAFE_ORDER_DEPTH: u32 = 1;
+/// Most depth of the always-happens-before expansion under `--sem-order=safe`; larger
+/// epochs get less (`dsm_ahb::epoch::depth_for`), so an epoch's analysis stays bounded.
+const SAFE_ORDER_DEPTH: u32 = 2;
 
 /// Race-detection state of this node.
 pub(super) struct RaceState {
@@ -430,6 +429,11 @@ impl Dsm {
         if r.options.sem_order_safe {
             let n = self.size;
             match dsm_ahb::epoch::make_safe(&mut intervals, &r.sem_tokens, n, SAFE_ORDER_DEPTH) {
+                Ok(done) if done.depth < SAFE_ORDER_DEPTH => eprintln!(
+                    "dsm: --sem-order=safe: epoch {epoch} has {} semaphore operations; \
+                     analysed at depth {} instead of {SAFE_ORDER_DEPTH}",
+                    done.ops, done.depth
+                ),
                 Ok(_) => {}
                 Err(dsm_ahb::epoch::SafeOrderError::LocksInEpoch) => eprintln!(
                     "dsm: --sem-order=safe: epoch {epoch} also synchronizes through locks; \
