@@ -28,8 +28,58 @@ use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, TryReserveError};
 use std::panic::Location;
 
-/// A source site of the program, as `#[track_caller]` gives it.
-type Site = &'static Location<'static>;
+/// Where an access was made: a Rust source location, as `#[track_caller]` gives it, or
+/// the instrumented instruction of a program compiled with ThreadSanitizer
+/// instrumentation (C and C++ through dsm-capi), as its address relative to the
+/// executable's load address, so that it means the same on every rank and is symbolised
+/// from the executable's debug information by the rank that reports the race.
+#[derive(Clone, Copy, Debug)]
+pub enum Site {
+    /// A line of a Rust program.
+    Rust(&'static Location<'static>),
+    /// An address in the executable (runtime address minus load bias).
+    Code(u64),
+}
+
+impl Site {
+    /// One word that tells sites apart: a location's address (aligned, so even) or the
+    /// code address shifted left with the low bit set.
+    #[inline(always)]
+    fn key(self) -> usize {
+        match self {
+            Site::Rust(l) => l as *const Location<'static> as usize,
+            Site::Code(a) => ((a as usize) << 1) | 1,
+        }
+    }
+
+    /// The site as sent to the reporting rank.
+    fn source(self) -> SourceSite {
+        match self {
+            Site::Rust(l) => SourceSite {
+                file: l.file().to_string(),
+                line: l.line(),
+                column: l.column(),
+                code: None,
+            },
+            Site::Code(a) => SourceSite {
+                file: String::new(),
+                line: 0,
+                column: 0,
+                code: Some(a),
+            },
+        }
+    }
+}
+
+impl PartialEq for Site {
+    /// Identity, not contents: one compare on the hot path.
+    #[inline(always)]
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Site {}
 
 /// A bitmap's site span as stored: the node's site number, first and last granule.
 type StoredSpan = (u32, u16, u16);
@@ -146,14 +196,14 @@ impl AllocShadow {
         let head = self.site_heads[slot].get();
         if head == 0 {
             match self.site_single[slot].get() {
-                Some(s) if std::ptr::eq(s, site) => return,
+                Some(s) if s == site => return,
                 None => return self.site_single[slot].set(Some(site)),
                 Some(_) => {}
             }
         } else {
             let runs = self.runs.borrow();
             let r = &runs[head as usize - 1];
-            if std::ptr::eq(r.site.get(), site) {
+            if r.site.get() == site {
                 r.first.set(r.first.get().min(g0));
                 r.last.set(r.last.get().max(g1 - 1));
                 return;
@@ -187,7 +237,7 @@ impl AllocShadow {
         let mut at = head;
         while at != 0 {
             let r = &runs[at as usize - 1];
-            if std::ptr::eq(r.site.get(), site) {
+            if r.site.get() == site {
                 let h = &runs[head as usize - 1];
                 let (first, last) = (r.first.get(), r.last.get());
                 r.site.set(h.site.get());
@@ -296,7 +346,7 @@ impl AllocShadow {
     #[inline(always)]
     #[track_caller]
     pub fn read(&self, offset: usize, len: usize) {
-        self.mark(READ, offset, len, Location::caller());
+        self.mark(READ, offset, len, Site::Rust(Location::caller()));
     }
 
     /// Records a write of `len` bytes at byte `offset` of the allocation, made at the
@@ -304,7 +354,15 @@ impl AllocShadow {
     #[inline(always)]
     #[track_caller]
     pub fn write(&self, offset: usize, len: usize) {
-        self.mark(WRITE, offset, len, Location::caller());
+        self.mark(WRITE, offset, len, Site::Rust(Location::caller()));
+    }
+
+    /// Records an access of `len` bytes at byte `offset` of the allocation made at `site`:
+    /// for runtimes that know the access's site otherwise than by `#[track_caller]`
+    /// (dsm-capi's ThreadSanitizer hooks, which know the instrumented instruction).
+    #[inline(always)]
+    pub fn access_at(&self, write: bool, offset: usize, len: usize, site: Site) {
+        self.mark(if write { WRITE } else { READ }, offset, len, site);
     }
 
     /// Records accesses to `count` elements of `elem` bytes, `stride` bytes apart, from
@@ -316,7 +374,7 @@ impl AllocShadow {
             return;
         }
         let kind = if write { WRITE } else { READ };
-        let site = Location::caller();
+        let site = Site::Rust(Location::caller());
         if stride == elem {
             return self.mark(kind, offset, elem * count, site);
         }
@@ -445,15 +503,7 @@ fn wire_sites(spans: &[StoredSpan], table: &[Site], defined: &mut [bool]) -> Wir
         .iter()
         .map(|&(site, first, last)| {
             if !std::mem::replace(&mut defined[site as usize], true) {
-                let l = table[site as usize];
-                defs.push((
-                    site,
-                    SourceSite {
-                        file: l.file().to_string(),
-                        line: l.line(),
-                        column: l.column(),
-                    },
-                ));
+                defs.push((site, table[site as usize].source()));
             }
             SiteSpan { site, first, last }
         })
@@ -878,7 +928,7 @@ fn intern_site(
     last: &Cell<(usize, u32)>,
     site: Site,
 ) -> u32 {
-    let addr = site as *const Location<'static> as usize;
+    let addr = site.key();
     if last.get().0 == addr {
         return last.get().1;
     }
