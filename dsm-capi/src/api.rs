@@ -41,6 +41,8 @@ pub(crate) struct Node {
     pub(crate) dsm: Dsm,
     /// The allocations, in address order (dsm allocates upwards).
     pub(crate) arrays: Vec<RawArray>,
+    /// Each allocation's address range (`start..stop`), in the same order.
+    pub(crate) spans: Vec<(usize, usize)>,
     /// The allocations' address range (`lo..hi`): one compare pair for a hook's access.
     pub(crate) lo: usize,
     pub(crate) hi: usize,
@@ -49,6 +51,8 @@ pub(crate) struct Node {
     /// The executable's load bias, subtracted from code addresses so that sites mean the
     /// same on every rank.
     pub(crate) bias: usize,
+    /// Accesses being combined by the hooks (see [`crate::tsan::Run`]).
+    pub(crate) runs: [Cell<crate::tsan::Run>; crate::tsan::WAYS],
     /// Locks this rank holds, so that releasing one it does not hold is an error here
     /// rather than a protocol failure.
     held: Vec<u64>,
@@ -114,7 +118,11 @@ fn with_node<T>(f: impl FnOnce(&mut Node) -> Result<T, Failure>) -> Result<T, Fa
     // thread (thread-local). No other reference to the node is alive during this call: the
     // hooks make theirs only while instrumented C code runs, never inside a dsm call (dsm is
     // not instrumented), and API calls do not nest.
-    f(unsafe { &mut *p })
+    let node = unsafe { &mut *p };
+    // The accesses the hooks are still combining belong to the interval this call may
+    // close.
+    crate::tsan::flush_all(node);
+    f(node)
 }
 
 /// A C string argument as UTF-8.
@@ -170,16 +178,21 @@ pub extern "C" fn dsm_init() -> c_int {
             let node = Box::new(Node {
                 dsm,
                 arrays: Vec::new(),
+                spans: Vec::new(),
                 lo: 0,
                 hi: 0,
                 last: Cell::new(0),
                 bias: executable_bias(),
+                runs: std::array::from_fn(|_| Cell::default()),
                 held: Vec::new(),
                 named: HashMap::new(),
                 semaphores: Vec::new(),
             });
             NODE.set(Box::into_raw(node));
             RECORDING.set(race);
+            if race {
+                crate::tsan::ANY_RECORDING.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
             Ok(0)
         },
     )
@@ -217,6 +230,7 @@ fn alloc(name: *const c_char, elem: usize, len: usize, cols: usize) -> *mut c_vo
                 n.lo = n.arrays.first().map_or(a.addr(), |f| f.addr());
                 n.hi = a.addr() + a.bytes();
                 n.arrays.push(a);
+                n.spans.push((a.addr(), a.addr() + a.bytes()));
                 Ok(a.addr() as *mut c_void)
             })
         },

@@ -31,21 +31,19 @@
 
 use crate::api::{NODE, RECORDING};
 use dsm_race::Site;
-use std::sync::atomic::{self, Ordering::SeqCst};
+use std::sync::atomic::{self, AtomicBool, Ordering::SeqCst};
 
 /// Records an access of `len` bytes at `addr`, made by the call returning to `ret`, when
-/// this thread records: one test of a thread-local flag when it does not.
+/// this thread records: one test of a thread-local flag when it does not. The next
+/// element of a run its site is making costs a few compares here, inline; anything else
+/// goes to [`record`].
 #[inline(always)]
 fn hook(addr: usize, len: usize, write: bool, ret: usize) {
-    if RECORDING.get() {
-        record(addr, len, write, ret);
+    if !RECORDING.get() {
+        return;
     }
-}
-
-#[inline(never)]
-fn record(addr: usize, len: usize, write: bool, ret: usize) {
     let p = NODE.get();
-    if p.is_null() || len == 0 {
+    if p.is_null() {
         return;
     }
     // SAFETY: `RECORDING` is set only while `NODE` holds the live node of this thread
@@ -53,21 +51,133 @@ fn record(addr: usize, len: usize, write: bool, ret: usize) {
     // dsm API call, so no `&mut` to the node is alive; this shared reference ends with
     // the call.
     let node = unsafe { &*p };
+    let slot = &node.runs[slot_of(ret)];
+    let mut r = slot.get();
+    if r.ret == ret && r.write == write && r.len == len {
+        if addr == r.next && addr.saturating_add(len) <= r.limit {
+            r.count += 1;
+            r.last = addr;
+            r.next = addr + r.stride;
+            return slot.set(r);
+        }
+        if addr == r.last {
+            return; // the run's last element again
+        }
+    }
+    record(node, addr, len, write, ret);
+}
+
+/// Accesses being combined, one run per site (hashed): the recorder is called once per
+/// run of elements one site touches at a regular stride (a loop's sweep of a row), not
+/// once per element. Runs are flushed before every dsm call that synchronizes
+/// ([`flush_all`]), so each lands in the interval it was made in.
+pub(crate) const WAYS: usize = 64;
+
+/// A site's slot: the low bits of its return address. Call instructions are 5 bytes, so
+/// the sites of one loop body (within 64 bytes of each other, mostly) do not collide.
+#[inline(always)]
+fn slot_of(ret: usize) -> usize {
+    ret % WAYS
+}
+
+/// One site's run: `count` elements of `len` bytes, `stride` bytes apart, from byte
+/// `start` of array `array`. `last` is the address of its last element, `next` where the
+/// next one would be, `limit` the end of the array. `ret` 0: an empty slot.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Run {
+    ret: usize,
+    write: bool,
+    len: usize,
+    next: usize,
+    last: usize,
+    limit: usize,
+    array: usize,
+    start: usize,
+    stride: usize,
+    count: usize,
+}
+
+/// [`hook`]'s slow path: an access that does not continue its site's run.
+#[inline(never)]
+fn record(node: &crate::api::Node, addr: usize, len: usize, write: bool, ret: usize) {
     let end = addr.saturating_add(len);
-    if addr >= node.hi || end <= node.lo {
+    if len == 0 || addr >= node.hi || end <= node.lo {
         return;
     }
+    let i = find(node, addr);
+    let (start, stop) = node.spans[i];
+    if addr < start || end > stop {
+        return record_spanning(node, addr, end, write, ret);
+    }
+    let slot = &node.runs[slot_of(ret)];
+    let mut r = slot.get();
+    // The second element of a run sets its stride.
+    if r.ret == ret && r.array == i && r.write == write && r.len == len && r.count == 1 {
+        let first = start + r.start;
+        if addr >= first + len {
+            r.stride = addr - first;
+            r.count = 2;
+            r.last = addr;
+            r.next = addr + r.stride;
+            return slot.set(r);
+        }
+    }
+    if r.ret != 0 {
+        flush(node, &r);
+    }
+    slot.set(Run {
+        ret,
+        write,
+        len,
+        // Never matched before the stride is known.
+        next: usize::MAX,
+        last: addr,
+        limit: stop,
+        array: i,
+        start: addr - start,
+        stride: 0,
+        count: 1,
+    });
+}
+
+/// Records run `r` with the recorder.
+fn flush(node: &crate::api::Node, r: &Run) {
+    let a = &node.arrays[r.array];
+    if let Some(shadow) = node.dsm.raw_shadow(a) {
+        let site = Site::Code(r.ret.wrapping_sub(node.bias) as u64);
+        if r.count == 1 {
+            shadow.access_at(r.write, r.start, r.len, site);
+        } else {
+            shadow.strided_at(r.write, r.start, r.len, r.stride, r.count, site);
+        }
+    }
+}
+
+/// Records every pending run: before a synchronization closes the interval.
+pub(crate) fn flush_all(node: &crate::api::Node) {
+    for slot in &node.runs {
+        let r = slot.take();
+        if r.ret != 0 {
+            flush(node, &r);
+        }
+    }
+}
+
+/// An access reaching outside one allocation (a range over several, or into the padding
+/// after an allocation's last element): each allocation gets its part, recorded at once.
+#[cold]
+fn record_spanning(node: &crate::api::Node, addr: usize, end: usize, write: bool, ret: usize) {
     let site = Site::Code(ret.wrapping_sub(node.bias) as u64);
     let mut at = addr.max(node.lo);
-    // An access may span allocations (a range): each gets its part.
     while at < end.min(node.hi) {
-        let i = find(node, at);
-        let a = &node.arrays[i];
+        let a = &node.arrays[find(node, at)];
         let (start, stop) = (a.addr(), a.addr() + a.bytes());
         if at < start {
-            // In the padding after the previous allocation's last page.
             at = start;
             continue;
+        }
+        if at >= stop {
+            break; // past the last allocation's last element
         }
         let upto = end.min(stop);
         if let Some(shadow) = node.dsm.raw_shadow(a) {
@@ -81,15 +191,15 @@ fn record(addr: usize, len: usize, write: bool, ret: usize) {
 #[inline(always)]
 fn find(node: &crate::api::Node, addr: usize) -> usize {
     let last = node.last.get();
-    if let Some(a) = node.arrays.get(last) {
-        if a.addr() <= addr && addr < a.addr() + a.bytes() {
+    if let Some(&(start, stop)) = node.spans.get(last) {
+        if start <= addr && addr < stop {
             return last;
         }
     }
     let i = node
-        .arrays
-        .partition_point(|a| a.addr() + a.bytes() <= addr)
-        .min(node.arrays.len() - 1);
+        .spans
+        .partition_point(|&(_, stop)| stop <= addr)
+        .min(node.spans.len() - 1);
     node.last.set(i);
     i
 }
@@ -113,13 +223,37 @@ macro_rules! stub {
     };
 }
 
-/// `__tsan_{read,write}N(addr)` and their unaligned forms: the return address in rsi.
+/// Whether any thread of the process records (`--race` is on and `dsm_init` ran): the
+/// plain access hooks test it first, in their stub, and return at once when it is not
+/// set, so that without `--race` an instrumented access costs a call, a compare and a
+/// return.
+pub(crate) static ANY_RECORDING: AtomicBool = AtomicBool::new(false);
+
+/// `__tsan_{read,write}N(addr)` and their unaligned forms: return at once unless
+/// [`ANY_RECORDING`], else the return address in rsi and on to `$body`.
 macro_rules! access {
     ($body:ident, $len:literal, $write:literal, $($stub:ident),+) => {
         extern "C" fn $body(addr: usize, ret: usize) {
             hook(addr, $len, $write, ret);
         }
-        $(stub!($stub, "rsi", $body);)+
+        $(
+            #[cfg(target_arch = "x86_64")]
+            #[unsafe(naked)]
+            #[no_mangle]
+            #[doc(hidden)]
+            pub extern "C" fn $stub() {
+                std::arch::naked_asm!(
+                    "cmp byte ptr [rip + {flag}], 0",
+                    "jne 2f",
+                    "ret",
+                    "2:",
+                    "mov rsi, qword ptr [rsp]",
+                    "jmp {body}",
+                    flag = sym ANY_RECORDING,
+                    body = sym $body,
+                )
+            }
+        )+
     };
 }
 

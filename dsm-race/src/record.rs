@@ -370,11 +370,31 @@ impl AllocShadow {
     /// word at a time.
     #[track_caller]
     pub fn strided(&self, write: bool, offset: usize, elem: usize, stride: usize, count: usize) {
+        self.strided_at(
+            write,
+            offset,
+            elem,
+            stride,
+            count,
+            Site::Rust(Location::caller()),
+        );
+    }
+
+    /// [`AllocShadow::strided`] made at `site` (see [`AllocShadow::access_at`]).
+    #[inline]
+    pub fn strided_at(
+        &self,
+        write: bool,
+        offset: usize,
+        elem: usize,
+        stride: usize,
+        count: usize,
+        site: Site,
+    ) {
         if count == 0 || elem == 0 {
             return;
         }
         let kind = if write { WRITE } else { READ };
-        let site = Site::Rust(Location::caller());
         if stride == elem {
             return self.mark(kind, offset, elem * count, site);
         }

@@ -20,11 +20,13 @@ pub struct RawArray {
 
 impl RawArray {
     /// The address of element 0 in this process (the same on every rank).
+    #[inline]
     pub fn addr(&self) -> usize {
         self.addr
     }
 
     /// Number of elements (`rows * cols` for 2-D arrays).
+    #[inline]
     pub fn len(&self) -> usize {
         self.len
     }
@@ -35,16 +37,19 @@ impl RawArray {
     }
 
     /// Bytes of one element.
+    #[inline]
     pub fn elem_size(&self) -> usize {
         self.elem_size
     }
 
     /// Bytes of the whole array.
+    #[inline]
     pub fn bytes(&self) -> usize {
         self.len * self.elem_size
     }
 
     /// Columns of a 2-D array; 0 for a 1-D array.
+    #[inline]
     pub fn cols(&self) -> usize {
         self.cols
     }
@@ -92,6 +97,7 @@ impl Dsm {
 
     /// The race shadow of `array`, through which accesses to it are recorded; `None`
     /// without race detection.
+    #[inline]
     pub fn raw_shadow(&self, array: &RawArray) -> Option<&AllocShadow> {
         self.race.as_ref().map(|r| r.recorder.alloc(array.id))
     }
