@@ -76,9 +76,14 @@ fn reported(stderr: &str) -> Vec<Reported> {
 
 /// Compiles `kernel` with `dsmcc` into `dir`, against the `libdsm.a` of this build.
 fn build(kernel: &Path, dir: &Path) -> PathBuf {
+    build_with("gcc", kernel, dir)
+}
+
+/// [`build`] with compiler `cc`.
+fn build_with(cc: &str, kernel: &Path, dir: &Path) -> PathBuf {
     let exe = dir.join(kernel.file_stem().expect("a file name"));
     let out = Command::new(DSMCC)
-        .env("DSMCC_CC", "gcc")
+        .env("DSMCC_CC", cc)
         .env("DSM_LIB", bin_dir().join("libdsm.a"))
         .args(["-O2", "-o"])
         .arg(&exe)
@@ -154,4 +159,60 @@ fn c_race_kernels_report_exactly_their_labels() {
             check(kernel, &exe, n);
         }
     }
+}
+
+/// Whether `cc` runs here; prints the visible skip of `test` when not.
+fn have(cc: &str, test: &str) -> bool {
+    let there = Command::new(cc).arg("--version").output().is_ok();
+    if !there {
+        skip(
+            test,
+            &format!("no {cc} on this machine (apt-get install -y {cc})"),
+        );
+    }
+    there
+}
+
+#[test]
+fn c_sor_is_bitwise_the_sequential_run_and_race_free() {
+    if !have("gcc", "c_sor_is_bitwise_the_sequential_run_and_race_free") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let sor = Path::new(env!("CARGO_MANIFEST_DIR")).join("c-apps/sor.c");
+    let exe = build(&sor, dir.path());
+    for (n, race) in [(1, false), (2, true), (3, false), (4, true)] {
+        let flags: &[&str] = if race { &["--race"] } else { &[] };
+        let r = run(dsmrun_command(
+            n,
+            flags,
+            exe.to_str().unwrap(),
+            &["67", "5"],
+        ));
+        let context = format!("c sor at N={n}, race {race}:\n{}{}", r.stdout, r.stderr);
+        assert_eq!(r.code, Some(0), "exit status of {context}");
+        assert!(
+            r.stdout.contains("verified: c sor 67x67, 5 iterations"),
+            "{context}"
+        );
+        if race {
+            assert!(r.stderr.contains("dsm: 0 data races"), "{context}");
+        }
+    }
+}
+
+#[test]
+fn cpp_program_with_virtual_calls_runs_race_free() {
+    if !have("g++", "cpp_program_with_virtual_calls_runs_race_free") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cpp/shapes.cpp");
+    let exe = build_with("g++", &source, dir.path());
+    let r = run(dsmrun_command(2, &["--race"], exe.to_str().unwrap(), &[]));
+    let context = format!("{}{}", r.stdout, r.stderr);
+    assert_eq!(r.code, Some(0), "{context}");
+    // Squares of sides 1 and 2.
+    assert_eq!(r.stdout.matches("total 5").count(), 2, "{context}");
+    assert!(r.stderr.contains("dsm: 0 data races"), "{context}");
 }
