@@ -209,6 +209,11 @@ fn find(node: &crate::api::Node, addr: usize) -> usize {
 /// function (symbols of `global_asm!` are not).
 macro_rules! stub {
     ($stub:ident, $reg:literal, $body:path) => {
+        // SAFETY: the stub only copies its return address (at [rsp] on entry) into
+        // `$reg`, an argument register its caller's call does not use, and tail-jumps to
+        // `$body`, an `extern "C"` function that takes the caller's arguments plus that
+        // one: the stack and every other register are as the caller left them, so
+        // `$body` returns straight to the caller.
         #[cfg(target_arch = "x86_64")]
         #[unsafe(naked)]
         #[no_mangle]
@@ -237,6 +242,8 @@ macro_rules! access {
             hook(addr, $len, $write, ret);
         }
         $(
+            // SAFETY: as for `stub!`; the early return reads one byte of a static and
+            // leaves everything else untouched.
             #[cfg(target_arch = "x86_64")]
             #[unsafe(naked)]
             #[no_mangle]

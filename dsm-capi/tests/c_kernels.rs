@@ -233,3 +233,19 @@ fn cpp_program_with_virtual_calls_runs_race_free() {
     assert_eq!(r.stdout.matches("total 5").count(), 2, "{context}");
     assert!(r.stderr.contains("dsm: 0 data races"), "{context}");
 }
+
+#[test]
+fn c_api_errors_are_codes_and_messages() {
+    if !have("gcc", "c_api_errors_are_codes_and_messages") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/capi/errors.c");
+    let exe = build(&source, dir.path());
+    for n in [1, 2] {
+        let r = run(dsmrun_command(n, &["--race"], exe.to_str().unwrap(), &[]));
+        let context = format!("N={n}:\n{}{}", r.stdout, r.stderr);
+        assert_eq!(r.code, Some(0), "{context}");
+        assert_eq!(r.stdout.matches("api errors: ok").count(), n, "{context}");
+    }
+}

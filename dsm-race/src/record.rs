@@ -1035,6 +1035,35 @@ pub fn decode_words(bytes: &[u8]) -> Vec<u64> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn code_sites_travel_as_addresses_and_are_told_apart() {
+        let mut r = Recorder::new();
+        let id = r.add_alloc(0, PAGE_SIZE, 8).unwrap();
+        let a = r.alloc(id);
+        a.access_at(true, 0, 8, Site::Code(0x1234));
+        a.access_at(true, 800, 8, Site::Code(0x1240));
+        // A strided run from a third site: elements 10, 12, 14 (8 bytes each).
+        a.strided_at(true, 80, 8, 16, 3, Site::Code(0x1250));
+        a.access_at(true, 8, 8, Site::Code(0x1234));
+        r.close_interval();
+        let b = r.bitmaps(&[BitmapKey {
+            interval: 1,
+            page: 0,
+            kind: AccessKind::Write,
+        }]);
+        let mut codes: Vec<Option<u64>> = b[0].defs.iter().map(|(_, d)| d.code).collect();
+        codes.sort();
+        assert_eq!(codes, vec![Some(0x1234), Some(0x1240), Some(0x1250)]);
+        // Nothing is named on the recording rank: the reporting rank symbolises.
+        assert!(b[0]
+            .defs
+            .iter()
+            .all(|(_, d)| d.file.is_empty() && d.line == 0));
+        let words = decode_words(&b[0].bits);
+        assert_eq!(words[0], 0b101_0100_0000_0011);
+        assert_eq!(words[1] >> 36 & 1, 1); // byte 800: granule 100
+    }
+
     fn bits_of(r: &mut Recorder, interval: u32, page: PageNo, kind: AccessKind) -> Vec<u64> {
         let b = r.bitmaps(&[BitmapKey {
             interval,
