@@ -1,4 +1,4 @@
-//! The C API of `include/dsm.h`: one [`Node`] per process, owned by the thread that called
+//! The C API of `include/dsm.h`: one node per process, owned by the thread that called
 //! `dsm_init`, behind a thread-local pointer that the ThreadSanitizer hooks ([`crate::tsan`])
 //! read too. Every call runs under `catch_unwind`; errors come back as negative codes with
 //! their message kept for `dsm_last_error`.
