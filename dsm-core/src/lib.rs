@@ -54,7 +54,8 @@ mod ticket_deps {
 
 pub use api::{
     band, lock_manager, semaphore_id, Array, Block, Distribution, Dsm, LockGuard, Outcome,
-    RegionRule, Semaphore, Stats, Strided, StridedMut, View, DEFAULT_SEGMENT, DEFAULT_SEGMENT_ADDR,
+    RawArray, RegionRule, Semaphore, Stats, Strided, StridedMut, View, DEFAULT_SEGMENT,
+    DEFAULT_SEGMENT_ADDR,
 };
 /// Shared arrays hold plain-old-data types ([`Pod`]); re-exported so that a program's own
 /// element types need no dependency of their own:

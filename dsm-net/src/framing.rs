@@ -460,6 +460,7 @@ mod tests {
                                         file: "src/a.rs".into(),
                                         line: page,
                                         column: 5,
+                                        code: None,
                                     },
                                 )],
                             })

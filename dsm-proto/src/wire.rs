@@ -568,15 +568,20 @@ pub struct EncodedBitmap {
     pub defs: Vec<(u32, SourceSite)>,
 }
 
-/// A source location of the program, as the compiler names it (`#[track_caller]`).
+/// A source location of the program, as the compiler names it (`#[track_caller]`), or,
+/// for a program compiled with ThreadSanitizer instrumentation, the instrumented
+/// instruction's address, which the reporting rank turns into file, line and column.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SourceSite {
-    /// The source file.
+    /// The source file (empty while only `code` is known).
     pub file: String,
-    /// Line, from 1.
+    /// Line, from 1 (0 while only `code` is known).
     pub line: u32,
-    /// Column, from 1.
+    /// Column, from 1 (0 when unknown).
     pub column: u32,
+    /// The access's code address relative to the executable's load address, for sites
+    /// recorded by a ThreadSanitizer-ABI runtime; `None` for Rust sites.
+    pub code: Option<u64>,
 }
 
 /// The granules `first..=last` of a bitmap's page that accesses from one source site

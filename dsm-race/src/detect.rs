@@ -748,6 +748,35 @@ impl Hasher for KeyHasher {
     }
 }
 
+/// Turns a code address into file, line and column (see [`set_code_resolver`]).
+pub type CodeResolver = Box<dyn Fn(u64) -> Option<SourceSite> + Send + Sync>;
+
+static CODE_RESOLVER: std::sync::OnceLock<CodeResolver> = std::sync::OnceLock::new();
+
+/// Sets, once per process, how the reporting rank symbolises the sites that a
+/// ThreadSanitizer-ABI runtime recorded as code addresses ([`crate::record::Site::Code`]).
+/// A process-wide setting because every [`Bitmaps`] of the run needs it and only the
+/// runtime, which knows the executable, can provide it. Later calls are ignored.
+pub fn set_code_resolver(resolver: CodeResolver) {
+    let _ = CODE_RESOLVER.set(resolver);
+}
+
+/// `site` with its file, line and column filled in from its code address, where a
+/// resolver is set and knows the address; Rust sites unchanged. An address nobody could
+/// symbolise is named as such (`<code 0x...>`), so the report still tells sites apart.
+fn resolve_code_site(site: SourceSite) -> SourceSite {
+    let Some(addr) = site.code.filter(|_| site.line == 0) else {
+        return site;
+    };
+    CODE_RESOLVER
+        .get()
+        .and_then(|resolve| resolve(addr))
+        .unwrap_or_else(|| SourceSite {
+            file: format!("<code {addr:#x}>"),
+            ..site
+        })
+}
+
 /// Bitmaps received from the nodes, by owner and key, decoded to words. A bitmap that was
 /// never inserted reads as all zeros (nothing accessed).
 #[derive(Default)]
@@ -797,7 +826,8 @@ impl Bitmaps {
     /// Adds `node`'s bitmap `b`, replacing any earlier one with the same key.
     pub fn insert(&mut self, node: NodeId, b: EncodedBitmap) {
         for (site, def) in b.defs {
-            self.sites.insert((node, site), Arc::new(def));
+            self.sites
+                .insert((node, site), Arc::new(resolve_code_site(def)));
         }
         let span = |s: &dsm_proto::SiteSpan| (s.first, s.last, s.site);
         let sites = match b.sites.as_slice() {
@@ -1313,6 +1343,7 @@ mod tests {
                     file: "src/k.rs".into(),
                     line,
                     column: 9,
+                    code: None,
                 };
                 (site, at)
             })

@@ -17,11 +17,11 @@ pub mod suppress;
 
 pub use check::{Checker, Finding, FindingKind, RegionRule};
 pub use detect::{
-    first_races, plan, plan_fresh, plan_pairwise, plan_with, Access, Bitmaps, Plan, Race,
-    RaceClass, RaceKind, VarInfo, VarTable,
+    first_races, plan, plan_fresh, plan_pairwise, plan_with, set_code_resolver, Access, Bitmaps,
+    CodeResolver, Plan, Race, RaceClass, RaceKind, VarInfo, VarTable,
 };
 pub use dsm_proto::PlanStats;
 pub use incremental::Incremental;
-pub use record::{granule_shift, AllocShadow, RecordStats, Recorder};
+pub use record::{granule_shift, AllocShadow, RecordStats, Recorder, Site};
 pub use report::{Point, Reporter};
 pub use suppress::{SuppressionError, Suppressions};

@@ -28,8 +28,58 @@ use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, TryReserveError};
 use std::panic::Location;
 
-/// A source site of the program, as `#[track_caller]` gives it.
-type Site = &'static Location<'static>;
+/// Where an access was made: a Rust source location, as `#[track_caller]` gives it, or
+/// the instrumented instruction of a program compiled with ThreadSanitizer
+/// instrumentation (C and C++ through dsm-capi), as its address relative to the
+/// executable's load address, so that it means the same on every rank and is symbolised
+/// from the executable's debug information by the rank that reports the race.
+#[derive(Clone, Copy, Debug)]
+pub enum Site {
+    /// A line of a Rust program.
+    Rust(&'static Location<'static>),
+    /// An address in the executable (runtime address minus load bias).
+    Code(u64),
+}
+
+impl Site {
+    /// One word that tells sites apart: a location's address (aligned, so even) or the
+    /// code address shifted left with the low bit set.
+    #[inline(always)]
+    fn key(self) -> usize {
+        match self {
+            Site::Rust(l) => l as *const Location<'static> as usize,
+            Site::Code(a) => ((a as usize) << 1) | 1,
+        }
+    }
+
+    /// The site as sent to the reporting rank.
+    fn source(self) -> SourceSite {
+        match self {
+            Site::Rust(l) => SourceSite {
+                file: l.file().to_string(),
+                line: l.line(),
+                column: l.column(),
+                code: None,
+            },
+            Site::Code(a) => SourceSite {
+                file: String::new(),
+                line: 0,
+                column: 0,
+                code: Some(a),
+            },
+        }
+    }
+}
+
+impl PartialEq for Site {
+    /// Identity, not contents: one compare on the hot path.
+    #[inline(always)]
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Site {}
 
 /// A bitmap's site span as stored: the node's site number, first and last granule.
 type StoredSpan = (u32, u16, u16);
@@ -146,14 +196,14 @@ impl AllocShadow {
         let head = self.site_heads[slot].get();
         if head == 0 {
             match self.site_single[slot].get() {
-                Some(s) if std::ptr::eq(s, site) => return,
+                Some(s) if s == site => return,
                 None => return self.site_single[slot].set(Some(site)),
                 Some(_) => {}
             }
         } else {
             let runs = self.runs.borrow();
             let r = &runs[head as usize - 1];
-            if std::ptr::eq(r.site.get(), site) {
+            if r.site.get() == site {
                 r.first.set(r.first.get().min(g0));
                 r.last.set(r.last.get().max(g1 - 1));
                 return;
@@ -187,7 +237,7 @@ impl AllocShadow {
         let mut at = head;
         while at != 0 {
             let r = &runs[at as usize - 1];
-            if std::ptr::eq(r.site.get(), site) {
+            if r.site.get() == site {
                 let h = &runs[head as usize - 1];
                 let (first, last) = (r.first.get(), r.last.get());
                 r.site.set(h.site.get());
@@ -296,7 +346,7 @@ impl AllocShadow {
     #[inline(always)]
     #[track_caller]
     pub fn read(&self, offset: usize, len: usize) {
-        self.mark(READ, offset, len, Location::caller());
+        self.mark(READ, offset, len, Site::Rust(Location::caller()));
     }
 
     /// Records a write of `len` bytes at byte `offset` of the allocation, made at the
@@ -304,7 +354,15 @@ impl AllocShadow {
     #[inline(always)]
     #[track_caller]
     pub fn write(&self, offset: usize, len: usize) {
-        self.mark(WRITE, offset, len, Location::caller());
+        self.mark(WRITE, offset, len, Site::Rust(Location::caller()));
+    }
+
+    /// Records an access of `len` bytes at byte `offset` of the allocation made at `site`:
+    /// for runtimes that know the access's site otherwise than by `#[track_caller]`
+    /// (dsm-capi's ThreadSanitizer hooks, which know the instrumented instruction).
+    #[inline(always)]
+    pub fn access_at(&self, write: bool, offset: usize, len: usize, site: Site) {
+        self.mark(if write { WRITE } else { READ }, offset, len, site);
     }
 
     /// Records accesses to `count` elements of `elem` bytes, `stride` bytes apart, from
@@ -312,11 +370,31 @@ impl AllocShadow {
     /// word at a time.
     #[track_caller]
     pub fn strided(&self, write: bool, offset: usize, elem: usize, stride: usize, count: usize) {
+        self.strided_at(
+            write,
+            offset,
+            elem,
+            stride,
+            count,
+            Site::Rust(Location::caller()),
+        );
+    }
+
+    /// [`AllocShadow::strided`] made at `site` (see [`AllocShadow::access_at`]).
+    #[inline]
+    pub fn strided_at(
+        &self,
+        write: bool,
+        offset: usize,
+        elem: usize,
+        stride: usize,
+        count: usize,
+        site: Site,
+    ) {
         if count == 0 || elem == 0 {
             return;
         }
         let kind = if write { WRITE } else { READ };
-        let site = Location::caller();
         if stride == elem {
             return self.mark(kind, offset, elem * count, site);
         }
@@ -445,15 +523,7 @@ fn wire_sites(spans: &[StoredSpan], table: &[Site], defined: &mut [bool]) -> Wir
         .iter()
         .map(|&(site, first, last)| {
             if !std::mem::replace(&mut defined[site as usize], true) {
-                let l = table[site as usize];
-                defs.push((
-                    site,
-                    SourceSite {
-                        file: l.file().to_string(),
-                        line: l.line(),
-                        column: l.column(),
-                    },
-                ));
+                defs.push((site, table[site as usize].source()));
             }
             SiteSpan { site, first, last }
         })
@@ -884,7 +954,7 @@ fn intern_site(
     last: &Cell<(usize, u32)>,
     site: Site,
 ) -> u32 {
-    let addr = site as *const Location<'static> as usize;
+    let addr = site.key();
     if last.get().0 == addr {
         return last.get().1;
     }
@@ -983,6 +1053,35 @@ pub fn decode_words(bytes: &[u8]) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn code_sites_travel_as_addresses_and_are_told_apart() {
+        let mut r = Recorder::new();
+        let id = r.add_alloc(0, PAGE_SIZE, 8).unwrap();
+        let a = r.alloc(id);
+        a.access_at(true, 0, 8, Site::Code(0x1234));
+        a.access_at(true, 800, 8, Site::Code(0x1240));
+        // A strided run from a third site: elements 10, 12, 14 (8 bytes each).
+        a.strided_at(true, 80, 8, 16, 3, Site::Code(0x1250));
+        a.access_at(true, 8, 8, Site::Code(0x1234));
+        r.close_interval();
+        let b = r.bitmaps(&[BitmapKey {
+            interval: 1,
+            page: 0,
+            kind: AccessKind::Write,
+        }]);
+        let mut codes: Vec<Option<u64>> = b[0].defs.iter().map(|(_, d)| d.code).collect();
+        codes.sort();
+        assert_eq!(codes, vec![Some(0x1234), Some(0x1240), Some(0x1250)]);
+        // Nothing is named on the recording rank: the reporting rank symbolises.
+        assert!(b[0]
+            .defs
+            .iter()
+            .all(|(_, d)| d.file.is_empty() && d.line == 0));
+        let words = decode_words(&b[0].bits);
+        assert_eq!(words[0], 0b101_0100_0000_0011);
+        assert_eq!(words[1] >> 36 & 1, 1); // byte 800: granule 100
+    }
 
     fn bits_of(r: &mut Recorder, interval: u32, page: PageNo, kind: AccessKind) -> Vec<u64> {
         let b = r.bitmaps(&[BitmapKey {

@@ -641,6 +641,7 @@ impl Reporter {
                                 file: file.clone(),
                                 line: *line,
                                 column: *column,
+                                code: None,
                             });
                         }
                     }

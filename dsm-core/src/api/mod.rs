@@ -17,6 +17,8 @@
 //! in [`race`], the run's counters and stats file in [`stats`].
 
 mod analyst;
+mod code_sites;
+mod foreign;
 mod functions;
 mod pinpoint;
 mod race;
@@ -25,6 +27,7 @@ mod stats;
 mod trace;
 mod view;
 
+pub use foreign::RawArray;
 pub use semaphore::{semaphore_id, Semaphore};
 pub use view::{band, Array, Block, Strided, StridedMut, View};
 
@@ -301,6 +304,14 @@ pub struct Dsm {
     /// This rank's part of the semaphore trace (`--sem-trace`).
     sem_trace: Option<dsm_ahb::format::PartWriter<std::io::BufWriter<std::fs::File>>>,
     _not_send: PhantomData<*const ()>,
+}
+
+/// What an allocation's elements are, as far as dsm needs to know: their size and
+/// alignment, and a type name for value traces.
+struct ElemType {
+    size: usize,
+    align: usize,
+    name: String,
 }
 
 fn fnv(h: u64, bytes: &[u8]) -> u64 {
@@ -614,7 +625,32 @@ impl Dsm {
         cols: usize,
         dist: Distribution,
     ) -> Result<Array<T>, DsmError> {
-        let elem = std::mem::size_of::<T>();
+        let elem = ElemType {
+            size: std::mem::size_of::<T>(),
+            align: std::mem::align_of::<T>(),
+            name: std::any::type_name::<T>().to_string(),
+        };
+        let (id, offset) = self.alloc_elems(name, len, cols, dist, elem)?;
+        Ok(Array {
+            id,
+            offset,
+            len,
+            cols,
+            _t: PhantomData,
+        })
+    }
+
+    /// The allocation behind [`Dsm::alloc`] and [`Dsm::alloc_raw`], for elements described
+    /// by `ty`: its index and its byte offset in the segment.
+    fn alloc_elems(
+        &mut self,
+        name: &str,
+        len: usize,
+        cols: usize,
+        dist: Distribution,
+        ty: ElemType,
+    ) -> Result<(usize, usize), DsmError> {
+        let elem = ty.size;
         if name.is_empty() {
             return Err(DsmError::InvalidAlloc("allocations need a name".into()));
         }
@@ -667,7 +703,7 @@ impl Dsm {
         }
         let homes = self.homes(first, pages, bytes, elem, cols, dist);
         let mut digest = fnv(FNV_OFFSET, name.as_bytes());
-        for v in [elem, std::mem::align_of::<T>(), len, cols, first] {
+        for v in [elem, ty.align, len, cols, first] {
             digest = fnv(digest, &(v as u64).to_le_bytes());
         }
         let race = self.close_race_interval();
@@ -698,7 +734,7 @@ impl Dsm {
             elem_size: elem,
             len,
             cols,
-            type_name: std::any::type_name::<T>().to_string(),
+            type_name: ty.name,
             homes: homes.clone(),
             internal: name.starts_with(trace::INTERNAL_PREFIX),
         });
@@ -720,13 +756,7 @@ impl Dsm {
         if self.common_memory {
             self.populate(first, pages);
         }
-        Ok(Array {
-            id: self.allocs.len() - 1,
-            offset: first * PAGE_SIZE,
-            len,
-            cols,
-            _t: PhantomData,
-        })
+        Ok((self.allocs.len() - 1, first * PAGE_SIZE))
     }
 
     /// Commits a new allocation's pages of the common segment and maps them in this

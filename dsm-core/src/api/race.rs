@@ -108,6 +108,7 @@ impl RaceState {
             }
             rep.set_source_roots(roots);
             if let Ok(exe) = std::env::current_exe() {
+                dsm_race::set_code_resolver(super::code_sites::resolver(exe.clone()));
                 let names = super::functions::FunctionNames::new(exe);
                 rep.set_function_namer(Box::new(move |site| names.name(site)));
             }

@@ -1,0 +1,510 @@
+//! The ThreadSanitizer instrumentation ABI, as gcc and clang emit calls to it under
+//! `-fsanitize=thread`, implemented for dsm.
+//!
+//! - `__tsan_read{1,2,4,8,16}`, `__tsan_write*`, their `_unaligned_` forms,
+//!   `__tsan_read_range`/`__tsan_write_range`, `__tsan_vptr_read`/`__tsan_vptr_update`
+//!   and clang's `__tsan_memcpy`/`__tsan_memmove`/`__tsan_memset`: an access inside the
+//!   shared segment's allocations is recorded by the race recorder, its site being the
+//!   hook's return address (inside the instrumented instruction's call) minus the
+//!   executable's load bias; anything else returns after a range check.
+//! - The hooks are assembly stubs that load the return address into a free argument
+//!   register and jump to a Rust function: Rust has no stable way to read its own return
+//!   address. They exist for x86_64 only; elsewhere the symbols are left undefined, so a
+//!   program fails to link instead of running unchecked.
+//! - `__tsan_atomic{8,16,32,64}_*` (load, store, exchange, fetch_add/sub/and/or/xor/nand,
+//!   compare_exchange strong/weak/val) and `__tsan_atomic_thread_fence`/`_signal_fence`
+//!   perform the operation, sequentially consistent whatever order was asked (never
+//!   weaker than asked). On shared memory they are recorded as **ordinary accesses**, not
+//!   as synchronization and not ignored: dsm's coherence is lazy release consistency, so an
+//!   atomic instruction is atomic on this rank's copy of the page only; two ranks'
+//!   `fetch_add`s on one word in one epoch can lose an update when their diffs merge, and
+//!   no atomic orders anything across ranks. Reporting them as races is the truth under
+//!   dsm; synchronize with dsm_lock, barriers or semaphores. (Atomics outside the segment,
+//!   between a rank's own threads, are only performed.) A read-modify-write is recorded as
+//!   a write, which conflicts with everything a read would.
+//! - `__tsan_init`, `__tsan_func_entry`, `__tsan_func_exit`: nothing to do. dsm starts in
+//!   `dsm_init`; reports name each side's access line, not a call chain, so no shadow call
+//!   stack is kept.
+//! - Not provided, so a program needing them fails at link time: 128-bit atomics,
+//!   `__tsan_volatile_*` (gcc's `--param tsan-distinguish-volatile=1`), the
+//!   `__tsan_*_pc` variants and anything else of libtsan's interface.
+
+use crate::api::{NODE, RECORDING};
+use dsm_race::Site;
+use std::sync::atomic::{self, AtomicBool, Ordering::SeqCst};
+
+/// Records an access of `len` bytes at `addr`, made by the call returning to `ret`, when
+/// this thread records: one test of a thread-local flag when it does not. The next
+/// element of a run its site is making costs a few compares here, inline; anything else
+/// goes to [`record`].
+#[inline(always)]
+fn hook(addr: usize, len: usize, write: bool, ret: usize) {
+    if !RECORDING.get() {
+        return;
+    }
+    let p = NODE.get();
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: `RECORDING` is set only while `NODE` holds the live node of this thread
+    // (`dsm_init` to `dsm_finish`). Hooks run from instrumented C code, never inside a
+    // dsm API call, so no `&mut` to the node is alive; this shared reference ends with
+    // the call.
+    let node = unsafe { &*p };
+    let slot = &node.runs[slot_of(ret)];
+    let mut r = slot.get();
+    if r.ret == ret && r.write == write && r.len == len {
+        if addr == r.next && addr.saturating_add(len) <= r.limit {
+            r.count += 1;
+            r.last = addr;
+            r.next = addr + r.stride;
+            return slot.set(r);
+        }
+        if addr == r.last {
+            return; // the run's last element again
+        }
+    }
+    record(node, addr, len, write, ret);
+}
+
+/// Accesses being combined, one run per site (hashed): the recorder is called once per
+/// run of elements one site touches at a regular stride (a loop's sweep of a row), not
+/// once per element. Runs are flushed before every dsm call that synchronizes
+/// ([`flush_all`]), so each lands in the interval it was made in.
+pub(crate) const WAYS: usize = 64;
+
+/// A site's slot: the low bits of its return address. Call instructions are 5 bytes, so
+/// the sites of one loop body (within 64 bytes of each other, mostly) do not collide.
+#[inline(always)]
+fn slot_of(ret: usize) -> usize {
+    ret % WAYS
+}
+
+/// One site's run: `count` elements of `len` bytes, `stride` bytes apart, from byte
+/// `start` of array `array`. `last` is the address of its last element, `next` where the
+/// next one would be, `limit` the end of the array. `ret` 0: an empty slot.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Run {
+    ret: usize,
+    write: bool,
+    len: usize,
+    next: usize,
+    last: usize,
+    limit: usize,
+    array: usize,
+    start: usize,
+    stride: usize,
+    count: usize,
+}
+
+/// [`hook`]'s slow path: an access that does not continue its site's run.
+#[inline(never)]
+fn record(node: &crate::api::Node, addr: usize, len: usize, write: bool, ret: usize) {
+    let end = addr.saturating_add(len);
+    if len == 0 || addr >= node.hi || end <= node.lo {
+        return;
+    }
+    let i = find(node, addr);
+    let (start, stop) = node.spans[i];
+    if addr < start || end > stop {
+        return record_spanning(node, addr, end, write, ret);
+    }
+    let slot = &node.runs[slot_of(ret)];
+    let mut r = slot.get();
+    // The second element of a run sets its stride.
+    if r.ret == ret && r.array == i && r.write == write && r.len == len && r.count == 1 {
+        let first = start + r.start;
+        if addr >= first + len {
+            r.stride = addr - first;
+            r.count = 2;
+            r.last = addr;
+            r.next = addr + r.stride;
+            return slot.set(r);
+        }
+    }
+    if r.ret != 0 {
+        flush(node, &r);
+    }
+    slot.set(Run {
+        ret,
+        write,
+        len,
+        // Never matched before the stride is known.
+        next: usize::MAX,
+        last: addr,
+        limit: stop,
+        array: i,
+        start: addr - start,
+        stride: 0,
+        count: 1,
+    });
+}
+
+/// Records run `r` with the recorder.
+fn flush(node: &crate::api::Node, r: &Run) {
+    let a = &node.arrays[r.array];
+    if let Some(shadow) = node.dsm.raw_shadow(a) {
+        let site = Site::Code(r.ret.wrapping_sub(node.bias) as u64);
+        if r.count == 1 {
+            shadow.access_at(r.write, r.start, r.len, site);
+        } else {
+            shadow.strided_at(r.write, r.start, r.len, r.stride, r.count, site);
+        }
+    }
+}
+
+/// Records every pending run: before a synchronization closes the interval.
+pub(crate) fn flush_all(node: &crate::api::Node) {
+    for slot in &node.runs {
+        let r = slot.take();
+        if r.ret != 0 {
+            flush(node, &r);
+        }
+    }
+}
+
+/// An access reaching outside one allocation (a range over several, or into the padding
+/// after an allocation's last element): each allocation gets its part, recorded at once.
+#[cold]
+fn record_spanning(node: &crate::api::Node, addr: usize, end: usize, write: bool, ret: usize) {
+    let site = Site::Code(ret.wrapping_sub(node.bias) as u64);
+    let mut at = addr.max(node.lo);
+    while at < end.min(node.hi) {
+        let a = &node.arrays[find(node, at)];
+        let (start, stop) = (a.addr(), a.addr() + a.bytes());
+        if at < start {
+            at = start;
+            continue;
+        }
+        if at >= stop {
+            break; // past the last allocation's last element
+        }
+        let upto = end.min(stop);
+        if let Some(shadow) = node.dsm.raw_shadow(a) {
+            shadow.access_at(write, at - start, upto - at, site);
+        }
+        at = stop;
+    }
+}
+
+/// The allocation holding `addr` (or the first after it), the last one found first.
+#[inline(always)]
+fn find(node: &crate::api::Node, addr: usize) -> usize {
+    let last = node.last.get();
+    if let Some(&(start, stop)) = node.spans.get(last) {
+        if start <= addr && addr < stop {
+            return last;
+        }
+    }
+    let i = node
+        .spans
+        .partition_point(|&(_, stop)| stop <= addr)
+        .min(node.spans.len() - 1);
+    node.last.set(i);
+    i
+}
+
+/// Defines `$stub`, which loads its return address into `$reg` and jumps to `$body`. A
+/// naked function, so that it is exported from `libdsm.so` like any `#[no_mangle]`
+/// function (symbols of `global_asm!` are not).
+macro_rules! stub {
+    ($stub:ident, $reg:literal, $body:path) => {
+        // SAFETY: the stub only copies its return address (at [rsp] on entry) into
+        // `$reg`, an argument register its caller's call does not use, and tail-jumps to
+        // `$body`, an `extern "C"` function that takes the caller's arguments plus that
+        // one: the stack and every other register are as the caller left them, so
+        // `$body` returns straight to the caller.
+        #[cfg(target_arch = "x86_64")]
+        #[unsafe(naked)]
+        #[no_mangle]
+        #[doc(hidden)]
+        pub extern "C" fn $stub() {
+            std::arch::naked_asm!(
+                concat!("mov ", $reg, ", qword ptr [rsp]"),
+                "jmp {body}",
+                body = sym $body,
+            )
+        }
+    };
+}
+
+/// Whether any thread of the process records (`--race` is on and `dsm_init` ran): the
+/// plain access hooks test it first, in their stub, and return at once when it is not
+/// set, so that without `--race` an instrumented access costs a call, a compare and a
+/// return.
+pub(crate) static ANY_RECORDING: AtomicBool = AtomicBool::new(false);
+
+/// `__tsan_{read,write}N(addr)` and their unaligned forms: return at once unless
+/// [`ANY_RECORDING`], else the return address in rsi and on to `$body`.
+macro_rules! access {
+    ($body:ident, $len:literal, $write:literal, $($stub:ident),+) => {
+        extern "C" fn $body(addr: usize, ret: usize) {
+            hook(addr, $len, $write, ret);
+        }
+        $(
+            // SAFETY: as for `stub!`; the early return reads one byte of a static and
+            // leaves everything else untouched.
+            #[cfg(target_arch = "x86_64")]
+            #[unsafe(naked)]
+            #[no_mangle]
+            #[doc(hidden)]
+            pub extern "C" fn $stub() {
+                std::arch::naked_asm!(
+                    "cmp byte ptr [rip + {flag}], 0",
+                    "jne 2f",
+                    "ret",
+                    "2:",
+                    "mov rsi, qword ptr [rsp]",
+                    "jmp {body}",
+                    flag = sym ANY_RECORDING,
+                    body = sym $body,
+                )
+            }
+        )+
+    };
+}
+
+access!(read1, 1, false, __tsan_read1, __tsan_unaligned_read1);
+access!(read2, 2, false, __tsan_read2, __tsan_unaligned_read2);
+access!(read4, 4, false, __tsan_read4, __tsan_unaligned_read4);
+access!(
+    read8,
+    8,
+    false,
+    __tsan_read8,
+    __tsan_unaligned_read8,
+    __tsan_vptr_read
+);
+access!(read16, 16, false, __tsan_read16, __tsan_unaligned_read16);
+access!(write1, 1, true, __tsan_write1, __tsan_unaligned_write1);
+access!(write2, 2, true, __tsan_write2, __tsan_unaligned_write2);
+access!(write4, 4, true, __tsan_write4, __tsan_unaligned_write4);
+access!(write8, 8, true, __tsan_write8, __tsan_unaligned_write8);
+access!(write16, 16, true, __tsan_write16, __tsan_unaligned_write16);
+
+/// `__tsan_vptr_update(void **vptr, void *new)`: a write of the pointer (return address
+/// in rdx).
+extern "C" fn vptr_update(addr: usize, _new: usize, ret: usize) {
+    hook(addr, 8, true, ret);
+}
+stub!(__tsan_vptr_update, "rdx", vptr_update);
+
+/// `__tsan_read_range(addr, size)` (return address in rdx).
+extern "C" fn read_range(addr: usize, size: usize, ret: usize) {
+    hook(addr, size, false, ret);
+}
+stub!(__tsan_read_range, "rdx", read_range);
+
+/// `__tsan_write_range(addr, size)` (return address in rdx).
+extern "C" fn write_range(addr: usize, size: usize, ret: usize) {
+    hook(addr, size, true, ret);
+}
+stub!(__tsan_write_range, "rdx", write_range);
+
+/// clang's `__tsan_memcpy(dst, src, n)` (return address in rcx): records, then copies.
+/// `memmove`, so that overlapping arguments are not undefined behaviour here.
+extern "C" fn memcpy_hook(dst: *mut u8, src: *const u8, n: usize, ret: usize) -> *mut u8 {
+    hook(src as usize, n, false, ret);
+    hook(dst as usize, n, true, ret);
+    // SAFETY: the compiler replaced a `memcpy`/`memmove` of these arguments with this
+    // call, so they are valid for `n` bytes as the program's own call required.
+    unsafe { std::ptr::copy(src, dst, n) };
+    dst
+}
+stub!(__tsan_memcpy, "rcx", memcpy_hook);
+stub!(__tsan_memmove, "rcx", memcpy_hook);
+
+/// clang's `__tsan_memset(dst, c, n)` (return address in rcx).
+extern "C" fn memset_hook(dst: *mut u8, c: i32, n: usize, ret: usize) -> *mut u8 {
+    hook(dst as usize, n, true, ret);
+    // SAFETY: as for `memcpy_hook`: the program's own `memset` of these arguments.
+    unsafe { std::ptr::write_bytes(dst, c as u8, n) };
+    dst
+}
+stub!(__tsan_memset, "rcx", memset_hook);
+
+/// `void __tsan_init(void)`: dsm starts in `dsm_init`.
+#[no_mangle]
+pub extern "C" fn __tsan_init() {}
+
+/// `void __tsan_func_entry(void *pc)`: no call stack is kept (see the module docs).
+#[no_mangle]
+pub extern "C" fn __tsan_func_entry(_pc: *mut std::ffi::c_void) {}
+
+/// `void __tsan_func_exit(void)`.
+#[no_mangle]
+pub extern "C" fn __tsan_func_exit() {}
+
+/// `void __tsan_atomic_thread_fence(int mo)`.
+#[no_mangle]
+pub extern "C" fn __tsan_atomic_thread_fence(_mo: i32) {
+    atomic::fence(SeqCst);
+}
+
+/// `void __tsan_atomic_signal_fence(int mo)`.
+#[no_mangle]
+pub extern "C" fn __tsan_atomic_signal_fence(_mo: i32) {
+    atomic::compiler_fence(SeqCst);
+}
+
+/// The atomic hooks of one width, in module `$m`. Every body takes six integer arguments,
+/// the return address last (r9, loaded by its stub); C's narrower arguments arrive in
+/// full registers whose upper bits are unspecified, hence the truncating casts. Memory
+/// orders are ignored: every operation is sequentially consistent.
+macro_rules! atomics {
+    ($m:ident, $t:ty, $atomic:ty, $($stub:ident = $op:ident),+) => {
+        mod $m {
+            use super::{hook, SeqCst};
+            const LEN: usize = std::mem::size_of::<$t>();
+
+            /// The atomic at `a`.
+            fn at<'a>(a: usize) -> &'a $atomic {
+                // SAFETY: the compiler passes the address of the atomic object the
+                // program operates on: valid, aligned (C's atomic types are) and only
+                // accessed atomically while the program's own operation would be.
+                unsafe { <$atomic>::from_ptr(a as *mut $t) }
+            }
+
+            pub(super) extern "C" fn load(a: usize, _: u64, _: u64, _: u64, _: u64, ret: usize) -> $t {
+                hook(a, LEN, false, ret);
+                at(a).load(SeqCst)
+            }
+
+            pub(super) extern "C" fn store(a: usize, v: u64, _: u64, _: u64, _: u64, ret: usize) {
+                hook(a, LEN, true, ret);
+                at(a).store(v as $t, SeqCst)
+            }
+
+            pub(super) extern "C" fn exchange(a: usize, v: u64, _: u64, _: u64, _: u64, ret: usize) -> $t {
+                hook(a, LEN, true, ret);
+                at(a).swap(v as $t, SeqCst)
+            }
+
+            pub(super) extern "C" fn fetch_add(a: usize, v: u64, _: u64, _: u64, _: u64, ret: usize) -> $t {
+                hook(a, LEN, true, ret);
+                at(a).fetch_add(v as $t, SeqCst)
+            }
+
+            pub(super) extern "C" fn fetch_sub(a: usize, v: u64, _: u64, _: u64, _: u64, ret: usize) -> $t {
+                hook(a, LEN, true, ret);
+                at(a).fetch_sub(v as $t, SeqCst)
+            }
+
+            pub(super) extern "C" fn fetch_and(a: usize, v: u64, _: u64, _: u64, _: u64, ret: usize) -> $t {
+                hook(a, LEN, true, ret);
+                at(a).fetch_and(v as $t, SeqCst)
+            }
+
+            pub(super) extern "C" fn fetch_or(a: usize, v: u64, _: u64, _: u64, _: u64, ret: usize) -> $t {
+                hook(a, LEN, true, ret);
+                at(a).fetch_or(v as $t, SeqCst)
+            }
+
+            pub(super) extern "C" fn fetch_xor(a: usize, v: u64, _: u64, _: u64, _: u64, ret: usize) -> $t {
+                hook(a, LEN, true, ret);
+                at(a).fetch_xor(v as $t, SeqCst)
+            }
+
+            pub(super) extern "C" fn fetch_nand(a: usize, v: u64, _: u64, _: u64, _: u64, ret: usize) -> $t {
+                hook(a, LEN, true, ret);
+                at(a).fetch_nand(v as $t, SeqCst)
+            }
+
+            /// `int compare_exchange_{strong,weak}(a, T *expected, T desired, mo, fmo)`:
+            /// on failure the current value goes to `*expected`. Strong serves for weak.
+            pub(super) extern "C" fn compare_exchange(a: usize, c: usize, v: u64, _: u64, _: u64, ret: usize) -> i32 {
+                hook(a, LEN, true, ret);
+                let expected = c as *mut $t;
+                // SAFETY: `expected` points at the program's expected value, as the
+                // operation it replaces requires.
+                let old = unsafe { expected.read() };
+                match at(a).compare_exchange(old, v as $t, SeqCst, SeqCst) {
+                    Ok(_) => 1,
+                    Err(now) => {
+                        // SAFETY: as above.
+                        unsafe { expected.write(now) };
+                        0
+                    }
+                }
+            }
+
+            /// `T compare_exchange_val(a, T expected, T desired, mo, fmo)`: the old value.
+            pub(super) extern "C" fn compare_exchange_val(a: usize, c: u64, v: u64, _: u64, _: u64, ret: usize) -> $t {
+                hook(a, LEN, true, ret);
+                match at(a).compare_exchange(c as $t, v as $t, SeqCst, SeqCst) {
+                    Ok(old) | Err(old) => old,
+                }
+            }
+        }
+        $(stub!($stub, "r9", $m::$op);)+
+    };
+}
+
+atomics!(
+    a8,
+    u8,
+    std::sync::atomic::AtomicU8,
+    __tsan_atomic8_load = load,
+    __tsan_atomic8_store = store,
+    __tsan_atomic8_exchange = exchange,
+    __tsan_atomic8_fetch_add = fetch_add,
+    __tsan_atomic8_fetch_sub = fetch_sub,
+    __tsan_atomic8_fetch_and = fetch_and,
+    __tsan_atomic8_fetch_or = fetch_or,
+    __tsan_atomic8_fetch_xor = fetch_xor,
+    __tsan_atomic8_fetch_nand = fetch_nand,
+    __tsan_atomic8_compare_exchange_strong = compare_exchange,
+    __tsan_atomic8_compare_exchange_weak = compare_exchange,
+    __tsan_atomic8_compare_exchange_val = compare_exchange_val
+);
+atomics!(
+    a16,
+    u16,
+    std::sync::atomic::AtomicU16,
+    __tsan_atomic16_load = load,
+    __tsan_atomic16_store = store,
+    __tsan_atomic16_exchange = exchange,
+    __tsan_atomic16_fetch_add = fetch_add,
+    __tsan_atomic16_fetch_sub = fetch_sub,
+    __tsan_atomic16_fetch_and = fetch_and,
+    __tsan_atomic16_fetch_or = fetch_or,
+    __tsan_atomic16_fetch_xor = fetch_xor,
+    __tsan_atomic16_fetch_nand = fetch_nand,
+    __tsan_atomic16_compare_exchange_strong = compare_exchange,
+    __tsan_atomic16_compare_exchange_weak = compare_exchange,
+    __tsan_atomic16_compare_exchange_val = compare_exchange_val
+);
+atomics!(
+    a32,
+    u32,
+    std::sync::atomic::AtomicU32,
+    __tsan_atomic32_load = load,
+    __tsan_atomic32_store = store,
+    __tsan_atomic32_exchange = exchange,
+    __tsan_atomic32_fetch_add = fetch_add,
+    __tsan_atomic32_fetch_sub = fetch_sub,
+    __tsan_atomic32_fetch_and = fetch_and,
+    __tsan_atomic32_fetch_or = fetch_or,
+    __tsan_atomic32_fetch_xor = fetch_xor,
+    __tsan_atomic32_fetch_nand = fetch_nand,
+    __tsan_atomic32_compare_exchange_strong = compare_exchange,
+    __tsan_atomic32_compare_exchange_weak = compare_exchange,
+    __tsan_atomic32_compare_exchange_val = compare_exchange_val
+);
+atomics!(
+    a64,
+    u64,
+    std::sync::atomic::AtomicU64,
+    __tsan_atomic64_load = load,
+    __tsan_atomic64_store = store,
+    __tsan_atomic64_exchange = exchange,
+    __tsan_atomic64_fetch_add = fetch_add,
+    __tsan_atomic64_fetch_sub = fetch_sub,
+    __tsan_atomic64_fetch_and = fetch_and,
+    __tsan_atomic64_fetch_or = fetch_or,
+    __tsan_atomic64_fetch_xor = fetch_xor,
+    __tsan_atomic64_fetch_nand = fetch_nand,
+    __tsan_atomic64_compare_exchange_strong = compare_exchange,
+    __tsan_atomic64_compare_exchange_weak = compare_exchange,
+    __tsan_atomic64_compare_exchange_val = compare_exchange_val
+);

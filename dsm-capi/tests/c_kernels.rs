@@ -1,0 +1,251 @@
+//! The labelled C race kernels (`tests/c/*.c`), compiled with gcc through `dsmcc` (real
+//! ThreadSanitizer instrumentation, linked against this crate's `libdsm.a`) and run under
+//! `dsmrun --race` with 2 and 4 ranks. Each kernel names the variables that race in an
+//! `EXPECT:` comment (`none` for race-free ones) and marks every line whose access takes
+//! part in a race with `// RACE`. A run must report exactly the expected variables, name
+//! both sides of every race by a marked line of the kernel's file, name every marked line
+//! at least once, and exit with the race status (0 for race-free kernels, which must
+//! report nothing).
+
+use dsm_testkit::{bin_dir, dsmrun_command, run, skip};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const KERNELS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c");
+const DSMCC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/dsmcc");
+
+/// A kernel's labels: the variables it races on and its `// RACE` lines.
+struct Labels {
+    vars: BTreeSet<String>,
+    lines: BTreeSet<u32>,
+}
+
+fn labels(source: &str) -> Labels {
+    let expect = source
+        .lines()
+        .find_map(|l| l.split("EXPECT:").nth(1))
+        .expect("every kernel has an EXPECT: comment")
+        .trim()
+        .trim_end_matches("*/")
+        .trim();
+    let vars = if expect == "none" {
+        BTreeSet::new()
+    } else {
+        expect.split(',').map(|v| v.trim().to_string()).collect()
+    };
+    let lines = source
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| l.trim_end().ends_with("// RACE"))
+        .map(|(i, _)| i as u32 + 1)
+        .collect();
+    Labels { vars, lines }
+}
+
+/// One reported race: its variable and its sides' `file:line`.
+#[derive(Debug)]
+struct Reported {
+    var: String,
+    sides: Vec<(String, u32)>,
+}
+
+/// The races of a report's text blocks: a `DATA RACE ... on VAR[...]` line, then each
+/// side's `at FILE:LINE:COL`.
+fn reported(stderr: &str) -> Vec<Reported> {
+    let mut out: Vec<Reported> = Vec::new();
+    for line in stderr.lines() {
+        let text = line.split_once("] ").map_or(line, |(_, t)| t).trim_start();
+        if let Some(rest) = text.strip_prefix("dsm: DATA RACE") {
+            let on = rest.split(" on ").nth(1).unwrap_or_default();
+            let var = on.split('[').next().unwrap_or_default().to_string();
+            out.push(Reported {
+                var,
+                sides: Vec::new(),
+            });
+        } else if let (Some(at), Some(r)) = (text.strip_prefix("at "), out.last_mut()) {
+            let mut parts = at.rsplitn(3, ':');
+            let (_col, line, file) = (parts.next(), parts.next(), parts.next());
+            if let (Some(line), Some(file)) = (line.and_then(|l| l.parse().ok()), file) {
+                r.sides.push((file.to_string(), line));
+            }
+        }
+    }
+    out
+}
+
+/// Compiles `kernel` with `dsmcc` into `dir`, against the `libdsm.a` of this build.
+fn build(kernel: &Path, dir: &Path) -> PathBuf {
+    build_with("gcc", kernel, dir)
+}
+
+/// [`build`] with compiler `cc`.
+fn build_with(cc: &str, kernel: &Path, dir: &Path) -> PathBuf {
+    let exe = dir.join(kernel.file_stem().expect("a file name"));
+    let out = Command::new(DSMCC)
+        .env("DSMCC_CC", cc)
+        .env("DSM_LIB", bin_dir().join("libdsm.a"))
+        .args(["-O2", "-o"])
+        .arg(&exe)
+        .arg(kernel)
+        .output()
+        .expect("dsmcc runs");
+    assert!(
+        out.status.success(),
+        "dsmcc {} failed:\n{}",
+        kernel.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+fn check(kernel: &Path, exe: &Path, n: usize) {
+    let name = kernel.file_name().unwrap().to_string_lossy().to_string();
+    let want = labels(&std::fs::read_to_string(kernel).expect("kernel source"));
+    let r = run(dsmrun_command(n, &["--race"], exe.to_str().unwrap(), &[]));
+    let races = reported(&r.stderr);
+    let context = format!("{name} at N={n}:\n{}", r.stderr);
+    let vars: BTreeSet<String> = races.iter().map(|r| r.var.clone()).collect();
+    assert_eq!(vars, want.vars, "reported variables of {context}");
+    if want.vars.is_empty() {
+        assert_eq!(r.code, Some(0), "exit status of {context}");
+        return;
+    }
+    assert_ne!(r.code, Some(0), "a racy kernel's exit status, {context}");
+    let mut named = BTreeSet::new();
+    for race in &races {
+        assert_eq!(
+            race.sides.len(),
+            2,
+            "both sides of {race:?} named, {context}"
+        );
+        for (file, line) in &race.sides {
+            assert!(
+                file.ends_with(&format!("tests/c/{name}")),
+                "side {file}:{line} of {race:?} is not in the kernel, {context}"
+            );
+            assert!(
+                want.lines.contains(line),
+                "line {line} of {race:?} is not marked RACE, {context}"
+            );
+            named.insert(*line);
+        }
+    }
+    assert_eq!(
+        named, want.lines,
+        "marked lines named by the races of {context}"
+    );
+}
+
+/// The kernels' sources, sorted.
+fn kernels() -> Vec<PathBuf> {
+    let mut kernels: Vec<PathBuf> = std::fs::read_dir(KERNELS)
+        .expect("tests/c")
+        .map(|e| e.expect("a directory entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "c"))
+        .collect();
+    kernels.sort();
+    assert!(kernels.len() >= 8, "the kernels are in {KERNELS}");
+    kernels
+}
+
+#[test]
+fn c_race_kernels_report_exactly_their_labels() {
+    if !have("gcc", "c_race_kernels_report_exactly_their_labels") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    for kernel in &kernels() {
+        let exe = build(kernel, dir.path());
+        for n in [2, 4] {
+            check(kernel, &exe, n);
+        }
+    }
+}
+
+/// The same kernels compiled by clang, whose instrumentation differs (clang 14 makes
+/// `struct_copy.c`'s copy `__tsan_write16` and `__tsan_write8` where gcc 12 calls
+/// `__tsan_write_range`), at N = 2.
+#[test]
+fn c_race_kernels_compiled_by_clang() {
+    if !have("clang", "c_race_kernels_compiled_by_clang") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    for kernel in &kernels() {
+        let exe = build_with("clang", kernel, dir.path());
+        check(kernel, &exe, 2);
+    }
+}
+
+/// Whether `cc` runs here; prints the visible skip of `test` when not.
+fn have(cc: &str, test: &str) -> bool {
+    let there = Command::new(cc).arg("--version").output().is_ok();
+    if !there {
+        skip(
+            test,
+            &format!("no {cc} on this machine (apt-get install -y {cc})"),
+        );
+    }
+    there
+}
+
+#[test]
+fn c_sor_is_bitwise_the_sequential_run_and_race_free() {
+    if !have("gcc", "c_sor_is_bitwise_the_sequential_run_and_race_free") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let sor = Path::new(env!("CARGO_MANIFEST_DIR")).join("c-apps/sor.c");
+    let exe = build(&sor, dir.path());
+    for (n, race) in [(1, false), (2, true), (3, false), (4, true)] {
+        let flags: &[&str] = if race { &["--race"] } else { &[] };
+        let r = run(dsmrun_command(
+            n,
+            flags,
+            exe.to_str().unwrap(),
+            &["67", "5"],
+        ));
+        let context = format!("c sor at N={n}, race {race}:\n{}{}", r.stdout, r.stderr);
+        assert_eq!(r.code, Some(0), "exit status of {context}");
+        assert!(
+            r.stdout.contains("verified: c sor 67x67, 5 iterations"),
+            "{context}"
+        );
+        if race {
+            assert!(r.stderr.contains("dsm: 0 data races"), "{context}");
+        }
+    }
+}
+
+#[test]
+fn cpp_program_with_virtual_calls_runs_race_free() {
+    if !have("g++", "cpp_program_with_virtual_calls_runs_race_free") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cpp/shapes.cpp");
+    let exe = build_with("g++", &source, dir.path());
+    let r = run(dsmrun_command(2, &["--race"], exe.to_str().unwrap(), &[]));
+    let context = format!("{}{}", r.stdout, r.stderr);
+    assert_eq!(r.code, Some(0), "{context}");
+    // Squares of sides 1 and 2.
+    assert_eq!(r.stdout.matches("total 5").count(), 2, "{context}");
+    assert!(r.stderr.contains("dsm: 0 data races"), "{context}");
+}
+
+#[test]
+fn c_api_errors_are_codes_and_messages() {
+    if !have("gcc", "c_api_errors_are_codes_and_messages") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/capi/errors.c");
+    let exe = build(&source, dir.path());
+    for n in [1, 2] {
+        let r = run(dsmrun_command(n, &["--race"], exe.to_str().unwrap(), &[]));
+        let context = format!("N={n}:\n{}{}", r.stdout, r.stderr);
+        assert_eq!(r.code, Some(0), "{context}");
+        assert_eq!(r.stdout.matches("api errors: ok").count(), n, "{context}");
+    }
+}
