@@ -35,40 +35,6 @@ fn is_root() -> bool {
     std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }
 
-/// Installs Debian packages that provide `binaries` if any is missing (as CI must).
-fn ensure_installed(binaries: &[&str], packages: &[&str]) -> Result<(), String> {
-    if binaries.iter().all(|b| Path::new(b).exists()) {
-        return Ok(());
-    }
-    let apt = |args: &[&str]| {
-        Command::new("apt-get")
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("cannot run apt-get: {e}"))
-            .and_then(|o| {
-                if o.status.success() {
-                    Ok(())
-                } else {
-                    Err(format!(
-                        "apt-get {} failed: {}",
-                        args.join(" "),
-                        String::from_utf8_lossy(&o.stderr).trim()
-                    ))
-                }
-            })
-    };
-    apt(&["update"])?;
-    let mut install = vec!["install", "-y", "--no-install-recommends"];
-    install.extend_from_slice(packages);
-    apt(&install)?;
-    match binaries.iter().find(|b| !Path::new(b).exists()) {
-        Some(b) => Err(format!("{b} still missing after installing {packages:?}")),
-        None => Ok(()),
-    }
-}
-
 /// The namespaces, their sshds and keys; all removed on drop.
 struct Cluster {
     tag: String,
@@ -428,7 +394,7 @@ fn dsmrun_hostfile_over_ssh_across_namespaces() {
         kit::skip(TEST, "needs root to create network namespaces and run sshd");
         return;
     }
-    if let Err(why) = ensure_installed(
+    if let Err(why) = kit::ensure_installed(
         &["/usr/sbin/sshd", "/usr/bin/ssh", "/usr/bin/ssh-keygen"],
         &["openssh-server", "openssh-client"],
     ) {

@@ -312,6 +312,44 @@ pub fn skip(test: &str, reason: &str) {
     let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
 }
 
+/// Installs the Debian `packages` that provide `binaries` (absolute paths) if any is
+/// missing, as CI must: `apt-get update`, then `apt-get install`. The error says why not
+/// (not root, no apt-get, no network), for the caller's visible skip.
+pub fn ensure_installed(binaries: &[&str], packages: &[&str]) -> Result<(), String> {
+    use std::path::Path;
+    use std::process::Stdio;
+    if binaries.iter().all(|b| Path::new(b).exists()) {
+        return Ok(());
+    }
+    let apt = |args: &[&str]| {
+        Command::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run apt-get: {e}"))
+            .and_then(|o| {
+                if o.status.success() {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "apt-get {} failed: {}",
+                        args.join(" "),
+                        String::from_utf8_lossy(&o.stderr).trim()
+                    ))
+                }
+            })
+    };
+    apt(&["update"])?;
+    let mut install = vec!["install", "-y", "--no-install-recommends"];
+    install.extend_from_slice(packages);
+    apt(&install)?;
+    match binaries.iter().find(|b| !Path::new(b).exists()) {
+        Some(b) => Err(format!("{b} still missing after installing {packages:?}")),
+        None => Ok(()),
+    }
+}
+
 /// A loopback port nobody listens on right now, for a job's rendezvous.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
