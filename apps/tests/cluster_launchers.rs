@@ -19,42 +19,7 @@ fn is_root() -> bool {
 
 /// Installs the Debian `packages` when `binary` is missing (root only).
 fn ensure_installed(binary: &str, packages: &[&str]) -> Result<(), String> {
-    if Path::new(binary).exists() {
-        return Ok(());
-    }
-    if !is_root() {
-        return Err(format!(
-            "{binary} is missing and installing {packages:?} needs root"
-        ));
-    }
-    let apt = |args: &[&str]| -> Result<(), String> {
-        let out = Command::new("apt-get")
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("cannot run apt-get: {e}"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "apt-get {} failed: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
-        }
-    };
-    apt(&["update"])?;
-    let mut install = vec!["install", "-y", "--no-install-recommends"];
-    install.extend_from_slice(packages);
-    apt(&install)?;
-    if Path::new(binary).exists() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{binary} still missing after installing {packages:?}"
-        ))
-    }
+    dsm_testkit::ensure_installed(&[binary], packages)
 }
 
 /// A command with every `DSM_*` variable removed, so nothing is set by hand.

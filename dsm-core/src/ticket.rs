@@ -7,14 +7,13 @@
 //! advance and its look at `sleepers`, so either the release sees the sleeper and wakes it
 //! or the sleeper sees the release and does not sleep.
 //!
-//! Built on `ticket_deps` (the process's atomics and futexes), so that a model checker
-//! can compile this same file on its own. (loom treats sequentially consistent accesses as
-//! acquire/release, which is too weak for the sleep's handshake: under a kernel-faithful
-//! futex model it reports a lost wake-up that sequential consistency rules out.)
+//! No loom model: loom treats sequentially consistent accesses as acquire/release, too
+//! weak for the sleep's handshake (under a kernel-faithful futex model it reports a lost
+//! wake-up); a checker with sequential consistency is needed.
 
-use super::ticket_deps::{
-    futex_wait_bitset, futex_wake_bitset, monotonic_ns, yield_now, AtomicU32, Ordering,
-};
+use crate::sys::{futex_wait_bitset, futex_wake_bitset, monotonic_ns};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::thread::yield_now;
 
 /// A ticket lock in memory the ranks share; all zeros is a free lock.
 #[repr(C)]

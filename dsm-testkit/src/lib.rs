@@ -321,6 +321,16 @@ pub fn ensure_installed(binaries: &[&str], packages: &[&str]) -> Result<(), Stri
     if binaries.iter().all(|b| Path::new(b).exists()) {
         return Ok(());
     }
+    let root = {
+        use std::os::unix::fs::MetadataExt;
+        // /proc/self belongs to the effective user.
+        std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+    };
+    if !root {
+        return Err(format!(
+            "{binaries:?} missing and installing {packages:?} needs root"
+        ));
+    }
     let apt = |args: &[&str]| {
         Command::new("apt-get")
             .args(args)
