@@ -8,9 +8,9 @@
 //! intervals of node q concurrent with it form one contiguous index range (q's intervals
 //! up to `a.vt[q]` precede `a`; those whose `vt[p]` has reached `a.index` follow it, and
 //! `vt[p]` only grows along q's intervals), found with two binary searches. Pairs that
-//! share no page are never looked at: the intervals are indexed by page, and for each
-//! writer of a page the concurrent accessors from node q are a slice of the page's entries
-//! (see [`plan`]). Walking every concurrent pair instead ([`plan_pairwise`], the paper's
+//! share no page are never looked at: the intervals are indexed by page, and on each page
+//! either the concurrent accessors from each other node (a slice of the page's entries) or
+//! the accessors whose byte bounds overlap are walked, whichever are fewer (see [`plan`]). Walking every concurrent pair instead ([`plan_pairwise`], the paper's
 //! O(i^2 p^2) for p nodes of i intervals) took 300 ms a barrier at Water's scale.
 
 use crate::record::decode_words;
@@ -307,6 +307,16 @@ impl Blocks {
         )
     }
 
+    /// The bytes of the page either extent covers, as one range (empty for none).
+    fn span(self) -> (u16, u16) {
+        [self.read, self.write]
+            .into_iter()
+            .filter(|x| x.blocks != 0)
+            .map(|x| (x.start, x.end))
+            .reduce(|x, y| (x.0.min(y.0), x.1.max(y.1)))
+            .unwrap_or((0, 0))
+    }
+
     /// Whether a write of one side may share a byte with an access of the other: only
     /// then can their bitmaps of the page hold a race.
     fn meet(self, other: Blocks) -> bool {
@@ -320,6 +330,210 @@ fn notices(r: &IntervalRecord) -> Option<(&PageRuns, &PageRuns)> {
     r.race.as_ref().map(|n| (&n.reads, &n.writes))
 }
 
+/// The page index's entries (see [`plan_fresh`]): one `u64` per (page, interval), page in
+/// the high half, the interval's position in the next 30 bits, whether it read and
+/// whether it wrote the page in the low two.
+const READ: u64 = 1;
+/// See [`READ`].
+const WRITE: u64 = 2;
+
+fn entry_pos(e: u64) -> usize {
+    ((e >> 2) & ((1 << 30) - 1)) as usize
+}
+
+fn entry_page(e: u64) -> PageNo {
+    (e >> 32) as PageNo
+}
+
+/// How the pair search walks a page's entries. The runtime always takes `Cheaper`; the
+/// single walks are there for the tests that hold each to the pairwise planner.
+#[derive(Clone, Copy, Debug)]
+#[cfg_attr(not(test), allow(dead_code))]
+enum Walk {
+    /// Per page, whichever of the two below visits fewer entries.
+    Cheaper,
+    /// For each entry, the other nodes' entries concurrent with it: cheap where locks
+    /// order most accesses to the page (a shared counter).
+    Concurrent,
+    /// For each entry, the entries whose byte bounds overlap its own: cheap where the
+    /// accesses are to different elements (Water's per-molecule locks, where nearly
+    /// every pair is concurrent but none touch the same bytes).
+    Overlapping,
+}
+
+/// A check the pair search found: intervals `a` (of group `pk`) and `b` (of a later
+/// group `qk`) may race on `page`, through their index entries `ja` and `jb`. Ordered
+/// as the pairwise planner emits its checks.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Candidate {
+    pk: u32,
+    qk: u32,
+    a: u32,
+    b: u32,
+    page: PageNo,
+    ja: u32,
+    jb: u32,
+}
+
+/// What the pair search of [`plan_fresh`] reads: the page index and, per entry, its
+/// interval's extents on the page; per interval its node group, whether it is fresh, and
+/// the range of each other group's intervals concurrent with it.
+struct PairSearch<'a> {
+    index: &'a [u64],
+    blocks: &'a [Blocks],
+    group_of: &'a [usize],
+    ranges: &'a [(u32, u32)],
+    groups: usize,
+    is_fresh: &'a [bool],
+}
+
+impl PairSearch<'_> {
+    /// The candidates of one page, whose entries are `segments` (per node group in group
+    /// order: group, first and end entry, whether any entry writes).
+    fn page(&self, segments: &[(usize, usize, usize, bool)], walk: Walk, out: &mut Vec<Candidate>) {
+        let (Some(first), Some(last)) = (segments.first(), segments.last()) else {
+            return;
+        };
+        if segments.len() < 2 {
+            return;
+        }
+        let entries = first.1..last.2;
+        match walk {
+            Walk::Concurrent => self.by_concurrency(segments, out),
+            Walk::Overlapping => self.by_overlap(entries, out),
+            Walk::Cheaper => {
+                let spans = self.spans(entries);
+                if self.overlap_cost(&spans) < self.concurrency_cost(segments) {
+                    self.walk_spans(&spans, out);
+                } else {
+                    self.by_concurrency(segments, out);
+                }
+            }
+        }
+    }
+
+    /// For each entry, the slice of each later group's entries concurrent with it (one
+    /// contiguous slice, the page's entries being in interval order).
+    fn by_concurrency(&self, segments: &[(usize, usize, usize, bool)], out: &mut Vec<Candidate>) {
+        for (i, &(_, s, t, _)) in segments.iter().enumerate() {
+            for ja in s..t {
+                self.concurrent_slices(ja, &segments[i + 1..], |from, to| {
+                    for jb in from..to {
+                        self.consider(ja, jb, out);
+                    }
+                });
+            }
+        }
+    }
+
+    /// Entry `ja`'s concurrent entries in each of `later` segments (those that could
+    /// race with it: a reader needs a writer on the other side), as `slice(from, to)`.
+    fn concurrent_slices(
+        &self,
+        ja: usize,
+        later: &[(usize, usize, usize, bool)],
+        mut slice: impl FnMut(usize, usize),
+    ) {
+        let e = self.index[ja];
+        let a = entry_pos(e);
+        for &(qk, s, t, q_writes) in later {
+            if e & WRITE == 0 && !q_writes {
+                continue;
+            }
+            let (lo, hi) = self.ranges[a * self.groups + qk];
+            let seg = &self.index[s..t];
+            if lo >= hi
+                || entry_pos(seg[0]) >= hi as usize
+                || entry_pos(seg[seg.len() - 1]) < lo as usize
+            {
+                continue;
+            }
+            let from = s + seg.partition_point(|&f| entry_pos(f) < lo as usize);
+            let to = s + seg.partition_point(|&f| entry_pos(f) < hi as usize);
+            slice(from, to);
+        }
+    }
+
+    /// How many entries [`PairSearch::by_concurrency`] would visit on this page.
+    fn concurrency_cost(&self, segments: &[(usize, usize, usize, bool)]) -> usize {
+        let mut cost = 0;
+        for (i, &(_, s, t, _)) in segments.iter().enumerate() {
+            for ja in s..t {
+                self.concurrent_slices(ja, &segments[i + 1..], |from, to| cost += to - from);
+            }
+        }
+        cost
+    }
+
+    /// The page's entries with the bytes each interval touched there (reads and writes
+    /// together), sorted by their first byte.
+    fn spans(&self, entries: std::ops::Range<usize>) -> Vec<(u16, u16, u32)> {
+        let mut spans: Vec<(u16, u16, u32)> = entries
+            .map(|j| {
+                let (start, end) = self.blocks[j].span();
+                (start, end, j as u32)
+            })
+            .collect();
+        spans.sort_unstable();
+        spans
+    }
+
+    /// How many entries [`PairSearch::walk_spans`] would visit on this page.
+    fn overlap_cost(&self, spans: &[(u16, u16, u32)]) -> usize {
+        (0..spans.len())
+            .map(|t| spans[t + 1..].partition_point(|o| o.0 < spans[t].1))
+            .sum()
+    }
+
+    fn by_overlap(&self, entries: std::ops::Range<usize>, out: &mut Vec<Candidate>) {
+        self.walk_spans(&self.spans(entries), out);
+    }
+
+    /// For each entry, the later-sorted entries whose spans start before its own ends:
+    /// every pair whose spans overlap, once.
+    fn walk_spans(&self, spans: &[(u16, u16, u32)], out: &mut Vec<Candidate>) {
+        for (t, &(_, end, j)) in spans.iter().enumerate() {
+            let rest = &spans[t + 1..];
+            for &(_, _, k) in &rest[..rest.partition_point(|o| o.0 < end)] {
+                let (j, k) = (j as usize, k as usize);
+                let (gj, gk) = (
+                    self.group_of[entry_pos(self.index[j])],
+                    self.group_of[entry_pos(self.index[k])],
+                );
+                if gj < gk {
+                    self.consider(j, k, out);
+                } else if gk < gj {
+                    self.consider(k, j, out);
+                }
+            }
+        }
+    }
+
+    /// Keeps entries `ja` and `jb` (of a later group) of one page if their intervals may
+    /// race there: one writes, they are concurrent, one is fresh and their extents meet.
+    fn consider(&self, ja: usize, jb: usize, out: &mut Vec<Candidate>) {
+        let (e, f) = (self.index[ja], self.index[jb]);
+        let (a, b) = (entry_pos(e), entry_pos(f));
+        let qk = self.group_of[b];
+        let (lo, hi) = self.ranges[a * self.groups + qk];
+        if (e | f) & WRITE != 0
+            && (lo as usize..hi as usize).contains(&b)
+            && (self.is_fresh[a] || self.is_fresh[b])
+            && self.blocks[ja].meet(self.blocks[jb])
+        {
+            out.push(Candidate {
+                pk: self.group_of[a] as u32,
+                qk: qk as u32,
+                a: a as u32,
+                b: b as u32,
+                page: entry_page(e),
+                ja: ja as u32,
+                jb: jb as u32,
+            });
+        }
+    }
+}
+
 /// Builds the check list for an epoch's intervals: for every concurrent pair of intervals
 /// of different nodes, the pages where one writes and the other reads or writes, and the
 /// read and write bitmaps those pages need. Intervals without race notices are ignored.
@@ -330,10 +544,14 @@ fn notices(r: &IntervalRecord) -> Option<(&PageRuns, &PageRuns)> {
 ///
 /// Only pairs that share a page are examined: the intervals are indexed by page (one entry
 /// per page of each interval's notices, so the index is as large as the epoch's bitmap
-/// count), and for each writer of a page the concurrent intervals of each other node that
-/// touch the page are one contiguous slice of that page's entries, found by binary search
-/// within the node's concurrency range. The cost is the size of the index plus the output,
-/// not the number of concurrent pairs; the result is the one [`plan_pairwise`] computes.
+/// count). On each page the search then walks one of two ways, whichever visits fewer
+/// entries: for each entry, the concurrent entries of each other node (one contiguous
+/// slice of the page's entries, found by binary search within the node's concurrency
+/// range), or the entries whose byte bounds overlap its own (a sweep over the entries
+/// sorted by first byte). Locks that order most accesses to a page make the first short;
+/// locks on neighbouring elements of a page (nearly every pair concurrent, no two touching
+/// the same bytes) make the second short. The result is the one [`plan_pairwise`]
+/// computes.
 pub fn plan(epoch: u32, intervals: Vec<IntervalRecord>) -> Plan {
     plan_with(epoch, intervals, false)
 }
@@ -353,9 +571,19 @@ pub fn plan_with(epoch: u32, intervals: Vec<IntervalRecord>, schedule: bool) -> 
 /// again. The cost still includes indexing every interval.
 pub fn plan_fresh(
     epoch: u32,
+    intervals: Vec<IntervalRecord>,
+    schedule: bool,
+    fresh: impl Fn(&IntervalRecord) -> bool,
+) -> Plan {
+    plan_walking(epoch, intervals, schedule, fresh, Walk::Cheaper)
+}
+
+fn plan_walking(
+    epoch: u32,
     mut intervals: Vec<IntervalRecord>,
     schedule: bool,
     fresh: impl Fn(&IntervalRecord) -> bool,
+    walk: Walk,
 ) -> Plan {
     intervals.retain(|r| r.race.is_some());
     intervals.sort_by_key(|r| (r.node, r.index));
@@ -424,8 +652,6 @@ pub fn plan_fresh(
     // The page index: one u64 per (page, interval, read or write), page in the high half
     // so that sorting groups pages and, within a page, orders intervals by position (and
     // so by node). Packed integers sort several times faster than tuples.
-    const READ: u64 = 1;
-    const WRITE: u64 = 2;
     // Only pages that two nodes touch and one writes can hold a conflict: a node working
     // on its own band of pages adds its few runs here, not its many pages.
     let contested = contested_pages(&intervals, &group_of);
@@ -448,8 +674,8 @@ pub fn plan_fresh(
             false
         }
     });
-    let pos = |e: u64| ((e >> 2) & ((1 << 30) - 1)) as usize;
-    let page_of = |e: u64| (e >> 32) as PageNo;
+    let pos = entry_pos;
+    let page_of = entry_page;
     // Per entry, the 64-byte blocks its interval read and wrote on its page.
     let blocks: Vec<Blocks> = index
         .iter()
@@ -495,75 +721,46 @@ pub fn plan_fresh(
         entries_of[fill[pos(e)]] = j as u32;
         fill[pos(e)] += 1;
     }
+    let search = PairSearch {
+        index: &index,
+        blocks: &blocks,
+        group_of: &group_of,
+        ranges: &ranges,
+        groups: ng,
+        is_fresh: &is_fresh,
+    };
+    let mut found: Vec<Candidate> = Vec::new();
+    for &(s0, s1) in &page_segs {
+        search.page(&segments[s0..s1], walk, &mut found);
+    }
+    // The pairwise planner's order: node pair, then a, b and page.
+    found.sort_unstable();
     // The bitmaps wanted, as bits on the index entries: an entry is one interval's page,
     // wanted by however many partners.
     let mut want = vec![0u8; index.len()];
-    let mut checks = Vec::new();
     let mut in_overlap = vec![false; n];
-    // Candidates of one interval a: (group of b, b, page, a's entry, b's entry).
-    let mut found: Vec<(usize, u32, PageNo, u32, u32)> = Vec::new();
-    // The pairwise planner's order (node pair, then a, b and page) is kept by gathering,
-    // per node p, each other node q's checks in its own list.
-    let mut by_q: Vec<Vec<Check>> = (0..ng).map(|_| Vec::new()).collect();
-    for (pk, &(_, ps, pe)) in groups.iter().enumerate() {
-        for ai in ps..pe {
-            found.clear();
-            for &j in &entries_of[first_entry[ai]..first_entry[ai + 1]] {
-                let e = index[j as usize];
-                let a_w = e & WRITE != 0;
-                let (s0, s1) = page_segs[seg_of[j as usize] as usize];
-                for &(qk, s, t, q_writes) in &segments[s0..s1] {
-                    // Lower nodes met this page from their side already; a reader needs
-                    // a writer on the other side.
-                    if qk <= pk || !(a_w || q_writes) {
-                        continue;
-                    }
-                    let (lo, hi) = ranges[ai * ng + qk];
-                    let seg = &index[s..t];
-                    if lo >= hi
-                        || pos(seg[0]) >= hi as usize
-                        || pos(seg[seg.len() - 1]) < lo as usize
-                    {
-                        continue;
-                    }
-                    let from = seg.partition_point(|&f| pos(f) < lo as usize);
-                    let to = seg.partition_point(|&f| pos(f) < hi as usize);
-                    for (jf, &f) in seg[from..to].iter().enumerate() {
-                        if (a_w || f & WRITE != 0)
-                            && (is_fresh[ai] || is_fresh[pos(f)])
-                            && blocks[j as usize].meet(blocks[s + from + jf])
-                        {
-                            let jf = (s + from + jf) as u32;
-                            found.push((qk, pos(f) as u32, page_of(e), j, jf));
-                        }
-                    }
-                }
+    let mut last_pair = None;
+    let checks = found
+        .iter()
+        .map(|c| {
+            if last_pair != Some((c.a, c.b)) {
+                last_pair = Some((c.a, c.b));
+                stats.overlapping_pairs += 1;
+                in_overlap[c.a as usize] = true;
+                in_overlap[c.b as usize] = true;
             }
-            found.sort_unstable();
-            let mut last_b = None;
-            for &(qk, bi, page, j, jf) in &found {
-                if last_b != Some(bi) {
-                    last_b = Some(bi);
-                    stats.overlapping_pairs += 1;
-                    in_overlap[ai] = true;
-                    in_overlap[bi as usize] = true;
-                }
-                let (e, f) = (index[j as usize], index[jf as usize]);
-                // Each side touches the page, so its writes always meet the other's
-                // accesses; a read matters only against the other's write.
-                want[j as usize] |= (e & WRITE) as u8 | (e & f >> 1 & READ) as u8;
-                want[jf as usize] |= (f & WRITE) as u8 | (f & e >> 1 & READ) as u8;
-                by_q[qk].push(Check {
-                    a: ai,
-                    b: bi as usize,
-                    page,
-                });
+            let (e, f) = (index[c.ja as usize], index[c.jb as usize]);
+            // Each side touches the page, so its writes always meet the other's
+            // accesses; a read matters only against the other's write.
+            want[c.ja as usize] |= (e & WRITE) as u8 | (e & f >> 1 & READ) as u8;
+            want[c.jb as usize] |= (f & WRITE) as u8 | (f & e >> 1 & READ) as u8;
+            Check {
+                a: c.a as usize,
+                b: c.b as usize,
+                page: c.page,
             }
-        }
-        for list in &mut by_q {
-            checks.append(list);
-        }
-    }
+        })
+        .collect();
     // Walking intervals in order and each one's entries in page order yields every node's
     // keys already sorted (interval, page, then Read before Write).
     let mut wanted: BTreeMap<NodeId, Vec<BitmapKey>> = BTreeMap::new();
@@ -1621,12 +1818,14 @@ mod tests {
             pages in 1u32..40,
         ) {
             let epoch = random_epoch(seed, nodes, steps, pages);
-            let new = plan(3, epoch.clone());
-            let old = plan_pairwise(3, epoch);
-            proptest::prop_assert_eq!(&new.stats, &old.stats);
-            proptest::prop_assert_eq!(&new.wanted, &old.wanted);
-            proptest::prop_assert_eq!(&new.checks, &old.checks);
-            proptest::prop_assert_eq!(&new.intervals, &old.intervals);
+            let old = plan_pairwise(3, epoch.clone());
+            for walk in [Walk::Cheaper, Walk::Concurrent, Walk::Overlapping] {
+                let new = plan_walking(3, epoch.clone(), false, |_| true, walk);
+                proptest::prop_assert_eq!(&new.stats, &old.stats, "{:?}", walk);
+                proptest::prop_assert_eq!(&new.wanted, &old.wanted, "{:?}", walk);
+                proptest::prop_assert_eq!(&new.checks, &old.checks, "{:?}", walk);
+                proptest::prop_assert_eq!(&new.intervals, &old.intervals, "{:?}", walk);
+            }
         }
     }
 
