@@ -68,10 +68,9 @@ impl Segment {
     /// `common`: the job's common segment file (every rank maps the same one), sized here
     /// to `len` (every rank sizes it alike, so whoever comes last changes nothing); without
     /// it the segment is a memfd of this process's own.
-    /// A common file also holds, after the segment, the table of host locks
-    /// ([`HOST_LOCK_BYTES`]) and their release clocks (`nodes` entries per lock, see
-    /// [`HostLock::released_clock`]), which cost memory only where a lock is released in
-    /// race mode.
+    /// A common file also holds, after the segment, the table of host locks, each with its
+    /// release clock (`nodes` entries, see [`HostLock::released_clock`]); only the pages of
+    /// locks in use take memory.
     pub(crate) fn map(
         addr: usize,
         len: usize,
@@ -190,11 +189,6 @@ impl Segment {
                 }
                 return Err(fail("cannot map the host lock table"));
             }
-            // Every lock's first use would otherwise fault its table page in. Failing
-            // (a kernel before 5.14) only leaves that to the first use. The clocks after
-            // the table stay lazy: most runs never write one.
-            // SAFETY: populating the table mapping we just made changes no byte of it.
-            unsafe { libc::madvise(table, HOST_LOCK_BYTES, libc::MADV_POPULATE_WRITE) };
             table as usize
         } else {
             0
@@ -212,16 +206,18 @@ impl Segment {
     /// The host lock in slot `index` (below [`HOST_LOCK_SLOTS`]) with its release clock.
     fn host_lock_at(&'static self, index: usize) -> HostLock {
         debug_assert!(index < HOST_LOCK_SLOTS && self.host_locks != 0);
+        let entry = self.host_locks + index * host_entry_bytes(self.nodes);
         // SAFETY: the table mapping (`host_table_bytes(nodes)` long, page-aligned, shared,
         // unmapped only when the segment is dropped, which a `&'static` one never is:
-        // `start` leaks it, so both may be borrowed for 'static) holds HOST_LOCK_SLOTS slots of 32
-        // bytes and then HOST_LOCK_SLOTS clocks of `nodes` u32s; `index` is below
-        // HOST_LOCK_SLOTS, so both lie inside it, aligned. All-zero bytes are valid
-        // atomics, and other processes touch these bytes only through the same atomics.
+        // `start` leaks it, so both may be borrowed for 'static) holds HOST_LOCK_SLOTS
+        // entries of `host_entry_bytes(nodes)` bytes, each a slot followed by a clock of
+        // `nodes` u32s; `index` is below HOST_LOCK_SLOTS, so both lie inside it, aligned
+        // (entries are multiples of 64 bytes). All-zero bytes are valid atomics, and other
+        // processes touch these bytes only through the same atomics.
         unsafe {
-            let slot = &*((self.host_locks as *const HostLockSlot).add(index));
-            let clocks = (self.host_locks + HOST_LOCK_BYTES) as *const AtomicU32;
-            let clock = std::slice::from_raw_parts(clocks.add(index * self.nodes), self.nodes);
+            let slot = &*(entry as *const HostLockSlot);
+            let clocks = (entry + std::mem::size_of::<HostLockSlot>()) as *const AtomicU32;
+            let clock = std::slice::from_raw_parts(clocks, self.nodes);
             HostLock { slot, clock }
         }
     }
@@ -235,8 +231,10 @@ impl Segment {
         if self.host_locks == 0 {
             return None;
         }
-        // Fibonacci hashing spreads consecutive ids (one lock per molecule) over the table.
-        let start = (id.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48) as usize;
+        // Consecutive ids (one lock per molecule) take consecutive entries, so a program's
+        // locks share a few pages: each page a rank touches first costs it a fault. Named
+        // locks' ids are hashes, spread anyway.
+        let start = (id % HOST_LOCK_SLOTS as u64) as usize;
         for probe in 0..HOST_LOCK_PROBES {
             let lock = self.host_lock_at((start + probe) % HOST_LOCK_SLOTS);
             let slot = lock.slot;
@@ -413,13 +411,17 @@ const HOST_LOCK_SLOTS: usize = 1 << 16;
 /// for an id, and a nearly full table costs a lookup at most this many loads.
 const HOST_LOCK_PROBES: usize = 64;
 
-/// Bytes of the host lock table at the end of a common segment file (2 MiB).
-pub(crate) const HOST_LOCK_BYTES: usize = HOST_LOCK_SLOTS * std::mem::size_of::<HostLockSlot>();
+/// Bytes of one entry of the host lock table: its slot and, right after it, its release
+/// clock (one `u32` per rank), in whole 64-byte cache lines: the holder touches one line
+/// (up to 8 ranks), and neighbouring locks share none.
+fn host_entry_bytes(nodes: usize) -> usize {
+    (std::mem::size_of::<HostLockSlot>() + 4 * nodes).next_multiple_of(64)
+}
 
-/// Bytes of the host lock table and, after it, the locks' release clocks (one `u32` per
-/// rank per slot), rounded up to whole pages.
+/// Bytes of the host lock table at the end of a common segment file (4 MiB up to 8 ranks),
+/// in whole pages.
 fn host_table_bytes(nodes: usize) -> usize {
-    (HOST_LOCK_BYTES + HOST_LOCK_SLOTS * nodes * 4).next_multiple_of(PAGE_SIZE)
+    (HOST_LOCK_SLOTS * host_entry_bytes(nodes)).next_multiple_of(PAGE_SIZE)
 }
 
 const LOCK_SLOT_EMPTY: u32 = 0;
@@ -1054,7 +1056,7 @@ mod tests {
         // Both mappings agree on every id's slot (same index in the table).
         let index = |seg: &'static Segment, id: u64| {
             (std::ptr::from_ref(seg.host_lock(id).unwrap().slot) as usize - seg.host_locks)
-                / std::mem::size_of::<HostLockSlot>()
+                / host_entry_bytes(seg.nodes)
         };
         for id in [7, 1000, 1001, 1000 + 2 * 3999 + 1, u64::MAX] {
             assert_eq!(index(one, id), index(two, id), "lock {id}");
