@@ -431,6 +431,19 @@ pub struct IntervalRecord {
 }
 
 impl IntervalRecord {
+    /// The record as coherence needs it: the same, without race notices (cloned without
+    /// them, not cloned and dropped).
+    pub fn without_race(&self) -> IntervalRecord {
+        IntervalRecord {
+            node: self.node,
+            index: self.index,
+            vt: self.vt.clone(),
+            writes: self.writes.clone(),
+            race: None,
+            began_with: self.began_with,
+        }
+    }
+
     /// Happens-before-1: `self` precedes `other` if `other` began after seeing `self`
     /// (`other.vt[self.node] >= self.index`), or, on the same node, if it came earlier in
     /// program order.

@@ -1039,11 +1039,6 @@ impl Bitmaps {
         self.map.insert((node, b.key), held);
     }
 
-    /// Keeps the bitmaps `keep` accepts.
-    pub fn retain(&mut self, mut keep: impl FnMut(NodeId, &BitmapKey) -> bool) {
-        self.map.retain(|(node, key), _| keep(*node, key));
-    }
-
     /// Drops `node`'s bitmap `key`, if held.
     pub fn remove(&mut self, node: NodeId, key: &BitmapKey) {
         self.map.remove(&(node, *key));

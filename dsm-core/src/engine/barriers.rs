@@ -67,7 +67,15 @@ impl<M: Memory> Engine<M> {
             epoch: self.epoch,
             at: self.at.clone(),
             known: self.known(),
-            intervals: self.log[self.me as usize].clone(),
+            // The race notices move to the arrival: coherence keeps the records
+            // without them (the master has them from here on).
+            intervals: self.log[self.me as usize]
+                .iter_mut()
+                .map(|r| IntervalRecord {
+                    race: r.race.take(),
+                    ..r.without_race()
+                })
+                .collect(),
             check: self.alloc_digest,
             finishing,
             bitmaps,
@@ -223,10 +231,7 @@ impl<M: Memory> Engine<M> {
             let coherence = all
                 .iter()
                 .filter(|r| !r.writes.is_empty())
-                .map(|r| IntervalRecord {
-                    race: None,
-                    ..r.clone()
-                })
+                .map(IntervalRecord::without_race)
                 .collect();
             self.master_release = Some(MasterRelease {
                 epoch,
@@ -366,7 +371,7 @@ impl<M: Memory> Engine<M> {
         let shipped_upto = self.race_shipped;
         let own = &mut self.log[self.me as usize];
         let start = own.partition_point(|r| r.index <= shipped_upto);
-        let intervals = own[start..].to_vec();
+        let intervals: Vec<IntervalRecord> = own.drain(start..).collect();
         // The master keeps the race notices from here on; coherence needs only the
         // intervals with write notices.
         // Semaphore intervals stay too: the master rebuilds the safe semaphore order from
@@ -377,15 +382,12 @@ impl<M: Memory> Engine<M> {
                 SyncCause::SemWait(_) | SyncCause::SemSignal(_)
             )
         };
-        let mut kept: Vec<IntervalRecord> = own
-            .drain(start..)
-            .filter(|r| !r.writes.is_empty() || sem_op(r))
-            .map(|mut r| {
-                r.race = None;
-                r
-            })
-            .collect();
-        own.append(&mut kept);
+        own.extend(
+            intervals
+                .iter()
+                .filter(|r| !r.writes.is_empty() || sem_op(r))
+                .map(IntervalRecord::without_race),
+        );
         let known = self.known();
         self.race_shipped = known.get(self.me);
         if self.me == 0 {

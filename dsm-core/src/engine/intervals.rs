@@ -201,10 +201,7 @@ impl<M: Memory> Engine<M> {
                 list[start..end]
                     .iter()
                     .filter(|r| !r.writes.is_empty())
-                    .map(|r| IntervalRecord {
-                        race: None,
-                        ..r.clone()
-                    }),
+                    .map(IntervalRecord::without_race),
             );
         }
         out
