@@ -151,13 +151,16 @@ impl fmt::Debug for VectorTime {
 /// set has exactly one representation and equal sets compare equal. The constructors
 /// establish it; the set operations rely on it. A value decoded from the wire is trusted
 /// to hold it (peers build theirs with the same constructors).
+///
+/// Most sets an interval names are one or two runs (an element's page, a band of rows):
+/// those are held inline, so notices cost no allocation to build, copy or decode.
 #[derive(Serialize, Deserialize, Clone, PartialEq, Eq, Default)]
-pub struct PageRuns(Vec<(PageNo, u32)>);
+pub struct PageRuns(SmallVec<[(PageNo, u32); 2]>);
 
 impl PageRuns {
     /// The empty set.
     pub fn new() -> Self {
-        PageRuns(Vec::new())
+        PageRuns(SmallVec::new())
     }
 
     /// Builds runs from any page list (duplicates and disorder allowed).
@@ -172,7 +175,7 @@ impl PageRuns {
     /// checked: an unsorted or repeating list gives runs that break the invariant (use
     /// [`from_pages`](Self::from_pages) for those).
     pub fn from_sorted_unique(pages: &[PageNo]) -> Self {
-        let mut runs: Vec<(PageNo, u32)> = Vec::new();
+        let mut runs: SmallVec<[(PageNo, u32); 2]> = SmallVec::new();
         for &p in pages {
             match runs.last_mut() {
                 Some((first, count)) if *first + *count == p => *count += 1,
@@ -187,7 +190,7 @@ impl PageRuns {
     pub fn from_runs(runs: impl IntoIterator<Item = (PageNo, u32)>) -> Self {
         let mut v: Vec<(PageNo, u32)> = runs.into_iter().filter(|r| r.1 > 0).collect();
         v.sort_unstable();
-        let mut out: Vec<(PageNo, u32)> = Vec::with_capacity(v.len());
+        let mut out: SmallVec<[(PageNo, u32); 2]> = SmallVec::with_capacity(v.len());
         for (first, count) in v {
             match out.last_mut() {
                 Some((f, c)) if *f + *c >= first => {
@@ -236,7 +239,7 @@ impl PageRuns {
     pub fn intersect(&self, other: &PageRuns) -> PageRuns {
         let (a, b) = (&self.0, &other.0);
         let (mut i, mut j) = (0, 0);
-        let mut out = Vec::new();
+        let mut out = SmallVec::new();
         while i < a.len() && j < b.len() {
             let (af, ac) = a[i];
             let (bf, bc) = b[j];
@@ -332,10 +335,15 @@ pub struct RaceNotices {
     /// every 64-byte block, sorted by page. The barrier master compares two intervals'
     /// bitmaps of a page only where their extents meet, so locks guarding neighbouring
     /// elements of one page cost no bitmap.
-    pub read_extents: Vec<PageExtent>,
+    pub read_extents: Extents,
     /// The same for `writes`.
-    pub write_extents: Vec<PageExtent>,
+    pub write_extents: Extents,
 }
+
+/// The narrowed pages of one kind of an interval's notices, sorted by page: held inline
+/// for the common one (a lock-protected element), so building and decoding them costs no
+/// allocation.
+pub type Extents = SmallVec<[PageExtent; 1]>;
 
 /// Where an interval read or wrote within one page: two over-approximations of the bytes
 /// it accessed, each cheap to intersect. Blocks alone let neighbouring elements whose

@@ -1713,8 +1713,8 @@ mod tests {
             let (reads, writes) = (runs(3), runs(2));
             // Some pages narrowed to a few 64-byte blocks and bounds, as the recorder
             // leaves them.
-            let mut extents = |pages: &PageRuns| -> Vec<PageExtent> {
-                let mut out = Vec::new();
+            let mut extents = |pages: &PageRuns| -> dsm_proto::Extents {
+                let mut out = dsm_proto::Extents::new();
                 for page in pages.iter() {
                     if rnd(2) == 0 {
                         let (b0, b1) = (rnd(4), rnd(4));

@@ -21,8 +21,8 @@
 //! access once an interval's first accesses have grown the site list.
 
 use dsm_proto::{
-    AccessKind, BitmapKey, EncodedBitmap, PageExtent, PageNo, PageRuns, RaceNotices, SiteSpan,
-    SmallVec, SourceSite, PAGE_SHIFT, PAGE_SIZE,
+    AccessKind, BitmapKey, EncodedBitmap, Extents, PageExtent, PageNo, PageRuns, RaceNotices,
+    SiteSpan, SmallVec, SourceSite, PAGE_SHIFT, PAGE_SIZE,
 };
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, TryReserveError};
@@ -723,7 +723,7 @@ impl Recorder {
         let (mut reads, mut writes) = std::mem::take(&mut self.scratch);
         reads.clear();
         writes.clear();
-        let (mut read_extents, mut write_extents) = (Vec::new(), Vec::new());
+        let (mut read_extents, mut write_extents) = (Extents::new(), Extents::new());
         let mut site_buf = std::mem::take(&mut self.site_scratch);
         let store = &mut self.store;
         // Per kind, the spans of the last bitmap stored (an empty range at first).
@@ -1163,8 +1163,11 @@ mod tests {
             start,
             end,
         };
-        assert_eq!(n.write_extents, vec![extent(0, 1 | 1 << 12, 0, 808)]);
-        assert_eq!(n.read_extents, vec![extent(2, 1 << 1 | 1 << 63, 65, 4096)]);
+        assert_eq!(n.write_extents.as_slice(), [extent(0, 1 | 1 << 12, 0, 808)]);
+        assert_eq!(
+            n.read_extents.as_slice(),
+            [extent(2, 1 << 1 | 1 << 63, 65, 4096)]
+        );
         assert_eq!(
             n.extent(1, false),
             PageExtent::whole(1),
