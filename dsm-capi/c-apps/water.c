@@ -57,7 +57,7 @@ typedef struct {
     double s[3][3]; /* [site][axis] */
 } Sites;
 typedef struct {
-    double d[ORDER][3][3]; /* d[k] = dt^k / k! * k-th time derivative */
+    Sites d[ORDER]; /* d[k] = dt^k / k! * k-th time derivative */
 } Molecule;
 typedef struct {
     double kinetic, intra, inter, virial;
@@ -267,7 +267,7 @@ static void force_phase(Run *r, int row) {
 /* Ends an update phase: publishes the own positions, adds the kinetic energy, barrier. */
 static void publish(Run *r, int row, double kinetic) {
     for (int i = r->lo; i < r->hi; i++)
-        r->pos[i] = *(Sites *)r->own[i - r->lo].d[0];
+        r->pos[i] = r->own[i - r->lo].d[0];
     if (row >= 0 && r->hi > r->lo) {
         Energies e = {kinetic, 0, 0, 0};
         add_energy(r, row, &e);
@@ -279,7 +279,7 @@ static double kinetic(const Molecule *m) {
     double k = 0;
     for (int s = 0; s < 3; s++)
         for (int a = 0; a < 3; a++) {
-            double v = m->d[1][s][a] / DT;
+            double v = m->d[1].s[s][a] / DT;
             k += 0.5 * MASS[s] * v * v;
         }
     return k;
@@ -289,7 +289,7 @@ static double kinetic(const Molecule *m) {
 static void displace(Molecule *m, const Sites *x0, double sign) {
     for (int s = 0; s < 3; s++)
         for (int a = 0; a < 3; a++)
-            m->d[0][s][a] = x0->s[s][a] + sign * m->d[1][s][a];
+            m->d[0].s[s][a] = x0->s[s][a] + sign * m->d[1].s[s][a];
 }
 
 static void predict(Molecule *m) {
@@ -297,7 +297,7 @@ static void predict(Molecule *m) {
         for (int a = 0; a < 3; a++) {
             double r[ORDER];
             for (int k = 0; k < ORDER; k++)
-                r[k] = m->d[k][s][a];
+                r[k] = m->d[k].s[s][a];
             /* The Taylor step in scaled derivatives: the Pascal triangle. */
             r[0] += r[1] + r[2] + r[3] + r[4] + r[5];
             r[1] += 2 * r[2] + 3 * r[3] + 4 * r[4] + 5 * r[5];
@@ -305,7 +305,7 @@ static void predict(Molecule *m) {
             r[3] += 4 * r[4] + 10 * r[5];
             r[4] += 5 * r[5];
             for (int k = 0; k < ORDER; k++)
-                m->d[k][s][a] = r[k];
+                m->d[k].s[s][a] = r[k];
         }
 }
 
@@ -315,14 +315,14 @@ static double correct(const Run *r, Molecule *m, const Sites *f) {
     static const double alpha[ORDER] = {3.0 / 16, 251.0 / 360, 1.0, 11.0 / 18, 1.0 / 6, 1.0 / 60};
     for (int s = 0; s < 3; s++)
         for (int a = 0; a < 3; a++) {
-            double delta = 0.5 * DT * DT * f->s[s][a] / MASS[s] - m->d[2][s][a];
+            double delta = 0.5 * DT * DT * f->s[s][a] / MASS[s] - m->d[2].s[s][a];
             for (int k = 0; k < ORDER; k++)
-                m->d[k][s][a] += alpha[k] * delta;
+                m->d[k].s[s][a] += alpha[k] * delta;
         }
     for (int a = 0; a < 3; a++) {
-        double wrap = r->side * floor(m->d[0][0][a] / r->side);
+        double wrap = r->side * floor(m->d[0].s[0][a] / r->side);
         for (int s = 0; s < 3; s++)
-            m->d[0][s][a] -= wrap;
+            m->d[0].s[s][a] -= wrap;
     }
     return kinetic(m);
 }
@@ -374,8 +374,8 @@ static void initial_state(Run *r, int k) {
         memset(m, 0, sizeof *m);
         for (int s = 0; s < 3; s++)
             for (int a = 0; a < 3; a++) {
-                m->d[0][s][a] = x[i].s[s][a];
-                m->d[1][s][a] = scale * v[i].s[s][a] * DT;
+                m->d[0].s[s][a] = x[i].s[s][a];
+                m->d[1].s[s][a] = scale * v[i].s[s][a] * DT;
             }
     }
     free(x);
@@ -394,7 +394,7 @@ static void simulate(Run *r, int k) {
     for (int i = 0; i < own; i++) {
         kin += kinetic(&r->own[i]);
         r->f0[i] = r->own_f[i];
-        r->x0[i] = *(Sites *)r->own[i].d[0];
+        r->x0[i] = r->own[i].d[0];
         displace(&r->own[i], &r->x0[i], 1.0);
     }
     publish(r, 0, kin);
@@ -409,10 +409,10 @@ static void simulate(Run *r, int k) {
         Molecule *m = &r->own[i];
         for (int s = 0; s < 3; s++)
             for (int a = 0; a < 3; a++) {
-                m->d[0][s][a] = r->x0[i].s[s][a];
-                m->d[2][s][a] = 0.5 * DT * DT * r->f0[i].s[s][a] / MASS[s];
+                m->d[0].s[s][a] = r->x0[i].s[s][a];
+                m->d[2].s[s][a] = 0.5 * DT * DT * r->f0[i].s[s][a] / MASS[s];
                 /* dt^3/6 x''' from the central difference of the forces at x0 +- dt v. */
-                m->d[3][s][a] = DT * DT / 12.0 * (r->fp[i].s[s][a] - r->own_f[i].s[s][a]) / MASS[s];
+                m->d[3].s[s][a] = DT * DT / 12.0 * (r->fp[i].s[s][a] - r->own_f[i].s[s][a]) / MASS[s];
             }
         if (r->steps > 0)
             predict(m);
