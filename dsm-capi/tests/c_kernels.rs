@@ -1,6 +1,6 @@
 //! The labelled C race kernels (`tests/c/*.c`), compiled with gcc through `dsmcc` (real
 //! ThreadSanitizer instrumentation, linked against this crate's `libdsm.a`) and run under
-//! `dsmrun --race` with 2 and 4 ranks. Each kernel names the variables that race in an
+//! `dsmrun --race` with 2, 4 and 8 ranks. Each kernel names the variables that race in an
 //! `EXPECT:` comment (`none` for race-free ones) and marks every line whose access takes
 //! part in a race with `// RACE`. A run must report exactly the expected variables, name
 //! both sides of every race by a marked line of the kernel's file, name every marked line
@@ -81,11 +81,28 @@ fn build(kernel: &Path, dir: &Path) -> PathBuf {
 
 /// [`build`] with compiler `cc`.
 fn build_with(cc: &str, kernel: &Path, dir: &Path) -> PathBuf {
+    build_flags(cc, &["-O2"], kernel, dir)
+}
+
+/// One of the C apps (`c-apps/NAME.c`), compiled by gcc as C11 with warnings as errors.
+fn build_app(name: &str, dir: &Path) -> PathBuf {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("c-apps/{name}.c"));
+    build_flags(
+        "gcc",
+        &["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2"],
+        &source,
+        dir,
+    )
+}
+
+/// [`build`] with compiler `cc` and `flags`.
+fn build_flags(cc: &str, flags: &[&str], kernel: &Path, dir: &Path) -> PathBuf {
     let exe = dir.join(kernel.file_stem().expect("a file name"));
     let out = Command::new(DSMCC)
         .env("DSMCC_CC", cc)
         .env("DSM_LIB", bin_dir().join("libdsm.a"))
-        .args(["-O2", "-o"])
+        .args(flags)
+        .arg("-o")
         .arg(&exe)
         .arg(kernel)
         .output()
@@ -157,7 +174,7 @@ fn c_race_kernels_report_exactly_their_labels() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     for kernel in &kernels() {
         let exe = build(kernel, dir.path());
-        for n in [2, 4] {
+        for n in [2, 4, 8] {
             check(kernel, &exe, n);
         }
     }
@@ -253,5 +270,127 @@ fn c_api_errors_are_codes_and_messages() {
         let context = format!("N={n}:\n{}{}", r.stdout, r.stderr);
         assert_eq!(r.code, Some(0), "{context}");
         assert_eq!(r.stdout.matches("api errors: ok").count(), n, "{context}");
+    }
+}
+
+/// C Water at 2 and 4 ranks under `--race`: rank 0's sequential rerun on private memory
+/// agrees with every step's energies (relative 1e-9) and the total energy is conserved (the
+/// `verified:` line), and the per-molecule force locks leave no race.
+#[test]
+fn c_water_matches_the_sequential_run_and_is_race_free() {
+    if !have("gcc", "c_water_matches_the_sequential_run_and_is_race_free") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let exe = build_app("water", dir.path());
+    for (n, molecules) in [(2, "27"), (4, "64")] {
+        let r = run(dsmrun_command(
+            n,
+            &["--race"],
+            exe.to_str().unwrap(),
+            &["--molecules", molecules, "--steps", "3"],
+        ));
+        let context = format!("c water at N={n}:\n{}{}", r.stdout, r.stderr);
+        assert_eq!(r.code, Some(0), "exit status of {context}");
+        assert!(
+            r.stdout.contains(&format!(
+                "verified: c water {molecules} molecules, 3 steps, {n} ranks"
+            )),
+            "{context}"
+        );
+        assert!(r.stderr.contains("dsm: 0 data races"), "{context}");
+    }
+}
+
+/// C Water `--racy` adds the force sums without their locks: `--race` reports the
+/// write-write race on `forces` (and nothing else), both sides at the line of water.c that
+/// adds into the shared array, and the run exits with the race status.
+#[test]
+fn c_water_racy_reports_the_force_race_at_its_line() {
+    if !have("gcc", "c_water_racy_reports_the_force_race_at_its_line") {
+        return;
+    }
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("c-apps/water.c");
+    let text = std::fs::read_to_string(&source).expect("water.c");
+    let add_line = text
+        .lines()
+        .position(|l| l.contains("r->forces[j].s[s][a] += r->f[j].s[s][a];"))
+        .expect("water.c adds the force sums into r->forces") as u32
+        + 1;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let exe = build_app("water", dir.path());
+    let r = run(dsmrun_command(
+        2,
+        &["--race"],
+        exe.to_str().unwrap(),
+        &["--molecules", "27", "--steps", "2", "--racy"],
+    ));
+    let context = format!("c water --racy at N=2:\n{}{}", r.stdout, r.stderr);
+    assert_eq!(r.code, Some(66), "the race exit status, {context}");
+    let races = reported(&r.stderr);
+    assert!(!races.is_empty(), "no race reported, {context}");
+    for race in &races {
+        assert_eq!(race.var, "forces", "{race:?}, {context}");
+        assert_eq!(race.sides.len(), 2, "both sides of {race:?}, {context}");
+        for (file, line) in &race.sides {
+            assert!(
+                file.ends_with("c-apps/water.c") && *line == add_line,
+                "side {file}:{line} of {race:?} is not water.c:{add_line}, {context}"
+            );
+        }
+    }
+}
+
+/// C TSP at 2 and 4 ranks under `--race`: the parallel branch and bound finds the optimal
+/// length of rank 0's sequential search over all tours (the `verified:` line, the same
+/// length at both sizes), with a queue big enough for every split tour and with one so
+/// small that ranks keep children for themselves, and without races (the queue and the
+/// best tour are only touched under their locks).
+#[test]
+fn c_tsp_finds_the_sequential_optimum_and_is_race_free() {
+    if !have("gcc", "c_tsp_finds_the_sequential_optimum_and_is_race_free") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let exe = build_app("tsp", dir.path());
+    for seed in ["5", "8"] {
+        let mut lengths = BTreeSet::new();
+        for (n, queue) in [(2, None), (4, None), (4, Some("3"))] {
+            let mut args = vec!["--cities", "11", "--seed", seed];
+            if let Some(q) = queue {
+                args.extend(["--queue", q]);
+            }
+            let r = run(dsmrun_command(n, &["--race"], exe.to_str().unwrap(), &args));
+            let context = format!("c tsp {args:?} at N={n}:\n{}{}", r.stdout, r.stderr);
+            assert_eq!(r.code, Some(0), "exit status of {context}");
+            let verified = r
+                .stdout
+                .lines()
+                .find_map(|l| {
+                    l.split_once(&format!(
+                        "verified: c tsp 11 cities (seed {seed}), {n} ranks: optimal length "
+                    ))
+                })
+                .unwrap_or_else(|| panic!("no verified line, {context}"));
+            let length: u64 = verified
+                .1
+                .split(',')
+                .next()
+                .and_then(|l| l.parse().ok())
+                .unwrap_or_else(|| panic!("no length in the verified line, {context}"));
+            lengths.insert(length);
+            assert!(r.stderr.contains("dsm: 0 data races"), "{context}");
+            if queue.is_some() {
+                // The small queue really made ranks keep children.
+                let kept: u64 = r
+                    .stdout
+                    .lines()
+                    .filter_map(|l| l.split(" complete tours reached, ").nth(1))
+                    .filter_map(|k| k.trim_end_matches(" kept").parse::<u64>().ok())
+                    .sum();
+                assert!(kept > 0, "no rank kept children with --queue 3, {context}");
+            }
+        }
+        assert_eq!(lengths.len(), 1, "seed {seed}: lengths {lengths:?}");
     }
 }
