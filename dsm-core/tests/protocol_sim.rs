@@ -3403,6 +3403,7 @@ fn pushes_are_taken_and_refused_in_random_programs() {
     // with pushing at its default and at one page: values match the sequential model
     // (checked by the simulation) whichever way each push goes, and both ways occur.
     let (mut applied, mut refused, mut pushed, mut by_diffs) = (0, 0, 0, 0);
+    let mut beside_arrivals = 0;
     for seed in 0..u64::from(cases(120)) {
         let n = 2 + (seed % 4) as usize;
         let homes: Vec<usize> = (0..3).map(|p| (seed as usize / 4 + p) % n).collect();
@@ -3414,10 +3415,21 @@ fn pushes_are_taken_and_refused_in_random_programs() {
         refused += total(&s, |t| t.pushes_rejected);
         pushed += total(&s, |t| t.pages_pushed);
         by_diffs += total(&s, |t| t.pushes_applied_diffs);
+        beside_arrivals += s
+            .delivered
+            .iter()
+            .filter(|(_, _, m)| matches!(m, Msg::BarrierPush { .. }))
+            .count();
     }
     assert!(
         applied > 0 && refused > 0,
         "applied {applied}, refused {refused}"
+    );
+    // Jobs of 5 nodes have barriers through the master, whose pushes go beside the
+    // arrivals.
+    assert!(
+        beside_arrivals > 0,
+        "no page was pushed beside a master barrier's arrival"
     );
     // Jobs of 3 to 5 nodes have pages homed at neither granter nor acquirer.
     assert!(

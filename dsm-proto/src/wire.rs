@@ -20,7 +20,7 @@ pub type LockId = u64;
 pub type SemId = u64;
 
 /// Protocol version spoken in the handshake; bump it when any message layout changes.
-pub const PROTOCOL_VERSION: u32 = 17;
+pub const PROTOCOL_VERSION: u32 = 18;
 
 /// Where a node's program is when it arrives at a barrier, numbered as the program counts:
 /// its own `barrier()` calls, from 1. Every message a user reads about a barrier names this,
@@ -780,6 +780,18 @@ pub enum Msg {
         /// Data races reported at this barrier (0 without race detection).
         races: u64,
     },
+    /// Barriers through the master (race detection, large jobs): pages homed at the sender
+    /// that it wrote in the epoch `epoch` ends and the receiver is believed to hold, sent
+    /// to the receiver beside the sender's arrival, as an all-to-all arrival carries them.
+    /// The receiver installs them when the barrier's release comes (if they hold every
+    /// change it must see), so it need not invalidate its copies and fault them back in;
+    /// one that comes after the release is dropped.
+    BarrierPush {
+        /// The barrier whose release the pages are for.
+        epoch: u32,
+        /// The pages.
+        pages: Vec<PushedPage>,
+    },
     /// The barrier master stops the job (e.g. ranks disagree on allocations).
     ///
     /// Sent to every other rank when the arrivals at a barrier are inconsistent (different
@@ -1077,6 +1089,7 @@ impl Msg {
             Msg::LockGrant { .. } => "lock-grant",
             Msg::BarrierArrive { .. } => "barrier-arrive",
             Msg::BarrierRelease { .. } => "barrier-release",
+            Msg::BarrierPush { .. } => "barrier-push",
             Msg::Abort { .. } => "abort",
             Msg::BitmapRequest { .. } => "bitmap-request",
             Msg::BitmapReply { .. } => "bitmap-reply",

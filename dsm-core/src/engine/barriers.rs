@@ -82,6 +82,11 @@ impl<M: Memory> Engine<M> {
             pages: Vec::new(),
         };
         if !self.all_to_all() {
+            // Pushes first: each link is FIFO, so a receiver mostly has them before the
+            // master's release (one that comes later is dropped).
+            if !finishing {
+                self.send_barrier_pushes();
+            }
             if self.me == 0 {
                 self.handle(0, msg);
             } else {
@@ -98,6 +103,29 @@ impl<M: Memory> Engine<M> {
                 self.send(to, m);
             }
             self.handle(self.me, msg);
+        }
+    }
+
+    /// Barriers through the master: sends each other node the pages homed here that it
+    /// holds and this epoch's intervals wrote, as an all-to-all arrival carries them.
+    fn send_barrier_pushes(&mut self) {
+        let (epoch, me) = (self.epoch, self.me);
+        for to in (0..self.n as NodeId).filter(|&k| k != me) {
+            let pages = self.barrier_pushes_for(to);
+            if !pages.is_empty() {
+                self.send(to, Msg::BarrierPush { epoch, pages });
+            }
+        }
+    }
+
+    /// Pages pushed for barrier `epoch` through the master: kept for its release, unless
+    /// that release has come already (then this node's copies were invalidated, and stay
+    /// so).
+    pub(super) fn on_barrier_push(&mut self, epoch: u32, pages: Vec<dsm_proto::PushedPage>) {
+        if epoch > self.released_epoch {
+            self.master_pushes.entry(epoch).or_default().extend(pages);
+        } else {
+            self.stats.pushes_rejected += pages.len() as u64;
         }
     }
 
@@ -294,8 +322,12 @@ impl<M: Memory> Engine<M> {
             ));
             return;
         }
+        let mut pages = std::mem::take(&mut self.barrier_pushes);
+        pages.extend(self.master_pushes.remove(&epoch).unwrap_or_default());
+        self.released_epoch = epoch;
+        self.master_pushes.retain(|&e, _| e > epoch);
         let pushed = super::push::Pushed {
-            pages: std::mem::take(&mut self.barrier_pushes),
+            pages,
             ..Default::default()
         };
         let waits = self.apply_intervals(intervals, &known, pushed);

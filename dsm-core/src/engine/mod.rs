@@ -593,6 +593,11 @@ pub struct Engine<M: Memory> {
     told: Vec<u32>,
     /// All-to-all barrier: pages pushed with the arrivals of the current barrier.
     barrier_pushes: Vec<dsm_proto::PushedPage>,
+    /// Barriers through the master: pages pushed for barriers not yet released here, by
+    /// epoch (a push may come before this node itself arrives).
+    master_pushes: BTreeMap<u32, Vec<dsm_proto::PushedPage>>,
+    /// The latest barrier released here.
+    released_epoch: u32,
     /// Diffs a fetch of this (non-home) page must wait for, per writer.
     required: HashMap<PageNo, Vec<(NodeId, u32)>>,
     /// At the home: per page, the latest interval of each writer whose diff is applied.
@@ -685,6 +690,8 @@ impl<M: Memory> Engine<M> {
             kept_diff_bytes: 0,
             told: vec![0; n],
             barrier_pushes: Vec::new(),
+            master_pushes: BTreeMap::new(),
+            released_epoch: 0,
             required: HashMap::new(),
             applied: HashMap::new(),
             copy_holds: HashMap::new(),
@@ -976,6 +983,11 @@ impl<M: Memory> Engine<M> {
                 intervals,
                 races,
             } => self.on_release(epoch, known, intervals, races),
+            Msg::BarrierPush { epoch, pages } => {
+                if self.pushes_well_formed(from, &pages) {
+                    self.on_barrier_push(epoch, pages);
+                }
+            }
             Msg::Abort { reason } => self.fatal(format!("job aborted by rank {from}: {reason}")),
             Msg::BitmapRequest { epoch, wanted } => self.on_bitmap_request(epoch, wanted),
             Msg::BitmapReply { bitmaps, .. } => self.on_bitmap_reply(from, bitmaps),

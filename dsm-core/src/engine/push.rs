@@ -203,10 +203,10 @@ impl<M: Memory> Engine<M> {
     }
 
     /// A copy of `pages` just arrived from their home `from` (fetched, or pushed with a
-    /// lock grant). Pushes of those pages that `from` sent with a barrier arrival still
-    /// waiting here for the other arrivals are older than that copy (the link is FIFO),
-    /// and may lack diffs the copy has and this node already knew of (whose notices will
-    /// not come again): they are dropped.
+    /// lock grant). Pushes of those pages that `from` sent with a barrier arrival (or
+    /// beside one, to a master barrier) still waiting here for the barrier's release are
+    /// older than that copy (the link is FIFO), and may lack diffs the copy has and this
+    /// node already knew of (whose notices will not come again): they are dropped.
     pub(super) fn drop_older_pushes(&mut self, from: NodeId, pages: &[PageNo]) {
         let mut dropped = 0;
         for slots in self.arrivals.values_mut() {
@@ -215,6 +215,12 @@ impl<M: Memory> Engine<M> {
                 a.pages.retain(|q| !pages.contains(&q.page));
                 dropped += before - a.pages.len();
             }
+        }
+        // Only a page's home pushes it: these came from `from` too.
+        for waiting in self.master_pushes.values_mut() {
+            let before = waiting.len();
+            waiting.retain(|q| !pages.contains(&q.page));
+            dropped += before - waiting.len();
         }
         self.stats.pushes_rejected += dropped as u64;
     }
