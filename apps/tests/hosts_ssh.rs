@@ -20,8 +20,6 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-const HOSTS: usize = 3;
-
 fn quiet(cmd: &mut Command) -> bool {
     cmd.stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -37,6 +35,7 @@ fn is_root() -> bool {
 
 /// The namespaces, their sshds and keys; all removed on drop.
 struct Cluster {
+    hosts: usize,
     tag: String,
     subnet: String,
     dir: tempfile::TempDir,
@@ -44,11 +43,17 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn new() -> Result<Cluster, String> {
+    /// `hosts` namespaces, each with its sshd.
+    fn new(hosts: usize) -> Result<Cluster, String> {
+        // Tests of this file run in parallel in one process: each gets its own names and
+        // subnet.
+        static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let made = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let id = std::process::id();
-        let tag = format!("dh{}", id % 100_000);
-        let subnet = format!("10.79.{}", id % 250);
+        let tag = format!("dh{}{made}", id % 100_000);
+        let subnet = format!("10.{}.{}", 79 + made, id % 250);
         let mut c = Cluster {
+            hosts,
             tag,
             subnet,
             dir: tempfile::tempdir().map_err(|e| e.to_string())?,
@@ -56,7 +61,7 @@ impl Cluster {
         };
         c.network()?;
         c.keys()?;
-        for k in 0..HOSTS {
+        for k in 0..hosts {
             c.start_sshd(k)?;
         }
         Ok(c)
@@ -88,7 +93,7 @@ impl Cluster {
         if !ok {
             return Err("cannot create a bridge (iproute2 missing?)".into());
         }
-        for k in 0..HOSTS {
+        for k in 0..self.hosts {
             let ns = self.ns(k);
             let (inside, outside) = (format!("{}i{k}", self.tag), format!("{}o{k}", self.tag));
             let ok = ip(&["netns", "add", &ns])
@@ -205,7 +210,8 @@ impl Cluster {
         path
     }
 
-    /// `dsmrun --hostfile HOSTFILE --launch-agent AGENT [flags] PROGRAM ARGS`.
+    /// `dsmrun --hostfile HOSTFILE --launch-agent AGENT [flags] PROGRAM ARGS`, PROGRAM a
+    /// workspace binary's name or a path.
     fn dsmrun(&self, hostfile: &Path, flags: &[&str], program: &str, args: &[&str]) -> Command {
         let mut cmd = kit::command("dsmrun");
         cmd.arg("--hostfile")
@@ -213,7 +219,7 @@ impl Cluster {
             .arg("--launch-agent")
             .arg(self.agent())
             .args(flags)
-            .arg(kit::bin(program))
+            .arg(kit::program_path(program))
             .args(args);
         cmd
     }
@@ -246,7 +252,7 @@ impl Cluster {
     fn assert_clean(&self, what: &str) {
         let until = Instant::now() + Duration::from_secs(15);
         loop {
-            let left: Vec<String> = (0..HOSTS).flat_map(|k| self.leftovers(k)).collect();
+            let left: Vec<String> = (0..self.hosts).flat_map(|k| self.leftovers(k)).collect();
             let ssh_clients = ssh_clients_of(self.path("id").to_str().unwrap());
             if left.is_empty() && ssh_clients.is_empty() {
                 return;
@@ -275,7 +281,7 @@ fn ssh_clients_of(key: &str) -> Vec<i32> {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        for k in 0..HOSTS {
+        for k in 0..self.hosts {
             // Everything in the namespaces is the test's.
             let out = Command::new("ip")
                 .args(["netns", "pids", &self.ns(k)])
@@ -293,11 +299,20 @@ impl Drop for Cluster {
             let _ = sshd.kill();
             let _ = sshd.wait();
         }
-        for k in 0..HOSTS {
+        for k in 0..self.hosts {
             ip(&["netns", "del", &self.ns(k)]);
         }
         ip(&["link", "del", &self.bridge()]);
     }
+}
+
+/// The JSON objects of a `--race-log` file, one per line (none when the job wrote none).
+fn race_log(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
 }
 
 fn check_kernel(c: &Cluster, hostfile: &Path, name: &str, n: usize, expect: &Expect) {
@@ -319,8 +334,7 @@ fn check_kernel(c: &Cluster, hostfile: &Path, name: &str, n: usize, expect: &Exp
     let ctx = format!("kernel {name} at N={n} across hosts: {r:?}");
     assert!(r.stdout.contains(&format!("kernel {name} done")), "{ctx}");
     let mut found: BTreeMap<String, BTreeSet<usize>> = BTreeMap::new();
-    for line in std::fs::read_to_string(&log).unwrap_or_default().lines() {
-        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    for v in race_log(&log) {
         assert_eq!(v["class"], "data-race", "{ctx}");
         found
             .entry(v["variable"].as_str().unwrap().to_string())
@@ -387,26 +401,29 @@ fn wait_for_process(c: &Cluster, k: usize, comm: &str) -> i32 {
     }
 }
 
-#[test]
-fn dsmrun_hostfile_over_ssh_across_namespaces() {
-    const TEST: &str = "dsmrun_hostfile_over_ssh_across_namespaces";
+/// A cluster of `hosts` namespaces for `test`, or `None` after a visible skip saying why
+/// there cannot be one (not root, no sshd, no namespaces).
+fn cluster_or_skip(test: &str, hosts: usize) -> Option<Cluster> {
     if !is_root() {
-        kit::skip(TEST, "needs root to create network namespaces and run sshd");
-        return;
+        kit::skip(test, "needs root to create network namespaces and run sshd");
+        return None;
     }
     if let Err(why) = kit::ensure_installed(
         &["/usr/sbin/sshd", "/usr/bin/ssh", "/usr/bin/ssh-keygen"],
         &["openssh-server", "openssh-client"],
     ) {
-        kit::skip(TEST, &format!("cannot install openssh-server: {why}"));
-        return;
+        kit::skip(test, &format!("cannot install openssh-server: {why}"));
+        return None;
     }
-    let c = match Cluster::new() {
-        Ok(c) => c,
-        Err(why) => {
-            kit::skip(TEST, &format!("cannot set up the namespace hosts: {why}"));
-            return;
-        }
+    Cluster::new(hosts)
+        .inspect_err(|why| kit::skip(test, &format!("cannot set up the namespace hosts: {why}")))
+        .ok()
+}
+
+#[test]
+fn dsmrun_hostfile_over_ssh_across_namespaces() {
+    let Some(c) = cluster_or_skip("dsmrun_hostfile_over_ssh_across_namespaces", 3) else {
+        return;
     };
 
     // SOR on 4 ranks: two on the first host, one on each of the others.
@@ -593,7 +610,7 @@ fn dsmrun_hostfile_over_ssh_across_namespaces() {
         "sor",
         &long,
     ));
-    for k in 0..HOSTS {
+    for k in 0..c.hosts {
         wait_for_process(&c, k, "sor");
     }
     running.child().kill().unwrap();
