@@ -5,14 +5,16 @@
 //! race kernels across them and the results are verified; a rank killed in one namespace
 //! is named with its host, an unreachable host is named within the connect timeout, and
 //! after every job, including one whose dsmrun was killed with SIGKILL, no process of the
-//! job is left in any namespace. Needs root; without it (or without sshd) the test says so
-//! and checks nothing else. Also: `--interface`, and the segment base agreement when the
-//! default base is taken on one host. Everything the test started is removed, even on
-//! failure.
+//! job is left in any namespace. Also: `--interface`, and the segment base agreement when
+//! the default base is taken on one host. A second test does the same with two hosts for
+//! the C apps built with `dsmcc`: C SOR and C Water verified and race-free, C Water's
+//! seeded race found between ranks on different hosts. Needs root; without it (or without
+//! sshd, or gcc for the C apps) a test says so and checks nothing else. Everything a test
+//! started is removed, even on failure.
 
 use apps::kernels::{self, Expect};
-use dsm_testkit::ip;
 use dsm_testkit::{self as kit, Run};
+use dsm_testkit::{capi, ip};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -636,4 +638,108 @@ fn dsmrun_hostfile_over_ssh_across_namespaces() {
     );
     assert!(r.elapsed < Duration::from_secs(25), "{r:?}");
     c.assert_clean("after the unreachable host");
+}
+
+/// C SOR and C Water (`dsm-capi/c-apps`), compiled by gcc through `dsmcc` (ThreadSanitizer
+/// instrumentation, linked against libdsm), across two namespace hosts: one rank on each
+/// (`--map-by node`), then two on each. Under `--race` both verify against rank 0's
+/// sequential run and report no race. C Water `--racy` (the force sums added without their
+/// locks) on two ranks per host exits with the race status, every race it reports is on
+/// `forces` with both sides at the line of water.c that adds into it, and some of them are
+/// between ranks on different hosts.
+#[test]
+fn c_apps_across_namespaces() {
+    const TEST: &str = "c_apps_across_namespaces";
+    if !capi::have("gcc", TEST) {
+        return;
+    }
+    let Some(c) = cluster_or_skip(TEST, 2) else {
+        return;
+    };
+    // As the one-host C SOR test builds it (sor.c's clock_gettime needs more than C11).
+    let sor = capi::build("gcc", &["-O2"], &capi::app_source("sor"), c.dir.path());
+    let water = capi::build_app("water", c.dir.path());
+    let (sor, water) = (sor.to_str().unwrap(), water.to_str().unwrap());
+    // Ranks 0 and 1 on the first host, 2 and 3 on the second (by slot), unless by node.
+    let hostfile = c.hostfile(&[2, 2]);
+    for (n, placement) in [(2, &["--map-by", "node"][..]), (4, &[])] {
+        let n_arg = n.to_string();
+        let mut flags = vec!["-n", &n_arg, "--timeout", "90", "--race"];
+        flags.extend(placement);
+        let r = kit::run(c.dsmrun(&hostfile, &flags, sor, &["67", "5"]));
+        let ctx = format!("c sor at N={n} {placement:?} across hosts: {r:?}");
+        assert_eq!(r.code, Some(0), "{ctx}");
+        assert!(
+            r.stdout.contains("[0] verified: c sor 67x67, 5 iterations"),
+            "{ctx}"
+        );
+        assert!(r.stderr.contains("dsm: 0 data races"), "{ctx}");
+        let r = kit::run(c.dsmrun(
+            &hostfile,
+            &flags,
+            water,
+            &["--molecules", "27", "--steps", "2"],
+        ));
+        let ctx = format!("c water at N={n} {placement:?} across hosts: {r:?}");
+        assert_eq!(r.code, Some(0), "{ctx}");
+        assert!(
+            r.stdout.contains(&format!(
+                "[0] verified: c water 27 molecules, 2 steps, {n} ranks"
+            )),
+            "{ctx}"
+        );
+        assert!(r.stderr.contains("dsm: 0 data races"), "{ctx}");
+    }
+    c.assert_clean("after the race-free C apps");
+
+    let add_line = capi::water_force_add_line();
+    let log = c.path("races-c-water.jsonl");
+    let r = kit::run(c.dsmrun(
+        &hostfile,
+        &[
+            "-n",
+            "4",
+            "--timeout",
+            "90",
+            "--race",
+            "--race-log",
+            log.to_str().unwrap(),
+        ],
+        water,
+        &["--molecules", "27", "--steps", "2", "--racy"],
+    ));
+    let ctx = format!("c water --racy at N=4 across hosts: {r:?}");
+    assert_eq!(r.code, Some(66), "the race exit status, {ctx}");
+    let races = race_log(&log);
+    assert!(!races.is_empty(), "no race logged, {ctx}");
+    let host = |side: &serde_json::Value| side["rank"].as_u64().expect("a rank") / 2;
+    let mut across = 0;
+    for race in &races {
+        assert_eq!(race["variable"], "forces", "{race}\n{ctx}");
+        assert_eq!(race["kind"], "write-write", "{race}\n{ctx}");
+        for side in [&race["first"], &race["second"]] {
+            let at = side["locations"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            assert!(
+                !at.is_empty()
+                    && at.iter().all(|l| {
+                        l["file"]
+                            .as_str()
+                            .is_some_and(|f| f.ends_with("c-apps/water.c"))
+                            && l["line"] == add_line
+                    }),
+                "a side of {race} is not at water.c:{add_line}\n{ctx}"
+            );
+        }
+        if host(&race["first"]) != host(&race["second"]) {
+            across += 1;
+        }
+    }
+    assert!(
+        across > 0,
+        "no race between ranks on different hosts in {races:?}\n{ctx}"
+    );
+    c.assert_clean("after C Water --racy");
 }
