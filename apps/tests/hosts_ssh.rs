@@ -5,22 +5,22 @@
 //! race kernels across them and the results are verified; a rank killed in one namespace
 //! is named with its host, an unreachable host is named within the connect timeout, and
 //! after every job, including one whose dsmrun was killed with SIGKILL, no process of the
-//! job is left in any namespace. Needs root; without it (or without sshd) the test says so
-//! and checks nothing else. Also: `--interface`, and the segment base agreement when the
-//! default base is taken on one host. Everything the test started is removed, even on
-//! failure.
+//! job is left in any namespace. Also: `--interface`, and the segment base agreement when
+//! the default base is taken on one host. A second test does the same with two hosts for
+//! the C apps built with `dsmcc`: C SOR and C Water verified and race-free, C Water's
+//! seeded race found between ranks on different hosts. Needs root; without it (or without
+//! sshd, or gcc for the C apps) a test says so and checks nothing else. Everything a test
+//! started is removed, even on failure.
 
 use apps::kernels::{self, Expect};
-use dsm_testkit::ip;
 use dsm_testkit::{self as kit, Run};
+use dsm_testkit::{capi, ip};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
-
-const HOSTS: usize = 3;
 
 fn quiet(cmd: &mut Command) -> bool {
     cmd.stdout(Stdio::null())
@@ -37,6 +37,7 @@ fn is_root() -> bool {
 
 /// The namespaces, their sshds and keys; all removed on drop.
 struct Cluster {
+    hosts: usize,
     tag: String,
     subnet: String,
     dir: tempfile::TempDir,
@@ -44,11 +45,17 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn new() -> Result<Cluster, String> {
+    /// `hosts` namespaces, each with its sshd.
+    fn new(hosts: usize) -> Result<Cluster, String> {
+        // Tests of this file run in parallel in one process: each gets its own names and
+        // subnet.
+        static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let made = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let id = std::process::id();
-        let tag = format!("dh{}", id % 100_000);
-        let subnet = format!("10.79.{}", id % 250);
+        let tag = format!("dh{}{made}", id % 100_000);
+        let subnet = format!("10.{}.{}", 79 + made, id % 250);
         let mut c = Cluster {
+            hosts,
             tag,
             subnet,
             dir: tempfile::tempdir().map_err(|e| e.to_string())?,
@@ -56,7 +63,7 @@ impl Cluster {
         };
         c.network()?;
         c.keys()?;
-        for k in 0..HOSTS {
+        for k in 0..hosts {
             c.start_sshd(k)?;
         }
         Ok(c)
@@ -88,7 +95,7 @@ impl Cluster {
         if !ok {
             return Err("cannot create a bridge (iproute2 missing?)".into());
         }
-        for k in 0..HOSTS {
+        for k in 0..self.hosts {
             let ns = self.ns(k);
             let (inside, outside) = (format!("{}i{k}", self.tag), format!("{}o{k}", self.tag));
             let ok = ip(&["netns", "add", &ns])
@@ -205,7 +212,8 @@ impl Cluster {
         path
     }
 
-    /// `dsmrun --hostfile HOSTFILE --launch-agent AGENT [flags] PROGRAM ARGS`.
+    /// `dsmrun --hostfile HOSTFILE --launch-agent AGENT [flags] PROGRAM ARGS`, PROGRAM a
+    /// workspace binary's name or a path.
     fn dsmrun(&self, hostfile: &Path, flags: &[&str], program: &str, args: &[&str]) -> Command {
         let mut cmd = kit::command("dsmrun");
         cmd.arg("--hostfile")
@@ -213,7 +221,7 @@ impl Cluster {
             .arg("--launch-agent")
             .arg(self.agent())
             .args(flags)
-            .arg(kit::bin(program))
+            .arg(kit::program_path(program))
             .args(args);
         cmd
     }
@@ -246,7 +254,7 @@ impl Cluster {
     fn assert_clean(&self, what: &str) {
         let until = Instant::now() + Duration::from_secs(15);
         loop {
-            let left: Vec<String> = (0..HOSTS).flat_map(|k| self.leftovers(k)).collect();
+            let left: Vec<String> = (0..self.hosts).flat_map(|k| self.leftovers(k)).collect();
             let ssh_clients = ssh_clients_of(self.path("id").to_str().unwrap());
             if left.is_empty() && ssh_clients.is_empty() {
                 return;
@@ -275,7 +283,7 @@ fn ssh_clients_of(key: &str) -> Vec<i32> {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        for k in 0..HOSTS {
+        for k in 0..self.hosts {
             // Everything in the namespaces is the test's.
             let out = Command::new("ip")
                 .args(["netns", "pids", &self.ns(k)])
@@ -293,11 +301,20 @@ impl Drop for Cluster {
             let _ = sshd.kill();
             let _ = sshd.wait();
         }
-        for k in 0..HOSTS {
+        for k in 0..self.hosts {
             ip(&["netns", "del", &self.ns(k)]);
         }
         ip(&["link", "del", &self.bridge()]);
     }
+}
+
+/// The JSON objects of a `--race-log` file, one per line (none when the job wrote none).
+fn race_log(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
 }
 
 fn check_kernel(c: &Cluster, hostfile: &Path, name: &str, n: usize, expect: &Expect) {
@@ -319,8 +336,7 @@ fn check_kernel(c: &Cluster, hostfile: &Path, name: &str, n: usize, expect: &Exp
     let ctx = format!("kernel {name} at N={n} across hosts: {r:?}");
     assert!(r.stdout.contains(&format!("kernel {name} done")), "{ctx}");
     let mut found: BTreeMap<String, BTreeSet<usize>> = BTreeMap::new();
-    for line in std::fs::read_to_string(&log).unwrap_or_default().lines() {
-        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    for v in race_log(&log) {
         assert_eq!(v["class"], "data-race", "{ctx}");
         found
             .entry(v["variable"].as_str().unwrap().to_string())
@@ -387,26 +403,29 @@ fn wait_for_process(c: &Cluster, k: usize, comm: &str) -> i32 {
     }
 }
 
-#[test]
-fn dsmrun_hostfile_over_ssh_across_namespaces() {
-    const TEST: &str = "dsmrun_hostfile_over_ssh_across_namespaces";
+/// A cluster of `hosts` namespaces for `test`, or `None` after a visible skip saying why
+/// there cannot be one (not root, no sshd, no namespaces).
+fn cluster_or_skip(test: &str, hosts: usize) -> Option<Cluster> {
     if !is_root() {
-        kit::skip(TEST, "needs root to create network namespaces and run sshd");
-        return;
+        kit::skip(test, "needs root to create network namespaces and run sshd");
+        return None;
     }
     if let Err(why) = kit::ensure_installed(
         &["/usr/sbin/sshd", "/usr/bin/ssh", "/usr/bin/ssh-keygen"],
         &["openssh-server", "openssh-client"],
     ) {
-        kit::skip(TEST, &format!("cannot install openssh-server: {why}"));
-        return;
+        kit::skip(test, &format!("cannot install openssh-server: {why}"));
+        return None;
     }
-    let c = match Cluster::new() {
-        Ok(c) => c,
-        Err(why) => {
-            kit::skip(TEST, &format!("cannot set up the namespace hosts: {why}"));
-            return;
-        }
+    Cluster::new(hosts)
+        .inspect_err(|why| kit::skip(test, &format!("cannot set up the namespace hosts: {why}")))
+        .ok()
+}
+
+#[test]
+fn dsmrun_hostfile_over_ssh_across_namespaces() {
+    let Some(c) = cluster_or_skip("dsmrun_hostfile_over_ssh_across_namespaces", 3) else {
+        return;
     };
 
     // SOR on 4 ranks: two on the first host, one on each of the others.
@@ -593,7 +612,7 @@ fn dsmrun_hostfile_over_ssh_across_namespaces() {
         "sor",
         &long,
     ));
-    for k in 0..HOSTS {
+    for k in 0..c.hosts {
         wait_for_process(&c, k, "sor");
     }
     running.child().kill().unwrap();
@@ -619,4 +638,108 @@ fn dsmrun_hostfile_over_ssh_across_namespaces() {
     );
     assert!(r.elapsed < Duration::from_secs(25), "{r:?}");
     c.assert_clean("after the unreachable host");
+}
+
+/// C SOR and C Water (`dsm-capi/c-apps`), compiled by gcc through `dsmcc` (ThreadSanitizer
+/// instrumentation, linked against libdsm), across two namespace hosts: one rank on each
+/// (`--map-by node`), then two on each. Under `--race` both verify against rank 0's
+/// sequential run and report no race. C Water `--racy` (the force sums added without their
+/// locks) on two ranks per host exits with the race status, every race it reports is on
+/// `forces` with both sides at the line of water.c that adds into it, and some of them are
+/// between ranks on different hosts.
+#[test]
+fn c_apps_across_namespaces() {
+    const TEST: &str = "c_apps_across_namespaces";
+    if !capi::have("gcc", TEST) {
+        return;
+    }
+    let Some(c) = cluster_or_skip(TEST, 2) else {
+        return;
+    };
+    // As the one-host C SOR test builds it (sor.c's clock_gettime needs more than C11).
+    let sor = capi::build("gcc", &["-O2"], &capi::app_source("sor"), c.dir.path());
+    let water = capi::build_app("water", c.dir.path());
+    let (sor, water) = (sor.to_str().unwrap(), water.to_str().unwrap());
+    // Ranks 0 and 1 on the first host, 2 and 3 on the second (by slot), unless by node.
+    let hostfile = c.hostfile(&[2, 2]);
+    for (n, placement) in [(2, &["--map-by", "node"][..]), (4, &[])] {
+        let n_arg = n.to_string();
+        let mut flags = vec!["-n", &n_arg, "--timeout", "90", "--race"];
+        flags.extend(placement);
+        let r = kit::run(c.dsmrun(&hostfile, &flags, sor, &["67", "5"]));
+        let ctx = format!("c sor at N={n} {placement:?} across hosts: {r:?}");
+        assert_eq!(r.code, Some(0), "{ctx}");
+        assert!(
+            r.stdout.contains("[0] verified: c sor 67x67, 5 iterations"),
+            "{ctx}"
+        );
+        assert!(r.stderr.contains("dsm: 0 data races"), "{ctx}");
+        let r = kit::run(c.dsmrun(
+            &hostfile,
+            &flags,
+            water,
+            &["--molecules", "27", "--steps", "2"],
+        ));
+        let ctx = format!("c water at N={n} {placement:?} across hosts: {r:?}");
+        assert_eq!(r.code, Some(0), "{ctx}");
+        assert!(
+            r.stdout.contains(&format!(
+                "[0] verified: c water 27 molecules, 2 steps, {n} ranks"
+            )),
+            "{ctx}"
+        );
+        assert!(r.stderr.contains("dsm: 0 data races"), "{ctx}");
+    }
+    c.assert_clean("after the race-free C apps");
+
+    let add_line = capi::water_force_add_line();
+    let log = c.path("races-c-water.jsonl");
+    let r = kit::run(c.dsmrun(
+        &hostfile,
+        &[
+            "-n",
+            "4",
+            "--timeout",
+            "90",
+            "--race",
+            "--race-log",
+            log.to_str().unwrap(),
+        ],
+        water,
+        &["--molecules", "27", "--steps", "2", "--racy"],
+    ));
+    let ctx = format!("c water --racy at N=4 across hosts: {r:?}");
+    assert_eq!(r.code, Some(66), "the race exit status, {ctx}");
+    let races = race_log(&log);
+    assert!(!races.is_empty(), "no race logged, {ctx}");
+    let host = |side: &serde_json::Value| side["rank"].as_u64().expect("a rank") / 2;
+    let mut across = 0;
+    for race in &races {
+        assert_eq!(race["variable"], "forces", "{race}\n{ctx}");
+        assert_eq!(race["kind"], "write-write", "{race}\n{ctx}");
+        for side in [&race["first"], &race["second"]] {
+            let at = side["locations"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            assert!(
+                !at.is_empty()
+                    && at.iter().all(|l| {
+                        l["file"]
+                            .as_str()
+                            .is_some_and(|f| f.ends_with("c-apps/water.c"))
+                            && l["line"] == add_line
+                    }),
+                "a side of {race} is not at water.c:{add_line}\n{ctx}"
+            );
+        }
+        if host(&race["first"]) != host(&race["second"]) {
+            across += 1;
+        }
+    }
+    assert!(
+        across > 0,
+        "no race between ranks on different hosts in {races:?}\n{ctx}"
+    );
+    c.assert_clean("after C Water --racy");
 }

@@ -7,13 +7,12 @@
 //! at least once, and exit with the race status (0 for race-free kernels, which must
 //! report nothing).
 
-use dsm_testkit::{bin_dir, dsmrun_command, run, skip};
+use dsm_testkit::capi::{self, build_app, have};
+use dsm_testkit::{dsmrun_command, run, skip};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 const KERNELS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c");
-const DSMCC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/dsmcc");
 
 /// A kernel's labels: the variables it races on and its `// RACE` lines.
 struct Labels {
@@ -81,39 +80,7 @@ fn build(kernel: &Path, dir: &Path) -> PathBuf {
 
 /// [`build`] with compiler `cc`.
 fn build_with(cc: &str, kernel: &Path, dir: &Path) -> PathBuf {
-    build_flags(cc, &["-O2"], kernel, dir)
-}
-
-/// One of the C apps (`c-apps/NAME.c`), compiled by gcc as C11 with warnings as errors.
-fn build_app(name: &str, dir: &Path) -> PathBuf {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("c-apps/{name}.c"));
-    build_flags(
-        "gcc",
-        &["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2"],
-        &source,
-        dir,
-    )
-}
-
-/// [`build`] with compiler `cc` and `flags`.
-fn build_flags(cc: &str, flags: &[&str], kernel: &Path, dir: &Path) -> PathBuf {
-    let exe = dir.join(kernel.file_stem().expect("a file name"));
-    let out = Command::new(DSMCC)
-        .env("DSMCC_CC", cc)
-        .env("DSM_LIB", bin_dir().join("libdsm.a"))
-        .args(flags)
-        .arg("-o")
-        .arg(&exe)
-        .arg(kernel)
-        .output()
-        .expect("dsmcc runs");
-    assert!(
-        out.status.success(),
-        "dsmcc {} failed:\n{}",
-        kernel.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
+    capi::build(cc, &["-O2"], kernel, dir)
 }
 
 fn check(kernel: &Path, exe: &Path, n: usize) {
@@ -201,26 +168,13 @@ fn c_race_kernels_compiled_by_clang() {
     }
 }
 
-/// Whether `cc` runs here; prints the visible skip of `test` when not.
-fn have(cc: &str, test: &str) -> bool {
-    let there = Command::new(cc).arg("--version").output().is_ok();
-    if !there {
-        skip(
-            test,
-            &format!("no {cc} on this machine (apt-get install -y {cc})"),
-        );
-    }
-    there
-}
-
 #[test]
 fn c_sor_is_bitwise_the_sequential_run_and_race_free() {
     if !have("gcc", "c_sor_is_bitwise_the_sequential_run_and_race_free") {
         return;
     }
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let sor = Path::new(env!("CARGO_MANIFEST_DIR")).join("c-apps/sor.c");
-    let exe = build(&sor, dir.path());
+    let exe = build(&capi::app_source("sor"), dir.path());
     for (n, race) in [(1, false), (2, true), (3, false), (4, true)] {
         let flags: &[&str] = if race { &["--race"] } else { &[] };
         let r = run(dsmrun_command(
@@ -310,13 +264,7 @@ fn c_water_racy_reports_the_force_race_at_its_line() {
     if !have("gcc", "c_water_racy_reports_the_force_race_at_its_line") {
         return;
     }
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("c-apps/water.c");
-    let text = std::fs::read_to_string(&source).expect("water.c");
-    let add_line = text
-        .lines()
-        .position(|l| l.contains("r->forces[j].s[s][a] += r->f[j].s[s][a];"))
-        .expect("water.c adds the force sums into r->forces") as u32
-        + 1;
+    let add_line = capi::water_force_add_line();
     let dir = tempfile::tempdir().expect("a temporary directory");
     let exe = build_app("water", dir.path());
     let r = run(dsmrun_command(

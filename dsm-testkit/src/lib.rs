@@ -64,17 +64,22 @@ pub const PROTOCOL_TRANSPORT: (&str, &str) = ("DSM_TRANSPORT", "rings");
 pub fn dsmrun_command(n: usize, dsmrun_args: &[&str], program: &str, args: &[&str]) -> Command {
     let mut cmd = command("dsmrun");
     cmd.env(PROTOCOL_TRANSPORT.0, PROTOCOL_TRANSPORT.1);
-    let program = if program.contains('/') {
-        PathBuf::from(program)
-    } else {
-        bin(program)
-    };
     cmd.arg("-n")
         .arg(n.to_string())
         .args(dsmrun_args)
-        .arg(program)
+        .arg(program_path(program))
         .args(args);
     cmd
+}
+
+/// `program` itself when it is a path (holds a `/`), else the workspace binary of that
+/// name ([`bin`]).
+pub fn program_path(program: &str) -> PathBuf {
+    if program.contains('/') {
+        PathBuf::from(program)
+    } else {
+        bin(program)
+    }
 }
 
 /// Runs `dsmrun -n N [dsmrun_args] PROGRAM [args]` to completion.
@@ -397,4 +402,98 @@ pub fn as_rank<'a>(
         .env(env_vars::CONNECT_TIMEOUT, connect_timeout_s.to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+}
+
+/// C and C++ programs for dsm: compiling them with `dsm-capi/dsmcc` against this build's
+/// `libdsm.a`, shared by the C tests on one host (`dsm-capi`) and across hosts (`apps`).
+pub mod capi {
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
+    /// The `dsm-capi` crate's directory (no `..` in it: the sources' paths are those the
+    /// race reports name).
+    pub fn capi_dir() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("dsm-testkit is in the workspace")
+            .join("dsm-capi")
+    }
+
+    /// Whether compiler `cc` runs here; prints the visible skip of `test` when not.
+    pub fn have(cc: &str, test: &str) -> bool {
+        let there = Command::new(cc).arg("--version").output().is_ok();
+        if !there {
+            super::skip(
+                test,
+                &format!("no {cc} on this machine (apt-get install -y {cc})"),
+            );
+        }
+        there
+    }
+
+    /// Compiles `source` with `dsmcc` (compiler `cc`, `flags`) into `dir`, against the
+    /// `libdsm.a` of this build (`cargo build -p dsm-capi` makes it; `cargo test` of another
+    /// crate does not); the executable is named after the source. Panics with the compiler's
+    /// messages when it fails.
+    pub fn build(cc: &str, flags: &[&str], source: &Path, dir: &Path) -> PathBuf {
+        let exe = dir.join(source.file_stem().expect("a file name"));
+        let lib = super::bin_dir().join("libdsm.a");
+        assert!(
+            lib.is_file(),
+            "{} is missing: build it first (`cargo build --release --workspace`)",
+            lib.display()
+        );
+        let out = Command::new(capi_dir().join("dsmcc"))
+            .env("DSMCC_CC", cc)
+            .env("DSM_LIB", lib)
+            .args(flags)
+            .arg("-o")
+            .arg(&exe)
+            .arg(source)
+            .output()
+            .expect("dsmcc runs");
+        assert!(
+            out.status.success(),
+            "dsmcc {} failed:\n{}",
+            source.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        exe
+    }
+
+    /// The path of C app `name` (`c-apps/NAME.c`).
+    pub fn app_source(name: &str) -> PathBuf {
+        capi_dir().join(format!("c-apps/{name}.c"))
+    }
+
+    /// C app `name` compiled by gcc as C11 with warnings as errors, `-O2`, into `dir`.
+    pub fn build_app(name: &str, dir: &Path) -> PathBuf {
+        build(
+            "gcc",
+            &["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2"],
+            &app_source(name),
+            dir,
+        )
+    }
+
+    /// The 1-based number of the first line of `source` containing `needle`; panics when
+    /// none does.
+    pub fn line_of(source: &Path, needle: &str) -> u32 {
+        let text =
+            std::fs::read_to_string(source).unwrap_or_else(|e| panic!("{}: {e}", source.display()));
+        text.lines()
+            .position(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no line of {} contains {needle:?}", source.display()))
+            as u32
+            + 1
+    }
+
+    /// The line of `water.c` that adds a rank's private force sums into the shared
+    /// `forces` (under a lock, or without one with `--racy`: the seeded race's both sides).
+    pub fn water_force_add_line() -> u32 {
+        line_of(
+            &app_source("water"),
+            "r->forces[j].s[s][a] += r->f[j].s[s][a];",
+        )
+    }
 }
