@@ -22,7 +22,9 @@ use std::ffi::OsString;
 use std::io::{self, BufRead, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -128,6 +130,10 @@ pub struct AgentOrder {
     pub env: Vec<(String, String)>,
     /// Rank 0 only: where to bind the rendezvous socket.
     pub bind: Option<BindTo>,
+    /// dsmrun's working directory: the rank starts there if this host has it (a shared
+    /// or mirrored file system), as `mpirun` does, so relative program and input paths
+    /// mean what they mean where dsmrun runs; otherwise where the launch agent left it.
+    pub cwd: Option<String>,
 }
 
 /// `\` and newline escaped, so that every value fits on one line.
@@ -162,6 +168,9 @@ impl AgentOrder {
         if let Some(bind) = &self.bind {
             text.push_str(&bind.to_line());
             text.push('\n');
+        }
+        if let Some(cwd) = &self.cwd {
+            text.push_str(&format!("cwd {}\n", escape(cwd)));
         }
         text.push_str("start\n");
         text
@@ -200,6 +209,8 @@ impl AgentOrder {
                 order.env.push((k.to_owned(), unescape(v)));
             } else if let Some(rest) = l.strip_prefix("bind ") {
                 order.bind = Some(BindTo::parse(rest)?);
+            } else if let Some(dir) = l.strip_prefix("cwd ") {
+                order.cwd = Some(unescape(dir));
             } else {
                 return Err(format!("unexpected line from dsmrun: {l:?}"));
             }
@@ -262,6 +273,10 @@ pub fn agent_main(program: OsString, args: Vec<OsString>) -> i32 {
     };
     let mut command = Command::new(&program);
     command.args(&args);
+    let here = order.cwd.as_deref().filter(|d| Path::new(d).is_dir());
+    if let Some(dir) = here {
+        command.current_dir(dir);
+    }
     for var in env_vars::LAUNCHER_OWNED {
         command.env_remove(var);
     }
@@ -318,7 +333,17 @@ pub fn agent_main(program: OsString, args: Vec<OsString>) -> i32 {
                 io::ErrorKind::PermissionDenied => 126,
                 _ => 1,
             };
-            fail(format!("cannot start {}: {e}", program.to_string_lossy()));
+            let relative = Path::new(&program).is_relative() && program.as_bytes().contains(&b'/');
+            let hint = match (&order.cwd, here) {
+                (Some(dir), None) if relative => {
+                    format!(" (dsmrun's directory {dir} does not exist on this host)")
+                }
+                _ => String::new(),
+            };
+            fail(format!(
+                "cannot start {}: {e}{hint}",
+                program.to_string_lossy()
+            ));
             return code;
         }
     };
@@ -378,9 +403,10 @@ mod tests {
                 ("ODD".into(), "a=b\\c\nd".into()),
             ],
             bind: Some(BindTo::Auto("node1".into())),
+            cwd: Some("/home/me/odd\ndir".into()),
         };
         let text = order.to_text();
-        assert_eq!(text.lines().count(), 5, "{text}");
+        assert_eq!(text.lines().count(), 6, "{text}");
         let back = AgentOrder::read(&mut io::Cursor::new(text.into_bytes())).unwrap();
         assert_eq!(back, order);
         for bind in [
@@ -390,6 +416,7 @@ mod tests {
             let order = AgentOrder {
                 env: vec![],
                 bind: Some(bind),
+                cwd: None,
             };
             let back =
                 AgentOrder::read(&mut io::Cursor::new(order.to_text().into_bytes())).unwrap();

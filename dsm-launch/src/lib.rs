@@ -951,6 +951,9 @@ fn run_across_hosts(
         let order = AgentOrder {
             env: agent_env(config, &rank_job),
             bind: (rank == 0).then(|| bind0.clone()),
+            cwd: std::env::current_dir()
+                .ok()
+                .and_then(|d| d.to_str().map(String::from)),
         };
         let mut command = if is_here(h) {
             let mut c = Command::new(&agent_exe);

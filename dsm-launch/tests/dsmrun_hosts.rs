@@ -101,6 +101,33 @@ fn ranks_start_through_the_agent_with_their_place_and_variables() {
 }
 
 #[test]
+fn ranks_on_other_hosts_start_in_dsmruns_directory() {
+    // As ssh does, the launch agent starts the command in another directory (here /).
+    // The ranks still start where dsmrun runs, so a relative program path and a relative
+    // input file mean what they mean there.
+    let dir = tempfile::tempdir().unwrap();
+    let agent = script(&dir, "cd-ssh", "shift\ncd / && exec sh -c \"$*\"");
+    fs::write(dir.path().join("input.txt"), "from the input file\n").unwrap();
+    script(&dir, "prog.sh", "echo \"pwd=$(pwd)\"; cat input.txt");
+    let mut cmd = dsmrun_on_hosts("alpha,beta", &agent, &[], Path::new("./prog.sh"));
+    cmd.current_dir(dir.path());
+    let r = run(cmd);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let here = dir.path().canonicalize().unwrap();
+    for rank in 0..2 {
+        assert!(
+            r.stdout
+                .contains(&format!("[{rank}] pwd={}", here.display())),
+            "{r:?}"
+        );
+        assert!(
+            r.stdout.contains(&format!("[{rank}] from the input file")),
+            "{r:?}"
+        );
+    }
+}
+
+#[test]
 fn the_secret_is_not_on_any_command_line() {
     let dir = tempfile::tempdir().unwrap();
     let agent = fake_agent(&dir);
