@@ -663,6 +663,63 @@ impl<'a> Search<'a> {
                     }
                 }
             }
+            // Rule 7 with the local order, both ways: when a wait of `v` completes, each
+            // other node is at a point whose net tokens cover the rest, so the local
+            // order puts the wait after the first such point and the operation after the
+            // last such point after the wait; no such point, no state.
+            for (a, &va) in v.iter().enumerate() {
+                for pw in 0..va {
+                    let e = &self.trace.events[a][pw as usize];
+                    if e.op != Op::Wait {
+                        continue;
+                    }
+                    let sem = e.sem;
+                    let p = &self.prefixes;
+                    let net = |i: usize, q: u32| {
+                        p.signals[i][q as usize][sem] as i64 - p.waits[i][q as usize][sem] as i64
+                    };
+                    let (j, c) = self.anchor;
+                    let tw = local[a][pw as usize].clone();
+                    let is_anchor = (a, pw + 1) == (j, c);
+                    let mut ranges = vec![(0u32, 0u32); n];
+                    let mut best = vec![0i64; n];
+                    let mut total = self.trace.initial[sem] as i64 + net(a, pw + 1);
+                    for i in (0..n).filter(|&i| i != a) {
+                        let cap = if i == j && !is_anchor { c - 1 } else { caps[i] };
+                        let last = (0..cap)
+                            .find(|&q| local[i][q as usize][a] > pw)
+                            .unwrap_or(cap);
+                        let from = tw[i].min(last);
+                        ranges[i] = (from, last);
+                        best[i] = (from..=last).map(|q| net(i, q)).max().unwrap_or(0);
+                        total += best[i];
+                    }
+                    if total < 0 {
+                        return None;
+                    }
+                    for i in (0..n).filter(|&i| i != a) {
+                        let want = best[i] - total;
+                        let (from, last) = ranges[i];
+                        let ok = |q: &u32| net(i, *q) >= want;
+                        let lo = (from..=last).find(ok).unwrap_or(from);
+                        let hi = (from..=last).rev().find(ok).unwrap_or(last);
+                        let w = &mut local[a][pw as usize];
+                        if lo > w[i] {
+                            w[i] = lo;
+                            changed = true;
+                        }
+                        if hi < last {
+                            let mut m = local[a][pw as usize].clone();
+                            m[a] = m[a].max(pw + 1);
+                            let x = &mut local[i][hi as usize];
+                            if !leq(&m, x) {
+                                max_into(x, &m);
+                                changed = true;
+                            }
+                        }
+                    }
+                }
+            }
             // Closure: an operation follows its predecessor and what its vector holds.
             for i in 0..n {
                 for p in 0..caps[i] as usize {
