@@ -557,9 +557,12 @@ impl<'a> Search<'a> {
         let mut w = v.to_vec();
         loop {
             let before = w.clone();
-            for i in 0..w.len() {
-                for p in 0..w[i] as usize {
-                    max_into(&mut w, &local[i][p]);
+            for (i, ops) in local.iter().enumerate() {
+                if w[i] > self.caps[i] {
+                    return None;
+                }
+                for x in &ops[..w[i] as usize] {
+                    max_into(&mut w, x);
                 }
             }
             if w.iter().zip(&self.caps).any(|(a, b)| a > b) {
