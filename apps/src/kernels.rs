@@ -663,6 +663,47 @@ pub fn sem_pingpong(dsm: &mut Dsm, rounds: u64) -> Result<(), DsmError> {
     Ok(())
 }
 
+/// Semaphores in three barrier epochs: rank 0 writes a value and signals `epoch-s` once per
+/// rank, each other rank waits once and reads it (one token is left over); after a barrier
+/// rank 1 takes the leftover token, and every rank but 0 writes its slot and signals
+/// `epoch-t`, which rank 0 waits on once per rank before reading every slot; a last barrier
+/// ends with nothing. The `--sem-trace` test reads the barriers back.
+fn sem_barrier_epochs(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let n = dsm.size();
+    let me = dsm.rank();
+    let data = dsm.alloc::<u64>("epoch-data", n)?;
+    let s = dsm.semaphore("epoch-s", 0)?;
+    let t = dsm.semaphore("epoch-t", 0)?;
+    if me == 0 {
+        dsm.view(&data).set(0, 7);
+        for _ in 0..n {
+            dsm.signal(&s)?;
+        }
+    } else {
+        dsm.wait(&s)?;
+        let got = dsm.view(&data).get(0);
+        assert_eq!(got, 7, "rank 0's value after the wait");
+    }
+    dsm.barrier()?;
+    if me == 1 {
+        dsm.wait(&s)?;
+    }
+    if me == 0 {
+        for _ in 1..n {
+            dsm.wait(&t)?;
+        }
+        let v = dsm.view(&data);
+        for i in 1..n {
+            assert_eq!(v.get(i), 100 + i as u64, "rank {i}'s slot after its signal");
+        }
+    } else {
+        dsm.view(&data).set(me, 100 + me as u64);
+        dsm.signal(&t)?;
+    }
+    dsm.barrier()?;
+    Ok(())
+}
+
 /// Every kernel, in the order `race-kernel list` prints them.
 pub fn all() -> Vec<Kernel> {
     vec![
@@ -714,6 +755,13 @@ pub fn all() -> Vec<Kernel> {
             min_nodes: 3,
             run: sem_pairing_dependent,
             expect: |_| Expect::Races(vec![("d", set([0]))]),
+        },
+        Kernel {
+            name: "sem-barrier-epochs",
+            about: "semaphore hand-offs in two barrier epochs, a token left over across the barrier",
+            min_nodes: 2,
+            run: sem_barrier_epochs,
+            expect: |_| Expect::NoRace,
         },
         Kernel {
             name: "missing-barrier",

@@ -44,12 +44,22 @@ const EXACT_RANGE: u32 = 64;
 /// How many of each node's last operations in a state rule 7 takes as `w`.
 const RULE7_WINDOW: u32 = 8;
 
+/// The least depth at which rule 10 (forced servers) runs: it solves a matching per wait
+/// and candidate server, so it costs more than the rest of a state's rules together.
+const FORCED_DEPTH: u32 = 3;
+
+/// Rule 10 runs only while the anchor's caps hold at most this many operations: every
+/// anchor of a Table 1 trace (at most 40), while on 100 operations a window of 96 took
+/// depth 3 from about 40 ms to 20 s a trace.
+const FORCED_WINDOW: u32 = 48;
+
 /// Algorithm 2 on a safe order, to a fixpoint, at `depth` (0 leaves the order as it is).
 pub(crate) fn expand(trace: &Trace, order: Order, depth: u32) -> Result<Order, AnalysisError> {
     if depth == 0 {
         return Ok(order);
     }
     let mut s = Search::new(trace, order);
+    s.depth = depth;
     let n = trace.nodes();
     // Anchors in an order compatible with the current one (by the size of their bound),
     // so that one pass sees most raises before they are needed.
@@ -184,6 +194,8 @@ struct Search<'a> {
     net_max: Vec<Vec<(Vec<i64>, Vec<i64>)>>,
     /// Rule 7's result per wait for the current anchor (it does not depend on the state).
     best: HashMap<(usize, u32), Option<Raise>>,
+    /// The depth of the whole expansion (rules 8 and 10 run only from some depth on).
+    depth: u32,
 }
 
 impl<'a> Search<'a> {
@@ -231,6 +243,7 @@ impl<'a> Search<'a> {
             caps: Vec::new(),
             reach_base: (Vec::new(), Vec::new()),
             best: HashMap::new(),
+            depth: 0,
         }
     }
 
@@ -485,7 +498,13 @@ impl<'a> Search<'a> {
             // needs a new token of its own semaphore).
             let (reach, _) = self.relaxed_reach(&v);
             if leq(&v, &reach) {
-                return Some(v);
+                match self.forced_raise(&v, levels)? {
+                    Some(w) => {
+                        v = w;
+                        continue;
+                    }
+                    None => return Some(v),
+                }
             }
             let mut cands = Vec::new();
             for i in 0..v.len() {
@@ -504,10 +523,231 @@ impl<'a> Search<'a> {
             }
             let m = min_k(&bounds, 1, v.len());
             if leq(&m, &v) {
-                return Some(v);
+                match self.forced_raise(&v, levels)? {
+                    Some(w) => {
+                        v = w;
+                        continue;
+                    }
+                    None => return Some(v),
+                }
             }
             max_into(&mut v, &m);
             v = self.close(v)?;
+        }
+    }
+
+    /// Rule 10 (forced servers), once the other rules hold: raises `v` by what the serving
+    /// of its waits forces. `None` if no state with the anchor last is above `v`;
+    /// `Some(None)` if the rule adds nothing (or does not run at this depth or size).
+    ///
+    /// In a state `S >= v` reached by an execution `E` with the anchor last, every wait of
+    /// `v` is served by its own signal of `S` (or initial token) that precedes it in `E`,
+    /// so the servers of `v`'s waits are a matching of them into the signals within the
+    /// caps (the anchor, last, serves nobody) along edges the order allows (the signal not
+    /// after the wait). A wait that has the server `s` in some such matching covering all
+    /// of `v`'s waits on its semaphore, and only those, follows the earliest of them: a
+    /// *local* order, which holds for the operations of `S` in `E` (induction over its
+    /// raises: each raise takes a minimum over a set holding the wait's server in `E`,
+    /// and closure follows `E`). Local orders then raise `v` (the state holds what they
+    /// put before its operations) and count tokens like rule 2, which, with the local
+    /// order, no longer lets a signal serve a wait whose server must come after it.
+    fn forced_raise(&mut self, v: &[u32], levels: u32) -> Option<Option<Vec<u32>>> {
+        if self.depth < FORCED_DEPTH || self.caps.iter().sum::<u32>() > FORCED_WINDOW {
+            return Some(None);
+        }
+        let local = self.forced_order(v)?;
+        let mut w = v.to_vec();
+        loop {
+            let before = w.clone();
+            for (i, ops) in local.iter().enumerate() {
+                if w[i] > self.caps[i] {
+                    return None;
+                }
+                for x in &ops[..w[i] as usize] {
+                    max_into(&mut w, x);
+                }
+            }
+            if w.iter().zip(&self.caps).any(|(a, b)| a > b) {
+                return None;
+            }
+            if w == before {
+                break;
+            }
+        }
+        if w != v {
+            return Some(Some(self.close(w)?));
+        }
+        for sem in 0..self.trace.initial.len() {
+            let k = self.need_in(&local, &w, sem);
+            if k <= 0 {
+                continue;
+            }
+            let k = k as usize;
+            let cands = self.candidates(&w, sem, k);
+            let bounds = self.cases(&w, &cands, levels);
+            if bounds.len() < k {
+                return None;
+            }
+            let m = min_k(&bounds, k, w.len());
+            if !leq(&m, &w) {
+                max_into(&mut w, &m);
+                return Some(Some(self.close(w)?));
+            }
+        }
+        Some(None)
+    }
+
+    /// Rule 10's local order for the state `v` (see [`Search::forced_raise`]): the order
+    /// raised, to a fixpoint, by the forced servers of `v`'s waits, and closed under the
+    /// orderings it holds between operations within the caps. `None` if some semaphore's
+    /// waits in `v` have no matching into their possible servers.
+    fn forced_order(&self, v: &[u32]) -> Option<Order> {
+        let n = v.len();
+        let caps = &self.caps;
+        let mut local: Order = (0..n)
+            .map(|i| self.order[i][..caps[i] as usize].to_vec())
+            .collect();
+        loop {
+            let mut changed = false;
+            for sem in 0..self.trace.initial.len() {
+                let mut waits = Vec::new();
+                for (i, &vi) in v.iter().enumerate() {
+                    for p in 0..vi {
+                        let e = &self.trace.events[i][p as usize];
+                        if e.op == Op::Wait && e.sem == sem {
+                            waits.push((i, p));
+                        }
+                    }
+                }
+                if waits.is_empty() {
+                    continue;
+                }
+                // Servers: the initial tokens (`None`, before everything), then signals.
+                let mut servers: Vec<Option<(usize, u32)>> =
+                    vec![None; self.trace.initial[sem] as usize];
+                for (i, at) in self.signal_at[sem].iter().enumerate() {
+                    for &p in at.iter().take_while(|&&p| p < caps[i]) {
+                        if (i, p + 1) != self.anchor {
+                            servers.push(Some((i, p)));
+                        }
+                    }
+                }
+                let allowed = |s: usize, w: usize| match servers[s] {
+                    None => true,
+                    Some((i, p)) => local[i][p as usize][waits[w].0] <= waits[w].1,
+                };
+                let serves: Vec<Vec<usize>> = (0..servers.len())
+                    .map(|s| (0..waits.len()).filter(|&w| allowed(s, w)).collect())
+                    .collect();
+                if saturating(&serves, waits.len(), None) < waits.len() {
+                    return None;
+                }
+                for w in 0..waits.len() {
+                    let mut m: Option<Vec<u32>> = None;
+                    for s in 0..servers.len() {
+                        if !serves[s].contains(&w)
+                            || saturating(&serves, waits.len(), Some((s, w))) < waits.len() - 1
+                        {
+                            continue;
+                        }
+                        let Some((i, p)) = servers[s] else {
+                            m = Some(vec![0; n]);
+                            break;
+                        };
+                        let ts = &local[i][p as usize];
+                        match &mut m {
+                            None => m = Some(ts.clone()),
+                            Some(m) => m.iter_mut().zip(ts).for_each(|(a, &b)| *a = (*a).min(b)),
+                        }
+                    }
+                    let m = m.expect("a saturating matching gives every wait a server");
+                    let (i, p) = waits[w];
+                    if !leq(&m, &local[i][p as usize]) {
+                        max_into(&mut local[i][p as usize], &m);
+                        changed = true;
+                    }
+                }
+            }
+            // Rule 7 with the local order, both ways: when a wait of `v` completes, each
+            // other node is at a point whose net tokens cover the rest, so the local
+            // order puts the wait after the first such point and the operation after the
+            // last such point after the wait; no such point, no state.
+            for (a, &va) in v.iter().enumerate() {
+                for pw in 0..va {
+                    let e = &self.trace.events[a][pw as usize];
+                    if e.op != Op::Wait {
+                        continue;
+                    }
+                    let sem = e.sem;
+                    let p = &self.prefixes;
+                    let net = |i: usize, q: u32| {
+                        p.signals[i][q as usize][sem] as i64 - p.waits[i][q as usize][sem] as i64
+                    };
+                    let (j, c) = self.anchor;
+                    let tw = local[a][pw as usize].clone();
+                    let is_anchor = (a, pw + 1) == (j, c);
+                    let mut ranges = vec![(0u32, 0u32); n];
+                    let mut best = vec![0i64; n];
+                    let mut total = self.trace.initial[sem] as i64 + net(a, pw + 1);
+                    for i in (0..n).filter(|&i| i != a) {
+                        let cap = if i == j && !is_anchor { c - 1 } else { caps[i] };
+                        let last = (0..cap)
+                            .find(|&q| local[i][q as usize][a] > pw)
+                            .unwrap_or(cap);
+                        let from = tw[i].min(last);
+                        ranges[i] = (from, last);
+                        best[i] = (from..=last).map(|q| net(i, q)).max().unwrap_or(0);
+                        total += best[i];
+                    }
+                    if total < 0 {
+                        return None;
+                    }
+                    for i in (0..n).filter(|&i| i != a) {
+                        let want = best[i] - total;
+                        let (from, last) = ranges[i];
+                        let ok = |q: &u32| net(i, *q) >= want;
+                        let lo = (from..=last).find(ok).unwrap_or(from);
+                        let hi = (from..=last).rev().find(ok).unwrap_or(last);
+                        let w = &mut local[a][pw as usize];
+                        if lo > w[i] {
+                            w[i] = lo;
+                            changed = true;
+                        }
+                        if hi < last {
+                            let mut m = local[a][pw as usize].clone();
+                            m[a] = m[a].max(pw + 1);
+                            let x = &mut local[i][hi as usize];
+                            if !leq(&m, x) {
+                                max_into(x, &m);
+                                changed = true;
+                            }
+                        }
+                    }
+                }
+            }
+            // Closure: an operation follows its predecessor and what its vector holds.
+            for i in 0..n {
+                for p in 0..caps[i] as usize {
+                    let mut x = local[i][p].clone();
+                    if p > 0 {
+                        max_into(&mut x, &local[i][p - 1]);
+                    }
+                    for k in 0..n {
+                        let q = x[k];
+                        if k != i && q > 0 && q <= caps[k] {
+                            let y = local[k][q as usize - 1].clone();
+                            max_into(&mut x, &y);
+                        }
+                    }
+                    if x != local[i][p] {
+                        local[i][p] = x;
+                        changed = true;
+                    }
+                }
+            }
+            if !changed {
+                return Some(local);
+            }
         }
     }
 
@@ -664,6 +904,11 @@ impl<'a> Search<'a> {
 
     /// How many waits on `sem` in the state `v` signals outside it must serve (rule 2).
     fn need(&self, v: &[u32], sem: usize) -> i64 {
+        self.need_in(&self.order, v, sem)
+    }
+
+    /// [`Search::need`] with `order` deciding which signal can serve which wait.
+    fn need_in(&self, order: &Order, v: &[u32], sem: usize) -> i64 {
         let p = &self.prefixes;
         let (mut waits, mut signals) = (0i64, 0i64);
         for (i, &c) in v.iter().enumerate() {
@@ -682,12 +927,12 @@ impl<'a> Search<'a> {
         if waits + signals > MATCH_LIMIT as i64 {
             return need - signals;
         }
-        need - self.matched(v, sem) as i64
+        need - self.matched(order, v, sem) as i64
     }
 
     /// The most waits on `sem` in `v` that signals in `v` can serve: a signal can serve a
     /// wait unless the order puts it after the wait (Kuhn's augmenting paths).
-    fn matched(&self, v: &[u32], sem: usize) -> usize {
+    fn matched(&self, order: &Order, v: &[u32], sem: usize) -> usize {
         let mut waits = Vec::new();
         let mut signals = Vec::new();
         for (i, &c) in v.iter().enumerate() {
@@ -706,7 +951,7 @@ impl<'a> Search<'a> {
         let serves: Vec<Vec<usize>> = signals
             .iter()
             .map(|&(i, p)| {
-                let vs = &self.order[i][p];
+                let vs = &order[i][p];
                 (0..waits.len())
                     .filter(|&w| vs[waits[w].0] <= waits[w].1)
                     .collect()
@@ -722,6 +967,32 @@ impl<'a> Search<'a> {
         }
         matched
     }
+}
+
+/// The size of a maximum matching of waits `0..waits` into servers (`serves[s]`: the
+/// waits server `s` may serve), with `fixed = (s, w)` taken out of both sides.
+fn saturating(serves: &[Vec<usize>], waits: usize, fixed: Option<(usize, usize)>) -> usize {
+    let mut served_by: Vec<Option<usize>> = vec![None; waits];
+    let mut matched = 0;
+    let mut pruned;
+    let serves = match fixed {
+        None => serves,
+        Some((fs, fw)) => {
+            pruned = serves.to_vec();
+            pruned[fs].clear();
+            for s in &mut pruned {
+                s.retain(|&w| w != fw);
+            }
+            &pruned[..]
+        }
+    };
+    for s in 0..serves.len() {
+        let mut seen = vec![false; waits];
+        if augment(s, serves, &mut served_by, &mut seen) {
+            matched += 1;
+        }
+    }
+    matched
 }
 
 fn augment(

@@ -1,6 +1,6 @@
 //! The semaphore trace file (`dsmrun --sem-trace FILE`): JSON lines, versioned.
 //!
-//! The first line is a header `{"format":"dsm-semtrace","version":1,"nodes":N,"rank":R}`
+//! The first line is a header `{"format":"dsm-semtrace","version":2,"nodes":N,"rank":R}`
 //! (`rank` is present in the per-rank part files a run writes, `null` in the merged file
 //! dsmrun makes of them). Every further line is one record:
 //!
@@ -9,12 +9,17 @@
 //!   completed operation, in the node's program order. A signal carries its number `seq`
 //!   (0, 1, ... per node and semaphore); a wait carries the signal it consumed as
 //!   `[node, seq]`, or `null` for an initial token. `vt` is the node's vector time after
-//!   the operation (informative: the analysis recomputes clocks from the pairing).
+//!   the operation (informative: the analysis recomputes clocks from the pairing);
+//! - `{"barrier":{"node":1,"number":2}}`: the node passed its `number`-th barrier (1, 2,
+//!   ... in program order among its operations). A barrier orders everything before it
+//!   before everything after it, so the trace is analysed one epoch (the operations
+//!   between two barriers) at a time ([`crate::Trace::epochs`]).
 //!
-//! [`read_trace`] checks everything a later analysis relies on (known semaphores, signal
-//! numbers in order, every wait paired with an existing, unconsumed signal of its
-//! semaphore, no more initial tokens used than there are) and names the line of the first
-//! problem.
+//! Version 1 (no barrier records) is still read. [`read_trace`] checks everything a later
+//! analysis relies on (known semaphores, signal numbers in order, every wait paired with
+//! an existing, unconsumed signal of its semaphore from its own or an earlier epoch, no
+//! more initial tokens used than there are, barriers numbered in order and passed by
+//! every node alike) and names the line of the first problem.
 
 use crate::{Op, Trace, TraceEvent};
 use serde::{Deserialize, Serialize};
@@ -24,8 +29,10 @@ use thiserror::Error;
 
 /// The `format` field of every header.
 pub const FORMAT_NAME: &str = "dsm-semtrace";
-/// The version this crate writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The version this crate writes (2 added barrier records).
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest version this crate reads (1: no barrier records).
+pub const MIN_FORMAT_VERSION: u32 = 1;
 
 /// The first line of a trace file.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -69,6 +76,15 @@ pub struct SemRecord {
     pub initial: u32,
 }
 
+/// A barrier a node passed, as stored.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct BarrierRecord {
+    /// The node that passed it.
+    pub node: usize,
+    /// How many barriers the node has passed, this one included (1, 2, ...).
+    pub number: u32,
+}
+
 /// A line after the header.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -77,6 +93,19 @@ pub enum Record {
     Sem(SemRecord),
     /// A completed operation.
     Op(OpRecord),
+    /// A barrier passed (version 2).
+    Barrier(BarrierRecord),
+}
+
+impl Record {
+    /// The node of an operation or barrier record.
+    fn node(&self) -> Option<usize> {
+        match self {
+            Record::Sem(_) => None,
+            Record::Op(o) => Some(o.node),
+            Record::Barrier(b) => Some(b.node),
+        }
+    }
 }
 
 /// Why a trace file could not be read or written.
@@ -92,7 +121,7 @@ pub enum FormatError {
     #[error("line 1: not a dsm semaphore trace header ({0})")]
     BadHeader(String),
     /// A version this build does not read.
-    #[error("semaphore trace version {found}; this build reads version {FORMAT_VERSION}")]
+    #[error("semaphore trace version {found}; this build reads versions {MIN_FORMAT_VERSION} to {FORMAT_VERSION}")]
     Version {
         /// The version in the file.
         found: u32,
@@ -108,6 +137,10 @@ pub enum FormatError {
     /// Part files that do not belong together.
     #[error("{0}")]
     Parts(String),
+    /// Nodes that passed different numbers of barriers (a trace of a run that stopped
+    /// early, or a corrupt one).
+    #[error("{0}")]
+    Barriers(String),
 }
 
 /// Writes one rank's part of a trace, a record per line, flushed as it goes so a crash
@@ -161,6 +194,15 @@ impl<W: Write> PartWriter<W> {
         });
         write_line(&mut self.out, &r)
     }
+
+    /// Records that the node passed its `number`-th barrier (1-based).
+    pub fn barrier(&mut self, number: u32) -> Result<(), FormatError> {
+        let r = Record::Barrier(BarrierRecord {
+            node: self.node,
+            number,
+        });
+        write_line(&mut self.out, &r)
+    }
 }
 
 fn write_line<T: Serialize>(out: &mut impl Write, v: &T) -> Result<(), FormatError> {
@@ -190,7 +232,7 @@ fn read_lines(input: impl BufRead) -> Result<(Header, Vec<(usize, Record)>), For
             header.format
         )));
     }
-    if header.version != FORMAT_VERSION {
+    if !(MIN_FORMAT_VERSION..=FORMAT_VERSION).contains(&header.version) {
         return Err(FormatError::Version {
             found: header.version,
         });
@@ -211,6 +253,12 @@ fn read_lines(input: impl BufRead) -> Result<(Header, Vec<(usize, Record)>), For
             line: i + 2,
             why: e.to_string(),
         })?;
+        if header.version < 2 && matches!(r, Record::Barrier(_)) {
+            return Err(FormatError::Bad {
+                line: i + 2,
+                why: format!("a barrier record in a version {} trace", header.version),
+            });
+        }
         records.push((i + 2, r));
     }
     Ok((header, records))
@@ -228,6 +276,7 @@ fn build(nodes: usize, records: Vec<(usize, Record)>) -> Result<Trace, FormatErr
     // Signals made so far: (sem, node, seq) -> consumed?
     let mut signals: HashMap<(usize, usize, u32), bool> = HashMap::new();
     let mut ops = Vec::new();
+    let mut counted = vec![0usize; nodes];
     for (line, r) in records {
         let bad = |why: String| FormatError::Bad { line, why };
         match r {
@@ -245,16 +294,51 @@ fn build(nodes: usize, records: Vec<(usize, Record)>) -> Result<Trace, FormatErr
                     trace.initial.push(s.initial);
                 }
             },
-            Record::Op(o) => ops.push((line, o)),
+            Record::Op(o) => {
+                if let Some(c) = counted.get_mut(o.node) {
+                    *c += 1;
+                }
+                ops.push((line, o))
+            }
+            Record::Barrier(b) => {
+                if b.node >= nodes {
+                    return Err(bad(format!("node {} in a {nodes}-node trace", b.node)));
+                }
+                let passed = &mut trace.barriers[b.node];
+                if b.number as usize != passed.len() + 1 {
+                    return Err(bad(format!(
+                        "barrier {} of node {}, expected barrier {}",
+                        b.number,
+                        b.node,
+                        passed.len() + 1
+                    )));
+                }
+                // The node's operations before it: its operation records so far.
+                passed.push(counted[b.node]);
+            }
         }
     }
+    if let Some(i) = (1..nodes).find(|&i| trace.barriers[i].len() != trace.barriers[0].len()) {
+        return Err(FormatError::Barriers(format!(
+            "node 0 passed {} barriers and node {i} {}: every node passes every barrier \
+             (a trace of a run that stopped early?)",
+            trace.barriers[0].len(),
+            trace.barriers[i].len()
+        )));
+    }
+    // Each operation's epoch: the barriers its node passed before it.
+    let epoch_of = |node: usize, pos: usize| trace.barriers[node].partition_point(|&b| b <= pos);
+    let mut op_pos = vec![0usize; nodes];
     // Signals first (any order of nodes), so waits can name signals of nodes listed later.
     let mut next_seq: HashMap<(usize, usize), u32> = HashMap::new();
+    let mut signal_epoch: HashMap<(usize, usize, u32), usize> = HashMap::new();
     for (line, o) in &ops {
         let bad = |why: String| FormatError::Bad { line: *line, why };
         if o.node >= nodes {
             return Err(bad(format!("node {} in a {nodes}-node trace", o.node)));
         }
+        let pos = op_pos[o.node];
+        op_pos[o.node] += 1;
         let Some(&sem) = sem_index.get(&o.sem) else {
             return Err(bad(format!("semaphore '{}' was never declared", o.sem)));
         };
@@ -267,6 +351,7 @@ fn build(nodes: usize, records: Vec<(usize, Record)>) -> Result<Trace, FormatErr
                 )));
             }
             signals.insert((sem, o.node, *expected), false);
+            signal_epoch.insert((sem, o.node, *expected), epoch_of(o.node, pos));
             *expected += 1;
         }
     }
@@ -274,6 +359,7 @@ fn build(nodes: usize, records: Vec<(usize, Record)>) -> Result<Trace, FormatErr
     for (line, o) in ops {
         let bad = |why: String| FormatError::Bad { line, why };
         let sem = sem_index[&o.sem];
+        let epoch = epoch_of(o.node, trace.events[o.node].len());
         let pairing = match o.kind {
             Op::Signal => None,
             Op::Wait => match o.signal {
@@ -297,6 +383,14 @@ fn build(nodes: usize, records: Vec<(usize, Record)>) -> Result<Trace, FormatErr
                     Some(true) => {
                         return Err(bad(format!(
                             "signal {seq} of node {node} on '{}' consumed twice",
+                            o.sem
+                        )))
+                    }
+                    Some(_) if signal_epoch[&(sem, node, seq)] > epoch => {
+                        return Err(bad(format!(
+                            "wait before barrier {} paired with signal {seq} of node {node} \
+                             on '{}', which is after it",
+                            epoch + 1,
                             o.sem
                         )))
                     }
@@ -338,10 +432,10 @@ pub fn merge_parts(parts: Vec<impl BufRead>, mut out: impl Write) -> Result<Trac
         }
         if let Some((line, _)) = recs
             .iter()
-            .find(|(_, r)| matches!(r, Record::Op(o) if o.node != rank))
+            .find(|(_, r)| r.node().is_some_and(|n| n != rank))
         {
             return Err(FormatError::Parts(format!(
-                "part of rank {rank}, line {line}: an operation of another node"
+                "part of rank {rank}, line {line}: an operation or barrier of another node"
             )));
         }
         all.extend(recs);
@@ -363,7 +457,7 @@ pub fn merge_parts(parts: Vec<impl BufRead>, mut out: impl Write) -> Result<Trac
             }
         }
     }
-    lines.extend(all.into_iter().filter(|(_, r)| matches!(r, Record::Op(_))));
+    lines.extend(all.into_iter().filter(|(_, r)| r.node().is_some()));
     let header = Header {
         format: FORMAT_NAME.into(),
         version: FORMAT_VERSION,
@@ -396,7 +490,18 @@ pub fn write_trace(trace: &Trace, mut out: impl Write) -> Result<(), FormatError
         )?;
     }
     for (node, evs) in trace.events.iter().enumerate() {
-        for e in evs {
+        let mut passed = 0;
+        for (pos, e) in evs.iter().enumerate() {
+            while trace.barriers[node].get(passed) == Some(&pos) {
+                passed += 1;
+                write_line(
+                    &mut out,
+                    &Record::Barrier(BarrierRecord {
+                        node,
+                        number: passed as u32,
+                    }),
+                )?;
+            }
             write_line(
                 &mut out,
                 &Record::Op(OpRecord {
@@ -406,6 +511,15 @@ pub fn write_trace(trace: &Trace, mut out: impl Write) -> Result<(), FormatError
                     seq: e.seq,
                     signal: e.paired,
                     vt: Vec::new(),
+                }),
+            )?;
+        }
+        for number in passed + 1..=trace.barriers[node].len() {
+            write_line(
+                &mut out,
+                &Record::Barrier(BarrierRecord {
+                    node,
+                    number: number as u32,
                 }),
             )?;
         }

@@ -63,6 +63,21 @@ pub struct Trace {
     pub initial: Vec<u32>,
     /// Per node, its operations in program order.
     pub events: Vec<Vec<TraceEvent>>,
+    /// Per node, for each barrier it passed in order, how many of its operations precede
+    /// it (every node passes the same barriers).
+    pub barriers: Vec<Vec<usize>>,
+}
+
+/// One barrier epoch of a trace ([`Trace::epochs`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Epoch {
+    /// The epoch's operations as a trace of their own: initial counts are the tokens left
+    /// at the barrier that opens it, a wait that consumed an earlier epoch's signal took
+    /// one of those, and signal numbers count from the epoch's start.
+    pub trace: Trace,
+    /// Per node, how many of its operations precede the epoch (add it to a position in
+    /// the epoch to get the position in the whole trace).
+    pub offset: Vec<usize>,
 }
 
 /// One vector per event, per node in program order (see the crate documentation).
@@ -91,7 +106,68 @@ impl Trace {
             sem_names: Vec::new(),
             initial: Vec::new(),
             events: vec![Vec::new(); nodes],
+            barriers: vec![Vec::new(); nodes],
         }
+    }
+
+    /// The trace cut at its barriers, one [`Epoch`] per stretch between two barriers (one
+    /// for a trace without barriers). A barrier orders everything before it before
+    /// everything after it, so an execution of the trace is the executions of its epochs
+    /// one after the other, each starting from the counts the previous one left (which
+    /// every execution agrees on: all of the previous epoch's operations are done), and
+    /// the orderings within an epoch are those of the epoch's trace alone.
+    pub fn epochs(&self) -> Vec<Epoch> {
+        let n = self.nodes();
+        let s = self.initial.len();
+        let count = self.barriers.first().map_or(0, Vec::len);
+        let bound = |j: usize, k: usize| -> usize {
+            if k < count {
+                self.barriers[j][k]
+            } else {
+                self.events[j].len()
+            }
+        };
+        let mut tokens: Vec<i64> = self.initial.iter().map(|&c| c as i64).collect();
+        // Per node and semaphore, its signals in earlier epochs.
+        let mut before = vec![vec![0u32; s]; n];
+        let mut out = Vec::new();
+        for k in 0..=count {
+            let offset: Vec<usize> = (0..n)
+                .map(|j| if k == 0 { 0 } else { bound(j, k - 1) })
+                .collect();
+            let mut t = Trace::new(n);
+            t.sem_names = self.sem_names.clone();
+            t.initial = tokens.iter().map(|&c| c.max(0) as u32).collect();
+            for j in 0..n {
+                for e in &self.events[j][offset[j]..bound(j, k).max(offset[j])] {
+                    let mut e = e.clone();
+                    match e.op {
+                        Op::Signal => {
+                            e.seq = e.seq.map(|q| q - before[j][e.sem]);
+                        }
+                        Op::Wait => {
+                            e.paired = e
+                                .paired
+                                .and_then(|(i, q)| q.checked_sub(before[i][e.sem]).map(|q| (i, q)));
+                        }
+                    }
+                    t.events[j].push(e);
+                }
+            }
+            for (j, evs) in t.events.iter().enumerate() {
+                for e in evs {
+                    match e.op {
+                        Op::Signal => {
+                            tokens[e.sem] += 1;
+                            before[j][e.sem] += 1;
+                        }
+                        Op::Wait => tokens[e.sem] -= 1,
+                    }
+                }
+            }
+            out.push(Epoch { trace: t, offset });
+        }
+        out
     }
 
     /// Nodes in the trace.
@@ -451,6 +527,140 @@ mod tests {
                 &brute_force(&t, 100).unwrap()
             ));
         }
+    }
+
+    /// A trace of `nodes` (ops as "V0", "P1", ...; no initial tokens), paired by the first
+    /// complete execution a depth-first search finds (tokens first come, first served).
+    fn paired_trace(nodes: &[&str]) -> Trace {
+        let ops: Vec<Vec<(Op, usize)>> = nodes
+            .iter()
+            .map(|n| {
+                n.split_whitespace()
+                    .map(|o| {
+                        let op = if o.starts_with('P') {
+                            Op::Wait
+                        } else {
+                            Op::Signal
+                        };
+                        (op, o[1..].parse().unwrap())
+                    })
+                    .collect()
+            })
+            .collect();
+        let sems = ops.iter().flatten().map(|o| o.1 + 1).max().unwrap_or(0);
+        fn dfs(
+            ops: &[Vec<(Op, usize)>],
+            at: &mut Vec<usize>,
+            tokens: &mut Vec<i64>,
+        ) -> Option<Vec<usize>> {
+            if (0..ops.len()).all(|j| at[j] == ops[j].len()) {
+                return Some(Vec::new());
+            }
+            for j in 0..ops.len() {
+                let Some(&(op, sem)) = ops[j].get(at[j]) else {
+                    continue;
+                };
+                let d = if op == Op::Wait { -1 } else { 1 };
+                if tokens[sem] + d < 0 {
+                    continue;
+                }
+                tokens[sem] += d;
+                at[j] += 1;
+                if let Some(mut rest) = dfs(ops, at, tokens) {
+                    rest.insert(0, j);
+                    return Some(rest);
+                }
+                at[j] -= 1;
+                tokens[sem] -= d;
+            }
+            None
+        }
+        let schedule = dfs(&ops, &mut vec![0; ops.len()], &mut vec![0; sems]).expect("feasible");
+        let mut t = Trace::new(nodes.len());
+        t.sem_names = (0..sems).map(|s| format!("s{s}")).collect();
+        t.initial = vec![0; sems];
+        let mut queue: Vec<VecDeque<(usize, u32)>> = vec![VecDeque::new(); sems];
+        let mut seqs = vec![vec![0u32; sems]; nodes.len()];
+        let mut at = vec![0; nodes.len()];
+        for j in schedule {
+            let (op, sem) = ops[j][at[j]];
+            at[j] += 1;
+            t.events[j].push(match op {
+                Op::Signal => {
+                    let seq = seqs[j][sem];
+                    seqs[j][sem] += 1;
+                    queue[sem].push_back((j, seq));
+                    ev(Op::Signal, sem, Some(seq), None)
+                }
+                Op::Wait => ev(Op::Wait, sem, None, queue[sem].pop_front()),
+            });
+        }
+        t
+    }
+
+    /// Rule 10 (forced servers, depth 3): node 2's wait on s1 can only take node 1's one
+    /// signal of s1, so node 0's first wait on s1 must take one of node 2's later ones;
+    /// then node 2's wait on s0 precedes node 0's waits on s0, whose tokens (node 0's own
+    /// signal and node 2's) run out before node 0's later signals unless node 1 signals
+    /// s0. So node 1's second operation precedes node 0's last in every execution, which
+    /// depth 2's rules do not see.
+    #[test]
+    fn forced_servers_find_what_matching_alone_cannot() {
+        let t = paired_trace(&[
+            "V0 P1 P0 P0 V0 V0 P1",
+            "V1 V0 P0 P1 V0",
+            "V0 P0 P1 V1 V1 V1",
+        ]);
+        let exact = brute_force(&t, 1 << 20).unwrap();
+        assert_eq!(exact[0][6][1], 2, "node 1's V0 precedes node 0's last P1");
+        let d3 = analyse(&t, 3).unwrap();
+        assert_eq!(d3[0][6][1], 2);
+        assert_eq!(d3, exact);
+    }
+
+    /// Epochs: the leftover token becomes an initial count, pairings with an earlier
+    /// epoch's signal become initial tokens, signal numbers restart, and each epoch's
+    /// analysis is sound and (here) exact for it.
+    #[test]
+    fn epochs_cut_at_barriers() {
+        let mut t = Trace::new(2);
+        t.sem_names = vec!["a".into(), "b".into()];
+        t.initial = vec![1, 0];
+        t.events[0] = vec![
+            ev(Op::Signal, 0, Some(0), None),
+            ev(Op::Signal, 0, Some(1), None),
+            ev(Op::Wait, 1, None, Some((1, 0))),
+        ];
+        t.events[1] = vec![
+            ev(Op::Wait, 0, None, None),
+            ev(Op::Wait, 0, None, Some((0, 1))),
+            ev(Op::Signal, 1, Some(0), None),
+        ];
+        t.barriers = vec![vec![2], vec![1]];
+        let e = t.epochs();
+        assert_eq!(e.len(), 2);
+        assert_eq!(e[0].offset, vec![0, 0]);
+        assert_eq!(e[1].offset, vec![2, 1]);
+        assert_eq!(e[0].trace.initial, vec![1, 0]);
+        // a: 1 initial + 2 signals - 1 wait; b: none yet.
+        assert_eq!(e[1].trace.initial, vec![2, 0]);
+        assert_eq!(e[1].trace.events[1][0].paired, None);
+        assert_eq!(e[1].trace.events[1][1].seq, Some(0));
+        assert_eq!(e[1].trace.events[0][0].paired, Some((1, 0)));
+        for ep in &e {
+            let exact = brute_force(&ep.trace, 1000).unwrap();
+            assert_eq!(analyse(&ep.trace, 2).unwrap(), exact);
+        }
+        assert_eq!(brute_force(&e[1].trace, 1000).unwrap()[0][0], vec![1, 2]);
+        // Without barriers: one epoch, the trace itself.
+        t.barriers = vec![Vec::new(); 2];
+        assert_eq!(
+            t.epochs(),
+            vec![Epoch {
+                trace: t.clone(),
+                offset: vec![0, 0]
+            }]
+        );
     }
 
     #[test]

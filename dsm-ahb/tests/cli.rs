@@ -74,8 +74,13 @@ fn table1(args: &[&str]) -> (i32, String, String) {
     )
 }
 
-/// The four percentages of the row starting with `name`.
+/// The four percentages (depths 0-3) of the row starting with `name`.
 fn row(out: &str, name: &str) -> Vec<f64> {
+    row_of(out, name, 4)
+}
+
+/// The `cells` percentages of the row starting with `name`.
+fn row_of(out: &str, name: &str, cells: usize) -> Vec<f64> {
     let line = out
         .lines()
         .find(|l| l.starts_with(name))
@@ -84,7 +89,7 @@ fn row(out: &str, name: &str) -> Vec<f64> {
         .split_whitespace()
         .filter_map(|w| w.parse().ok())
         .collect();
-    assert_eq!(v.len(), 4, "{line}");
+    assert_eq!(v.len(), cells, "{line}");
     v
 }
 
@@ -121,4 +126,125 @@ fn table1_without_paper_figures_and_misuse() {
     assert_eq!(code, 2, "{err}");
     let out = Command::new(AHB).args(["--events", "30"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn table1_measures_the_depths_up_to_depth() {
+    let (code, out, err) = table1(&["--events", "20", "--traces", "30", "--depth", "1"]);
+    assert_eq!(code, 0, "{err}{out}");
+    let head = out.lines().find(|l| l.contains("original")).unwrap();
+    assert!(
+        head.contains("depth 1") && !head.contains("depth 2"),
+        "{out}"
+    );
+    let ours = row_of(&out, "dsm-ahb", 2);
+    assert!(ours[1] <= ours[0], "{out}");
+    row_of(&out, "Algorithm 2 as printed", 2);
+    assert!(out.contains("depth 1 misses, depth 8 finds"), "{out}");
+    // Beyond the paper's columns its row says nothing.
+    let (code, out, err) = table1(&["--events", "30", "--traces", "5", "--depth", "4"]);
+    assert_eq!(code, 0, "{err}{out}");
+    let paper = out.lines().find(|l| l.starts_with("paper")).unwrap();
+    assert!(paper.trim_end().ends_with('-'), "{out}");
+    assert_eq!(row_of(&out, "dsm-ahb", 5).len(), 5);
+}
+
+/// Two nodes, three epochs: node 0 signals `a` three times, node 1 waits twice; a barrier;
+/// node 1 takes the leftover token and signals `b` twice, node 0 waits on `b` twice; a
+/// barrier; node 0 signals `a` once more.
+const EPOCHS: &str = r#"{"format":"dsm-semtrace","version":2,"nodes":2,"rank":null}
+{"sem":{"name":"a","initial":0}}
+{"sem":{"name":"b","initial":0}}
+{"op":{"node":0,"kind":"signal","sem":"a","seq":0,"signal":null,"vt":[]}}
+{"op":{"node":0,"kind":"signal","sem":"a","seq":1,"signal":null,"vt":[]}}
+{"op":{"node":0,"kind":"signal","sem":"a","seq":2,"signal":null,"vt":[]}}
+{"barrier":{"node":0,"number":1}}
+{"op":{"node":0,"kind":"wait","sem":"b","seq":null,"signal":[1,0],"vt":[]}}
+{"op":{"node":0,"kind":"wait","sem":"b","seq":null,"signal":[1,1],"vt":[]}}
+{"barrier":{"node":0,"number":2}}
+{"op":{"node":0,"kind":"signal","sem":"a","seq":3,"signal":null,"vt":[]}}
+{"op":{"node":1,"kind":"wait","sem":"a","seq":null,"signal":[0,0],"vt":[]}}
+{"op":{"node":1,"kind":"wait","sem":"a","seq":null,"signal":[0,1],"vt":[]}}
+{"barrier":{"node":1,"number":1}}
+{"op":{"node":1,"kind":"wait","sem":"a","seq":null,"signal":[0,2],"vt":[]}}
+{"op":{"node":1,"kind":"signal","sem":"b","seq":0,"signal":null,"vt":[]}}
+{"op":{"node":1,"kind":"signal","sem":"b","seq":1,"signal":null,"vt":[]}}
+{"barrier":{"node":1,"number":2}}
+"#;
+
+#[test]
+fn a_trace_with_barriers_is_analysed_epoch_by_epoch() {
+    let (code, out, err) = run(EPOCHS, &["--brute-force"]);
+    assert_eq!(code, 0, "{err}");
+    let at = |s: &str| out.find(s).unwrap_or_else(|| panic!("no '{s}' in:\n{out}"));
+    let e1 = at("# epoch 1: from the start to barrier 1, operations node 0 1-3, node 1 1-2");
+    let e2 = at("# epoch 2: from barrier 1 to barrier 2, operations node 0 4-5, node 1 3-5");
+    let e3 = at("# epoch 3: from barrier 2 to the end, operations node 0 6-6, node 1 none");
+    assert!(e1 < e2 && e2 < e3, "{out}");
+    // Epoch 1: node 1's second wait needs two of node 0's signals.
+    let first = at("0:1 signal a -> 1:1 wait a");
+    let second = at("0:2 signal a -> 1:2 wait a");
+    assert!(e1 < first && second < e2, "{out}");
+    // Epoch 2: the leftover token orders nothing (node 1's third wait follows no signal
+    // of this epoch), and node 0's second wait on b needs both of node 1's signals.
+    let b = at("1:5 signal b -> 0:5 wait b");
+    assert!(e2 < b && b < e3, "{out}");
+    assert!(!out.contains("-> 1:3 wait a"), "{out}");
+    assert_eq!(out.matches("finds every one of them").count(), 3, "{out}");
+    // Bounded analysis, same per-epoch structure.
+    let (code, bounded, err) = run(EPOCHS, &["--depth", "1"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        bounded.matches("# always happens before (depth 1)").count(),
+        3
+    );
+    assert!(bounded.contains("1:5 signal b -> 0:5 wait b"), "{bounded}");
+}
+
+#[test]
+fn malformed_barriers_are_clear_errors() {
+    let cases = [
+        (
+            EPOCHS.replace("{\"node\":1,\"number\":2}", "{\"node\":1,\"number\":3}"),
+            "line 18: barrier 3 of node 1, expected barrier 2",
+        ),
+        (
+            EPOCHS.replace("{\"barrier\":{\"node\":1,\"number\":2}}\n", ""),
+            "node 0 passed 2 barriers and node 1 1",
+        ),
+        (
+            EPOCHS.replace("\"version\":2", "\"version\":1"),
+            "line 7: a barrier record in a version 1 trace",
+        ),
+        (
+            EPOCHS.replace("{\"node\":1,\"number\":1}", "{\"node\":5,\"number\":1}"),
+            "node 5 in a 2-node trace",
+        ),
+        (
+            EPOCHS.replace("{\"node\":1,\"number\":1}", "{\"node\":1}"),
+            "line 14: missing field `number`",
+        ),
+    ];
+    for (text, want) in &cases {
+        let (code, _, err) = run(text, &[]);
+        assert_eq!(code, 2, "{want}: {err}");
+        assert!(err.contains(want), "wanted '{want}' in: {err}");
+    }
+}
+
+#[test]
+fn a_wait_paired_with_a_signal_after_its_barrier_is_an_error() {
+    // Node 0's last signal (after its second barrier) claimed by node 1's first-epoch wait.
+    let text = EPOCHS
+        .replace("\"signal\":[0,1]", "\"signal\":[0,3]")
+        .replace(
+            "{\"op\":{\"node\":1,\"kind\":\"wait\",\"sem\":\"a\",\"seq\":null,\"signal\":[0,2]",
+            "{\"op\":{\"node\":1,\"kind\":\"wait\",\"sem\":\"a\",\"seq\":null,\"signal\":[0,1]",
+        );
+    let (code, _, err) = run(&text, &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("line 13: wait before barrier 1 paired with signal 3 of node 0 on 'a', which is after it"),
+        "{err}"
+    );
 }

@@ -273,7 +273,8 @@ pub struct JobConfig {
     /// `None` for `auto` (the runtime decides by ranks per core), else the budget.
     pub spin: Option<Duration>,
     /// Semaphore trace (`--sem-trace FILE`): each rank writes its completed semaphore
-    /// operations to `FILE.rank<R>`, which dsmrun merges into `FILE`.
+    /// operations and the barriers it passed to `FILE.rank<R>`, which dsmrun merges into
+    /// `FILE`.
     pub sem_trace: Option<PathBuf>,
     /// Rank 0: the inherited rendezvous socket, bound to `coord` and listening
     /// (`DSM_COORD_FD`).

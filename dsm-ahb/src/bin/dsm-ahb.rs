@@ -5,7 +5,7 @@
 
 use anyhow::Context;
 use clap::Parser;
-use dsm_ahb::table1::{self, DEPTHS, PAPER};
+use dsm_ahb::table1::{self, PAPER};
 use dsm_ahb::{analyse, brute_force, edges, format, is_subset, observed, GenParams, Order, Trace};
 use std::io::BufReader;
 use std::process::ExitCode;
@@ -18,22 +18,27 @@ use std::process::ExitCode;
     after_help = "\
 Each line of output is one ordering between operations of two different nodes,
 'node:position op semaphore -> node:position op semaphore' (positions count a
-node's semaphore operations from 1); orderings implied by program order and
-transitivity are left out. Given several files, they are taken as the per-rank
-parts (FILE.rank<R>) of one run and merged first.
+node's semaphore operations from 1 over the whole run); orderings implied by
+program order and transitivity are left out. A trace with barriers is analysed
+one epoch (the operations between two barriers) at a time, each under a line
+'# epoch E: ...': a barrier orders everything before it before everything after
+it. Given several files, they are taken as the per-rank parts (FILE.rank<R>) of
+one run and merged first.
 
 With --table1 no file is read: random traces of --events operations are generated
 as in the paper's Figure 5 and the share of them where the analysis at depths 0
-(the rewind alone) to 3 misses an ordering of the brute force is printed beside
-the paper's Table 1, with the paper's Algorithm 2 as printed for comparison.
+(the rewind alone) to --depth (default 3 there, as in the paper) misses an
+ordering of the brute force is printed beside the paper's Table 1, with the
+paper's Algorithm 2 as printed for comparison.
 Exit status: 0 done, 1 the analysis reported an ordering the brute force rejects,
 2 usage error or unreadable/corrupt trace."
 )]
 struct Cli {
     /// How deep the expansion searches each candidate signal's own needs (0: the rewind
-    /// alone); higher finds more orderings and costs more (exponential in the depth)
-    #[arg(long, default_value_t = 2)]
-    depth: u32,
+    /// alone); higher finds more orderings and costs more (exponential in the depth).
+    /// Default 2; with --table1, the deepest depth measured (default 3)
+    #[arg(long)]
+    depth: Option<u32>,
     /// Compute the exact order by exhaustive search of the reachable states instead
     /// (only for small traces), and say what the bounded analysis at --depth misses
     #[arg(long)]
@@ -82,7 +87,9 @@ fn load(files: &[std::path::PathBuf]) -> anyhow::Result<Trace> {
     }
 }
 
-fn print(trace: &Trace, title: &str, order: &Order) {
+/// Prints an order's orderings; `offset[node]` is added to positions (the operations of
+/// the node in earlier epochs).
+fn print(trace: &Trace, offset: &[usize], title: &str, order: &Order) {
     let e = edges(order);
     println!("# {title}: {} orderings", e.len());
     let name = |(node, pos): (usize, usize)| {
@@ -91,7 +98,11 @@ fn print(trace: &Trace, title: &str, order: &Order) {
             dsm_ahb::Op::Wait => "wait",
             dsm_ahb::Op::Signal => "signal",
         };
-        format!("{node}:{} {op} {}", pos + 1, trace.sem_names[ev.sem])
+        format!(
+            "{node}:{} {op} {}",
+            offset[node] + pos + 1,
+            trace.sem_names[ev.sem]
+        )
     };
     for (a, b) in e {
         println!("{} -> {}", name(a), name(b));
@@ -106,46 +117,61 @@ fn table(cli: &Cli) -> anyhow::Result<bool> {
         events: cli.events,
         max_initial: 0,
     };
-    let row = table1::measure(params, cli.traces, cli.seed)?;
+    let max_depth = cli.depth.unwrap_or(3);
+    let depths = max_depth as usize + 1;
+    let row = table1::measure(params, cli.traces, cli.seed, max_depth)?;
     println!(
         "# Table 1, {} operations, {} traces (seed {}, MaxTasks {}, MaxSemaphores {})",
         cli.events, cli.traces, cli.seed, cli.max_tasks, cli.max_sems
     );
     println!("# % of traces missing at least one ordering of the brute force (reachable states)");
-    println!(
-        "{:<28} {:>8} {:>8} {:>8} {:>8}",
-        "", "original", "depth 1", "depth 2", "depth 3"
-    );
-    let line = |name: &str, v: [f64; DEPTHS]| {
-        println!(
-            "{name:<28} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
-            v[0], v[1], v[2], v[3]
-        );
+    let head: Vec<String> = (0..depths)
+        .map(|d| {
+            if d == 0 {
+                format!("{:>8}", "original")
+            } else {
+                format!("{:>8}", format!("depth {d}"))
+            }
+        })
+        .collect();
+    println!("{:<28} {}", "", head.join(" "));
+    let line = |name: &str, v: Vec<Option<f64>>| {
+        let cells: Vec<String> = v
+            .iter()
+            .map(|x| x.map_or(format!("{:>8}", "-"), |x| format!("{x:>8.2}")))
+            .collect();
+        println!("{name:<28} {}", cells.join(" "));
     };
     match PAPER.iter().find(|p| p.0 == cli.events) {
-        Some(&(_, figures, n)) => line(&format!("paper ({n} traces)"), figures),
+        Some(&(_, figures, n)) => line(
+            &format!("paper ({n} traces)"),
+            (0..depths).map(|d| figures.get(d).copied()).collect(),
+        ),
         None => println!("{:<28} (no figures for {} operations)", "paper", cli.events),
     }
-    line("dsm-ahb (original: rewind)", row.missed.map(|m| row.pct(m)));
-    line(
-        "Algorithm 2 as printed",
-        row.printed_missed.map(|m| row.pct(m)),
-    );
+    let pcts = |v: &[usize]| v.iter().map(|&m| Some(row.pct(m))).collect();
+    line("dsm-ahb (original: rewind)", pcts(&row.missed));
+    line("Algorithm 2 as printed", pcts(&row.printed_missed));
     let us = |d: std::time::Duration| d.as_secs_f64() * 1e6 / cli.traces.max(1) as f64;
+    let times: Vec<String> = row
+        .time
+        .iter()
+        .enumerate()
+        .map(|(d, &t)| format!("depth {d} {:.0}", us(t)))
+        .collect();
     println!(
-        "time per trace (us): depth 0 {:.0}, 1 {:.0}, 2 {:.0}, 3 {:.0}; brute force {:.0}",
-        us(row.time[0]),
-        us(row.time[1]),
-        us(row.time[2]),
-        us(row.time[3]),
+        "time per trace (us): {}; brute force {:.0}",
+        times.join(", "),
         us(row.brute_time)
     );
-    println!(
-        "of the {} traces depth 3 misses, depth {} finds all orderings of {}",
-        row.missed[DEPTHS - 1],
-        table1::DEEP,
-        row.deeper_finds
-    );
+    if max_depth < table1::DEEP {
+        println!(
+            "of the {} traces depth {max_depth} misses, depth {} finds all orderings of {}",
+            row.missed[depths - 1],
+            table1::DEEP,
+            row.deeper_finds
+        );
+    }
     println!(
         "complete executions only would change the reference on {:.2} % of traces",
         row.pct(row.complete_differs)
@@ -167,35 +193,70 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ExitCode::from(1)
         });
     }
-    let trace = load(&cli.files)?;
-    let obs = observed(&trace)?;
-    if cli.observed {
-        print(&trace, "observed order", &obs);
-    }
-    let bounded = analyse(&trace, cli.depth)?;
-    if cli.brute_force {
-        let exact = brute_force(&trace, cli.max_states)?;
-        print(&trace, "always happens before (brute force)", &exact);
-        anyhow::ensure!(
-            is_subset(&bounded, &exact),
-            "internal error: the bounded analysis reports an ordering the brute force rejects"
-        );
-        let missed = edges(&exact).len().saturating_sub(edges(&bounded).len());
-        println!(
-            "# the analysis at depth {} {}",
-            cli.depth,
-            if bounded == exact {
-                "finds every one of them".to_string()
+    let whole = load(&cli.files)?;
+    let depth = cli.depth.unwrap_or(2);
+    let epochs = whole.epochs();
+    for (k, epoch) in epochs.iter().enumerate() {
+        let (trace, offset) = (&epoch.trace, &epoch.offset[..]);
+        if epochs.len() > 1 {
+            let ops: Vec<String> = (0..trace.nodes())
+                .map(|j| {
+                    let n = trace.events[j].len();
+                    if n == 0 {
+                        format!("node {j} none")
+                    } else {
+                        format!("node {j} {}-{}", offset[j] + 1, offset[j] + n)
+                    }
+                })
+                .collect();
+            let end = if k + 1 == epochs.len() {
+                "the end".to_string()
             } else {
-                format!("misses some of them (about {missed} direct orderings)")
-            }
-        );
-    } else {
-        print(
-            &trace,
-            &format!("always happens before (depth {})", cli.depth),
-            &bounded,
-        );
+                format!("barrier {}", k + 1)
+            };
+            let start = if k == 0 {
+                "the start".to_string()
+            } else {
+                format!("barrier {k}")
+            };
+            println!(
+                "# epoch {}: from {start} to {end}, operations {}",
+                k + 1,
+                ops.join(", ")
+            );
+        }
+        let context = || format!("epoch {}", k + 1);
+        let obs = observed(trace).with_context(context)?;
+        if cli.observed {
+            print(trace, offset, "observed order", &obs);
+        }
+        let bounded = analyse(trace, depth).with_context(context)?;
+        if cli.brute_force {
+            let exact = brute_force(trace, cli.max_states).with_context(context)?;
+            print(trace, offset, "always happens before (brute force)", &exact);
+            anyhow::ensure!(
+                is_subset(&bounded, &exact),
+                "internal error: the bounded analysis reports an ordering the brute force \
+                 rejects (epoch {})",
+                k + 1
+            );
+            let missed = edges(&exact).len().saturating_sub(edges(&bounded).len());
+            println!(
+                "# the analysis at depth {depth} {}",
+                if bounded == exact {
+                    "finds every one of them".to_string()
+                } else {
+                    format!("misses some of them (about {missed} direct orderings)")
+                }
+            );
+        } else {
+            print(
+                trace,
+                offset,
+                &format!("always happens before (depth {depth})"),
+                &bounded,
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -862,6 +862,11 @@ impl Dsm {
         if let Some(p) = &self.pin {
             p.barrier_passed(self.barriers_called);
         }
+        if let Some(t) = self.sem_trace.as_mut() {
+            // The semaphore analysis cuts the trace into epochs here.
+            t.barrier(self.barriers_called)
+                .map_err(|e| DsmError::Config(format!("semaphore trace: {e}")))?;
+        }
         self.trace_point(false)
     }
 

@@ -1,7 +1,8 @@
 //! Counting semaphores in the API: collective creation by name, `wait` (an acquire),
 //! `signal` (a release) and `try_wait`. Like every synchronization call they take the node
 //! handle mutably, so no view can be held across them. With `--sem-trace` every completed
-//! operation is appended to this rank's part of the semaphore trace.
+//! operation, and every barrier the program passes (`Dsm::barrier`), is appended to this
+//! rank's part of the semaphore trace.
 
 use super::{fnv, Dsm, FNV_OFFSET};
 use crate::engine::{Command, Reply, SemDone};

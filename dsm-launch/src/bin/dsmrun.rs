@@ -428,8 +428,9 @@ struct Cli {
     sem_order: Option<String>,
 
     /// Write every completed semaphore operation (node, wait or signal,
-    /// semaphore, the signal each wait consumed, vector time) and each
-    /// semaphore's initial count to FILE, for dsm-ahb; ranks write FILE.rank0,
+    /// semaphore, the signal each wait consumed, vector time), each barrier
+    /// passed and each semaphore's initial count to FILE, for dsm-ahb (which
+    /// analyses it epoch by epoch); ranks write FILE.rank0,
     /// FILE.rank1, ... (DSM_SEM_TRACE), merged into FILE when the job ends well
     /// (after a failure the parts are kept)
     #[arg(long, value_name = "FILE")]
