@@ -64,16 +64,7 @@ fn sem_trace_of_a_bounded_buffer_is_read_and_analysed() {
     // 24 items: 24 waits and 24 signals on each side.
     assert_eq!(text.matches("\"kind\":\"wait\"").count(), 48, "{text}");
     assert_eq!(text.matches("\"kind\":\"signal\"").count(), 48, "{text}");
-    let out = dsm_testkit::command("dsm-ahb")
-        .args(["--depth", "2", "--observed", t])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = dsm_ahb(&["--depth", "2", "--observed", t]);
     // The producer's fifth wait on `empty` needs a signal of the consumer, whose first
     // signal follows its first read: in every execution the consumer's first wait on
     // `full` precedes the producer's fifth wait on `empty`.
@@ -212,16 +203,7 @@ fn sem_trace_records_barriers_and_is_analysed_per_epoch() {
             assert_eq!(text.matches(&rec).count(), 1, "{rec} in:\n{text}");
         }
     }
-    let out = dsm_testkit::command("dsm-ahb")
-        .args(["--depth", "2", "--brute-force", t])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = dsm_ahb(&["--depth", "2", "--brute-force", t]);
     let at = |s: &str| {
         stdout
             .find(s)
@@ -259,4 +241,16 @@ fn sem_trace_records_barriers_and_is_analysed_per_epoch() {
         3,
         "{stdout}"
     );
+}
+
+/// `dsm-ahb ARGS`, which must succeed: its standard output.
+fn dsm_ahb(args: &[&str]) -> String {
+    let out = dsm_testkit::command("dsm-ahb").args(args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
 }
