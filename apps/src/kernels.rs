@@ -392,6 +392,56 @@ fn different_locks(dsm: &mut Dsm) -> Result<(), DsmError> {
     Ok(())
 }
 
+/// Each node re-takes its own lock many times (with race detection, the releases that no
+/// other node observed continue one interval), and one critical section of each touches
+/// a variable the other nodes touch under their own locks.
+fn own_lock_sections(dsm: &mut Dsm) -> Result<(), DsmError> {
+    const SECTIONS: usize = 64;
+    let (rank, n) = (dsm.rank(), dsm.size());
+    let own = dsm.alloc::<u64>("own", SECTIONS * n)?;
+    let shared = dsm.alloc::<u64>("common", 4)?;
+    let lock = 200 + rank as u64;
+    let section = |dsm: &mut Dsm, i: usize| -> Result<(), DsmError> {
+        let g = dsm.lock(lock)?;
+        g.view(&own).set(rank * SECTIONS + i, i as u64);
+        Ok(())
+    };
+    for i in 0..SECTIONS / 2 {
+        section(dsm, i)?;
+    }
+    let g = dsm.lock(lock)?;
+    let v = g.view(&shared);
+    v.set(3, v.get(3) + 1); // RACE
+    drop(g);
+    for i in SECTIONS / 2..SECTIONS {
+        section(dsm, i)?;
+    }
+    Ok(())
+}
+
+/// Node 0 writes `late` after releasing a lock that node 1 then takes, and only later
+/// takes that lock again: the write is not ordered before node 1's read, and the
+/// re-acquire must not fold it into the interval node 1 learned of.
+fn relock_after_handoff(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let late = dsm.alloc::<u64>("late", 2)?;
+    let flag = dsm.alloc::<u64>("flag", 1)?;
+    match dsm.rank() {
+        0 => {
+            set_flag(dsm, 1, &flag, 1)?;
+            dsm.view(&late).set(1, 9); // RACE
+                                       // Node 1 takes the lock meanwhile (it waits for the flag).
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            drop(dsm.lock(1)?);
+        }
+        1 => {
+            wait_flag(dsm, 1, &flag, 1)?;
+            let _ = dsm.view(&late).get(1); // RACE
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 fn strided_disjoint(dsm: &mut Dsm) -> Result<(), DsmError> {
     let n = dsm.size();
     let a = dsm.alloc_with::<f64>("lattice", 4 * 512, Distribution::OnNode(0))?;
@@ -914,6 +964,20 @@ pub fn all() -> Vec<Kernel> {
             min_nodes: 2,
             run: different_locks,
             expect: |_| Expect::Races(vec![("total", set([1]))]),
+        },
+        Kernel {
+            name: "own-lock-sections",
+            about: "each node re-takes its own lock; one section of each updates a shared cell",
+            min_nodes: 2,
+            run: own_lock_sections,
+            expect: |_| Expect::Races(vec![("common", set([3]))]),
+        },
+        Kernel {
+            name: "relock-after-handoff",
+            about: "a write after an unlock another node followed, before the lock is re-taken",
+            min_nodes: 2,
+            run: relock_after_handoff,
+            expect: |_| Expect::Races(vec![("late", set([1]))]),
         },
         Kernel {
             name: "strided-disjoint",

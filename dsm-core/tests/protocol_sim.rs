@@ -138,6 +138,9 @@ struct Node {
     /// Incremental runs: whether the node shipped a race batch since its last barrier
     /// (only then does it ship a last one before the next, as `api.rs`).
     shipped_in_epoch: bool,
+    /// Host locks: the lock this node released last, the interval that release closed
+    /// and what began that interval (a release of the same lock may take it back).
+    last_release: Option<(u64, u32, SyncCause)>,
 }
 
 /// Whether any page of `first..=last` would fault for this access, by the mirrored page
@@ -414,6 +417,9 @@ struct Sim {
     /// schedule mode and `--check`).
     elide_acquires: bool,
     elided_acquires: u64,
+    /// Host-lock releases that took back the interval their node's previous release of
+    /// the same lock closed (`api.rs` does where it elides acquires).
+    continued_releases: u64,
 }
 
 impl Sim {
@@ -994,6 +1000,49 @@ impl Sim {
         node.rec.as_mut().map(Recorder::close_interval)
     }
 
+    /// A release of host lock `l` by node `k`, as `api.rs` decides it: whether it takes
+    /// back the interval the node's previous release of `l` closed (nobody took `l` since,
+    /// the node synchronized with nothing else since, and the recorder still holds that
+    /// interval). If so, the oracle's accesses of the open interval move into the one
+    /// taken back, as the recorder's do.
+    fn take_back(&mut self, k: usize, l: u64) -> bool {
+        let node = &mut self.nodes[k];
+        let Some((lock, closed, began)) = node.last_release else {
+            return false;
+        };
+        let left = self.host_clocks.get(&l);
+        if lock != l
+            || node.interval != closed + 1
+            || !left.is_some_and(|c| node.known.is(c.0.iter().copied()))
+        {
+            return false;
+        }
+        let rec = node.rec.as_mut().expect("race mode");
+        assert_eq!(rec.current_interval(), node.interval, "node {k}");
+        if !rec.reopen_last() {
+            return false;
+        }
+        node.interval = closed;
+        node.began = began;
+        let moved: Vec<Logged> = self
+            .oracle
+            .accesses
+            .iter()
+            .filter(|a| a.node == k && a.interval == closed + 1)
+            .copied()
+            .collect();
+        for a in moved {
+            self.oracle.accesses.remove(&a);
+            self.oracle.accesses.insert(Logged {
+                interval: closed,
+                began,
+                ..a
+            });
+        }
+        self.continued_releases += 1;
+        true
+    }
+
     /// Bitmaps a barrier arrival ships: none, those of shared pages (as `api.rs`), or all;
     /// the master must fetch whatever is missing either way.
     fn shipped(&mut self, k: usize) -> Vec<EncodedBitmap> {
@@ -1189,10 +1238,16 @@ impl Sim {
                 self.outputs(k, outs);
             }
             Op::Release(l) if self.host_locks => {
+                let again = self.elide_acquires && self.take_back(k, l);
+                let closing = (self.nodes[k].interval, self.nodes[k].began);
                 let race = self.begin_sync(k, op);
-                let outs = self.nodes[k]
-                    .eng
-                    .on_command(Command::HostRelease { lock: l, race });
+                self.nodes[k].last_release = Some((l, closing.0, closing.1));
+                let cmd = if again {
+                    Command::HostReleaseAgain { lock: l, race }
+                } else {
+                    Command::HostRelease { lock: l, race }
+                };
+                let outs = self.nodes[k].eng.on_command(cmd);
                 self.outputs(k, outs);
             }
             Op::Acquire(l) => {
@@ -1610,6 +1665,7 @@ fn sim_with_setup(
             began: SyncCause::Start,
             known: KnownClock::default(),
             shipped_in_epoch: false,
+            last_release: None,
         });
     }
     let mut allocs = Vec::new();
@@ -1671,6 +1727,7 @@ fn sim_with_setup(
         host_clocks: BTreeMap::new(),
         elide_acquires: false,
         elided_acquires: 0,
+        continued_releases: 0,
         lanes: (0..n * n).map(|_| None).collect(),
         lane_takes: 0,
         lane_comm_takes: 0,
@@ -2500,7 +2557,7 @@ fn race_case_in(
     locks: usize,
     phases: usize,
     violate: usize,
-) -> (OracleCounts, Vec<Race>, usize, u64) {
+) -> (OracleCounts, Vec<Race>, usize, (u64, u64)) {
     let homes = |count: usize, shift: usize| -> Vec<usize> {
         (0..count)
             .map(|p| (mix(home_seed ^ (shift + p) as u64) as usize) % n)
@@ -2535,7 +2592,12 @@ fn race_case_in(
             "a disciplined program raced:\n{program}"
         );
     }
-    (counts, s.races, s.incremental_races, s.elided_acquires)
+    (
+        counts,
+        s.races,
+        s.incremental_races,
+        (s.elided_acquires, s.continued_releases),
+    )
 }
 
 proptest! {
@@ -2578,15 +2640,16 @@ fn race_programs_cover_races_and_ordered_conflicts_in(common: bool) {
     let mut total = OracleCounts::default();
     let mut kinds = BTreeSet::new();
     let mut between_barriers = 0;
-    let mut elided = 0;
+    let (mut elided, mut continued) = (0, 0);
     for i in 0..60u64 {
         let n = 2 + (i % 4) as usize;
         let violate = [0, 1, 2, 4, 8][(i % 5) as usize];
         let elem = ELEM_SIZES[(i % 7) as usize];
-        let (c, races, incremental, elided_here) =
+        let (c, races, incremental, (elided_here, continued_here)) =
             race_case_in(common, n, (2, 2), elem, i * 77, i * 1013 + 5, 2, 3, violate);
         between_barriers += incremental;
         elided += elided_here;
+        continued += continued_here;
         if races.is_empty() {
             clean += 1;
         } else {
@@ -2605,6 +2668,14 @@ fn race_programs_cover_races_and_ordered_conflicts_in(common: bool) {
         common,
         elided > 0,
         "{elided} acquires left their interval open"
+    );
+    // And releases of a lock nobody took since the node's previous release of it take
+    // back the interval that release closed, with the same races.
+    println!("{continued} releases took back the interval before");
+    assert_eq!(
+        common,
+        continued > 0,
+        "{continued} releases took back the interval before"
     );
     // Half the seeds run the incremental analysis, and it finds races of its own (checked
     // against the oracle with the others).

@@ -602,6 +602,23 @@ impl EpochStore {
         Some((words, self.site_spans(&s)))
     }
 
+    /// Drops `span`, the last interval stored, with its words, sites and table entries.
+    fn pop_last(&mut self, span: &IntervalSpan) {
+        if let Some(first) = self.index.get(span.index.0) {
+            self.words.truncate(first.offset as usize);
+            self.sites.truncate(first.sites.0 as usize);
+        }
+        self.index.truncate(span.index.0);
+        self.words_per_page.truncate(span.table.0);
+        self.spans.pop();
+        self.bytes = self.held_bytes();
+    }
+
+    /// Bytes held: words, index entries and site spans.
+    fn held_bytes(&self) -> usize {
+        self.words.len() * 8 + self.index.len() * 24 + self.sites.len() * 8
+    }
+
     /// Forgets every bitmap, keeping the arena's room for the next epoch.
     fn clear(&mut self) {
         self.spans.clear();
@@ -651,6 +668,9 @@ pub struct Recorder {
     last_site: [Cell<(usize, u32)>; 2],
     /// One page's site spans, kept for its room.
     site_scratch: Vec<(Site, u16, u16)>,
+    /// The last interval whose bitmaps left the store (drained into a race batch or
+    /// discarded at a barrier): it and those before it can no longer be reopened.
+    sealed: u32,
 }
 
 /// Where an epoch's access digest starts (the FNV-1a offset basis).
@@ -676,6 +696,7 @@ impl Recorder {
             site_numbers: HashMap::new(),
             last_site: [Cell::new((0, u32::MAX)), Cell::new((0, u32::MAX))],
             site_scratch: Vec::new(),
+            sealed: 0,
         }
     }
 
@@ -833,7 +854,7 @@ impl Recorder {
                 index: (index_start, store.index.len()),
                 table: (table_start, store.words_per_page.len()),
             });
-            store.bytes = store.words.len() * 8 + store.index.len() * 24 + store.sites.len() * 8;
+            store.bytes = store.held_bytes();
         } else {
             store.words_per_page.truncate(table_start);
         }
@@ -900,6 +921,7 @@ impl Recorder {
         let out = self.store.encoded(&self.sites, |_| true);
         self.drained_digest = self.fold_digest(self.drained_digest);
         self.store.clear();
+        self.sealed = self.interval - 1;
         out
     }
 
@@ -937,7 +959,60 @@ impl Recorder {
     /// Forgets the epoch's bitmaps (after the barrier analysis).
     pub fn discard_epoch(&mut self) {
         self.store.clear();
+        self.sealed = self.interval - 1;
         self.drained_digest = DIGEST_SEED;
+    }
+
+    /// Takes the last closed interval back into the open one, as if the synchronization
+    /// that closed it had not happened: its bitmaps and sites are recorded again into the
+    /// open interval (which keeps what it recorded since), and the open interval takes its
+    /// number. For a release that no other node observed (see `Dsm::release_host_lock`):
+    /// the next close then yields one interval where there would have been two.
+    ///
+    /// Returns `false`, changing nothing, when the last closed interval's bitmaps have
+    /// left the store (a race batch or a barrier took them: the master knows it as
+    /// closed), or no interval has closed yet.
+    pub fn reopen_last(&mut self) -> bool {
+        let last = self.interval - 1;
+        if last == 0 || last <= self.sealed {
+            return false;
+        }
+        if let Some(span) = self.store.spans.last().copied() {
+            debug_assert!(span.interval <= last, "the store holds an open interval");
+            if span.interval == last {
+                self.restore(&span);
+                self.store.pop_last(&span);
+            }
+        }
+        self.interval = last;
+        true
+    }
+
+    /// Records `span`'s stored bitmaps and sites again into the open interval's shadows.
+    fn restore(&self, span: &IntervalSpan) {
+        for (s, words, wpp) in self.store.entries(span) {
+            let at = self.allocs.partition_point(|a| a.first_page <= s.page);
+            let Some(a) = at.checked_sub(1).map(|i| &self.allocs[i]) else {
+                debug_assert!(false, "stored page {} is in no allocation", s.page);
+                continue;
+            };
+            let page = (s.page - a.first_page) as usize;
+            let (bit, bits) = match s.kind {
+                AccessKind::Read => (READ, &a.read),
+                AccessKind::Write => (WRITE, &a.write),
+            };
+            for (k, w) in bits[page * wpp..(page + 1) * wpp].iter().enumerate() {
+                w.set(w.get() | if s.uniform { words[0] } else { words[k] });
+            }
+            if a.flags[page].get() & bit == 0 {
+                a.first_touch(page, bit);
+            }
+            let base = page * wpp * 64;
+            for &(site, first, last) in self.store.site_spans(&s) {
+                let (g0, g1) = (base + usize::from(first), base + usize::from(last) + 1);
+                a.note_site(page, bit, g0, g1, self.sites[site as usize]);
+            }
+        }
     }
 
     /// Bytes of bitmap memory held for the current epoch (words plus index).
@@ -1263,7 +1338,94 @@ mod tests {
         }
     }
 
+    /// Accesses for the reopening property: allocation (0 or 1), write, byte offset in
+    /// it, length, and which of three sites made it.
+    type Access = (usize, bool, usize, usize, u64);
+
+    fn replay(r: &Recorder, accesses: &[Access]) {
+        for &(alloc, write, offset, len, site) in accesses {
+            r.alloc(alloc)
+                .access_at(write, offset, len, Site::Code(0x1000 + site));
+        }
+    }
+
+    /// Two allocations (three pages of u64s, three of bytes) and a first
+    /// interval that touched something before the accesses under test.
+    fn reopening_recorder() -> Recorder {
+        let mut r = Recorder::new();
+        r.add_alloc(0, 3 * PAGE_SIZE, 8).unwrap();
+        r.add_alloc(3, 3 * PAGE_SIZE, 1).unwrap();
+        r.alloc(1).write(0, 1);
+        r.close_interval();
+        r
+    }
+
+    /// The bitmaps as shipped, with their sites as sets (a reopened interval may name a
+    /// site's span more widely than one recorded in one go: see `reopen_last`).
+    fn shipped_form(r: &mut Recorder) -> Vec<(BitmapKey, Vec<u64>, Vec<usize>)> {
+        let table: Vec<usize> = r.sites.iter().map(|s| s.key()).collect();
+        r.drain_all()
+            .into_iter()
+            .map(|b| {
+                let mut sites: Vec<usize> =
+                    b.sites.iter().map(|s| table[s.site as usize]).collect();
+                sites.sort();
+                sites.dedup();
+                (b.key, decode_words(&b.bits), sites)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn reopening_stops_at_what_left_the_store() {
+        let mut r = reopening_recorder();
+        r.alloc(0).write(0, 8);
+        r.close_interval();
+        r.drain_all();
+        assert!(!r.reopen_last(), "interval 2 went out in a batch");
+        assert_eq!(r.current_interval(), 3);
+        r.close_interval();
+        assert!(
+            r.reopen_last(),
+            "interval 3 touched nothing and is still here"
+        );
+        assert_eq!(r.current_interval(), 3);
+        r.close_interval();
+        r.discard_epoch();
+        assert!(!r.reopen_last(), "the barrier discarded interval 3");
+        assert!(!Recorder::new().reopen_last(), "nothing closed yet");
+    }
+
     proptest::proptest! {
+        /// Closing, reopening and closing again is closing once: the same notices and
+        /// bitmaps, under the first interval's number.
+        #[test]
+        fn a_reopened_interval_is_one_interval(
+            first in proptest::collection::vec(
+                (0usize..2, proptest::bool::ANY, 0usize..2 * PAGE_SIZE, 1usize..3000, 0u64..3),
+                0..12,
+            ),
+            second in proptest::collection::vec(
+                (0usize..2, proptest::bool::ANY, 0usize..2 * PAGE_SIZE, 1usize..3000, 0u64..3),
+                0..12,
+            ),
+        ) {
+            let mut split = reopening_recorder();
+            replay(&split, &first);
+            split.close_interval();
+            replay(&split, &second);
+            proptest::prop_assert!(split.reopen_last());
+            proptest::prop_assert_eq!(split.current_interval(), 2);
+            let notices_split = split.close_interval();
+            let mut whole = reopening_recorder();
+            replay(&whole, &first);
+            replay(&whole, &second);
+            let notices_whole = whole.close_interval();
+            proptest::prop_assert_eq!(notices_split, notices_whole);
+            proptest::prop_assert_eq!(split.current_interval(), 3);
+            proptest::prop_assert_eq!(shipped_form(&mut split), shipped_form(&mut whole));
+        }
+
         #[test]
         fn strided_marks_equal_per_element_marks(
             shift in 0u32..4,

@@ -1118,16 +1118,63 @@ impl Dsm {
             host.unlock();
             return Ok(());
         }
+        let again = self.take_back_released_interval(lock, host);
         let race = self.close_race_interval();
-        let known = self
-            .comm()
-            .with_engine_now(|e| e.host_release_now(lock, race));
+        let known = self.comm().with_engine_now(|e| {
+            if again {
+                e.host_release_again_now(lock, race)
+            } else {
+                Some(e.host_release_now(lock, race))
+            }
+        });
+        let Some(known) = known else {
+            host.unlock();
+            return Err(DsmError::Protocol(format!(
+                "lock {lock}: the engine could not take back the interval its last release \
+                 closed"
+            )));
+        };
         host.set_released_clock(&known.0);
         host.unlock();
         if let Some(r) = self.race.as_mut() {
             r.known.set(&known);
         }
-        self.after_lock_sync()
+        self.after_lock_sync()?;
+        if let Some(r) = self.race.as_mut() {
+            let closed = r.recorder.current_interval() - 1;
+            r.last_release = r.elide_acquires.then_some((lock, closed));
+        }
+        Ok(())
+    }
+
+    /// Race mode, releasing host lock `lock`: whether this release may take back the
+    /// interval that this node's previous release, of the same lock, closed, so that the
+    /// two critical sections and what ran between them are one interval. They may when
+    /// no node can know that interval's index:
+    /// - a node learns it only from that release (a release closes the interval it ends,
+    ///   so the index is in no earlier release or barrier), hence only by taking `lock`
+    ///   after it;
+    /// - the lock still holds the clock this node left (a node that held it since left
+    ///   its own, whose entry for itself this node has not seen), and this node closed no
+    ///   interval since, so it learned nothing from another node either (an acquire
+    ///   that learns something closes the interval).
+    ///
+    /// Merging two intervals that no node tells apart reports the same races, as an
+    /// acquire that leaves the interval open does (see `KnownClock`); a rank that re-takes
+    /// its own lock closes one interval per stretch between other synchronizations
+    /// instead of one per critical section. The recorder takes the closed interval's
+    /// bitmaps back unless a race batch or a barrier already took them.
+    fn take_back_released_interval(&mut self, lock: LockId, host: sys::HostLock) -> bool {
+        let Some(r) = self.race.as_mut() else {
+            return false;
+        };
+        let open = r.recorder.current_interval();
+        let unobserved = r.last_release == Some((lock, open - 1)) && r.known.is(host.released());
+        if !unobserved || !r.recorder.reopen_last() {
+            return false;
+        }
+        r.continued_releases += 1;
+        true
     }
 
     fn release(&mut self, lock: LockId) -> Result<(), DsmError> {

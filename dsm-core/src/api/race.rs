@@ -71,6 +71,12 @@ pub(super) struct RaceState {
     pub(super) elide_acquires: bool,
     /// Host-lock acquires that left the interval open.
     pub(super) elided_acquires: u64,
+    /// The host lock this node released last and the interval that release closed, while
+    /// acquires may leave intervals open: its next release may take that interval back
+    /// (see `Dsm::release_host_lock`).
+    pub(super) last_release: Option<(dsm_proto::LockId, u32)>,
+    /// Host-lock releases that took back the interval before them.
+    pub(super) continued_releases: u64,
 }
 
 /// A node ships its closed intervals at least this often between barriers, so races in
@@ -151,17 +157,22 @@ impl RaceState {
             known: KnownClock::default(),
             elide_acquires,
             elided_acquires: 0,
+            last_release: None,
+            continued_releases: 0,
         })
     }
 
     /// Whether this node ships race batches between barriers. First races, the dynamic
     /// checks and the safe semaphore order need whole epochs: `--race-first`, `--check`
-    /// and `--sem-order=safe` analyse at barriers only.
+    /// and `--sem-order=safe` analyse at barriers only. So does `--pinpoint`: the lines it
+    /// watched come with the barrier arrivals, and a race reported before them would be
+    /// named by its recorded sites alone.
     fn batching(&self) -> bool {
         self.phases == RacePhases::Full
             && !self.options.first_only
             && !self.options.check
             && !self.options.sem_order_safe
+            && self.options.pinpoint.is_empty()
     }
 
     /// Rank 0, when nodes ship race batches: starts the thread that analyses them.
@@ -222,7 +233,7 @@ impl RaceState {
             let s = &self.sum;
             let rs = self.recorder.stats();
             eprintln!(
-                "dsm-race-stats: run: barriers {}, intervals {}, interval pairs {} considered / {} concurrent / {} overlapping, intervals in a concurrent overlapping pair {}, bitmaps {} of {} fetched, notice bytes {}, rank 0 recording (interval close) {:.3} ms, interval comparison {:.3} ms, bitmap round {:.3} ms, peak bitmap store on rank 0 {} bytes, rank 0 acquires that left the interval open {}",
+                "dsm-race-stats: run: barriers {}, intervals {}, interval pairs {} considered / {} concurrent / {} overlapping, intervals in a concurrent overlapping pair {}, bitmaps {} of {} fetched, notice bytes {}, rank 0 recording (interval close) {:.3} ms, interval comparison {:.3} ms, bitmap round {:.3} ms, peak bitmap store on rank 0 {} bytes, rank 0 acquires that left the interval open {}, rank 0 releases that continued the interval before {}",
                 self.barriers,
                 s.intervals,
                 s.pairs_considered,
@@ -236,7 +247,8 @@ impl RaceState {
                 self.plan_time.as_secs_f64() * 1e3,
                 self.bitmap_time.as_secs_f64() * 1e3,
                 rs.peak_store_bytes,
-                self.elided_acquires
+                self.elided_acquires,
+                self.continued_releases
             );
             if inc.batches > 0 {
                 eprintln!(

@@ -134,6 +134,7 @@ impl<M: Memory> Engine<M> {
             });
         }
         self.stats.intervals_closed += 1;
+        self.closed_cause = self.cur_cause;
         self.vt.set(self.me, index + 1);
     }
 

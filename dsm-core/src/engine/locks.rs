@@ -66,6 +66,12 @@ impl KnownClock {
         released.len() == self.0.len() && released.zip(&self.0).all(|(r, &k)| r <= k)
     }
 
+    /// Whether `released` (one entry per node) is exactly what is known: a host lock
+    /// still holding the clock this node left at its last release.
+    pub fn is(&self, released: impl ExactSizeIterator<Item = u32>) -> bool {
+        released.len() == self.0.len() && released.zip(&self.0).all(|(r, &k)| r == k)
+    }
+
     /// The engine's knowledge as it just answered it (a release or a barrier).
     pub fn set(&mut self, known: &VectorTime) {
         self.0.clone_from(&known.0);
@@ -425,6 +431,43 @@ impl<M: Memory> Engine<M> {
     pub fn host_release_now(&mut self, lock: LockId, race: Option<RaceNotices>) -> VectorTime {
         self.take_in_handler_work();
         self.host_release(lock, race)
+    }
+
+    /// [`Engine::host_release_now`] for a release of `lock` that takes back the interval
+    /// this node's previous release of `lock` closed: nobody took the lock in between,
+    /// and this node synchronized with nothing else since (`Dsm::release_host_lock`
+    /// checks both), so no node knows that interval's index. Its record leaves the log,
+    /// the open interval resumes its index, start and cause, and the release closes it.
+    /// `None`, changing nothing, unless the open interval is the one that release began
+    /// and the closed one has not gone to the race master.
+    pub fn host_release_again_now(
+        &mut self,
+        lock: LockId,
+        race: Option<RaceNotices>,
+    ) -> Option<VectorTime> {
+        self.take_in_handler_work();
+        self.host_release_again(lock, race)
+    }
+
+    /// See [`Engine::host_release_again_now`].
+    pub(super) fn host_release_again(
+        &mut self,
+        lock: LockId,
+        race: Option<RaceNotices>,
+    ) -> Option<VectorTime> {
+        let open = self.vt.get(self.me);
+        let last = open.checked_sub(1).filter(|&l| l > self.race_shipped)?;
+        if !self.common_memory || self.cur_cause != SyncCause::Release(lock) {
+            return None;
+        }
+        let own = &mut self.log[self.me as usize];
+        if own.last().is_some_and(|r| r.index == last) {
+            own.pop();
+        }
+        self.vt.set(self.me, last);
+        self.cur_start.set(self.me, last);
+        self.cur_cause = self.closed_cause;
+        Some(self.host_release(lock, race))
     }
 
     /// A lock held in the job's common memory (race mode; see [`Command::HostAcquire`]):

@@ -172,6 +172,16 @@ pub enum Command {
         /// The accesses of the interval the release closes.
         race: Option<RaceNotices>,
     },
+    /// [`Command::HostRelease`] of a lock this node released last, that nobody took
+    /// since, with no other synchronization since: takes back the interval that release
+    /// closed (see [`Engine::host_release_again_now`]). Replies [`Reply::HostReleased`];
+    /// a release the engine cannot take back is a fatal error (the app thread checked).
+    HostReleaseAgain {
+        /// The lock being released.
+        lock: LockId,
+        /// The accesses of the interval taken back and of the one since, together.
+        race: Option<RaceNotices>,
+    },
     /// Registers a semaphore (collectively: every node, before the synchronization that
     /// makes it usable); replies [`Reply::Done`].
     SemCreate {
@@ -533,6 +543,9 @@ pub struct Engine<M: Memory> {
     /// `vt` when the open interval began: what its accesses are ordered after.
     cur_start: VectorTime,
     cur_cause: SyncCause,
+    /// What began the interval closed last (an interval taken back resumes it: see
+    /// [`Engine::host_release_again_now`]).
+    closed_cause: SyncCause,
     /// Race mode: this node's last interval sent in a race batch (see
     /// [`Command::ShipRaceBatch`]).
     race_shipped: u32,
@@ -666,6 +679,7 @@ impl<M: Memory> Engine<M> {
             cur_start: vt.clone(),
             vt,
             cur_cause: SyncCause::Start,
+            closed_cause: SyncCause::Start,
             race_shipped: 0,
             race_absorbed: 0,
             race_absorbed_wanted: None,
@@ -842,6 +856,12 @@ impl<M: Memory> Engine<M> {
                 let known = self.host_release(lock, race);
                 self.reply(Reply::HostReleased(known));
             }
+            Command::HostReleaseAgain { lock, race } => match self.host_release_again(lock, race) {
+                Some(known) => self.reply(Reply::HostReleased(known)),
+                None => self.fatal(format!(
+                    "lock {lock}: a release could not take back the interval the last one closed"
+                )),
+            },
             Command::Barrier {
                 finishing,
                 race,
