@@ -1120,25 +1120,34 @@ impl Dsm {
         }
         let again = self.take_back_released_interval(lock, host);
         let race = self.close_race_interval();
-        let known = self.comm().with_engine_now(|e| {
-            if again {
-                e.host_release_again_now(lock, race)
-            } else {
-                Some(e.host_release_now(lock, race))
-            }
-        });
-        let Some(known) = known else {
+        if again {
+            // The lock keeps the clock this node left at the release taken back.
+            let taken = self
+                .comm()
+                .with_engine_now(|e| e.host_release_again_now(lock, race));
             host.unlock();
-            return Err(DsmError::Protocol(format!(
-                "lock {lock}: the engine could not take back the interval its last release \
-                 closed"
-            )));
-        };
+            if !taken {
+                return Err(DsmError::Protocol(format!(
+                    "lock {lock}: the engine could not take back the interval its last \
+                     release closed"
+                )));
+            }
+            return self.after_host_release(lock);
+        }
+        let known = self
+            .comm()
+            .with_engine_now(|e| e.host_release_now(lock, race));
         host.set_released_clock(&known.0);
         host.unlock();
         if let Some(r) = self.race.as_mut() {
             r.known.set(&known);
         }
+        self.after_host_release(lock)
+    }
+
+    /// Race mode, after a host lock's release: a race batch if one is due, and the
+    /// release remembered for the next one (see `take_back_released_interval`).
+    fn after_host_release(&mut self, lock: LockId) -> Result<(), DsmError> {
         self.after_lock_sync()?;
         if let Some(r) = self.race.as_mut() {
             let closed = r.recorder.current_interval() - 1;

@@ -11,7 +11,9 @@
 
 use super::push::Pushed;
 use super::{Engine, Memory, Reply};
-use dsm_proto::{IntervalRecord, LockId, Msg, NodeId, RaceNotices, SyncCause, VectorTime};
+use dsm_proto::{
+    IntervalRecord, LockId, Msg, NodeId, PageRuns, RaceNotices, SyncCause, VectorTime,
+};
 
 /// This node's view of one lock: as a possible holder, and at the manager, as the end of
 /// the forwarding chain.
@@ -436,38 +438,51 @@ impl<M: Memory> Engine<M> {
     /// [`Engine::host_release_now`] for a release of `lock` that takes back the interval
     /// this node's previous release of `lock` closed: nobody took the lock in between,
     /// and this node synchronized with nothing else since (`Dsm::release_host_lock`
-    /// checks both), so no node knows that interval's index. Its record leaves the log,
-    /// the open interval resumes its index, start and cause, and the release closes it.
-    /// `None`, changing nothing, unless the open interval is the one that release began
-    /// and the closed one has not gone to the race master.
-    pub fn host_release_again_now(
-        &mut self,
-        lock: LockId,
-        race: Option<RaceNotices>,
-    ) -> Option<VectorTime> {
+    /// checks both), so no node knows the open interval's index and the two are one. The
+    /// recorder took the closed interval's accesses back, so `race` holds both: they
+    /// replace that interval's notices, and the open interval, which began at the release
+    /// being taken back, goes on. What the next holder must learn is what the lock already
+    /// holds. `false`, changing nothing, unless the open interval is the one that release
+    /// began and the closed one has not gone to the race master.
+    pub fn host_release_again_now(&mut self, lock: LockId, race: Option<RaceNotices>) -> bool {
         self.take_in_handler_work();
         self.host_release_again(lock, race)
     }
 
     /// See [`Engine::host_release_again_now`].
-    pub(super) fn host_release_again(
-        &mut self,
-        lock: LockId,
-        race: Option<RaceNotices>,
-    ) -> Option<VectorTime> {
-        let open = self.vt.get(self.me);
-        let last = open.checked_sub(1).filter(|&l| l > self.race_shipped)?;
+    pub(super) fn host_release_again(&mut self, lock: LockId, race: Option<RaceNotices>) -> bool {
+        let me = self.me;
+        let Some(last) = self
+            .vt
+            .get(me)
+            .checked_sub(1)
+            .filter(|&l| l > self.race_shipped)
+        else {
+            return false;
+        };
         if !self.common_memory || self.cur_cause != SyncCause::Release(lock) {
-            return None;
+            return false;
         }
-        let own = &mut self.log[self.me as usize];
-        if own.last().is_some_and(|r| r.index == last) {
-            own.pop();
+        let race = race.filter(|r| !r.reads.is_empty() || !r.writes.is_empty());
+        let own = &mut self.log[me as usize];
+        match own.last_mut() {
+            Some(record) if record.index == last => record.race = race,
+            _ => {
+                if race.is_some() {
+                    let mut vt = self.cur_start.clone();
+                    vt.set(me, last);
+                    own.push(IntervalRecord {
+                        node: me,
+                        index: last,
+                        vt,
+                        writes: PageRuns::new(),
+                        race,
+                        began_with: self.closed_cause,
+                    });
+                }
+            }
         }
-        self.vt.set(self.me, last);
-        self.cur_start.set(self.me, last);
-        self.cur_cause = self.closed_cause;
-        Some(self.host_release(lock, race))
+        true
     }
 
     /// A lock held in the job's common memory (race mode; see [`Command::HostAcquire`]):

@@ -856,12 +856,17 @@ impl<M: Memory> Engine<M> {
                 let known = self.host_release(lock, race);
                 self.reply(Reply::HostReleased(known));
             }
-            Command::HostReleaseAgain { lock, race } => match self.host_release_again(lock, race) {
-                Some(known) => self.reply(Reply::HostReleased(known)),
-                None => self.fatal(format!(
-                    "lock {lock}: a release could not take back the interval the last one closed"
-                )),
-            },
+            Command::HostReleaseAgain { lock, race } => {
+                if self.host_release_again(lock, race) {
+                    let known = self.known();
+                    self.reply(Reply::HostReleased(known));
+                } else {
+                    self.fatal(format!(
+                        "lock {lock}: a release could not take back the interval the last one \
+                         closed"
+                    ));
+                }
+            }
             Command::Barrier {
                 finishing,
                 race,
