@@ -2147,6 +2147,40 @@ fn each_acquire_counts_the_message_delays_it_waited_for() {
 }
 
 #[test]
+fn each_semaphore_wait_counts_the_message_delays_it_waited_for() {
+    // Semaphore 0's manager is node 0; it starts with one token.
+    let mut s = sim(3, &[0], 1, 13);
+    s.semaphores(&[(0, 1)]);
+    let run = |s: &mut Sim, ops: &[(usize, Op)]| {
+        for (node, op) in ops {
+            s.nodes[*node].script.push_back(op.clone());
+        }
+        s.run();
+    };
+    let delays = |s: &Sim| -> Vec<u64> {
+        s.nodes
+            .iter()
+            .map(|n| n.eng.stats().sem_wait_delays)
+            .collect()
+    };
+    // The initial token: node 1 asks the manager, which grants: 2.
+    run(&mut s, &[(1, Op::SemWait(0))]);
+    assert_eq!(delays(&s), [0, 2, 0]);
+    // Node 2's signal: node 1 asks the manager, which sends it on to node 2, which
+    // grants: 3.
+    run(&mut s, &[(2, Op::SemSignal(0))]);
+    run(&mut s, &[(1, Op::SemWait(0))]);
+    assert_eq!(delays(&s), [0, 5, 0]);
+    // The manager consumes its own signal without a message, and node 2's with two.
+    run(&mut s, &[(0, Op::SemSignal(0))]);
+    run(&mut s, &[(0, Op::SemWait(0))]);
+    assert_eq!(delays(&s), [0, 5, 0]);
+    run(&mut s, &[(2, Op::SemSignal(0))]);
+    run(&mut s, &[(0, Op::SemWait(0))]);
+    assert_eq!(delays(&s), [2, 5, 0]);
+}
+
+#[test]
 fn false_sharing_writers_all_survive_the_barrier() {
     // Every node increments its own variables, all on one page homed elsewhere, with no
     // locks at all (disjoint words: no race); after the barrier all see all writes.
