@@ -2152,6 +2152,92 @@ fn lock_counter_reaches_n_times_k() {
 }
 
 #[test]
+fn each_acquire_counts_the_message_delays_it_waited_for() {
+    // Lock 0's manager is node 0, which holds its token at first. Each step runs alone, so
+    // the path of each grant is known: what the round-trip model charges.
+    let mut s = sim(3, &[0], 1, 11);
+    let step = |s: &mut Sim, node: usize| {
+        s.nodes[node]
+            .script
+            .extend([Op::Acquire(0), Op::Incr(0), Op::Release(0)]);
+        s.run();
+    };
+    let delays = |s: &Sim| -> Vec<u64> {
+        s.nodes
+            .iter()
+            .map(|n| n.eng.stats().lock_acquire_delays)
+            .collect()
+    };
+    // Node 1 asks the manager, which grants: 2.
+    step(&mut s, 1);
+    assert_eq!(delays(&s), [0, 2, 0]);
+    // Node 2 asks the manager, which forwards to node 1, which grants: 3.
+    step(&mut s, 2);
+    assert_eq!(delays(&s), [0, 2, 3]);
+    // The manager itself forwards to node 2, which grants: 2.
+    step(&mut s, 0);
+    assert_eq!(delays(&s), [2, 2, 3]);
+    // Its token is here now: a local acquire waits for nothing.
+    step(&mut s, 0);
+    assert_eq!(delays(&s), [2, 2, 3]);
+    assert_eq!(s.nodes[0].eng.stats().lock_acquires_local, 1);
+    // Three nodes meet all-to-all without race detection: one delay each (the set-up's
+    // allocation was a barrier too).
+    let barrier_delays = |s: &Sim| -> Vec<u64> {
+        s.nodes
+            .iter()
+            .map(|n| n.eng.stats().barrier_delays)
+            .collect()
+    };
+    let before = barrier_delays(&s);
+    for node in 0..3 {
+        s.nodes[node].script.push_back(Op::Barrier);
+    }
+    s.run();
+    let after: Vec<u64> = barrier_delays(&s)
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| a - b)
+        .collect();
+    assert_eq!(after, [1, 1, 1]);
+    assert_eq!(s.model[0], 4);
+}
+
+#[test]
+fn each_semaphore_wait_counts_the_message_delays_it_waited_for() {
+    // Semaphore 0's manager is node 0; it starts with one token.
+    let mut s = sim(3, &[0], 1, 13);
+    s.semaphores(&[(0, 1)]);
+    let run = |s: &mut Sim, ops: &[(usize, Op)]| {
+        for (node, op) in ops {
+            s.nodes[*node].script.push_back(op.clone());
+        }
+        s.run();
+    };
+    let delays = |s: &Sim| -> Vec<u64> {
+        s.nodes
+            .iter()
+            .map(|n| n.eng.stats().sem_wait_delays)
+            .collect()
+    };
+    // The initial token: node 1 asks the manager, which grants: 2.
+    run(&mut s, &[(1, Op::SemWait(0))]);
+    assert_eq!(delays(&s), [0, 2, 0]);
+    // Node 2's signal: node 1 asks the manager, which sends it on to node 2, which
+    // grants: 3.
+    run(&mut s, &[(2, Op::SemSignal(0))]);
+    run(&mut s, &[(1, Op::SemWait(0))]);
+    assert_eq!(delays(&s), [0, 5, 0]);
+    // The manager consumes its own signal without a message, and node 2's with two.
+    run(&mut s, &[(0, Op::SemSignal(0))]);
+    run(&mut s, &[(0, Op::SemWait(0))]);
+    assert_eq!(delays(&s), [0, 5, 0]);
+    run(&mut s, &[(2, Op::SemSignal(0))]);
+    run(&mut s, &[(0, Op::SemWait(0))]);
+    assert_eq!(delays(&s), [2, 5, 0]);
+}
+
+#[test]
 fn false_sharing_writers_all_survive_the_barrier() {
     // Every node increments its own variables, all on one page homed elsewhere, with no
     // locks at all (disjoint words: no race); after the barrier all see all writes.

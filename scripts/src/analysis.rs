@@ -37,7 +37,11 @@ fn app_runs<'a>(
             rep,
             purpose,
             ..
-        } if a == app && *n == nodes && *v == variant && *purpose != Purpose::RaceCost => {
+        } if a == app
+            && *n == nodes
+            && *v == variant
+            && matches!(purpose, Purpose::Table | Purpose::Speedup) =>
+        {
             Some((*rep, &r.outcome))
         }
         _ => None,
@@ -522,7 +526,10 @@ pub fn speedup_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<SpeedupRow> {
                     variant: Variant::Off,
                     purpose,
                     ..
-                } if a == app && r.outcome.ok && *purpose != Purpose::RaceCost => {
+                } if a == app
+                    && r.outcome.ok
+                    && matches!(purpose, Purpose::Table | Purpose::Speedup) =>
+                {
                     r.outcome.sequential_s
                 }
                 _ => None,
@@ -959,6 +966,75 @@ pub fn race_cost_rows(runs: &[RunRecord]) -> Vec<RaceCostRow> {
         .collect()
 }
 
+/// The round-trip model's rows: per input and N, the repetition whose critical rank
+/// waited for the median number of delays (a run disturbed by load fetches no more than
+/// another, but a race for a lock can change who waits), with the loss at each of
+/// [`crate::delay::DELAYS_US`].
+pub fn round_trip_rows(runs: &[RunRecord]) -> Vec<RoundTripRow> {
+    type Cell = (String, String, usize, String);
+    let mut cells: Vec<Cell> = Vec::new();
+    let mut reps: BTreeMap<Cell, Vec<&RunRecord>> = BTreeMap::new();
+    for r in runs {
+        let Job::App {
+            app,
+            purpose: Purpose::RoundTrips,
+            nodes,
+            args,
+            transport,
+            ..
+        } = &r.job
+        else {
+            continue;
+        };
+        let cell = (
+            app.clone(),
+            args.join(" "),
+            *nodes,
+            transport.clone().unwrap_or_else(|| "auto".into()),
+        );
+        if !cells.contains(&cell) {
+            cells.push(cell.clone());
+        }
+        reps.entry(cell).or_default().push(r);
+    }
+    cells
+        .into_iter()
+        .map(|cell| {
+            let runs = &reps[&cell];
+            let ok: Vec<&RunRecord> = runs.iter().copied().filter(|r| r.outcome.ok).collect();
+            let times: Vec<f64> = ok.iter().filter_map(|r| r.outcome.parallel_s).collect();
+            let mut counted: Vec<&[crate::delay::RankWaits]> = ok
+                .iter()
+                .filter_map(|r| r.outcome.stats.as_ref())
+                .map(|s| s.rank_waits.as_slice())
+                .filter(|w| !w.is_empty())
+                .collect();
+            let critical = |w: &[crate::delay::RankWaits]| {
+                crate::delay::critical_rank(w).map_or(0, |r| r.delays())
+            };
+            counted.sort_by_key(|w| critical(w));
+            let ranks = counted
+                .get(counted.len().saturating_sub(1) / 2)
+                .map_or_else(Vec::new, |w| w.to_vec());
+            let loss = crate::delay::DELAYS_US
+                .iter()
+                .filter_map(|&d| Some((d, crate::delay::projected_loss_s(&ranks, d)?)))
+                .collect();
+            let (app, input, nodes, transport) = cell;
+            RoundTripRow {
+                app,
+                input,
+                nodes,
+                transport,
+                status: status_of(runs.len(), runs.len() - ok.len()),
+                time: summary(&times),
+                ranks,
+                loss,
+            }
+        })
+        .collect()
+}
+
 /// Geometric mean of the race-cost ratios (medians) of one transport, with the number of
 /// cells it covers; `None` when no cell of it has a ratio.
 pub fn race_cost_geomean(rows: &[RaceCostRow], transport: &str) -> Option<(f64, usize)> {
@@ -1014,6 +1090,7 @@ pub fn analyze(ctx: &Context, runs: Vec<RunRecord>, command: &dyn Fn(&Job) -> St
         speedup: speedup_rows(ctx, &runs),
         threads: threads_rows(ctx, &runs),
         race_cost: race_cost_rows(&runs),
+        round_trips: round_trip_rows(&runs),
         failures: failures(&runs, command),
         apps,
         peers,
@@ -1082,6 +1159,65 @@ mod tests {
             text.contains("the default transport: geometric mean 1.75x over 1 cells"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn round_trip_rows_take_the_repetition_with_the_median_critical_rank() {
+        use crate::delay::RankWaits;
+        // Rank 1's fetches are the critical rank's in every repetition: 100, 300 and 200
+        // fetches plus 10 barrier delays, so 210, 610 and 410 delays; the median is rep 2's.
+        let run = |rep: usize, fetches: u64, t: f64| RunRecord {
+            job: Job::App {
+                app: "water".into(),
+                purpose: Purpose::RoundTrips,
+                nodes: 2,
+                variant: Variant::Off,
+                rep,
+                args: vec!["--molecules".into(), "1000".into()],
+                transport: Some("tcp".into()),
+            },
+            outcome: Outcome {
+                ok: true,
+                parallel_s: Some(t),
+                stats: Some(JobStats {
+                    rank_waits: (0..2)
+                        .map(|rank| RankWaits {
+                            rank,
+                            fetch_requests: if rank == 1 { fetches } else { 1 },
+                            barriers: 10,
+                            barrier_delays: 10,
+                            ..RankWaits::default()
+                        })
+                        .collect(),
+                    ..JobStats::default()
+                }),
+                ..Outcome::default()
+            },
+        };
+        let runs = vec![run(0, 100, 0.2), run(1, 300, 0.4), run(2, 200, 0.3)];
+        let rows = round_trip_rows(&runs);
+        assert_eq!(rows.len(), 1);
+        let row = &rows[0];
+        assert_eq!((row.transport.as_str(), row.status.as_str()), ("tcp", "ok"));
+        assert_eq!(row.ranks[1].fetch_requests, 200);
+        assert_eq!(row.time.map(|t| t.median), Some(0.3));
+        // 410 delays: 10.25 ms at 25 us, 41 ms at 100 us, 205 ms at 500 us.
+        let want = [(25.0, 0.01025), (100.0, 0.041), (500.0, 0.205)];
+        assert_eq!(row.loss.len(), 3);
+        for ((d, l), (wd, wl)) in row.loss.iter().zip(want) {
+            assert_eq!(*d, wd);
+            assert!((l - wl).abs() < 1e-12, "{d}: {l}");
+        }
+        // Kept out of the applications table and the speedups.
+        assert_eq!(app_runs(&runs, "water", 2, Variant::Off).count(), 0);
+        let report = Report {
+            round_trips: rows,
+            ..Report::default()
+        };
+        let text = crate::render::render(&report);
+        // Rank 0: 2 + 10 = 12 delays, 6 round trips; rank 1: 205.
+        assert!(text.contains("| 6 / 205 |"), "{text}");
+        assert!(text.contains("+0.0410 (14%)"), "{text}");
     }
 
     fn app_run(app: &str, nodes: usize, variant: Variant, rep: usize, t: Option<f64>) -> RunRecord {

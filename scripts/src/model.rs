@@ -60,6 +60,10 @@ pub enum Purpose {
     /// The cost of `--race` as a user sees it: the same command with and without it, on
     /// the default transport (and, beside it, over rings and TCP).
     RaceCost,
+    /// The round-trip model's counts: every link over TCP, each rank its own copy of the
+    /// pages, as across hosts (and the apps' locking options beside their defaults).
+    #[serde(rename = "roundtrips")]
+    RoundTrips,
 }
 
 /// How a "dsm vs threads" job runs its kernel.
@@ -578,6 +582,10 @@ pub struct Report {
     /// dsm against plain threads on scaled inputs.
     #[serde(default)]
     pub threads: Vec<ThreadsRow>,
+    /// The round-trip model: per app, the round trips each rank waited for and the time
+    /// the app would lose at larger one-way delays.
+    #[serde(default)]
+    pub round_trips: Vec<RoundTripRow>,
     pub targets: Vec<Target>,
     /// PNG files written next to the report (file names).
     pub plots: Vec<String>,
@@ -605,4 +613,21 @@ pub struct RaceCostRow {
     /// `--race` over the run without it, paired by repetition.
     pub ratio: Option<crate::stats::Summary>,
     pub status: String,
+}
+
+/// One row of the round-trip model (see [`crate::delay`]): an app and input at N nodes
+/// over TCP, from its repetition with the median critical rank.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RoundTripRow {
+    pub app: String,
+    pub input: String,
+    pub nodes: usize,
+    pub transport: String,
+    pub status: String,
+    /// The app's parallel time over the repetitions.
+    pub time: Option<crate::stats::Summary>,
+    /// Every rank's waits in that repetition, in rank order.
+    pub ranks: Vec<crate::delay::RankWaits>,
+    /// Per one-way delay D (us), the seconds the model says the app would lose.
+    pub loss: Vec<(f64, f64)>,
 }

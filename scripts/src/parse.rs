@@ -4,6 +4,7 @@
 //! lenient about wording (the apps are written by different people) and strict about
 //! numbers: a figure is taken only when it is followed by its unit.
 
+use crate::delay::RankWaits;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -122,6 +123,25 @@ pub struct JobStats {
     pub races_reported: Option<u64>,
     /// Per-rank peak resident set in KiB, if the runtime writes it (`peak_rss_kib`, from VmHWM).
     pub rank_peak_rss_kb: Vec<u64>,
+    /// Per rank, in rank order, what it waited for (the round-trip model's input); empty
+    /// when the stats files predate the delay counters.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rank_waits: Vec<RankWaits>,
+}
+
+/// A rank's waits from its stats file, or `None` when the file lacks a delay counter.
+fn rank_waits(v: &Value) -> Option<RankWaits> {
+    let p = |k: &str| u(v, &["protocol", k]);
+    Some(RankWaits {
+        rank: u(v, &["rank"])? as usize,
+        fetch_requests: p("fetch_requests")?,
+        remote_acquires: p("lock_acquires")?.saturating_sub(p("lock_acquires_local")?),
+        lock_delays: p("lock_acquire_delays")?,
+        sem_waits: p("sem_waits")?,
+        sem_delays: p("sem_wait_delays")?,
+        barriers: p("barriers")?,
+        barrier_delays: p("barrier_delays")?,
+    })
 }
 
 fn u(v: &Value, path: &[&str]) -> Option<u64> {
@@ -154,6 +174,11 @@ pub fn combine_stats(files: &[Value]) -> Result<JobStats, String> {
         .filter_map(|v| Some((u(v, &["rank"]).unwrap_or(0), u(v, &["peak_rss_kib"])?)))
         .collect();
     rank_peak_rss_kb.sort();
+    let mut waits: Vec<RankWaits> = files.iter().filter_map(rank_waits).collect();
+    waits.sort_by_key(|w| w.rank);
+    if waits.len() != files.len() {
+        waits.clear();
+    }
     Ok(JobStats {
         ranks: files.len(),
         shared_bytes: u(rank0, &["shared_bytes"]).unwrap_or(0),
@@ -180,6 +205,7 @@ pub fn combine_stats(files: &[Value]) -> Result<JobStats, String> {
         }),
         races_reported: u(rank0, &["race", "races_reported"]),
         rank_peak_rss_kb: rank_peak_rss_kb.into_iter().map(|(_, kb)| kb).collect(),
+        rank_waits: waits,
     })
 }
 
@@ -426,6 +452,37 @@ mod tests {
         assert_eq!(s.peak_store_bytes, Some(128));
         assert_eq!(s.races_reported, Some(0));
         assert_eq!(s.rank_peak_rss_kb, vec![3000, 2000]);
+        // Older files without the delay counters give no waits rather than zeros.
+        assert!(s.rank_waits.is_empty());
+    }
+
+    #[test]
+    fn each_ranks_waits_are_read_in_rank_order() {
+        let file = |rank: u64, fetches: u64, local: u64| {
+            json!({"rank": rank, "protocol": {"fetch_requests": fetches, "lock_acquires": 10,
+                "lock_acquires_local": local, "lock_acquire_delays": 2 * (10 - local) + 1,
+                "sem_waits": 0, "sem_wait_delays": 0, "barriers": 4, "barrier_delays": 4}})
+        };
+        let s = combine_stats(&[file(1, 7, 6), file(0, 3, 10)]).unwrap();
+        let w = &s.rank_waits;
+        assert_eq!((w[0].rank, w[1].rank), (0, 1));
+        assert_eq!(
+            (w[1].fetch_requests, w[1].remote_acquires, w[1].lock_delays),
+            (7, 4, 9)
+        );
+        assert_eq!(w[0].remote_acquires, 0);
+        // Rank 1: 2 x 7 + 9 + 4 = 27 delays.
+        assert_eq!(w[1].delays(), 27);
+        // A job where one rank's file lacks them has none.
+        let mut old = file(1, 7, 6);
+        old["protocol"]
+            .as_object_mut()
+            .unwrap()
+            .remove("barrier_delays");
+        assert!(combine_stats(&[old, file(0, 3, 10)])
+            .unwrap()
+            .rank_waits
+            .is_empty());
     }
 
     #[test]

@@ -197,6 +197,90 @@ fn race_cost(o: &mut String, r: &Report) {
     );
 }
 
+/// A loss in seconds with its share of the measured time.
+fn loss(seconds: f64, time: Option<f64>) -> String {
+    match time.filter(|t| *t > 0.0) {
+        Some(t) => format!("+{} ({:.0}%)", secs(seconds), 100.0 * seconds / t),
+        None => format!("+{}", secs(seconds)),
+    }
+}
+
+/// The round-trip model (see `crate::delay`): per input, the round trips each rank waited
+/// for over TCP, the slowest rank's by kind, and the loss at each one-way delay.
+fn round_trips(o: &mut String, r: &Report) {
+    let _ = writeln!(o, "## 8. Round trips and larger network delays (a model)\n");
+    if r.round_trips.is_empty() {
+        let _ = writeln!(o, "Not measured.\n");
+        return;
+    }
+    let ds: Vec<f64> = crate::delay::DELAYS_US.to_vec();
+    let _ = write!(
+        o,
+        "| app | input | N | time over TCP (s) | round trips waited per rank | slowest rank: fetches, lock, semaphore, barrier delays |"
+    );
+    for d in &ds {
+        let _ = write!(o, " loss at D = {d:.0} us |");
+    }
+    let _ = writeln!(o, " status |\n{}|", "|---".repeat(7 + ds.len()));
+    for row in &r.round_trips {
+        let per_rank = if row.ranks.is_empty() {
+            "not counted".to_string()
+        } else {
+            row.ranks
+                .iter()
+                .map(|w| format!("{:.0}", w.round_trips()))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        };
+        let slowest = crate::delay::critical_rank(&row.ranks).map_or_else(
+            || DASH.to_string(),
+            |w| {
+                format!(
+                    "rank {}: {} fetches ({} delays), {} remote acquires ({}), {} waits ({}), {} barriers ({})",
+                    w.rank,
+                    w.fetch_requests,
+                    2 * w.fetch_requests,
+                    w.remote_acquires,
+                    w.lock_delays,
+                    w.sem_waits,
+                    w.sem_delays,
+                    w.barriers,
+                    w.barrier_delays
+                )
+            },
+        );
+        let _ = write!(
+            o,
+            "| {} | {} | {} | {} | {per_rank} | {slowest} |",
+            row.app,
+            row.input,
+            row.nodes,
+            times(row.time)
+        );
+        for d in &ds {
+            let cell = row.loss.iter().find(|(x, _)| x == d).map_or_else(
+                || DASH.to_string(),
+                |(_, l)| loss(*l, row.time.map(|t| t.median)),
+            );
+            let _ = write!(o, " {cell} |");
+        }
+        let _ = writeln!(o, " {} |", cell(&row.status));
+    }
+    let floor = r
+        .primitives_tcp
+        .rtt_us
+        .map_or_else(String::new, |rtt| {
+            format!(
+                " The measured times already include this machine's loopback delay (half the TCP round trip of the primitives table: {:.1} us one way), so the loss at D is what a network with that one-way delay adds on top of a loopback run, less about that much per delay.",
+                rtt / 2.0
+            )
+        });
+    let _ = writeln!(
+        o,
+        "\nEach app runs with `DSM_TRANSPORT=tcp` (every link a socket, each rank its own copy of the pages, as between hosts), without `--race`; the row is the repetition whose slowest rank waited the median number of delays, and its ranks' counts come from the stats file. The model charges a one-way delay D per message a rank waited for: 2 per page fetch, 2 per acquire of a lock whose token was elsewhere when the manager grants or hands the request to the holder (3 when the manager forwards it to a third rank), the same for a semaphore wait, 1 per all-to-all barrier and 2 per barrier through the master (allocations and `finish` included); a round trip is 2 delays. The job loses what its slowest rank loses, since the ranks meet at barriers. It does not credit delays hidden behind waiting for a held lock, nor charge a delay passed on to the ranks queued behind a holder.{floor} `water ... --locks block` takes one lock per rank's block of molecules instead of one per molecule (the default, as water-nsquared): far fewer acquires, each holding its block for longer.\n"
+    );
+}
+
 pub fn render(r: &Report) -> String {
     let mut o = String::new();
     let m = &r.machine;
@@ -651,6 +735,8 @@ pub fn render(r: &Report) -> String {
     if let Some(n) = &r.plots_note {
         let _ = writeln!(o, "**Plots not produced:** {}\n", cell(n));
     }
+
+    round_trips(&mut o, r);
 
     if !r.notes.is_empty() || !r.not_run.is_empty() || !r.failures.is_empty() {
         let _ = writeln!(o, "## Notes, parts not run, failures\n");

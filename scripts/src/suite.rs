@@ -138,6 +138,28 @@ pub fn race_cost_specs() -> Vec<AppSpec> {
     ]
 }
 
+/// The inputs of the round-trip model: the race-cost inputs, and Water's other lock
+/// granularity beside its default (one lock per molecule): `--locks block` takes one lock
+/// per node's block of molecules, far fewer acquires for the same result.
+pub fn round_trip_specs() -> Vec<AppSpec> {
+    let mut specs = race_cost_specs();
+    let block: Vec<AppSpec> = specs
+        .iter()
+        .filter(|a| a.name == "water")
+        .map(|a| AppSpec {
+            args: a
+                .args
+                .iter()
+                .cloned()
+                .chain(strs(&["--locks", "block"]))
+                .collect(),
+            ..a.clone()
+        })
+        .collect();
+    specs.extend(block);
+    specs
+}
+
 /// Repetitions, node counts and limits of a mode.
 #[derive(Clone, Debug)]
 pub struct Knobs {
@@ -170,6 +192,9 @@ pub struct Knobs {
     pub race_cost_nodes: Vec<usize>,
     pub race_cost_reps: usize,
     pub race_cost_transports: Vec<&'static str>,
+    /// The round-trip model's runs (over TCP): node counts and repetitions.
+    pub round_trip_nodes: Vec<usize>,
+    pub round_trip_reps: usize,
 }
 
 impl Knobs {
@@ -204,6 +229,8 @@ impl Knobs {
             } else {
                 vec!["auto", "rings", "tcp"]
             },
+            round_trip_nodes: vec![2],
+            round_trip_reps: if quick { 1 } else { 3 },
         }
     }
 
@@ -510,6 +537,7 @@ pub fn plan(knobs: &Knobs, apps: &[AppSpec], tools: &Tools, paths: &Paths) -> Ve
         }
     }
     jobs.extend(race_cost_plan(knobs, paths));
+    jobs.extend(round_trip_plan(knobs, paths));
     let have_kernels = app_available(paths, "race-kernel").is_ok();
     for &(kernel, _) in KERNELS {
         if have_kernels {
@@ -562,6 +590,32 @@ fn race_cost_plan(knobs: &Knobs, paths: &Paths) -> Vec<Job> {
                         });
                     }
                 }
+            }
+        }
+    }
+    jobs
+}
+
+/// The round-trip model's jobs: each input at each N over TCP without `--race`, where
+/// every link is a socket and each rank fetches its own copies, as between hosts.
+fn round_trip_plan(knobs: &Knobs, paths: &Paths) -> Vec<Job> {
+    let specs: Vec<AppSpec> = round_trip_specs()
+        .into_iter()
+        .filter(|a| app_available(paths, a.name).is_ok())
+        .collect();
+    let mut jobs = Vec::new();
+    for rep in 0..knobs.round_trip_reps {
+        for a in &specs {
+            for &n in &knobs.round_trip_nodes {
+                jobs.push(Job::App {
+                    app: a.name.into(),
+                    purpose: Purpose::RoundTrips,
+                    nodes: n,
+                    variant: Variant::Off,
+                    rep,
+                    args: a.args.clone(),
+                    transport: Some("tcp".into()),
+                });
             }
         }
     }
@@ -903,6 +957,10 @@ pub fn execute(
                 purpose: Purpose::RaceCost,
                 ..
             } => "cost of --race",
+            Job::App {
+                purpose: Purpose::RoundTrips,
+                ..
+            } => "round trips",
             Job::App { .. } => "speedup",
             Job::CSor { .. } => "SOR under other race detectors",
             Job::CKernel { .. } | Job::DsmKernel { .. } => "race kernels",

@@ -56,10 +56,14 @@ struct Args {
     /// hold at threshold K, at most 65536]
     #[arg(long, value_name = "TOURS")]
     pool: Option<usize>,
-    /// Most partial tours a node takes from the queue per lock acquire
+    /// Most partial tours a node takes from the queue per lock acquire: more means fewer
+    /// acquires of the queue's lock (round trips across hosts), but a node may hold work
+    /// another node is idle for
     #[arg(long, value_name = "B", default_value_t = search::DEFAULT_BATCH)]
     batch: usize,
-    /// Read the shared bound only under its lock (the race-free variant)
+    /// Read the shared bound only under its lock (the race-free variant): a lock acquire
+    /// per read of the bound instead of a plain read that may see a stale bound (which
+    /// only prunes less)
     #[arg(long)]
     locked_bound: bool,
     /// Skip the Held-Karp check (it is skipped anyway above 20 cities)

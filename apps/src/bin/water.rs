@@ -30,9 +30,12 @@ struct Args {
     /// Time step in femtoseconds.
     #[arg(long, default_value_t = water::DEFAULT_DT_FS, value_parser = parse_dt, allow_negative_numbers = true)]
     dt: f64,
-    /// Lock granularity for adding force sums: one lock per molecule (as water-nsquared
-    /// does), or one per node's block of molecules (far fewer lock operations: faster on a
-    /// DSM, same result).
+    /// Lock granularity for adding force sums. `molecule`: one lock per molecule, as
+    /// water-nsquared does: short critical sections, but thousands of acquires per node and
+    /// force phase, each a round trip when the lock was last held on another host.
+    /// `block`: one lock per node's block of molecules: N acquires per node and phase,
+    /// but a node adds a whole block under one lock, so the others wait longer for it.
+    /// Same result up to the order of the floating-point sums.
     #[arg(long, value_enum, default_value_t = Locks::Molecule)]
     locks: Locks,
     /// Seeded bug: add the inter-molecular force sums into the shared "forces" array

@@ -81,6 +81,11 @@ impl<M: Memory> Engine<M> {
             bitmaps,
             pages: Vec::new(),
         };
+        if self.n > 1 {
+            // The last arrival reaches everyone at once all-to-all, and through the master
+            // only with its release.
+            self.stats.barrier_delays += if self.all_to_all() { 1 } else { 2 };
+        }
         if !self.all_to_all() {
             // Pushes first: each link is FIFO, so a receiver mostly has them before the
             // master's release (one that comes later is dropped).

@@ -378,6 +378,7 @@ impl<M: Memory> Engine<M> {
         st.held = true;
         st.token = true;
         st.grants = grant.saturating_add(1);
+        self.stats.lock_acquire_delays += self.sync_delays(lock_manager(lock, self.n), from);
         self.note_acquired(lock, grant);
         let waits = self.apply_intervals(intervals, &known, pushed);
         self.begin_interval(SyncCause::Acquire(lock));

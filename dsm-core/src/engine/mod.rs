@@ -511,6 +511,17 @@ pub struct Stats {
     pub sem_signals: u64,
     /// Semaphore waits and try-waits started.
     pub sem_waits: u64,
+    /// One-way message delays this node waited for in its synchronization, summed over
+    /// its acquires of locks not held here (2 when the manager grants or passes the request
+    /// to the holder, 3 when the manager is a third node), its semaphore waits (0 to 3 by
+    /// where the manager and the consumed signal are) and its barriers (1 all-to-all, 2
+    /// through the master). With `fetch_requests` (2 each) this is what a round-trip model
+    /// charges a network's one-way delay for (`scripts/src/delay.rs`).
+    pub lock_acquire_delays: u64,
+    /// See `lock_acquire_delays`.
+    pub sem_wait_delays: u64,
+    /// See `lock_acquire_delays`.
+    pub barrier_delays: u64,
     /// Serialized size of the read/write notices from the access recorder in sent
     /// messages (race mode); filled in by the runtime.
     pub race_notice_bytes: u64,
@@ -786,6 +797,15 @@ impl<M: Memory> Engine<M> {
         self.pages
             .try_reserve(more)
             .or_else(|_| self.pages.try_reserve_exact(more))
+    }
+
+    /// One-way message delays between a request this node sent to `manager` and the grant
+    /// `granter` sent back: to the manager, on to the granter, back here, each leg only
+    /// when it crosses between nodes ([`Stats::lock_acquire_delays`]).
+    fn sync_delays(&self, manager: NodeId, granter: NodeId) -> u64 {
+        u64::from(manager != self.me)
+            + u64::from(granter != manager)
+            + u64::from(granter != self.me)
     }
 
     /// The counters so far (without the runtime's wire-level fields; see [`Stats`]).

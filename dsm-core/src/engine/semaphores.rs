@@ -281,6 +281,7 @@ impl<M: Memory> Engine<M> {
             return;
         }
         st.waiting = false;
+        self.stats.sem_wait_delays += self.sync_delays(sem_manager(sem, self.n), from);
         let waits = self.apply_intervals(intervals, &known, Default::default());
         self.begin_interval(SyncCause::SemWait(sem));
         let done = SemDone {
@@ -304,6 +305,7 @@ impl<M: Memory> Engine<M> {
             return;
         }
         st.waiting = false;
+        self.stats.sem_wait_delays += self.sync_delays(sem_manager(sem, self.n), from);
         self.begin_interval(SyncCause::SemTryFailed(sem));
         let vt = self.vt.clone();
         self.reply(Reply::Sem(SemDone {

@@ -50,6 +50,19 @@ struct Cli {
 enum Cmd {
     /// Re-renders a report's Markdown from its JSON (prints it on stdout).
     Render { json: PathBuf },
+    /// The round-trip model for one job: reads its ranks' stats files (`DSM_STATS_FILE`),
+    /// prints the round trips each rank waited for and what the job would lose at one-way
+    /// delays of 25, 100 and 500 us; with --delay-us D --base-us B, the difference the model
+    /// predicts between a run at one-way delay D and one at B (e.g. across namespaces and
+    /// on loopback, each half a measured round trip).
+    RoundTrips {
+        #[arg(long, requires = "base_us")]
+        delay_us: Option<f64>,
+        #[arg(long, requires = "delay_us")]
+        base_us: Option<f64>,
+        #[arg(required = true)]
+        stats_files: Vec<PathBuf>,
+    },
     /// Internal: runs one program with a time limit and reports its peak RSS.
     #[command(hide = true)]
     Measure {
@@ -86,8 +99,56 @@ fn main() -> Result<()> {
             print!("{}", render::render(&r));
             Ok(())
         }
+        Some(Cmd::RoundTrips {
+            delay_us,
+            base_us,
+            stats_files,
+        }) => round_trips(stats_files, delay_us.zip(*base_us)),
         None => run(&cli),
     }
+}
+
+fn round_trips(files: &[PathBuf], check: Option<(f64, f64)>) -> Result<()> {
+    use scripts::delay;
+    let values = files
+        .iter()
+        .map(|f| {
+            let text =
+                std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", f.display()))
+        })
+        .collect::<Result<Vec<serde_json::Value>>>()?;
+    let stats = scripts::parse::combine_stats(&values).map_err(anyhow::Error::msg)?;
+    let ranks = &stats.rank_waits;
+    if ranks.is_empty() {
+        bail!("the stats files have no delay counters (written by an older dsm?)");
+    }
+    for w in ranks {
+        println!(
+            "rank {}: {} round trips ({} delays: {} fetches x 2, {} remote acquires {}, {} semaphore waits {}, {} barriers {})",
+            w.rank,
+            w.round_trips(),
+            w.delays(),
+            w.fetch_requests,
+            w.remote_acquires,
+            w.lock_delays,
+            w.sem_waits,
+            w.sem_delays,
+            w.barriers,
+            w.barrier_delays
+        );
+    }
+    let critical = delay::critical_rank(ranks).context("no ranks")?;
+    println!("slowest rank: {}", critical.rank);
+    for d in delay::DELAYS_US {
+        let loss = delay::projected_loss_s(ranks, d).context("no ranks")?;
+        println!("loss at D = {d} us: {loss:.6} s");
+    }
+    if let Some((d, base)) = check {
+        let diff = delay::predicted_difference_s(ranks, d, base).context("no ranks")?;
+        println!("predicted difference at D = {d} us over {base} us: {diff:.6} s");
+    }
+    Ok(())
 }
 
 const PLOTS: &[&str] = &["breakdown.png", "speedup.png", "peers.png", "slowdown.png"];
