@@ -354,14 +354,34 @@ fn c_apps_reject_bad_arguments_by_name() {
     }
     let dir = tempfile::tempdir().expect("a temporary directory");
     let cases: [(&str, &[&str], &str); 8] = [
-        ("sor", &["12x"], "sor: N must be an integer in 3..32768, not '12x'"),
+        (
+            "sor",
+            &["12x"],
+            "sor: N must be an integer in 3..32768, not '12x'",
+        ),
         ("sor", &["64", "-1"], "sor: ITERS must be an integer in 0.."),
         ("sor", &["64", "5", "7"], "sor: too many arguments"),
-        ("tsp", &["--cities", "17"], "tsp: --cities must be an integer in 1..16, not '17'"),
-        ("tsp", &["--seed", "-3"], "tsp: --seed must be an unsigned 64-bit integer, not '-3'"),
+        (
+            "tsp",
+            &["--cities", "17"],
+            "tsp: --cities must be an integer in 1..16, not '17'",
+        ),
+        (
+            "tsp",
+            &["--seed", "-3"],
+            "tsp: --seed must be an unsigned 64-bit integer, not '-3'",
+        ),
         ("tsp", &["--queue"], "tsp: --queue needs a value"),
-        ("water", &["--molecules", "10"], "water: --molecules must be a cube"),
-        ("water", &["--steps", "2", "--fast"], "water: unknown argument '--fast'"),
+        (
+            "water",
+            &["--molecules", "10"],
+            "water: --molecules must be a cube",
+        ),
+        (
+            "water",
+            &["--steps", "2", "--fast"],
+            "water: unknown argument '--fast'",
+        ),
     ];
     let mut built = std::collections::HashMap::new();
     for (app, args, want) in cases {
