@@ -979,7 +979,8 @@ fn resolve_code_site(site: SourceSite) -> SourceSite {
 #[derive(Default)]
 pub struct Bitmaps {
     map: HashMap<(NodeId, BitmapKey), Held, BuildHasherDefault<KeyHasher>>,
-    /// The source sites the inserted bitmaps defined, by node and the node's number.
+    /// The source sites the inserted bitmaps defined, by node and the node's number, code
+    /// addresses not yet symbolised.
     sites: HashMap<(NodeId, u32), Arc<SourceSite>>,
 }
 
@@ -1022,9 +1023,12 @@ impl Bitmaps {
 
     /// Adds `node`'s bitmap `b`, replacing any earlier one with the same key.
     pub fn insert(&mut self, node: NodeId, b: EncodedBitmap) {
+        // Kept as sent: a code address is symbolised only when a race names it
+        // ([`Bitmaps::site`]). Reading the executable's debug information takes tens of
+        // milliseconds per address, on the master, inside the barrier that fetched the
+        // bitmaps, and a program whose bands overlap fetches some at every barrier.
         for (site, def) in b.defs {
-            self.sites
-                .insert((node, site), Arc::new(resolve_code_site(def)));
+            self.sites.insert((node, site), Arc::new(def));
         }
         let span = |s: &dsm_proto::SiteSpan| (s.first, s.last, s.site);
         let sites = match b.sites.as_slice() {
@@ -1100,7 +1104,9 @@ impl Bitmaps {
             .filter(|(first, last, _)| (*first as usize..=*last as usize).contains(&granule))
             .min_by_key(|(first, last, _)| last - first)?;
         // A site whose definition was lost with another list is left unnamed.
-        self.sites.get(&(r.node, *site)).map(|s| (**s).clone())
+        self.sites
+            .get(&(r.node, *site))
+            .map(|s| resolve_code_site((**s).clone()))
     }
 }
 
