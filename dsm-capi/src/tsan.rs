@@ -47,7 +47,7 @@ pub(crate) const WAYS: usize = 64;
 ///
 /// The recorder is called once per run (a loop's sweep of a row), not once per element;
 /// runs are flushed before every dsm call that synchronizes ([`flush_all`]), so each lands
-/// in the interval it was made in. The first four fields are read and `next` written by
+/// in the interval it was made in. The first three fields are read and `next` written by
 /// the access stubs' assembly at these offsets, so the layout is fixed; each slot is a
 /// cache line. Atomics only so that the table can be a static: only the recording thread
 /// touches it (the stubs compare the thread first), so relaxed plain moves suffice.
@@ -216,18 +216,15 @@ fn flush(node: &crate::api::Node, s: &Slot) {
     );
     let write = s.write.load(Relaxed);
     let first = a.addr() + start;
-    let count = if stride == 0 {
-        1
-    } else {
-        (s.next.load(Relaxed) - first) / stride
-    };
+    // Stride 0: one element.
+    let count = (s.next.load(Relaxed) - first)
+        .checked_div(stride)
+        .unwrap_or(1);
     // The elements inside the run's allocation (the first one always is).
     let last_fitting = a.addr() + a.bytes() - len;
-    let inside = if stride == 0 {
-        1
-    } else {
-        ((last_fitting - first) / stride + 1).min(count)
-    };
+    let inside = (last_fitting - first)
+        .checked_div(stride)
+        .map_or(1, |k| (k + 1).min(count));
     if let Some(shadow) = node.dsm.raw_shadow(a) {
         let site = Site::Code(ret.wrapping_sub(node.bias) as u64);
         if inside == 1 {

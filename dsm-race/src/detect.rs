@@ -1584,6 +1584,50 @@ mod tests {
     }
 
     #[test]
+    fn code_sites_are_symbolised_only_when_a_race_names_them() {
+        // The only test of this process that sets the (process-wide) resolver.
+        static LOOKUPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        set_code_resolver(Box::new(|addr| {
+            LOOKUPS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Some(SourceSite {
+                file: "k.c".into(),
+                line: addr as u32,
+                column: 3,
+                code: None,
+            })
+        }));
+        let a = iv(0, 1, vec![1, 0], &[], &[0]);
+        let b = iv(1, 1, vec![0, 1], &[], &[0]);
+        let code = |addr: u64| SourceSite {
+            file: String::new(),
+            line: 0,
+            column: 0,
+            code: Some(addr),
+        };
+        let mut bitmaps = Bitmaps::new();
+        for (node, granules, addr) in [(0, &[3][..], 41), (1, &[3, 6][..], 42)] {
+            let (_, mut bits) = bitmap(node, 1, 0, AccessKind::Write, granules);
+            bits.sites = std::iter::once(dsm_proto::SiteSpan {
+                site: 0,
+                first: 0,
+                last: 511,
+            })
+            .collect();
+            bits.defs = vec![(0, code(addr))];
+            bitmaps.insert(node, bits);
+        }
+        assert_eq!(LOOKUPS.load(std::sync::atomic::Ordering::SeqCst), 0);
+        let races = plan(1, vec![a, b]).compare(&bitmaps, &vars());
+        assert_eq!(races.len(), 1);
+        let lines = races[0].sites.clone().map(|s| s.map(|s| (s.file, s.line)));
+        assert_eq!(
+            lines,
+            [Some(("k.c".to_string(), 41)), Some(("k.c".to_string(), 42))]
+        );
+        assert!(LOOKUPS.load(std::sync::atomic::Ordering::SeqCst) >= 2);
+    }
+
+    #[test]
     fn disjoint_pages_need_no_bitmaps() {
         let a = iv(0, 1, vec![1, 0], &[1], &[2]);
         let b = iv(1, 1, vec![0, 1], &[5], &[6]);
