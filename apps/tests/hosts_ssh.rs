@@ -656,8 +656,7 @@ fn c_apps_across_namespaces() {
     let Some(c) = cluster_or_skip(TEST, 2) else {
         return;
     };
-    // As the one-host C SOR test builds it (sor.c's clock_gettime needs more than C11).
-    let sor = capi::build("gcc", &["-O2"], &capi::app_source("sor"), c.dir.path());
+    let sor = capi::build_app("sor", c.dir.path());
     let water = capi::build_app("water", c.dir.path());
     let (sor, water) = (sor.to_str().unwrap(), water.to_str().unwrap());
     // Ranks 0 and 1 on the first host, 2 and 3 on the second (by slot), unless by node.

@@ -8,12 +8,16 @@
  * computation's, whatever the number of ranks: rank 0 recomputes it sequentially in
  * private memory and compares every point. The same initial grid and update as the Rust
  * SOR (apps/src/sor.rs), so the checksums agree too. Exits 1 on a mismatch. */
+/* clock_gettime is POSIX, not C11: ask for it, so that -std=c11 builds declare it. */
+#define _POSIX_C_SOURCE 200809L
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include "dsm.h"
+#include "options.h"
 
 static const double OMEGA = 1.5;
 
@@ -90,12 +94,11 @@ static int verify(const double *g, int n, int iters, int size, double parallel) 
 }
 
 int main(int argc, char **argv) {
-    int n = argc > 1 ? atoi(argv[1]) : 512;
-    int iters = argc > 2 ? atoi(argv[2]) : 20;
-    if (n < 3 || iters < 0) {
-        fprintf(stderr, "usage: sor [N >= 3 [ITERS]]\n");
-        return 2;
-    }
+    Options o = options_begin("sor", "usage: sor [N >= 3 [ITERS >= 0]]", argc, argv);
+    if (argc > 3)
+        options_fail(&o, "too many arguments");
+    int n = option_positional(&o, 1, "N", 3, 1 << 15, 512);
+    int iters = option_positional(&o, 2, "ITERS", 0, INT_MAX, 20);
     if (dsm_init() != DSM_OK)
         fail("dsm_init");
     int rank = dsm_rank(), size = dsm_size();

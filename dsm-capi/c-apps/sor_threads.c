@@ -7,12 +7,15 @@
  *
  * Rows are banded across the threads as sor.c bands them across ranks, with a barrier
  * after each colour; the result is checked bitwise against a sequential run. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, pthread barriers */
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "options.h"
 
 static const double OMEGA = 1.5;
 static int n, iters, threads;
@@ -54,13 +57,13 @@ static void *worker(void *arg) {
 }
 
 int main(int argc, char **argv) {
-    threads = argc > 1 ? atoi(argv[1]) : 4;
-    n = argc > 2 ? atoi(argv[2]) : 1024;
-    iters = argc > 3 ? atoi(argv[3]) : 20;
-    if (threads < 1 || n < 3 || iters < 0) {
-        fprintf(stderr, "usage: sor_threads [THREADS [N >= 3 [ITERS]]]\n");
-        return 2;
-    }
+    Options o = options_begin("sor_threads", "usage: sor_threads [THREADS >= 1 [N >= 3 [ITERS >= 0]]]",
+                              argc, argv);
+    if (argc > 4)
+        options_fail(&o, "too many arguments");
+    threads = option_positional(&o, 1, "THREADS", 1, 1024, 4);
+    n = option_positional(&o, 2, "N", 3, 1 << 15, 1024);
+    iters = option_positional(&o, 3, "ITERS", 0, INT_MAX, 20);
     grid = malloc(sizeof(double) * (size_t)n * n);
     double *want = malloc(sizeof(double) * (size_t)n * n);
     pthread_t *ts = malloc(sizeof(pthread_t) * (size_t)threads);

@@ -28,6 +28,7 @@
  * on private memory (pruned only by the tour length so far): the same optimal length, and
  * the shared best path must be a tour of that length. It prints a `verified:` line, or
  * exits 1. */
+#include <limits.h>
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -35,8 +36,11 @@
 #include <string.h>
 #include <math.h>
 #include "dsm.h"
+#include "options.h"
 
 #define MAX_CITIES 16
+#define STR_(x) #x
+#define STR(x) STR_(x) /* a macro's value as a string literal */
 #define DEPTH 2 /* tours are split through the queue until they have 1 + DEPTH cities */
 #define NO_TOUR INT64_MAX
 
@@ -251,22 +255,13 @@ int main(int argc, char **argv) {
     uint64_t seed = 1;
     long queue_cap = 0;
     n = 11;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--cities") && i + 1 < argc)
-            n = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
-            seed = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--queue") && i + 1 < argc)
-            queue_cap = atol(argv[++i]);
-        else {
-            fprintf(stderr, "usage: tsp [--cities N (1..%d, default 11)] [--seed S] [--queue CAPACITY]\n", MAX_CITIES);
-            return 2;
-        }
-    }
-    if (n < 1 || n > MAX_CITIES) {
-        fprintf(stderr, "tsp: --cities must be 1..%d\n", MAX_CITIES);
-        return 2;
-    }
+    Options o = options_begin("tsp", "usage: tsp [--cities N (1.." STR(MAX_CITIES)
+                              ", default 11)] [--seed S] [--queue CAPACITY (>= 1)]",
+                              argc, argv);
+    while (options_next(&o))
+        if (!option_int(&o, "--cities", 1, MAX_CITIES, &n) && !option_u64(&o, "--seed", &seed) &&
+            !option_long(&o, "--queue", 1, LONG_MAX, &queue_cap))
+            options_unknown(&o);
     make_instance(seed);
     check(dsm_init(), "dsm_init");
     int rank = dsm_rank(), size = dsm_size();

@@ -27,12 +27,14 @@
  * functions with one rank and no dsm calls) and compares every step's energies (relative
  * 1e-9 of the step's energy scale; the order of the sums differs between the runs), and
  * checks that the total energy is conserved; it prints a `verified:` line, or exits 1. */
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "dsm.h"
+#include "options.h"
 
 /* Physical model (TIP3P charges and Lennard-Jones, SPC/Fw bond and angle constants). */
 static const double MASS[3] = {15.9994, 1.008, 1.008};
@@ -490,30 +492,24 @@ static int verify(const Run *par, int k) {
     return 0;
 }
 
-static void usage(void) {
-    fprintf(stderr, "usage: water [--molecules N (a cube, default 27)] [--steps S (default 5)] [--racy]\n");
-    exit(2);
-}
+static const char USAGE[] =
+    "usage: water [--molecules N (a cube, default 27)] [--steps S (default 5)] [--racy]";
 
 int main(int argc, char **argv) {
     Run r;
     memset(&r, 0, sizeof r);
     r.n = 27, r.steps = 5;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--molecules") && i + 1 < argc)
-            r.n = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
-            r.steps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--racy"))
+    Options o = options_begin("water", USAGE, argc, argv);
+    while (options_next(&o)) {
+        if (option_flag(&o, "--racy"))
             r.racy = 1;
-        else
-            usage();
+        else if (!option_int(&o, "--molecules", 1, 1000000, &r.n) &&
+                 !option_int(&o, "--steps", 0, INT_MAX, &r.steps))
+            options_unknown(&o);
     }
     int k = (int)round(cbrt((double)r.n));
-    if (r.n < 1 || k * k * k != r.n || r.steps < 0) {
-        fprintf(stderr, "water: the number of molecules must be a cube (8, 27, 64, ...) and steps >= 0\n");
-        usage();
-    }
+    if (k * k * k != r.n)
+        options_fail(&o, "--molecules must be a cube (8, 27, 64, ...)");
     /* Number density of water at 298 K (0.997 g/cm^3) per cubic Angstrom. */
     double density = 0.997 / (MASS[0] + MASS[1] + MASS[2]) * 6.02214076e23 / 1e24;
     r.side = cbrt(r.n / density), r.cutoff = r.side / 2, r.switch_on = r.cutoff * 0.9;

@@ -51,8 +51,6 @@ pub(crate) struct Node {
     /// The executable's load bias, subtracted from code addresses so that sites mean the
     /// same on every rank.
     pub(crate) bias: usize,
-    /// Accesses being combined by the hooks (see [`crate::tsan::Run`]).
-    pub(crate) runs: [Cell<crate::tsan::Run>; crate::tsan::WAYS],
     /// Locks this rank holds, so that releasing one it does not hold is an error here
     /// rather than a protocol failure.
     held: Vec<u64>,
@@ -183,16 +181,13 @@ pub extern "C" fn dsm_init() -> c_int {
                 hi: 0,
                 last: Cell::new(0),
                 bias: executable_bias(),
-                runs: std::array::from_fn(|_| Cell::default()),
                 held: Vec::new(),
                 named: HashMap::new(),
                 semaphores: Vec::new(),
             });
             NODE.set(Box::into_raw(node));
             RECORDING.set(race);
-            if race {
-                crate::tsan::ANY_RECORDING.store(true, std::sync::atomic::Ordering::Relaxed);
-            }
+            crate::tsan::set_recording(race);
             Ok(0)
         },
     )
@@ -231,6 +226,7 @@ fn alloc(name: *const c_char, elem: usize, len: usize, cols: usize) -> *mut c_vo
                 n.hi = a.addr() + a.bytes();
                 n.arrays.push(a);
                 n.spans.push((a.addr(), a.addr() + a.bytes()));
+                crate::tsan::set_shared_range(n.lo, n.hi);
                 Ok(a.addr() as *mut c_void)
             })
         },
@@ -428,6 +424,7 @@ pub extern "C" fn dsm_finish() -> c_int {
         || {
             with_node(|_| Ok(()))?;
             RECORDING.set(false);
+            crate::tsan::set_recording(false);
             let p = NODE.replace(std::ptr::null_mut());
             // SAFETY: `p` is the non-null pointer `dsm_init` made with `Box::into_raw`
             // (checked just above); it was nulled first, so nothing reaches it any more.

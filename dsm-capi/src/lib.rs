@@ -8,8 +8,8 @@
 //! recorder, with the instrumented instruction's address as their site, which rank 0
 //! turns into `file:line:column` from the executable's debug information when it reports a
 //! race. Coherence needs no instrumentation: the program's loads and stores take the same
-//! page faults a Rust program's do. Without `--race` every hook returns after one test of
-//! a thread-local flag.
+//! page faults a Rust program's do. Without `--race` every access hook returns after one
+//! compare of a static flag.
 //!
 //! # Unsafe code
 //!

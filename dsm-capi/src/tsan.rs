@@ -9,8 +9,9 @@
 //!   executable's load bias; anything else returns after a range check.
 //! - The hooks are assembly stubs that load the return address into a free argument
 //!   register and jump to a Rust function: Rust has no stable way to read its own return
-//!   address. They exist for x86_64 only; elsewhere the symbols are left undefined, so a
-//!   program fails to link instead of running unchecked.
+//!   address. The plain access hooks also make their common case there (see
+//!   [`SLOTS`]). They exist for x86_64 only; elsewhere the symbols are left undefined, so
+//!   a program fails to link instead of running unchecked.
 //! - `__tsan_atomic{8,16,32,64}_*` (load, store, exchange, fetch_add/sub/and/or/xor/nand,
 //!   compare_exchange strong/weak/val) and `__tsan_atomic_thread_fence`/`_signal_fence`
 //!   perform the operation, sequentially consistent whatever order was asked (never
@@ -31,12 +32,113 @@
 
 use crate::api::{NODE, RECORDING};
 use dsm_race::Site;
-use std::sync::atomic::{self, AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::{self, AtomicBool, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+
+/// Sites whose runs are combined at once (one slot each, by the low bits of the return
+/// address). Call instructions are 5 bytes, so the sites of one loop body (within 64
+/// bytes of each other, mostly) do not collide.
+pub(crate) const WAYS: usize = 64;
+
+/// One site's run of accesses: elements of `len` bytes, `stride` bytes apart, from byte
+/// `start` of allocation `array`; `next` is where the run's next element would be.
+/// `stride` 0: one element so far (repeated or not). `ret` 0: an empty slot. A run may
+/// step past its allocation's end (nothing bounds it while it grows, to keep that check
+/// off the fast path): [`flush`] gives each element beyond it to the allocation it is in.
+///
+/// The recorder is called once per run (a loop's sweep of a row), not once per element;
+/// runs are flushed before every dsm call that synchronizes ([`flush_all`]), so each lands
+/// in the interval it was made in. The first three fields are read and `next` written by
+/// the access stubs' assembly at these offsets, so the layout is fixed; each slot is a
+/// cache line. Atomics only so that the table can be a static: only the recording thread
+/// touches it (the stubs compare the thread first), so relaxed plain moves suffice.
+#[repr(C, align(64))]
+pub(crate) struct Slot {
+    ret: AtomicUsize,
+    next: AtomicUsize,
+    stride: AtomicUsize,
+    len: AtomicUsize,
+    write: AtomicBool,
+    array: AtomicUsize,
+    start: AtomicUsize,
+}
+
+// The stubs index the table by `(ret % WAYS) << 6` and use the fields at 0, 8 and 16.
+const _: () = assert!(std::mem::size_of::<Slot>() == 64 && WAYS.is_power_of_two());
+
+#[allow(clippy::declare_interior_mutable_const)] // an initializer, copied into SLOTS
+const EMPTY: Slot = Slot {
+    ret: AtomicUsize::new(0),
+    next: AtomicUsize::new(0),
+    stride: AtomicUsize::new(0),
+    len: AtomicUsize::new(0),
+    write: AtomicBool::new(false),
+    array: AtomicUsize::new(0),
+    start: AtomicUsize::new(0),
+};
+
+/// The runs being combined, of the one thread that records ([`OWNER`]). A static, not a
+/// thread-local or the node's, so that the stubs reach it by one rip-relative address, the
+/// same in `libdsm.a` and `libdsm.so` (a thread-local needs the thread pointer and an
+/// offset, and in a shared library a `__tls_get_addr` call; the node, a load through one).
+pub(crate) static SLOTS: [Slot; WAYS] = [EMPTY; WAYS];
+
+/// The thread pointer (`fs:0`, the address of its own thread control block, unique per
+/// live thread) of the thread whose accesses are recorded: the one that called
+/// `dsm_init`, under `--race`; 0 while none is. The access stubs compare it (after
+/// [`ANY_RECORDING`]) and return at once on a mismatch: other threads are not recorded.
+pub(crate) static OWNER: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether a thread records (`--race` is on and `dsm_init` ran): the access stubs' first
+/// test, one byte, so that without `--race` an instrumented access costs a call, a compare
+/// and a return.
+pub(crate) static ANY_RECORDING: AtomicBool = AtomicBool::new(false);
+
+/// The shared allocations' address range, `SHARED_LO..SHARED_HI` (empty until the first
+/// allocation), for the access stubs' range check.
+pub(crate) static SHARED_LO: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static SHARED_HI: AtomicUsize = AtomicUsize::new(0);
+
+/// Sets the range of [`SHARED_LO`] and [`SHARED_HI`] (after an allocation).
+pub(crate) fn set_shared_range(lo: usize, hi: usize) {
+    SHARED_LO.store(lo, Relaxed);
+    SHARED_HI.store(hi, Relaxed);
+}
+
+/// This thread's thread pointer (see [`OWNER`]).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn thread_pointer() -> usize {
+    let tp: usize;
+    // SAFETY: on x86_64 Linux `fs:0` holds the thread control block's address (the TLS
+    // ABI's self pointer, set by the C library for every thread); reading it has no
+    // other effect.
+    unsafe {
+        std::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) tp, options(nostack, readonly, preserves_flags))
+    };
+    tp
+}
+
+/// Elsewhere the stubs do not exist; nothing compares it.
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) fn thread_pointer() -> usize {
+    1
+}
+
+/// Starts or stops recording this thread's accesses (`dsm_init`, `dsm_finish`).
+pub(crate) fn set_recording(on: bool) {
+    OWNER.store(if on { thread_pointer() } else { 0 }, Relaxed);
+    ANY_RECORDING.store(on, Relaxed);
+}
+
+#[inline(always)]
+fn slot_of(ret: usize) -> &'static Slot {
+    &SLOTS[ret % WAYS]
+}
 
 /// Records an access of `len` bytes at `addr`, made by the call returning to `ret`, when
-/// this thread records: one test of a thread-local flag when it does not. The next
-/// element of a run its site is making costs a few compares here, inline; anything else
-/// goes to [`record`].
+/// this thread records: the Rust form of the access stubs' fast path (which the other
+/// hooks take, and the plain access hooks after their stub's path missed): the next
+/// element of its site's run, or its last element again, costs a few compares; anything
+/// else goes to [`record`].
 #[inline(always)]
 fn hook(addr: usize, len: usize, write: bool, ret: usize) {
     if !RECORDING.get() {
@@ -46,55 +148,21 @@ fn hook(addr: usize, len: usize, write: bool, ret: usize) {
     if p.is_null() {
         return;
     }
+    let s = slot_of(ret);
+    if s.ret.load(Relaxed) == ret && s.len.load(Relaxed) == len && s.write.load(Relaxed) == write {
+        let (next, stride) = (s.next.load(Relaxed), s.stride.load(Relaxed));
+        if addr == next {
+            return s.next.store(addr + stride, Relaxed);
+        }
+        if addr == next.wrapping_sub(stride) {
+            return; // the run's last element again
+        }
+    }
     // SAFETY: `RECORDING` is set only while `NODE` holds the live node of this thread
     // (`dsm_init` to `dsm_finish`). Hooks run from instrumented C code, never inside a
     // dsm API call, so no `&mut` to the node is alive; this shared reference ends with
     // the call.
-    let node = unsafe { &*p };
-    let slot = &node.runs[slot_of(ret)];
-    let mut r = slot.get();
-    if r.ret == ret && r.write == write && r.len == len {
-        if addr == r.next && addr.saturating_add(len) <= r.limit {
-            r.count += 1;
-            r.last = addr;
-            r.next = addr + r.stride;
-            return slot.set(r);
-        }
-        if addr == r.last {
-            return; // the run's last element again
-        }
-    }
-    record(node, addr, len, write, ret);
-}
-
-/// Accesses being combined, one run per site (hashed): the recorder is called once per
-/// run of elements one site touches at a regular stride (a loop's sweep of a row), not
-/// once per element. Runs are flushed before every dsm call that synchronizes
-/// ([`flush_all`]), so each lands in the interval it was made in.
-pub(crate) const WAYS: usize = 64;
-
-/// A site's slot: the low bits of its return address. Call instructions are 5 bytes, so
-/// the sites of one loop body (within 64 bytes of each other, mostly) do not collide.
-#[inline(always)]
-fn slot_of(ret: usize) -> usize {
-    ret % WAYS
-}
-
-/// One site's run: `count` elements of `len` bytes, `stride` bytes apart, from byte
-/// `start` of array `array`. `last` is the address of its last element, `next` where the
-/// next one would be, `limit` the end of the array. `ret` 0: an empty slot.
-#[derive(Clone, Copy, Default)]
-pub(crate) struct Run {
-    ret: usize,
-    write: bool,
-    len: usize,
-    next: usize,
-    last: usize,
-    limit: usize,
-    array: usize,
-    start: usize,
-    stride: usize,
-    count: usize,
+    record(unsafe { &*p }, addr, len, write, ret);
 }
 
 /// [`hook`]'s slow path: an access that does not continue its site's run.
@@ -109,56 +177,80 @@ fn record(node: &crate::api::Node, addr: usize, len: usize, write: bool, ret: us
     if addr < start || end > stop {
         return record_spanning(node, addr, end, write, ret);
     }
-    let slot = &node.runs[slot_of(ret)];
-    let mut r = slot.get();
+    let s = slot_of(ret);
+    let ours = s.ret.load(Relaxed) == ret
+        && s.array.load(Relaxed) == i
+        && s.write.load(Relaxed) == write
+        && s.len.load(Relaxed) == len;
     // The second element of a run sets its stride.
-    if r.ret == ret && r.array == i && r.write == write && r.len == len && r.count == 1 {
-        let first = start + r.start;
+    if ours && s.stride.load(Relaxed) == 0 {
+        let first = start + s.start.load(Relaxed);
         if addr >= first + len {
-            r.stride = addr - first;
-            r.count = 2;
-            r.last = addr;
-            r.next = addr + r.stride;
-            return slot.set(r);
+            let stride = addr - first;
+            s.stride.store(stride, Relaxed);
+            s.next.store(addr + stride, Relaxed);
+            return;
         }
     }
-    if r.ret != 0 {
-        flush(node, &r);
+    if s.ret.load(Relaxed) != 0 {
+        flush(node, s);
     }
-    slot.set(Run {
-        ret,
-        write,
-        len,
-        // Never matched before the stride is known.
-        next: usize::MAX,
-        last: addr,
-        limit: stop,
-        array: i,
-        start: addr - start,
-        stride: 0,
-        count: 1,
-    });
+    // `next` at the element itself with stride 0: repeats of it continue the run.
+    s.ret.store(ret, Relaxed);
+    s.next.store(addr, Relaxed);
+    s.stride.store(0, Relaxed);
+    s.len.store(len, Relaxed);
+    s.write.store(write, Relaxed);
+    s.array.store(i, Relaxed);
+    s.start.store(addr - start, Relaxed);
 }
 
-/// Records run `r` with the recorder.
-fn flush(node: &crate::api::Node, r: &Run) {
-    let a = &node.arrays[r.array];
+/// Records slot `s`'s run with the recorder.
+fn flush(node: &crate::api::Node, s: &Slot) {
+    let a = &node.arrays[s.array.load(Relaxed)];
+    let ret = s.ret.load(Relaxed);
+    let (start, len, stride) = (
+        s.start.load(Relaxed),
+        s.len.load(Relaxed),
+        s.stride.load(Relaxed),
+    );
+    let write = s.write.load(Relaxed);
+    let first = a.addr() + start;
+    // Stride 0: one element.
+    let count = (s.next.load(Relaxed) - first)
+        .checked_div(stride)
+        .unwrap_or(1);
+    // The elements inside the run's allocation (the first one always is).
+    let last_fitting = a.addr() + a.bytes() - len;
+    let inside = (last_fitting - first)
+        .checked_div(stride)
+        .map_or(1, |k| (k + 1).min(count));
     if let Some(shadow) = node.dsm.raw_shadow(a) {
-        let site = Site::Code(r.ret.wrapping_sub(node.bias) as u64);
-        if r.count == 1 {
-            shadow.access_at(r.write, r.start, r.len, site);
+        let site = Site::Code(ret.wrapping_sub(node.bias) as u64);
+        if inside == 1 {
+            shadow.access_at(write, start, len, site);
         } else {
-            shadow.strided_at(r.write, r.start, r.len, r.stride, r.count, site);
+            shadow.strided_at(write, start, len, stride, inside, site);
         }
+    }
+    // A run that went on past its allocation (a loop over adjacent allocations, or past
+    // the last one): rare, so element by element; those past every allocation are not
+    // shared memory.
+    for k in inside..count {
+        let at = first + k * stride;
+        if at >= node.hi {
+            break;
+        }
+        record_spanning(node, at, at + len, write, ret);
     }
 }
 
 /// Records every pending run: before a synchronization closes the interval.
 pub(crate) fn flush_all(node: &crate::api::Node) {
-    for slot in &node.runs {
-        let r = slot.take();
-        if r.ret != 0 {
-            flush(node, &r);
+    for s in &SLOTS {
+        if s.ret.load(Relaxed) != 0 {
+            flush(node, s);
+            s.ret.store(0, Relaxed);
         }
     }
 }
@@ -228,35 +320,67 @@ macro_rules! stub {
     };
 }
 
-/// Whether any thread of the process records (`--race` is on and `dsm_init` ran): the
-/// plain access hooks test it first, in their stub, and return at once when it is not
-/// set, so that without `--race` an instrumented access costs a call, a compare and a
-/// return.
-pub(crate) static ANY_RECORDING: AtomicBool = AtomicBool::new(false);
-
-/// `__tsan_{read,write}N(addr)` and their unaligned forms: return at once unless
-/// [`ANY_RECORDING`], else the return address in rsi and on to `$body`.
+/// `__tsan_{read,write}N(addr)` and their unaligned forms. The stub returns at once unless
+/// [`ANY_RECORDING`] and this thread is [`OWNER`]; continues its site's run in [`SLOTS`]
+/// when `addr` is the run's next element (the one case that matters for speed: a loop's
+/// sweep); returns when the access lies outside the shared allocations (private memory:
+/// the program's other accesses); else jumps to `$body` with the return address in rsi.
+/// A slot's return address fixes which hook the call site calls, hence the access's
+/// length and kind: the stub need not compare them.
 macro_rules! access {
     ($body:ident, $len:literal, $write:literal, $($stub:ident),+) => {
         extern "C" fn $body(addr: usize, ret: usize) {
             hook(addr, $len, $write, ret);
         }
         $(
-            // SAFETY: as for `stub!`; the early return reads one byte of a static and
-            // leaves everything else untouched.
+            // SAFETY: as for `stub!`. Before that, the stub uses only rax, rcx and rsi
+            // (scratch registers of the C calling convention, free at a call), reads
+            // `OWNER` and its slot of `SLOTS`, and writes that slot's `next`, which only
+            // this thread (the owner) reads or writes (`Slot`'s layout is `repr(C)`,
+            // 64 bytes, checked at compile time).
             #[cfg(target_arch = "x86_64")]
             #[unsafe(naked)]
             #[no_mangle]
             #[doc(hidden)]
             pub extern "C" fn $stub() {
                 std::arch::naked_asm!(
-                    "cmp byte ptr [rip + {flag}], 0",
+                    // Without --race: the same three instructions as before the fast
+                    // path, falling through to the return (a taken jump to a `ret` at
+                    // the end made the run without --race 30-40% slower).
+                    "cmp byte ptr [rip + {any}], 0",
+                    "jne 4f",
+                    "ret",
+                    "4:",
+                    "mov rax, qword ptr fs:[0]",
+                    "cmp rax, qword ptr [rip + {owner}]",
+                    "jne 3f",
+                    "mov rsi, qword ptr [rsp]",
+                    "mov eax, esi",
+                    "and eax, {mask}",
+                    "shl eax, 6",
+                    "lea rcx, [rip + {slots}]",
+                    "cmp rsi, qword ptr [rcx + rax]",
                     "jne 2f",
+                    "cmp rdi, qword ptr [rcx + rax + 8]",
+                    "jne 2f",
+                    "add rdi, qword ptr [rcx + rax + 16]",
+                    "mov qword ptr [rcx + rax + 8], rdi",
+                    "3:",
                     "ret",
                     "2:",
-                    "mov rsi, qword ptr [rsp]",
+                    "lea rax, [rdi + {len} - 1]",
+                    "cmp rax, qword ptr [rip + {lo}]",
+                    "jb 3b",
+                    "cmp rdi, qword ptr [rip + {hi}]",
+                    "jae 3b",
                     "jmp {body}",
-                    flag = sym ANY_RECORDING,
+                    any = sym ANY_RECORDING,
+                    owner = sym OWNER,
+                    slots = sym SLOTS,
+                    lo = sym SHARED_LO,
+                    hi = sym SHARED_HI,
+                    len = const $len,
+                    mask = const WAYS - 1,
                     body = sym $body,
                 )
             }

@@ -174,7 +174,7 @@ fn c_sor_is_bitwise_the_sequential_run_and_race_free() {
         return;
     }
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let exe = build(&capi::app_source("sor"), dir.path());
+    let exe = build_app("sor", dir.path());
     for (n, race) in [(1, false), (2, true), (3, false), (4, true)] {
         let flags: &[&str] = if race { &["--race"] } else { &[] };
         let r = run(dsmrun_command(
@@ -340,5 +340,62 @@ fn c_tsp_finds_the_sequential_optimum_and_is_race_free() {
             }
         }
         assert_eq!(lengths.len(), 1, "seed {seed}: lengths {lengths:?}");
+    }
+}
+
+/// The C apps' shared option parsing (`c-apps/options.h`): a value that is not wholly a
+/// number or is out of range, a missing value and an unknown argument each exit 2 before
+/// dsm starts, naming the argument and printing the usage. The binaries run without
+/// dsmrun: they stop before `dsm_init`.
+#[test]
+fn c_apps_reject_bad_arguments_by_name() {
+    if !have("gcc", "c_apps_reject_bad_arguments_by_name") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let cases: [(&str, &[&str], &str); 8] = [
+        (
+            "sor",
+            &["12x"],
+            "sor: N must be an integer in 3..32768, not '12x'",
+        ),
+        ("sor", &["64", "-1"], "sor: ITERS must be an integer in 0.."),
+        ("sor", &["64", "5", "7"], "sor: too many arguments"),
+        (
+            "tsp",
+            &["--cities", "17"],
+            "tsp: --cities must be an integer in 1..16, not '17'",
+        ),
+        (
+            "tsp",
+            &["--seed", "-3"],
+            "tsp: --seed must be an unsigned 64-bit integer, not '-3'",
+        ),
+        ("tsp", &["--queue"], "tsp: --queue needs a value"),
+        (
+            "water",
+            &["--molecules", "10"],
+            "water: --molecules must be a cube",
+        ),
+        (
+            "water",
+            &["--steps", "2", "--fast"],
+            "water: unknown argument '--fast'",
+        ),
+    ];
+    let mut built = std::collections::HashMap::new();
+    for (app, args, want) in cases {
+        let exe = built
+            .entry(app)
+            .or_insert_with(|| build_app(app, dir.path()));
+        let out = std::process::Command::new(&*exe)
+            .args(args)
+            .output()
+            .expect("the app runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let context = format!("{app} {args:?}: {stderr}");
+        assert_eq!(out.status.code(), Some(2), "{context}");
+        assert!(stderr.contains(want), "{context}");
+        assert!(stderr.contains(&format!("usage: {app}")), "{context}");
     }
 }

@@ -979,7 +979,8 @@ fn resolve_code_site(site: SourceSite) -> SourceSite {
 #[derive(Default)]
 pub struct Bitmaps {
     map: HashMap<(NodeId, BitmapKey), Held, BuildHasherDefault<KeyHasher>>,
-    /// The source sites the inserted bitmaps defined, by node and the node's number.
+    /// The source sites the inserted bitmaps defined, by node and the node's number, code
+    /// addresses not yet symbolised.
     sites: HashMap<(NodeId, u32), Arc<SourceSite>>,
 }
 
@@ -1022,9 +1023,12 @@ impl Bitmaps {
 
     /// Adds `node`'s bitmap `b`, replacing any earlier one with the same key.
     pub fn insert(&mut self, node: NodeId, b: EncodedBitmap) {
+        // Kept as sent: a code address is symbolised only when a race names it
+        // ([`Bitmaps::site`]). Reading the executable's debug information takes tens of
+        // milliseconds per address, on the master, inside the barrier that fetched the
+        // bitmaps, and a program whose bands overlap fetches some at every barrier.
         for (site, def) in b.defs {
-            self.sites
-                .insert((node, site), Arc::new(resolve_code_site(def)));
+            self.sites.insert((node, site), Arc::new(def));
         }
         let span = |s: &dsm_proto::SiteSpan| (s.first, s.last, s.site);
         let sites = match b.sites.as_slice() {
@@ -1100,7 +1104,9 @@ impl Bitmaps {
             .filter(|(first, last, _)| (*first as usize..=*last as usize).contains(&granule))
             .min_by_key(|(first, last, _)| last - first)?;
         // A site whose definition was lost with another list is left unnamed.
-        self.sites.get(&(r.node, *site)).map(|s| (**s).clone())
+        self.sites
+            .get(&(r.node, *site))
+            .map(|s| resolve_code_site((**s).clone()))
     }
 }
 
@@ -1575,6 +1581,50 @@ mod tests {
         later.insert(0, again);
         let r = &plan(1, vec![a, b]).compare(&later, &vars())[0];
         assert_eq!(r.sites[0].as_ref().map(|s| s.line), Some(11));
+    }
+
+    #[test]
+    fn code_sites_are_symbolised_only_when_a_race_names_them() {
+        // The only test of this process that sets the (process-wide) resolver.
+        static LOOKUPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        set_code_resolver(Box::new(|addr| {
+            LOOKUPS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Some(SourceSite {
+                file: "k.c".into(),
+                line: addr as u32,
+                column: 3,
+                code: None,
+            })
+        }));
+        let a = iv(0, 1, vec![1, 0], &[], &[0]);
+        let b = iv(1, 1, vec![0, 1], &[], &[0]);
+        let code = |addr: u64| SourceSite {
+            file: String::new(),
+            line: 0,
+            column: 0,
+            code: Some(addr),
+        };
+        let mut bitmaps = Bitmaps::new();
+        for (node, granules, addr) in [(0, &[3][..], 41), (1, &[3, 6][..], 42)] {
+            let (_, mut bits) = bitmap(node, 1, 0, AccessKind::Write, granules);
+            bits.sites = std::iter::once(dsm_proto::SiteSpan {
+                site: 0,
+                first: 0,
+                last: 511,
+            })
+            .collect();
+            bits.defs = vec![(0, code(addr))];
+            bitmaps.insert(node, bits);
+        }
+        assert_eq!(LOOKUPS.load(std::sync::atomic::Ordering::SeqCst), 0);
+        let races = plan(1, vec![a, b]).compare(&bitmaps, &vars());
+        assert_eq!(races.len(), 1);
+        let lines = races[0].sites.clone().map(|s| s.map(|s| (s.file, s.line)));
+        assert_eq!(
+            lines,
+            [Some(("k.c".to_string(), 41)), Some(("k.c".to_string(), 42))]
+        );
+        assert!(LOOKUPS.load(std::sync::atomic::Ordering::SeqCst) >= 2);
     }
 
     #[test]

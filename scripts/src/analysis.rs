@@ -21,6 +21,8 @@ pub struct Context {
     pub kernels: Vec<(String, bool)>,
     /// Tool -> why it was not run.
     pub missing_tools: BTreeMap<Tool, String>,
+    /// Runner of the C row -> why it was not run (its program could not be built).
+    pub missing_c: BTreeMap<CRunner, String>,
 }
 
 fn app_runs<'a>(
@@ -389,6 +391,7 @@ pub fn peer_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<PeerRow> {
         row.expected_race = Some(false);
         rows.push(row);
     }
+    rows.extend(c_app_rows(ctx, runs));
     // The kernels: dsm and each thread-level detector.
     for (kernel, racy) in &ctx.kernels {
         let dsm = runs.iter().find_map(|r| match &r.job {
@@ -419,6 +422,66 @@ pub fn peer_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<PeerRow> {
                 threads,
             ));
         }
+    }
+    rows
+}
+
+/// The C row (issue 33): the C SOR of `dsm-capi/c-apps` with threads, plain and under
+/// ThreadSanitizer, and on dsm ranks, without and with `--race`; each detector's slowdown
+/// over the same program without it, paired by repetition.
+fn c_app_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<PeerRow> {
+    let s = &ctx.settings;
+    let of = |runner: CRunner| -> (Vec<f64>, Vec<&Outcome>) {
+        let mut v: Vec<(usize, &Outcome)> = runs
+            .iter()
+            .filter_map(|r| match &r.job {
+                Job::CApp { runner: x, rep, .. } if *x == runner => Some((*rep, &r.outcome)),
+                _ => None,
+            })
+            .collect();
+        v.sort_by_key(|(rep, _)| *rep);
+        let times = v
+            .iter()
+            .map(|(_, o)| o.parallel_s.filter(|_| o.ok).unwrap_or(f64::NAN))
+            .collect();
+        (times, v.into_iter().map(|(_, o)| o).collect())
+    };
+    let mut rows = Vec::new();
+    for runner in CRunner::ALL {
+        let program = if runner.dsm() {
+            "sor.c on dsm, processes"
+        } else {
+            "sor_threads.c, pthreads"
+        };
+        let mut row = PeerRow {
+            tool: runner.label().into(),
+            app: format!("sor {} (C row: dsm-capi/c-apps/{program})", s.peer_sor),
+            threads: s.peer_threads,
+            expected_race: Some(false),
+            ..PeerRow::default()
+        };
+        if let Some(why) = ctx.missing_c.get(&runner) {
+            row.status = format!("not run: {why}");
+            rows.push(row);
+            continue;
+        }
+        let (base, _) = of(runner.baseline());
+        let (times, outs) = of(runner);
+        row.status = status_of(times.len(), times.iter().filter(|t| t.is_nan()).count());
+        row.base_s = median(&base);
+        row.tool_s = median(&times);
+        if let Some(r) = summary(&paired_ratios(&base, &times)) {
+            row.slowdown = Some(r.median);
+            row.slowdown_min = Some(r.min);
+            row.slowdown_max = Some(r.max);
+        }
+        row.peak_rss_mb = outs.iter().filter_map(|o| o.max_rss_kb).max().map(mb);
+        row.found_race = outs
+            .iter()
+            .filter(|o| o.ok)
+            .filter_map(|o| o.found_race)
+            .reduce(|a, b| a || b);
+        rows.push(row);
     }
     rows
 }
@@ -877,6 +940,7 @@ fn failure_group(job: &Job) -> String {
     match job {
         Job::App { app, .. } => format!("app {app}"),
         Job::CSor { tool, .. } => format!("C sor {tool:?}"),
+        Job::CApp { runner, .. } => format!("C sor (c-apps) {}", runner.label()),
         Job::CKernel { tool, .. } => format!("C kernel {tool:?}"),
         Job::DsmKernel { .. } => "race-kernel".into(),
         Job::Primitives { .. } => "dsm-bench".into(),
@@ -1068,6 +1132,11 @@ pub fn analyze(ctx: &Context, runs: Vec<RunRecord>, command: &dyn Fn(&Job) -> St
             .iter()
             .map(|(t, why)| format!("{}: {why}", t.label())),
     );
+    not_run.extend(
+        ctx.missing_c
+            .iter()
+            .map(|(r, why)| format!("{}: {why}", r.label())),
+    );
     for n in &ctx.settings.skipped_nodes {
         not_run.push(format!(
             "application runs at N = {n}: skipped in --{}",
@@ -1218,6 +1287,65 @@ mod tests {
         // Rank 0: 2 + 10 = 12 delays, 6 round trips; rank 1: 205.
         assert!(text.contains("| 6 / 205 |"), "{text}");
         assert!(text.contains("+0.0410 (14%)"), "{text}");
+    }
+
+    #[test]
+    fn c_row_pairs_each_detector_with_its_own_program_and_says_why_one_did_not_run() {
+        let run = |runner, rep, t: f64, race: Option<bool>| RunRecord {
+            job: Job::CApp {
+                runner,
+                size: 64,
+                iters: 5,
+                nodes: 2,
+                rep,
+            },
+            outcome: Outcome {
+                ok: true,
+                parallel_s: Some(t),
+                found_race: race,
+                ..Outcome::default()
+            },
+        };
+        let runs = vec![
+            run(CRunner::Threads, 0, 0.1, None),
+            run(CRunner::ThreadsTsan, 0, 3.0, Some(false)),
+            run(CRunner::Dsm, 0, 0.5, None),
+            run(CRunner::DsmRace, 0, 0.6, Some(false)),
+            run(CRunner::DsmRace, 1, 1.4, Some(false)),
+            run(CRunner::Dsm, 1, 1.0, None),
+            run(CRunner::ThreadsTsan, 1, 5.0, Some(false)),
+            run(CRunner::Threads, 1, 0.2, None),
+        ];
+        let rows = c_app_rows(&ctx(), &runs);
+        let row = |label: &str| rows.iter().find(|r| r.tool == label).unwrap();
+        // Ratios paired by repetition: TSan 30 and 25 over threads, dsm 1.2 and 1.4.
+        let tsan = row("ThreadSanitizer (C row)");
+        assert_eq!(tsan.slowdown, Some(27.5));
+        assert_eq!(
+            (tsan.slowdown_min, tsan.slowdown_max),
+            (Some(25.0), Some(30.0))
+        );
+        assert_eq!(tsan.found_race, Some(false));
+        let dsm = row("dsm --race (C row)");
+        assert!((dsm.slowdown.unwrap() - 1.3).abs() < 1e-12, "{dsm:?}");
+        assert_eq!((dsm.base_s, dsm.tool_s), (Some(0.75), Some(1.0)));
+        assert!(
+            dsm.app.starts_with("sor --size 64 --iters 5 (C row"),
+            "{}",
+            dsm.app
+        );
+        assert_eq!(row("plain (C row)").slowdown, Some(1.0));
+
+        let mut c = ctx();
+        c.missing_c
+            .insert(CRunner::ThreadsTsan, "gcc -fsanitize=thread failed".into());
+        let rows = c_app_rows(&c, &runs);
+        let tsan = rows
+            .iter()
+            .find(|r| r.tool == "ThreadSanitizer (C row)")
+            .unwrap();
+        assert_eq!(tsan.status, "not run: gcc -fsanitize=thread failed");
+        assert_eq!(tsan.slowdown, None);
     }
 
     fn app_run(app: &str, nodes: usize, variant: Variant, rep: usize, t: Option<f64>) -> RunRecord {

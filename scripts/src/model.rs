@@ -95,6 +95,57 @@ impl Runner {
     }
 }
 
+/// How a job of the C row runs the C SOR of `dsm-capi/c-apps`: the same kernel as C on dsm
+/// (`sor.c`, built by `dsmcc`) and with POSIX threads (`sor_threads.c`, built by gcc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CRunner {
+    /// `sor_threads T N ITERS`, plain `gcc -O2`.
+    Threads,
+    /// The same under ThreadSanitizer (`gcc -O2 -g -fsanitize=thread`, libtsan).
+    ThreadsTsan,
+    /// `dsmrun -n T sor N ITERS` (instrumented, hooks returning at once).
+    Dsm,
+    /// `dsmrun -n T --race sor N ITERS`.
+    DsmRace,
+}
+
+impl CRunner {
+    /// In the order of a repetition (rotated from one to the next).
+    pub const ALL: [CRunner; 4] = [
+        CRunner::Threads,
+        CRunner::ThreadsTsan,
+        CRunner::Dsm,
+        CRunner::DsmRace,
+    ];
+
+    /// Its tool column in the report: marked "(C row)", so that it is told from the rows
+    /// of the same tools above it (and the plot, which skips baselines by "plain" and "no
+    /// --race", does not merge bars of one name).
+    pub fn label(self) -> &'static str {
+        match self {
+            CRunner::Threads => "plain (C row)",
+            CRunner::ThreadsTsan => "ThreadSanitizer (C row)",
+            CRunner::Dsm => "dsm no --race (C row)",
+            CRunner::DsmRace => "dsm --race (C row)",
+        }
+    }
+
+    /// Whether it runs on dsm (ranks) rather than threads.
+    pub fn dsm(self) -> bool {
+        matches!(self, CRunner::Dsm | CRunner::DsmRace)
+    }
+
+    /// The runner it is compared with: the same program without the detector.
+    pub fn baseline(self) -> CRunner {
+        if self.dsm() {
+            CRunner::Dsm
+        } else {
+            CRunner::Threads
+        }
+    }
+}
+
 /// The transport of a `dsm-bench` run (section 5 of the report).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BenchTransport {
@@ -149,6 +200,14 @@ pub enum Job {
         size: usize,
         iters: usize,
         threads: usize,
+        rep: usize,
+    },
+    /// The C SOR of `dsm-capi/c-apps` (the C row): `nodes` ranks or threads.
+    CApp {
+        runner: CRunner,
+        size: usize,
+        iters: usize,
+        nodes: usize,
         rep: usize,
     },
     /// A C race kernel under a detector.
@@ -228,6 +287,17 @@ impl Job {
             } => format!(
                 "C sor {size}x{size} {iters} iters T={threads} under {} (rep {})",
                 tool.label(),
+                rep + 1
+            ),
+            Job::CApp {
+                runner,
+                size,
+                iters,
+                nodes,
+                rep,
+            } => format!(
+                "C sor (c-apps) {size}x{size} {iters} iters N={nodes} {} (rep {})",
+                runner.label(),
                 rep + 1
             ),
             Job::CKernel {

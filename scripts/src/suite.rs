@@ -4,7 +4,9 @@
 //! 2-core machine two measured jobs at once would time each other.
 
 use crate::measure::{self, Spec};
-use crate::model::{BenchTransport, Job, Outcome, Purpose, RunRecord, Runner, Settings, Variant};
+use crate::model::{
+    BenchTransport, CRunner, Job, Outcome, Purpose, RunRecord, Runner, Settings, Variant,
+};
 use crate::parse::{self, Tool};
 use anyhow::{Context, Result};
 use dsm_proto::env_vars;
@@ -318,6 +320,40 @@ pub struct Tools {
     pub plain: Result<(PathBuf, PathBuf), String>,
     pub tsan: Result<(PathBuf, PathBuf), String>,
     pub valgrind: Result<String, String>,
+    /// The C row's programs.
+    pub c_apps: CAppBins,
+}
+
+/// The C row's programs (issue 33): the C SOR of `dsm-capi/c-apps`, `sor.c` built by
+/// `dsmcc` against this build's `libdsm.a` and `sor_threads.c` built by gcc, plain and
+/// with ThreadSanitizer. Each is there or says why not.
+#[derive(Clone, Debug)]
+pub struct CAppBins {
+    pub dsm: Result<PathBuf, String>,
+    pub threads: Result<PathBuf, String>,
+    pub tsan: Result<PathBuf, String>,
+}
+
+impl CAppBins {
+    /// None of them (tests, and a run that could not build them).
+    pub fn missing(why: &str) -> Self {
+        CAppBins {
+            dsm: Err(why.into()),
+            threads: Err(why.into()),
+            tsan: Err(why.into()),
+        }
+    }
+
+    /// The program `runner` runs.
+    pub fn get(&self, runner: CRunner) -> Result<&PathBuf, String> {
+        match runner {
+            CRunner::Dsm | CRunner::DsmRace => &self.dsm,
+            CRunner::Threads => &self.threads,
+            CRunner::ThreadsTsan => &self.tsan,
+        }
+        .as_ref()
+        .map_err(Clone::clone)
+    }
 }
 
 impl Tools {
@@ -361,6 +397,71 @@ fn compile(
     Ok(exe)
 }
 
+/// Runs a build command; its error is the command's last lines of stderr.
+fn build_with(cmd: &mut Command, what: &str) -> Result<(), String> {
+    let out = cmd
+        .output()
+        .map_err(|e| format!("{what} cannot run ({e})"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} failed: {}",
+            parse::tail(&String::from_utf8_lossy(&out.stderr), 3)
+        ))
+    }
+}
+
+/// Builds the C row's programs (see [`CAppBins`]) into `paths.work`.
+pub fn prepare_c_apps(paths: &Paths) -> CAppBins {
+    let capi = paths.repo.join("dsm-capi");
+    let lib = paths.bin_dir.join("libdsm.a");
+    let dsm = if lib.is_file() {
+        let exe = paths.work.join("capi-sor");
+        build_with(
+            Command::new(capi.join("dsmcc"))
+                .env("DSMCC_CC", "gcc")
+                .env("DSM_LIB", &lib)
+                .arg("-O2")
+                .arg("-o")
+                .arg(&exe)
+                .arg(capi.join("c-apps/sor.c")),
+            "dsmcc -O2 c-apps/sor.c",
+        )
+        .map(|()| exe)
+    } else {
+        Err(format!("{} not built", lib.display()))
+    };
+    let threads = |suffix: &str, extra: &[&str]| -> Result<PathBuf, String> {
+        let exe = paths.work.join(format!("capi-sor-threads{suffix}"));
+        build_with(
+            Command::new("gcc")
+                .args(["-O2", "-g", "-pthread"])
+                .args(extra)
+                .arg("-o")
+                .arg(&exe)
+                .arg(capi.join("c-apps/sor_threads.c"))
+                .arg("-lm"),
+            &format!("gcc {} c-apps/sor_threads.c", extra.join(" ")),
+        )
+        .map(|()| exe)
+    };
+    let plain = threads("", &[]);
+    // As for scripts/c: a TSan build that compiles may still not start.
+    let tsan = threads("-tsan", &["-fsanitize=thread"]).and_then(|exe| {
+        build_with(
+            Command::new(&exe).args(["2", "16", "1"]),
+            "the TSan build of sor_threads",
+        )
+        .map(|()| exe)
+    });
+    CAppBins {
+        dsm,
+        threads: plain,
+        tsan,
+    }
+}
+
 /// Builds the C programs (plain and with ThreadSanitizer) and looks for valgrind.
 pub fn prepare_tools(paths: &Paths, knobs: &Knobs) -> Tools {
     let build = |suffix: &str, extra: &[&str]| -> Result<(PathBuf, PathBuf), String> {
@@ -401,6 +502,7 @@ pub fn prepare_tools(paths: &Paths, knobs: &Knobs) -> Tools {
         plain,
         tsan,
         valgrind,
+        c_apps: prepare_c_apps(paths),
     }
 }
 
@@ -514,6 +616,18 @@ pub fn plan(knobs: &Knobs, apps: &[AppSpec], tools: &Tools, paths: &Paths) -> Ve
                     threads: knobs.peer_threads,
                     rep,
                 });
+            }
+            // The C row: the same C kernel with threads and on dsm, alternating.
+            for runner in rotate(&CRunner::ALL, rep) {
+                if tools.c_apps.get(runner).is_ok() {
+                    jobs.push(Job::CApp {
+                        runner,
+                        size,
+                        iters,
+                        nodes: knobs.peer_threads,
+                        rep,
+                    });
+                }
             }
         }
     }
@@ -742,6 +856,42 @@ pub fn spec_for(
                 300
             },
         ),
+        Job::CApp {
+            runner,
+            size,
+            iters,
+            nodes,
+            ..
+        } => {
+            let exe = tools.c_apps.get(*runner)?.clone();
+            let sor_args = [size.to_string(), iters.to_string()];
+            if runner.dsm() {
+                let mut a = vec![
+                    "-n".to_string(),
+                    nodes.to_string(),
+                    "--timeout".into(),
+                    knobs.app_timeout_s.to_string(),
+                ];
+                if *runner == CRunner::DsmRace {
+                    a.push("--race".into());
+                }
+                a.push("--".into());
+                a.push(exe.display().to_string());
+                a.extend(sor_args);
+                let mut spec = Spec::new(&dsmrun, a, Duration::from_secs(knobs.app_timeout_s + 20));
+                spec.env.push((env_vars::TRANSPORT.into(), "auto".into()));
+                spec
+            } else {
+                let tool = if *runner == CRunner::ThreadsTsan {
+                    Tool::Tsan
+                } else {
+                    Tool::Plain
+                };
+                let mut a = vec![nodes.to_string()];
+                a.extend(sor_args);
+                c_spec(tool, exe, a, 300)
+            }
+        }
         Job::CKernel {
             tool,
             kernel,
@@ -874,6 +1024,29 @@ pub fn interpret(job: &Job, raw: &measure::Raw, scratch: &Path) -> Outcome {
                 }
             }
         }
+        Job::CApp { runner, .. } => {
+            // A race reported on race-free SOR is a false alarm the report shows, not a
+            // failed run.
+            let race_exit = if runner.dsm() { 66 } else { Tool::RACE_EXIT };
+            if code != Some(0) && code != Some(race_exit) {
+                return failed(raw.exit_text(), Some(raw));
+            }
+            match parse::parse_verified(&raw.stdout) {
+                Ok(t) => o.parallel_s = Some(t.parallel_s),
+                Err(e) => return failed(e, Some(raw)),
+            }
+            o.found_race = match runner {
+                CRunner::DsmRace => Some(
+                    code == Some(race_exit)
+                        || parse::parse_race_summary(&raw.stderr).is_some_and(|(n, _)| n > 0),
+                ),
+                CRunner::ThreadsTsan => Some(parse::tool_found_race(
+                    Tool::Tsan,
+                    &format!("{}\n{}", raw.stdout, raw.stderr),
+                )),
+                CRunner::Threads | CRunner::Dsm => None,
+            };
+        }
         Job::VsThreads { runner, .. } => {
             if code != Some(0) {
                 return failed(raw.exit_text(), Some(raw));
@@ -962,7 +1135,7 @@ pub fn execute(
                 ..
             } => "round trips",
             Job::App { .. } => "speedup",
-            Job::CSor { .. } => "SOR under other race detectors",
+            Job::CSor { .. } | Job::CApp { .. } => "SOR under other race detectors",
             Job::CKernel { .. } | Job::DsmKernel { .. } => "race kernels",
             Job::Primitives { .. } => "DSM primitives",
             Job::VsThreads { .. } => "dsm vs threads",
@@ -1048,7 +1221,39 @@ mod tests {
             plain: Err("not built".into()),
             tsan: Err("not built".into()),
             valgrind: Err("not run".into()),
+            c_apps: CAppBins::missing("not built"),
         }
+    }
+
+    /// The C row's programs from the real sources with this machine's gcc: with no
+    /// `libdsm.a` in the bin directory the dsm program says so (the report's visible
+    /// skip), and the threaded one builds and verifies, or says why gcc could not.
+    #[test]
+    fn c_row_programs_build_or_say_why() {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let tmp = std::env::temp_dir().join(format!("dsm-c-row-{}", std::process::id()));
+        std::fs::create_dir_all(&tmp).unwrap();
+        let paths = Paths {
+            c_dir: repo.join("scripts/c"),
+            repo: repo.into(),
+            work: tmp.clone(),
+            ..paths_in(&tmp)
+        };
+        let bins = prepare_c_apps(&paths);
+        let why = bins.get(CRunner::DsmRace).unwrap_err();
+        assert!(why.ends_with("libdsm.a not built"), "{why}");
+        match bins.get(CRunner::Threads) {
+            Ok(exe) => {
+                let out = Command::new(exe).args(["2", "16", "1"]).output().unwrap();
+                let text = String::from_utf8_lossy(&out.stdout);
+                assert!(text.contains("verified: c sor_threads 16x16"), "{text}");
+            }
+            Err(why) => {
+                assert!(why.starts_with("gcc "), "{why}");
+                eprintln!("skipped building the C row's programs: {why}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&tmp);
     }
 
     fn paths_in(dir: &Path) -> Paths {

@@ -227,6 +227,10 @@ fn run(cli: &Cli) -> Result<()> {
             missing_tools.insert(t, why);
         }
     }
+    let missing_c = scripts::model::CRunner::ALL
+        .into_iter()
+        .filter_map(|r| tools.c_apps.get(r).err().map(|why| (r, why)))
+        .collect();
     let ctx = analysis::Context {
         settings: knobs.settings(&specs),
         machine,
@@ -237,6 +241,7 @@ fn run(cli: &Cli) -> Result<()> {
             .map(|(k, r)| (k.to_string(), *r))
             .collect(),
         missing_tools,
+        missing_c,
     };
     let command = |j: &scripts::model::Job| suite::command_line(j, &knobs, &paths, &tools);
     let mut report = analysis::analyze(&ctx, records, &command);
