@@ -10,7 +10,7 @@
 //! - pages the handler installed reach the engine in order with their `applied` entries
 //!   (the fetched records' queue).
 //!
-//! Run with the code's orderings weakened (`weak_atomics`), the first and the last fail: the
+//! Run with the code's orderings weakened (`dsm_testkit::weak_atomics`), the first and the last fail: the
 //! engine sees the page written but an empty done ring, or reads a twin or a record from
 //! before the handler wrote it.
 //!
@@ -24,13 +24,13 @@
 #[path = "../src/engine/fast.rs"]
 mod fast;
 
-mod weak_atomics;
-
 /// What `fast.rs` is built on, here: loom's atomics (behind the weakening switch) and
 /// spin hints, and a pool of a few one-word slots (the protocol does not depend on the
 /// sizes).
 mod fast_deps {
-    pub(crate) use crate::weak_atomics::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize};
+    pub(crate) use dsm_testkit::weak_atomics::{
+        AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
+    };
     pub(crate) use loom::hint::spin_loop;
     pub(crate) use loom::sync::atomic::Ordering;
     pub(crate) use loom::thread::yield_now;
@@ -41,11 +41,11 @@ mod fast_deps {
     pub(crate) const FETCHED_MAX: usize = 2;
 }
 
+use dsm_testkit::weak_atomics::{weaken, Weaken};
 use fast::{pack_applied, FastFaults, FetchedPage, Miss, TakenBack};
 use fast_deps::Ordering;
 use loom::sync::Arc;
 use loom::thread;
-use weak_atomics::{weaken, Weaken};
 
 /// The word the handler's page copy leaves in a twin.
 const TWIN: u64 = 0xAB;

@@ -4,7 +4,7 @@
 //! previous one wrote (the critical section reads and raises a count with relaxed accesses,
 //! so only the lock's own orderings make a holder see the last raise; loom lets a load
 //! return any store that happens-before does not rule out). Run with the lock's orderings
-//! weakened (`weak_atomics`), the same check fails: without the release's release or the
+//! weakened (`dsm_testkit::weak_atomics`), the same check fails: without the release's release or the
 //! takers' acquire a holder may read a count from before the last raise, and one is lost.
 //!
 //! Not checked here: the sleep's handshake (announce, then look; advance, then look),
@@ -15,12 +15,10 @@
 #[path = "../src/ticket.rs"]
 mod ticket;
 
-mod weak_atomics;
-
 /// What `ticket.rs` is built on, here: loom's atomics (behind the weakening switch), a
 /// futex that gives way and a clock that never moves (the takers poll with no budget).
 mod ticket_deps {
-    pub(crate) use crate::weak_atomics::AtomicU32;
+    pub(crate) use dsm_testkit::weak_atomics::AtomicU32;
     pub(crate) use loom::sync::atomic::Ordering;
     pub(crate) use loom::thread::yield_now;
 
@@ -37,11 +35,11 @@ mod ticket_deps {
     }
 }
 
+use dsm_testkit::weak_atomics::{weaken, Weaken};
 use loom::sync::atomic::{AtomicU32, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 use ticket::TicketLock;
-use weak_atomics::{weaken, Weaken};
 
 /// The lock and the data it guards: a count each holder reads and raises.
 struct Guarded {

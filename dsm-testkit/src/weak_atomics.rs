@@ -11,8 +11,7 @@ use std::cell::Cell;
 
 /// Which side of the code's orderings to break.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[allow(dead_code)] // each model test uses the modes it needs
-pub(crate) enum Weaken {
+pub enum Weaken {
     /// The orderings as written.
     Nothing,
     /// Stores, and the store half of read-modify-writes, lose their release.
@@ -26,7 +25,7 @@ thread_local! {
 }
 
 /// Sets the mode for the models this thread runs from now on.
-pub(crate) fn weaken(mode: Weaken) {
+pub fn weaken(mode: Weaken) {
     MODE.with(|m| m.set(mode));
 }
 
@@ -63,23 +62,27 @@ macro_rules! weak_atomic {
     ($name:ident, $t:ty) => {
         /// loom's atomic of the same name, its orderings weakened as [`weaken`] says.
         #[derive(Debug)]
-        pub(crate) struct $name(loom::sync::atomic::$name);
+        pub struct $name(loom::sync::atomic::$name);
 
-        #[allow(dead_code)] // each model test uses the operations its code does
         impl $name {
-            pub(crate) fn new(v: $t) -> Self {
+            /// A new atomic holding `v`.
+            pub fn new(v: $t) -> Self {
                 Self(loom::sync::atomic::$name::new(v))
             }
-            pub(crate) fn load(&self, o: Ordering) -> $t {
+            /// loom's `load`, its ordering weakened.
+            pub fn load(&self, o: Ordering) -> $t {
                 self.0.load(load_order(o))
             }
-            pub(crate) fn store(&self, v: $t, o: Ordering) {
+            /// loom's `store`, its ordering weakened.
+            pub fn store(&self, v: $t, o: Ordering) {
                 self.0.store(v, store_order(o))
             }
-            pub(crate) fn swap(&self, v: $t, o: Ordering) -> $t {
+            /// loom's `swap`, its ordering weakened.
+            pub fn swap(&self, v: $t, o: Ordering) -> $t {
                 self.0.swap(v, rmw_order(o))
             }
-            pub(crate) fn compare_exchange(
+            /// loom's `compare_exchange`, its orderings weakened.
+            pub fn compare_exchange(
                 &self,
                 current: $t,
                 new: $t,
@@ -94,12 +97,13 @@ macro_rules! weak_atomic {
     ($name:ident, $t:ty, arithmetic) => {
         weak_atomic!($name, $t);
 
-        #[allow(dead_code)]
         impl $name {
-            pub(crate) fn fetch_add(&self, v: $t, o: Ordering) -> $t {
+            /// loom's `fetch_add`, its ordering weakened.
+            pub fn fetch_add(&self, v: $t, o: Ordering) -> $t {
                 self.0.fetch_add(v, rmw_order(o))
             }
-            pub(crate) fn fetch_sub(&self, v: $t, o: Ordering) -> $t {
+            /// loom's `fetch_sub`, its ordering weakened.
+            pub fn fetch_sub(&self, v: $t, o: Ordering) -> $t {
                 self.0.fetch_sub(v, rmw_order(o))
             }
         }
