@@ -56,8 +56,11 @@ fn hold(g: &Guarded) {
     g.lock.unlock();
 }
 
-/// `takers` threads (the model's own thread among them) each hold the lock once; the
-/// count ends at `takers`. `preemptions` bounds loom's search.
+/// `takers` threads each hold the lock once; the count ends at `takers`. The takers are
+/// threads of their own, not the one that made the lock and the count: loom does not let
+/// a thread that gives way (as a waiting taker does) read again a store it saw before, and
+/// the maker saw their first values, so its stale reads would go unexplored.
+/// `preemptions` bounds loom's search.
 fn run(mode: Weaken, takers: usize, preemptions: usize) {
     let mut b = loom::model::Builder::new();
     b.preemption_bound = Some(preemptions);
@@ -69,14 +72,13 @@ fn run(mode: Weaken, takers: usize, preemptions: usize) {
             lock: TicketLock::free(),
             count: AtomicU32::new(0),
         });
-        let others: Vec<_> = (1..takers)
+        let all: Vec<_> = (0..takers)
             .map(|_| {
                 let g = g.clone();
                 thread::spawn(move || hold(&g))
             })
             .collect();
-        hold(&g);
-        for t in others {
+        for t in all {
             t.join().unwrap();
         }
         assert_eq!(
