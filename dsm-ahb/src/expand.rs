@@ -456,20 +456,8 @@ impl<'a> Search<'a> {
                 continue;
             }
             for sem in 0..self.trace.initial.len() {
-                let k = self.need(&v, sem);
-                if k <= 0 {
-                    continue;
-                }
-                let k = k as usize;
-                let cands = self.candidates(&v, sem, k);
-                let bounds = self.cases(&v, &cands, levels);
-                if bounds.len() < k {
-                    return None;
-                }
-                let m = min_k(&bounds, k, v.len());
-                if !leq(&m, &v) {
-                    max_into(&mut v, &m);
-                    v = self.close(v)?;
+                if let Some(raised) = self.count_raise(None, &v, sem, levels)? {
+                    v = self.close(raised)?;
                     changed = true;
                 }
             }
@@ -578,23 +566,46 @@ impl<'a> Search<'a> {
             return Some(Some(self.close(w)?));
         }
         for sem in 0..self.trace.initial.len() {
-            let k = self.need_in(&local, &w, sem);
-            if k <= 0 {
-                continue;
-            }
-            let k = k as usize;
-            let cands = self.candidates(&w, sem, k);
-            let bounds = self.cases(&w, &cands, levels);
-            if bounds.len() < k {
-                return None;
-            }
-            let m = min_k(&bounds, k, w.len());
-            if !leq(&m, &w) {
-                max_into(&mut w, &m);
-                return Some(Some(self.close(w)?));
+            if let Some(raised) = self.count_raise(Some(&local), &w, sem, levels)? {
+                return Some(Some(self.close(raised)?));
             }
         }
         Some(None)
+    }
+
+    /// Rule 2's count on `sem` for the state `v`: the `k` tokens its waits on `sem` still
+    /// need come from `k` signals beyond it, so a state above `v` holds at least the
+    /// `k`-th smallest, per component, of the candidates' bounds. `local` is rule 10's
+    /// order where it decides which signal can serve which wait, else the search's order
+    /// does. `None` if fewer than `k` candidates are possible; `Some(None)` if the count
+    /// raises nothing; else `v` raised (not closed).
+    fn count_raise(
+        &mut self,
+        local: Option<&Order>,
+        v: &[u32],
+        sem: usize,
+        levels: u32,
+    ) -> Option<Option<Vec<u32>>> {
+        let k = match local {
+            Some(order) => self.need_in(order, v, sem),
+            None => self.need(v, sem),
+        };
+        if k <= 0 {
+            return Some(None);
+        }
+        let k = k as usize;
+        let cands = self.candidates(v, sem, k);
+        let bounds = self.cases(v, &cands, levels);
+        if bounds.len() < k {
+            return None;
+        }
+        let m = min_k(&bounds, k, v.len());
+        if leq(&m, v) {
+            return Some(None);
+        }
+        let mut raised = v.to_vec();
+        max_into(&mut raised, &m);
+        Some(Some(raised))
     }
 
     /// Rule 10's local order for the state `v` (see [`Search::forced_raise`]): the order

@@ -44,6 +44,13 @@ mod spin;
 mod sys;
 mod ticket;
 
+/// What `ticket.rs` is built on (`tests/ticket_model.rs` gives it loom's instead).
+mod ticket_deps {
+    pub(crate) use crate::sys::{futex_wait_bitset, futex_wake_bitset, monotonic_ns};
+    pub(crate) use std::sync::atomic::{AtomicU32, Ordering};
+    pub(crate) use std::thread::yield_now;
+}
+
 pub use api::{
     band, lock_manager, semaphore_id, Array, Block, Distribution, Dsm, LockGuard, Outcome,
     RawArray, RegionRule, Semaphore, Stats, Strided, StridedMut, View, DEFAULT_SEGMENT,

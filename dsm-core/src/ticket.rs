@@ -7,13 +7,17 @@
 //! advance and its look at `sleepers`, so either the release sees the sleeper and wakes it
 //! or the sleeper sees the release and does not sleep.
 //!
-//! No loom model: loom treats sequentially consistent accesses as acquire/release, too
-//! weak for the sleep's handshake (under a kernel-faithful futex model it reports a lost
-//! wake-up); a checker with sequential consistency is needed.
+//! `tests/ticket_model.rs` runs this file on loom's atomics: one holder at a time, and each
+//! holder sees everything the previous one wrote. It cannot check the sleep's handshake:
+//! loom treats sequentially consistent accesses as acquire/release, too weak for it (under
+//! a kernel-faithful futex model it reports a lost wake-up), so there the futex only gives
+//! way.
 
-use crate::sys::{futex_wait_bitset, futex_wake_bitset, monotonic_ns};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::thread::yield_now;
+// Atomics, futex, clock and yield come through the parent's `ticket_deps`, so that the
+// model test can run this same file on loom's.
+use super::ticket_deps::{
+    futex_wait_bitset, futex_wake_bitset, monotonic_ns, yield_now, AtomicU32, Ordering,
+};
 
 /// A ticket lock in memory the ranks share; all zeros is a free lock.
 #[repr(C)]
@@ -24,6 +28,18 @@ pub(crate) struct TicketLock {
 }
 
 impl TicketLock {
+    /// A free lock, for the model test (in a process the lock is the zeros of shared
+    /// memory).
+    #[cfg(test)]
+    #[allow(dead_code)]
+    pub(crate) fn free() -> TicketLock {
+        TicketLock {
+            next: AtomicU32::new(0),
+            serving: AtomicU32::new(0),
+            sleepers: AtomicU32::new(0),
+        }
+    }
+
     /// Takes the lock, polling for `spin_ns` (yielding the core between looks) before
     /// sleeping.
     pub(crate) fn lock(&self, spin_ns: u64) {

@@ -32,6 +32,14 @@ use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use thiserror::Error;
 
+mod lane;
+pub use lane::{LaneCells, LanePosition, LaneState, PageLane, LANE_APPLIED_MAX};
+
+/// What `lane.rs` is built on (`tests/lane_model.rs` gives it loom's atomics instead).
+mod lane_deps {
+    pub(super) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+}
+
 /// Identifies a dsm shared-memory region and its layout version.
 const MAGIC: u64 = u64::from_le_bytes(*b"dsmring3");
 /// Bytes of the header before the first ring's data: the identification line and one cache
@@ -42,9 +50,6 @@ const LINE: usize = 64;
 /// Bytes of each direction's page lane after the rings: a page of control words and the
 /// page of data.
 const LANE_BYTES: usize = 2 * 4096;
-/// Most `(writer, interval)` entries a lane carries with its page; a copy with more goes
-/// through the ring.
-pub const LANE_APPLIED_MAX: usize = 64;
 /// The seals a region carries: its size can never change, so a mapping of it can never
 /// fault with SIGBUS because the other side shrank the file.
 const SEALS: SealFlag = SealFlag::from_bits_truncate(
@@ -260,53 +265,17 @@ impl Region {
     }
 }
 
-/// What a [`Lane`] holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LaneState {
-    /// Nothing: the home may publish.
-    Empty,
-    /// A page the home published, not yet taken.
-    Full,
-    /// Taken by one thread of the requester, which copies it out and then empties it.
-    Taken,
-}
+/// One direction's page lane in a region (see [`PageLane`]).
+pub type Lane<'a> = PageLane<RegionLane<'a>>;
 
-/// Where a page in a lane stands in its ring (see [`Lane::publish`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LanePosition {
-    /// The page.
-    pub page: u64,
-    /// Ring position where the frame announcing the page starts.
-    pub after: u64,
-    /// Ring position after the last frame before it that announces no lane page.
-    pub needs: u64,
-}
-
-/// Offset in a lane's control page of its request slot: `page + 1` (0: none), then the
-/// ring position the request comes after. Written by the lane ring's writer, the
-/// requester; taken by the ring's reader.
-const REQUEST: usize = 2048;
-/// Offset in a lane's control page of the taker's flag: nonzero while a thread of the
-/// requester polls the lane for a page (see [`Lane::set_taker_polling`]).
-const TAKER_POLLING: usize = 2112;
-
-const LANE_EMPTY: u32 = 0;
-const LANE_FULL: u32 = 1;
-const LANE_TAKEN: u32 = 2;
-
-/// One direction's page lane: a single slot beside the ring in which a home leaves the
-/// page a co-located requester's fault waits for, so the faulting thread can take it
-/// without waiting for its comm thread to read the ring (see dsm-core's fault handler).
-/// The home publishes only into an empty lane; one thread of the requester takes a full
-/// one (compare-and-swap) and empties it after copying. Every access is an atomic or a
-/// copy into or out of the data page by the side the state gives it to.
-pub struct Lane<'a> {
+/// The memory of one lane of a region: a control page, then the data page.
+pub struct RegionLane<'a> {
     region: &'a Region,
     /// Byte offset of the lane's control page in the region.
     at: usize,
 }
 
-impl Lane<'_> {
+impl LaneCells for RegionLane<'_> {
     fn word(&self, offset: usize) -> &AtomicU64 {
         assert!(offset.is_multiple_of(8) && offset + 8 <= 4096);
         // SAFETY: inside the lane's control page of the mapping (checked above, and the
@@ -322,43 +291,16 @@ impl Lane<'_> {
         }
     }
 
-    fn state_word(&self) -> &AtomicU32 {
+    fn state(&self) -> &AtomicU32 {
         // SAFETY: as in `word`, for the 4-byte state at the start of the control page.
         unsafe { &*self.region.base.as_ptr().add(self.at).cast::<AtomicU32>() }
     }
 
-    /// What the lane holds now.
-    pub fn state(&self) -> LaneState {
-        match self.state_word().load(Ordering::Acquire) {
-            LANE_EMPTY => LaneState::Empty,
-            LANE_FULL => LaneState::Full,
-            _ => LaneState::Taken,
-        }
-    }
-
-    /// Home side: leaves `page`'s `data` and its `applied` entries in an empty lane,
-    /// noting `after`, the ring position of everything sent before it (where the frame
-    /// announcing the page starts), and `needs`, the position after the last frame before
-    /// it that is not itself such an announcement: a faulting thread may take the page
-    /// once the frames up to `needs` are delivered, without waiting for announcements of
-    /// pages it took before. Returns false (and changes nothing) if the lane is not empty
-    /// or `applied` does not fit.
-    pub fn publish(&self, at: LanePosition, applied: &[u64], data: &[u8]) -> bool {
+    fn put_data(&self, data: &[u8]) {
         assert_eq!(data.len(), 4096, "a lane carries one page");
-        if applied.len() > LANE_APPLIED_MAX
-            || self.state_word().load(Ordering::Acquire) != LANE_EMPTY
-        {
-            return false;
-        }
-        self.word(8).store(at.page, Ordering::Relaxed);
-        self.word(16).store(at.after, Ordering::Relaxed);
-        self.word(32).store(at.needs, Ordering::Relaxed);
-        self.word(24).store(applied.len() as u64, Ordering::Relaxed);
-        for (i, &a) in applied.iter().enumerate() {
-            self.word(64 + 8 * i).store(a, Ordering::Relaxed);
-        }
-        // SAFETY: the data page lies inside the mapping; an empty lane's data belongs to
-        // the home until it stores `FULL` below.
+        // SAFETY: the data page lies inside the mapping; `PageLane` copies in only while
+        // the lane is empty, when its data belongs to the home (this side) until it
+        // stores `FULL`.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 data.as_ptr(),
@@ -366,86 +308,13 @@ impl Lane<'_> {
                 4096,
             )
         };
-        self.state_word().store(LANE_FULL, Ordering::Release);
-        true
     }
 
-    /// Requester side: the page a full lane holds and where it stands in the ring.
-    pub fn full(&self) -> Option<LanePosition> {
-        (self.state_word().load(Ordering::Acquire) == LANE_FULL).then(|| LanePosition {
-            page: self.word(8).load(Ordering::Relaxed),
-            after: self.word(16).load(Ordering::Relaxed),
-            needs: self.word(32).load(Ordering::Relaxed),
-        })
-    }
-
-    /// Requester side (the writer of this lane's ring, which owns the request slot): asks
-    /// the peer for `page` through its lane, to be served once the peer has delivered this
-    /// ring's frames up to position `after` (everything sent before the request). Returns
-    /// false if an earlier request is still pending (only one may be).
-    pub fn post_request(&self, page: u64, after: u64) -> bool {
-        let slot = self.word(REQUEST);
-        if slot.load(Ordering::Acquire) != 0 {
-            return false;
-        }
-        self.word(REQUEST + 8).store(after, Ordering::Relaxed);
-        // SeqCst against the reader's `prepare_wait`: either it sees the request, or the
-        // requester sees it waiting and rings its bell.
-        slot.store(page + 1, Ordering::SeqCst);
-        true
-    }
-
-    /// Peer side (this ring's reader): the pending request, as `(page, after)`.
-    pub fn pending_request(&self) -> Option<(u64, u64)> {
-        match self.word(REQUEST).load(Ordering::SeqCst) {
-            0 => None,
-            v => Some((v - 1, self.word(REQUEST + 8).load(Ordering::Relaxed))),
-        }
-    }
-
-    /// Peer side: takes the pending request for `page` off the slot (the requester may
-    /// post the next one).
-    pub fn take_request(&self, page: u64) -> bool {
-        self.word(REQUEST)
-            .compare_exchange(page + 1, 0, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-    }
-
-    /// Requester side: says whether a thread polls this lane for its page. While one does,
-    /// the home's announcement of the page need not wake the requester's reader (the
-    /// poller takes the page; the announcement waits in the ring for the next frame that
-    /// rings). SeqCst against the home's look after its commit: a poller that stops
-    /// polling and then wakes its own reader finds the announcement in the ring, or the
-    /// home sees the flag clear and rings.
-    pub fn set_taker_polling(&self, polling: bool) {
-        self.word(TAKER_POLLING)
-            .store(u64::from(polling), Ordering::SeqCst);
-    }
-
-    /// Home side: whether a thread of the requester polls this lane.
-    pub fn taker_polling(&self) -> bool {
-        self.word(TAKER_POLLING).load(Ordering::SeqCst) != 0
-    }
-
-    /// Requester side: takes a full lane for this thread; false if it is not full (empty,
-    /// or another thread took it).
-    pub fn take(&self) -> bool {
-        self.state_word()
-            .compare_exchange(LANE_FULL, LANE_TAKEN, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
-    }
-
-    /// Requester side, holding the lane ([`Lane::take`]): the page number, its
-    /// `applied` entries (into `out`, returning how many) and its data (into `data`, one
-    /// page).
-    pub fn copy_out(&self, out: &mut [u64; LANE_APPLIED_MAX], data: &mut [u8]) -> (u64, usize) {
+    fn get_data(&self, data: &mut [u8]) {
         assert_eq!(data.len(), 4096, "a lane carries one page");
-        let n = (self.word(24).load(Ordering::Relaxed) as usize).min(LANE_APPLIED_MAX);
-        for (i, slot) in out.iter_mut().enumerate().take(n) {
-            *slot = self.word(64 + 8 * i).load(Ordering::Relaxed);
-        }
-        // SAFETY: the data page lies inside the mapping; a taken lane's data belongs to
-        // the taker until it empties the lane.
+        // SAFETY: the data page lies inside the mapping; `PageLane` copies out only while
+        // this thread holds the taken lane, whose data belongs to it until it empties
+        // the lane.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 self.region.base.as_ptr().add(self.at + 4096),
@@ -453,17 +322,6 @@ impl Lane<'_> {
                 4096,
             )
         };
-        (self.word(8).load(Ordering::Relaxed), n)
-    }
-
-    /// Requester side, holding the lane: gives it back full, for another thread to take.
-    pub fn put_back(&self) {
-        self.state_word().store(LANE_FULL, Ordering::Release);
-    }
-
-    /// Requester side, holding the lane: empties it for the home's next page.
-    pub fn release(&self) {
-        self.state_word().store(LANE_EMPTY, Ordering::Release);
     }
 }
 
@@ -478,10 +336,10 @@ impl Region {
 
     /// The page lane that travels with ring `dir` (written by that ring's writer).
     pub fn lane(&self, dir: Direction) -> Lane<'_> {
-        Lane {
+        PageLane::new(RegionLane {
             region: self,
             at: HEADER + 2 * self.ring_bytes + dir as usize * LANE_BYTES,
-        }
+        })
     }
 }
 

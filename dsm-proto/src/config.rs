@@ -438,55 +438,7 @@ impl JobConfig {
         get: impl Fn(&str) -> Option<String>,
         user_key: impl FnOnce() -> Result<String, String>,
     ) -> Result<JobConfig, ConfigError> {
-        let (rank, size, launcher) = if let Some(rank) = get(vars::RANK) {
-            let size = get(vars::SIZE).ok_or(ConfigError::Missing(vars::RANK, vars::SIZE))?;
-            let launcher = if get(vars::LAUNCHER).as_deref() == Some(DSMRUN) {
-                Launcher::Dsmrun
-            } else {
-                Launcher::Standalone
-            };
-            (
-                parse_num(vars::RANK, &rank)?,
-                parse_num(vars::SIZE, &size)?,
-                launcher,
-            )
-        } else if let (Some(r), Some(s)) = (get("SLURM_PROCID"), get("SLURM_NTASKS")) {
-            (
-                parse_num("SLURM_PROCID", &r)?,
-                parse_num("SLURM_NTASKS", &s)?,
-                Launcher::Slurm,
-            )
-        } else if let (Some(r), Some(s)) =
-            (get("OMPI_COMM_WORLD_RANK"), get("OMPI_COMM_WORLD_SIZE"))
-        {
-            (
-                parse_num("OMPI_COMM_WORLD_RANK", &r)?,
-                parse_num("OMPI_COMM_WORLD_SIZE", &s)?,
-                Launcher::Mpi,
-            )
-        } else if let (Some(r), Some(s)) = (get("PMI_RANK"), get("PMI_SIZE")) {
-            (
-                parse_num("PMI_RANK", &r)?,
-                parse_num("PMI_SIZE", &s)?,
-                Launcher::Mpi,
-            )
-        } else {
-            (0, 1, Launcher::Standalone)
-        };
-        if size == 0 || size > MAX_NODES {
-            return Err(ConfigError::Invalid {
-                var: vars::SIZE,
-                value: size.to_string(),
-                why: format!("job size must be 1..={MAX_NODES}"),
-            });
-        }
-        if rank >= size {
-            return Err(ConfigError::Invalid {
-                var: vars::RANK,
-                value: rank.to_string(),
-                why: format!("rank must be below the job size {size}"),
-            });
-        }
+        let (rank, size, launcher) = rank_and_size(&get)?;
         // Under mpirun and srun, what the launcher already gives every rank names the
         // rendezvous and keys the job, unless the user set them.
         let derived = match launcher {
@@ -518,11 +470,6 @@ impl JobConfig {
                 var: vars::JOB_SECRET,
             });
         }
-        let invalid = |var: &'static str, value: &str, why: String| ConfigError::Invalid {
-            var,
-            value: value.to_owned(),
-            why,
-        };
         let connect_timeout = match get(vars::CONNECT_TIMEOUT) {
             Some(v) => {
                 parse_seconds(&v).map_err(|e| invalid(vars::CONNECT_TIMEOUT, &v, e.to_string()))?
@@ -564,188 +511,10 @@ impl JobConfig {
             ),
             None => None,
         };
-        let flag = |k: &str| matches!(get(k).as_deref(), Some(v) if v != "0" && !v.is_empty());
-        let enabled = flag(vars::RACE);
-        let exit_code = match get(vars::RACE_EXIT_CODE) {
-            Some(v) => v.trim().parse::<u8>().map_err(|_| {
-                invalid(
-                    vars::RACE_EXIT_CODE,
-                    &v,
-                    "expected an exit status 0..=255".into(),
-                )
-            })?,
-            None => exit_codes::RACES_FOUND,
-        };
-        // Only read with detection on: a leftover setting must not fail a plain run.
-        let phases = match get(vars::RACE_PHASES).filter(|_| enabled) {
-            Some(v) => RacePhases::parse(v.trim()).ok_or_else(|| {
-                invalid(
-                    vars::RACE_PHASES,
-                    &v,
-                    "expected record, notices, compare or full".into(),
-                )
-            })?,
-            None => RacePhases::Full,
-        };
-        let race = RaceOptions {
-            enabled,
-            log: get(vars::RACE_LOG)
-                .filter(|s| !s.is_empty())
-                .map(PathBuf::from),
-            exit_code,
-            first_only: flag(vars::RACE_FIRST),
-            stats: flag(vars::RACE_STATS),
-            phases,
-            schedule: match get(vars::RACE_MODE).filter(|_| enabled) {
-                None => false,
-                Some(v) => match v.trim() {
-                    "" | "race" => false,
-                    "schedule" => true,
-                    _ => {
-                        return Err(invalid(
-                            vars::RACE_MODE,
-                            &v,
-                            "expected race or schedule".into(),
-                        ))
-                    }
-                },
-            },
-            schedule_ignore: get(vars::SCHEDULE_IGNORE)
-                .filter(|_| enabled)
-                .map(|v| name_list(&v))
-                .unwrap_or_default(),
-            check: enabled && flag(vars::CHECK),
-            batch_intervals: match get(vars::RACE_BATCH).filter(|_| enabled) {
-                None => DEFAULT_RACE_BATCH,
-                Some(v) => v
-                    .trim()
-                    .parse::<u32>()
-                    .ok()
-                    .filter(|&b| b > 0)
-                    .ok_or_else(|| {
-                        invalid(
-                            vars::RACE_BATCH,
-                            &v,
-                            "expected a number of intervals, at least 1".into(),
-                        )
-                    })?,
-            },
-            verify_incremental: enabled && flag(vars::RACE_VERIFY_INCREMENTAL),
-            sarif: get(vars::RACE_SARIF)
-                .filter(|s| enabled && !s.is_empty())
-                .map(PathBuf::from),
-            suppressions: get(vars::RACE_SUPPRESSIONS)
-                .filter(|_| enabled)
-                .map(|s| s.lines().map(str::to_string).collect())
-                .unwrap_or_default(),
-            started_marker: get(vars::RACE_STARTED)
-                .filter(|s| enabled && !s.is_empty())
-                .map(PathBuf::from),
-            pinpoint: get(vars::PINPOINT)
-                .filter(|_| enabled)
-                .map(|v| {
-                    v.split(';')
-                        .map(str::trim)
-                        .filter(|s| !s.is_empty())
-                        .map(String::from)
-                        .collect()
-                })
-                .unwrap_or_default(),
-            pinpoint_dir: get(vars::PINPOINT_DIR)
-                .filter(|s| enabled && !s.is_empty())
-                .map(PathBuf::from),
-            sem_order_safe: match get(vars::SEM_ORDER).filter(|_| enabled) {
-                None => false,
-                Some(v) => match v.trim() {
-                    "" | "observed" => false,
-                    "safe" => true,
-                    _ => {
-                        return Err(invalid(
-                            vars::SEM_ORDER,
-                            &v,
-                            "expected observed or safe".into(),
-                        ))
-                    }
-                },
-            },
-        };
-        let tolerance = |var: &'static str| -> Result<u64, ConfigError> {
-            match get(var) {
-                None => Ok(0),
-                Some(v) => v
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|x| *x >= 0.0 && x.is_finite())
-                    .map(f64::to_bits)
-                    .ok_or_else(|| invalid(var, &v, "expected a non-negative number".into())),
-            }
-        };
-        let mode = match (get(vars::TRACE_VALUES), get(vars::COMPARE)) {
-            (Some(_), Some(_)) => {
-                return Err(invalid(
-                    vars::COMPARE,
-                    "",
-                    format!(
-                        "{} and {} exclude each other",
-                        vars::TRACE_VALUES,
-                        vars::COMPARE
-                    ),
-                ))
-            }
-            (Some(p), None) if !p.is_empty() => TraceMode::Record(PathBuf::from(p)),
-            (None, Some(p)) if !p.is_empty() => TraceMode::Compare(PathBuf::from(p)),
-            _ => TraceMode::Off,
-        };
-        let trace = TraceOptions {
-            mode,
-            full: flag(vars::TRACE_FULL),
-            vars: get(vars::TRACE_VARS)
-                .map(|v| name_list(&v))
-                .unwrap_or_default(),
-            continue_all: flag(vars::COMPARE_CONTINUE),
-            abs_tolerance_bits: tolerance(vars::TOLERANCE)?,
-            rel_tolerance_bits: tolerance(vars::REL_TOLERANCE)?,
-        };
-        let replay =
-            ReplayOptions {
-                record: get(vars::RECORD)
-                    .filter(|s| !s.is_empty())
-                    .map(PathBuf::from),
-                replay: get(vars::REPLAY)
-                    .filter(|s| !s.is_empty())
-                    .map(PathBuf::from),
-                chaos: match get(vars::CHAOS).filter(|s| !s.is_empty()) {
-                    None => None,
-                    Some(v) => Some(v.trim().parse::<u64>().map_err(|_| {
-                        invalid(vars::CHAOS, &v, "expected a seed 0..=2^64-1".into())
-                    })?),
-                },
-            };
-        if replay.record.is_some() && replay.replay.is_some() {
-            return Err(invalid(
-                vars::REPLAY,
-                "",
-                format!("{} and {} exclude each other", vars::RECORD, vars::REPLAY),
-            ));
-        }
-        let local = match (get(vars::LOCAL_RANK), get(vars::LOCAL_SIZE)) {
-            (Some(r), Some(s)) => {
-                let local = LocalPlacement {
-                    rank: parse_num(vars::LOCAL_RANK, &r)?,
-                    size: parse_num(vars::LOCAL_SIZE, &s)?,
-                };
-                if local.rank >= local.size {
-                    return Err(invalid(
-                        vars::LOCAL_RANK,
-                        &r,
-                        format!("must be below {} {s}", vars::LOCAL_SIZE),
-                    ));
-                }
-                Some(local)
-            }
-            _ => None,
-        };
+        let race = RaceOptions::from_lookup(&get)?;
+        let trace = TraceOptions::from_lookup(&get)?;
+        let replay = ReplayOptions::from_lookup(&get)?;
+        let local = LocalPlacement::from_lookup(&get)?;
         Ok(JobConfig {
             rank,
             size,
@@ -907,6 +676,284 @@ impl JobConfig {
 
 /// Value of `DSM_LAUNCHER` when dsmrun started the rank.
 pub const DSMRUN: &str = "dsmrun";
+
+impl RaceOptions {
+    /// Reads the detector's settings through `get`; those only detection uses are read only with it on, so a leftover setting does not fail a plain run.
+    fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<RaceOptions, ConfigError> {
+        let enabled = flag(get, vars::RACE);
+        let exit_code = match get(vars::RACE_EXIT_CODE) {
+            Some(v) => v.trim().parse::<u8>().map_err(|_| {
+                invalid(
+                    vars::RACE_EXIT_CODE,
+                    &v,
+                    "expected an exit status 0..=255".into(),
+                )
+            })?,
+            None => exit_codes::RACES_FOUND,
+        };
+        // Only read with detection on: a leftover setting must not fail a plain run.
+        let phases = match get(vars::RACE_PHASES).filter(|_| enabled) {
+            Some(v) => RacePhases::parse(v.trim()).ok_or_else(|| {
+                invalid(
+                    vars::RACE_PHASES,
+                    &v,
+                    "expected record, notices, compare or full".into(),
+                )
+            })?,
+            None => RacePhases::Full,
+        };
+        Ok(RaceOptions {
+            enabled,
+            log: get(vars::RACE_LOG)
+                .filter(|s| !s.is_empty())
+                .map(PathBuf::from),
+            exit_code,
+            first_only: flag(get, vars::RACE_FIRST),
+            stats: flag(get, vars::RACE_STATS),
+            phases,
+            schedule: match get(vars::RACE_MODE).filter(|_| enabled) {
+                None => false,
+                Some(v) => match v.trim() {
+                    "" | "race" => false,
+                    "schedule" => true,
+                    _ => {
+                        return Err(invalid(
+                            vars::RACE_MODE,
+                            &v,
+                            "expected race or schedule".into(),
+                        ))
+                    }
+                },
+            },
+            schedule_ignore: get(vars::SCHEDULE_IGNORE)
+                .filter(|_| enabled)
+                .map(|v| name_list(&v))
+                .unwrap_or_default(),
+            check: enabled && flag(get, vars::CHECK),
+            batch_intervals: match get(vars::RACE_BATCH).filter(|_| enabled) {
+                None => DEFAULT_RACE_BATCH,
+                Some(v) => v
+                    .trim()
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|&b| b > 0)
+                    .ok_or_else(|| {
+                        invalid(
+                            vars::RACE_BATCH,
+                            &v,
+                            "expected a number of intervals, at least 1".into(),
+                        )
+                    })?,
+            },
+            verify_incremental: enabled && flag(get, vars::RACE_VERIFY_INCREMENTAL),
+            sarif: get(vars::RACE_SARIF)
+                .filter(|s| enabled && !s.is_empty())
+                .map(PathBuf::from),
+            suppressions: get(vars::RACE_SUPPRESSIONS)
+                .filter(|_| enabled)
+                .map(|s| s.lines().map(str::to_string).collect())
+                .unwrap_or_default(),
+            started_marker: get(vars::RACE_STARTED)
+                .filter(|s| enabled && !s.is_empty())
+                .map(PathBuf::from),
+            pinpoint: get(vars::PINPOINT)
+                .filter(|_| enabled)
+                .map(|v| {
+                    v.split(';')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(String::from)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            pinpoint_dir: get(vars::PINPOINT_DIR)
+                .filter(|s| enabled && !s.is_empty())
+                .map(PathBuf::from),
+            sem_order_safe: match get(vars::SEM_ORDER).filter(|_| enabled) {
+                None => false,
+                Some(v) => match v.trim() {
+                    "" | "observed" => false,
+                    "safe" => true,
+                    _ => {
+                        return Err(invalid(
+                            vars::SEM_ORDER,
+                            &v,
+                            "expected observed or safe".into(),
+                        ))
+                    }
+                },
+            },
+        })
+    }
+}
+
+impl TraceOptions {
+    /// Reads value tracing and comparison through `get`.
+    fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<TraceOptions, ConfigError> {
+        let tolerance = |var: &'static str| -> Result<u64, ConfigError> {
+            match get(var) {
+                None => Ok(0),
+                Some(v) => v
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|x| *x >= 0.0 && x.is_finite())
+                    .map(f64::to_bits)
+                    .ok_or_else(|| invalid(var, &v, "expected a non-negative number".into())),
+            }
+        };
+        let mode = match (get(vars::TRACE_VALUES), get(vars::COMPARE)) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    vars::COMPARE,
+                    "",
+                    format!(
+                        "{} and {} exclude each other",
+                        vars::TRACE_VALUES,
+                        vars::COMPARE
+                    ),
+                ))
+            }
+            (Some(p), None) if !p.is_empty() => TraceMode::Record(PathBuf::from(p)),
+            (None, Some(p)) if !p.is_empty() => TraceMode::Compare(PathBuf::from(p)),
+            _ => TraceMode::Off,
+        };
+        Ok(TraceOptions {
+            mode,
+            full: flag(get, vars::TRACE_FULL),
+            vars: get(vars::TRACE_VARS)
+                .map(|v| name_list(&v))
+                .unwrap_or_default(),
+            continue_all: flag(get, vars::COMPARE_CONTINUE),
+            abs_tolerance_bits: tolerance(vars::TOLERANCE)?,
+            rel_tolerance_bits: tolerance(vars::REL_TOLERANCE)?,
+        })
+    }
+}
+
+impl ReplayOptions {
+    /// Reads recording, replay and chaos through `get` (recording and replay exclude each other).
+    fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<ReplayOptions, ConfigError> {
+        let replay =
+            ReplayOptions {
+                record: get(vars::RECORD)
+                    .filter(|s| !s.is_empty())
+                    .map(PathBuf::from),
+                replay: get(vars::REPLAY)
+                    .filter(|s| !s.is_empty())
+                    .map(PathBuf::from),
+                chaos: match get(vars::CHAOS).filter(|s| !s.is_empty()) {
+                    None => None,
+                    Some(v) => Some(v.trim().parse::<u64>().map_err(|_| {
+                        invalid(vars::CHAOS, &v, "expected a seed 0..=2^64-1".into())
+                    })?),
+                },
+            };
+        if replay.record.is_some() && replay.replay.is_some() {
+            return Err(invalid(
+                vars::REPLAY,
+                "",
+                format!("{} and {} exclude each other", vars::RECORD, vars::REPLAY),
+            ));
+        }
+        Ok(replay)
+    }
+}
+
+impl LocalPlacement {
+    /// Reads this rank's place on its host through `get`, if the launcher gave both halves.
+    fn from_lookup(
+        get: &impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<LocalPlacement>, ConfigError> {
+        Ok(match (get(vars::LOCAL_RANK), get(vars::LOCAL_SIZE)) {
+            (Some(r), Some(s)) => {
+                let local = LocalPlacement {
+                    rank: parse_num(vars::LOCAL_RANK, &r)?,
+                    size: parse_num(vars::LOCAL_SIZE, &s)?,
+                };
+                if local.rank >= local.size {
+                    return Err(invalid(
+                        vars::LOCAL_RANK,
+                        &r,
+                        format!("must be below {} {s}", vars::LOCAL_SIZE),
+                    ));
+                }
+                Some(local)
+            }
+            _ => None,
+        })
+    }
+}
+
+/// This rank, the job's size and who launched it: from `DSM_RANK`/`DSM_SIZE`, else Slurm,
+/// Open MPI or PMI variables, else a single node; the size within `1..=MAX_NODES` and the
+/// rank below it.
+fn rank_and_size(
+    get: &impl Fn(&str) -> Option<String>,
+) -> Result<(usize, usize, Launcher), ConfigError> {
+    let (rank, size, launcher) = if let Some(rank) = get(vars::RANK) {
+        let size = get(vars::SIZE).ok_or(ConfigError::Missing(vars::RANK, vars::SIZE))?;
+        let launcher = if get(vars::LAUNCHER).as_deref() == Some(DSMRUN) {
+            Launcher::Dsmrun
+        } else {
+            Launcher::Standalone
+        };
+        (
+            parse_num(vars::RANK, &rank)?,
+            parse_num(vars::SIZE, &size)?,
+            launcher,
+        )
+    } else if let (Some(r), Some(s)) = (get("SLURM_PROCID"), get("SLURM_NTASKS")) {
+        (
+            parse_num("SLURM_PROCID", &r)?,
+            parse_num("SLURM_NTASKS", &s)?,
+            Launcher::Slurm,
+        )
+    } else if let (Some(r), Some(s)) = (get("OMPI_COMM_WORLD_RANK"), get("OMPI_COMM_WORLD_SIZE")) {
+        (
+            parse_num("OMPI_COMM_WORLD_RANK", &r)?,
+            parse_num("OMPI_COMM_WORLD_SIZE", &s)?,
+            Launcher::Mpi,
+        )
+    } else if let (Some(r), Some(s)) = (get("PMI_RANK"), get("PMI_SIZE")) {
+        (
+            parse_num("PMI_RANK", &r)?,
+            parse_num("PMI_SIZE", &s)?,
+            Launcher::Mpi,
+        )
+    } else {
+        (0, 1, Launcher::Standalone)
+    };
+    if size == 0 || size > MAX_NODES {
+        return Err(ConfigError::Invalid {
+            var: vars::SIZE,
+            value: size.to_string(),
+            why: format!("job size must be 1..={MAX_NODES}"),
+        });
+    }
+    if rank >= size {
+        return Err(ConfigError::Invalid {
+            var: vars::RANK,
+            value: rank.to_string(),
+            why: format!("rank must be below the job size {size}"),
+        });
+    }
+    Ok((rank, size, launcher))
+}
+
+/// The error for `var`'s `value`, which does not parse: `why`.
+fn invalid(var: &'static str, value: &str, why: String) -> ConfigError {
+    ConfigError::Invalid {
+        var,
+        value: value.to_owned(),
+        why,
+    }
+}
+
+/// Whether the switch `k` is on (set, not empty, not 0).
+fn flag(get: &impl Fn(&str) -> Option<String>, k: &str) -> bool {
+    matches!(get(k).as_deref(), Some(v) if v != "0" && !v.is_empty())
+}
 
 /// A comma-separated list of names, blanks dropped (`grid, forces`).
 fn name_list(v: &str) -> Vec<String> {

@@ -8,6 +8,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod weak_atomics;
+
 use std::ffi::OsStr;
 use std::io::{Read, Write};
 use std::path::PathBuf;

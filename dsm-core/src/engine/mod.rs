@@ -41,6 +41,28 @@
 
 mod barriers;
 pub mod fast;
+/// What `fast.rs` is built on (`tests/fast_faults_model.rs` gives it loom's atomics and a
+/// pool of a few words instead).
+mod fast_deps {
+    pub(super) use std::hint::spin_loop;
+    pub(super) use std::sync::atomic::{
+        AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+    };
+    pub(super) use std::thread::yield_now;
+
+    /// log2 of the pages per chunk of the page words (64 KiB of words per 256 MiB of
+    /// segment).
+    pub(super) const PAGE_CHUNK_SHIFT: u32 = 16;
+    /// 64-bit words per twin slot.
+    pub(super) const SLOT_WORDS: usize = dsm_proto::PAGE_SIZE / 8;
+    /// Slots per chunk of the pool (256 KiB per chunk).
+    pub(super) const SLOT_CHUNK: usize = 64;
+    /// Most pages the handler may install before the engine takes them in; beyond that it
+    /// leaves the page to the comm thread.
+    pub(super) const FETCHED_MAX: usize = 32;
+}
+#[cfg(test)]
+mod fast_tests;
 mod intervals;
 mod locks;
 mod pages;
