@@ -10,7 +10,7 @@
 //! - The hooks are assembly stubs that load the return address into a free argument
 //!   register and jump to a Rust function: Rust has no stable way to read its own return
 //!   address. The plain access hooks also make their common case there (see
-//!   [`SLOTS`]). They exist for x86_64 only; elsewhere the symbols are left undefined, so
+//!   `SLOTS`). They exist for x86_64 only; elsewhere the symbols are left undefined, so
 //!   a program fails to link instead of running unchecked.
 //! - `__tsan_atomic{8,16,32,64}_*` (load, store, exchange, fetch_add/sub/and/or/xor/nand,
 //!   compare_exchange strong/weak/val) and `__tsan_atomic_thread_fence`/`_signal_fence`
