@@ -16,49 +16,8 @@ if [ ! -x /usr/sbin/sshd ]; then
 fi
 tag=hb$$
 subnet=10.78.$(($$ % 250))
-dir=$(mktemp -d)
 hosts=4
-cleanup() {
-    for k in $(seq 0 $((hosts - 1))); do
-        for pid in $(ip netns pids "$tag-$k" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
-        ip netns del "$tag-$k" 2>/dev/null || true
-    done
-    ip link del "${tag}br" 2>/dev/null || true
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-ip link add "${tag}br" type bridge
-ip addr add "$subnet.254/24" dev "${tag}br"
-ip link set "${tag}br" up
-mkdir -p /run/sshd
-ssh-keygen -q -t ed25519 -N '' -f "$dir/id"
-ssh-keygen -q -t ed25519 -N '' -f "$dir/host"
-cp "$dir/id.pub" "$dir/authorized_keys"
-for k in $(seq 0 $((hosts - 1))); do
-    ip netns add "$tag-$k"
-    ip link add "${tag}o$k" type veth peer name "${tag}i$k"
-    ip link set "${tag}i$k" netns "$tag-$k"
-    ip link set "${tag}o$k" master "${tag}br"
-    ip link set "${tag}o$k" up
-    ip -n "$tag-$k" addr add "$subnet.$((k + 1))/24" dev "${tag}i$k"
-    ip -n "$tag-$k" link set "${tag}i$k" up
-    ip -n "$tag-$k" link set lo up
-    cat >"$dir/sshd-$k.conf" <<CONF
-ListenAddress $subnet.$((k + 1))
-HostKey $dir/host
-AuthorizedKeysFile $dir/authorized_keys
-PermitRootLogin prohibit-password
-PasswordAuthentication no
-UsePAM no
-StrictModes no
-PidFile $dir/sshd-$k.pid
-CONF
-    ip netns exec "$tag-$k" /usr/sbin/sshd -f "$dir/sshd-$k.conf"
-done
-agent="ssh -F /dev/null -i $dir/id -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
-for k in $(seq 0 $((hosts - 1))); do
-    for _ in $(seq 50); do $agent "$subnet.$((k + 1))" true 2>/dev/null && break; sleep 0.1; done
-done
+. "$(dirname "$0")/netns-hosts.sh"
 
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 # parallel seconds printed by the app's verified line
