@@ -558,25 +558,57 @@ impl EpochStore {
         let mut defined = vec![false; table.len()];
         for span in &self.spans {
             for (s, words, wpp) in self.entries(span).filter(|(s, _, _)| keep(s.page)) {
-                let bits = if s.uniform {
-                    encode_uniform(words[0], wpp)
-                } else {
-                    encode_words(words)
-                };
-                let (sites, defs) = wire_sites(self.site_spans(&s), table, &mut defined);
-                out.push(EncodedBitmap {
-                    key: BitmapKey {
-                        interval: span.interval,
-                        page: s.page,
-                        kind: s.kind,
-                    },
-                    bits,
-                    sites,
-                    defs,
-                });
+                out.push(self.encode_one(span, &s, words, wpp, table, &mut defined));
             }
         }
         out
+    }
+
+    /// [`EpochStore::encoded`] for the bitmaps of `pages` (sorted) alone, in the same
+    /// order, each found by a binary search in its interval's index.
+    fn encoded_pages(&self, table: &[Site], pages: &[PageNo]) -> Vec<EncodedBitmap> {
+        let mut out = Vec::new();
+        let mut defined = vec![false; table.len()];
+        for span in &self.spans {
+            let index = &self.index[span.index.0..span.index.1];
+            for &page in pages {
+                let from = index.partition_point(|s| s.page < page);
+                let on_page = index[from..].iter().take_while(|s| s.page == page).count();
+                for j in from..from + on_page {
+                    let (s, words, wpp) = self.entry(span, span.index.0 + j);
+                    out.push(self.encode_one(span, &s, words, wpp, table, &mut defined));
+                }
+            }
+        }
+        out
+    }
+
+    /// One stored bitmap in wire form (see [`EpochStore::encoded`]).
+    fn encode_one(
+        &self,
+        span: &IntervalSpan,
+        s: &Stored,
+        words: &[u64],
+        wpp: usize,
+        table: &[Site],
+        defined: &mut [bool],
+    ) -> EncodedBitmap {
+        let bits = if s.uniform {
+            encode_uniform(words[0], wpp)
+        } else {
+            encode_words(words)
+        };
+        let (sites, defs) = wire_sites(self.site_spans(s), table, defined);
+        EncodedBitmap {
+            key: BitmapKey {
+                interval: span.interval,
+                page: s.page,
+                kind: s.kind,
+            },
+            bits,
+            sites,
+            defs,
+        }
     }
 
     fn site_spans(&self, s: &Stored) -> &[StoredSpan] {
@@ -911,6 +943,27 @@ impl Recorder {
         max_bytes: usize,
     ) -> Option<Vec<EncodedBitmap>> {
         let out = self.store.encoded(&self.sites, shared);
+        let bytes: usize = out.iter().map(|b| b.bits.len() + 16).sum();
+        (bytes <= max_bytes).then_some(out)
+    }
+
+    /// [`Recorder::shippable`] for the pages in `pages` (sorted, unique) alone, looked up
+    /// in each interval's index instead of testing every stored bitmap: in one common
+    /// memory only the pages the master asked for before go with an arrival, a few
+    /// boundary pages against the thousands a grid's rows fill. Falls back to the scan
+    /// when the lookups would cost more.
+    pub fn shippable_pages(
+        &self,
+        pages: &[PageNo],
+        max_bytes: usize,
+    ) -> Option<Vec<EncodedBitmap>> {
+        let lookups = pages.len().saturating_mul(self.store.spans.len()) * 2;
+        let out = if lookups.saturating_mul(16) < self.store.index.len() {
+            self.store.encoded_pages(&self.sites, pages)
+        } else {
+            self.store
+                .encoded(&self.sites, |p| pages.binary_search(&p).is_ok())
+        };
         let bytes: usize = out.iter().map(|b| b.bits.len() + 16).sum();
         (bytes <= max_bytes).then_some(out)
     }
@@ -1475,6 +1528,31 @@ mod tests {
         }
         assert_eq!(shipped[0].bits.len(), 10, "uniform bitmaps ship compactly");
         assert!(r.shippable(|_| true, 40).is_none());
+    }
+
+    #[test]
+    fn shipping_listed_pages_looks_them_up_as_the_scan_finds_them() {
+        let mut r = Recorder::new();
+        let id = r.add_alloc(0, 64 * PAGE_SIZE, 8).unwrap();
+        for interval in 0..3 {
+            for p in 0..64 {
+                if (p + interval) % 3 != 0 {
+                    r.alloc(id).read(p * PAGE_SIZE + 8 * interval, 16);
+                }
+                if p % 5 == interval {
+                    r.alloc(id).write(p * PAGE_SIZE + 40, 8);
+                }
+            }
+            r.close_interval();
+        }
+        for pages in [vec![], vec![0], vec![1, 2, 30, 63], vec![7, 64, 99]] {
+            let keep = |p: PageNo| pages.contains(&p);
+            let scanned = r.shippable(keep, usize::MAX).unwrap();
+            let looked_up = r.store.encoded_pages(&r.sites, &pages);
+            assert_eq!(looked_up, scanned, "{pages:?}");
+            assert_eq!(r.shippable_pages(&pages, usize::MAX).unwrap(), scanned);
+        }
+        assert!(r.shippable_pages(&[1], 8).is_none(), "over the cap");
     }
 
     #[test]

@@ -380,6 +380,7 @@ impl Dsm {
     /// the barrier arrival so the master rarely needs an extra round to fetch them.
     pub(super) fn shippable_bitmaps(&mut self) -> Vec<EncodedBitmap> {
         let states = self.states.clone();
+        let common_memory = self.common_memory;
         let Some(r) = self.race.as_mut() else {
             return Vec::new();
         };
@@ -388,13 +389,18 @@ impl Dsm {
         }
         let t = Instant::now();
         let asked = &r.asked_pages;
-        let shipped = r
-            .recorder
-            .shippable(
+        let shipped = if common_memory {
+            // Nothing marks a page shared in one common memory: only the asked ones go.
+            let mut pages: Vec<dsm_proto::PageNo> = asked.iter().copied().collect();
+            pages.sort_unstable();
+            r.recorder.shippable_pages(&pages, MAX_SHIPPED_BITMAP_BYTES)
+        } else {
+            r.recorder.shippable(
                 |p| states.shared(p as usize) || asked.contains(&p),
                 MAX_SHIPPED_BITMAP_BYTES,
             )
-            .unwrap_or_default();
+        }
+        .unwrap_or_default();
         r.close_time += t.elapsed();
         shipped
     }
