@@ -3,8 +3,12 @@
 # bridge in the root namespace, each with its own sshd on "$subnet.(K+1)". Sets `dir` (a
 # scratch directory holding the keys, the daemons' files and `hosts`, one address per
 # line) and `agent` (the ssh command that reaches them), and removes everything it made
-# when the sourcing script exits. The caller sets `tag`, `subnet` and `hosts`, runs as
-# root, and has iproute2 and openssh-server.
+# when the sourcing script exits. The caller sets `tag`, `subnet` and `hosts`; this needs
+# root and iproute2, and installs openssh-server when it is missing.
+[ "$(id -u)" -eq 0 ] || { echo "$(basename "$0" .sh): needs root" >&2; exit 3; }
+if [ ! -x /usr/sbin/sshd ]; then
+    apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y openssh-server openssh-client >/dev/null
+fi
 dir=$(mktemp -d)
 cleanup() {
     for k in $(seq 0 $((hosts - 1))); do

@@ -973,10 +973,21 @@ pub fn failures(runs: &[RunRecord], command: &dyn Fn(&Job) -> String) -> Vec<Fai
 
 /// The race-cost table: one row per input, N and transport that was run, in the order of
 /// the runs, with the paired ratio of `--race` over the same command without it.
+/// One cell of the app tables: app, input, N and transport ("auto" for the default).
+type AppCell = (String, String, usize, String);
+
+fn app_cell(app: &str, args: &[String], nodes: usize, transport: Option<&str>) -> AppCell {
+    (
+        app.to_string(),
+        args.join(" "),
+        nodes,
+        transport.unwrap_or("auto").to_string(),
+    )
+}
+
 pub fn race_cost_rows(runs: &[RunRecord]) -> Vec<RaceCostRow> {
-    type Cell = (String, String, usize, String);
-    let mut cells: Vec<Cell> = Vec::new();
-    let mut times: BTreeMap<(Cell, Variant), Vec<(usize, f64)>> = BTreeMap::new();
+    let mut cells: Vec<AppCell> = Vec::new();
+    let mut times: BTreeMap<(AppCell, Variant), Vec<(usize, f64)>> = BTreeMap::new();
     for r in runs {
         let Job::App {
             app,
@@ -990,12 +1001,7 @@ pub fn race_cost_rows(runs: &[RunRecord]) -> Vec<RaceCostRow> {
         else {
             continue;
         };
-        let cell = (
-            app.clone(),
-            args.join(" "),
-            *nodes,
-            transport.clone().unwrap_or_else(|| "auto".into()),
-        );
+        let cell = app_cell(app, args, *nodes, transport.as_deref());
         if !cells.contains(&cell) {
             cells.push(cell.clone());
         }
@@ -1035,9 +1041,8 @@ pub fn race_cost_rows(runs: &[RunRecord]) -> Vec<RaceCostRow> {
 /// another, but a race for a lock can change who waits), with the loss at each of
 /// [`crate::delay::DELAYS_US`].
 pub fn round_trip_rows(runs: &[RunRecord]) -> Vec<RoundTripRow> {
-    type Cell = (String, String, usize, String);
-    let mut cells: Vec<Cell> = Vec::new();
-    let mut reps: BTreeMap<Cell, Vec<&RunRecord>> = BTreeMap::new();
+    let mut cells: Vec<AppCell> = Vec::new();
+    let mut reps: BTreeMap<AppCell, Vec<&RunRecord>> = BTreeMap::new();
     for r in runs {
         let Job::App {
             app,
@@ -1050,12 +1055,7 @@ pub fn round_trip_rows(runs: &[RunRecord]) -> Vec<RoundTripRow> {
         else {
             continue;
         };
-        let cell = (
-            app.clone(),
-            args.join(" "),
-            *nodes,
-            transport.clone().unwrap_or_else(|| "auto".into()),
-        );
+        let cell = app_cell(app, args, *nodes, transport.as_deref());
         if !cells.contains(&cell) {
             cells.push(cell.clone());
         }

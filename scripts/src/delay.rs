@@ -48,6 +48,21 @@ impl RankWaits {
     pub fn round_trips(&self) -> f64 {
         self.delays() as f64 / 2.0
     }
+
+    /// What the delays are made of, for the report and `dsm-bench-report round-trips`.
+    pub fn breakdown(&self) -> String {
+        format!(
+            "{} fetches ({} delays), {} remote acquires ({}), {} semaphore waits ({}), {} barriers ({})",
+            self.fetch_requests,
+            2 * self.fetch_requests,
+            self.remote_acquires,
+            self.lock_delays,
+            self.sem_waits,
+            self.sem_delays,
+            self.barriers,
+            self.barrier_delays
+        )
+    }
 }
 
 /// The rank that waited for the most delays (the lowest rank on a tie).

@@ -234,20 +234,7 @@ fn round_trips(o: &mut String, r: &Report) {
         };
         let slowest = crate::delay::critical_rank(&row.ranks).map_or_else(
             || DASH.to_string(),
-            |w| {
-                format!(
-                    "rank {}: {} fetches ({} delays), {} remote acquires ({}), {} waits ({}), {} barriers ({})",
-                    w.rank,
-                    w.fetch_requests,
-                    2 * w.fetch_requests,
-                    w.remote_acquires,
-                    w.lock_delays,
-                    w.sem_waits,
-                    w.sem_delays,
-                    w.barriers,
-                    w.barrier_delays
-                )
-            },
+            |w| format!("rank {}: {}", w.rank, w.breakdown()),
         );
         let _ = write!(
             o,

@@ -125,17 +125,11 @@ fn round_trips(files: &[PathBuf], check: Option<(f64, f64)>) -> Result<()> {
     }
     for w in ranks {
         println!(
-            "rank {}: {} round trips ({} delays: {} fetches x 2, {} remote acquires {}, {} semaphore waits {}, {} barriers {})",
+            "rank {}: {} round trips, {} delays: {}",
             w.rank,
             w.round_trips(),
             w.delays(),
-            w.fetch_requests,
-            w.remote_acquires,
-            w.lock_delays,
-            w.sem_waits,
-            w.sem_delays,
-            w.barriers,
-            w.barrier_delays
+            w.breakdown()
         );
     }
     let critical = delay::critical_rank(ranks).context("no ranks")?;
