@@ -100,12 +100,33 @@ pub struct AllocShadow {
     first_page: PageNo,
     shift: u32,
     words_per_page: usize,
+    /// What the interval being recorded touched.
+    now: IntervalShadow,
+    /// The other [`IntervalShadow`], which the epoch store holds while a closed interval's
+    /// bitmaps are in it (see [`DEFER_MIN_PAGES`]).
+    spare: Spare,
+    /// The last strided pattern built: (period, width, bits).
+    pattern: Cell<(usize, usize, u64)>,
+}
+
+/// An allocation's spare [`IntervalShadow`].
+enum Spare {
+    /// None made yet: the allocation has not closed a large interval.
+    None,
+    /// Cleared, to record the next interval in when a large one closes.
+    Ready(IntervalShadow),
+    /// The epoch store holds the allocation's other shadow: a large interval now copies
+    /// into the arena.
+    Lent,
+}
+
+/// What one interval touched in one allocation: its bitmaps, the pages it flagged and the
+/// sites that touched them.
+struct IntervalShadow {
     read: Vec<Cell<u64>>,
     write: Vec<Cell<u64>>,
     flags: Vec<Cell<u8>>,
     touched: RefCell<Vec<u32>>,
-    /// The last strided pattern built: (period, width, bits).
-    pattern: Cell<(usize, usize, u64)>,
     /// Per page and kind (`2 * page` reads, `2 * page + 1` writes), the one site that
     /// touched it in the interval so far, while there is only one (its span is then the
     /// whole page: one compare per access, as most pages are touched from one line).
@@ -115,6 +136,87 @@ pub struct AllocShadow {
     site_heads: Vec<Cell<u32>>,
     /// The interval's site runs; each page's list is most recently used first.
     runs: RefCell<Vec<SiteRun>>,
+}
+
+impl IntervalShadow {
+    /// The sites of `page`'s accesses of `kind` (of a page of `words_per_page` words), as
+    /// spans of granules of the page sorted by first granule; with `take`, forgets them.
+    fn sites_of(
+        &self,
+        page: usize,
+        kind: u8,
+        words_per_page: usize,
+        take: bool,
+        out: &mut Vec<(Site, u16, u16)>,
+    ) {
+        let slot = 2 * page + usize::from(kind == WRITE);
+        let single = if take {
+            self.site_single[slot].take()
+        } else {
+            self.site_single[slot].get()
+        };
+        if let Some(only) = single {
+            let last = (words_per_page * 64 - 1).min(u16::MAX as usize) as u16;
+            out.push((only, 0, last));
+            return;
+        }
+        let runs = self.runs.borrow();
+        let base = page * words_per_page * 64;
+        let mut at = if take {
+            self.site_heads[slot].replace(0)
+        } else {
+            self.site_heads[slot].get()
+        };
+        let start = out.len();
+        while at != 0 {
+            let r = &runs[at as usize - 1];
+            let g = |x: usize| x.saturating_sub(base).min(u16::MAX as usize) as u16;
+            out.push((r.site.get(), g(r.first.get()), g(r.last.get())));
+            at = r.next;
+        }
+        out[start..].sort_unstable_by_key(|s| s.1);
+    }
+
+    /// Clears what the interval recorded (pages of `words_per_page` words), so that the
+    /// shadow can record another; costs the pages it touched.
+    fn clear(&mut self, words_per_page: usize) {
+        for &page in self.touched.get_mut().iter() {
+            let page = page as usize;
+            let words = page * words_per_page..(page + 1) * words_per_page;
+            self.read[words.clone()]
+                .iter_mut()
+                .for_each(|w| *w.get_mut() = 0);
+            self.write[words].iter_mut().for_each(|w| *w.get_mut() = 0);
+            *self.flags[page].get_mut() = 0;
+            for slot in 2 * page..2 * page + 2 {
+                *self.site_single[slot].get_mut() = None;
+                *self.site_heads[slot].get_mut() = 0;
+            }
+        }
+        self.touched.get_mut().clear();
+        self.runs.get_mut().clear();
+    }
+
+    /// An empty interval shadow of `pages` pages.
+    fn new(pages: usize, words_per_page: usize) -> Result<Self, TryReserveError> {
+        fn zeroed<T: Clone>(len: usize, zero: T) -> Result<Vec<T>, TryReserveError> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(len)?;
+            v.resize(len, zero);
+            Ok(v)
+        }
+        // `pages * words_per_page` cannot overflow: it is at most the allocation's bytes
+        // / 8, rounded up.
+        Ok(IntervalShadow {
+            read: zeroed(pages * words_per_page, Cell::new(0))?,
+            write: zeroed(pages * words_per_page, Cell::new(0))?,
+            flags: zeroed(pages, Cell::new(0))?,
+            touched: RefCell::new(Vec::new()),
+            site_single: zeroed(pages * 2, Cell::new(None))?,
+            site_heads: zeroed(pages * 2, Cell::new(0))?,
+            runs: RefCell::new(Vec::new()),
+        })
+    }
 }
 
 /// One site's accesses of one kind to one page in the current interval.
@@ -134,25 +236,13 @@ impl AllocShadow {
         let pages = bytes.div_ceil(PAGE_SIZE).max(1);
         let shift = granule_shift(elem_size);
         let words_per_page = (PAGE_SIZE >> shift) / 64;
-        fn zeroed<T: Clone>(len: usize, zero: T) -> Result<Vec<T>, TryReserveError> {
-            let mut v = Vec::new();
-            v.try_reserve_exact(len)?;
-            v.resize(len, zero);
-            Ok(v)
-        }
-        // `pages * words_per_page` cannot overflow: it is at most `bytes / 8` rounded up.
         Ok(AllocShadow {
             first_page,
             shift,
             words_per_page,
-            read: zeroed(pages * words_per_page, Cell::new(0))?,
-            write: zeroed(pages * words_per_page, Cell::new(0))?,
-            flags: zeroed(pages, Cell::new(0))?,
-            touched: RefCell::new(Vec::new()),
+            now: IntervalShadow::new(pages, words_per_page)?,
+            spare: Spare::None,
             pattern: Cell::new((0, 0, 0)),
-            site_single: zeroed(pages * 2, Cell::new(None))?,
-            site_heads: zeroed(pages * 2, Cell::new(0))?,
-            runs: RefCell::new(Vec::new()),
         })
     }
 
@@ -165,9 +255,9 @@ impl AllocShadow {
     #[cold]
     #[inline(never)]
     fn first_touch(&self, page: usize, kind: u8) {
-        let f = &self.flags[page];
+        let f = &self.now.flags[page];
         if f.get() == 0 {
-            self.touched.borrow_mut().push(page as u32);
+            self.now.touched.borrow_mut().push(page as u32);
         }
         f.set(f.get() | kind);
     }
@@ -175,12 +265,12 @@ impl AllocShadow {
     #[inline(always)]
     fn flag_pages(&self, first_byte: usize, last_byte: usize, kind: u8) {
         let (p0, p1) = (first_byte >> PAGE_SHIFT, last_byte >> PAGE_SHIFT);
-        if self.flags[p0].get() & kind == 0 {
+        if self.now.flags[p0].get() & kind == 0 {
             self.first_touch(p0, kind);
         }
         if p1 != p0 {
             for p in p0 + 1..=p1 {
-                if self.flags[p].get() & kind == 0 {
+                if self.now.flags[p].get() & kind == 0 {
                     self.first_touch(p, kind);
                 }
             }
@@ -193,15 +283,15 @@ impl AllocShadow {
     #[inline(always)]
     fn note_site(&self, page: usize, kind: u8, g0: usize, g1: usize, site: Site) {
         let slot = 2 * page + usize::from(kind == WRITE);
-        let head = self.site_heads[slot].get();
+        let head = self.now.site_heads[slot].get();
         if head == 0 {
-            match self.site_single[slot].get() {
+            match self.now.site_single[slot].get() {
                 Some(s) if s == site => return,
-                None => return self.site_single[slot].set(Some(site)),
+                None => return self.now.site_single[slot].set(Some(site)),
                 Some(_) => {}
             }
         } else {
-            let runs = self.runs.borrow();
+            let runs = self.now.runs.borrow();
             let r = &runs[head as usize - 1];
             if r.site.get() == site {
                 r.first.set(r.first.get().min(g0));
@@ -221,8 +311,8 @@ impl AllocShadow {
     #[cold]
     #[inline(never)]
     fn site_changed(&self, slot: usize, g0: usize, g1: usize, site: Site) {
-        let mut runs = self.runs.borrow_mut();
-        if let Some(only) = self.site_single[slot].take() {
+        let mut runs = self.now.runs.borrow_mut();
+        if let Some(only) = self.now.site_single[slot].take() {
             let per_page = self.words_per_page * 64;
             let start = (slot / 2) * per_page;
             runs.push(SiteRun {
@@ -231,9 +321,9 @@ impl AllocShadow {
                 last: Cell::new(start + per_page - 1),
                 next: 0,
             });
-            self.site_heads[slot].set(runs.len() as u32);
+            self.now.site_heads[slot].set(runs.len() as u32);
         }
-        let head = self.site_heads[slot].get();
+        let head = self.now.site_heads[slot].get();
         let mut at = head;
         while at != 0 {
             let r = &runs[at as usize - 1];
@@ -256,7 +346,7 @@ impl AllocShadow {
             last: Cell::new(g1 - 1),
             next: head,
         });
-        self.site_heads[slot].set(runs.len() as u32);
+        self.now.site_heads[slot].set(runs.len() as u32);
     }
 
     /// Notes `site` on every page of granules `g0..g1` (each page gets its part).
@@ -278,23 +368,8 @@ impl AllocShadow {
     /// The sites of `page`'s accesses of `kind` in the interval, as spans of granules of
     /// the page sorted by first granule; forgets them.
     fn take_sites(&self, page: usize, kind: u8, out: &mut Vec<(Site, u16, u16)>) {
-        let slot = 2 * page + usize::from(kind == WRITE);
-        if let Some(only) = self.site_single[slot].take() {
-            let last = (self.words_per_page * 64 - 1).min(u16::MAX as usize) as u16;
-            out.push((only, 0, last));
-            return;
-        }
-        let runs = self.runs.borrow();
-        let base = page * self.words_per_page * 64;
-        let mut at = self.site_heads[slot].replace(0);
-        let start = out.len();
-        while at != 0 {
-            let r = &runs[at as usize - 1];
-            let g = |x: usize| x.saturating_sub(base).min(u16::MAX as usize) as u16;
-            out.push((r.site.get(), g(r.first.get()), g(r.last.get())));
-            at = r.next;
-        }
-        out[start..].sort_unstable_by_key(|s| s.1);
+        self.now
+            .sites_of(page, kind, self.words_per_page, true, out);
     }
 
     /// Sets bits `g0..g1` of a flat bitmap.
@@ -332,9 +407,9 @@ impl AllocShadow {
         let last = offset + len - 1;
         self.flag_pages(offset, last, kind);
         let bits = if kind == READ {
-            &self.read
+            &self.now.read
         } else {
-            &self.write
+            &self.now.write
         };
         let (g0, g1) = (offset >> self.shift, (last >> self.shift) + 1);
         Self::set_bits(bits, g0, g1);
@@ -408,7 +483,11 @@ impl AllocShadow {
             (last >> self.shift) + 1,
             site,
         );
-        let bits = if write { &self.write } else { &self.read };
+        let bits = if write {
+            &self.now.write
+        } else {
+            &self.now.read
+        };
         let s = self.shift;
         let granule_mask = (1usize << s) - 1;
         let period = stride >> s;
@@ -466,11 +545,15 @@ impl AllocShadow {
     }
 }
 
-/// One stored bitmap: where its words are in the interval's arena. A bitmap whose words
-/// are all equal (regular access patterns: whole pages, strided rows) keeps one word.
+/// One stored bitmap, or a run of pages with the same bitmap: where its words are in the
+/// epoch's arena. A bitmap whose words are all equal (regular access patterns: whole
+/// pages, strided rows) keeps one word, and consecutive pages of one allocation whose
+/// bitmaps are that same word with the same sites share one entry.
 #[derive(Clone, Copy)]
 struct Stored {
     page: PageNo,
+    /// Pages in the run (`page..page + pages`); more than one only for uniform bitmaps.
+    pages: u32,
     kind: AccessKind,
     offset: u32,
     uniform: bool,
@@ -478,14 +561,194 @@ struct Stored {
     sites: (u32, u32),
 }
 
-/// One interval's part of the epoch store: its bitmaps are `index[index.0..index.1]`,
-/// sorted by (page, kind), and the words per page of the allocations they lie in are
-/// `words_per_page[table.0..table.1]`.
+/// Intervals that touched at least this many pages of one allocation leave that
+/// allocation's interval shadow to the epoch store as it is and record on in a spare one:
+/// a grid's band of a thousand pages closes without a bitmap copied per page, and the few
+/// pages the barrier master asks for are read from the kept shadow. Smaller intervals
+/// (lock-protected updates) copy their pages into the arena, where any number of them fit.
+const DEFER_MIN_PAGES: usize = 64;
+
+/// An allocation's interval shadow that the epoch store holds for a closed interval (see
+/// [`DEFER_MIN_PAGES`]); its pages are those in `shadow.touched`, sorted.
+struct Deferred {
+    /// The allocation's index in the recorder, to give the shadow back.
+    alloc: usize,
+    first_page: PageNo,
+    words_per_page: usize,
+    shadow: IntervalShadow,
+}
+
+impl Deferred {
+    /// Its bitmap of `kind` for `page`, if the interval touched it so.
+    fn page(&self, page: PageNo, kind: AccessKind) -> Option<StoredPage<'_>> {
+        let local = page.checked_sub(self.first_page)? as usize;
+        let flags = self.shadow.flags.get(local)?.get();
+        (flags & kind_bit(kind) != 0).then(|| self.page_at(local, kind))
+    }
+
+    /// Its bitmap of `kind` for local page `local`.
+    fn page_at(&self, local: usize, kind: AccessKind) -> StoredPage<'_> {
+        let bits = match kind {
+            AccessKind::Read => &self.shadow.read,
+            AccessKind::Write => &self.shadow.write,
+        };
+        let wpp = self.words_per_page;
+        StoredPage {
+            page: self.first_page + local as PageNo,
+            kind,
+            words: Words::Live(&bits[local * wpp..(local + 1) * wpp]),
+            words_per_page: wpp,
+            sites: PageSites::Live(&self.shadow, local),
+        }
+    }
+
+    /// Its bitmaps: reads, then writes, each in page order.
+    fn pages(&self) -> impl Iterator<Item = StoredPage<'_>> + '_ {
+        let touched = self.shadow.touched.borrow().clone();
+        [AccessKind::Read, AccessKind::Write]
+            .into_iter()
+            .flat_map(move |kind| {
+                let pages: Vec<usize> = touched
+                    .iter()
+                    .map(|&p| p as usize)
+                    .filter(|&p| self.shadow.flags[p].get() & kind_bit(kind) != 0)
+                    .collect();
+                pages.into_iter().map(move |p| self.page_at(p, kind))
+            })
+    }
+
+    /// Page bitmaps held.
+    fn page_bitmaps(&self) -> usize {
+        self.shadow
+            .touched
+            .borrow()
+            .iter()
+            .map(|&p| self.shadow.flags[p as usize].get().count_ones() as usize)
+            .sum()
+    }
+}
+
+/// A stored bitmap's words.
+#[derive(Clone, Copy)]
+enum Words<'a> {
+    /// Every word is this one.
+    Uniform(u64),
+    /// All of them, in the arena.
+    Full(&'a [u64]),
+    /// All of them, in a deferred interval shadow.
+    Live(&'a [Cell<u64>]),
+}
+
+impl Words<'_> {
+    /// Word `k` of the page's bitmap.
+    fn word(&self, k: usize) -> u64 {
+        match self {
+            Words::Uniform(w) => *w,
+            Words::Full(words) => words[k],
+            Words::Live(words) => words[k].get(),
+        }
+    }
+
+    /// The one word of a bitmap whose words are all equal.
+    fn uniform(&self) -> Option<u64> {
+        match self {
+            Words::Uniform(w) => Some(*w),
+            Words::Full(_) => None,
+            Words::Live(words) => {
+                let first = words[0].get();
+                words.iter().all(|w| w.get() == first).then_some(first)
+            }
+        }
+    }
+
+    /// All `words_per_page` words.
+    fn to_vec(self, words_per_page: usize) -> Vec<u64> {
+        (0..words_per_page).map(|k| self.word(k)).collect()
+    }
+
+    /// Wire form (see [`encode_uniform`] and [`encode_words`]).
+    fn encode(self, words_per_page: usize) -> Vec<u8> {
+        match (self.uniform(), self) {
+            (Some(w), _) => encode_uniform(w, words_per_page),
+            (None, Words::Full(words)) => encode_words(words),
+            (None, _) => encode_words(&self.to_vec(words_per_page)),
+        }
+    }
+
+    /// Feeds the bitmap to `f` in one form whatever holds it: its one word if uniform,
+    /// else every word.
+    fn for_each_canonical(self, words_per_page: usize, mut f: impl FnMut(u64)) {
+        match self.uniform() {
+            Some(w) => f(w),
+            None => (0..words_per_page).for_each(|k| f(self.word(k))),
+        }
+    }
+}
+
+/// A stored bitmap's sites.
+#[derive(Clone, Copy)]
+enum PageSites<'a> {
+    /// Spans in the arena's site table.
+    Stored(&'a [StoredSpan]),
+    /// Local page of a deferred interval shadow, whose sites are numbered when asked for.
+    Live(&'a IntervalShadow, usize),
+}
+
+/// One page's bitmap as the store holds it.
+#[derive(Clone, Copy)]
+struct StoredPage<'a> {
+    page: PageNo,
+    kind: AccessKind,
+    words: Words<'a>,
+    /// Words per page of its allocation.
+    words_per_page: usize,
+    sites: PageSites<'a>,
+}
+
+impl StoredPage<'_> {
+    /// Its site spans, numbering sites not seen before.
+    fn spans(&self, names: &mut SiteNames<'_>) -> Vec<StoredSpan> {
+        match self.sites {
+            PageSites::Stored(spans) => spans.to_vec(),
+            PageSites::Live(shadow, local) => {
+                let mut found = Vec::new();
+                let bit = kind_bit(self.kind);
+                shadow.sites_of(local, bit, self.words_per_page, false, &mut found);
+                let k = usize::from(self.kind == AccessKind::Write);
+                found
+                    .into_iter()
+                    .map(|(site, first, last)| (names.number(site, k), first, last))
+                    .collect()
+            }
+        }
+    }
+}
+
+/// One interval's part of the epoch store: its read bitmaps are `index[reads.0..reads.1]`
+/// and its write bitmaps `index[reads.1..writes_end]`, each sorted by page, runs not
+/// overlapping; the words per page of the allocations they lie in are
+/// `words_per_page[table.0..table.1]`; its words and site spans start at `words_start`
+/// and `sites_start` of the arena; the shadows of allocations it touched many pages of
+/// are `deferred[deferred.0..deferred.1]`.
 #[derive(Clone, Copy)]
 struct IntervalSpan {
     interval: u32,
-    index: (usize, usize),
+    reads: (usize, usize),
+    writes_end: usize,
     table: (usize, usize),
+    words_start: usize,
+    sites_start: usize,
+    deferred: (usize, usize),
+}
+
+impl IntervalSpan {
+    /// The index range of the interval's arena bitmaps of `kind`.
+    fn of_kind(&self, kind: AccessKind) -> std::ops::Range<usize> {
+        match kind {
+            AccessKind::Read => self.reads.0..self.reads.1,
+            AccessKind::Write => self.reads.1..self.writes_end,
+        }
+    }
 }
 
 /// Words per page of the allocation holding `page` (`table` sorted by first page).
@@ -498,8 +761,9 @@ fn words_for(table: &[(PageNo, usize)], page: PageNo) -> usize {
 }
 
 /// Bitmaps of one epoch, interval by interval (intervals are appended in order), in one
-/// arena: closing an interval allocates nothing once the epoch's first ones have grown
-/// it, and a barrier empties it keeping its room.
+/// arena, and the interval shadows of large intervals: closing an interval allocates
+/// nothing once the epoch's first ones have grown the arena, and a barrier empties it
+/// keeping its room.
 #[derive(Default)]
 struct EpochStore {
     spans: Vec<IntervalSpan>,
@@ -508,6 +772,9 @@ struct EpochStore {
     words_per_page: Vec<(PageNo, usize)>,
     /// The bitmaps' site spans.
     sites: Vec<StoredSpan>,
+    deferred: Vec<Deferred>,
+    /// Page bitmaps held (a run counts its pages).
+    page_bitmaps: usize,
     bytes: usize,
 }
 
@@ -517,8 +784,9 @@ type WireSites = (SmallVec<[SiteSpan; 2]>, Vec<(u32, SourceSite)>);
 
 /// Wire form of `spans`, each site's first mention in the list being built carrying its
 /// definition from `table`.
-fn wire_sites(spans: &[StoredSpan], table: &[Site], defined: &mut [bool]) -> WireSites {
+fn wire_sites(spans: &[StoredSpan], table: &[Site], defined: &mut Vec<bool>) -> WireSites {
     let mut defs = Vec::new();
+    defined.resize(table.len(), false);
     let sites = spans
         .iter()
         .map(|&(site, first, last)| {
@@ -532,133 +800,387 @@ fn wire_sites(spans: &[StoredSpan], table: &[Site], defined: &mut [bool]) -> Wir
 }
 
 impl EpochStore {
-    /// The stored bitmaps of one span, each with its words (one for a uniform bitmap)
-    /// and the words per page of its allocation.
-    fn entries<'a>(
-        &'a self,
-        span: &IntervalSpan,
-    ) -> impl Iterator<Item = (Stored, &'a [u64], usize)> + 'a {
+    /// The page bitmaps of one span: its arena's reads, then writes, each in page order,
+    /// then each deferred shadow's.
+    fn pages<'a>(&'a self, span: &IntervalSpan) -> impl Iterator<Item = StoredPage<'a>> + 'a {
+        self.arena_pages(span).chain(
+            self.deferred[span.deferred.0..span.deferred.1]
+                .iter()
+                .flat_map(Deferred::pages),
+        )
+    }
+
+    /// The page bitmaps of one span in the arena: reads, then writes, in page order.
+    fn arena_pages<'a>(&'a self, span: &IntervalSpan) -> impl Iterator<Item = StoredPage<'a>> + 'a {
         let span = *span;
-        (span.index.0..span.index.1).map(move |j| self.entry(&span, j))
+        (span.reads.0..span.writes_end).flat_map(move |j| {
+            let s = self.index[j];
+            (s.page..s.page + s.pages).map(move |page| self.page_of(&span, &s, page))
+        })
     }
 
-    /// Entry `j` of the arena (in `span`) with its words and its words per page.
-    fn entry(&self, span: &IntervalSpan, j: usize) -> (Stored, &[u64], usize) {
-        let s = self.index[j];
-        let wpp = words_for(&self.words_per_page[span.table.0..span.table.1], s.page);
+    /// Entry `s` (of `span`) narrowed to `page`, one of its pages.
+    fn page_of(&self, span: &IntervalSpan, s: &Stored, page: PageNo) -> StoredPage<'_> {
+        let words_per_page = words_for(&self.words_per_page[span.table.0..span.table.1], page);
         let at = s.offset as usize;
-        let len = if s.uniform { 1 } else { wpp };
-        (s, &self.words[at..at + len], wpp)
+        StoredPage {
+            page,
+            kind: s.kind,
+            words: if s.uniform {
+                Words::Uniform(self.words[at])
+            } else {
+                Words::Full(&self.words[at..at + words_per_page])
+            },
+            words_per_page,
+            sites: PageSites::Stored(&self.sites[s.sites.0 as usize..s.sites.1 as usize]),
+        }
     }
 
-    /// Every stored bitmap whose page passes `keep`, in wire form, its sites named from
-    /// `table`.
-    fn encoded(&self, table: &[Site], mut keep: impl FnMut(PageNo) -> bool) -> Vec<EncodedBitmap> {
+    /// The arena bitmap of `page` and `kind` in `span`, if stored there.
+    fn find_in_arena(
+        &self,
+        span: &IntervalSpan,
+        page: PageNo,
+        kind: AccessKind,
+    ) -> Option<StoredPage<'_>> {
+        let entries = &self.index[span.of_kind(kind)];
+        let k = entries.partition_point(|s| s.page <= page).checked_sub(1)?;
+        let s = entries[k];
+        (page < s.page + s.pages).then(|| self.page_of(span, &s, page))
+    }
+
+    /// The bitmap of `page` and `kind` in `span`, if stored.
+    fn find(&self, span: &IntervalSpan, page: PageNo, kind: AccessKind) -> Option<StoredPage<'_>> {
+        self.find_in_arena(span, page, kind).or_else(|| {
+            self.deferred[span.deferred.0..span.deferred.1]
+                .iter()
+                .find_map(|d| d.page(page, kind))
+        })
+    }
+
+    /// Every stored bitmap whose page passes `keep`, in wire form, its sites named
+    /// through `names`.
+    fn encoded(
+        &self,
+        names: &mut SiteNames<'_>,
+        mut keep: impl FnMut(PageNo) -> bool,
+    ) -> Vec<EncodedBitmap> {
         let mut out = Vec::new();
-        let mut defined = vec![false; table.len()];
+        let mut defined = Vec::new();
         for span in &self.spans {
-            for (s, words, wpp) in self.entries(span).filter(|(s, _, _)| keep(s.page)) {
-                out.push(self.encode_one(span, &s, words, wpp, table, &mut defined));
+            for p in self.pages(span).filter(|p| keep(p.page)) {
+                out.push(encode_one(span.interval, &p, names, &mut defined));
             }
         }
         out
     }
 
     /// [`EpochStore::encoded`] for the bitmaps of `pages` (sorted) alone, in the same
-    /// order, each found by a binary search in its interval's index.
-    fn encoded_pages(&self, table: &[Site], pages: &[PageNo]) -> Vec<EncodedBitmap> {
+    /// order, each found by a binary search in its interval's index or a look in its
+    /// deferred shadows.
+    fn encoded_pages(&self, names: &mut SiteNames<'_>, pages: &[PageNo]) -> Vec<EncodedBitmap> {
         let mut out = Vec::new();
-        let mut defined = vec![false; table.len()];
+        let mut defined = Vec::new();
+        let kinds = [AccessKind::Read, AccessKind::Write];
         for span in &self.spans {
-            let index = &self.index[span.index.0..span.index.1];
-            for &page in pages {
-                let from = index.partition_point(|s| s.page < page);
-                let on_page = index[from..].iter().take_while(|s| s.page == page).count();
-                for j in from..from + on_page {
-                    let (s, words, wpp) = self.entry(span, span.index.0 + j);
-                    out.push(self.encode_one(span, &s, words, wpp, table, &mut defined));
+            for kind in kinds {
+                for &page in pages {
+                    if let Some(p) = self.find_in_arena(span, page, kind) {
+                        out.push(encode_one(span.interval, &p, names, &mut defined));
+                    }
+                }
+            }
+            for d in &self.deferred[span.deferred.0..span.deferred.1] {
+                for kind in kinds {
+                    for &page in pages {
+                        if let Some(p) = d.page(page, kind) {
+                            out.push(encode_one(span.interval, &p, names, &mut defined));
+                        }
+                    }
                 }
             }
         }
         out
     }
 
-    /// One stored bitmap in wire form (see [`EpochStore::encoded`]).
-    fn encode_one(
-        &self,
-        span: &IntervalSpan,
-        s: &Stored,
-        words: &[u64],
-        wpp: usize,
-        table: &[Site],
-        defined: &mut [bool],
-    ) -> EncodedBitmap {
-        let bits = if s.uniform {
-            encode_uniform(words[0], wpp)
-        } else {
-            encode_words(words)
-        };
-        let (sites, defs) = wire_sites(self.site_spans(s), table, defined);
-        EncodedBitmap {
-            key: BitmapKey {
-                interval: span.interval,
-                page: s.page,
-                kind: s.kind,
-            },
-            bits,
-            sites,
-            defs,
-        }
-    }
-
-    fn site_spans(&self, s: &Stored) -> &[StoredSpan] {
-        &self.sites[s.sites.0 as usize..s.sites.1 as usize]
-    }
-
     /// The words and site spans of bitmap `key`, if stored.
-    fn get(&self, key: &BitmapKey) -> Option<(Vec<u64>, &[StoredSpan])> {
+    fn get(
+        &self,
+        key: &BitmapKey,
+        names: &mut SiteNames<'_>,
+    ) -> Option<(Vec<u64>, Vec<StoredSpan>)> {
         let i = self
             .spans
             .binary_search_by_key(&key.interval, |b| b.interval)
             .ok()?;
-        let span = self.spans[i];
-        let j = self.index[span.index.0..span.index.1]
-            .binary_search_by_key(&(key.page, key.kind), |s| (s.page, s.kind))
-            .ok()?;
-        let (s, words, wpp) = self.entry(&span, span.index.0 + j);
-        let words = if s.uniform {
-            vec![words[0]; wpp]
-        } else {
-            words.to_vec()
-        };
-        Some((words, self.site_spans(&s)))
+        let p = self.find(&self.spans[i], key.page, key.kind)?;
+        Some((p.words.to_vec(p.words_per_page), p.spans(names)))
     }
 
-    /// Drops `span`, the last interval stored, with its words, sites and table entries.
+    /// Drops `span`, the last interval stored, with its words, sites and table entries
+    /// (it holds no deferred shadow).
     fn pop_last(&mut self, span: &IntervalSpan) {
-        if let Some(first) = self.index.get(span.index.0) {
-            self.words.truncate(first.offset as usize);
-            self.sites.truncate(first.sites.0 as usize);
-        }
-        self.index.truncate(span.index.0);
+        debug_assert_eq!(span.deferred.0, span.deferred.1);
+        self.page_bitmaps -= self.index[span.reads.0..span.writes_end]
+            .iter()
+            .map(|s| s.pages as usize)
+            .sum::<usize>();
+        self.words.truncate(span.words_start);
+        self.sites.truncate(span.sites_start);
+        self.index.truncate(span.reads.0);
         self.words_per_page.truncate(span.table.0);
         self.spans.pop();
         self.bytes = self.held_bytes();
     }
 
-    /// Bytes held: words, index entries and site spans.
+    /// Bytes held: words, index entries and site spans in the arena, and the deferred
+    /// shadows' touched pages.
     fn held_bytes(&self) -> usize {
-        self.words.len() * 8 + self.index.len() * 24 + self.sites.len() * 8
+        let deferred: usize = self
+            .deferred
+            .iter()
+            .map(|d| d.page_bitmaps() * d.words_per_page * 8)
+            .sum();
+        self.words.len() * 8
+            + self.index.len() * std::mem::size_of::<Stored>()
+            + self.sites.len() * 8
+            + deferred
     }
 
-    /// Forgets every bitmap, keeping the arena's room for the next epoch.
-    fn clear(&mut self) {
+    /// Forgets every bitmap, keeping the arena's room for the next epoch; returns the
+    /// deferred shadows, for their allocations to record in again.
+    fn clear(&mut self) -> std::vec::Drain<'_, Deferred> {
         self.spans.clear();
         self.index.clear();
         self.words.clear();
         self.words_per_page.clear();
         self.sites.clear();
+        self.page_bitmaps = 0;
         self.bytes = 0;
+        self.deferred.drain(..)
+    }
+}
+
+/// One stored bitmap in wire form, its sites named through `names` (`defined`: which
+/// sites the list being built has defined).
+fn encode_one(
+    interval: u32,
+    p: &StoredPage<'_>,
+    names: &mut SiteNames<'_>,
+    defined: &mut Vec<bool>,
+) -> EncodedBitmap {
+    let spans = p.spans(names);
+    let (sites, defs) = wire_sites(&spans, names.sites, defined);
+    EncodedBitmap {
+        key: BitmapKey {
+            interval,
+            page: p.page,
+            kind: p.kind,
+        },
+        bits: p.words.encode(p.words_per_page),
+        sites,
+        defs,
+    }
+}
+
+/// The recorder's site numbering, lent to an interval close.
+struct SiteNames<'a> {
+    sites: &'a mut Vec<Site>,
+    numbers: &'a mut HashMap<usize, u32>,
+    last: &'a [Cell<(usize, u32)>; 2],
+}
+
+impl SiteNames<'_> {
+    /// The node's number for `site`, looked up for bitmaps of kind `k` (0 reads, 1 writes).
+    fn number(&mut self, site: Site, k: usize) -> u32 {
+        intern_site(self.sites, self.numbers, &self.last[k], site)
+    }
+}
+
+/// The access flag of `kind` in an allocation's page flags.
+fn kind_bit(kind: AccessKind) -> u8 {
+    match kind {
+        AccessKind::Read => READ,
+        AccessKind::Write => WRITE,
+    }
+}
+
+/// What one interval close builds, page by page: the notices, and the interval's write
+/// entries until its read entries are all in the store. Kept by the recorder for its
+/// room.
+#[derive(Default)]
+struct Closing {
+    reads: Vec<PageNo>,
+    writes: Vec<PageNo>,
+    read_extents: Extents,
+    write_extents: Extents,
+    write_entries: Vec<Stored>,
+    /// Per kind (0 reads, 1 writes), the site spans of the last bitmap stored.
+    last_spans: [(u32, u32); 2],
+    /// Per kind, whether the last entry belongs to this close and allocation, so that the
+    /// next page may extend it as a run.
+    runs_open: [bool; 2],
+    /// One page's site spans.
+    site_buf: Vec<(Site, u16, u16)>,
+}
+
+impl Closing {
+    fn begin(&mut self, store: &EpochStore) {
+        self.reads.clear();
+        self.writes.clear();
+        self.write_entries.clear();
+        let at = store.sites.len() as u32;
+        self.last_spans = [(at, at); 2];
+        self.runs_open = [false; 2];
+    }
+
+    /// Leaves allocation `a`'s (number `id`) interval shadow to the store as the
+    /// interval's bitmaps, noting its pages, and gives the allocation its spare to record
+    /// on in; `false`, changing nothing, when the store holds the other shadow already or
+    /// no spare can be had (the pages are then copied into the arena).
+    fn defer(&mut self, store: &mut EpochStore, id: usize, a: &mut AllocShadow) -> bool {
+        let spare = match std::mem::replace(&mut a.spare, Spare::Lent) {
+            Spare::Ready(spare) => spare,
+            Spare::None => match IntervalShadow::new(a.now.flags.len(), a.words_per_page) {
+                Ok(spare) => spare,
+                Err(_) => {
+                    a.spare = Spare::None;
+                    return false;
+                }
+            },
+            Spare::Lent => return false,
+        };
+        for &page in a.now.touched.borrow().iter() {
+            let flags = a.now.flags[page as usize].get();
+            let global = a.first_page + page as PageNo;
+            if flags & READ != 0 {
+                self.reads.push(global);
+                store.page_bitmaps += 1;
+            }
+            if flags & WRITE != 0 {
+                self.writes.push(global);
+                store.page_bitmaps += 1;
+            }
+        }
+        store.deferred.push(Deferred {
+            alloc: id,
+            first_page: a.first_page,
+            words_per_page: a.words_per_page,
+            shadow: std::mem::replace(&mut a.now, spare),
+        });
+        true
+    }
+
+    /// Moves `page`'s (of allocation `a`) bitmap of `kind` into the store and clears it,
+    /// noting the page and its extent; a bitmap that stayed empty leaves nothing.
+    fn store_bitmap(
+        &mut self,
+        store: &mut EpochStore,
+        names: &mut SiteNames<'_>,
+        a: &AllocShadow,
+        page: usize,
+        kind: AccessKind,
+    ) {
+        let (bits, k) = match kind {
+            AccessKind::Read => (&a.now.read, 0),
+            AccessKind::Write => (&a.now.write, 1),
+        };
+        self.site_buf.clear();
+        a.take_sites(page, kind_bit(kind), &mut self.site_buf);
+        let words = &bits[page * a.words_per_page..(page + 1) * a.words_per_page];
+        let first = words[0].get();
+        let uniform = words.iter().all(|w| w.get() == first);
+        if uniform && first == 0 {
+            return;
+        }
+        let global = a.first_page + page as PageNo;
+        let (list, extents) = match kind {
+            AccessKind::Read => (&mut self.reads, &mut self.read_extents),
+            AccessKind::Write => (&mut self.writes, &mut self.write_extents),
+        };
+        list.push(global);
+        let mask = if uniform {
+            uniform_block_mask(first, a.shift)
+        } else {
+            block_mask(words.iter().map(Cell::get), a.shift)
+        };
+        if mask != u64::MAX {
+            let (start, end) = byte_bounds(words, a.shift);
+            extents.push(PageExtent {
+                page: global,
+                blocks: mask,
+                start,
+                end,
+            });
+        }
+        let sites = self.store_sites(store, names, k);
+        let entries = match kind {
+            AccessKind::Read => &mut store.index,
+            AccessKind::Write => &mut self.write_entries,
+        };
+        store.page_bitmaps += 1;
+        if uniform && self.runs_open[k] {
+            let last = entries.last_mut().expect("an open run has an entry");
+            if last.uniform
+                && last.sites == sites
+                && last.page + last.pages == global
+                && store.words[last.offset as usize] == first
+            {
+                last.pages += 1;
+                words.iter().for_each(|w| w.set(0));
+                return;
+            }
+        }
+        self.runs_open[k] = true;
+        entries.push(Stored {
+            page: global,
+            pages: 1,
+            kind,
+            offset: store.words.len() as u32,
+            uniform,
+            sites,
+        });
+        if uniform {
+            store.words.push(first);
+            words.iter().for_each(|w| w.set(0));
+        } else {
+            store.words.extend(words.iter().map(Cell::take));
+        }
+    }
+
+    /// Stores the site spans in `site_buf` for a bitmap of kind `k` and returns where they
+    /// are; pages in a row mostly have the spans of the one before, and then share them.
+    fn store_sites(
+        &mut self,
+        store: &mut EpochStore,
+        names: &mut SiteNames<'_>,
+        k: usize,
+    ) -> (u32, u32) {
+        let from = store.sites.len();
+        for &(site, first, last) in &self.site_buf {
+            store.sites.push((names.number(site, k), first, last));
+        }
+        let (p0, p1) = self.last_spans[k];
+        let sites = if store.sites[p0 as usize..p1 as usize] == store.sites[from..] {
+            store.sites.truncate(from);
+            (p0, p1)
+        } else {
+            (from as u32, store.sites.len() as u32)
+        };
+        self.last_spans[k] = sites;
+        sites
+    }
+
+    /// The interval's notices; the extents leave with them.
+    fn notices(&mut self) -> RaceNotices {
+        debug_assert!(self.reads.windows(2).all(|p| p[0] < p[1]));
+        debug_assert!(self.writes.windows(2).all(|p| p[0] < p[1]));
+        RaceNotices {
+            reads: PageRuns::from_sorted_unique(&self.reads),
+            writes: PageRuns::from_sorted_unique(&self.writes),
+            read_extents: std::mem::take(&mut self.read_extents),
+            write_extents: std::mem::take(&mut self.write_extents),
+        }
     }
 }
 
@@ -690,16 +1212,16 @@ pub struct Recorder {
     stats: RecordStats,
     /// The epoch's access digest over the intervals already drained into race batches.
     drained_digest: u64,
-    /// The page lists of the last close, kept for their room.
-    scratch: (Vec<PageNo>, Vec<PageNo>),
+    /// What the last close built, kept for its room.
+    closing: Closing,
+    /// [`DEFER_MIN_PAGES`], except in tests that compare both ways of storing an interval.
+    defer_min_pages: usize,
     /// The source sites seen so far (a site's number is its index), by address, with the
     /// last one looked up for reads and for writes (a loop's pages are read at one line
     /// and written at another).
     sites: Vec<Site>,
     site_numbers: HashMap<usize, u32>,
     last_site: [Cell<(usize, u32)>; 2],
-    /// One page's site spans, kept for its room.
-    site_scratch: Vec<(Site, u16, u16)>,
     /// The last interval whose bitmaps left the store (drained into a race batch or
     /// discarded at a barrier): it and those before it can no longer be reopened.
     sealed: u32,
@@ -723,11 +1245,11 @@ impl Recorder {
             store: EpochStore::default(),
             stats: RecordStats::default(),
             drained_digest: DIGEST_SEED,
-            scratch: Default::default(),
+            closing: Closing::default(),
+            defer_min_pages: DEFER_MIN_PAGES,
             sites: Vec::new(),
             site_numbers: HashMap::new(),
             last_site: [Cell::new((0, u32::MAX)), Cell::new((0, u32::MAX))],
-            site_scratch: Vec::new(),
             sealed: 0,
         }
     }
@@ -770,153 +1292,88 @@ impl Recorder {
         self.interval += 1;
         // Lock-heavy programs close many intervals that touched nothing (from a release
         // to the next acquire): those cost no allocation.
-        if self.allocs.iter().all(|a| a.touched.borrow().is_empty()) {
+        if self
+            .allocs
+            .iter()
+            .all(|a| a.now.touched.borrow().is_empty())
+        {
             return RaceNotices::default();
         }
-        let (mut reads, mut writes) = std::mem::take(&mut self.scratch);
-        reads.clear();
-        writes.clear();
-        let (mut read_extents, mut write_extents) = (Extents::new(), Extents::new());
-        let mut site_buf = std::mem::take(&mut self.site_scratch);
+        let mut c = std::mem::take(&mut self.closing);
         let store = &mut self.store;
-        // Per kind, the spans of the last bitmap stored (an empty range at first).
-        let at = store.sites.len() as u32;
-        let mut last_spans = [(at, at); 2];
+        c.begin(store);
+        let mut names = SiteNames {
+            sites: &mut self.sites,
+            numbers: &mut self.site_numbers,
+            last: &self.last_site,
+        };
         let (index_start, table_start) = (store.index.len(), store.words_per_page.len());
-        // Allocations are in page order, so the arena index comes out sorted by page once
-        // each allocation's touched pages are sorted.
-        for a in &self.allocs {
-            let mut touched = a.touched.borrow_mut();
-            if touched.is_empty() {
+        let (words_start, sites_start) = (store.words.len(), store.sites.len());
+        let deferred_start = store.deferred.len();
+        // Allocations are in page order, so each kind's entries come out sorted by page
+        // once each allocation's touched pages are sorted.
+        for (id, a) in self.allocs.iter_mut().enumerate() {
+            let count = {
+                let mut touched = a.now.touched.borrow_mut();
+                touched.sort_unstable();
+                touched.len()
+            };
+            if count == 0 || (count >= self.defer_min_pages && c.defer(store, id, a)) {
                 continue;
             }
-            touched.sort_unstable();
+            let mut touched = a.now.touched.borrow_mut();
             store.words_per_page.push((a.first_page, a.words_per_page));
+            c.runs_open = [false; 2];
             for &page in touched.iter() {
                 let page = page as usize;
-                let flags = a.flags[page].replace(0);
-                let global = a.first_page + page as PageNo;
-                let range = page * a.words_per_page..(page + 1) * a.words_per_page;
-                for (kind, bit, bits, list, blocks) in [
-                    (
-                        AccessKind::Read,
-                        READ,
-                        &a.read,
-                        &mut reads,
-                        &mut read_extents,
-                    ),
-                    (
-                        AccessKind::Write,
-                        WRITE,
-                        &a.write,
-                        &mut writes,
-                        &mut write_extents,
-                    ),
-                ] {
-                    if flags & bit == 0 {
-                        continue;
-                    }
-                    site_buf.clear();
-                    a.take_sites(page, bit, &mut site_buf);
-                    let words = &bits[range.clone()];
-                    let first = words[0].get();
-                    let uniform = words.iter().all(|w| w.get() == first);
-                    if uniform && first == 0 {
-                        continue;
-                    }
-                    list.push(global);
-                    let mask = if uniform {
-                        uniform_block_mask(first, a.shift)
-                    } else {
-                        block_mask(words.iter().map(Cell::get), a.shift)
-                    };
-                    if mask != u64::MAX {
-                        let (start, end) = byte_bounds(words, a.shift);
-                        blocks.push(PageExtent {
-                            page: global,
-                            blocks: mask,
-                            start,
-                            end,
-                        });
-                    }
-                    let k = usize::from(bit == WRITE);
-                    let from = store.sites.len();
-                    for &(site, first, last) in &site_buf {
-                        let n = intern_site(
-                            &mut self.sites,
-                            &mut self.site_numbers,
-                            &self.last_site[k],
-                            site,
-                        );
-                        store.sites.push((n, first, last));
-                    }
-                    // Pages in a row mostly have the spans of the one before: shared.
-                    let (p0, p1) = last_spans[k];
-                    let sites = if store.sites[p0 as usize..p1 as usize] == store.sites[from..] {
-                        store.sites.truncate(from);
-                        (p0, p1)
-                    } else {
-                        (from as u32, store.sites.len() as u32)
-                    };
-                    last_spans[k] = sites;
-                    store.index.push(Stored {
-                        page: global,
-                        kind,
-                        offset: store.words.len() as u32,
-                        uniform,
-                        sites,
-                    });
-                    if uniform {
-                        store.words.push(first);
-                        for w in words {
-                            w.set(0);
-                        }
-                    } else {
-                        store.words.extend(words.iter().map(Cell::take));
+                let flags = a.now.flags[page].replace(0);
+                for kind in [AccessKind::Read, AccessKind::Write] {
+                    if flags & kind_bit(kind) != 0 {
+                        c.store_bitmap(store, &mut names, a, page, kind);
                     }
                 }
             }
             touched.clear();
-            a.runs.borrow_mut().clear();
+            a.now.runs.borrow_mut().clear();
         }
-        self.site_scratch = site_buf;
-        if store.index.len() > index_start {
+        let reads_end = store.index.len();
+        store.index.append(&mut c.write_entries);
+        if store.index.len() > index_start || store.deferred.len() > deferred_start {
             store.spans.push(IntervalSpan {
                 interval: index,
-                index: (index_start, store.index.len()),
+                reads: (index_start, reads_end),
+                writes_end: store.index.len(),
                 table: (table_start, store.words_per_page.len()),
+                words_start,
+                sites_start,
+                deferred: (deferred_start, store.deferred.len()),
             });
             store.bytes = store.held_bytes();
         } else {
             store.words_per_page.truncate(table_start);
         }
         self.stats.peak_store_bytes = self.stats.peak_store_bytes.max(self.store.bytes);
-        if !reads.is_empty() || !writes.is_empty() {
+        let (reads, writes) = (c.reads.len() as u64, c.writes.len() as u64);
+        if reads + writes > 0 {
             self.stats.intervals_with_accesses += 1;
         }
-        self.stats.read_notices += reads.len() as u64;
-        self.stats.write_notices += writes.len() as u64;
-        self.stats.bitmaps_stored += (reads.len() + writes.len()) as u64;
-        debug_assert!(reads.windows(2).all(|p| p[0] < p[1]));
-        debug_assert!(writes.windows(2).all(|p| p[0] < p[1]));
-        let notices = RaceNotices {
-            reads: PageRuns::from_sorted_unique(&reads),
-            writes: PageRuns::from_sorted_unique(&writes),
-            read_extents,
-            write_extents,
-        };
-        self.scratch = (reads, writes);
+        self.stats.read_notices += reads;
+        self.stats.write_notices += writes;
+        self.stats.bitmaps_stored += reads + writes;
+        let notices = c.notices();
+        self.closing = c;
         notices
     }
 
     /// The stored bitmaps for `keys` (missing ones come back empty: nothing accessed).
     pub fn bitmaps(&mut self, keys: &[BitmapKey]) -> Vec<EncodedBitmap> {
         self.stats.bitmaps_served += keys.len() as u64;
-        let mut defined = vec![false; self.sites.len()];
+        let mut defined = Vec::new();
+        let (store, mut names) = self.store_and_names();
         keys.iter()
-            .map(|&key| match self.store.get(&key) {
+            .map(|&key| match store.get(&key, &mut names) {
                 Some((words, spans)) => {
-                    let (sites, defs) = wire_sites(spans, &self.sites, &mut defined);
+                    let (sites, defs) = wire_sites(&spans, names.sites, &mut defined);
                     EncodedBitmap {
                         key,
                         bits: encode_words(&words),
@@ -938,11 +1395,12 @@ impl Recorder {
     /// arrival, as long as they fit in `max_bytes`; `None` if they do not (the master then
     /// fetches what it needs).
     pub fn shippable(
-        &self,
+        &mut self,
         shared: impl FnMut(PageNo) -> bool,
         max_bytes: usize,
     ) -> Option<Vec<EncodedBitmap>> {
-        let out = self.store.encoded(&self.sites, shared);
+        let (store, mut names) = self.store_and_names();
+        let out = store.encoded(&mut names, shared);
         let bytes: usize = out.iter().map(|b| b.bits.len() + 16).sum();
         (bytes <= max_bytes).then_some(out)
     }
@@ -953,16 +1411,16 @@ impl Recorder {
     /// boundary pages against the thousands a grid's rows fill. Falls back to the scan
     /// when the lookups would cost more.
     pub fn shippable_pages(
-        &self,
+        &mut self,
         pages: &[PageNo],
         max_bytes: usize,
     ) -> Option<Vec<EncodedBitmap>> {
-        let lookups = pages.len().saturating_mul(self.store.spans.len()) * 2;
-        let out = if lookups.saturating_mul(16) < self.store.index.len() {
-            self.store.encoded_pages(&self.sites, pages)
+        let (store, mut names) = self.store_and_names();
+        let lookups = pages.len().saturating_mul(store.spans.len()) * 2;
+        let out = if lookups.saturating_mul(16) < store.page_bitmaps {
+            store.encoded_pages(&mut names, pages)
         } else {
-            self.store
-                .encoded(&self.sites, |p| pages.binary_search(&p).is_ok())
+            store.encoded(&mut names, |p| pages.binary_search(&p).is_ok())
         };
         let bytes: usize = out.iter().map(|b| b.bits.len() + 16).sum();
         (bytes <= max_bytes).then_some(out)
@@ -971,11 +1429,31 @@ impl Recorder {
     /// Every stored bitmap, for a race batch; the store is emptied (the race master keeps
     /// them from now on). The epoch's access digest carries on over what was drained.
     pub fn drain_all(&mut self) -> Vec<EncodedBitmap> {
-        let out = self.store.encoded(&self.sites, |_| true);
+        let (store, mut names) = self.store_and_names();
+        let out = store.encoded(&mut names, |_| true);
         self.drained_digest = self.fold_digest(self.drained_digest);
-        self.store.clear();
+        self.clear_store();
         self.sealed = self.interval - 1;
         out
+    }
+
+    /// The epoch store, and the site numbering its deferred shadows name sites through.
+    fn store_and_names(&mut self) -> (&EpochStore, SiteNames<'_>) {
+        let names = SiteNames {
+            sites: &mut self.sites,
+            numbers: &mut self.site_numbers,
+            last: &self.last_site,
+        };
+        (&self.store, names)
+    }
+
+    /// Empties the epoch store; each deferred shadow, cleared, becomes its allocation's
+    /// spare again.
+    fn clear_store(&mut self) {
+        for mut d in self.store.clear() {
+            d.shadow.clear(d.words_per_page);
+            self.allocs[d.alloc].spare = Spare::Ready(d.shadow);
+        }
     }
 
     /// A hash of every access of the epoch so far (interval, page, read or write, and the
@@ -996,14 +1474,13 @@ impl Recorder {
         };
         for span in &self.store.spans {
             h = mix(h, u64::from(span.interval));
-            for (st, words, _) in self.store.entries(span) {
+            for p in self.store.pages(span) {
                 h = mix(
                     h,
-                    u64::from(st.page) << 1 | (st.kind == AccessKind::Write) as u64,
+                    u64::from(p.page) << 1 | (p.kind == AccessKind::Write) as u64,
                 );
-                for &w in words {
-                    h = mix(h, w);
-                }
+                p.words
+                    .for_each_canonical(p.words_per_page, |w| h = mix(h, w));
             }
         }
         h
@@ -1011,7 +1488,7 @@ impl Recorder {
 
     /// Forgets the epoch's bitmaps (after the barrier analysis).
     pub fn discard_epoch(&mut self) {
-        self.store.clear();
+        self.clear_store();
         self.sealed = self.interval - 1;
         self.drained_digest = DIGEST_SEED;
     }
@@ -1033,6 +1510,10 @@ impl Recorder {
         if let Some(span) = self.store.spans.last().copied() {
             debug_assert!(span.interval <= last, "the store holds an open interval");
             if span.interval == last {
+                if span.deferred.0 != span.deferred.1 {
+                    // Its shadows are no longer recorded in; reopening is a saving only.
+                    return false;
+                }
                 self.restore(&span);
                 self.store.pop_last(&span);
             }
@@ -1043,25 +1524,29 @@ impl Recorder {
 
     /// Records `span`'s stored bitmaps and sites again into the open interval's shadows.
     fn restore(&self, span: &IntervalSpan) {
-        for (s, words, wpp) in self.store.entries(span) {
-            let at = self.allocs.partition_point(|a| a.first_page <= s.page);
+        for p in self.store.arena_pages(span) {
+            let at = self.allocs.partition_point(|a| a.first_page <= p.page);
             let Some(a) = at.checked_sub(1).map(|i| &self.allocs[i]) else {
-                debug_assert!(false, "stored page {} is in no allocation", s.page);
+                debug_assert!(false, "stored page {} is in no allocation", p.page);
                 continue;
             };
-            let page = (s.page - a.first_page) as usize;
-            let (bit, bits) = match s.kind {
-                AccessKind::Read => (READ, &a.read),
-                AccessKind::Write => (WRITE, &a.write),
+            let page = (p.page - a.first_page) as usize;
+            let wpp = p.words_per_page;
+            let (bit, bits) = match p.kind {
+                AccessKind::Read => (READ, &a.now.read),
+                AccessKind::Write => (WRITE, &a.now.write),
             };
             for (k, w) in bits[page * wpp..(page + 1) * wpp].iter().enumerate() {
-                w.set(w.get() | if s.uniform { words[0] } else { words[k] });
+                w.set(w.get() | p.words.word(k));
             }
-            if a.flags[page].get() & bit == 0 {
+            if a.now.flags[page].get() & bit == 0 {
                 a.first_touch(page, bit);
             }
             let base = page * wpp * 64;
-            for &(site, first, last) in self.store.site_spans(&s) {
+            let PageSites::Stored(spans) = p.sites else {
+                unreachable!("arena pages have stored sites");
+            };
+            for &(site, first, last) in spans {
                 let (g0, g1) = (base + usize::from(first), base + usize::from(last) + 1);
                 a.note_site(page, bit, g0, g1, self.sites[site as usize]);
             }
@@ -1416,8 +1901,10 @@ mod tests {
     /// The bitmaps as shipped, with their sites as sets (a reopened interval may name a
     /// site's span more widely than one recorded in one go: see `reopen_last`).
     fn shipped_form(r: &mut Recorder) -> Vec<(BitmapKey, Vec<u64>, Vec<usize>)> {
+        let drained = r.drain_all();
+        // After draining: sites of kept shadows are numbered as they are shipped.
         let table: Vec<usize> = r.sites.iter().map(|s| s.key()).collect();
-        r.drain_all()
+        drained
             .into_iter()
             .map(|b| {
                 let mut sites: Vec<usize> =
@@ -1526,7 +2013,12 @@ mod tests {
                 bits_of(&mut r, 1, b.key.page, b.key.kind)
             );
         }
-        assert_eq!(shipped[0].bits.len(), 10, "uniform bitmaps ship compactly");
+        let write = shipped.iter().find(|b| b.key.kind == AccessKind::Write);
+        assert_eq!(
+            write.unwrap().bits.len(),
+            10,
+            "uniform bitmaps ship compactly"
+        );
         assert!(r.shippable(|_| true, 40).is_none());
     }
 
@@ -1548,11 +2040,171 @@ mod tests {
         for pages in [vec![], vec![0], vec![1, 2, 30, 63], vec![7, 64, 99]] {
             let keep = |p: PageNo| pages.contains(&p);
             let scanned = r.shippable(keep, usize::MAX).unwrap();
-            let looked_up = r.store.encoded_pages(&r.sites, &pages);
+            let looked_up = {
+                let (store, mut names) = r.store_and_names();
+                store.encoded_pages(&mut names, &pages)
+            };
             assert_eq!(looked_up, scanned, "{pages:?}");
             assert_eq!(r.shippable_pages(&pages, usize::MAX).unwrap(), scanned);
         }
         assert!(r.shippable_pages(&[1], 8).is_none(), "over the cap");
+    }
+
+    #[test]
+    fn runs_of_pages_answer_as_single_pages() {
+        let mut r = Recorder::new();
+        // Two allocations back to back with different granules (words per page), so a run
+        // must not cross from one into the other.
+        let f64s = r.add_alloc(0, 6 * PAGE_SIZE, 8).unwrap();
+        let bytes = r.add_alloc(6, 3 * PAGE_SIZE, 1).unwrap();
+        r.alloc(f64s).write(0, 6 * PAGE_SIZE);
+        r.alloc(f64s).write(3 * PAGE_SIZE + 8, 8); // same bits, but a second site
+        r.alloc(f64s).read(PAGE_SIZE, 2 * PAGE_SIZE); // pages 1, 2
+        r.alloc(f64s).read(4 * PAGE_SIZE + 16, 8); // page 4: not uniform
+        r.alloc(f64s).read(5 * PAGE_SIZE, PAGE_SIZE);
+        r.alloc(bytes).write(0, 3 * PAGE_SIZE);
+        r.close_interval();
+        let expect = |page: PageNo, kind: AccessKind| -> Vec<u64> {
+            let wpp = if page < 6 { 8 } else { 64 };
+            let full = vec![u64::MAX; wpp];
+            match (kind, page) {
+                (AccessKind::Write, _) => full,
+                (AccessKind::Read, 1 | 2 | 5) => full,
+                (AccessKind::Read, 4) => {
+                    let mut w = vec![0; wpp];
+                    w[0] = 1 << 2;
+                    w
+                }
+                (AccessKind::Read, _) => Vec::new(),
+            }
+        };
+        for page in 0..10 {
+            for kind in [AccessKind::Read, AccessKind::Write] {
+                let want = if page < 9 {
+                    expect(page, kind)
+                } else {
+                    Vec::new()
+                };
+                assert_eq!(bits_of(&mut r, 1, page, kind), want, "{page} {kind:?}");
+            }
+        }
+        let all: Vec<PageNo> = (0..10).collect();
+        let scanned = r.shippable(|_| true, usize::MAX).unwrap();
+        assert_eq!(scanned.len(), 9 + 4);
+        let (store, mut names) = r.store_and_names();
+        assert_eq!(store.encoded_pages(&mut names, &all), scanned);
+        // Page 3's second site splits the writes' run; the allocation boundary does too.
+        let write_entries = r.store.index.iter().filter(|s| s.kind == AccessKind::Write);
+        assert_eq!(write_entries.count(), 4);
+    }
+
+    /// A recorder of 80 pages of u64s and 3 of bytes, keeping the shadows of intervals
+    /// that touch `defer_min_pages` pages of one allocation.
+    fn large_recorder(defer_min_pages: usize) -> Recorder {
+        let mut r = Recorder::new();
+        r.defer_min_pages = defer_min_pages;
+        r.add_alloc(0, 80 * PAGE_SIZE, 8).unwrap();
+        r.add_alloc(80, 3 * PAGE_SIZE, 1).unwrap();
+        r
+    }
+
+    /// Bitmaps in a comparable form (sorted: where each is kept sets their order).
+    fn sorted(
+        mut b: Vec<(BitmapKey, Vec<u64>, Vec<usize>)>,
+    ) -> Vec<(BitmapKey, Vec<u64>, Vec<usize>)> {
+        b.sort_by_key(|(k, _, _)| *k);
+        b
+    }
+
+    proptest::proptest! {
+        /// Intervals whose shadows the store keeps (see `DEFER_MIN_PAGES`) give the same
+        /// notices' pages and the same bitmaps, with their sites, as when every page is
+        /// copied; and a shadow given back at the end of an epoch records afresh.
+        #[test]
+        fn kept_shadows_answer_as_copied_bitmaps(
+            epochs in proptest::collection::vec(
+                proptest::collection::vec(
+                    (
+                        0usize..3,
+                        proptest::collection::vec(
+                            (0usize..2, proptest::bool::ANY, 0usize..80 * PAGE_SIZE, 1usize..9000, 0u64..3),
+                            0..24,
+                        ),
+                    ),
+                    1..4,
+                ),
+                1..4,
+            ),
+        ) {
+            let mut kept = large_recorder(DEFER_MIN_PAGES);
+            let mut copied = large_recorder(usize::MAX);
+            let sizes = [80 * PAGE_SIZE, 3 * PAGE_SIZE];
+            for (e, intervals) in epochs.iter().enumerate() {
+                for (band, accesses) in intervals {
+                    let accesses: Vec<Access> = accesses
+                        .iter()
+                        .map(|&(alloc, write, offset, len, site)| {
+                            let offset = offset % sizes[alloc];
+                            (alloc, write, offset, len.min(sizes[alloc] - offset), site)
+                        })
+                        .collect();
+                    for r in [&kept, &copied] {
+                        // A band written from one line makes the interval large; a band of
+                        // reads from two lines gives pages with two sites.
+                        match band {
+                            1 => r.alloc(0).write(PAGE_SIZE, 70 * PAGE_SIZE),
+                            2 => {
+                                r.alloc(0).read(0, 40 * PAGE_SIZE);
+                                r.alloc(0).read(30 * PAGE_SIZE, 40 * PAGE_SIZE);
+                            }
+                            _ => {}
+                        }
+                        replay(r, &accesses);
+                    }
+                    let (k, c) = (kept.close_interval(), copied.close_interval());
+                    proptest::prop_assert_eq!(&k.reads, &c.reads);
+                    proptest::prop_assert_eq!(&k.writes, &c.writes);
+                }
+                let keys: Vec<BitmapKey> = (0..83)
+                    .step_by(7)
+                    .flat_map(|page| {
+                        (1..=kept.current_interval()).flat_map(move |interval| {
+                            [AccessKind::Read, AccessKind::Write]
+                                .map(|kind| BitmapKey { interval, page, kind })
+                        })
+                    })
+                    .collect();
+                let fetched = |r: &mut Recorder| {
+                    let bitmaps = r.bitmaps(&keys);
+                    let table: Vec<usize> = r.sites.iter().map(|s| s.key()).collect();
+                    bitmaps
+                        .into_iter()
+                        .map(|b| {
+                            let spans: Vec<(usize, u16, u16)> = b
+                                .sites
+                                .iter()
+                                .map(|s| (table[s.site as usize], s.first, s.last))
+                                .collect();
+                            (b.key, decode_words(&b.bits), spans)
+                        })
+                        .collect::<Vec<_>>()
+                };
+                proptest::prop_assert_eq!(fetched(&mut kept), fetched(&mut copied));
+                let pages: Vec<PageNo> = vec![0, 1, 40, 70, 71, 80, 82];
+                let listed = |r: &mut Recorder| {
+                    let mut b = r.shippable_pages(&pages, usize::MAX).unwrap();
+                    b.sort_by_key(|b| b.key);
+                    b.into_iter().map(|b| (b.key, decode_words(&b.bits))).collect::<Vec<_>>()
+                };
+                proptest::prop_assert_eq!(listed(&mut kept), listed(&mut copied));
+                if e % 2 == 0 {
+                    proptest::prop_assert_eq!(sorted(shipped_form(&mut kept)), sorted(shipped_form(&mut copied)));
+                } else {
+                    kept.discard_epoch();
+                    copied.discard_epoch();
+                }
+            }
+        }
     }
 
     #[test]
@@ -1561,9 +2213,9 @@ mod tests {
         let id = r.add_alloc(0, 4 * PAGE_SIZE, 8).unwrap();
         r.alloc(id).write(0, 4 * PAGE_SIZE);
         r.close_interval();
-        // Four fully written pages: uniform bitmaps, one word each plus the index, and
-        // one site span they share.
-        assert_eq!(r.store_bytes(), 4 * 8 + 4 * 24 + 8);
+        // Four fully written pages from one line: one run of uniform bitmaps (one word,
+        // one index entry) and one site span.
+        assert_eq!(r.store_bytes(), 8 + std::mem::size_of::<Stored>() + 8);
         r.discard_epoch();
         assert_eq!(r.store_bytes(), 0);
         assert!(bits_of(&mut r, 1, 0, AccessKind::Write).is_empty());
