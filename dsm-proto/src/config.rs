@@ -519,7 +519,7 @@ fn rank_and_size(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
+    use std::collections::{BTreeSet, HashMap};
 
     fn env(pairs: &[(&str, &str)]) -> Result<JobConfig, ConfigError> {
         let m: HashMap<String, String> = pairs
@@ -733,6 +733,235 @@ mod tests {
                 Ok(c.clone())
             );
         }
+    }
+
+    /// A configuration with every setting away from its default: what dsmrun writes
+    /// (`to_env`) in `launcher_written`, and the user's job-wide settings too in `all`.
+    /// `record_side` picks which of the exclusive pairs (trace or compare, record or
+    /// replay) is set.
+    fn every_setting_changed(record_side: bool) -> (JobConfig, JobConfig) {
+        let mut launcher_written = JobConfig {
+            rank: 3,
+            size: 8,
+            launcher: Launcher::Dsmrun,
+            coord: Some("127.0.0.1:4000".parse().unwrap()),
+            secret: "s3cret".into(),
+            connect_timeout: Duration::from_millis(1500),
+            liveness: Some(Duration::from_millis(2500)),
+            segment_bytes: Some(64 << 20),
+            local: Some(LocalPlacement { rank: 3, size: 8 }),
+            sem_trace: Some("/tmp/sem".into()),
+            coord_fd: Some(8),
+            launcher_fd: Some(7),
+            ..JobConfig::single_node()
+        };
+        launcher_written.race = RaceOptions {
+            enabled: true,
+            log: Some("/tmp/races.jsonl".into()),
+            exit_code: 9,
+            first_only: true,
+            stats: true,
+            schedule: true,
+            schedule_ignore: vec!["sum".into(), "forces".into()],
+            check: true,
+            sarif: Some("/tmp/races.sarif".into()),
+            suppressions: vec!["race:variable=bound".into(), "race:line=a.rs:3".into()],
+            started_marker: Some("/tmp/started".into()),
+            pinpoint: vec!["bound[0]@3".into(), "grid[17]@1".into()],
+            pinpoint_dir: Some("/tmp/pin".into()),
+            sem_order_safe: true,
+            ..RaceOptions::default()
+        };
+        launcher_written.trace = TraceOptions {
+            mode: if record_side {
+                TraceMode::Record("/tmp/run.dsmtrace".into())
+            } else {
+                TraceMode::Compare("/tmp/ref.dsmtrace".into())
+            },
+            full: true,
+            vars: vec!["grid".into(), "forces".into()],
+            continue_all: true,
+            abs_tolerance_bits: 1e-12f64.to_bits(),
+            rel_tolerance_bits: 0.1f64.to_bits(),
+        };
+        let path = Some(PathBuf::from("/tmp/run.dsmrec"));
+        launcher_written.replay = ReplayOptions {
+            record: path.clone().filter(|_| record_side),
+            replay: path.filter(|_| !record_side),
+            chaos: Some(u64::MAX),
+        };
+        let mut all = launcher_written.clone();
+        all.race.phases = RacePhases::Compare;
+        all.race.batch_intervals = 7;
+        all.race.verify_incremental = true;
+        all.segment_addr = Some(0x7f00_0000_0000);
+        all.pin = true;
+        all.transport = TransportChoice::Rings;
+        all.stats_file = Some("/tmp/stats.%r.json".into());
+        all.push_pages = 5;
+        all.spin = Some(Duration::from_micros(50));
+        all.debug = DebugOptions {
+            fast_faults: false,
+            trace_stats: true,
+            occupy_base_on_rank: Some(2),
+        };
+        (launcher_written, all)
+    }
+
+    /// Fails to compile when a field is added, so that `every_setting_changed` (and with
+    /// it the table) cannot miss it; fails when a field is at its default.
+    fn assert_every_field_changed(c: &JobConfig, record_side: bool) {
+        let d = JobConfig::single_node();
+        let JobConfig {
+            rank,
+            size,
+            launcher,
+            coord,
+            secret,
+            connect_timeout,
+            liveness,
+            segment_bytes,
+            segment_addr,
+            race,
+            trace,
+            replay,
+            pin,
+            transport,
+            local,
+            stats_file,
+            push_pages,
+            spin,
+            sem_trace,
+            coord_fd,
+            launcher_fd,
+            debug,
+        } = c;
+        assert!(*rank != d.rank && *size != d.size && *launcher != d.launcher);
+        assert!(*coord != d.coord && *secret != d.secret);
+        assert!(*connect_timeout != d.connect_timeout && *liveness != d.liveness);
+        assert!(*segment_bytes != d.segment_bytes && *segment_addr != d.segment_addr);
+        assert!(*pin != d.pin && *transport != d.transport && *local != d.local);
+        assert!(*stats_file != d.stats_file && *push_pages != d.push_pages);
+        assert!(*spin != d.spin && *sem_trace != d.sem_trace);
+        assert!(*coord_fd != d.coord_fd && *launcher_fd != d.launcher_fd);
+        let RaceOptions {
+            enabled,
+            log,
+            exit_code,
+            first_only,
+            stats,
+            phases,
+            schedule,
+            schedule_ignore,
+            check,
+            batch_intervals,
+            verify_incremental,
+            sarif,
+            suppressions,
+            started_marker,
+            pinpoint,
+            pinpoint_dir,
+            sem_order_safe,
+        } = race;
+        let r = &d.race;
+        assert!(*enabled != r.enabled && *log != r.log && *exit_code != r.exit_code);
+        assert!(*first_only != r.first_only && *stats != r.stats && *phases != r.phases);
+        assert!(*schedule != r.schedule && *schedule_ignore != r.schedule_ignore);
+        assert!(*check != r.check && *batch_intervals != r.batch_intervals);
+        assert!(*verify_incremental != r.verify_incremental && *sarif != r.sarif);
+        assert!(*suppressions != r.suppressions && *started_marker != r.started_marker);
+        assert!(*pinpoint != r.pinpoint && *pinpoint_dir != r.pinpoint_dir);
+        assert!(*sem_order_safe != r.sem_order_safe);
+        let TraceOptions {
+            mode,
+            full,
+            vars,
+            continue_all,
+            abs_tolerance_bits,
+            rel_tolerance_bits,
+        } = trace;
+        let t = &d.trace;
+        assert!(*mode != t.mode && *full != t.full && *vars != t.vars);
+        assert!(*continue_all != t.continue_all);
+        assert!(*abs_tolerance_bits != t.abs_tolerance_bits);
+        assert!(*rel_tolerance_bits != t.rel_tolerance_bits);
+        let ReplayOptions {
+            record,
+            replay,
+            chaos,
+        } = replay;
+        assert_eq!(record.is_some(), record_side);
+        assert_eq!(replay.is_some(), !record_side);
+        assert!(*chaos != d.replay.chaos);
+        let DebugOptions {
+            fast_faults,
+            trace_stats,
+            occupy_base_on_rank,
+        } = debug;
+        let g = &d.debug;
+        assert!(*fast_faults != g.fast_faults && *trace_stats != g.trace_stats);
+        assert!(*occupy_base_on_rank != g.occupy_base_on_rank);
+    }
+
+    /// The variables `env` sets, as a map from name to text.
+    fn env_map(env: Vec<(&'static str, OsString)>) -> HashMap<&'static str, String> {
+        env.into_iter()
+            .map(|(k, v)| (k, v.into_string().unwrap()))
+            .collect()
+    }
+
+    fn read_back(env: Vec<(&'static str, OsString)>) -> Result<JobConfig, ConfigError> {
+        let env = env_map(env);
+        JobConfig::from_lookup(|k| env.get(k).cloned())
+    }
+
+    #[test]
+    fn every_setting_reads_back_as_written() {
+        for record_side in [false, true] {
+            let (launcher_written, all) = every_setting_changed(record_side);
+            assert_every_field_changed(&all, record_side);
+            // What dsmrun hands a rank, and what the rank sees with the user's job-wide
+            // settings inherited on top.
+            assert_eq!(read_back(all.to_env()), Ok(launcher_written));
+            assert_eq!(read_back(env_table::write_rows(&all, true)), Ok(all));
+        }
+    }
+
+    #[test]
+    fn to_env_writes_the_launcher_owned_rows_of_the_table_and_the_reader_asks_for_all() {
+        let names = |env: Vec<(&'static str, OsString)>| -> BTreeSet<&'static str> {
+            env.into_iter().map(|(k, _)| k).collect()
+        };
+        let (mut written, mut written_with_inherited) = (BTreeSet::new(), BTreeSet::new());
+        for record_side in [false, true] {
+            let (_, all) = every_setting_changed(record_side);
+            written.extend(names(all.to_env()));
+            written_with_inherited.extend(names(env_table::write_rows(&all, true)));
+        }
+        let rows = env_table::rows();
+        let table: BTreeSet<&str> = rows.iter().map(|(var, ..)| *var).collect();
+        assert_eq!(table.len(), rows.len(), "a variable in two rows");
+        assert_eq!(written_with_inherited, table);
+        let launcher_rows: BTreeSet<&str> = rows
+            .iter()
+            .filter(|(_, written, _)| *written != env_table::Written::Inherited)
+            .map(|(var, ..)| *var)
+            .collect();
+        assert_eq!(written, launcher_rows);
+        assert_eq!(written, vars::LAUNCHER_OWNED.into_iter().collect());
+
+        // The rows read elsewhere (rank, size, rendezvous) are read too.
+        let asked = std::cell::RefCell::new(BTreeSet::new());
+        let (_, all) = every_setting_changed(false);
+        let env = env_map(env_table::write_rows(&all, true));
+        JobConfig::from_lookup(|k| {
+            asked.borrow_mut().insert(k.to_owned());
+            env.get(k).cloned()
+        })
+        .unwrap();
+        let asked = asked.into_inner();
+        let unread: Vec<&&str> = table.iter().filter(|v| !asked.contains(**v)).collect();
+        assert!(unread.is_empty(), "written but never read: {unread:?}");
     }
 
     #[test]
