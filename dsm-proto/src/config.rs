@@ -3,6 +3,10 @@
 //! environment variables and read back by every rank. A rank learns its rank and size from
 //! dsmrun, Slurm (`SLURM_PROCID`/`SLURM_NTASKS`), Open MPI (`OMPI_COMM_WORLD_*`) or PMI
 //! (`PMI_RANK`/`PMI_SIZE`), or none at all, which makes the program a single-node job.
+//!
+//! Which variable carries which setting, in which spelling, and when it is written and
+//! read is one table (`config/env_table.rs`); the writer ([`JobConfig::to_env`]) and the
+//! reader ([`JobConfig::from_lookup`]) are both generated from it.
 
 use crate::env_vars as vars;
 use crate::exit_codes;
