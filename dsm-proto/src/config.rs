@@ -418,7 +418,7 @@ impl JobConfig {
             _ => None,
         };
         let coord = match get(vars::COORD) {
-            Some(v) => Some(HostPort.from_text(vars::COORD, v)?),
+            Some(v) => Some(HostPort.read_text(vars::COORD, v)?),
             None if derived.is_some() => derived.as_ref().map(|d| d.coord),
             None if size > 1 => {
                 return Err(ConfigError::NeedsRendezvous {
@@ -474,30 +474,30 @@ fn rank_and_size(
     let (rank, size, launcher) = if let Some(rank) = get(vars::RANK) {
         let size = get(vars::SIZE).ok_or(ConfigError::Missing(vars::RANK, vars::SIZE))?;
         let launcher = match get(vars::LAUNCHER) {
-            Some(name) => LauncherName.from_text(vars::LAUNCHER, name)?,
+            Some(name) => LauncherName.read_text(vars::LAUNCHER, name)?,
             None => Launcher::Standalone,
         };
         (
-            COUNT.from_text(vars::RANK, rank)?,
-            COUNT.from_text(vars::SIZE, size)?,
+            COUNT.read_text(vars::RANK, rank)?,
+            COUNT.read_text(vars::SIZE, size)?,
             launcher,
         )
     } else if let (Some(r), Some(s)) = (get("SLURM_PROCID"), get("SLURM_NTASKS")) {
         (
-            COUNT.from_text("SLURM_PROCID", r)?,
-            COUNT.from_text("SLURM_NTASKS", s)?,
+            COUNT.read_text("SLURM_PROCID", r)?,
+            COUNT.read_text("SLURM_NTASKS", s)?,
             Launcher::Slurm,
         )
     } else if let (Some(r), Some(s)) = (get("OMPI_COMM_WORLD_RANK"), get("OMPI_COMM_WORLD_SIZE")) {
         (
-            COUNT.from_text("OMPI_COMM_WORLD_RANK", r)?,
-            COUNT.from_text("OMPI_COMM_WORLD_SIZE", s)?,
+            COUNT.read_text("OMPI_COMM_WORLD_RANK", r)?,
+            COUNT.read_text("OMPI_COMM_WORLD_SIZE", s)?,
             Launcher::Mpi,
         )
     } else if let (Some(r), Some(s)) = (get("PMI_RANK"), get("PMI_SIZE")) {
         (
-            COUNT.from_text("PMI_RANK", r)?,
-            COUNT.from_text("PMI_SIZE", s)?,
+            COUNT.read_text("PMI_RANK", r)?,
+            COUNT.read_text("PMI_SIZE", s)?,
             Launcher::Mpi,
         )
     } else {

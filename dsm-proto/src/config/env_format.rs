@@ -18,9 +18,9 @@ use std::time::Duration;
 /// How one variable's text carries a value of type `T`.
 pub(super) trait VarText<T> {
     /// The text for `value`; `None` leaves the variable unset, which reads as the default.
-    fn to_text(&self, value: &T) -> Option<OsString>;
+    fn write_text(&self, value: &T) -> Option<OsString>;
     /// The value `var`'s `text` stands for; errors name `var`.
-    fn from_text(&self, var: &'static str, text: String) -> Result<T, ConfigError>;
+    fn read_text(&self, var: &'static str, text: String) -> Result<T, ConfigError>;
 }
 
 /// How a row of the settings table, `N` variables that carry one field together, is
@@ -39,7 +39,7 @@ pub(super) trait RowText<T, const N: usize> {
 
 impl<T, F: VarText<T>> RowText<T, 1> for F {
     fn write(&self, value: &T) -> [Option<OsString>; 1] {
-        [self.to_text(value)]
+        [self.write_text(value)]
     }
 
     fn read(
@@ -47,7 +47,7 @@ impl<T, F: VarText<T>> RowText<T, 1> for F {
         [var]: [&'static str; 1],
         [text]: [Option<String>; 1],
     ) -> Result<Option<T>, ConfigError> {
-        text.map(|text| self.from_text(var, text)).transpose()
+        text.map(|text| self.read_text(var, text)).transpose()
     }
 }
 
@@ -64,10 +64,10 @@ pub(super) fn invalid(var: &'static str, value: &str, why: String) -> ConfigErro
 pub(super) struct Flag;
 
 impl VarText<bool> for Flag {
-    fn to_text(&self, on: &bool) -> Option<OsString> {
+    fn write_text(&self, on: &bool) -> Option<OsString> {
         on.then(|| "1".into())
     }
-    fn from_text(&self, _: &'static str, text: String) -> Result<bool, ConfigError> {
+    fn read_text(&self, _: &'static str, text: String) -> Result<bool, ConfigError> {
         Ok(text != "0" && !text.is_empty())
     }
 }
@@ -76,10 +76,10 @@ impl VarText<bool> for Flag {
 pub(super) struct ExactlyOne;
 
 impl VarText<bool> for ExactlyOne {
-    fn to_text(&self, on: &bool) -> Option<OsString> {
+    fn write_text(&self, on: &bool) -> Option<OsString> {
         on.then(|| "1".into())
     }
-    fn from_text(&self, _: &'static str, text: String) -> Result<bool, ConfigError> {
+    fn read_text(&self, _: &'static str, text: String) -> Result<bool, ConfigError> {
         Ok(text == "1")
     }
 }
@@ -88,10 +88,10 @@ impl VarText<bool> for ExactlyOne {
 pub(super) struct AnyValue;
 
 impl VarText<bool> for AnyValue {
-    fn to_text(&self, on: &bool) -> Option<OsString> {
+    fn write_text(&self, on: &bool) -> Option<OsString> {
         on.then(|| "1".into())
     }
-    fn from_text(&self, _: &'static str, _: String) -> Result<bool, ConfigError> {
+    fn read_text(&self, _: &'static str, _: String) -> Result<bool, ConfigError> {
         Ok(true)
     }
 }
@@ -102,10 +102,10 @@ pub(super) struct ZeroOrOne {
 }
 
 impl VarText<bool> for ZeroOrOne {
-    fn to_text(&self, on: &bool) -> Option<OsString> {
+    fn write_text(&self, on: &bool) -> Option<OsString> {
         Some(if *on { "1" } else { "0" }.into())
     }
-    fn from_text(&self, var: &'static str, text: String) -> Result<bool, ConfigError> {
+    fn read_text(&self, var: &'static str, text: String) -> Result<bool, ConfigError> {
         match text.as_str() {
             "1" => Ok(true),
             "0" => Ok(false),
@@ -121,10 +121,10 @@ pub(super) struct Choice {
 }
 
 impl VarText<bool> for Choice {
-    fn to_text(&self, on: &bool) -> Option<OsString> {
+    fn write_text(&self, on: &bool) -> Option<OsString> {
         Some(if *on { self.on } else { self.off }.into())
     }
-    fn from_text(&self, var: &'static str, text: String) -> Result<bool, ConfigError> {
+    fn read_text(&self, var: &'static str, text: String) -> Result<bool, ConfigError> {
         match text.trim() {
             word if word.is_empty() || word == self.off => Ok(false),
             word if word == self.on => Ok(true),
@@ -148,10 +148,10 @@ pub(super) const COUNT: Number = Number {
 };
 
 impl<T: FromStr + ToString> VarText<T> for Number {
-    fn to_text(&self, value: &T) -> Option<OsString> {
+    fn write_text(&self, value: &T) -> Option<OsString> {
         Some(value.to_string().into())
     }
-    fn from_text(&self, var: &'static str, text: String) -> Result<T, ConfigError> {
+    fn read_text(&self, var: &'static str, text: String) -> Result<T, ConfigError> {
         text.trim()
             .parse()
             .map_err(|_| invalid(var, &text, self.why.into()))
@@ -164,10 +164,10 @@ pub(super) struct Positive {
 }
 
 impl VarText<u32> for Positive {
-    fn to_text(&self, value: &u32) -> Option<OsString> {
+    fn write_text(&self, value: &u32) -> Option<OsString> {
         Some(value.to_string().into())
     }
-    fn from_text(&self, var: &'static str, text: String) -> Result<u32, ConfigError> {
+    fn read_text(&self, var: &'static str, text: String) -> Result<u32, ConfigError> {
         text.trim()
             .parse::<u32>()
             .ok()
@@ -180,10 +180,10 @@ impl VarText<u32> for Positive {
 pub(super) struct Fd;
 
 impl VarText<i32> for Fd {
-    fn to_text(&self, fd: &i32) -> Option<OsString> {
+    fn write_text(&self, fd: &i32) -> Option<OsString> {
         Some(fd.to_string().into())
     }
-    fn from_text(&self, var: &'static str, text: String) -> Result<i32, ConfigError> {
+    fn read_text(&self, var: &'static str, text: String) -> Result<i32, ConfigError> {
         match text.trim().parse::<i32>() {
             Ok(fd) if fd > 2 => Ok(fd),
             _ => Err(invalid(
@@ -199,10 +199,10 @@ impl VarText<i32> for Fd {
 pub(super) struct Verbatim;
 
 impl VarText<String> for Verbatim {
-    fn to_text(&self, text: &String) -> Option<OsString> {
+    fn write_text(&self, text: &String) -> Option<OsString> {
         Some(text.into())
     }
-    fn from_text(&self, _: &'static str, text: String) -> Result<String, ConfigError> {
+    fn read_text(&self, _: &'static str, text: String) -> Result<String, ConfigError> {
         Ok(text)
     }
 }
@@ -211,10 +211,10 @@ impl VarText<String> for Verbatim {
 pub(super) struct PathText;
 
 impl VarText<PathBuf> for PathText {
-    fn to_text(&self, path: &PathBuf) -> Option<OsString> {
+    fn write_text(&self, path: &PathBuf) -> Option<OsString> {
         Some(path.clone().into_os_string())
     }
-    fn from_text(&self, _: &'static str, text: String) -> Result<PathBuf, ConfigError> {
+    fn read_text(&self, _: &'static str, text: String) -> Result<PathBuf, ConfigError> {
         Ok(PathBuf::from(text))
     }
 }
@@ -223,10 +223,10 @@ impl VarText<PathBuf> for PathText {
 pub(super) struct HostPort;
 
 impl VarText<SocketAddr> for HostPort {
-    fn to_text(&self, addr: &SocketAddr) -> Option<OsString> {
+    fn write_text(&self, addr: &SocketAddr) -> Option<OsString> {
         Some(addr.to_string().into())
     }
-    fn from_text(&self, var: &'static str, text: String) -> Result<SocketAddr, ConfigError> {
+    fn read_text(&self, var: &'static str, text: String) -> Result<SocketAddr, ConfigError> {
         text.to_socket_addrs()
             .map_err(|e| invalid(var, &text, format!("expected host:port ({e})")))?
             .next()
@@ -238,10 +238,10 @@ impl VarText<SocketAddr> for HostPort {
 pub(super) struct HexAddr;
 
 impl VarText<usize> for HexAddr {
-    fn to_text(&self, addr: &usize) -> Option<OsString> {
+    fn write_text(&self, addr: &usize) -> Option<OsString> {
         Some(format!("{addr:#x}").into())
     }
-    fn from_text(&self, var: &'static str, text: String) -> Result<usize, ConfigError> {
+    fn read_text(&self, var: &'static str, text: String) -> Result<usize, ConfigError> {
         usize::from_str_radix(text.trim().trim_start_matches("0x"), 16)
             .map_err(|_| invalid(var, &text, "expected a hex address".into()))
     }
@@ -252,10 +252,10 @@ impl VarText<usize> for HexAddr {
 pub(super) struct SegmentSize;
 
 impl VarText<u64> for SegmentSize {
-    fn to_text(&self, bytes: &u64) -> Option<OsString> {
+    fn write_text(&self, bytes: &u64) -> Option<OsString> {
         Some(bytes.to_string().into())
     }
-    fn from_text(&self, var: &'static str, text: String) -> Result<u64, ConfigError> {
+    fn read_text(&self, var: &'static str, text: String) -> Result<u64, ConfigError> {
         parse_segment_size(&text).map_err(|e| invalid(var, &text, e.to_string()))
     }
 }
@@ -264,10 +264,10 @@ impl VarText<u64> for SegmentSize {
 pub(super) struct Seconds;
 
 impl VarText<Duration> for Seconds {
-    fn to_text(&self, duration: &Duration) -> Option<OsString> {
+    fn write_text(&self, duration: &Duration) -> Option<OsString> {
         Some(format_secs(*duration).into())
     }
-    fn from_text(&self, var: &'static str, text: String) -> Result<Duration, ConfigError> {
+    fn read_text(&self, var: &'static str, text: String) -> Result<Duration, ConfigError> {
         parse_seconds(&text).map_err(|e| invalid(var, &text, e.to_string()))
     }
 }
@@ -276,10 +276,10 @@ impl VarText<Duration> for Seconds {
 pub(super) struct SecondsOrOff;
 
 impl VarText<Option<Duration>> for SecondsOrOff {
-    fn to_text(&self, deadline: &Option<Duration>) -> Option<OsString> {
+    fn write_text(&self, deadline: &Option<Duration>) -> Option<OsString> {
         Some(format_secs_or_off(*deadline).into())
     }
-    fn from_text(&self, var: &'static str, text: String) -> Result<Option<Duration>, ConfigError> {
+    fn read_text(&self, var: &'static str, text: String) -> Result<Option<Duration>, ConfigError> {
         parse_seconds_or_off(&text).map_err(|e| invalid(var, &text, e.to_string()))
     }
 }
@@ -289,10 +289,10 @@ impl VarText<Option<Duration>> for SecondsOrOff {
 pub(super) struct Tolerance;
 
 impl VarText<u64> for Tolerance {
-    fn to_text(&self, bits: &u64) -> Option<OsString> {
+    fn write_text(&self, bits: &u64) -> Option<OsString> {
         Some(format!("{:?}", f64::from_bits(*bits)).into())
     }
-    fn from_text(&self, var: &'static str, text: String) -> Result<u64, ConfigError> {
+    fn read_text(&self, var: &'static str, text: String) -> Result<u64, ConfigError> {
         text.trim()
             .parse::<f64>()
             .ok()
@@ -308,10 +308,10 @@ pub(super) struct NameList {
 }
 
 impl VarText<Vec<String>> for NameList {
-    fn to_text(&self, names: &Vec<String>) -> Option<OsString> {
+    fn write_text(&self, names: &Vec<String>) -> Option<OsString> {
         (!names.is_empty()).then(|| names.join(&self.separator.to_string()).into())
     }
-    fn from_text(&self, _: &'static str, text: String) -> Result<Vec<String>, ConfigError> {
+    fn read_text(&self, _: &'static str, text: String) -> Result<Vec<String>, ConfigError> {
         Ok(text
             .split(self.separator)
             .map(str::trim)
@@ -325,10 +325,10 @@ impl VarText<Vec<String>> for NameList {
 pub(super) struct Lines;
 
 impl VarText<Vec<String>> for Lines {
-    fn to_text(&self, lines: &Vec<String>) -> Option<OsString> {
+    fn write_text(&self, lines: &Vec<String>) -> Option<OsString> {
         (!lines.is_empty()).then(|| lines.join("\n").into())
     }
-    fn from_text(&self, _: &'static str, text: String) -> Result<Vec<String>, ConfigError> {
+    fn read_text(&self, _: &'static str, text: String) -> Result<Vec<String>, ConfigError> {
         Ok(text.lines().map(str::to_string).collect())
     }
 }
@@ -337,11 +337,11 @@ impl VarText<Vec<String>> for Lines {
 pub(super) struct Optional<F>(pub F);
 
 impl<T, F: VarText<T>> VarText<Option<T>> for Optional<F> {
-    fn to_text(&self, value: &Option<T>) -> Option<OsString> {
-        value.as_ref().and_then(|v| self.0.to_text(v))
+    fn write_text(&self, value: &Option<T>) -> Option<OsString> {
+        value.as_ref().and_then(|v| self.0.write_text(v))
     }
-    fn from_text(&self, var: &'static str, text: String) -> Result<Option<T>, ConfigError> {
-        self.0.from_text(var, text).map(Some)
+    fn read_text(&self, var: &'static str, text: String) -> Result<Option<T>, ConfigError> {
+        self.0.read_text(var, text).map(Some)
     }
 }
 
@@ -349,14 +349,14 @@ impl<T, F: VarText<T>> VarText<Option<T>> for Optional<F> {
 pub(super) struct NonEmpty<F>(pub F);
 
 impl<T, F: VarText<T>> VarText<Option<T>> for NonEmpty<F> {
-    fn to_text(&self, value: &Option<T>) -> Option<OsString> {
-        value.as_ref().and_then(|v| self.0.to_text(v))
+    fn write_text(&self, value: &Option<T>) -> Option<OsString> {
+        value.as_ref().and_then(|v| self.0.write_text(v))
     }
-    fn from_text(&self, var: &'static str, text: String) -> Result<Option<T>, ConfigError> {
+    fn read_text(&self, var: &'static str, text: String) -> Result<Option<T>, ConfigError> {
         if text.is_empty() {
             return Ok(None);
         }
-        self.0.from_text(var, text).map(Some)
+        self.0.read_text(var, text).map(Some)
     }
 }
 
@@ -365,10 +365,10 @@ impl<T, F: VarText<T>> VarText<Option<T>> for NonEmpty<F> {
 pub(super) struct LauncherName;
 
 impl VarText<Launcher> for LauncherName {
-    fn to_text(&self, launcher: &Launcher) -> Option<OsString> {
+    fn write_text(&self, launcher: &Launcher) -> Option<OsString> {
         (*launcher == Launcher::Dsmrun).then(|| DSMRUN.into())
     }
-    fn from_text(&self, _: &'static str, text: String) -> Result<Launcher, ConfigError> {
+    fn read_text(&self, _: &'static str, text: String) -> Result<Launcher, ConfigError> {
         Ok(if text == DSMRUN {
             Launcher::Dsmrun
         } else {
@@ -381,7 +381,7 @@ impl VarText<Launcher> for LauncherName {
 pub(super) struct Transport;
 
 impl VarText<TransportChoice> for Transport {
-    fn to_text(&self, choice: &TransportChoice) -> Option<OsString> {
+    fn write_text(&self, choice: &TransportChoice) -> Option<OsString> {
         Some(
             match choice {
                 TransportChoice::Auto => "auto",
@@ -391,7 +391,7 @@ impl VarText<TransportChoice> for Transport {
             .into(),
         )
     }
-    fn from_text(&self, var: &'static str, text: String) -> Result<TransportChoice, ConfigError> {
+    fn read_text(&self, var: &'static str, text: String) -> Result<TransportChoice, ConfigError> {
         match text.trim() {
             "" | "auto" => Ok(TransportChoice::Auto),
             "rings" => Ok(TransportChoice::Rings),
@@ -412,10 +412,10 @@ impl VarText<TransportChoice> for Transport {
 pub(super) struct Phases;
 
 impl VarText<RacePhases> for Phases {
-    fn to_text(&self, phases: &RacePhases) -> Option<OsString> {
+    fn write_text(&self, phases: &RacePhases) -> Option<OsString> {
         Some(phases.as_str().into())
     }
-    fn from_text(&self, var: &'static str, text: String) -> Result<RacePhases, ConfigError> {
+    fn read_text(&self, var: &'static str, text: String) -> Result<RacePhases, ConfigError> {
         RacePhases::parse(text.trim()).ok_or_else(|| {
             invalid(
                 var,
@@ -430,10 +430,10 @@ impl VarText<RacePhases> for Phases {
 pub(super) struct PushPages;
 
 impl VarText<u32> for PushPages {
-    fn to_text(&self, pages: &u32) -> Option<OsString> {
+    fn write_text(&self, pages: &u32) -> Option<OsString> {
         Some(pages.to_string().into())
     }
-    fn from_text(&self, var: &'static str, text: String) -> Result<u32, ConfigError> {
+    fn read_text(&self, var: &'static str, text: String) -> Result<u32, ConfigError> {
         match text.trim() {
             "on" => Ok(DEFAULT_PUSH_PAGES),
             "off" => Ok(0),
@@ -448,13 +448,13 @@ impl VarText<u32> for PushPages {
 pub(super) struct SpinBudget;
 
 impl VarText<Option<Duration>> for SpinBudget {
-    fn to_text(&self, budget: &Option<Duration>) -> Option<OsString> {
+    fn write_text(&self, budget: &Option<Duration>) -> Option<OsString> {
         Some(match budget {
             None => "auto".into(),
             Some(budget) => budget.as_micros().to_string().into(),
         })
     }
-    fn from_text(&self, var: &'static str, text: String) -> Result<Option<Duration>, ConfigError> {
+    fn read_text(&self, var: &'static str, text: String) -> Result<Option<Duration>, ConfigError> {
         match text.trim() {
             "" | "auto" => Ok(None),
             "off" => Ok(Some(Duration::ZERO)),
@@ -514,7 +514,7 @@ impl RowText<Option<LocalPlacement>, 2> for Placement {
     fn write(&self, local: &Option<LocalPlacement>) -> [Option<OsString>; 2] {
         match local {
             None => [None, None],
-            Some(local) => [COUNT.to_text(&local.rank), COUNT.to_text(&local.size)],
+            Some(local) => [COUNT.write_text(&local.rank), COUNT.write_text(&local.size)],
         }
     }
 
@@ -527,8 +527,8 @@ impl RowText<Option<LocalPlacement>, 2> for Placement {
             return Ok(None);
         };
         let local = LocalPlacement {
-            rank: COUNT.from_text(rank_var, rank.clone())?,
-            size: COUNT.from_text(size_var, size.clone())?,
+            rank: COUNT.read_text(rank_var, rank.clone())?,
+            size: COUNT.read_text(size_var, size.clone())?,
         };
         if local.rank >= local.size {
             return Err(invalid(
@@ -552,9 +552,9 @@ const SEED: Number = Number {
 impl RowText<ReplayOptions, 3> for ReplayRow {
     fn write(&self, replay: &ReplayOptions) -> [Option<OsString>; 3] {
         [
-            NonEmpty(PathText).to_text(&replay.record),
-            NonEmpty(PathText).to_text(&replay.replay),
-            NonEmpty(SEED).to_text(&replay.chaos),
+            NonEmpty(PathText).write_text(&replay.record),
+            NonEmpty(PathText).write_text(&replay.replay),
+            NonEmpty(SEED).write_text(&replay.chaos),
         ]
     }
 
@@ -586,7 +586,7 @@ fn read_unset_as_none<T>(
     text: Option<String>,
 ) -> Result<Option<T>, ConfigError> {
     Ok(text
-        .map(|text| format.from_text(var, text))
+        .map(|text| format.read_text(var, text))
         .transpose()?
         .flatten())
 }
