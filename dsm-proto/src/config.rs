@@ -3,18 +3,23 @@
 //! environment variables and read back by every rank. A rank learns its rank and size from
 //! dsmrun, Slurm (`SLURM_PROCID`/`SLURM_NTASKS`), Open MPI (`OMPI_COMM_WORLD_*`) or PMI
 //! (`PMI_RANK`/`PMI_SIZE`), or none at all, which makes the program a single-node job.
+//!
+//! Which variable carries which setting, in which spelling, and when it is written and
+//! read is one table (`config/env_table.rs`); the writer ([`JobConfig::to_env`]) and the
+//! reader ([`JobConfig::from_lookup`]) are both generated from it.
 
 use crate::env_vars as vars;
 use crate::exit_codes;
 use crate::liveness::DEFAULT_LIVENESS;
-use crate::units::{
-    format_secs, format_secs_or_off, parse_seconds, parse_seconds_or_off, parse_segment_size,
-};
 use crate::MAX_NODES;
+use env_format::{HostPort, LauncherName, VarText, COUNT};
 use std::ffi::OsString;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
+
+mod env_format;
+mod env_table;
 
 pub use crate::config_error::ConfigError;
 
@@ -78,6 +83,15 @@ impl RacePhases {
             "notices" => Some(RacePhases::Notices),
             "compare" => Some(RacePhases::Compare),
             _ => None,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            RacePhases::Full => "full",
+            RacePhases::Record => "record",
+            RacePhases::Notices => "notices",
+            RacePhases::Compare => "compare",
         }
     }
 }
@@ -311,64 +325,13 @@ impl Default for DebugOptions {
     }
 }
 
-impl DebugOptions {
-    /// Reads the switches through `get`.
-    fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let fast_faults = match get(vars::FAST_FAULTS).as_deref() {
-            None | Some("1") => true,
-            Some("0") => false,
-            Some(other) => {
-                return Err(ConfigError::Invalid {
-                    var: vars::FAST_FAULTS,
-                    value: other.to_owned(),
-                    why: "expected 0 (faults through the comm thread) or 1 (the default)".into(),
-                })
-            }
-        };
-        let occupy_base_on_rank = match get(vars::TEST_OCCUPY_BASE) {
-            Some(r) => Some(parse_num(vars::TEST_OCCUPY_BASE, &r)?),
-            None => None,
-        };
-        Ok(DebugOptions {
-            fast_faults,
-            trace_stats: get(vars::TRACE_STATS).is_some(),
-            occupy_base_on_rank,
-        })
-    }
-}
-
 /// Pages a home pushes with one lock grant or barrier arrival unless `DSM_PUSH` says
 /// otherwise: enough for a few rows of a matrix or a block of molecules, small enough that
 /// a grant stays a few hundred microseconds on loopback.
 pub const DEFAULT_PUSH_PAGES: u32 = 32;
 
-/// Reads `DSM_PUSH`: `on`, `off`, or a page count (`0` is `off`).
-fn parse_push(v: &str) -> Result<u32, String> {
-    match v.trim() {
-        "on" => Ok(DEFAULT_PUSH_PAGES),
-        "off" => Ok(0),
-        n => n
-            .parse::<u32>()
-            .map_err(|_| "expected on, off or a page count".to_owned()),
-    }
-}
-
 /// Longest polling budget `DSM_SPIN` accepts: a second.
 pub const MAX_SPIN_US: u64 = 1_000_000;
-
-/// Reads `DSM_SPIN`: `auto` (`None`), `off`, or microseconds (`0` is `off`).
-fn parse_spin(v: &str) -> Result<Option<Duration>, String> {
-    match v.trim() {
-        "" | "auto" => Ok(None),
-        "off" => Ok(Some(Duration::ZERO)),
-        n => n
-            .parse::<u64>()
-            .ok()
-            .filter(|&us| us <= MAX_SPIN_US)
-            .map(|us| Some(Duration::from_micros(us)))
-            .ok_or_else(|| format!("expected auto, off or microseconds (0 to {MAX_SPIN_US})")),
-    }
-}
 
 /// How long ranks wait for each other at start unless told otherwise.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -420,7 +383,11 @@ impl JobConfig {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
 
-    /// Reads variables through `get` (tests pass a map).
+    /// Reads variables through `get` (tests pass a map): every `DSM_*` variable
+    /// [`JobConfig::to_env`] writes, in the same spelling, and those the user sets for a
+    /// whole job; the settings of race detection only with `DSM_RACE` on, so that a
+    /// leftover one does not fail a plain run. An unset variable leaves its setting at the
+    /// default of [`JobConfig::single_node`].
     ///
     /// Rank and size come from `DSM_RANK`/`DSM_SIZE`, else Slurm, Open MPI or PMI
     /// variables, else the job is a single node. Fails with [`ConfigError`] when a variable
@@ -451,7 +418,7 @@ impl JobConfig {
             _ => None,
         };
         let coord = match get(vars::COORD) {
-            Some(v) => Some(parse_addr(&v)?),
+            Some(v) => Some(HostPort.read_text(vars::COORD, v)?),
             None if derived.is_some() => derived.as_ref().map(|d| d.coord),
             None if size > 1 => {
                 return Err(ConfigError::NeedsRendezvous {
@@ -470,420 +437,33 @@ impl JobConfig {
                 var: vars::JOB_SECRET,
             });
         }
-        let connect_timeout = match get(vars::CONNECT_TIMEOUT) {
-            Some(v) => {
-                parse_seconds(&v).map_err(|e| invalid(vars::CONNECT_TIMEOUT, &v, e.to_string()))?
-            }
-            None => DEFAULT_CONNECT_TIMEOUT,
-        };
-        let liveness = match get(vars::LIVENESS) {
-            Some(v) => {
-                parse_seconds_or_off(&v).map_err(|e| invalid(vars::LIVENESS, &v, e.to_string()))?
-            }
-            None => Some(DEFAULT_LIVENESS),
-        };
-        let transport = match get(vars::TRANSPORT).as_deref().map(str::trim) {
-            None | Some("" | "auto") => TransportChoice::Auto,
-            Some("rings") => TransportChoice::Rings,
-            Some("tcp") => TransportChoice::Tcp,
-            Some(other) => {
-                return Err(invalid(
-                    vars::TRANSPORT,
-                    other,
-                    "expected `auto` (shared memory between ranks on one host, TCP between \
-                     hosts), `rings` (shared-memory messages, but every rank its own copy of \
-                     the pages) or `tcp`"
-                        .into(),
-                ))
-            }
-        };
-        let segment_bytes = match get(vars::SEGMENT) {
-            Some(v) => Some(
-                parse_segment_size(&v).map_err(|e| invalid(vars::SEGMENT, &v, e.to_string()))?,
-            ),
-            None => None,
-        };
-        let segment_addr = match get(vars::SEGMENT_ADDR) {
-            Some(v) => Some(
-                usize::from_str_radix(v.trim().trim_start_matches("0x"), 16).map_err(|_| {
-                    invalid(vars::SEGMENT_ADDR, &v, "expected a hex address".into())
-                })?,
-            ),
-            None => None,
-        };
-        let race = RaceOptions::from_lookup(&get)?;
-        let trace = TraceOptions::from_lookup(&get)?;
-        let replay = ReplayOptions::from_lookup(&get)?;
-        let local = LocalPlacement::from_lookup(&get)?;
-        Ok(JobConfig {
+        let mut config = JobConfig {
             rank,
             size,
             launcher,
             coord,
             secret,
-            connect_timeout,
-            liveness,
-            segment_bytes,
-            segment_addr,
-            race,
-            trace,
-            replay,
-            pin: get(vars::PIN).as_deref() == Some("1"),
-            transport,
-            local,
-            stats_file: get(vars::STATS_FILE)
-                .filter(|s| !s.is_empty())
-                .map(PathBuf::from),
-            push_pages: match get(vars::PUSH) {
-                Some(v) => parse_push(&v).map_err(|e| invalid(vars::PUSH, &v, e))?,
-                None => DEFAULT_PUSH_PAGES,
-            },
-            spin: match get(vars::SPIN) {
-                Some(v) => parse_spin(&v).map_err(|e| invalid(vars::SPIN, &v, e))?,
-                None => None,
-            },
-            sem_trace: get(vars::SEM_TRACE)
-                .filter(|s| !s.is_empty())
-                .map(PathBuf::from),
-            coord_fd: parse_fd(vars::COORD_FD, get(vars::COORD_FD))?,
-            launcher_fd: parse_fd(vars::LAUNCHER_FD, get(vars::LAUNCHER_FD))?,
-            debug: DebugOptions::from_lookup(&get)?,
-        })
+            ..JobConfig::single_node()
+        };
+        env_table::read_rows(&get, &mut config)?;
+        Ok(config)
     }
 
     /// The launcher-owned variables ([`vars::LAUNCHER_OWNED`]) that describe this
     /// configuration, for a launcher to hand to the rank; [`JobConfig::from_lookup`] reads
-    /// them back to an equal value. Options the user sets for the whole job by environment
-    /// (pinning, stats file, segment address, detector phases) are not included: the rank
-    /// inherits them.
+    /// them back to an equal value (both come from one table of the variables, their
+    /// fields and spellings). A setting at its default is left unset, except the rank's
+    /// identity, and the race exit status whenever detection is on; the settings of race
+    /// detection are written only with it on. Options the user sets for the whole job by
+    /// environment (transport, pinning, stats file, segment address, detector phases...)
+    /// are not included: the rank inherits them.
     pub fn to_env(&self) -> Vec<(&'static str, OsString)> {
-        let mut env: Vec<(&'static str, OsString)> = vec![
-            (vars::RANK, self.rank.to_string().into()),
-            (vars::SIZE, self.size.to_string().into()),
-            (vars::JOB_SECRET, self.secret.clone().into()),
-        ];
-        if self.launcher == Launcher::Dsmrun {
-            env.push((vars::LAUNCHER, DSMRUN.into()));
-        }
-        if let Some(coord) = self.coord {
-            env.push((vars::COORD, coord.to_string().into()));
-        }
-        if let Some(bytes) = self.segment_bytes {
-            env.push((vars::SEGMENT, bytes.to_string().into()));
-        }
-        if self.connect_timeout != DEFAULT_CONNECT_TIMEOUT {
-            env.push((
-                vars::CONNECT_TIMEOUT,
-                format_secs(self.connect_timeout).into(),
-            ));
-        }
-        if let Some(fd) = self.coord_fd {
-            env.push((vars::COORD_FD, fd.to_string().into()));
-        }
-        if self.liveness != Some(DEFAULT_LIVENESS) {
-            env.push((vars::LIVENESS, format_secs_or_off(self.liveness).into()));
-        }
-        if let Some(fd) = self.launcher_fd {
-            env.push((vars::LAUNCHER_FD, fd.to_string().into()));
-        }
-        if let Some(local) = self.local {
-            env.push((vars::LOCAL_RANK, local.rank.to_string().into()));
-            env.push((vars::LOCAL_SIZE, local.size.to_string().into()));
-        }
-        if let Some(p) = &self.sem_trace {
-            env.push((vars::SEM_TRACE, p.clone().into_os_string()));
-        }
-        let trace = &self.trace;
-        match &trace.mode {
-            TraceMode::Off => {}
-            TraceMode::Record(p) => env.push((vars::TRACE_VALUES, p.clone().into_os_string())),
-            TraceMode::Compare(p) => env.push((vars::COMPARE, p.clone().into_os_string())),
-        }
-        if trace.full {
-            env.push((vars::TRACE_FULL, "1".into()));
-        }
-        if !trace.vars.is_empty() {
-            env.push((vars::TRACE_VARS, trace.vars.join(",").into()));
-        }
-        if trace.continue_all {
-            env.push((vars::COMPARE_CONTINUE, "1".into()));
-        }
-        if trace.abs_tolerance_bits != 0 {
-            env.push((
-                vars::TOLERANCE,
-                format!("{:?}", trace.abs_tolerance()).into(),
-            ));
-        }
-        if trace.rel_tolerance_bits != 0 {
-            env.push((
-                vars::REL_TOLERANCE,
-                format!("{:?}", trace.rel_tolerance()).into(),
-            ));
-        }
-        if let Some(p) = &self.replay.record {
-            env.push((vars::RECORD, p.clone().into_os_string()));
-        }
-        if let Some(p) = &self.replay.replay {
-            env.push((vars::REPLAY, p.clone().into_os_string()));
-        }
-        if let Some(seed) = self.replay.chaos {
-            env.push((vars::CHAOS, seed.to_string().into()));
-        }
-        let race = &self.race;
-        if race.enabled {
-            env.push((vars::RACE, "1".into()));
-            env.push((vars::RACE_EXIT_CODE, race.exit_code.to_string().into()));
-            if let Some(log) = &race.log {
-                env.push((vars::RACE_LOG, log.clone().into_os_string()));
-            }
-            if race.first_only {
-                env.push((vars::RACE_FIRST, "1".into()));
-            }
-            if race.stats {
-                env.push((vars::RACE_STATS, "1".into()));
-            }
-            if race.schedule {
-                env.push((vars::RACE_MODE, "schedule".into()));
-            }
-            if !race.schedule_ignore.is_empty() {
-                env.push((vars::SCHEDULE_IGNORE, race.schedule_ignore.join(",").into()));
-            }
-            if race.check {
-                env.push((vars::CHECK, "1".into()));
-            }
-            if let Some(sarif) = &race.sarif {
-                env.push((vars::RACE_SARIF, sarif.clone().into_os_string()));
-            }
-            if !race.suppressions.is_empty() {
-                env.push((vars::RACE_SUPPRESSIONS, race.suppressions.join("\n").into()));
-            }
-            if let Some(marker) = &race.started_marker {
-                env.push((vars::RACE_STARTED, marker.clone().into_os_string()));
-            }
-            if !race.pinpoint.is_empty() {
-                env.push((vars::PINPOINT, race.pinpoint.join(";").into()));
-            }
-            if let Some(dir) = &race.pinpoint_dir {
-                env.push((vars::PINPOINT_DIR, dir.clone().into_os_string()));
-            }
-            if race.sem_order_safe {
-                env.push((vars::SEM_ORDER, "safe".into()));
-            }
-        }
-        env
+        env_table::write_rows(self, false)
     }
 }
 
 /// Value of `DSM_LAUNCHER` when dsmrun started the rank.
 pub const DSMRUN: &str = "dsmrun";
-
-impl RaceOptions {
-    /// Reads the detector's settings through `get`; those only detection uses are read only with it on, so a leftover setting does not fail a plain run.
-    fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<RaceOptions, ConfigError> {
-        let enabled = flag(get, vars::RACE);
-        let exit_code = match get(vars::RACE_EXIT_CODE) {
-            Some(v) => v.trim().parse::<u8>().map_err(|_| {
-                invalid(
-                    vars::RACE_EXIT_CODE,
-                    &v,
-                    "expected an exit status 0..=255".into(),
-                )
-            })?,
-            None => exit_codes::RACES_FOUND,
-        };
-        // Only read with detection on: a leftover setting must not fail a plain run.
-        let phases = match get(vars::RACE_PHASES).filter(|_| enabled) {
-            Some(v) => RacePhases::parse(v.trim()).ok_or_else(|| {
-                invalid(
-                    vars::RACE_PHASES,
-                    &v,
-                    "expected record, notices, compare or full".into(),
-                )
-            })?,
-            None => RacePhases::Full,
-        };
-        Ok(RaceOptions {
-            enabled,
-            log: get(vars::RACE_LOG)
-                .filter(|s| !s.is_empty())
-                .map(PathBuf::from),
-            exit_code,
-            first_only: flag(get, vars::RACE_FIRST),
-            stats: flag(get, vars::RACE_STATS),
-            phases,
-            schedule: match get(vars::RACE_MODE).filter(|_| enabled) {
-                None => false,
-                Some(v) => match v.trim() {
-                    "" | "race" => false,
-                    "schedule" => true,
-                    _ => {
-                        return Err(invalid(
-                            vars::RACE_MODE,
-                            &v,
-                            "expected race or schedule".into(),
-                        ))
-                    }
-                },
-            },
-            schedule_ignore: get(vars::SCHEDULE_IGNORE)
-                .filter(|_| enabled)
-                .map(|v| name_list(&v))
-                .unwrap_or_default(),
-            check: enabled && flag(get, vars::CHECK),
-            batch_intervals: match get(vars::RACE_BATCH).filter(|_| enabled) {
-                None => DEFAULT_RACE_BATCH,
-                Some(v) => v
-                    .trim()
-                    .parse::<u32>()
-                    .ok()
-                    .filter(|&b| b > 0)
-                    .ok_or_else(|| {
-                        invalid(
-                            vars::RACE_BATCH,
-                            &v,
-                            "expected a number of intervals, at least 1".into(),
-                        )
-                    })?,
-            },
-            verify_incremental: enabled && flag(get, vars::RACE_VERIFY_INCREMENTAL),
-            sarif: get(vars::RACE_SARIF)
-                .filter(|s| enabled && !s.is_empty())
-                .map(PathBuf::from),
-            suppressions: get(vars::RACE_SUPPRESSIONS)
-                .filter(|_| enabled)
-                .map(|s| s.lines().map(str::to_string).collect())
-                .unwrap_or_default(),
-            started_marker: get(vars::RACE_STARTED)
-                .filter(|s| enabled && !s.is_empty())
-                .map(PathBuf::from),
-            pinpoint: get(vars::PINPOINT)
-                .filter(|_| enabled)
-                .map(|v| {
-                    v.split(';')
-                        .map(str::trim)
-                        .filter(|s| !s.is_empty())
-                        .map(String::from)
-                        .collect()
-                })
-                .unwrap_or_default(),
-            pinpoint_dir: get(vars::PINPOINT_DIR)
-                .filter(|s| enabled && !s.is_empty())
-                .map(PathBuf::from),
-            sem_order_safe: match get(vars::SEM_ORDER).filter(|_| enabled) {
-                None => false,
-                Some(v) => match v.trim() {
-                    "" | "observed" => false,
-                    "safe" => true,
-                    _ => {
-                        return Err(invalid(
-                            vars::SEM_ORDER,
-                            &v,
-                            "expected observed or safe".into(),
-                        ))
-                    }
-                },
-            },
-        })
-    }
-}
-
-impl TraceOptions {
-    /// Reads value tracing and comparison through `get`.
-    fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<TraceOptions, ConfigError> {
-        let tolerance = |var: &'static str| -> Result<u64, ConfigError> {
-            match get(var) {
-                None => Ok(0),
-                Some(v) => v
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|x| *x >= 0.0 && x.is_finite())
-                    .map(f64::to_bits)
-                    .ok_or_else(|| invalid(var, &v, "expected a non-negative number".into())),
-            }
-        };
-        let mode = match (get(vars::TRACE_VALUES), get(vars::COMPARE)) {
-            (Some(_), Some(_)) => {
-                return Err(invalid(
-                    vars::COMPARE,
-                    "",
-                    format!(
-                        "{} and {} exclude each other",
-                        vars::TRACE_VALUES,
-                        vars::COMPARE
-                    ),
-                ))
-            }
-            (Some(p), None) if !p.is_empty() => TraceMode::Record(PathBuf::from(p)),
-            (None, Some(p)) if !p.is_empty() => TraceMode::Compare(PathBuf::from(p)),
-            _ => TraceMode::Off,
-        };
-        Ok(TraceOptions {
-            mode,
-            full: flag(get, vars::TRACE_FULL),
-            vars: get(vars::TRACE_VARS)
-                .map(|v| name_list(&v))
-                .unwrap_or_default(),
-            continue_all: flag(get, vars::COMPARE_CONTINUE),
-            abs_tolerance_bits: tolerance(vars::TOLERANCE)?,
-            rel_tolerance_bits: tolerance(vars::REL_TOLERANCE)?,
-        })
-    }
-}
-
-impl ReplayOptions {
-    /// Reads recording, replay and chaos through `get` (recording and replay exclude each other).
-    fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<ReplayOptions, ConfigError> {
-        let replay =
-            ReplayOptions {
-                record: get(vars::RECORD)
-                    .filter(|s| !s.is_empty())
-                    .map(PathBuf::from),
-                replay: get(vars::REPLAY)
-                    .filter(|s| !s.is_empty())
-                    .map(PathBuf::from),
-                chaos: match get(vars::CHAOS).filter(|s| !s.is_empty()) {
-                    None => None,
-                    Some(v) => Some(v.trim().parse::<u64>().map_err(|_| {
-                        invalid(vars::CHAOS, &v, "expected a seed 0..=2^64-1".into())
-                    })?),
-                },
-            };
-        if replay.record.is_some() && replay.replay.is_some() {
-            return Err(invalid(
-                vars::REPLAY,
-                "",
-                format!("{} and {} exclude each other", vars::RECORD, vars::REPLAY),
-            ));
-        }
-        Ok(replay)
-    }
-}
-
-impl LocalPlacement {
-    /// Reads this rank's place on its host through `get`, if the launcher gave both halves.
-    fn from_lookup(
-        get: &impl Fn(&str) -> Option<String>,
-    ) -> Result<Option<LocalPlacement>, ConfigError> {
-        Ok(match (get(vars::LOCAL_RANK), get(vars::LOCAL_SIZE)) {
-            (Some(r), Some(s)) => {
-                let local = LocalPlacement {
-                    rank: parse_num(vars::LOCAL_RANK, &r)?,
-                    size: parse_num(vars::LOCAL_SIZE, &s)?,
-                };
-                if local.rank >= local.size {
-                    return Err(invalid(
-                        vars::LOCAL_RANK,
-                        &r,
-                        format!("must be below {} {s}", vars::LOCAL_SIZE),
-                    ));
-                }
-                Some(local)
-            }
-            _ => None,
-        })
-    }
-}
 
 /// This rank, the job's size and who launched it: from `DSM_RANK`/`DSM_SIZE`, else Slurm,
 /// Open MPI or PMI variables, else a single node; the size within `1..=MAX_NODES` and the
@@ -893,32 +473,31 @@ fn rank_and_size(
 ) -> Result<(usize, usize, Launcher), ConfigError> {
     let (rank, size, launcher) = if let Some(rank) = get(vars::RANK) {
         let size = get(vars::SIZE).ok_or(ConfigError::Missing(vars::RANK, vars::SIZE))?;
-        let launcher = if get(vars::LAUNCHER).as_deref() == Some(DSMRUN) {
-            Launcher::Dsmrun
-        } else {
-            Launcher::Standalone
+        let launcher = match get(vars::LAUNCHER) {
+            Some(name) => LauncherName.read_text(vars::LAUNCHER, name)?,
+            None => Launcher::Standalone,
         };
         (
-            parse_num(vars::RANK, &rank)?,
-            parse_num(vars::SIZE, &size)?,
+            COUNT.read_text(vars::RANK, rank)?,
+            COUNT.read_text(vars::SIZE, size)?,
             launcher,
         )
     } else if let (Some(r), Some(s)) = (get("SLURM_PROCID"), get("SLURM_NTASKS")) {
         (
-            parse_num("SLURM_PROCID", &r)?,
-            parse_num("SLURM_NTASKS", &s)?,
+            COUNT.read_text("SLURM_PROCID", r)?,
+            COUNT.read_text("SLURM_NTASKS", s)?,
             Launcher::Slurm,
         )
     } else if let (Some(r), Some(s)) = (get("OMPI_COMM_WORLD_RANK"), get("OMPI_COMM_WORLD_SIZE")) {
         (
-            parse_num("OMPI_COMM_WORLD_RANK", &r)?,
-            parse_num("OMPI_COMM_WORLD_SIZE", &s)?,
+            COUNT.read_text("OMPI_COMM_WORLD_RANK", r)?,
+            COUNT.read_text("OMPI_COMM_WORLD_SIZE", s)?,
             Launcher::Mpi,
         )
     } else if let (Some(r), Some(s)) = (get("PMI_RANK"), get("PMI_SIZE")) {
         (
-            parse_num("PMI_RANK", &r)?,
-            parse_num("PMI_SIZE", &s)?,
+            COUNT.read_text("PMI_RANK", r)?,
+            COUNT.read_text("PMI_SIZE", s)?,
             Launcher::Mpi,
         )
     } else {
@@ -941,68 +520,10 @@ fn rank_and_size(
     Ok((rank, size, launcher))
 }
 
-/// The error for `var`'s `value`, which does not parse: `why`.
-fn invalid(var: &'static str, value: &str, why: String) -> ConfigError {
-    ConfigError::Invalid {
-        var,
-        value: value.to_owned(),
-        why,
-    }
-}
-
-/// Whether the switch `k` is on (set, not empty, not 0).
-fn flag(get: &impl Fn(&str) -> Option<String>, k: &str) -> bool {
-    matches!(get(k).as_deref(), Some(v) if v != "0" && !v.is_empty())
-}
-
-/// A comma-separated list of names, blanks dropped (`grid, forces`).
-fn name_list(v: &str) -> Vec<String> {
-    v.split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(String::from)
-        .collect()
-}
-
-/// An inherited file descriptor: above the standard streams.
-fn parse_fd(var: &'static str, v: Option<String>) -> Result<Option<i32>, ConfigError> {
-    let Some(v) = v else {
-        return Ok(None);
-    };
-    match v.trim().parse::<i32>() {
-        Ok(fd) if fd > 2 => Ok(Some(fd)),
-        _ => Err(ConfigError::Invalid {
-            var,
-            value: v,
-            why: "expected a file descriptor above 2".into(),
-        }),
-    }
-}
-
-fn parse_num(var: &'static str, v: &str) -> Result<usize, ConfigError> {
-    v.trim().parse().map_err(|_| ConfigError::Invalid {
-        var,
-        value: v.to_string(),
-        why: "expected a non-negative integer".into(),
-    })
-}
-
-fn parse_addr(v: &str) -> Result<SocketAddr, ConfigError> {
-    let invalid = |why: String| ConfigError::Invalid {
-        var: vars::COORD,
-        value: v.to_string(),
-        why,
-    };
-    v.to_socket_addrs()
-        .map_err(|e| invalid(format!("expected host:port ({e})")))?
-        .next()
-        .ok_or_else(|| invalid("resolves to no address".into()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
+    use std::collections::{BTreeSet, HashMap};
 
     fn env(pairs: &[(&str, &str)]) -> Result<JobConfig, ConfigError> {
         let m: HashMap<String, String> = pairs
@@ -1216,6 +737,235 @@ mod tests {
                 Ok(c.clone())
             );
         }
+    }
+
+    /// A configuration with every setting away from its default: what dsmrun writes
+    /// (`to_env`) in `launcher_written`, and the user's job-wide settings too in `all`.
+    /// `record_side` picks which of the exclusive pairs (trace or compare, record or
+    /// replay) is set.
+    fn every_setting_changed(record_side: bool) -> (JobConfig, JobConfig) {
+        let mut launcher_written = JobConfig {
+            rank: 3,
+            size: 8,
+            launcher: Launcher::Dsmrun,
+            coord: Some("127.0.0.1:4000".parse().unwrap()),
+            secret: "s3cret".into(),
+            connect_timeout: Duration::from_millis(1500),
+            liveness: Some(Duration::from_millis(2500)),
+            segment_bytes: Some(64 << 20),
+            local: Some(LocalPlacement { rank: 3, size: 8 }),
+            sem_trace: Some("/tmp/sem".into()),
+            coord_fd: Some(8),
+            launcher_fd: Some(7),
+            ..JobConfig::single_node()
+        };
+        launcher_written.race = RaceOptions {
+            enabled: true,
+            log: Some("/tmp/races.jsonl".into()),
+            exit_code: 9,
+            first_only: true,
+            stats: true,
+            schedule: true,
+            schedule_ignore: vec!["sum".into(), "forces".into()],
+            check: true,
+            sarif: Some("/tmp/races.sarif".into()),
+            suppressions: vec!["race:variable=bound".into(), "race:line=a.rs:3".into()],
+            started_marker: Some("/tmp/started".into()),
+            pinpoint: vec!["bound[0]@3".into(), "grid[17]@1".into()],
+            pinpoint_dir: Some("/tmp/pin".into()),
+            sem_order_safe: true,
+            ..RaceOptions::default()
+        };
+        launcher_written.trace = TraceOptions {
+            mode: if record_side {
+                TraceMode::Record("/tmp/run.dsmtrace".into())
+            } else {
+                TraceMode::Compare("/tmp/ref.dsmtrace".into())
+            },
+            full: true,
+            vars: vec!["grid".into(), "forces".into()],
+            continue_all: true,
+            abs_tolerance_bits: 1e-12f64.to_bits(),
+            rel_tolerance_bits: 0.1f64.to_bits(),
+        };
+        let path = Some(PathBuf::from("/tmp/run.dsmrec"));
+        launcher_written.replay = ReplayOptions {
+            record: path.clone().filter(|_| record_side),
+            replay: path.filter(|_| !record_side),
+            chaos: Some(u64::MAX),
+        };
+        let mut all = launcher_written.clone();
+        all.race.phases = RacePhases::Compare;
+        all.race.batch_intervals = 7;
+        all.race.verify_incremental = true;
+        all.segment_addr = Some(0x7f00_0000_0000);
+        all.pin = true;
+        all.transport = TransportChoice::Rings;
+        all.stats_file = Some("/tmp/stats.%r.json".into());
+        all.push_pages = 5;
+        all.spin = Some(Duration::from_micros(50));
+        all.debug = DebugOptions {
+            fast_faults: false,
+            trace_stats: true,
+            occupy_base_on_rank: Some(2),
+        };
+        (launcher_written, all)
+    }
+
+    /// Fails to compile when a field is added, so that `every_setting_changed` (and with
+    /// it the table) cannot miss it; fails when a field is at its default.
+    fn assert_every_field_changed(c: &JobConfig, record_side: bool) {
+        let d = JobConfig::single_node();
+        let JobConfig {
+            rank,
+            size,
+            launcher,
+            coord,
+            secret,
+            connect_timeout,
+            liveness,
+            segment_bytes,
+            segment_addr,
+            race,
+            trace,
+            replay,
+            pin,
+            transport,
+            local,
+            stats_file,
+            push_pages,
+            spin,
+            sem_trace,
+            coord_fd,
+            launcher_fd,
+            debug,
+        } = c;
+        assert!(*rank != d.rank && *size != d.size && *launcher != d.launcher);
+        assert!(*coord != d.coord && *secret != d.secret);
+        assert!(*connect_timeout != d.connect_timeout && *liveness != d.liveness);
+        assert!(*segment_bytes != d.segment_bytes && *segment_addr != d.segment_addr);
+        assert!(*pin != d.pin && *transport != d.transport && *local != d.local);
+        assert!(*stats_file != d.stats_file && *push_pages != d.push_pages);
+        assert!(*spin != d.spin && *sem_trace != d.sem_trace);
+        assert!(*coord_fd != d.coord_fd && *launcher_fd != d.launcher_fd);
+        let RaceOptions {
+            enabled,
+            log,
+            exit_code,
+            first_only,
+            stats,
+            phases,
+            schedule,
+            schedule_ignore,
+            check,
+            batch_intervals,
+            verify_incremental,
+            sarif,
+            suppressions,
+            started_marker,
+            pinpoint,
+            pinpoint_dir,
+            sem_order_safe,
+        } = race;
+        let r = &d.race;
+        assert!(*enabled != r.enabled && *log != r.log && *exit_code != r.exit_code);
+        assert!(*first_only != r.first_only && *stats != r.stats && *phases != r.phases);
+        assert!(*schedule != r.schedule && *schedule_ignore != r.schedule_ignore);
+        assert!(*check != r.check && *batch_intervals != r.batch_intervals);
+        assert!(*verify_incremental != r.verify_incremental && *sarif != r.sarif);
+        assert!(*suppressions != r.suppressions && *started_marker != r.started_marker);
+        assert!(*pinpoint != r.pinpoint && *pinpoint_dir != r.pinpoint_dir);
+        assert!(*sem_order_safe != r.sem_order_safe);
+        let TraceOptions {
+            mode,
+            full,
+            vars,
+            continue_all,
+            abs_tolerance_bits,
+            rel_tolerance_bits,
+        } = trace;
+        let t = &d.trace;
+        assert!(*mode != t.mode && *full != t.full && *vars != t.vars);
+        assert!(*continue_all != t.continue_all);
+        assert!(*abs_tolerance_bits != t.abs_tolerance_bits);
+        assert!(*rel_tolerance_bits != t.rel_tolerance_bits);
+        let ReplayOptions {
+            record,
+            replay,
+            chaos,
+        } = replay;
+        assert_eq!(record.is_some(), record_side);
+        assert_eq!(replay.is_some(), !record_side);
+        assert!(*chaos != d.replay.chaos);
+        let DebugOptions {
+            fast_faults,
+            trace_stats,
+            occupy_base_on_rank,
+        } = debug;
+        let g = &d.debug;
+        assert!(*fast_faults != g.fast_faults && *trace_stats != g.trace_stats);
+        assert!(*occupy_base_on_rank != g.occupy_base_on_rank);
+    }
+
+    /// The variables `env` sets, as a map from name to text.
+    fn env_map(env: Vec<(&'static str, OsString)>) -> HashMap<&'static str, String> {
+        env.into_iter()
+            .map(|(k, v)| (k, v.into_string().unwrap()))
+            .collect()
+    }
+
+    fn read_back(env: Vec<(&'static str, OsString)>) -> Result<JobConfig, ConfigError> {
+        let env = env_map(env);
+        JobConfig::from_lookup(|k| env.get(k).cloned())
+    }
+
+    #[test]
+    fn every_setting_reads_back_as_written() {
+        for record_side in [false, true] {
+            let (launcher_written, all) = every_setting_changed(record_side);
+            assert_every_field_changed(&all, record_side);
+            // What dsmrun hands a rank, and what the rank sees with the user's job-wide
+            // settings inherited on top.
+            assert_eq!(read_back(all.to_env()), Ok(launcher_written));
+            assert_eq!(read_back(env_table::write_rows(&all, true)), Ok(all));
+        }
+    }
+
+    #[test]
+    fn to_env_writes_the_launcher_owned_rows_of_the_table_and_the_reader_asks_for_all() {
+        let names = |env: Vec<(&'static str, OsString)>| -> BTreeSet<&'static str> {
+            env.into_iter().map(|(k, _)| k).collect()
+        };
+        let (mut written, mut written_with_inherited) = (BTreeSet::new(), BTreeSet::new());
+        for record_side in [false, true] {
+            let (_, all) = every_setting_changed(record_side);
+            written.extend(names(all.to_env()));
+            written_with_inherited.extend(names(env_table::write_rows(&all, true)));
+        }
+        let rows = env_table::rows();
+        let table: BTreeSet<&str> = rows.iter().map(|(var, ..)| *var).collect();
+        assert_eq!(table.len(), rows.len(), "a variable in two rows");
+        assert_eq!(written_with_inherited, table);
+        let launcher_rows: BTreeSet<&str> = rows
+            .iter()
+            .filter(|(_, written, _)| *written != env_table::Written::Inherited)
+            .map(|(var, ..)| *var)
+            .collect();
+        assert_eq!(written, launcher_rows);
+        assert_eq!(written, vars::LAUNCHER_OWNED.into_iter().collect());
+
+        // The rows read elsewhere (rank, size, rendezvous) are read too.
+        let asked = std::cell::RefCell::new(BTreeSet::new());
+        let (_, all) = every_setting_changed(false);
+        let env = env_map(env_table::write_rows(&all, true));
+        JobConfig::from_lookup(|k| {
+            asked.borrow_mut().insert(k.to_owned());
+            env.get(k).cloned()
+        })
+        .unwrap();
+        let asked = asked.into_inner();
+        let unread: Vec<&&str> = table.iter().filter(|v| !asked.contains(**v)).collect();
+        assert!(unread.is_empty(), "written but never read: {unread:?}");
     }
 
     #[test]

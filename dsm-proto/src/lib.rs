@@ -211,7 +211,8 @@ pub mod env_vars {
     /// its own, so a nested or leftover setting never leaks into a job. The others
     /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_RACE_BATCH`, `DSM_PIN`,
     /// `DSM_FAST_FAULTS`, `DSM_STATS_FILE`, `DSM_PUSH`, `DSM_SPIN`, `DSM_LOG`) are the user's to set for
-    /// a whole job and reach the ranks by inheritance.
+    /// a whole job and reach the ranks by inheritance. These are exactly the variables
+    /// [`JobConfig::to_env`](crate::JobConfig::to_env) can write (a test checks it).
     pub const LAUNCHER_OWNED: [&str; 37] = [
         PINPOINT,
         PINPOINT_DIR,
