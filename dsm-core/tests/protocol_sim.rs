@@ -1047,13 +1047,14 @@ impl Sim {
     /// the master must fetch whatever is missing either way.
     fn shipped(&mut self, k: usize) -> Vec<EncodedBitmap> {
         let how = self.rand(3);
-        let node = &self.nodes[k];
-        let Some(r) = node.rec.as_ref() else {
+        let node = &mut self.nodes[k];
+        let Some(r) = node.rec.as_mut() else {
             return Vec::new();
         };
+        let shared = &node.shared;
         let out = match how {
             0 => None,
-            1 => r.shippable(|p| node.shared[p as usize], MAX_SHIPPED_BITMAP_BYTES),
+            1 => r.shippable(|p| shared[p as usize], MAX_SHIPPED_BITMAP_BYTES),
             _ => r.shippable(|_| true, MAX_SHIPPED_BITMAP_BYTES),
         };
         out.unwrap_or_default()

@@ -8,6 +8,7 @@ use super::{Dsm, Outcome, MAX_SHIPPED_BITMAP_BYTES};
 use crate::comm::Comm;
 use crate::engine::{Command, KnownClock, Reply};
 use crate::error::DsmError;
+use dsm_proto::config::DEFAULT_RACE_BATCH;
 use dsm_proto::{EncodedBitmap, NodeId, RaceNotices, RaceOptions, RacePhases};
 use dsm_race::{Checker, Incremental, Recorder, Reporter, VarTable};
 use std::io::{self, Write};
@@ -18,6 +19,22 @@ use std::time::{Duration, Instant};
 /// Most depth of the always-happens-before expansion under `--sem-order=safe`; larger
 /// epochs get less (`dsm_ahb::epoch::depth_for`), so an epoch's analysis stays bounded.
 const SAFE_ORDER_DEPTH: u32 = 2;
+
+/// The most a node's batch grows to fit a program's epochs, in lock operations: what a
+/// node holds between barriers stays bounded by this much whatever the program does.
+const MAX_EPOCH_BATCH: u32 = 8 * DEFAULT_RACE_BATCH;
+
+/// The batch after an epoch of `epoch_lock_syncs` lock operations in which this node
+/// shipped batches (`batch`: the batch so far). Batches exist for programs that go a long
+/// time without a barrier; one that has barriers but takes more locks between two of them
+/// than the default batch (Water's force phase: about a thousand per rank) would ship
+/// batches in every epoch, and the master would plan each against everything pending,
+/// where the barrier plans the epoch once. The batch grows to twice the epoch, so the
+/// next such epoch ships none, up to [`MAX_EPOCH_BATCH`]. A batch size the user set
+/// (`DSM_RACE_BATCH`) is kept as it is.
+fn batch_for_epochs(batch: u32, epoch_lock_syncs: u32) -> u32 {
+    batch.max(epoch_lock_syncs.saturating_mul(2).min(MAX_EPOCH_BATCH))
+}
 
 /// Race-detection state of this node.
 pub(super) struct RaceState {
@@ -46,6 +63,11 @@ pub(super) struct RaceState {
     /// Lock operations (each closes an interval) since this node's last race batch or
     /// barrier.
     unshipped: u32,
+    /// Lock operations since the last barrier.
+    epoch_lock_syncs: u32,
+    /// Lock operations after which this node ships a race batch: the configured batch,
+    /// grown for a program with barriers to fit its epochs (see [`batch_for_epochs`]).
+    batch_threshold: u32,
     /// When this node last shipped a race batch (or passed a barrier).
     last_ship: Instant,
     /// Whether this node shipped a race batch since the last barrier.
@@ -86,6 +108,7 @@ const BATCH_PERIOD: Duration = Duration::from_secs(1);
 impl RaceState {
     /// Detection state for a node; rank 0 (`master`) also owns the reporter.
     pub(super) fn new(options: RaceOptions, master: bool, nodes: usize) -> io::Result<RaceState> {
+        let batch = options.batch_intervals;
         let reporter = if master {
             let mut rep = Reporter::new(options.log.as_deref(), options.first_only)?;
             if options.schedule {
@@ -148,6 +171,8 @@ impl RaceState {
             sum: Default::default(),
             checker,
             unshipped: 0,
+            epoch_lock_syncs: 0,
+            batch_threshold: batch,
             last_ship: Instant::now(),
             shipped_in_epoch: false,
             batches_shipped: 0,
@@ -195,6 +220,10 @@ impl RaceState {
     /// A barrier completed (`after_barriers`: the program's barriers so far): what was
     /// shipped or kept before it is analysed; the analysis starts on the next epoch.
     pub(super) fn epoch_done(&mut self, after_barriers: u32) {
+        if self.shipped_in_epoch && self.options.batch_intervals == DEFAULT_RACE_BATCH {
+            self.batch_threshold = batch_for_epochs(self.batch_threshold, self.epoch_lock_syncs);
+        }
+        self.epoch_lock_syncs = 0;
         self.unshipped = 0;
         self.last_ship = Instant::now();
         self.shipped_in_epoch = false;
@@ -306,6 +335,7 @@ impl Dsm {
             return Ok(());
         }
         r.unshipped += 1;
+        r.epoch_lock_syncs = r.epoch_lock_syncs.saturating_add(1);
         // Rank 0 ships its own intervals (to itself, no message) whenever the analyst took
         // in another node's batch: an interval is discarded only once every other node's
         // latest batch has seen it, so a rank 0 that shipped rarely would keep everything
@@ -316,7 +346,7 @@ impl Dsm {
             .map_or(0, |a| a.foreign_absorbed.load(Ordering::Relaxed));
         // The clock is read every 16th lock operation: a lock costs about a microsecond,
         // a clock read a few percent of that.
-        let due = r.unshipped >= r.options.batch_intervals
+        let due = r.unshipped >= r.batch_threshold
             || (r.unshipped % 16 == 0 && r.last_ship.elapsed() >= BATCH_PERIOD)
             || foreign != r.foreign_seen;
         if !due {
@@ -659,5 +689,19 @@ fn add_wanted(
         w.extend(keys);
         w.sort_unstable();
         w.dedup();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_batch_grows_to_fit_epochs_up_to_its_bound() {
+        let base = DEFAULT_RACE_BATCH;
+        assert_eq!(batch_for_epochs(base, 600), 1200, "twice the epoch");
+        assert_eq!(batch_for_epochs(base, 100), base, "never below the batch");
+        assert_eq!(batch_for_epochs(2000, 600), 2000, "never shrinks");
+        assert_eq!(batch_for_epochs(base, u32::MAX), MAX_EPOCH_BATCH, "bounded");
     }
 }
