@@ -621,63 +621,7 @@ impl<'a> Search<'a> {
         loop {
             let mut changed = false;
             for sem in 0..self.trace.initial.len() {
-                let mut waits = Vec::new();
-                for (i, &vi) in v.iter().enumerate() {
-                    for p in 0..vi {
-                        let e = &self.trace.events[i][p as usize];
-                        if e.op == Op::Wait && e.sem == sem {
-                            waits.push((i, p));
-                        }
-                    }
-                }
-                if waits.is_empty() {
-                    continue;
-                }
-                // Servers: the initial tokens (`None`, before everything), then signals.
-                let mut servers: Vec<Option<(usize, u32)>> =
-                    vec![None; self.trace.initial[sem] as usize];
-                for (i, at) in self.signal_at[sem].iter().enumerate() {
-                    for &p in at.iter().take_while(|&&p| p < caps[i]) {
-                        if (i, p + 1) != self.anchor {
-                            servers.push(Some((i, p)));
-                        }
-                    }
-                }
-                let allowed = |s: usize, w: usize| match servers[s] {
-                    None => true,
-                    Some((i, p)) => local[i][p as usize][waits[w].0] <= waits[w].1,
-                };
-                let serves: Vec<Vec<usize>> = (0..servers.len())
-                    .map(|s| (0..waits.len()).filter(|&w| allowed(s, w)).collect())
-                    .collect();
-                if saturating(&serves, waits.len(), None) < waits.len() {
-                    return None;
-                }
-                for w in 0..waits.len() {
-                    let mut m: Option<Vec<u32>> = None;
-                    for s in 0..servers.len() {
-                        if !serves[s].contains(&w)
-                            || saturating(&serves, waits.len(), Some((s, w))) < waits.len() - 1
-                        {
-                            continue;
-                        }
-                        let Some((i, p)) = servers[s] else {
-                            m = Some(vec![0; n]);
-                            break;
-                        };
-                        let ts = &local[i][p as usize];
-                        match &mut m {
-                            None => m = Some(ts.clone()),
-                            Some(m) => m.iter_mut().zip(ts).for_each(|(a, &b)| *a = (*a).min(b)),
-                        }
-                    }
-                    let m = m.expect("a saturating matching gives every wait a server");
-                    let (i, p) = waits[w];
-                    if !leq(&m, &local[i][p as usize]) {
-                        max_into(&mut local[i][p as usize], &m);
-                        changed = true;
-                    }
-                }
+                changed |= self.raise_by_forced_servers(v, sem, &mut local)?;
             }
             // Rule 7 with the local order, both ways: when a wait of `v` completes, each
             // other node is at a point whose net tokens cover the rest, so the local
@@ -685,81 +629,166 @@ impl<'a> Search<'a> {
             // last such point after the wait; no such point, no state.
             for (a, &va) in v.iter().enumerate() {
                 for pw in 0..va {
-                    let e = &self.trace.events[a][pw as usize];
-                    if e.op != Op::Wait {
-                        continue;
-                    }
-                    let sem = e.sem;
-                    let p = &self.prefixes;
-                    let net = |i: usize, q: u32| {
-                        p.signals[i][q as usize][sem] as i64 - p.waits[i][q as usize][sem] as i64
-                    };
-                    let (j, c) = self.anchor;
-                    let tw = local[a][pw as usize].clone();
-                    let is_anchor = (a, pw + 1) == (j, c);
-                    let mut ranges = vec![(0u32, 0u32); n];
-                    let mut best = vec![0i64; n];
-                    let mut total = self.trace.initial[sem] as i64 + net(a, pw + 1);
-                    for i in (0..n).filter(|&i| i != a) {
-                        let cap = if i == j && !is_anchor { c - 1 } else { caps[i] };
-                        let last = (0..cap)
-                            .find(|&q| local[i][q as usize][a] > pw)
-                            .unwrap_or(cap);
-                        let from = tw[i].min(last);
-                        ranges[i] = (from, last);
-                        best[i] = (from..=last).map(|q| net(i, q)).max().unwrap_or(0);
-                        total += best[i];
-                    }
-                    if total < 0 {
-                        return None;
-                    }
-                    for i in (0..n).filter(|&i| i != a) {
-                        let want = best[i] - total;
-                        let (from, last) = ranges[i];
-                        let ok = |q: &u32| net(i, *q) >= want;
-                        let lo = (from..=last).find(ok).unwrap_or(from);
-                        let hi = (from..=last).rev().find(ok).unwrap_or(last);
-                        let w = &mut local[a][pw as usize];
-                        if lo > w[i] {
-                            w[i] = lo;
-                            changed = true;
-                        }
-                        if hi < last {
-                            let mut m = local[a][pw as usize].clone();
-                            m[a] = m[a].max(pw + 1);
-                            let x = &mut local[i][hi as usize];
-                            if !leq(&m, x) {
-                                max_into(x, &m);
-                                changed = true;
-                            }
-                        }
+                    if self.trace.events[a][pw as usize].op == Op::Wait {
+                        changed |= self.raise_around_wait(v, a, pw, &mut local)?;
                     }
                 }
             }
-            // Closure: an operation follows its predecessor and what its vector holds.
-            for i in 0..n {
-                for p in 0..caps[i] as usize {
-                    let mut x = local[i][p].clone();
-                    if p > 0 {
-                        max_into(&mut x, &local[i][p - 1]);
-                    }
-                    for k in 0..n {
-                        let q = x[k];
-                        if k != i && q > 0 && q <= caps[k] {
-                            let y = local[k][q as usize - 1].clone();
-                            max_into(&mut x, &y);
-                        }
-                    }
-                    if x != local[i][p] {
-                        local[i][p] = x;
-                        changed = true;
-                    }
-                }
-            }
+            changed |= self.close_order(&mut local);
             if !changed {
                 return Some(local);
             }
         }
+    }
+
+    /// Raises `local` by the servers the waits on `sem` in `v` must have: each wait comes
+    /// after what every server left to it in some saturating matching has in common.
+    /// `None` if the waits have no matching into their possible servers; else whether
+    /// `local` changed.
+    fn raise_by_forced_servers(&self, v: &[u32], sem: usize, local: &mut Order) -> Option<bool> {
+        let n = v.len();
+        let caps = &self.caps;
+        let mut changed = false;
+        let mut waits = Vec::new();
+        for (i, &vi) in v.iter().enumerate() {
+            for p in 0..vi {
+                let e = &self.trace.events[i][p as usize];
+                if e.op == Op::Wait && e.sem == sem {
+                    waits.push((i, p));
+                }
+            }
+        }
+        if waits.is_empty() {
+            return Some(false);
+        }
+        // Servers: the initial tokens (`None`, before everything), then signals.
+        let mut servers: Vec<Option<(usize, u32)>> = vec![None; self.trace.initial[sem] as usize];
+        for (i, at) in self.signal_at[sem].iter().enumerate() {
+            for &p in at.iter().take_while(|&&p| p < caps[i]) {
+                if (i, p + 1) != self.anchor {
+                    servers.push(Some((i, p)));
+                }
+            }
+        }
+        let allowed = |s: usize, w: usize| match servers[s] {
+            None => true,
+            Some((i, p)) => local[i][p as usize][waits[w].0] <= waits[w].1,
+        };
+        let serves: Vec<Vec<usize>> = (0..servers.len())
+            .map(|s| (0..waits.len()).filter(|&w| allowed(s, w)).collect())
+            .collect();
+        if saturating(&serves, waits.len(), None) < waits.len() {
+            return None;
+        }
+        for w in 0..waits.len() {
+            let mut m: Option<Vec<u32>> = None;
+            for s in 0..servers.len() {
+                if !serves[s].contains(&w)
+                    || saturating(&serves, waits.len(), Some((s, w))) < waits.len() - 1
+                {
+                    continue;
+                }
+                let Some((i, p)) = servers[s] else {
+                    m = Some(vec![0; n]);
+                    break;
+                };
+                let ts = &local[i][p as usize];
+                match &mut m {
+                    None => m = Some(ts.clone()),
+                    Some(m) => m.iter_mut().zip(ts).for_each(|(a, &b)| *a = (*a).min(b)),
+                }
+            }
+            let m = m.expect("a saturating matching gives every wait a server");
+            let (i, p) = waits[w];
+            if !leq(&m, &local[i][p as usize]) {
+                max_into(&mut local[i][p as usize], &m);
+                changed = true;
+            }
+        }
+        Some(changed)
+    }
+
+    /// Rule 7 with the local order for the wait `pw` of node `a` (see
+    /// [`Search::forced_order`]). `None` if no state lets the wait complete; else whether
+    /// `local` changed.
+    fn raise_around_wait(&self, v: &[u32], a: usize, pw: u32, local: &mut Order) -> Option<bool> {
+        let n = v.len();
+        let caps = &self.caps;
+        let mut changed = false;
+        let sem = self.trace.events[a][pw as usize].sem;
+        let p = &self.prefixes;
+        let net = |i: usize, q: u32| {
+            p.signals[i][q as usize][sem] as i64 - p.waits[i][q as usize][sem] as i64
+        };
+        let (j, c) = self.anchor;
+        let tw = local[a][pw as usize].clone();
+        let is_anchor = (a, pw + 1) == (j, c);
+        let mut ranges = vec![(0u32, 0u32); n];
+        let mut best = vec![0i64; n];
+        let mut total = self.trace.initial[sem] as i64 + net(a, pw + 1);
+        for i in (0..n).filter(|&i| i != a) {
+            let cap = if i == j && !is_anchor { c - 1 } else { caps[i] };
+            let last = (0..cap)
+                .find(|&q| local[i][q as usize][a] > pw)
+                .unwrap_or(cap);
+            let from = tw[i].min(last);
+            ranges[i] = (from, last);
+            best[i] = (from..=last).map(|q| net(i, q)).max().unwrap_or(0);
+            total += best[i];
+        }
+        if total < 0 {
+            return None;
+        }
+        for i in (0..n).filter(|&i| i != a) {
+            let want = best[i] - total;
+            let (from, last) = ranges[i];
+            let ok = |q: &u32| net(i, *q) >= want;
+            let lo = (from..=last).find(ok).unwrap_or(from);
+            let hi = (from..=last).rev().find(ok).unwrap_or(last);
+            let w = &mut local[a][pw as usize];
+            if lo > w[i] {
+                w[i] = lo;
+                changed = true;
+            }
+            if hi < last {
+                let mut m = local[a][pw as usize].clone();
+                m[a] = m[a].max(pw + 1);
+                let x = &mut local[i][hi as usize];
+                if !leq(&m, x) {
+                    max_into(x, &m);
+                    changed = true;
+                }
+            }
+        }
+        Some(changed)
+    }
+
+    /// Closes `local`: an operation follows its predecessor and what its vector holds.
+    /// Whether `local` changed.
+    fn close_order(&self, local: &mut Order) -> bool {
+        let n = local.len();
+        let caps = &self.caps;
+        let mut changed = false;
+        for i in 0..n {
+            for p in 0..caps[i] as usize {
+                let mut x = local[i][p].clone();
+                if p > 0 {
+                    max_into(&mut x, &local[i][p - 1]);
+                }
+                for k in 0..n {
+                    let q = x[k];
+                    if k != i && q > 0 && q <= caps[k] {
+                        let y = local[k][q as usize - 1].clone();
+                        max_into(&mut x, &y);
+                    }
+                }
+                if x != local[i][p] {
+                    local[i][p] = x;
+                    changed = true;
+                }
+            }
+        }
+        changed
     }
 
     /// Rule 7 (best points): for each recent wait `w` of `v`, the state in which `w` has

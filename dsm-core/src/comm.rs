@@ -1017,45 +1017,9 @@ fn comm_main(
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async move {
         let kicks = tokio::net::UnixStream::from_std(kicks)?;
-        let s = shared.clone();
-        let me = mesh.rank;
         let chaos_on = chaos.is_some();
         let size = mesh.size;
-        // Chaos mode: its own stream of draws (the app thread has another).
-        let chaos = std::cell::RefCell::new(
-            chaos.map(|seed| crate::chaos::Chaos::new(seed ^ 0x5bd1_e995_c0ff_ee00, me)),
-        );
-        let on_peer = Rc::new(move |peer: usize, ev: PeerEvent| {
-            if let (
-                Some(c),
-                PeerEvent::Message(
-                    Msg::LockRequest { .. } | Msg::LockForward { .. } | Msg::LockGrant { .. },
-                ),
-            ) = (chaos.borrow_mut().as_mut(), &ev)
-            {
-                c.before_lock_message();
-            }
-            let ev = match ev {
-                PeerEvent::Message(msg) => PeerEvent::Message(s.unpack_lane_reply(peer, msg)),
-                other => other,
-            };
-            let mut engine = s.engine();
-            let outputs = match ev {
-                PeerEvent::Message(msg) => engine.on_peer_message(peer as NodeId, msg),
-                PeerEvent::Closed => engine.on_peer_lost(peer as NodeId, "connection closed"),
-                PeerEvent::Failed(err) => engine.on_peer_lost(peer as NodeId, &err.to_string()),
-                PeerEvent::Silent(after) => {
-                    // Whatever the engine's state, a peer that is alive but says nothing
-                    // leaves the job stuck. The line names the peer, for dsmrun too.
-                    if s.dying.load(Ordering::Relaxed) {
-                        return;
-                    }
-                    let silence = Silence::new(me, peer, after, liveness.unwrap_or(after));
-                    fatal_with(&silence.to_string(), PEER_LOST_EXIT)
-                }
-            };
-            s.dispatch(&mut engine, outputs);
-        });
+        let on_peer = peer_handler(shared.clone(), mesh.rank, chaos, liveness);
         let transport = match Transport::start(mesh, on_peer, liveness) {
             Ok(t) => t,
             Err(e) => {
@@ -1063,22 +1027,7 @@ fn comm_main(
                 return Err(e);
             }
         };
-        let outbox = transport.outbox();
-        shared
-            .rings_only
-            .store(outbox.shm_peers().len() + 1 == size, Ordering::Relaxed);
-        // Set even when empty, as the TCP table below: a table from an earlier job in this
-        // process must not serve this one.
-        fault::set_lanes(outbox.lanes(), size);
-        if !outbox.lanes().is_empty() {
-            let peers: Vec<NodeId> = outbox.shm_peers().iter().map(|&p| p as NodeId).collect();
-            shared.engine().set_lane_peers(&peers);
-        }
-        let direct = outbox.direct_senders();
-        let peers: Vec<NodeId> = direct.iter().map(|d| d.peer() as NodeId).collect();
-        fault::set_direct_senders(direct, size);
-        shared.engine().set_socket_peers(&peers);
-        let _ = shared.outbox.set(outbox);
+        install_outbox(&shared, transport.outbox(), size);
         if !chaos_on {
             // Chaos mode's delays are the reader tasks'; it leaves runs to them.
             let s = shared.clone();
@@ -1090,35 +1039,7 @@ fn comm_main(
         }
         let _ = ready.send(Ok(()));
 
-        let s = shared.clone();
-        tokio::task::spawn_local(async move {
-            let mut drain = [0u8; 64];
-            loop {
-                if let Err(err) = kicks.readable().await {
-                    fatal(&format!("fault mailbox failed: {err}"));
-                }
-                // Drain the kicks before looking at the slot: a fault posted after this
-                // point sends a fresh kick, so none is lost.
-                match kicks.try_read(&mut drain) {
-                    Ok(0) => fatal("fault mailbox closed"),
-                    Ok(_) => {}
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => fatal(&format!("fault mailbox failed: {e}")),
-                }
-                if let Some(outbox) = s.outbox.get() {
-                    // A page request the handler wrote only in part.
-                    outbox.flush_direct_rests();
-                }
-                if let Some(fault) = s.mailbox.take() {
-                    s.serve_faults(fault, seg, chaos_on);
-                } else {
-                    // The handler woke this thread for the pages it fetched itself.
-                    let mut engine = s.engine();
-                    let outputs = engine.on_handler_work();
-                    s.dispatch(&mut engine, outputs);
-                }
-            }
-        });
+        tokio::task::spawn_local(serve_kicks(kicks, shared.clone(), seg, chaos_on));
 
         let code = match control.recv().await {
             Some(Control::Die(code)) => Some(code),
@@ -1136,6 +1057,108 @@ fn comm_main(
         }
         Ok::<(), io::Error>(())
     })
+}
+
+/// What the transport calls with every peer's messages and link events: the engine's
+/// handling of them, and with `chaos` a delay before lock messages.
+fn peer_handler(
+    shared: Arc<Shared>,
+    me: usize,
+    chaos: Option<u64>,
+    liveness: Option<Duration>,
+) -> Rc<dyn Fn(usize, PeerEvent)> {
+    let s = shared;
+    // Chaos mode: its own stream of draws (the app thread has another).
+    let chaos = std::cell::RefCell::new(
+        chaos.map(|seed| crate::chaos::Chaos::new(seed ^ 0x5bd1_e995_c0ff_ee00, me)),
+    );
+    Rc::new(move |peer: usize, ev: PeerEvent| {
+        if let (
+            Some(c),
+            PeerEvent::Message(
+                Msg::LockRequest { .. } | Msg::LockForward { .. } | Msg::LockGrant { .. },
+            ),
+        ) = (chaos.borrow_mut().as_mut(), &ev)
+        {
+            c.before_lock_message();
+        }
+        let ev = match ev {
+            PeerEvent::Message(msg) => PeerEvent::Message(s.unpack_lane_reply(peer, msg)),
+            other => other,
+        };
+        let mut engine = s.engine();
+        let outputs = match ev {
+            PeerEvent::Message(msg) => engine.on_peer_message(peer as NodeId, msg),
+            PeerEvent::Closed => engine.on_peer_lost(peer as NodeId, "connection closed"),
+            PeerEvent::Failed(err) => engine.on_peer_lost(peer as NodeId, &err.to_string()),
+            PeerEvent::Silent(after) => {
+                // Whatever the engine's state, a peer that is alive but says nothing
+                // leaves the job stuck. The line names the peer, for dsmrun too.
+                if s.dying.load(Ordering::Relaxed) {
+                    return;
+                }
+                let silence = Silence::new(me, peer, after, liveness.unwrap_or(after));
+                fatal_with(&silence.to_string(), PEER_LOST_EXIT)
+            }
+        };
+        s.dispatch(&mut engine, outputs);
+    })
+}
+
+/// Makes the started transport's links known to the engine and the fault handler, and
+/// the outbox to every thread.
+fn install_outbox(shared: &Shared, outbox: Arc<Outbox>, size: usize) {
+    shared
+        .rings_only
+        .store(outbox.shm_peers().len() + 1 == size, Ordering::Relaxed);
+    // Set even when empty, as the TCP table below: a table from an earlier job in this
+    // process must not serve this one.
+    fault::set_lanes(outbox.lanes(), size);
+    if !outbox.lanes().is_empty() {
+        let peers: Vec<NodeId> = outbox.shm_peers().iter().map(|&p| p as NodeId).collect();
+        shared.engine().set_lane_peers(&peers);
+    }
+    let direct = outbox.direct_senders();
+    let peers: Vec<NodeId> = direct.iter().map(|d| d.peer() as NodeId).collect();
+    fault::set_direct_senders(direct, size);
+    shared.engine().set_socket_peers(&peers);
+    let _ = shared.outbox.set(outbox);
+}
+
+/// Serves the fault handler's kicks for good: the faults it posted, or the pages it
+/// fetched itself.
+async fn serve_kicks(
+    kicks: tokio::net::UnixStream,
+    s: Arc<Shared>,
+    seg: &'static Segment,
+    chaos_on: bool,
+) {
+    let mut drain = [0u8; 64];
+    loop {
+        if let Err(err) = kicks.readable().await {
+            fatal(&format!("fault mailbox failed: {err}"));
+        }
+        // Drain the kicks before looking at the slot: a fault posted after this
+        // point sends a fresh kick, so none is lost.
+        match kicks.try_read(&mut drain) {
+            Ok(0) => fatal("fault mailbox closed"),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => fatal(&format!("fault mailbox failed: {e}")),
+        }
+        if let Some(outbox) = s.outbox.get() {
+            // A page request the handler wrote only in part.
+            outbox.flush_direct_rests();
+        }
+        if let Some(fault) = s.mailbox.take() {
+            s.serve_faults(fault, seg, chaos_on);
+        } else {
+            // The handler woke this thread for the pages it fetched itself.
+            let mut engine = s.engine();
+            let outputs = engine.on_handler_work();
+            s.dispatch(&mut engine, outputs);
+        }
+    }
 }
 
 #[cfg(test)]

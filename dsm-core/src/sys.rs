@@ -92,104 +92,14 @@ impl Segment {
         let is_common = common.is_some();
         let table_len = host_table_bytes(nodes);
         let file_len = if is_common { len + table_len } else { len };
-        let memfd = match common {
-            Some(file) => file.into_raw_fd(),
-            // SAFETY: the name is a valid NUL-terminated string.
-            None => unsafe { libc::memfd_create(c"dsm-segment".as_ptr(), libc::MFD_CLOEXEC) },
-        };
-        if memfd < 0 {
-            return Err(os_err("memfd_create"));
-        }
-        let fail = |what: &str| {
-            let e = os_err(what);
-            // SAFETY: memfd is a descriptor we own and have not shared.
-            unsafe { libc::close(memfd) };
-            e
-        };
-        // SAFETY: ftruncate on our own descriptor.
-        if unsafe { libc::ftruncate(memfd, file_len as libc::off_t) } != 0 {
-            return Err(fail(&format!(
-                "cannot size the segment's memfd to {} MiB (use a smaller dsmrun \
-                 --segment or DSM_SEGMENT)",
-                len >> 20
-            )));
-        }
-        // SAFETY: MAP_FIXED_NOREPLACE never clobbers an existing mapping; we check below
-        // that the kernel honoured the address.
-        let app = unsafe {
-            libc::mmap(
-                addr as *mut libc::c_void,
-                len,
-                libc::PROT_NONE,
-                libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE | libc::MAP_NORESERVE,
-                memfd,
-                0,
-            )
-        };
-        if app == libc::MAP_FAILED {
-            let e = io::Error::last_os_error();
-            // SAFETY: as above.
-            unsafe { libc::close(memfd) };
-            return Err(io::Error::new(
-                e.kind(),
-                format!(
-                    "cannot reserve the shared segment at {addr:#x} ({} MiB): {e}; \
-                     set DSM_SEGMENT_ADDR to a free address range or use a smaller segment \
-                     (dsmrun --segment, DSM_SEGMENT)",
-                    len >> 20
-                ),
-            ));
-        }
-        if app as usize != addr {
-            // Kernels before 4.17 ignore MAP_FIXED_NOREPLACE and may place it elsewhere.
-            // SAFETY: unmapping the mapping we just created.
-            unsafe { libc::munmap(app, len) };
-            return Err(fail(
-                "the kernel placed the shared segment at another address",
-            ));
-        }
-        // SAFETY: a fresh shared mapping of our memfd at a kernel-chosen address.
-        let runtime = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_NORESERVE,
-                memfd,
-                0,
-            )
-        };
-        if runtime == libc::MAP_FAILED {
-            // SAFETY: unmapping the app view we created above.
-            unsafe { libc::munmap(app, len) };
-            return Err(fail(&format!(
-                "cannot map the runtime view of the {} MiB segment (use a smaller dsmrun \
-                 --segment or DSM_SEGMENT, or raise ulimit -v)",
-                len >> 20
-            )));
-        }
+        let memfd = segment_file(common, file_len, len)?;
+        // SAFETY: memfd is our own and not shared.
+        let app = unsafe { map_app_view(addr, len, memfd) }?;
+        // SAFETY: as above, and `app` is the app view just made, which nothing uses yet.
+        let runtime = unsafe { map_runtime_view(app, len, memfd) }?;
         let host_locks = if is_common {
-            // SAFETY: a fresh shared mapping of the table part of our descriptor (offset
-            // `len`, page-aligned) at a kernel-chosen address.
-            let table = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    table_len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
-                    memfd,
-                    len as libc::off_t,
-                )
-            };
-            if table == libc::MAP_FAILED {
-                // SAFETY: unmapping the two views we created above.
-                unsafe {
-                    libc::munmap(app, len);
-                    libc::munmap(runtime, len);
-                }
-                return Err(fail("cannot map the host lock table"));
-            }
-            table as usize
+            // SAFETY: as above, and so is `runtime`.
+            unsafe { map_host_table(app, runtime, len, table_len, memfd) }?
         } else {
             0
         };
@@ -416,6 +326,173 @@ const HOST_LOCK_PROBES: usize = 64;
 /// (up to 8 ranks), and neighbouring locks share none.
 fn host_entry_bytes(nodes: usize) -> usize {
     (std::mem::size_of::<HostLockSlot>() + 4 * nodes).next_multiple_of(64)
+}
+
+/// The descriptor behind the segment, `file_len` bytes long: the job's `common` file or a
+/// memfd of this process's own (`len`, the segment's size, is for the message).
+fn segment_file(common: Option<OwnedFd>, file_len: usize, len: usize) -> io::Result<libc::c_int> {
+    let memfd = match common {
+        Some(file) => file.into_raw_fd(),
+        // SAFETY: the name is a valid NUL-terminated string.
+        None => unsafe { libc::memfd_create(c"dsm-segment".as_ptr(), libc::MFD_CLOEXEC) },
+    };
+    if memfd < 0 {
+        return Err(os_err("memfd_create"));
+    }
+    // SAFETY: ftruncate on our own descriptor.
+    if unsafe { libc::ftruncate(memfd, file_len as libc::off_t) } != 0 {
+        // SAFETY: memfd is our own and has not been shared.
+        return Err(unsafe {
+            close_on_failure(
+                memfd,
+                &format!(
+                    "cannot size the segment's memfd to {} MiB (use a smaller dsmrun \
+                 --segment or DSM_SEGMENT)",
+                    len >> 20
+                ),
+            )
+        });
+    }
+    Ok(memfd)
+}
+
+/// The error of the call that just failed, after closing `memfd`, the segment's
+/// descriptor.
+///
+/// # Safety
+/// `memfd` is the caller's own descriptor, not yet shared, and not used after this.
+unsafe fn close_on_failure(memfd: libc::c_int, what: &str) -> io::Error {
+    let e = os_err(what);
+    // SAFETY: memfd is a descriptor we own and have not shared.
+    unsafe { libc::close(memfd) };
+    e
+}
+
+/// The app view: `len` bytes of `memfd` at `addr`, inaccessible. Closes `memfd` on failure.
+///
+/// # Safety
+/// As for [`close_on_failure`]'s `memfd`, should this fail.
+unsafe fn map_app_view(
+    addr: usize,
+    len: usize,
+    memfd: libc::c_int,
+) -> io::Result<*mut libc::c_void> {
+    // SAFETY: MAP_FIXED_NOREPLACE never clobbers an existing mapping; we check below
+    // that the kernel honoured the address.
+    let app = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len,
+            libc::PROT_NONE,
+            libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE | libc::MAP_NORESERVE,
+            memfd,
+            0,
+        )
+    };
+    if app == libc::MAP_FAILED {
+        let e = io::Error::last_os_error();
+        // SAFETY: memfd is ours to close (our contract).
+        unsafe { libc::close(memfd) };
+        return Err(io::Error::new(
+            e.kind(),
+            format!(
+                "cannot reserve the shared segment at {addr:#x} ({} MiB): {e}; \
+                 set DSM_SEGMENT_ADDR to a free address range or use a smaller segment \
+                 (dsmrun --segment, DSM_SEGMENT)",
+                len >> 20
+            ),
+        ));
+    }
+    if app as usize != addr {
+        // Kernels before 4.17 ignore MAP_FIXED_NOREPLACE and may place it elsewhere.
+        // SAFETY: unmapping the mapping we just created.
+        unsafe { libc::munmap(app, len) };
+        // SAFETY: memfd is ours to close (our contract).
+        return Err(unsafe {
+            close_on_failure(
+                memfd,
+                "the kernel placed the shared segment at another address",
+            )
+        });
+    }
+    Ok(app)
+}
+
+/// The runtime view: `len` bytes of `memfd`, writable, anywhere. Unmaps the app view `app`
+/// and closes `memfd` on failure.
+///
+/// # Safety
+/// `app` is the `len`-byte app view [`map_app_view`] just made, which nothing uses yet, and
+/// `memfd` is as for [`close_on_failure`], should this fail.
+unsafe fn map_runtime_view(
+    app: *mut libc::c_void,
+    len: usize,
+    memfd: libc::c_int,
+) -> io::Result<*mut libc::c_void> {
+    // SAFETY: a fresh shared mapping of our memfd at a kernel-chosen address.
+    let runtime = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_NORESERVE,
+            memfd,
+            0,
+        )
+    };
+    if runtime == libc::MAP_FAILED {
+        // SAFETY: unmapping the app view our caller created for this segment, and memfd is
+        // ours to close (our contract).
+        unsafe { libc::munmap(app, len) };
+        return Err(unsafe {
+            close_on_failure(
+                memfd,
+                &format!(
+                    "cannot map the runtime view of the {} MiB segment (use a smaller dsmrun \
+                 --segment or DSM_SEGMENT, or raise ulimit -v)",
+                    len >> 20
+                ),
+            )
+        });
+    }
+    Ok(runtime)
+}
+
+/// The host lock table: the `table_len` bytes of a common segment file after the segment's
+/// `len`, at an address returned. Unmaps both views and closes `memfd` on failure.
+///
+/// # Safety
+/// `app` and `runtime` are the `len`-byte views just made, which nothing uses yet, and
+/// `memfd` is as for [`close_on_failure`], should this fail.
+unsafe fn map_host_table(
+    app: *mut libc::c_void,
+    runtime: *mut libc::c_void,
+    len: usize,
+    table_len: usize,
+    memfd: libc::c_int,
+) -> io::Result<usize> {
+    // SAFETY: a fresh shared mapping of the table part of our descriptor (offset
+    // `len`, page-aligned) at a kernel-chosen address.
+    let table = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            table_len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            memfd,
+            len as libc::off_t,
+        )
+    };
+    if table == libc::MAP_FAILED {
+        // SAFETY: unmapping the two views our caller created for this segment, and memfd
+        // is ours to close (our contract).
+        unsafe {
+            libc::munmap(app, len);
+            libc::munmap(runtime, len);
+            return Err(close_on_failure(memfd, "cannot map the host lock table"));
+        }
+    }
+    Ok(table as usize)
 }
 
 /// Bytes of the host lock table at the end of a common segment file (4 MiB up to 8 ranks),

@@ -255,16 +255,18 @@ fn signal_rank(pgid: Pid, signal: Signal, reaped: &AtomicBool) {
     }
 }
 
+/// Says why the agent cannot go on, naming its host; the agent's exit status for that.
+fn fail(msg: String) -> i32 {
+    let host = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    eprintln!("dsmrun-agent on {host}: {msg}");
+    1
+}
+
 /// Runs the agent: reads the order from stdin, starts `program args` as the rank and
 /// supervises it as described in the module documentation. Returns the exit status.
 pub fn agent_main(program: OsString, args: Vec<OsString>) -> i32 {
-    let fail = |msg: String| {
-        let host = nix::unistd::gethostname()
-            .map(|h| h.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        eprintln!("dsmrun-agent on {host}: {msg}");
-        1
-    };
     // Stdin's buffer is shared by all its handles: what follows `start` stays for the
     // watcher thread below.
     let order = match AgentOrder::read(&mut io::stdin().lock()) {
@@ -286,21 +288,10 @@ pub fn agent_main(program: OsString, args: Vec<OsString>) -> i32 {
     let mut coord = None;
     let mut listener = None;
     if let Some(bind) = &order.bind {
-        let addr = match bind.resolve() {
-            Ok(a) => a,
-            Err(e) => return fail(format!("cannot choose the rendezvous address: {e}")),
+        let (l, bound) = match rendezvous_listener(bind) {
+            Ok(bound) => bound,
+            Err(msg) => return fail(msg),
         };
-        let l = match TcpListener::bind(addr) {
-            Ok(l) => l,
-            Err(e) => return fail(format!("cannot listen on {addr} for the rendezvous: {e}")),
-        };
-        let bound = match l.local_addr() {
-            Ok(a) => a,
-            Err(e) => return fail(format!("rendezvous socket: {e}")),
-        };
-        if let Err(e) = fcntl(l.as_raw_fd(), FcntlArg::F_SETFD(FdFlag::empty())) {
-            return fail(format!("rendezvous socket: {e}"));
-        }
         command.env(env_vars::COORD, bound.to_string());
         command.env(env_vars::COORD_FD, l.as_raw_fd().to_string());
         coord = Some(bound);
@@ -327,32 +318,63 @@ pub fn agent_main(program: OsString, args: Vec<OsString>) -> i32 {
     }
     let mut child = match command.spawn() {
         Ok(c) => c,
-        Err(e) => {
-            let code = match e.kind() {
-                io::ErrorKind::NotFound => 127,
-                io::ErrorKind::PermissionDenied => 126,
-                _ => 1,
-            };
-            let relative = Path::new(&program).is_relative() && program.as_bytes().contains(&b'/');
-            let hint = match (&order.cwd, here) {
-                (Some(dir), None) if relative => {
-                    format!(" (dsmrun's directory {dir} does not exist on this host)")
-                }
-                _ => String::new(),
-            };
-            fail(format!(
-                "cannot start {}: {e}{hint}",
-                program.to_string_lossy()
-            ));
-            return code;
-        }
+        Err(e) => return spawn_failed(&e, &program, order.cwd.as_deref(), here),
     };
     drop(lifeline_read);
     drop(listener);
     let pgid = Pid::from_raw(child.id() as i32);
     let reaped = Arc::new(AtomicBool::new(false));
-    let watcher_reaped = Arc::clone(&reaped);
-    // Commands from dsmrun until end-of-file, which means dsmrun is gone.
+    watch_dsmrun(pgid, Arc::clone(&reaped));
+    let status = child.wait();
+    // Whatever the rank left in its group is part of the finished job.
+    let _ = killpg(pgid, Signal::SIGKILL);
+    reaped.store(true, Ordering::Release);
+    match status {
+        Ok(status) => agent_exit_code(status),
+        Err(e) => fail(format!("waiting for the rank: {e}")),
+    }
+}
+
+/// Rank 0's rendezvous socket, bound where `bind` says and left open across exec for the
+/// rank, with its address.
+fn rendezvous_listener(bind: &BindTo) -> Result<(TcpListener, SocketAddr), String> {
+    let addr = bind
+        .resolve()
+        .map_err(|e| format!("cannot choose the rendezvous address: {e}"))?;
+    let l = TcpListener::bind(addr)
+        .map_err(|e| format!("cannot listen on {addr} for the rendezvous: {e}"))?;
+    let bound = l
+        .local_addr()
+        .map_err(|e| format!("rendezvous socket: {e}"))?;
+    fcntl(l.as_raw_fd(), FcntlArg::F_SETFD(FdFlag::empty()))
+        .map_err(|e| format!("rendezvous socket: {e}"))?;
+    Ok((l, bound))
+}
+
+/// Says why the rank could not be started; the agent's exit status for that, as a shell's.
+fn spawn_failed(e: &io::Error, program: &OsString, cwd: Option<&str>, here: Option<&str>) -> i32 {
+    let code = match e.kind() {
+        io::ErrorKind::NotFound => 127,
+        io::ErrorKind::PermissionDenied => 126,
+        _ => 1,
+    };
+    let relative = Path::new(program).is_relative() && program.as_bytes().contains(&b'/');
+    let hint = match (cwd, here) {
+        (Some(dir), None) if relative => {
+            format!(" (dsmrun's directory {dir} does not exist on this host)")
+        }
+        _ => String::new(),
+    };
+    fail(format!(
+        "cannot start {}: {e}{hint}",
+        program.to_string_lossy()
+    ));
+    code
+}
+
+/// Carries out dsmrun's commands until end-of-file, which means dsmrun is gone: then stops
+/// the rank, SIGTERM and, after the grace, SIGKILL.
+fn watch_dsmrun(pgid: Pid, reaped: Arc<AtomicBool>) {
     let _ = std::thread::Builder::new()
         .name("dsmrun-agent-stdin".into())
         .stack_size(64 << 10)
@@ -371,24 +393,16 @@ pub fn agent_main(program: OsString, args: Vec<OsString>) -> i32 {
                     .and_then(|n| n.parse::<i32>().ok())
                     .and_then(|n| Signal::try_from(n).ok());
                 if let Some(signal) = signal {
-                    signal_rank(pgid, signal, &watcher_reaped);
+                    signal_rank(pgid, signal, &reaped);
                 }
             }
-            signal_rank(pgid, Signal::SIGTERM, &watcher_reaped);
+            signal_rank(pgid, Signal::SIGTERM, &reaped);
             let until = Instant::now() + ORPHAN_GRACE;
-            while Instant::now() < until && !watcher_reaped.load(Ordering::Acquire) {
+            while Instant::now() < until && !reaped.load(Ordering::Acquire) {
                 std::thread::sleep(Duration::from_millis(20));
             }
-            signal_rank(pgid, Signal::SIGKILL, &watcher_reaped);
+            signal_rank(pgid, Signal::SIGKILL, &reaped);
         });
-    let status = child.wait();
-    // Whatever the rank left in its group is part of the finished job.
-    let _ = killpg(pgid, Signal::SIGKILL);
-    reaped.store(true, Ordering::Release);
-    match status {
-        Ok(status) => agent_exit_code(status),
-        Err(e) => fail(format!("waiting for the rank: {e}")),
-    }
 }
 
 #[cfg(test)]

@@ -899,31 +899,10 @@ fn run_across_hosts(
     }
     let this_host = this_host_name();
     let is_here = |h: usize| hosts::is_local_host(&plan.hosts[h].name, this_host.as_deref());
-    let first_remote = host_of
-        .iter()
-        .copied()
-        .find(|&h| !is_here(h))
-        .expect("a job across hosts has a remote host");
-    let bind0 = match &config.bind {
-        Some(b) if is_here(host_of[0]) => BindTo::Addr(local_bind_addr(b)?),
-        Some(b) => b.clone(),
-        // Rank 0 here, others elsewhere: the address this machine reaches them from.
-        None if is_here(host_of[0]) => BindTo::Addr(route_to(&plan.hosts[first_remote].name)?),
-        None => BindTo::Auto(plan.hosts[host_of[0]].name.clone()),
-    };
-    let mut per_host = vec![0; plan.hosts.len()];
-    for &h in host_of {
-        per_host[h] += 1;
-    }
-    let mut seen = vec![0; plan.hosts.len()];
+    let bind0 = rank0_bind(config, plan, host_of, is_here)?;
+    let placements = local_placements(host_of, plan.hosts.len());
     let secret = generate_secret();
-    let mut remote_words = vec![
-        agent_exe.to_string_lossy().into_owned(),
-        "--".to_owned(),
-        program.to_string_lossy().into_owned(),
-    ];
-    remote_words.extend(config.args.iter().map(|a| a.to_string_lossy().into_owned()));
-    let remote_command = shell_words::join(&remote_words);
+    let remote_command = remote_agent_command(&agent_exe, program, &config.args);
     debug!(program = %program.display(), ranks = config.ranks, hosts = ?plan.hosts, "launching job across hosts");
 
     let (tx, rx) = mpsc::channel();
@@ -934,40 +913,18 @@ fn run_across_hosts(
     job.launch_agent = plan.launch_agent.join(" ");
     for (rank, &h) in host_of.iter().enumerate() {
         let host = &plan.hosts[h];
-        let mut rank_job = JobConfig {
-            coord: None,
-            ..rank_config(
-                config,
-                rank,
-                "0.0.0.0:0".parse().expect("an address"),
-                &secret,
+        let order = agent_order(config, rank, &secret, placements[rank], &bind0);
+        let (mut command, spawned) = if is_here(h) {
+            (
+                local_agent_command(&agent_exe, program, &config.args),
+                agent_exe.as_os_str(),
             )
-        };
-        rank_job.local = Some(LocalPlacement {
-            rank: seen[h],
-            size: per_host[h],
-        });
-        seen[h] += 1;
-        let order = AgentOrder {
-            env: agent_env(config, &rank_job),
-            bind: (rank == 0).then(|| bind0.clone()),
-            cwd: std::env::current_dir()
-                .ok()
-                .and_then(|d| d.to_str().map(String::from)),
-        };
-        let mut command = if is_here(h) {
-            let mut c = Command::new(&agent_exe);
-            c.arg("--").arg(program).args(&config.args);
-            for var in env_vars::LAUNCHER_OWNED {
-                c.env_remove(var);
-            }
-            c
         } else {
             let mut c = Command::new(&plan.launch_agent[0]);
             c.args(&plan.launch_agent[1..])
                 .arg(&host.name)
                 .arg(&remote_command);
-            c
+            (c, OsStr::new(&plan.launch_agent[0]))
         };
         command
             .stdin(Stdio::piped())
@@ -978,24 +935,10 @@ fn run_across_hosts(
             .spawn()
             .map_err(|source| LaunchError::Spawn {
                 rank,
-                program: PathBuf::from(if is_here(h) {
-                    agent_exe.as_os_str()
-                } else {
-                    OsStr::new(&plan.launch_agent[0])
-                }),
+                program: PathBuf::from(spawned),
                 source,
             })
-            .and_then(|mut child| {
-                let stdin = child.stdin.take();
-                job.adopt(rank, child, &tx)?;
-                job.ranks[rank].host = Some(host.name.clone());
-                job.ranks[rank].agent = Some(AgentLink {
-                    stdin,
-                    order: Some(order),
-                    ready: false,
-                });
-                Ok(())
-            });
+            .and_then(|child| job.adopt_agent(rank, child, &tx, &host.name, order));
         if let Err(err) = started {
             job.abort();
             return Err(err);
@@ -1005,6 +948,95 @@ fn run_across_hosts(
     // where it is.
     job.send_order(0, None);
     Ok(job.supervise(config.timeout))
+}
+
+/// Where rank 0's agent binds the rendezvous.
+fn rank0_bind(
+    config: &LaunchConfig,
+    plan: &HostPlan,
+    host_of: &[usize],
+    is_here: impl Fn(usize) -> bool,
+) -> Result<BindTo, LaunchError> {
+    let first_remote = host_of
+        .iter()
+        .copied()
+        .find(|&h| !is_here(h))
+        .expect("a job across hosts has a remote host");
+    Ok(match &config.bind {
+        Some(b) if is_here(host_of[0]) => BindTo::Addr(local_bind_addr(b)?),
+        Some(b) => b.clone(),
+        // Rank 0 here, others elsewhere: the address this machine reaches them from.
+        None if is_here(host_of[0]) => BindTo::Addr(route_to(&plan.hosts[first_remote].name)?),
+        None => BindTo::Auto(plan.hosts[host_of[0]].name.clone()),
+    })
+}
+
+/// Each rank's place among the ranks of its host, in rank order.
+fn local_placements(host_of: &[usize], hosts: usize) -> Vec<LocalPlacement> {
+    let mut per_host = vec![0; hosts];
+    for &h in host_of {
+        per_host[h] += 1;
+    }
+    let mut seen = vec![0; hosts];
+    host_of
+        .iter()
+        .map(|&h| {
+            let placement = LocalPlacement {
+                rank: seen[h],
+                size: per_host[h],
+            };
+            seen[h] += 1;
+            placement
+        })
+        .collect()
+}
+
+/// The command the launch agent runs on a remote host: the agent, then the program.
+fn remote_agent_command(agent_exe: &Path, program: &Path, args: &[OsString]) -> String {
+    let mut remote_words = vec![
+        agent_exe.to_string_lossy().into_owned(),
+        "--".to_owned(),
+        program.to_string_lossy().into_owned(),
+    ];
+    remote_words.extend(args.iter().map(|a| a.to_string_lossy().into_owned()));
+    shell_words::join(&remote_words)
+}
+
+/// The agent of a rank on this machine, started directly.
+fn local_agent_command(agent_exe: &Path, program: &Path, args: &[OsString]) -> Command {
+    let mut c = Command::new(agent_exe);
+    c.arg("--").arg(program).args(args);
+    for var in env_vars::LAUNCHER_OWNED {
+        c.env_remove(var);
+    }
+    c
+}
+
+/// What dsmrun tells `rank`'s agent.
+fn agent_order(
+    config: &LaunchConfig,
+    rank: usize,
+    secret: &str,
+    placement: LocalPlacement,
+    bind0: &BindTo,
+) -> AgentOrder {
+    let mut rank_job = JobConfig {
+        coord: None,
+        ..rank_config(
+            config,
+            rank,
+            "0.0.0.0:0".parse().expect("an address"),
+            secret,
+        )
+    };
+    rank_job.local = Some(placement);
+    AgentOrder {
+        env: agent_env(config, &rank_job),
+        bind: (rank == 0).then(|| bind0.clone()),
+        cwd: std::env::current_dir()
+            .ok()
+            .and_then(|d| d.to_str().map(String::from)),
+    }
 }
 
 /// dsmrun's end of a rank's agent.
@@ -1282,6 +1314,68 @@ struct Stopping {
     grace: Duration,
 }
 
+/// What `supervise` carries from one pass of its loop to the next.
+struct Supervision {
+    timeout: Option<Duration>,
+    /// When the job times out.
+    deadline: Option<Instant>,
+    stopping: Option<Stopping>,
+    /// The ranks that exited with the race exit code.
+    race_ranks: Vec<usize>,
+    /// The first rank that exited because it lost a peer, and until when to wait for
+    /// the rank that actually failed.
+    collateral: Option<Collateral>,
+    /// A rank that exited with the race exit code while others still ran, and when to
+    /// say that dsmrun waits for them: only if they are still running by then (they
+    /// normally finish at once, and a note as the last line made the job look stuck).
+    race_exit: Option<(Instant, usize, i32)>,
+    /// Exits reaped and with their output read, in the order they became ready.
+    ready: VecDeque<(usize, RankStatus)>,
+}
+
+impl Supervision {
+    fn new(deadline: Option<Instant>, timeout: Option<Duration>) -> Self {
+        Supervision {
+            timeout,
+            deadline,
+            stopping: None,
+            race_ranks: Vec::new(),
+            collateral: None,
+            race_exit: None,
+            ready: VecDeque::new(),
+        }
+    }
+
+    fn outcome(self, race_exit_code: Option<i32>) -> JobOutcome {
+        match self.stopping.map(|stop| stop.cause) {
+            Some(StopCause::RankFailed { rank, status }) => JobOutcome::RankFailed { rank, status },
+            Some(StopCause::RankSilent(silence)) => JobOutcome::RankSilent(silence),
+            Some(StopCause::NotStarted { rank, host }) => JobOutcome::NotStarted { rank, host },
+            Some(StopCause::ValuesDiffer { rank }) => JobOutcome::ValuesDiffer { rank },
+            Some(StopCause::ReplayDiverged { rank }) => JobOutcome::ReplayDiverged { rank },
+            Some(StopCause::TimedOut(after)) => JobOutcome::TimedOut { after },
+            Some(StopCause::Signal(signal)) => JobOutcome::Interrupted { signal },
+            None if !self.race_ranks.is_empty() => JobOutcome::RaceReported {
+                ranks: self.race_ranks,
+                exit_code: race_exit_code
+                    .and_then(|c| u8::try_from(c).ok())
+                    .unwrap_or(exit_codes::RACES_FOUND),
+            },
+            None => JobOutcome::Success,
+        }
+    }
+}
+
+/// What a step of `supervise`'s loop decided about the current pass.
+enum Pass {
+    /// Go on with this pass.
+    Proceed,
+    /// Start the next pass at once (its checks must see what just changed).
+    Again,
+    /// Stop supervising.
+    End,
+}
+
 impl Job {
     fn new(config: &LaunchConfig, rx: Receiver<Event>) -> Job {
         Job {
@@ -1422,6 +1516,26 @@ impl Job {
         Ok(())
     }
 
+    /// Adopts a rank's freshly spawned agent, keeping its stdin for the order.
+    fn adopt_agent(
+        &mut self,
+        rank: usize,
+        mut child: Child,
+        tx: &Sender<Event>,
+        host: &str,
+        order: AgentOrder,
+    ) -> Result<(), LaunchError> {
+        let stdin = child.stdin.take();
+        self.adopt(rank, child, tx)?;
+        self.ranks[rank].host = Some(host.to_owned());
+        self.ranks[rank].agent = Some(AgentLink {
+            stdin,
+            order: Some(order),
+            ready: false,
+        });
+        Ok(())
+    }
+
     /// The first rank whose agent has not reported it started.
     fn not_started(&self) -> Option<usize> {
         self.ranks
@@ -1510,389 +1624,434 @@ impl Job {
     }
 
     fn supervise(&mut self, timeout: Option<Duration>) -> JobOutcome {
-        let deadline = timeout.map(|t| self.started + t);
-        let mut stopping: Option<Stopping> = None;
-        let mut race_ranks = Vec::new();
-        // The first rank that exited because it lost a peer, and until when to wait for
-        // the rank that actually failed.
-        let mut collateral: Option<Collateral> = None;
-        // A rank that exited with the race exit code while others still ran, and when to
-        // say that dsmrun waits for them: only if they are still running by then (they
-        // normally finish at once, and a note as the last line made the job look stuck).
-        let mut race_exit: Option<(Instant, usize, i32)> = None;
-        // Exits reaped and with their output read, in the order they became ready.
-        let mut ready: VecDeque<(usize, RankStatus)> = VecDeque::new();
+        let mut sv = Supervision::new(timeout.map(|t| self.started + t), timeout);
         while self.running() > 0
-            || stopping.is_none()
-                && (collateral.is_some() || !ready.is_empty() || self.unjudged().is_some())
+            || sv.stopping.is_none()
+                && (sv.collateral.is_some() || !sv.ready.is_empty() || self.unjudged().is_some())
         {
             let now = Instant::now();
-            if let Some((_, rank, code)) = race_exit.take_if(|(at, ..)| now >= *at) {
-                let others = self.running();
-                if others > 0 && stopping.is_none() {
-                    note(format_args!(
-                        "rank {rank} exited with the race exit code {code} ({}); still waiting for the other {}",
-                        if self.checking { "data races or --check findings reported" } else { "data race found" },
-                        plural(others, "rank", &format!("{others} ranks"))
-                    ));
-                }
-            }
-            // An exit whose output is held open past OUTPUT_WAIT is judged without it.
-            for (rank, r) in self.ranks.iter_mut().enumerate() {
-                if let Some((status, _)) = r.unjudged.filter(|&(_, at)| now >= at) {
-                    r.unjudged = None;
-                    ready.push_back((rank, status));
-                }
-            }
-            if stopping.is_none() && ready.is_empty() {
-                if let Some(c) = &mut collateral {
-                    let (rank, status) = (c.rank, c.status);
-                    // Follow the chain of peer-lost exits from the first one to the rank
-                    // that actually failed, whatever order their exits arrived in.
-                    let root = self.lost_root(rank);
-                    let root_pending = root != rank && self.ranks[root].unjudged.is_some();
-                    let root_status = self.ranks[root].status;
-                    let root_running = root != rank && root_status.is_none();
-                    let extended = c.since + LOST_PEER_WAIT;
-                    if root_running && now >= c.until && now < extended {
-                        // The lost rank's exit is on its way: wait for it a little longer.
-                        c.until = extended;
-                    }
-                    let all_in = self.running() == 0 && self.unjudged().is_none();
-                    if !root_pending && (now >= c.until || all_in) {
-                        collateral = None;
-                        let others = self.running();
-                        // A rank that exited 0 while its peers still needed it left the job
-                        // early (e.g. returned from main before finish()): that is the
-                        // cause, not the rank that noticed.
-                        let left_early = if root_status == Some(RankStatus::Exited(0)) {
-                            Some(root)
-                        } else {
-                            self.ranks
-                                .iter()
-                                .position(|r| r.status == Some(RankStatus::Exited(0)))
-                        };
-                        let cause = match left_early {
-                            Some(early) => {
-                                note(format_args!(
-                                    "rank {early} exited with status 0 while the other ranks still needed it (did it end before finish()?); rank {rank} then lost it and {status}{}",
-                                    stopping_the_others(others)
-                                ));
-                                StopCause::RankFailed {
-                                    rank: early,
-                                    status: RankStatus::Exited(0),
-                                }
-                            }
-                            None if root_running => {
-                                // Still running although its peers lost it: the rank at
-                                // fault, whatever it is doing.
-                                let who = self.who(root);
-                                note(format_args!(
-                                    "rank {rank} {status} after losing {who}, which is still running{}",
-                                    stopping_the_others(others)
-                                ));
-                                StopCause::RankFailed { rank, status }
-                            }
-                            None => {
-                                note(format_args!(
-                                    "rank {rank} {status} after losing a peer, and no other failure was seen{}",
-                                    stopping_the_others(others)
-                                ));
-                                StopCause::RankFailed { rank, status }
-                            }
-                        };
-                        stopping = Some(self.begin_stop(cause, Signal::SIGTERM, TERM_GRACE));
-                        continue;
-                    }
-                }
+            self.note_race_exit_wait(&mut sv, now);
+            self.judge_overdue_exits(&mut sv.ready, now);
+            if sv.stopping.is_none() && sv.ready.is_empty() && self.judge_collateral(&mut sv, now) {
+                continue;
             }
             // Deadlines are checked on every pass, not only on recv timeouts,
             // so a steady stream of events can never postpone them.
-            match &mut stopping {
-                None => {
-                    if let Some(rank) = self
-                        .start_deadline
-                        .filter(|d| now >= *d)
-                        .and_then(|_| self.not_started())
-                    {
-                        let host = self.ranks[rank].host.clone().unwrap_or_default();
-                        note(format_args!(
-                            "rank {rank}: host {host} did not start it within the connect timeout ({} s) through '{}': is the host reachable, and dsmrun-agent installed there at the same path? Stopping the job",
-                            format_secs(self.start_deadline.map_or(Duration::ZERO, |d| d - self.started)),
-                            self.launch_agent,
-                        ));
-                        stopping = Some(self.begin_stop(
-                            StopCause::NotStarted { rank, host },
-                            Signal::SIGTERM,
-                            TERM_GRACE,
-                        ));
-                        continue;
-                    }
-                    if let (Some(deadline), Some(timeout)) = (deadline, timeout) {
-                        if now >= deadline {
-                            note(format_args!(
-                                "job timed out after {} s; stopping all ranks",
-                                format_secs(timeout)
-                            ));
-                            stopping = Some(self.begin_stop(
-                                StopCause::TimedOut(timeout),
-                                Signal::SIGTERM,
-                                TERM_GRACE,
-                            ));
-                            continue;
-                        }
-                    }
-                }
-                Some(stop) => {
-                    if stop.kill_at.is_some_and(|at| now >= at) {
-                        let left = self.running();
-                        note(format_args!(
-                            "{left} {} still running {} s after {}; sending SIGKILL",
-                            plural(left, "rank", "ranks"),
-                            format_secs(stop.grace),
-                            stop.first_signal.as_str(),
-                        ));
-                        self.kill_now(stop, now);
-                        continue;
-                    }
-                    if stop.give_up_at.is_some_and(|at| now >= at) {
-                        let stuck: Vec<String> = self
-                            .ranks
-                            .iter()
-                            .enumerate()
-                            .filter(|(_, r)| r.status.is_none())
-                            .map(|(rank, _)| rank.to_string())
-                            .collect();
-                        note(format_args!(
-                            "rank(s) {} did not exit even after SIGKILL; giving up on them",
-                            stuck.join(", ")
-                        ));
-                        break;
-                    }
-                }
+            match self.check_deadlines(&mut sv, now) {
+                Pass::Proceed => {}
+                Pass::Again => continue,
+                Pass::End => break,
             }
-            let start_wake = self.start_deadline.filter(|_| self.not_started().is_some());
-            let wake = match &stopping {
-                None => [
-                    deadline,
-                    collateral.as_ref().map(|c| c.until),
-                    race_exit.as_ref().map(|r| r.0),
-                    start_wake,
-                    self.unjudged(),
-                ]
-                .into_iter()
-                .flatten()
-                .min(),
-                Some(stop) => stop.kill_at.or(stop.give_up_at),
+            let event = match self.next_event(&mut sv, now) {
+                Ok(event) => event,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => break,
             };
-            let event = match (ready.pop_front(), wake) {
-                (Some((rank, status)), _) => Event::ExitReady { rank, status },
-                (None, Some(at)) => match self.rx.recv_timeout(at.saturating_duration_since(now)) {
-                    Ok(event) => event,
-                    Err(RecvTimeoutError::Timeout) => continue,
-                    Err(RecvTimeoutError::Disconnected) => break,
-                },
-                (None, None) => match self.rx.recv() {
-                    Ok(event) => event,
-                    Err(_) => break,
-                },
-            };
-            match event {
-                Event::AgentReady { rank, coord } => {
-                    if let Some(link) = self.ranks[rank].agent.as_mut() {
-                        link.ready = true;
-                    }
-                    if rank == 0 {
-                        debug!(?coord, elapsed = ?self.started.elapsed(), "rank 0's agent is listening");
-                        for other in 1..self.ranks.len() {
-                            self.send_order(other, coord);
-                        }
-                    }
-                }
-                Event::Exited { rank, status } => {
-                    self.handle_exit(rank, status);
-                    // Judged once everything the rank printed has been read.
-                    if self.ranks[rank].open_streams == 0 {
-                        ready.push_back((rank, status));
-                    } else {
-                        self.ranks[rank].unjudged = Some((status, now + OUTPUT_WAIT));
-                    }
-                }
-                Event::ExitReady { rank, status } => {
-                    let never_started = self.ranks[rank].agent.as_ref().is_some_and(|a| !a.ready);
-                    if never_started && stopping.is_none() {
-                        let host = self.ranks[rank].host.clone().unwrap_or_default();
-                        note(format_args!(
-                            "rank {rank}: cannot start it on host {host}: '{}' {status} before the rank started (its message, if any, is above){}",
-                            self.launch_agent,
-                            stopping_the_others(self.running())
-                        ));
-                        stopping = Some(self.begin_stop(
-                            StopCause::NotStarted { rank, host },
-                            Signal::SIGTERM,
-                            TERM_GRACE,
-                        ));
-                        continue;
-                    }
-                    if stopping.is_some() || status.is_success() {
-                        // Exits after we started stopping the job are
-                        // consequences of that, not new failures.
-                        continue;
-                    }
-                    if status == RankStatus::Exited(exit_codes::PEER_LOST) {
-                        if collateral.is_none() {
-                            let wait = if self.agents {
-                                COLLATERAL_WAIT_ACROSS_HOSTS
-                            } else {
-                                COLLATERAL_WAIT
-                            };
-                            collateral = Some(Collateral {
-                                rank,
-                                status,
-                                since: now,
-                                until: now + wait,
-                            });
-                        }
-                        continue;
-                    }
-                    collateral = None;
-                    let others = self.running();
-                    if let RankStatus::Exited(code) = status {
-                        if Some(code) == self.race_exit_code {
-                            race_ranks.push(rank);
-                            if others > 0 && race_exit.is_none() {
-                                race_exit = Some((now + RACE_EXIT_NOTE_AFTER, rank, code));
-                            }
-                            continue;
-                        }
-                        if self.replaying && code == i32::from(exit_codes::REPLAY_DIVERGED) {
-                            note(format_args!(
-                                "replay diverged from the record (rank {rank} exited with status {code}){}",
-                                stopping_the_others(others)
-                            ));
-                            stopping = Some(self.begin_stop(
-                                StopCause::ReplayDiverged { rank },
-                                Signal::SIGTERM,
-                                TERM_GRACE,
-                            ));
-                            continue;
-                        }
-                        if self.compare && code == i32::from(exit_codes::VALUES_DIFFER) {
-                            note(format_args!(
-                                "values differ from the reference trace (rank 0 printed where; every rank exits with status {code}){}",
-                                stopping_the_others(others)
-                            ));
-                            stopping = Some(self.begin_stop(
-                                StopCause::ValuesDiffer { rank },
-                                Signal::SIGTERM,
-                                TERM_GRACE,
-                            ));
-                            continue;
-                        }
-                    }
-                    let who = self.who(rank);
-                    if others > 0 {
-                        note(format_args!(
-                            "{who} {status}; stopping the other {}",
-                            plural(others, "rank", &format!("{others} ranks"))
-                        ));
-                    } else {
-                        note(format_args!("{who} {status}"));
-                    }
-                    stopping = Some(self.begin_stop(
-                        StopCause::RankFailed { rank, status },
-                        Signal::SIGTERM,
-                        TERM_GRACE,
-                    ));
-                }
-                Event::StreamClosed { rank } => {
-                    let r = &mut self.ranks[rank];
-                    r.open_streams -= 1;
-                    if r.open_streams == 0 {
-                        if let Some((status, _)) = r.unjudged.take() {
-                            ready.push_back((rank, status));
-                        }
-                    }
-                }
-                Event::Lost(loss) => {
-                    if let Some(r) = self.ranks.get_mut(loss.reporter) {
-                        r.lost.get_or_insert(loss.lost);
-                    }
-                }
-                Event::Silent(silence) => {
-                    if let Some(r) = self.ranks.get_mut(silence.reporter) {
-                        r.lost.get_or_insert(silence.silent);
-                    }
-                    let rank = silence.silent;
-                    // A rank that has exited is not silent: its own exit tells the story.
-                    if stopping.is_some() || self.ranks.get(rank).is_none_or(|r| r.status.is_some())
-                    {
-                        continue;
-                    }
-                    // This is the root cause the peer-lost exits were waiting for.
-                    collateral = None;
-                    note(format_args!(
-                        "{} has sent nothing to rank {} for {} s (liveness deadline {} s): it is stopped, wedged or unreachable; killing it and stopping the job",
-                        self.who(rank),
-                        silence.reporter,
-                        format_secs(silence.after),
-                        format_secs(silence.deadline),
-                    ));
-                    // SIGKILL, because a stopped process acts on nothing else.
-                    self.signal_rank(rank, Signal::SIGKILL);
-                    stopping = Some(self.begin_stop(
-                        StopCause::RankSilent(silence),
-                        Signal::SIGTERM,
-                        TERM_GRACE,
-                    ));
-                }
-                Event::Signal(raw) => {
-                    let signal = Signal::try_from(raw).unwrap_or(Signal::SIGTERM);
-                    match &mut stopping {
-                        None => {
-                            let left = self.running();
-                            note(format_args!(
-                                "received {}; stopping all {left} running {}",
-                                signal.as_str(),
-                                plural(left, "rank", "ranks")
-                            ));
-                            stopping = Some(self.begin_stop(
-                                StopCause::Signal(raw),
-                                signal,
-                                INTERRUPT_GRACE,
-                            ));
-                        }
-                        // A second Ctrl-C means the user does not want to wait
-                        // out the grace period.
-                        Some(stop) if stop.kill_at.is_some() => {
-                            note(format_args!(
-                                "received {} again; killing the remaining ranks now",
-                                signal.as_str()
-                            ));
-                            self.kill_now(stop, now);
-                        }
-                        Some(_) => {}
-                    }
-                }
-            }
+            self.handle_event(&mut sv, event, now);
         }
         self.drain_output();
-        match stopping.map(|stop| stop.cause) {
-            Some(StopCause::RankFailed { rank, status }) => JobOutcome::RankFailed { rank, status },
-            Some(StopCause::RankSilent(silence)) => JobOutcome::RankSilent(silence),
-            Some(StopCause::NotStarted { rank, host }) => JobOutcome::NotStarted { rank, host },
-            Some(StopCause::ValuesDiffer { rank }) => JobOutcome::ValuesDiffer { rank },
-            Some(StopCause::ReplayDiverged { rank }) => JobOutcome::ReplayDiverged { rank },
-            Some(StopCause::TimedOut(after)) => JobOutcome::TimedOut { after },
-            Some(StopCause::Signal(signal)) => JobOutcome::Interrupted { signal },
-            None if !race_ranks.is_empty() => JobOutcome::RaceReported {
-                ranks: race_ranks,
-                exit_code: self
-                    .race_exit_code
-                    .and_then(|c| u8::try_from(c).ok())
-                    .unwrap_or(exit_codes::RACES_FOUND),
+        sv.outcome(self.race_exit_code)
+    }
+
+    /// Says that dsmrun waits for the other ranks after a race exit, once the note is due.
+    fn note_race_exit_wait(&self, sv: &mut Supervision, now: Instant) {
+        if let Some((_, rank, code)) = sv.race_exit.take_if(|(at, ..)| now >= *at) {
+            let others = self.running();
+            if others > 0 && sv.stopping.is_none() {
+                note(format_args!(
+                    "rank {rank} exited with the race exit code {code} ({}); still waiting for the other {}",
+                    if self.checking { "data races or --check findings reported" } else { "data race found" },
+                    plural(others, "rank", &format!("{others} ranks"))
+                ));
+            }
+        }
+    }
+
+    /// An exit whose output is held open past OUTPUT_WAIT is judged without it.
+    fn judge_overdue_exits(&mut self, ready: &mut VecDeque<(usize, RankStatus)>, now: Instant) {
+        for (rank, r) in self.ranks.iter_mut().enumerate() {
+            if let Some((status, _)) = r.unjudged.filter(|&(_, at)| now >= at) {
+                r.unjudged = None;
+                ready.push_back((rank, status));
+            }
+        }
+    }
+
+    /// Judges a pending peer-lost exit once the rank that actually failed has had its
+    /// chance to exit; true if that stopped the job.
+    fn judge_collateral(&self, sv: &mut Supervision, now: Instant) -> bool {
+        let Some(c) = &mut sv.collateral else {
+            return false;
+        };
+        let (rank, status) = (c.rank, c.status);
+        // Follow the chain of peer-lost exits from the first one to the rank
+        // that actually failed, whatever order their exits arrived in.
+        let root = self.lost_root(rank);
+        let root_pending = root != rank && self.ranks[root].unjudged.is_some();
+        let root_status = self.ranks[root].status;
+        let root_running = root != rank && root_status.is_none();
+        let extended = c.since + LOST_PEER_WAIT;
+        if root_running && now >= c.until && now < extended {
+            // The lost rank's exit is on its way: wait for it a little longer.
+            c.until = extended;
+        }
+        let all_in = self.running() == 0 && self.unjudged().is_none();
+        if root_pending || !(now >= c.until || all_in) {
+            return false;
+        }
+        sv.collateral = None;
+        let cause = self.collateral_cause(rank, status, root, root_status, root_running);
+        sv.stopping = Some(self.begin_stop(cause, Signal::SIGTERM, TERM_GRACE));
+        true
+    }
+
+    /// Why the job stops after `rank` exited because it lost a peer, `root` being the end
+    /// of its chain of peer losses; says so.
+    fn collateral_cause(
+        &self,
+        rank: usize,
+        status: RankStatus,
+        root: usize,
+        root_status: Option<RankStatus>,
+        root_running: bool,
+    ) -> StopCause {
+        let others = self.running();
+        // A rank that exited 0 while its peers still needed it left the job
+        // early (e.g. returned from main before finish()): that is the
+        // cause, not the rank that noticed.
+        let left_early = if root_status == Some(RankStatus::Exited(0)) {
+            Some(root)
+        } else {
+            self.ranks
+                .iter()
+                .position(|r| r.status == Some(RankStatus::Exited(0)))
+        };
+        match left_early {
+            Some(early) => {
+                note(format_args!(
+                    "rank {early} exited with status 0 while the other ranks still needed it (did it end before finish()?); rank {rank} then lost it and {status}{}",
+                    stopping_the_others(others)
+                ));
+                StopCause::RankFailed {
+                    rank: early,
+                    status: RankStatus::Exited(0),
+                }
+            }
+            None if root_running => {
+                // Still running although its peers lost it: the rank at
+                // fault, whatever it is doing.
+                let who = self.who(root);
+                note(format_args!(
+                    "rank {rank} {status} after losing {who}, which is still running{}",
+                    stopping_the_others(others)
+                ));
+                StopCause::RankFailed { rank, status }
+            }
+            None => {
+                note(format_args!(
+                    "rank {rank} {status} after losing a peer, and no other failure was seen{}",
+                    stopping_the_others(others)
+                ));
+                StopCause::RankFailed { rank, status }
+            }
+        }
+    }
+
+    /// Starts stopping the job when a deadline has passed, and escalates a stop under way.
+    fn check_deadlines(&self, sv: &mut Supervision, now: Instant) -> Pass {
+        match &mut sv.stopping {
+            None => match self.missed_deadline(sv.deadline, sv.timeout, now) {
+                Some(stop) => {
+                    sv.stopping = Some(stop);
+                    Pass::Again
+                }
+                None => Pass::Proceed,
             },
-            None => JobOutcome::Success,
+            Some(stop) => self.escalate_stop(stop, now),
+        }
+    }
+
+    /// Begins the stop when a rank's host missed the start deadline or the job its timeout.
+    fn missed_deadline(
+        &self,
+        deadline: Option<Instant>,
+        timeout: Option<Duration>,
+        now: Instant,
+    ) -> Option<Stopping> {
+        if let Some(rank) = self
+            .start_deadline
+            .filter(|d| now >= *d)
+            .and_then(|_| self.not_started())
+        {
+            let host = self.ranks[rank].host.clone().unwrap_or_default();
+            note(format_args!(
+                "rank {rank}: host {host} did not start it within the connect timeout ({} s) through '{}': is the host reachable, and dsmrun-agent installed there at the same path? Stopping the job",
+                format_secs(self.start_deadline.map_or(Duration::ZERO, |d| d - self.started)),
+                self.launch_agent,
+            ));
+            return Some(self.begin_stop(
+                StopCause::NotStarted { rank, host },
+                Signal::SIGTERM,
+                TERM_GRACE,
+            ));
+        }
+        if let (Some(deadline), Some(timeout)) = (deadline, timeout) {
+            if now >= deadline {
+                note(format_args!(
+                    "job timed out after {} s; stopping all ranks",
+                    format_secs(timeout)
+                ));
+                return Some(self.begin_stop(
+                    StopCause::TimedOut(timeout),
+                    Signal::SIGTERM,
+                    TERM_GRACE,
+                ));
+            }
+        }
+        None
+    }
+
+    /// SIGKILL once the grace is over, and give up on ranks that outlive even that.
+    fn escalate_stop(&self, stop: &mut Stopping, now: Instant) -> Pass {
+        if stop.kill_at.is_some_and(|at| now >= at) {
+            let left = self.running();
+            note(format_args!(
+                "{left} {} still running {} s after {}; sending SIGKILL",
+                plural(left, "rank", "ranks"),
+                format_secs(stop.grace),
+                stop.first_signal.as_str(),
+            ));
+            self.kill_now(stop, now);
+            return Pass::Again;
+        }
+        if stop.give_up_at.is_some_and(|at| now >= at) {
+            let stuck: Vec<String> = self
+                .ranks
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.status.is_none())
+                .map(|(rank, _)| rank.to_string())
+                .collect();
+            note(format_args!(
+                "rank(s) {} did not exit even after SIGKILL; giving up on them",
+                stuck.join(", ")
+            ));
+            return Pass::End;
+        }
+        Pass::Proceed
+    }
+
+    /// The next exit ready to be judged, or else the next event, waiting at most until the
+    /// earliest instant something is due.
+    fn next_event(&self, sv: &mut Supervision, now: Instant) -> Result<Event, RecvTimeoutError> {
+        let start_wake = self.start_deadline.filter(|_| self.not_started().is_some());
+        let wake = match &sv.stopping {
+            None => [
+                sv.deadline,
+                sv.collateral.as_ref().map(|c| c.until),
+                sv.race_exit.as_ref().map(|r| r.0),
+                start_wake,
+                self.unjudged(),
+            ]
+            .into_iter()
+            .flatten()
+            .min(),
+            Some(stop) => stop.kill_at.or(stop.give_up_at),
+        };
+        match (sv.ready.pop_front(), wake) {
+            (Some((rank, status)), _) => Ok(Event::ExitReady { rank, status }),
+            (None, Some(at)) => self.rx.recv_timeout(at.saturating_duration_since(now)),
+            (None, None) => self.rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        }
+    }
+
+    fn handle_event(&mut self, sv: &mut Supervision, event: Event, now: Instant) {
+        match event {
+            Event::AgentReady { rank, coord } => {
+                if let Some(link) = self.ranks[rank].agent.as_mut() {
+                    link.ready = true;
+                }
+                if rank == 0 {
+                    debug!(?coord, elapsed = ?self.started.elapsed(), "rank 0's agent is listening");
+                    for other in 1..self.ranks.len() {
+                        self.send_order(other, coord);
+                    }
+                }
+            }
+            Event::Exited { rank, status } => {
+                self.handle_exit(rank, status);
+                // Judged once everything the rank printed has been read.
+                if self.ranks[rank].open_streams == 0 {
+                    sv.ready.push_back((rank, status));
+                } else {
+                    self.ranks[rank].unjudged = Some((status, now + OUTPUT_WAIT));
+                }
+            }
+            Event::ExitReady { rank, status } => self.judge_exit(sv, rank, status, now),
+            Event::StreamClosed { rank } => {
+                let r = &mut self.ranks[rank];
+                r.open_streams -= 1;
+                if r.open_streams == 0 {
+                    if let Some((status, _)) = r.unjudged.take() {
+                        sv.ready.push_back((rank, status));
+                    }
+                }
+            }
+            Event::Lost(loss) => {
+                if let Some(r) = self.ranks.get_mut(loss.reporter) {
+                    r.lost.get_or_insert(loss.lost);
+                }
+            }
+            Event::Silent(silence) => self.handle_silence(sv, silence),
+            Event::Signal(raw) => self.handle_signal(sv, raw, now),
+        }
+    }
+
+    /// Judges a rank's exit once its output has been read (or waited for long enough).
+    fn judge_exit(&self, sv: &mut Supervision, rank: usize, status: RankStatus, now: Instant) {
+        let never_started = self.ranks[rank].agent.as_ref().is_some_and(|a| !a.ready);
+        if never_started && sv.stopping.is_none() {
+            let host = self.ranks[rank].host.clone().unwrap_or_default();
+            note(format_args!(
+                "rank {rank}: cannot start it on host {host}: '{}' {status} before the rank started (its message, if any, is above){}",
+                self.launch_agent,
+                stopping_the_others(self.running())
+            ));
+            sv.stopping = Some(self.begin_stop(
+                StopCause::NotStarted { rank, host },
+                Signal::SIGTERM,
+                TERM_GRACE,
+            ));
+            return;
+        }
+        if sv.stopping.is_some() || status.is_success() {
+            // Exits after we started stopping the job are
+            // consequences of that, not new failures.
+            return;
+        }
+        if status == RankStatus::Exited(exit_codes::PEER_LOST) {
+            if sv.collateral.is_none() {
+                let wait = if self.agents {
+                    COLLATERAL_WAIT_ACROSS_HOSTS
+                } else {
+                    COLLATERAL_WAIT
+                };
+                sv.collateral = Some(Collateral {
+                    rank,
+                    status,
+                    since: now,
+                    until: now + wait,
+                });
+            }
+            return;
+        }
+        sv.collateral = None;
+        let others = self.running();
+        if let RankStatus::Exited(code) = status {
+            if Some(code) == self.race_exit_code {
+                sv.race_ranks.push(rank);
+                if others > 0 && sv.race_exit.is_none() {
+                    sv.race_exit = Some((now + RACE_EXIT_NOTE_AFTER, rank, code));
+                }
+                return;
+            }
+            if let Some(stop) = self.stop_for_outcome_code(rank, code, others) {
+                sv.stopping = Some(stop);
+                return;
+            }
+        }
+        let who = self.who(rank);
+        if others > 0 {
+            note(format_args!(
+                "{who} {status}; stopping the other {}",
+                plural(others, "rank", &format!("{others} ranks"))
+            ));
+        } else {
+            note(format_args!("{who} {status}"));
+        }
+        sv.stopping = Some(self.begin_stop(
+            StopCause::RankFailed { rank, status },
+            Signal::SIGTERM,
+            TERM_GRACE,
+        ));
+    }
+
+    /// Begins the stop for an exit status that is an outcome of the job's mode (a replay
+    /// that diverged, values that differ from the reference) rather than a crash.
+    fn stop_for_outcome_code(&self, rank: usize, code: i32, others: usize) -> Option<Stopping> {
+        if self.replaying && code == i32::from(exit_codes::REPLAY_DIVERGED) {
+            note(format_args!(
+                "replay diverged from the record (rank {rank} exited with status {code}){}",
+                stopping_the_others(others)
+            ));
+            return Some(self.begin_stop(
+                StopCause::ReplayDiverged { rank },
+                Signal::SIGTERM,
+                TERM_GRACE,
+            ));
+        }
+        if self.compare && code == i32::from(exit_codes::VALUES_DIFFER) {
+            note(format_args!(
+                "values differ from the reference trace (rank 0 printed where; every rank exits with status {code}){}",
+                stopping_the_others(others)
+            ));
+            return Some(self.begin_stop(
+                StopCause::ValuesDiffer { rank },
+                Signal::SIGTERM,
+                TERM_GRACE,
+            ));
+        }
+        None
+    }
+
+    /// A rank reported a peer silent past the liveness deadline.
+    fn handle_silence(&mut self, sv: &mut Supervision, silence: Silence) {
+        if let Some(r) = self.ranks.get_mut(silence.reporter) {
+            r.lost.get_or_insert(silence.silent);
+        }
+        let rank = silence.silent;
+        // A rank that has exited is not silent: its own exit tells the story.
+        if sv.stopping.is_some() || self.ranks.get(rank).is_none_or(|r| r.status.is_some()) {
+            return;
+        }
+        // This is the root cause the peer-lost exits were waiting for.
+        sv.collateral = None;
+        note(format_args!(
+            "{} has sent nothing to rank {} for {} s (liveness deadline {} s): it is stopped, wedged or unreachable; killing it and stopping the job",
+            self.who(rank),
+            silence.reporter,
+            format_secs(silence.after),
+            format_secs(silence.deadline),
+        ));
+        // SIGKILL, because a stopped process acts on nothing else.
+        self.signal_rank(rank, Signal::SIGKILL);
+        sv.stopping =
+            Some(self.begin_stop(StopCause::RankSilent(silence), Signal::SIGTERM, TERM_GRACE));
+    }
+
+    fn handle_signal(&self, sv: &mut Supervision, raw: i32, now: Instant) {
+        let signal = Signal::try_from(raw).unwrap_or(Signal::SIGTERM);
+        match &mut sv.stopping {
+            None => {
+                let left = self.running();
+                note(format_args!(
+                    "received {}; stopping all {left} running {}",
+                    signal.as_str(),
+                    plural(left, "rank", "ranks")
+                ));
+                sv.stopping =
+                    Some(self.begin_stop(StopCause::Signal(raw), signal, INTERRUPT_GRACE));
+            }
+            // A second Ctrl-C means the user does not want to wait
+            // out the grace period.
+            Some(stop) if stop.kill_at.is_some() => {
+                note(format_args!(
+                    "received {} again; killing the remaining ranks now",
+                    signal.as_str()
+                ));
+                self.kill_now(stop, now);
+            }
+            Some(_) => {}
         }
     }
 

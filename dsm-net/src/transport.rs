@@ -1478,6 +1478,127 @@ impl Outbox {
     }
 }
 
+/// What the reader and writer tasks of every peer share, as [`Transport::start`] hands it
+/// to them.
+struct PeerTasks {
+    handler: Handler,
+    traffic: Arc<Traffic>,
+    hearing: Arc<[Hearing]>,
+    after_ring_frames: AfterRingFrames,
+    after_socket_frames: AfterRingFrames,
+}
+
+impl PeerTasks {
+    /// Starts the tasks of a co-located peer's link: a reader of its ring and a writer
+    /// into ours; returns the writer.
+    fn spawn_ring(
+        &self,
+        peer: usize,
+        ends: RingEnds,
+        link: Arc<Link>,
+        space_bell: AsyncFd<OwnedFd>,
+        write_half: OwnedWriteHalf,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::task::spawn_local(read_ring(
+            peer,
+            ends,
+            self.handler.clone(),
+            self.traffic.clone(),
+            self.hearing.clone(),
+            self.after_ring_frames.clone(),
+        ));
+        let h = self.handler.clone();
+        tokio::task::spawn_local(async move {
+            if let Err(e) = fill_ring(link, space_bell, write_half).await {
+                h(peer, PeerEvent::Failed(WireError::Io(e)));
+            }
+        })
+    }
+
+    /// Starts the tasks of a peer's link over its socket: a reader and a writer; returns
+    /// the writer.
+    fn spawn_socket(
+        &self,
+        peer: usize,
+        link: Arc<Link>,
+        read_half: OwnedReadHalf,
+        write_half: OwnedWriteHalf,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::task::spawn_local(read_socket(
+            peer,
+            read_half,
+            link.clone(),
+            self.handler.clone(),
+            self.traffic.clone(),
+            self.hearing.clone(),
+            self.after_socket_frames.clone(),
+        ));
+        let h = self.handler.clone();
+        tokio::task::spawn_local(async move {
+            if let Err(e) = drain_link(link, write_half).await {
+                h(peer, PeerEvent::Failed(WireError::Io(e)));
+            }
+        })
+    }
+}
+
+/// Both directions of a co-located peer's shared-memory link, set up by
+/// [`Transport::start`]: the page lane the peer publishes into, the inbox of its frames,
+/// and the bells the link's reader and writer tasks wait on.
+struct RingSetup {
+    lane: LaneEnd,
+    inbox: Arc<Mutex<RingInbox>>,
+    data_bell: AsyncFd<OwnedFd>,
+    space_bell: AsyncFd<OwnedFd>,
+}
+
+impl RingSetup {
+    /// Sets up `l`, the link to `peer`: `queue` sends into the ring from its current
+    /// position, which `sent` mirrors.
+    fn new(
+        peer: usize,
+        l: ShmLink,
+        queue: &mut LinkQueue,
+        sent: &Arc<AtomicU64>,
+    ) -> io::Result<RingSetup> {
+        let receive = l.receive();
+        let writer = RingWriter::new(l.region.clone(), l.send);
+        (queue.accepted, queue.significant) = (writer.position(), writer.position());
+        sent.store(writer.position(), Ordering::Relaxed);
+        let peer_bell = Arc::new(l.peer_data_bell.try_clone()?);
+        queue.ring = Some(RingSink {
+            writer,
+            peer_data_bell: l.peer_data_bell,
+        });
+        let reader = RingReader::new(l.region.clone(), receive);
+        let delivered = Arc::new(AtomicU64::new(reader.position()));
+        let lane = LaneEnd {
+            peer,
+            region: l.region.clone(),
+            dir: receive,
+            delivered: delivered.clone(),
+            to_peer: l.send,
+            sent: sent.clone(),
+            peer_bell,
+            own_bell: Arc::new(l.our_data_bell.try_clone()?),
+        };
+        let inbox = Arc::new(Mutex::new(RingInbox {
+            reader,
+            buf: Vec::new(),
+            peer_space_bell: l.peer_space_bell,
+            own_data_bell: l.our_data_bell.try_clone()?,
+            failure: None,
+            delivered,
+        }));
+        Ok(RingSetup {
+            lane,
+            inbox,
+            data_bell: register_bell(l.our_data_bell)?,
+            space_bell: register_bell(l.our_space_bell)?,
+        })
+    }
+}
+
 /// The running transport of one node: a reader and a writer task per peer on the current
 /// `LocalSet`, and the [`Outbox`] through which any thread sends.
 pub struct Transport {
@@ -1512,17 +1633,20 @@ impl Transport {
         handler: Handler,
         liveness: Option<Duration>,
     ) -> std::io::Result<Transport> {
-        let traffic = Arc::new(Traffic::default());
         let mut shm_peers = Vec::new();
         let mut inboxes = Vec::new();
         let mut lanes = Vec::new();
         let mut outboxes = Vec::with_capacity(mesh.size);
         let mut writers = Vec::new();
         let started = Instant::now();
-        let hearing: Arc<[Hearing]> = (0..mesh.size).map(|_| Hearing::new(started)).collect();
+        let tasks = PeerTasks {
+            handler,
+            traffic: Arc::new(Traffic::default()),
+            hearing: (0..mesh.size).map(|_| Hearing::new(started)).collect(),
+            after_ring_frames: AfterRingFrames::default(),
+            after_socket_frames: AfterRingFrames::default(),
+        };
         let mut shm = mesh.shm;
-        let after_ring_frames = AfterRingFrames::default();
-        let after_socket_frames = AfterRingFrames::default();
         for (peer, stream) in mesh.streams.into_iter().enumerate() {
             let Some(stream) = stream else {
                 outboxes.push(None);
@@ -1534,41 +1658,10 @@ impl Transport {
             let mut ring_ends = None;
             let sent = Arc::new(AtomicU64::new(0));
             if let Some(l) = shm_link {
-                let receive = l.receive();
-                let writer = RingWriter::new(l.region.clone(), l.send);
-                (queue.accepted, queue.significant) = (writer.position(), writer.position());
-                sent.store(writer.position(), Ordering::Relaxed);
-                let peer_bell = Arc::new(l.peer_data_bell.try_clone()?);
-                queue.ring = Some(RingSink {
-                    writer,
-                    peer_data_bell: l.peer_data_bell,
-                });
-                let reader = RingReader::new(l.region.clone(), receive);
-                let delivered = Arc::new(AtomicU64::new(reader.position()));
-                lanes.push(LaneEnd {
-                    peer,
-                    region: l.region.clone(),
-                    dir: receive,
-                    delivered: delivered.clone(),
-                    to_peer: l.send,
-                    sent: sent.clone(),
-                    peer_bell,
-                    own_bell: Arc::new(l.our_data_bell.try_clone()?),
-                });
-                let inbox = Arc::new(Mutex::new(RingInbox {
-                    reader,
-                    buf: Vec::new(),
-                    peer_space_bell: l.peer_space_bell,
-                    own_data_bell: l.our_data_bell.try_clone()?,
-                    failure: None,
-                    delivered,
-                }));
-                inboxes.push((peer, inbox.clone()));
-                ring_ends = Some((
-                    inbox,
-                    register_bell(l.our_data_bell)?,
-                    register_bell(l.our_space_bell)?,
-                ));
+                let ring = RingSetup::new(peer, l, &mut queue, &sent)?;
+                lanes.push(ring.lane);
+                inboxes.push((peer, ring.inbox.clone()));
+                ring_ends = Some((ring.inbox, ring.data_bell, ring.space_bell));
             }
             let link = Arc::new(Link {
                 raw: stream.try_clone()?,
@@ -1582,46 +1675,17 @@ impl Transport {
             outboxes.push(Some(link.clone()));
             let stream = TcpStream::from_std(stream)?;
             let (read_half, write_half) = stream.into_split();
-
             if let Some((inbox, data_bell, space_bell)) = ring_ends {
                 shm_peers.push(peer);
-                tokio::task::spawn_local(read_ring(
-                    peer,
-                    RingEnds {
-                        inbox,
-                        data_bell,
-                        tcp: read_half,
-                    },
-                    handler.clone(),
-                    traffic.clone(),
-                    hearing.clone(),
-                    after_ring_frames.clone(),
-                ));
-                let h = handler.clone();
-                writers.push(tokio::task::spawn_local(async move {
-                    if let Err(e) = fill_ring(link, space_bell, write_half).await {
-                        h(peer, PeerEvent::Failed(WireError::Io(e)));
-                    }
-                }));
-                continue;
+                let ends = RingEnds {
+                    inbox,
+                    data_bell,
+                    tcp: read_half,
+                };
+                writers.push(tasks.spawn_ring(peer, ends, link, space_bell, write_half));
+            } else {
+                writers.push(tasks.spawn_socket(peer, link, read_half, write_half));
             }
-
-            tokio::task::spawn_local(read_socket(
-                peer,
-                read_half,
-                link.clone(),
-                handler.clone(),
-                traffic.clone(),
-                hearing.clone(),
-                after_socket_frames.clone(),
-            ));
-
-            let h = handler.clone();
-            writers.push(tokio::task::spawn_local(async move {
-                if let Err(e) = drain_link(link, write_half).await {
-                    h(peer, PeerEvent::Failed(WireError::Io(e)));
-                }
-            }));
         }
         let tcp_links = outboxes
             .iter()
@@ -1629,6 +1693,13 @@ impl Transport {
             .filter(|(peer, _)| !shm_peers.contains(peer))
             .filter_map(|(peer, link)| Some((peer, link.as_ref()?.clone())))
             .collect();
+        let PeerTasks {
+            handler,
+            traffic,
+            hearing,
+            after_ring_frames,
+            after_socket_frames,
+        } = tasks;
         let outbox = Arc::new(Outbox {
             me: mesh.rank,
             links: outboxes,

@@ -221,8 +221,8 @@ impl Checker {
         vars: &VarTable,
     ) -> Vec<Finding> {
         // Per page: the intervals that read it and those that wrote it.
-        let mut readers: BTreeMap<PageNo, Vec<&IntervalRecord>> = BTreeMap::new();
-        let mut writers: BTreeMap<PageNo, Vec<&IntervalRecord>> = BTreeMap::new();
+        let mut readers: IntervalsByPage = BTreeMap::new();
+        let mut writers: IntervalsByPage = BTreeMap::new();
         for r in intervals {
             let Some(n) = r.race.as_ref() else { continue };
             for page in n.reads.iter() {
@@ -232,22 +232,7 @@ impl Checker {
                 writers.entry(page).or_default().push(r);
             }
         }
-        // (kind, variable first page, node) -> (elements, intervals)
-        type Found = BTreeMap<(FindingKind, PageNo, NodeId), (BTreeSet<usize>, BTreeSet<u32>)>;
-        let mut found: Found = BTreeMap::new();
-        let mut note = |kind, var: &VarInfo, r: &IntervalRecord, page: PageNo, bits: u64, i| {
-            if bits == 0 {
-                return;
-            }
-            let (elements, intervals) = found.entry((kind, var.first_page, r.node)).or_default();
-            intervals.insert(r.index);
-            let mut any = bits;
-            while any != 0 {
-                let g = i * 64 + any.trailing_zeros() as usize;
-                any &= any - 1;
-                elements.insert(element_of(var, page, g));
-            }
-        };
+        let mut found = Found::default();
         let no_writers = Vec::new();
         // Uninitialised reads, then the epoch's writes into `written`.
         let pages: BTreeSet<PageNo> = readers.keys().chain(writers.keys()).copied().collect();
@@ -261,63 +246,90 @@ impl Checker {
             if is_internal(var) {
                 continue;
             }
-            let n = granules_on(var, page);
-            let valid = full_mask(n);
             let ws = writers.get(&page).unwrap_or(&no_writers);
-            let before = self.written.get(&page);
-            // Granules found uninitialised, taken as written afterwards so that each is
-            // reported once, not at every later read.
-            let mut reported = vec![0u64; valid.len()];
-            for r in readers.get(&page).into_iter().flatten() {
-                let reads = bitmaps.get(r, page, AccessKind::Read);
-                for (i, &v) in valid.iter().enumerate() {
-                    let read = word(reads, i) & v;
-                    if read == 0 {
-                        continue;
-                    }
-                    let mut covered = before.map_or(0, |b| word(b, i));
-                    for w in ws {
-                        if covered & read == read {
-                            break;
-                        }
-                        if std::ptr::eq(*w, *r) || w.precedes(r) {
-                            covered |= word(bitmaps.get(w, page, AccessKind::Write), i);
-                        }
-                    }
-                    let uninitialised = read & !covered;
-                    reported[i] |= uninitialised;
-                    note(
-                        FindingKind::UninitialisedRead,
-                        var,
-                        r,
-                        page,
-                        uninitialised,
-                        i,
-                    );
+            let rs = readers.get(&page).map_or(&[][..], Vec::as_slice);
+            self.check_initialised(page, var, rs, ws, bitmaps, &mut found);
+        }
+        self.check_regions(intervals, bitmaps, vars, &mut found);
+        self.findings(epoch, found, intervals, vars)
+    }
+
+    /// Reports the reads of `page` (of `var`) by `readers` that neither an earlier epoch
+    /// nor a write that happens before them initialised, then takes the page's `writers`
+    /// as having written it.
+    fn check_initialised(
+        &mut self,
+        page: PageNo,
+        var: &VarInfo,
+        readers: &[&IntervalRecord],
+        writers: &[&IntervalRecord],
+        bitmaps: &Bitmaps,
+        found: &mut Found,
+    ) {
+        let n = granules_on(var, page);
+        let valid = full_mask(n);
+        let before = self.written.get(&page);
+        // Granules found uninitialised, taken as written afterwards so that each is
+        // reported once, not at every later read.
+        let mut reported = vec![0u64; valid.len()];
+        for r in readers {
+            let reads = bitmaps.get(r, page, AccessKind::Read);
+            for (i, &v) in valid.iter().enumerate() {
+                let read = word(reads, i) & v;
+                if read == 0 {
+                    continue;
                 }
-            }
-            if ws.is_empty() && reported.iter().all(|&w| w == 0) {
-                continue;
-            }
-            let entry = self
-                .written
-                .entry(page)
-                .or_insert_with(|| vec![0; n.div_ceil(64)]);
-            for (e, r) in entry.iter_mut().zip(&reported) {
-                *e |= r;
-            }
-            for w in ws {
-                let bits = bitmaps.get(w, page, AccessKind::Write);
-                for (i, e) in entry.iter_mut().enumerate() {
-                    *e |= word(bits, i);
+                let mut covered = before.map_or(0, |b| word(b, i));
+                for w in writers {
+                    if covered & read == read {
+                        break;
+                    }
+                    if std::ptr::eq(*w, *r) || w.precedes(r) {
+                        covered |= word(bitmaps.get(w, page, AccessKind::Write), i);
+                    }
                 }
-            }
-            if entry.iter().zip(&valid).all(|(e, v)| e & v == *v) {
-                self.written.remove(&page);
-                self.complete.insert(page);
+                let uninitialised = read & !covered;
+                reported[i] |= uninitialised;
+                found.note(
+                    FindingKind::UninitialisedRead,
+                    var,
+                    r,
+                    page,
+                    uninitialised,
+                    i,
+                );
             }
         }
-        // Regions.
+        if writers.is_empty() && reported.iter().all(|&w| w == 0) {
+            return;
+        }
+        let entry = self
+            .written
+            .entry(page)
+            .or_insert_with(|| vec![0; n.div_ceil(64)]);
+        for (e, r) in entry.iter_mut().zip(&reported) {
+            *e |= r;
+        }
+        for w in writers {
+            let bits = bitmaps.get(w, page, AccessKind::Write);
+            for (i, e) in entry.iter_mut().enumerate() {
+                *e |= word(bits, i);
+            }
+        }
+        if entry.iter().zip(&valid).all(|(e, v)| e & v == *v) {
+            self.written.remove(&page);
+            self.complete.insert(page);
+        }
+    }
+
+    /// Reports the accesses outside the declared regions.
+    fn check_regions(
+        &self,
+        intervals: &[IntervalRecord],
+        bitmaps: &Bitmaps,
+        vars: &VarTable,
+        found: &mut Found,
+    ) {
         for r in intervals {
             let Some(notices) = r.race.as_ref() else {
                 continue;
@@ -357,12 +369,23 @@ impl Checker {
                                 outside |= 1 << b;
                             }
                         }
-                        note(finding, var, r, page, outside, i);
+                        found.note(finding, var, r, page, outside, i);
                     }
                 }
             }
         }
+    }
+
+    /// What was found, one [`Finding`] per kind, variable and node.
+    fn findings(
+        &self,
+        epoch: u32,
+        found: Found,
+        intervals: &[IntervalRecord],
+        vars: &VarTable,
+    ) -> Vec<Finding> {
         let by_first_page: HashMap<PageNo, &VarInfo> = found
+            .0
             .keys()
             .filter_map(|k| vars.lookup(k.1).map(|v| (k.1, v)))
             .collect();
@@ -371,6 +394,7 @@ impl Checker {
             .map(|r| ((r.node, r.index), r.began_with))
             .collect();
         found
+            .0
             .into_iter()
             .map(|((kind, first, node), (indices, intervals))| {
                 let var = by_first_page[&first];
@@ -394,6 +418,43 @@ impl Checker {
                 }
             })
             .collect()
+    }
+}
+
+/// The intervals of an epoch that read (or wrote) each page.
+type IntervalsByPage<'a> = BTreeMap<PageNo, Vec<&'a IntervalRecord>>;
+
+/// What the checks of an epoch found so far: per (kind, variable's first page, node), the
+/// elements and the intervals that made the accesses.
+#[derive(Default)]
+struct Found(BTreeMap<FindingKey, (BTreeSet<usize>, BTreeSet<u32>)>);
+
+/// A finding's kind, its variable's first page and the node.
+type FindingKey = (FindingKind, PageNo, NodeId);
+
+impl Found {
+    /// Notes the granules set in `bits`, word `i` of `page`'s bitmap, as accessed wrongly
+    /// by `r`.
+    fn note(
+        &mut self,
+        kind: FindingKind,
+        var: &VarInfo,
+        r: &IntervalRecord,
+        page: PageNo,
+        bits: u64,
+        i: usize,
+    ) {
+        if bits == 0 {
+            return;
+        }
+        let (elements, intervals) = self.0.entry((kind, var.first_page, r.node)).or_default();
+        intervals.insert(r.index);
+        let mut any = bits;
+        while any != 0 {
+            let g = i * 64 + any.trailing_zeros() as usize;
+            any &= any - 1;
+            elements.insert(element_of(var, page, g));
+        }
     }
 }
 

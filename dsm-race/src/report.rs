@@ -392,38 +392,12 @@ impl Reporter {
     /// variables are dropped first.
     pub fn report(&mut self, at: &Point, races: &[Race], out: &mut dyn Write) -> io::Result<u64> {
         let kept: Vec<Race>;
-        let races = if self.ignore.is_empty() && self.suppressions.is_empty() {
-            races
-        } else {
-            let names = Names {
-                locks: &self.lock_names,
-                syncs: &self.sync_points,
-                hits: &self.hits,
-                roots: &self.roots,
-                functions: self
-                    .functions
-                    .as_ref()
-                    .filter(|_| self.suppressions.by_function()),
-            };
-            let silenced = |r: &Race| {
-                !self.suppressions.is_empty() && {
-                    let (a, b) = (names.located(r, &r.first), names.located(r, &r.second));
-                    self.suppressions.suppresses(r, [&a, &b])
-                }
-            };
-            let mut silenced_now = 0;
-            kept = races
-                .iter()
-                .filter(|r| !(r.class == RaceClass::LockOrder && self.ignore.contains(&r.variable)))
-                .filter(|r| {
-                    let s = silenced(r);
-                    silenced_now += u64::from(s);
-                    !s
-                })
-                .cloned()
-                .collect();
-            self.silenced += silenced_now;
-            &kept[..]
+        let races = match self.unsilenced(races) {
+            Some(unsilenced) => {
+                kept = unsilenced;
+                &kept[..]
+            }
+            None => races,
         };
         if races.is_empty() || !self.wants_more() {
             return Ok(0);
@@ -444,6 +418,7 @@ impl Reporter {
                 .or_default()
                 .push(r);
         }
+        self.print_blocks(at, &blocks, out)?;
         let names = Names {
             locks: &self.lock_names,
             syncs: &self.sync_points,
@@ -454,8 +429,81 @@ impl Reporter {
                 .as_ref()
                 .filter(|_| self.suppressions.by_function()),
         };
-        // One printed block per signature: the first interval pair of a signature not
-        // seen before, with a note of how many more interval pairs share it.
+        if let Some(log) = self.log.as_mut() {
+            for r in races {
+                serde_json::to_writer(&mut *log, &json_of(at, r, &names))?;
+                log.write_all(b"\n")?;
+            }
+            log.flush()?;
+        }
+        for r in races {
+            if r.class == RaceClass::LockOrder {
+                self.lock_order_total += 1;
+                self.lock_order_variables.insert(r.variable.clone());
+            } else {
+                self.total += 1;
+                self.variables.insert(r.variable.clone());
+            }
+        }
+        Ok(races.len() as u64)
+    }
+
+    /// `races` without the lock-order dependences on ignored variables and the races the
+    /// suppressions silence (counted in `silenced`); `None` when neither can drop any.
+    fn unsilenced(&mut self, races: &[Race]) -> Option<Vec<Race>> {
+        if self.ignore.is_empty() && self.suppressions.is_empty() {
+            return None;
+        }
+        let names = Names {
+            locks: &self.lock_names,
+            syncs: &self.sync_points,
+            hits: &self.hits,
+            roots: &self.roots,
+            functions: self
+                .functions
+                .as_ref()
+                .filter(|_| self.suppressions.by_function()),
+        };
+        let silenced = |r: &Race| {
+            !self.suppressions.is_empty() && {
+                let (a, b) = (names.located(r, &r.first), names.located(r, &r.second));
+                self.suppressions.suppresses(r, [&a, &b])
+            }
+        };
+        let mut silenced_now = 0;
+        let kept = races
+            .iter()
+            .filter(|r| !(r.class == RaceClass::LockOrder && self.ignore.contains(&r.variable)))
+            .filter(|r| {
+                let s = silenced(r);
+                silenced_now += u64::from(s);
+                !s
+            })
+            .cloned()
+            .collect();
+        self.silenced += silenced_now;
+        Some(kept)
+    }
+
+    /// Prints one block per signature: the first interval pair of a signature not seen
+    /// before, with a note of how many more interval pairs share it; later occurrences
+    /// are only counted.
+    fn print_blocks(
+        &mut self,
+        at: &Point,
+        blocks: &BTreeMap<BlockKey, Vec<&Race>>,
+        out: &mut dyn Write,
+    ) -> io::Result<()> {
+        let names = Names {
+            locks: &self.lock_names,
+            syncs: &self.sync_points,
+            hits: &self.hits,
+            roots: &self.roots,
+            functions: self
+                .functions
+                .as_ref()
+                .filter(|_| self.suppressions.by_function()),
+        };
         let mut text = String::new();
         let mut printed: BTreeMap<Signature, (usize, u64)> = BTreeMap::new();
         let mut order: Vec<(Signature, &Vec<&Race>)> = Vec::new();
@@ -515,24 +563,7 @@ impl Reporter {
             }
         }
         out.write_all(text.as_bytes())?;
-        out.flush()?;
-        if let Some(log) = self.log.as_mut() {
-            for r in races {
-                serde_json::to_writer(&mut *log, &json_of(at, r, &names))?;
-                log.write_all(b"\n")?;
-            }
-            log.flush()?;
-        }
-        for r in races {
-            if r.class == RaceClass::LockOrder {
-                self.lock_order_total += 1;
-                self.lock_order_variables.insert(r.variable.clone());
-            } else {
-                self.total += 1;
-                self.variables.insert(r.variable.clone());
-            }
-        }
-        Ok(races.len() as u64)
+        out.flush()
     }
 
     /// `dsm: N data races on M variables`; in schedule mode `dsm: N data races, K lock-order

@@ -449,15 +449,7 @@ impl Dsm {
             return Ok(0);
         }
         // Sizing every notice costs a serialization pass: only for the counters asked for.
-        let notice_bytes: u64 = if r.timed {
-            intervals
-                .iter()
-                .filter_map(|i| i.race.as_ref())
-                .map(|n| postcard::experimental::serialized_size(n).map_or(0, |s| s as u64))
-                .sum()
-        } else {
-            0
-        };
+        let notice_bytes = if r.timed { notice_bytes(&intervals) } else { 0 };
         let comm = self.comm.as_ref().expect("comm alive during barrier");
         let master = r
             .master
@@ -476,54 +468,17 @@ impl Dsm {
         }
         let mut intervals = intervals;
         if r.options.sem_order_safe {
-            let n = self.size;
-            match dsm_ahb::epoch::make_safe(&mut intervals, &r.sem_tokens, n, SAFE_ORDER_DEPTH) {
-                Ok(done) if done.depth < SAFE_ORDER_DEPTH => eprintln!(
-                    "dsm: --sem-order=safe: epoch {epoch} has {} semaphore operations; \
-                     analysed at depth {} instead of {SAFE_ORDER_DEPTH}",
-                    done.ops, done.depth
-                ),
-                Ok(_) => {}
-                Err(dsm_ahb::epoch::SafeOrderError::LocksInEpoch) => eprintln!(
-                    "dsm: --sem-order=safe: epoch {epoch} also synchronizes through locks; \
-                     its semaphore edges are kept as observed"
-                ),
-                Err(e) => {
-                    return Err(DsmError::Protocol(format!(
-                        "--sem-order=safe analysis of epoch {epoch}: {e}"
-                    )))
-                }
-            }
-            r.sem_tokens = dsm_ahb::epoch::tokens_after(&intervals, &r.sem_tokens);
+            r.make_sem_order_safe(epoch, &mut intervals, self.size)?;
         }
         let t0 = Instant::now();
-        // Shipped intervals come without their notices (the nodes sent those in race
-        // batches); the ones still pending here take their place. Pairs of two shipped
-        // intervals were checked between barriers.
         let mut bitmaps = dsm_race::Bitmaps::new();
-        let inc = Some(&m.incremental).filter(|inc| inc.active());
-        if let Some(inc) = inc {
-            intervals.retain(|i| !inc.shipped(i.node, i.index));
-            intervals.extend(inc.pending_intervals().cloned());
-            bitmaps.extend(inc.bitmaps());
-        }
-        // The oracle (tests): the whole epoch planned as if nothing had been analysed.
-        let full_plan = m.incremental.oracle().map(|(all, bs, _)| {
-            bitmaps.extend(bs);
-            let mut every = all.to_vec();
-            every.extend(
-                intervals
-                    .iter()
-                    .filter(|i| inc.is_none_or(|inc| !inc.shipped(i.node, i.index)))
-                    .cloned(),
-            );
-            every.sort_by_key(|i| (i.node, i.index));
-            every.dedup_by_key(|i| (i.node, i.index));
-            dsm_race::plan_with(epoch, every, r.options.schedule)
-        });
-        let mut plan = dsm_race::plan_fresh(epoch, intervals, r.options.schedule, |i| {
-            inc.is_none_or(|inc| !inc.shipped(i.node, i.index))
-        });
+        let (mut plan, full_plan) = plan_epoch(
+            epoch,
+            intervals,
+            &m.incremental,
+            r.options.schedule,
+            &mut bitmaps,
+        );
         let t1 = Instant::now();
         if r.phases < RacePhases::Full {
             plan.wanted.clear();
@@ -538,8 +493,117 @@ impl Dsm {
         for (node, b) in shipped {
             bitmaps.insert(node, b);
         }
+        r.fetch_bitmaps(comm, epoch, &wanted, &mut bitmaps)?;
+        let findings = match r.checker.as_mut() {
+            Some(checker) => checker.check(epoch, plan.intervals(), &bitmaps, &r.vars),
+            None => Vec::new(),
+        };
+        let mut races = plan.compare(&bitmaps, &r.vars);
+        if let (Some(full), Some((_, _, found))) = (full_plan.as_ref(), m.incremental.oracle()) {
+            verify_incremental(&full.compare(&bitmaps, &r.vars), found, &races)?;
+        }
+        if r.options.first_only {
+            races = dsm_race::first_races(races, plan.intervals());
+        }
+        let t2 = Instant::now();
+        r.plan_time += t1 - t0;
+        r.bitmap_time += t2 - t1;
+        r.notice_bytes += notice_bytes;
+        add_plan_stats(&mut r.sum, &plan.stats);
+        let point = &self.sync_point;
+        if let Some(a) = r.analyst.as_ref() {
+            // Before the release: the next epoch's batches wait for `epoch_done`.
+            a.inbox().set_paused(true);
+        }
+        let reporter = &mut m.reporter;
+        if let Some(p) = &self.pin {
+            reporter.set_hits(dsm_race::pinpoint::read_hits(
+                &p.dir,
+                self.size,
+                point.epoch(),
+            ));
+        }
+        let reported = reporter
+            .report(point, &races, &mut std::io::stderr())
+            .map_err(DsmError::Io)?
+            + reporter
+                .report_findings(point, &findings, &mut std::io::stderr())
+                .map_err(DsmError::Io)?;
+        if r.options.stats {
+            print_race_stats(point, &plan.stats, notice_bytes, t1 - t0, t2 - t1, reported);
+        }
+        Ok(reported)
+    }
+}
+
+/// `--race-stats`: one line on what the analysis at `point` did and found.
+fn print_race_stats(
+    point: &dsm_race::Point,
+    s: &dsm_race::PlanStats,
+    notice_bytes: u64,
+    plan_time: Duration,
+    bitmap_time: Duration,
+    reported: u64,
+) {
+    eprintln!(
+        "dsm-race-stats: {} (epoch {}): intervals {}, interval pairs {} considered / {} concurrent / {} overlapping, bitmaps {} of {} fetched, notice bytes {}, interval comparison {:.3} ms, bitmap round {:.3} ms, races {}",
+        point.sync_label(),
+        point.epoch(),
+        s.intervals,
+        s.pairs_considered,
+        s.concurrent_pairs,
+        s.overlapping_pairs,
+        s.bitmaps_wanted,
+        s.bitmaps_total,
+        notice_bytes,
+        plan_time.as_secs_f64() * 1e3,
+        bitmap_time.as_secs_f64() * 1e3,
+        reported
+    );
+}
+
+impl RaceState {
+    /// `--sem-order=safe`, master: rewrites the semaphore edges of the epoch's `intervals`
+    /// (of `nodes` nodes) to those that hold in every execution, and carries the
+    /// semaphores' tokens on to the next epoch.
+    fn make_sem_order_safe(
+        &mut self,
+        epoch: u32,
+        intervals: &mut [dsm_proto::IntervalRecord],
+        nodes: usize,
+    ) -> Result<(), DsmError> {
+        match dsm_ahb::epoch::make_safe(intervals, &self.sem_tokens, nodes, SAFE_ORDER_DEPTH) {
+            Ok(done) if done.depth < SAFE_ORDER_DEPTH => eprintln!(
+                "dsm: --sem-order=safe: epoch {epoch} has {} semaphore operations; \
+                 analysed at depth {} instead of {SAFE_ORDER_DEPTH}",
+                done.ops, done.depth
+            ),
+            Ok(_) => {}
+            Err(dsm_ahb::epoch::SafeOrderError::LocksInEpoch) => eprintln!(
+                "dsm: --sem-order=safe: epoch {epoch} also synchronizes through locks; \
+                 its semaphore edges are kept as observed"
+            ),
+            Err(e) => {
+                return Err(DsmError::Protocol(format!(
+                    "--sem-order=safe analysis of epoch {epoch}: {e}"
+                )))
+            }
+        }
+        self.sem_tokens = dsm_ahb::epoch::tokens_after(intervals, &self.sem_tokens);
+        Ok(())
+    }
+
+    /// Master: adds to `bitmaps` those of `wanted` it lacks, its own from the recorder and
+    /// the other nodes' asked for in one round.
+    fn fetch_bitmaps(
+        &mut self,
+        comm: &Comm,
+        epoch: u32,
+        wanted: &std::collections::BTreeMap<NodeId, Vec<dsm_proto::BitmapKey>>,
+        bitmaps: &mut dsm_race::Bitmaps,
+    ) -> Result<(), DsmError> {
         let mut pending = 0;
-        for (&node, keys) in &wanted {
+        for (&node, keys) in wanted {
             let missing: Vec<_> = keys
                 .iter()
                 .filter(|k| !bitmaps.contains(node, k))
@@ -548,9 +612,9 @@ impl Dsm {
             if missing.is_empty() {
                 continue;
             }
-            r.fetched_late += missing.len() as u64;
+            self.fetched_late += missing.len() as u64;
             if node == 0 {
-                for b in r.recorder.bitmaps(&missing) {
+                for b in self.recorder.bitmaps(&missing) {
                     bitmaps.insert(0, b);
                 }
             } else {
@@ -577,70 +641,70 @@ impl Dsm {
                 }
             }
         }
-        let findings = match r.checker.as_mut() {
-            Some(checker) => checker.check(epoch, plan.intervals(), &bitmaps, &r.vars),
-            None => Vec::new(),
-        };
-        let mut races = plan.compare(&bitmaps, &r.vars);
-        if let (Some(full), Some((_, _, found))) = (full_plan.as_ref(), m.incremental.oracle()) {
-            verify_incremental(&full.compare(&bitmaps, &r.vars), found, &races)?;
-        }
-        if r.options.first_only {
-            races = dsm_race::first_races(races, plan.intervals());
-        }
-        let t2 = Instant::now();
-        r.plan_time += t1 - t0;
-        r.bitmap_time += t2 - t1;
-        r.notice_bytes += notice_bytes;
-        let s = &plan.stats;
-        for (acc, v) in [
-            (&mut r.sum.intervals, s.intervals),
-            (&mut r.sum.pairs_considered, s.pairs_considered),
-            (&mut r.sum.concurrent_pairs, s.concurrent_pairs),
-            (&mut r.sum.overlapping_pairs, s.overlapping_pairs),
-            (&mut r.sum.intervals_in_overlap, s.intervals_in_overlap),
-            (&mut r.sum.bitmaps_wanted, s.bitmaps_wanted),
-            (&mut r.sum.bitmaps_total, s.bitmaps_total),
-        ] {
-            *acc += v;
-        }
-        let point = &self.sync_point;
-        if let Some(a) = r.analyst.as_ref() {
-            // Before the release: the next epoch's batches wait for `epoch_done`.
-            a.inbox().set_paused(true);
-        }
-        let reporter = &mut m.reporter;
-        if let Some(p) = &self.pin {
-            reporter.set_hits(dsm_race::pinpoint::read_hits(
-                &p.dir,
-                self.size,
-                point.epoch(),
-            ));
-        }
-        let reported = reporter
-            .report(point, &races, &mut std::io::stderr())
-            .map_err(DsmError::Io)?
-            + reporter
-                .report_findings(point, &findings, &mut std::io::stderr())
-                .map_err(DsmError::Io)?;
-        if r.options.stats {
-            eprintln!(
-                "dsm-race-stats: {} (epoch {}): intervals {}, interval pairs {} considered / {} concurrent / {} overlapping, bitmaps {} of {} fetched, notice bytes {}, interval comparison {:.3} ms, bitmap round {:.3} ms, races {}",
-                point.sync_label(),
-                point.epoch(),
-                s.intervals,
-                s.pairs_considered,
-                s.concurrent_pairs,
-                s.overlapping_pairs,
-                s.bitmaps_wanted,
-                s.bitmaps_total,
-                notice_bytes,
-                (t1 - t0).as_secs_f64() * 1e3,
-                (t2 - t1).as_secs_f64() * 1e3,
-                reported
-            );
-        }
-        Ok(reported)
+        Ok(())
+    }
+}
+
+/// The plan of the barrier's analysis of `epoch`, and with the incremental analysis's
+/// oracle (tests) the plan of the whole epoch; `bitmaps` gets those the incremental
+/// analysis holds.
+fn plan_epoch(
+    epoch: u32,
+    mut intervals: Vec<dsm_proto::IntervalRecord>,
+    incremental: &Incremental,
+    schedule: bool,
+    bitmaps: &mut dsm_race::Bitmaps,
+) -> (dsm_race::Plan, Option<dsm_race::Plan>) {
+    // Shipped intervals come without their notices (the nodes sent those in race
+    // batches); the ones still pending here take their place. Pairs of two shipped
+    // intervals were checked between barriers.
+    let inc = Some(incremental).filter(|inc| inc.active());
+    if let Some(inc) = inc {
+        intervals.retain(|i| !inc.shipped(i.node, i.index));
+        intervals.extend(inc.pending_intervals().cloned());
+        bitmaps.extend(inc.bitmaps());
+    }
+    // The oracle (tests): the whole epoch planned as if nothing had been analysed.
+    let full_plan = incremental.oracle().map(|(all, bs, _)| {
+        bitmaps.extend(bs);
+        let mut every = all.to_vec();
+        every.extend(
+            intervals
+                .iter()
+                .filter(|i| inc.is_none_or(|inc| !inc.shipped(i.node, i.index)))
+                .cloned(),
+        );
+        every.sort_by_key(|i| (i.node, i.index));
+        every.dedup_by_key(|i| (i.node, i.index));
+        dsm_race::plan_with(epoch, every, schedule)
+    });
+    let plan = dsm_race::plan_fresh(epoch, intervals, schedule, |i| {
+        inc.is_none_or(|inc| !inc.shipped(i.node, i.index))
+    });
+    (plan, full_plan)
+}
+
+/// The serialized size of the intervals' notices.
+fn notice_bytes(intervals: &[dsm_proto::IntervalRecord]) -> u64 {
+    intervals
+        .iter()
+        .filter_map(|i| i.race.as_ref())
+        .map(|n| postcard::experimental::serialized_size(n).map_or(0, |s| s as u64))
+        .sum()
+}
+
+/// Adds an epoch plan's counts to the run's.
+fn add_plan_stats(sum: &mut dsm_race::PlanStats, s: &dsm_race::PlanStats) {
+    for (acc, v) in [
+        (&mut sum.intervals, s.intervals),
+        (&mut sum.pairs_considered, s.pairs_considered),
+        (&mut sum.concurrent_pairs, s.concurrent_pairs),
+        (&mut sum.overlapping_pairs, s.overlapping_pairs),
+        (&mut sum.intervals_in_overlap, s.intervals_in_overlap),
+        (&mut sum.bitmaps_wanted, s.bitmaps_wanted),
+        (&mut sum.bitmaps_total, s.bitmaps_total),
+    ] {
+        *acc += v;
     }
 }
 

@@ -530,141 +530,11 @@ fn parse_deadline(text: &str) -> Result<Deadline, dsm_proto::ValueError> {
 }
 
 impl Cli {
-    fn into_config(self) -> anyhow::Result<LaunchConfig> {
-        let schedule = self.race.as_deref() == Some("schedule") || !self.schedule_ignore.is_empty();
-        let race_on = self.race.is_some()
-            || schedule
-            || self.race_log.is_some()
-            || self.race_sarif.is_some()
-            || self.race_suppressions.is_some()
-            || !self.pinpoint.is_empty()
-            || self.pinpoint_log.is_some()
-            || self.race_exit_code.is_some()
-            || self.race_first
-            || self.race_stats
-            || self.check;
-        let race = if race_on {
-            let log = self
-                .race_log
-                .map(|log| {
-                    std::path::absolute(&log).with_context(|| {
-                        format!("cannot make --race-log '{}' absolute", log.display())
-                    })
-                })
-                .transpose()?;
-            RaceOptions {
-                enabled: true,
-                log,
-                exit_code: self.race_exit_code.unwrap_or(exit_codes::RACES_FOUND),
-                first_only: self.race_first,
-                stats: self.race_stats,
-                schedule,
-                schedule_ignore: self.schedule_ignore,
-                check: self.check,
-                pinpoint: pin_targets(self.pinpoint, self.pinpoint_log.as_deref())?,
-                sarif: self
-                    .race_sarif
-                    .as_deref()
-                    .map(|p| absolute(p, "--race-sarif"))
-                    .transpose()?,
-                sem_order_safe: self.sem_order.as_deref() == Some("safe"),
-                suppressions: self
-                    .race_suppressions
-                    .as_deref()
-                    .map(read_suppressions)
-                    .transpose()?
-                    .unwrap_or_default(),
-                ..RaceOptions::default()
-            }
-        } else {
-            if self.sem_order.is_some() {
-                // A usage error: clap's message and exit status 2.
-                <Cli as clap::CommandFactory>::command()
-                    .error(
-                        clap::error::ErrorKind::MissingRequiredArgument,
-                        "--sem-order needs race detection (--race)",
-                    )
-                    .exit();
-            }
-            RaceOptions::default()
-        };
-        let mode = match (&self.trace_values, &self.compare) {
-            (Some(p), _) => TraceMode::Record(absolute(p, "--trace-values")?),
-            (None, Some(p)) => {
-                // Open it here so a missing file is dsmrun's clear error, not N ranks'.
-                let reference = absolute(p, "--compare")?;
-                let file = std::fs::File::open(&reference).with_context(|| {
-                    format!("cannot open the reference trace '{}'", p.display())
-                })?;
-                // Read through and checksummed here: a damaged reference is dsmrun's one
-                // line before any rank starts, not a difference or a failure half-way.
-                let whole = dsm_trace::check_whole(std::io::BufReader::new(file))
-                    .map_err(|e| CorruptInput(format!("reference trace '{}': {e}", p.display())))?;
-                if !whole.has_values && (self.tolerance.is_some() || self.rel_tolerance.is_some()) {
-                    return Err(UsageError(format!(
-                        "--tolerance and --rel-tolerance need a reference with values, and \
-                         '{}' has hashes only: record it with --trace-values-full (or \
-                         --trace-vars NAMES)",
-                        p.display()
-                    ))
-                    .into());
-                }
-                TraceMode::Compare(reference)
-            }
-            (None, None) => TraceMode::Off,
-        };
-        let trace = TraceOptions {
-            mode,
-            full: self.trace_values_full,
-            vars: self.trace_vars,
-            continue_all: self.compare_continue,
-            abs_tolerance_bits: self.tolerance.unwrap_or(0.0).to_bits(),
-            rel_tolerance_bits: self.rel_tolerance.unwrap_or(0.0).to_bits(),
-        };
-        let hosts = match (&self.hostfile, &self.host) {
-            (Some(file), _) => {
-                Some(launcher::hosts::read_hostfile(file).map_err(LaunchError::from)?)
-            }
-            (None, Some(list)) => {
-                Some(launcher::hosts::parse_host_list(list).map_err(LaunchError::from)?)
-            }
-            (None, None) => None,
-        };
-        let ranks = match (self.ranks, &hosts) {
-            (Some(n), _) => usize::from(n),
-            (None, Some(h)) => launcher::hosts::total_slots(h),
-            (None, None) => 1,
-        };
-        let launch_agent_text = self
-            .launch_agent
-            .unwrap_or_else(|| launcher::DEFAULT_LAUNCH_AGENT.to_owned());
-        let launch_agent = shell_words::split(&launch_agent_text)
-            .ok()
-            .filter(|w| !w.is_empty())
-            .with_context(|| format!("--launch-agent {launch_agent_text:?} is not a command"))?;
-        let hosts = hosts.map(|hosts| launcher::HostPlan {
-            hosts,
-            map_by: self.map_by.unwrap_or_default(),
-            oversubscribe: self.oversubscribe,
-            launch_agent,
-        });
-        let mut forward_env = self
-            .export
-            .iter()
-            .map(|x| match x.split_once('=') {
-                Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
-                Some(_) => anyhow::bail!("-x {x:?}: expected VAR or VAR=VALUE"),
-                None => std::env::var(x)
-                    .map(|v| (x.clone(), v))
-                    .with_context(|| format!("-x {x}: {x} is not set in dsmrun's environment")),
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        if let Some(base) = self.segment_base {
-            forward_env.push((
-                dsm_proto::env_vars::SEGMENT_ADDR.to_owned(),
-                format!("{base:x}"),
-            ));
-        }
+    fn into_config(mut self) -> anyhow::Result<LaunchConfig> {
+        let race = self.race_options()?;
+        let trace = self.trace_options()?;
+        let (ranks, hosts) = self.host_plan()?;
+        let forward_env = self.forward_env()?;
         let bind = match (&self.bind_address, &self.interface) {
             (Some(a), _) => Some(launcher::agent::BindTo::Addr(parse_bind_address(a)?)),
             (None, Some(i)) => Some(launcher::agent::BindTo::Interface(i.clone())),
@@ -706,6 +576,164 @@ impl Cli {
                 .map(|p| absolute(&p, "--sem-trace"))
                 .transpose()?,
         })
+    }
+
+    /// The race detection options; any race option turns detection on.
+    fn race_options(&mut self) -> anyhow::Result<RaceOptions> {
+        let schedule = self.race.as_deref() == Some("schedule") || !self.schedule_ignore.is_empty();
+        let race_on = self.race.is_some()
+            || schedule
+            || self.race_log.is_some()
+            || self.race_sarif.is_some()
+            || self.race_suppressions.is_some()
+            || !self.pinpoint.is_empty()
+            || self.pinpoint_log.is_some()
+            || self.race_exit_code.is_some()
+            || self.race_first
+            || self.race_stats
+            || self.check;
+        if !race_on {
+            if self.sem_order.is_some() {
+                // A usage error: clap's message and exit status 2.
+                <Cli as clap::CommandFactory>::command()
+                    .error(
+                        clap::error::ErrorKind::MissingRequiredArgument,
+                        "--sem-order needs race detection (--race)",
+                    )
+                    .exit();
+            }
+            return Ok(RaceOptions::default());
+        }
+        let log = self
+            .race_log
+            .take()
+            .map(|log| {
+                std::path::absolute(&log)
+                    .with_context(|| format!("cannot make --race-log '{}' absolute", log.display()))
+            })
+            .transpose()?;
+        Ok(RaceOptions {
+            enabled: true,
+            log,
+            exit_code: self.race_exit_code.unwrap_or(exit_codes::RACES_FOUND),
+            first_only: self.race_first,
+            stats: self.race_stats,
+            schedule,
+            schedule_ignore: std::mem::take(&mut self.schedule_ignore),
+            check: self.check,
+            pinpoint: pin_targets(
+                std::mem::take(&mut self.pinpoint),
+                self.pinpoint_log.as_deref(),
+            )?,
+            sarif: self
+                .race_sarif
+                .as_deref()
+                .map(|p| absolute(p, "--race-sarif"))
+                .transpose()?,
+            sem_order_safe: self.sem_order.as_deref() == Some("safe"),
+            suppressions: self
+                .race_suppressions
+                .as_deref()
+                .map(read_suppressions)
+                .transpose()?
+                .unwrap_or_default(),
+            ..RaceOptions::default()
+        })
+    }
+
+    /// The value trace options: recording one, or comparing with a reference checked here.
+    fn trace_options(&mut self) -> anyhow::Result<TraceOptions> {
+        let mode = match (&self.trace_values, &self.compare) {
+            (Some(p), _) => TraceMode::Record(absolute(p, "--trace-values")?),
+            (None, Some(p)) => TraceMode::Compare(self.checked_reference(p)?),
+            (None, None) => TraceMode::Off,
+        };
+        Ok(TraceOptions {
+            mode,
+            full: self.trace_values_full,
+            vars: std::mem::take(&mut self.trace_vars),
+            continue_all: self.compare_continue,
+            abs_tolerance_bits: self.tolerance.unwrap_or(0.0).to_bits(),
+            rel_tolerance_bits: self.rel_tolerance.unwrap_or(0.0).to_bits(),
+        })
+    }
+
+    /// The `--compare` reference made absolute, once it is known to be whole and to suit
+    /// the tolerances asked for.
+    fn checked_reference(&self, p: &Path) -> anyhow::Result<PathBuf> {
+        // Open it here so a missing file is dsmrun's clear error, not N ranks'.
+        let reference = absolute(p, "--compare")?;
+        let file = std::fs::File::open(&reference)
+            .with_context(|| format!("cannot open the reference trace '{}'", p.display()))?;
+        // Read through and checksummed here: a damaged reference is dsmrun's one
+        // line before any rank starts, not a difference or a failure half-way.
+        let whole = dsm_trace::check_whole(std::io::BufReader::new(file))
+            .map_err(|e| CorruptInput(format!("reference trace '{}': {e}", p.display())))?;
+        if !whole.has_values && (self.tolerance.is_some() || self.rel_tolerance.is_some()) {
+            return Err(UsageError(format!(
+                "--tolerance and --rel-tolerance need a reference with values, and \
+                 '{}' has hashes only: record it with --trace-values-full (or \
+                 --trace-vars NAMES)",
+                p.display()
+            ))
+            .into());
+        }
+        Ok(reference)
+    }
+
+    /// The number of ranks, and the hosts to run them on when the job spans hosts.
+    fn host_plan(&mut self) -> anyhow::Result<(usize, Option<launcher::HostPlan>)> {
+        let hosts = match (&self.hostfile, &self.host) {
+            (Some(file), _) => {
+                Some(launcher::hosts::read_hostfile(file).map_err(LaunchError::from)?)
+            }
+            (None, Some(list)) => {
+                Some(launcher::hosts::parse_host_list(list).map_err(LaunchError::from)?)
+            }
+            (None, None) => None,
+        };
+        let ranks = match (self.ranks, &hosts) {
+            (Some(n), _) => usize::from(n),
+            (None, Some(h)) => launcher::hosts::total_slots(h),
+            (None, None) => 1,
+        };
+        let launch_agent_text = self
+            .launch_agent
+            .take()
+            .unwrap_or_else(|| launcher::DEFAULT_LAUNCH_AGENT.to_owned());
+        let launch_agent = shell_words::split(&launch_agent_text)
+            .ok()
+            .filter(|w| !w.is_empty())
+            .with_context(|| format!("--launch-agent {launch_agent_text:?} is not a command"))?;
+        let hosts = hosts.map(|hosts| launcher::HostPlan {
+            hosts,
+            map_by: self.map_by.unwrap_or_default(),
+            oversubscribe: self.oversubscribe,
+            launch_agent,
+        });
+        Ok((ranks, hosts))
+    }
+
+    /// The `-x` variables, and the segment base when one was chosen.
+    fn forward_env(&self) -> anyhow::Result<Vec<(String, String)>> {
+        let mut forward_env = self
+            .export
+            .iter()
+            .map(|x| match x.split_once('=') {
+                Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+                Some(_) => anyhow::bail!("-x {x:?}: expected VAR or VAR=VALUE"),
+                None => std::env::var(x)
+                    .map(|v| (x.clone(), v))
+                    .with_context(|| format!("-x {x}: {x} is not set in dsmrun's environment")),
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        if let Some(base) = self.segment_base {
+            forward_env.push((
+                dsm_proto::env_vars::SEGMENT_ADDR.to_owned(),
+                format!("{base:x}"),
+            ));
+        }
+        Ok(forward_env)
     }
 }
 
