@@ -2,8 +2,11 @@
 //! per-allocation shadow bitmap (one read and one write bit per granule) and flags the page
 //! as read or written in the current interval. At interval end the flagged pages become
 //! the interval's read and write notices, their bitmaps move to the epoch store (where the
-//! barrier master may ask for them) and the shadow is cleared. The epoch store is emptied
-//! at every barrier, so memory is bounded by one epoch.
+//! barrier master may ask for them) and the shadow is cleared. An interval that touched
+//! many pages of an allocation (a grid's band between two barriers) leaves that
+//! allocation's whole shadow to the store instead and records on in a spare one (see
+//! `DEFER_MIN_PAGES`): the master asks for a few boundary pages of the thousand. The
+//! epoch store is emptied at every barrier, so memory is bounded by one epoch.
 //!
 //! The granule of an allocation is the largest power of two, at most 8 bytes, dividing its
 //! element size: two different elements never share a granule (so neighbouring `u8`
