@@ -550,11 +550,24 @@ fn rotate<T: Clone>(v: &[T], by: usize) -> Vec<T> {
 /// interleaved within each repetition (and their order rotates from one repetition to
 /// the next), so slow drifts in machine load hit all of them alike.
 pub fn plan(knobs: &Knobs, apps: &[AppSpec], tools: &Tools, paths: &Paths) -> Vec<Job> {
-    let mut jobs = Vec::new();
     let apps: Vec<&AppSpec> = apps
         .iter()
         .filter(|a| app_available(paths, a.name).is_ok())
         .collect();
+    let mut jobs = table_plan(knobs, &apps);
+    jobs.extend(speedup_plan(knobs, &apps));
+    jobs.extend(peer_plan(knobs, &apps, tools));
+    jobs.extend(vs_threads_plan(knobs, &apps));
+    jobs.extend(race_cost_plan(knobs, paths));
+    jobs.extend(round_trip_plan(knobs, paths));
+    jobs.extend(kernel_plan(knobs, tools, paths));
+    jobs.extend(primitives_plan(knobs, paths));
+    jobs
+}
+
+/// The application table's jobs, with the breakdown's phase variants at its node counts.
+fn table_plan(knobs: &Knobs, apps: &[&AppSpec]) -> Vec<Job> {
+    let mut jobs = Vec::new();
     for &n in &knobs.table_nodes {
         let variants: &[Variant] = if knobs.breakdown_nodes.contains(&n) {
             &[
@@ -568,7 +581,7 @@ pub fn plan(knobs: &Knobs, apps: &[AppSpec], tools: &Tools, paths: &Paths) -> Ve
             &[Variant::Off, Variant::On]
         };
         for rep in 0..knobs.reps_at(n) {
-            for a in &apps {
+            for a in apps {
                 for v in rotate(variants, rep) {
                     jobs.push(Job::App {
                         app: a.name.into(),
@@ -583,9 +596,15 @@ pub fn plan(knobs: &Knobs, apps: &[AppSpec], tools: &Tools, paths: &Paths) -> Ve
             }
         }
     }
+    jobs
+}
+
+/// The speedup plot's runs at node counts the table does not run.
+fn speedup_plan(knobs: &Knobs, apps: &[&AppSpec]) -> Vec<Job> {
+    let mut jobs = Vec::new();
     for &n in &knobs.speedup_extra_nodes {
         for rep in 0..knobs.speedup_reps {
-            for a in &apps {
+            for a in apps {
                 jobs.push(Job::App {
                     app: a.name.into(),
                     purpose: Purpose::Speedup,
@@ -598,45 +617,57 @@ pub fn plan(knobs: &Knobs, apps: &[AppSpec], tools: &Tools, paths: &Paths) -> Ve
             }
         }
     }
-    if let Some((size, iters)) = apps
+    jobs
+}
+
+/// SOR under the other detectors and the C row, at the table's SOR size.
+fn peer_plan(knobs: &Knobs, apps: &[&AppSpec], tools: &Tools) -> Vec<Job> {
+    let mut jobs = Vec::new();
+    let Some((size, iters)) = apps
         .iter()
         .find(|a| a.name == "sor")
         .and_then(|a| sor_size(&a.args))
-    {
-        for rep in 0..knobs.peer_reps {
-            for tool in [Tool::Plain, Tool::Tsan, Tool::Helgrind, Tool::Drd] {
-                let valgrind = matches!(tool, Tool::Helgrind | Tool::Drd);
-                if tools.available(tool).is_err() || (valgrind && rep >= knobs.valgrind_reps) {
-                    continue;
-                }
-                jobs.push(Job::CSor {
-                    tool,
+    else {
+        return jobs;
+    };
+    for rep in 0..knobs.peer_reps {
+        for tool in [Tool::Plain, Tool::Tsan, Tool::Helgrind, Tool::Drd] {
+            let valgrind = matches!(tool, Tool::Helgrind | Tool::Drd);
+            if tools.available(tool).is_err() || (valgrind && rep >= knobs.valgrind_reps) {
+                continue;
+            }
+            jobs.push(Job::CSor {
+                tool,
+                size,
+                iters,
+                threads: knobs.peer_threads,
+                rep,
+            });
+        }
+        // The C row: the same C kernel with threads and on dsm, alternating.
+        for runner in rotate(&CRunner::ALL, rep) {
+            if tools.c_apps.get(runner).is_ok() {
+                jobs.push(Job::CApp {
+                    runner,
                     size,
                     iters,
-                    threads: knobs.peer_threads,
+                    nodes: knobs.peer_threads,
                     rep,
                 });
             }
-            // The C row: the same C kernel with threads and on dsm, alternating.
-            for runner in rotate(&CRunner::ALL, rep) {
-                if tools.c_apps.get(runner).is_ok() {
-                    jobs.push(Job::CApp {
-                        runner,
-                        size,
-                        iters,
-                        nodes: knobs.peer_threads,
-                        rep,
-                    });
-                }
-            }
         }
     }
-    // dsm against plain threads: the four runners alternate, their order rotating from
-    // one repetition to the next.
+    jobs
+}
+
+/// dsm against plain threads: the four runners alternate, their order rotating from one
+/// repetition to the next.
+fn vs_threads_plan(knobs: &Knobs, apps: &[&AppSpec]) -> Vec<Job> {
     let scaled: Vec<AppSpec> = vs_threads_specs()
         .into_iter()
         .filter(|v| apps.iter().any(|a| a.name == v.name))
         .collect();
+    let mut jobs = Vec::new();
     for rep in 0..knobs.vs_threads_reps {
         for v in &scaled {
             for runner in rotate(VS_THREADS_RUNNERS, rep) {
@@ -650,9 +681,13 @@ pub fn plan(knobs: &Knobs, apps: &[AppSpec], tools: &Tools, paths: &Paths) -> Ve
             }
         }
     }
-    jobs.extend(race_cost_plan(knobs, paths));
-    jobs.extend(round_trip_plan(knobs, paths));
+    jobs
+}
+
+/// Each planted-race kernel under dsm and under each C detector available.
+fn kernel_plan(knobs: &Knobs, tools: &Tools, paths: &Paths) -> Vec<Job> {
     let have_kernels = app_available(paths, "race-kernel").is_ok();
+    let mut jobs = Vec::new();
     for &(kernel, _) in KERNELS {
         if have_kernels {
             jobs.push(Job::DsmKernel {
@@ -670,6 +705,12 @@ pub fn plan(knobs: &Knobs, apps: &[AppSpec], tools: &Tools, paths: &Paths) -> Ve
             }
         }
     }
+    jobs
+}
+
+/// The dsm-bench runs, each over every transport.
+fn primitives_plan(knobs: &Knobs, paths: &Paths) -> Vec<Job> {
+    let mut jobs = Vec::new();
     if app_available(paths, "dsm-bench").is_ok() {
         for rep in 0..knobs.bench_runs {
             for transport in BenchTransport::ALL {
