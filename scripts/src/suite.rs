@@ -798,29 +798,12 @@ pub fn spec_for(
     tools: &Tools,
     scratch: &Path,
 ) -> Result<Spec, String> {
-    let dsmrun = paths.bin_dir.join("dsmrun");
-    let c_bins = |tool: Tool| -> Result<(PathBuf, PathBuf), String> {
-        match tool {
-            Tool::Tsan => tools.tsan.clone(),
-            _ => tools.plain.clone(),
-        }
-    };
-    let c_spec = |tool: Tool, exe: PathBuf, args: Vec<String>, timeout: u64| -> Spec {
-        let mut spec = if matches!(tool, Tool::Helgrind | Tool::Drd) {
-            let mut a = valgrind_args(tool);
-            a.push(exe.display().to_string());
-            a.extend(args);
-            Spec::new("valgrind", a, Duration::from_secs(timeout))
-        } else {
-            Spec::new(exe, args, Duration::from_secs(timeout))
-        };
-        if tool == Tool::Tsan {
-            spec.env.push((
-                "TSAN_OPTIONS".into(),
-                format!("exitcode={} halt_on_error=0", Tool::RACE_EXIT),
-            ));
-        }
-        spec
+    let specs = JobSpecs {
+        knobs,
+        paths,
+        tools,
+        scratch,
+        dsmrun: paths.bin_dir.join("dsmrun"),
     };
     Ok(match job {
         Job::App {
@@ -830,66 +813,17 @@ pub fn spec_for(
             args,
             transport,
             ..
-        } => {
-            let mut a = vec![
-                "-n".to_string(),
-                nodes.to_string(),
-                "--timeout".into(),
-                knobs.app_timeout_s.to_string(),
-            ];
-            if variant.race() {
-                // Races (TSP has them on purpose) must not turn a timing run into a failure.
-                a.extend(strs(&["--race", "--race-exit-code", "0"]));
-            }
-            a.push("--".into());
-            a.push(paths.bin_dir.join(app).display().to_string());
-            a.extend(args.iter().cloned());
-            let mut spec = Spec::new(&dsmrun, a, Duration::from_secs(knobs.app_timeout_s + 20));
-            spec.env.push((
-                "DSM_STATS_FILE".into(),
-                scratch.join("stats-%r.json").display().to_string(),
-            ));
-            if let Some(p) = variant.phases_env() {
-                spec.env.push(("DSM_RACE_PHASES".into(), p.into()));
-            }
-            // The transport a user gets (one common segment on this host, with or without
-            // --race) unless the job names one.
-            spec.env.push((
-                env_vars::TRANSPORT.into(),
-                transport.clone().unwrap_or_else(|| "auto".into()),
-            ));
-            // Only SOR's rows report dsm's memory; sampling costs a little CPU.
-            spec.sample_children = app == "sor" && *nodes == knobs.peer_threads;
-            spec
-        }
-        Job::DsmKernel { kernel, nodes } => {
-            let mut spec = Spec::new(
-                &dsmrun,
-                vec![
-                    "-n".into(),
-                    nodes.to_string(),
-                    "--timeout".into(),
-                    "60".into(),
-                    "--race".into(),
-                    "--".into(),
-                    paths.bin_dir.join("race-kernel").display().to_string(),
-                    "run".into(),
-                    kernel.clone(),
-                ],
-                Duration::from_secs(80),
-            );
-            spec.sample_children = true;
-            spec
-        }
+        } => specs.app(app, *nodes, *variant, args, transport.as_deref()),
+        Job::DsmKernel { kernel, nodes } => specs.dsm_kernel(kernel, *nodes),
         Job::CSor {
             tool,
             size,
             iters,
             threads,
             ..
-        } => c_spec(
+        } => c_tool_spec(
             *tool,
-            c_bins(*tool)?.0,
+            specs.c_bins(*tool)?.0,
             vec![size.to_string(), iters.to_string(), threads.to_string()],
             if matches!(tool, Tool::Helgrind | Tool::Drd) {
                 900
@@ -903,98 +837,206 @@ pub fn spec_for(
             iters,
             nodes,
             ..
-        } => {
-            let exe = tools.c_apps.get(*runner)?.clone();
-            let sor_args = [size.to_string(), iters.to_string()];
-            if runner.dsm() {
-                let mut a = vec![
-                    "-n".to_string(),
-                    nodes.to_string(),
-                    "--timeout".into(),
-                    knobs.app_timeout_s.to_string(),
-                ];
-                if *runner == CRunner::DsmRace {
-                    a.push("--race".into());
-                }
-                a.push("--".into());
-                a.push(exe.display().to_string());
-                a.extend(sor_args);
-                let mut spec = Spec::new(&dsmrun, a, Duration::from_secs(knobs.app_timeout_s + 20));
-                spec.env.push((env_vars::TRANSPORT.into(), "auto".into()));
-                spec
-            } else {
-                let tool = if *runner == CRunner::ThreadsTsan {
-                    Tool::Tsan
-                } else {
-                    Tool::Plain
-                };
-                let mut a = vec![nodes.to_string()];
-                a.extend(sor_args);
-                c_spec(tool, exe, a, 300)
-            }
-        }
+        } => specs.c_app(*runner, *size, *iters, *nodes)?,
         Job::CKernel {
             tool,
             kernel,
             threads,
-        } => c_spec(
+        } => c_tool_spec(
             *tool,
-            c_bins(*tool)?.1,
+            specs.c_bins(*tool)?.1,
             vec![kernel.clone(), threads.to_string()],
             120,
         ),
-        Job::Primitives { reps, .. } => {
-            let mut spec = Spec::new(
-                paths.bin_dir.join("dsm-bench"),
-                vec!["--reps".into(), reps.to_string()],
-                Duration::from_secs(600),
-            );
-            let transport = job.bench_transport().unwrap_or(BenchTransport::Rings);
-            spec.env.push((
-                env_vars::TRANSPORT.into(),
-                primitives_transport(transport).into(),
-            ));
-            spec
-        }
+        Job::Primitives { reps, .. } => specs.primitives(
+            *reps,
+            job.bench_transport().unwrap_or(BenchTransport::Rings),
+        ),
         Job::VsThreads {
             app,
             args,
             nodes,
-            runner: Runner::Threads,
+            runner,
             ..
-        } => {
-            let mut a = vec!["--threads".to_string(), nodes.to_string()];
-            a.extend(args.iter().cloned());
-            Spec::new(
-                paths.bin_dir.join(app),
-                a,
-                Duration::from_secs(knobs.app_timeout_s),
-            )
+        } => specs.vs_threads(app, args, *nodes, *runner),
+    })
+}
+
+/// What every job's command line draws on.
+struct JobSpecs<'a> {
+    knobs: &'a Knobs,
+    paths: &'a Paths,
+    tools: &'a Tools,
+    scratch: &'a Path,
+    dsmrun: PathBuf,
+}
+
+impl JobSpecs<'_> {
+    /// The C SOR and kernels programs a tool runs (valgrind runs the plain build).
+    fn c_bins(&self, tool: Tool) -> Result<(PathBuf, PathBuf), String> {
+        match tool {
+            Tool::Tsan => self.tools.tsan.clone(),
+            _ => self.tools.plain.clone(),
         }
-        Job::VsThreads {
-            app,
+    }
+
+    /// `dsmrun -n N --timeout T` with the arguments that follow it, under the apps' timeout.
+    fn dsmrun_args(&self, nodes: usize) -> Vec<String> {
+        vec![
+            "-n".to_string(),
+            nodes.to_string(),
+            "--timeout".into(),
+            self.knobs.app_timeout_s.to_string(),
+        ]
+    }
+
+    fn dsmrun(&self, args: Vec<String>) -> Spec {
+        Spec::new(
+            &self.dsmrun,
             args,
-            nodes,
-            runner: runner @ (Runner::Dsm | Runner::DsmRings | Runner::DsmTcp),
-            ..
-        } => {
-            let mut a = vec![
-                "-n".to_string(),
+            Duration::from_secs(self.knobs.app_timeout_s + 20),
+        )
+    }
+
+    fn app(
+        &self,
+        app: &str,
+        nodes: usize,
+        variant: Variant,
+        args: &[String],
+        transport: Option<&str>,
+    ) -> Spec {
+        let mut a = self.dsmrun_args(nodes);
+        if variant.race() {
+            // Races (TSP has them on purpose) must not turn a timing run into a failure.
+            a.extend(strs(&["--race", "--race-exit-code", "0"]));
+        }
+        a.push("--".into());
+        a.push(self.paths.bin_dir.join(app).display().to_string());
+        a.extend(args.iter().cloned());
+        let mut spec = self.dsmrun(a);
+        spec.env.push((
+            "DSM_STATS_FILE".into(),
+            self.scratch.join("stats-%r.json").display().to_string(),
+        ));
+        if let Some(p) = variant.phases_env() {
+            spec.env.push(("DSM_RACE_PHASES".into(), p.into()));
+        }
+        // The transport a user gets (one common segment on this host, with or without
+        // --race) unless the job names one.
+        spec.env.push((
+            env_vars::TRANSPORT.into(),
+            transport.unwrap_or("auto").into(),
+        ));
+        // Only SOR's rows report dsm's memory; sampling costs a little CPU.
+        spec.sample_children = app == "sor" && nodes == self.knobs.peer_threads;
+        spec
+    }
+
+    fn dsm_kernel(&self, kernel: &str, nodes: usize) -> Spec {
+        let mut spec = Spec::new(
+            &self.dsmrun,
+            vec![
+                "-n".into(),
                 nodes.to_string(),
                 "--timeout".into(),
-                knobs.app_timeout_s.to_string(),
+                "60".into(),
+                "--race".into(),
                 "--".into(),
-                paths.bin_dir.join(app).display().to_string(),
-            ];
-            a.extend(args.iter().cloned());
-            let mut spec = Spec::new(&dsmrun, a, Duration::from_secs(knobs.app_timeout_s + 20));
-            if let Some(transport) = runner_transport(*runner) {
-                spec.env
-                    .push((env_vars::TRANSPORT.into(), transport.into()));
+                self.paths.bin_dir.join("race-kernel").display().to_string(),
+                "run".into(),
+                kernel.into(),
+            ],
+            Duration::from_secs(80),
+        );
+        spec.sample_children = true;
+        spec
+    }
+
+    /// The C row: the C SOR under dsmrun or as a threaded program.
+    fn c_app(
+        &self,
+        runner: CRunner,
+        size: usize,
+        iters: usize,
+        nodes: usize,
+    ) -> Result<Spec, String> {
+        let exe = self.tools.c_apps.get(runner)?.clone();
+        let sor_args = [size.to_string(), iters.to_string()];
+        if runner.dsm() {
+            let mut a = self.dsmrun_args(nodes);
+            if runner == CRunner::DsmRace {
+                a.push("--race".into());
             }
-            spec
+            a.push("--".into());
+            a.push(exe.display().to_string());
+            a.extend(sor_args);
+            let mut spec = self.dsmrun(a);
+            spec.env.push((env_vars::TRANSPORT.into(), "auto".into()));
+            Ok(spec)
+        } else {
+            let tool = if runner == CRunner::ThreadsTsan {
+                Tool::Tsan
+            } else {
+                Tool::Plain
+            };
+            let mut a = vec![nodes.to_string()];
+            a.extend(sor_args);
+            Ok(c_tool_spec(tool, exe, a, 300))
         }
-    })
+    }
+
+    fn primitives(&self, reps: usize, transport: BenchTransport) -> Spec {
+        let mut spec = Spec::new(
+            self.paths.bin_dir.join("dsm-bench"),
+            vec!["--reps".into(), reps.to_string()],
+            Duration::from_secs(600),
+        );
+        spec.env.push((
+            env_vars::TRANSPORT.into(),
+            primitives_transport(transport).into(),
+        ));
+        spec
+    }
+
+    fn vs_threads(&self, app: &str, args: &[String], nodes: usize, runner: Runner) -> Spec {
+        let Some(transport) = runner_transport(runner) else {
+            let mut a = vec!["--threads".to_string(), nodes.to_string()];
+            a.extend(args.iter().cloned());
+            return Spec::new(
+                self.paths.bin_dir.join(app),
+                a,
+                Duration::from_secs(self.knobs.app_timeout_s),
+            );
+        };
+        let mut a = self.dsmrun_args(nodes);
+        a.push("--".into());
+        a.push(self.paths.bin_dir.join(app).display().to_string());
+        a.extend(args.iter().cloned());
+        let mut spec = self.dsmrun(a);
+        spec.env
+            .push((env_vars::TRANSPORT.into(), transport.into()));
+        spec
+    }
+}
+
+/// A C program run directly, under TSan's options, or under valgrind.
+fn c_tool_spec(tool: Tool, exe: PathBuf, args: Vec<String>, timeout: u64) -> Spec {
+    let mut spec = if matches!(tool, Tool::Helgrind | Tool::Drd) {
+        let mut a = valgrind_args(tool);
+        a.push(exe.display().to_string());
+        a.extend(args);
+        Spec::new("valgrind", a, Duration::from_secs(timeout))
+    } else {
+        Spec::new(exe, args, Duration::from_secs(timeout))
+    };
+    if tool == Tool::Tsan {
+        spec.env.push((
+            "TSAN_OPTIONS".into(),
+            format!("exitcode={} halt_on_error=0", Tool::RACE_EXIT),
+        ));
+    }
+    spec
 }
 
 fn failed(error: String, raw: Option<&measure::Raw>) -> Outcome {
