@@ -271,144 +271,201 @@ pub fn read_trace(input: impl BufRead) -> Result<Trace, FormatError> {
 }
 
 fn build(nodes: usize, records: Vec<(usize, Record)>) -> Result<Trace, FormatError> {
-    let mut trace = Trace::new(nodes);
-    let mut sem_index: HashMap<String, usize> = HashMap::new();
-    // Signals made so far: (sem, node, seq) -> consumed?
-    let mut signals: HashMap<(usize, usize, u32), bool> = HashMap::new();
-    let mut ops = Vec::new();
-    let mut counted = vec![0usize; nodes];
-    for (line, r) in records {
-        let bad = |why: String| FormatError::Bad { line, why };
-        match r {
-            Record::Sem(s) => match sem_index.get(&s.name) {
-                Some(&i) if trace.initial[i] != s.initial => {
-                    return Err(bad(format!(
-                        "semaphore '{}' declared with initial counts {} and {}",
-                        s.name, trace.initial[i], s.initial
-                    )))
-                }
-                Some(_) => {}
-                None => {
-                    sem_index.insert(s.name.clone(), trace.sem_names.len());
-                    trace.sem_names.push(s.name);
-                    trace.initial.push(s.initial);
-                }
-            },
-            Record::Op(o) => {
-                if let Some(c) = counted.get_mut(o.node) {
-                    *c += 1;
-                }
-                ops.push((line, o))
-            }
-            Record::Barrier(b) => {
-                if b.node >= nodes {
-                    return Err(bad(format!("node {} in a {nodes}-node trace", b.node)));
-                }
-                let passed = &mut trace.barriers[b.node];
-                if b.number as usize != passed.len() + 1 {
-                    return Err(bad(format!(
-                        "barrier {} of node {}, expected barrier {}",
-                        b.number,
-                        b.node,
-                        passed.len() + 1
-                    )));
-                }
-                // The node's operations before it: its operation records so far.
-                passed.push(counted[b.node]);
-            }
-        }
-    }
-    if let Some(i) = (1..nodes).find(|&i| trace.barriers[i].len() != trace.barriers[0].len()) {
-        return Err(FormatError::Barriers(format!(
-            "node 0 passed {} barriers and node {i} {}: every node passes every barrier \
-             (a trace of a run that stopped early?)",
-            trace.barriers[0].len(),
-            trace.barriers[i].len()
-        )));
-    }
-    // Each operation's epoch: the barriers its node passed before it.
-    let epoch_of = |node: usize, pos: usize| trace.barriers[node].partition_point(|&b| b <= pos);
-    let mut op_pos = vec![0usize; nodes];
-    // Signals first (any order of nodes), so waits can name signals of nodes listed later.
-    let mut next_seq: HashMap<(usize, usize), u32> = HashMap::new();
-    let mut signal_epoch: HashMap<(usize, usize, u32), usize> = HashMap::new();
-    for (line, o) in &ops {
-        let bad = |why: String| FormatError::Bad { line: *line, why };
-        if o.node >= nodes {
-            return Err(bad(format!("node {} in a {nodes}-node trace", o.node)));
-        }
-        let pos = op_pos[o.node];
-        op_pos[o.node] += 1;
-        let Some(&sem) = sem_index.get(&o.sem) else {
-            return Err(bad(format!("semaphore '{}' was never declared", o.sem)));
-        };
-        if o.kind == Op::Signal {
-            let expected = next_seq.entry((sem, o.node)).or_insert(0);
-            if o.seq != Some(*expected) {
-                return Err(bad(format!(
-                    "signal number {:?} of node {} on '{}', expected {}",
-                    o.seq, o.node, o.sem, expected
-                )));
-            }
-            signals.insert((sem, o.node, *expected), false);
-            signal_epoch.insert((sem, o.node, *expected), epoch_of(o.node, pos));
-            *expected += 1;
-        }
-    }
-    let mut initial_used = vec![0u32; trace.initial.len()];
-    for (line, o) in ops {
-        let bad = |why: String| FormatError::Bad { line, why };
-        let sem = sem_index[&o.sem];
-        let epoch = epoch_of(o.node, trace.events[o.node].len());
-        let pairing = match o.kind {
-            Op::Signal => None,
-            Op::Wait => match o.signal {
-                None => {
-                    initial_used[sem] += 1;
-                    if initial_used[sem] > trace.initial[sem] {
+    let mut builder = TraceBuilder {
+        nodes,
+        trace: Trace::new(nodes),
+        sem_index: HashMap::new(),
+        signals: HashMap::new(),
+        signal_epoch: HashMap::new(),
+    };
+    let ops = builder.declarations_and_barriers(records)?;
+    builder.check_barrier_counts()?;
+    builder.number_signals(&ops)?;
+    builder.pair_waits(ops)?;
+    Ok(builder.trace)
+}
+
+/// A trace being checked and built from its records.
+struct TraceBuilder {
+    nodes: usize,
+    trace: Trace,
+    sem_index: HashMap<String, usize>,
+    /// Signals made so far: (sem, node, seq) -> consumed?
+    signals: HashMap<(usize, usize, u32), bool>,
+    /// Each signal's epoch.
+    signal_epoch: HashMap<(usize, usize, u32), usize>,
+}
+
+impl TraceBuilder {
+    /// Takes the semaphore declarations and the barriers into the trace; returns the
+    /// operation records with their lines.
+    fn declarations_and_barriers(
+        &mut self,
+        records: Vec<(usize, Record)>,
+    ) -> Result<Vec<(usize, OpRecord)>, FormatError> {
+        let nodes = self.nodes;
+        let trace = &mut self.trace;
+        let mut ops = Vec::new();
+        let mut counted = vec![0usize; nodes];
+        for (line, r) in records {
+            let bad = |why: String| FormatError::Bad { line, why };
+            match r {
+                Record::Sem(s) => match self.sem_index.get(&s.name) {
+                    Some(&i) if trace.initial[i] != s.initial => {
                         return Err(bad(format!(
-                            "more waits on '{}' took an initial token than its initial count {}",
-                            o.sem, trace.initial[sem]
-                        )));
+                            "semaphore '{}' declared with initial counts {} and {}",
+                            s.name, trace.initial[i], s.initial
+                        )))
                     }
-                    None
-                }
-                Some((node, seq)) => match signals.get_mut(&(sem, node, seq)) {
+                    Some(_) => {}
                     None => {
-                        return Err(bad(format!(
-                            "wait paired with signal {seq} of node {node} on '{}', which is not in the trace",
-                            o.sem
-                        )))
-                    }
-                    Some(true) => {
-                        return Err(bad(format!(
-                            "signal {seq} of node {node} on '{}' consumed twice",
-                            o.sem
-                        )))
-                    }
-                    Some(_) if signal_epoch[&(sem, node, seq)] > epoch => {
-                        return Err(bad(format!(
-                            "wait before barrier {} paired with signal {seq} of node {node} \
-                             on '{}', which is after it",
-                            epoch + 1,
-                            o.sem
-                        )))
-                    }
-                    Some(used) => {
-                        *used = true;
-                        Some((node, seq))
+                        self.sem_index.insert(s.name.clone(), trace.sem_names.len());
+                        trace.sem_names.push(s.name);
+                        trace.initial.push(s.initial);
                     }
                 },
-            },
-        };
-        trace.events[o.node].push(TraceEvent {
-            op: o.kind,
-            sem,
-            seq: o.seq,
-            paired: pairing,
-        });
+                Record::Op(o) => {
+                    if let Some(c) = counted.get_mut(o.node) {
+                        *c += 1;
+                    }
+                    ops.push((line, o))
+                }
+                Record::Barrier(b) => {
+                    if b.node >= nodes {
+                        return Err(bad(format!("node {} in a {nodes}-node trace", b.node)));
+                    }
+                    let passed = &mut trace.barriers[b.node];
+                    if b.number as usize != passed.len() + 1 {
+                        return Err(bad(format!(
+                            "barrier {} of node {}, expected barrier {}",
+                            b.number,
+                            b.node,
+                            passed.len() + 1
+                        )));
+                    }
+                    // The node's operations before it: its operation records so far.
+                    passed.push(counted[b.node]);
+                }
+            }
+        }
+        Ok(ops)
     }
-    Ok(trace)
+
+    fn check_barrier_counts(&self) -> Result<(), FormatError> {
+        let barriers = &self.trace.barriers;
+        if let Some(i) = (1..self.nodes).find(|&i| barriers[i].len() != barriers[0].len()) {
+            return Err(FormatError::Barriers(format!(
+                "node 0 passed {} barriers and node {i} {}: every node passes every barrier \
+                 (a trace of a run that stopped early?)",
+                barriers[0].len(),
+                barriers[i].len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// An operation's epoch: the barriers its node passed before it.
+    fn epoch_of(&self, node: usize, pos: usize) -> usize {
+        self.trace.barriers[node].partition_point(|&b| b <= pos)
+    }
+
+    /// Checks every operation's node and semaphore and every signal's number, and records
+    /// the signals. Signals first (any order of nodes), so waits can name signals of nodes
+    /// listed later.
+    fn number_signals(&mut self, ops: &[(usize, OpRecord)]) -> Result<(), FormatError> {
+        let nodes = self.nodes;
+        let mut op_pos = vec![0usize; nodes];
+        let mut next_seq: HashMap<(usize, usize), u32> = HashMap::new();
+        for (line, o) in ops {
+            let bad = |why: String| FormatError::Bad { line: *line, why };
+            if o.node >= nodes {
+                return Err(bad(format!("node {} in a {nodes}-node trace", o.node)));
+            }
+            let pos = op_pos[o.node];
+            op_pos[o.node] += 1;
+            let Some(&sem) = self.sem_index.get(&o.sem) else {
+                return Err(bad(format!("semaphore '{}' was never declared", o.sem)));
+            };
+            if o.kind == Op::Signal {
+                let expected = next_seq.entry((sem, o.node)).or_insert(0);
+                if o.seq != Some(*expected) {
+                    return Err(bad(format!(
+                        "signal number {:?} of node {} on '{}', expected {}",
+                        o.seq, o.node, o.sem, expected
+                    )));
+                }
+                self.signals.insert((sem, o.node, *expected), false);
+                let epoch = self.epoch_of(o.node, pos);
+                self.signal_epoch.insert((sem, o.node, *expected), epoch);
+                *expected += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends every operation to its node's events, pairing each wait with its signal.
+    fn pair_waits(&mut self, ops: Vec<(usize, OpRecord)>) -> Result<(), FormatError> {
+        let mut initial_used = vec![0u32; self.trace.initial.len()];
+        for (line, o) in ops {
+            let sem = self.sem_index[&o.sem];
+            let epoch = self.epoch_of(o.node, self.trace.events[o.node].len());
+            let pairing = match o.kind {
+                Op::Signal => None,
+                Op::Wait => self.pair_wait(line, &o, sem, epoch, &mut initial_used)?,
+            };
+            self.trace.events[o.node].push(TraceEvent {
+                op: o.kind,
+                sem,
+                seq: o.seq,
+                paired: pairing,
+            });
+        }
+        Ok(())
+    }
+
+    /// The signal a wait consumed (`None` for an initial token), checked: it exists, is
+    /// not consumed twice and is not from a later epoch; and no more initial tokens are
+    /// taken than there are.
+    fn pair_wait(
+        &mut self,
+        line: usize,
+        o: &OpRecord,
+        sem: usize,
+        epoch: usize,
+        initial_used: &mut [u32],
+    ) -> Result<Option<(usize, u32)>, FormatError> {
+        let bad = |why: String| FormatError::Bad { line, why };
+        let Some((node, seq)) = o.signal else {
+            initial_used[sem] += 1;
+            if initial_used[sem] > self.trace.initial[sem] {
+                return Err(bad(format!(
+                    "more waits on '{}' took an initial token than its initial count {}",
+                    o.sem, self.trace.initial[sem]
+                )));
+            }
+            return Ok(None);
+        };
+        match self.signals.get_mut(&(sem, node, seq)) {
+            None => Err(bad(format!(
+                "wait paired with signal {seq} of node {node} on '{}', which is not in the trace",
+                o.sem
+            ))),
+            Some(true) => Err(bad(format!(
+                "signal {seq} of node {node} on '{}' consumed twice",
+                o.sem
+            ))),
+            Some(_) if self.signal_epoch[&(sem, node, seq)] > epoch => Err(bad(format!(
+                "wait before barrier {} paired with signal {seq} of node {node} \
+                 on '{}', which is after it",
+                epoch + 1,
+                o.sem
+            ))),
+            Some(used) => {
+                *used = true;
+                Ok(Some((node, seq)))
+            }
+        }
+    }
 }
 
 /// Merges the part files of one run (any order) into a trace file, checking that they

@@ -291,33 +291,42 @@ fn mb(kb: u64) -> f64 {
 
 /// SOR under every detector, and the kernels' verdicts.
 pub fn peer_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<PeerRow> {
-    let s = &ctx.settings;
+    let sor_label = format!("sor {}", ctx.settings.peer_sor);
+    let mut rows = c_sor_rows(ctx, runs, &sor_label);
+    rows.extend(dsm_sor_rows(ctx, runs, &sor_label));
+    rows.extend(c_app_rows(ctx, runs));
+    rows.extend(kernel_rows(ctx, runs));
+    rows
+}
+
+/// The C SOR runs of one tool in repetition order: their times (NaN where a run failed)
+/// and their outcomes.
+fn c_sor_runs(runs: &[RunRecord], tool: Tool) -> (Vec<f64>, Vec<&Outcome>) {
+    let mut v: Vec<(usize, &Outcome)> = runs
+        .iter()
+        .filter_map(|r| match &r.job {
+            Job::CSor { tool: t, rep, .. } if *t == tool => Some((*rep, &r.outcome)),
+            _ => None,
+        })
+        .collect();
+    v.sort_by_key(|(rep, _)| *rep);
+    (
+        v.iter()
+            .map(|(_, o)| o.parallel_s.filter(|_| o.ok).unwrap_or(f64::NAN))
+            .collect(),
+        v.into_iter().map(|(_, o)| o).collect(),
+    )
+}
+
+/// The C SOR plain and under each detector, each against the plain runs.
+fn c_sor_rows(ctx: &Context, runs: &[RunRecord], sor_label: &str) -> Vec<PeerRow> {
     let mut rows = Vec::new();
-    let threads = s.peer_threads;
-    let sor_label = format!("sor {}", s.peer_sor);
-    // C SOR, by tool and repetition.
-    let c_times = |tool: Tool| -> (Vec<f64>, Vec<&Outcome>) {
-        let mut v: Vec<(usize, &Outcome)> = runs
-            .iter()
-            .filter_map(|r| match &r.job {
-                Job::CSor { tool: t, rep, .. } if *t == tool => Some((*rep, &r.outcome)),
-                _ => None,
-            })
-            .collect();
-        v.sort_by_key(|(rep, _)| *rep);
-        (
-            v.iter()
-                .map(|(_, o)| o.parallel_s.filter(|_| o.ok).unwrap_or(f64::NAN))
-                .collect(),
-            v.into_iter().map(|(_, o)| o).collect(),
-        )
-    };
-    let (plain, _) = c_times(Tool::Plain);
+    let (plain, _) = c_sor_runs(runs, Tool::Plain);
     for tool in [Tool::Plain, Tool::Tsan, Tool::Helgrind, Tool::Drd] {
         let mut row = PeerRow {
             tool: tool.label().into(),
             app: format!("{sor_label} (C, pthreads)"),
-            threads,
+            threads: ctx.settings.peer_threads,
             ..PeerRow::default()
         };
         if let Some(why) = ctx.missing_tools.get(&tool) {
@@ -325,7 +334,7 @@ pub fn peer_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<PeerRow> {
             rows.push(row);
             continue;
         }
-        let (times, outs) = c_times(tool);
+        let (times, outs) = c_sor_runs(runs, tool);
         let failed = times.iter().filter(|t| t.is_nan()).count();
         row.status = status_of(times.len(), failed);
         row.base_s = median(&plain);
@@ -345,7 +354,13 @@ pub fn peer_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<PeerRow> {
         row.expected_race = Some(false);
         rows.push(row);
     }
-    // dsm's SOR at the same size and node count: the table's runs.
+    rows
+}
+
+/// dsm's SOR at the same size and node count: the table's runs.
+fn dsm_sor_rows(ctx: &Context, runs: &[RunRecord], sor_label: &str) -> Vec<PeerRow> {
+    let threads = ctx.settings.peer_threads;
+    let mut rows = Vec::new();
     for variant in [Variant::Off, Variant::On] {
         let mut row = PeerRow {
             tool: if variant == Variant::Off {
@@ -391,8 +406,12 @@ pub fn peer_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<PeerRow> {
         row.expected_race = Some(false);
         rows.push(row);
     }
-    rows.extend(c_app_rows(ctx, runs));
-    // The kernels: dsm and each thread-level detector.
+    rows
+}
+
+/// The kernels: dsm and each thread-level detector.
+fn kernel_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<PeerRow> {
+    let mut rows = Vec::new();
     for (kernel, racy) in &ctx.kernels {
         let dsm = runs.iter().find_map(|r| match &r.job {
             Job::DsmKernel { kernel: k, .. } if k == kernel => Some(&r.outcome),
@@ -404,7 +423,7 @@ pub fn peer_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<PeerRow> {
             *racy,
             dsm,
             ctx.missing_apps.get("race-kernel"),
-            s.kernel_nodes,
+            ctx.settings.kernel_nodes,
         ));
         for tool in [Tool::Tsan, Tool::Helgrind, Tool::Drd] {
             let o = runs.iter().find_map(|r| match &r.job {
@@ -419,7 +438,7 @@ pub fn peer_rows(ctx: &Context, runs: &[RunRecord]) -> Vec<PeerRow> {
                 *racy,
                 o,
                 ctx.missing_tools.get(&tool),
-                threads,
+                ctx.settings.peer_threads,
             ));
         }
     }
@@ -705,140 +724,146 @@ pub fn targets(
     peers: &[PeerRow],
     prim: &Primitives,
 ) -> Vec<Target> {
-    let mut out = Vec::new();
-    // 1. Geometric mean slowdown at N = 8.
-    {
-        let at = |n: usize| -> (Vec<f64>, Vec<String>) {
-            let rows: Vec<&AppRow> = apps.iter().filter(|r| r.nodes == n).collect();
-            (
-                rows.iter().filter_map(|r| r.race_ratio).collect(),
-                rows.iter()
-                    .filter(|r| r.race_ratio.is_none())
-                    .map(|r| r.app.clone())
-                    .collect(),
-            )
+    vec![
+        slowdown_target(ctx, apps),
+        tsan_target(ctx, peers),
+        fault_floor_target(prim),
+    ]
+}
+
+/// Geometric mean slowdown at N = 8.
+fn slowdown_target(ctx: &Context, apps: &[AppRow]) -> Target {
+    let at = |n: usize| -> (Vec<f64>, Vec<String>) {
+        let rows: Vec<&AppRow> = apps.iter().filter(|r| r.nodes == n).collect();
+        (
+            rows.iter().filter_map(|r| r.race_ratio).collect(),
+            rows.iter()
+                .filter(|r| r.race_ratio.is_none())
+                .map(|r| r.app.clone())
+                .collect(),
+        )
+    };
+    let (r8, miss8) = at(8);
+    let mut t = Target {
+        name: "race-detection slowdown, geometric mean over the apps at N = 8".into(),
+        goal: "<= 1.3 (paper: 2.2)".into(),
+        ..Target::default()
+    };
+    let Some(g) = geomean(&r8) else {
+        let (r2, _) = at(2);
+        t.measured = "not measured at N = 8".into();
+        t.note = match geomean(&r2) {
+            Some(g) => format!(
+                "N = 8 not run in this mode; at N = 2 the geometric mean is {} over {} apps",
+                fmt_x(g),
+                r2.len()
+            ),
+            None => "no app has both race-off and race-on times".into(),
         };
-        let (r8, miss8) = at(8);
-        let mut t = Target {
-            name: "race-detection slowdown, geometric mean over the apps at N = 8".into(),
-            goal: "<= 1.3 (paper: 2.2)".into(),
-            ..Target::default()
-        };
-        if let Some(g) = geomean(&r8) {
-            let names: Vec<&str> = apps
-                .iter()
-                .filter(|r| r.nodes == 8 && r.race_ratio.is_some())
-                .map(|r| r.app.as_str())
-                .collect();
-            t.value = Some(g);
-            t.measured = format!("{} over {}", fmt_x(g), names.join(", "));
-            t.met = Some(g <= 1.3);
-            if !miss8.is_empty() {
-                t.note = format!("without {} (not measured)", miss8.join(", "));
-                t.met = None;
-            } else if names.len() < 4 {
-                t.note = "the target is over the four apps".into();
-                t.met = None;
-            }
-            if ctx.machine.cores < 8 {
-                t.note = [
-                    t.note.clone(),
-                    format!("N = 8 is oversubscribed on {} cores", ctx.machine.cores),
-                ]
-                .iter()
-                .filter(|s| !s.is_empty())
-                .cloned()
-                .collect::<Vec<_>>()
-                .join("; ");
-            }
-        } else {
-            let (r2, _) = at(2);
-            t.measured = "not measured at N = 8".into();
-            t.note = match geomean(&r2) {
-                Some(g) => format!(
-                    "N = 8 not run in this mode; at N = 2 the geometric mean is {} over {} apps",
-                    fmt_x(g),
-                    r2.len()
-                ),
-                None => "no app has both race-off and race-on times".into(),
-            };
-        }
-        out.push(t);
+        return t;
+    };
+    let names: Vec<&str> = apps
+        .iter()
+        .filter(|r| r.nodes == 8 && r.race_ratio.is_some())
+        .map(|r| r.app.as_str())
+        .collect();
+    t.value = Some(g);
+    t.measured = format!("{} over {}", fmt_x(g), names.join(", "));
+    t.met = Some(g <= 1.3);
+    if !miss8.is_empty() {
+        t.note = format!("without {} (not measured)", miss8.join(", "));
+        t.met = None;
+    } else if names.len() < 4 {
+        t.note = "the target is over the four apps".into();
+        t.met = None;
     }
-    // 2. dsm --race against ThreadSanitizer on SOR.
-    {
-        let find = |tool: &str| {
-            peers
-                .iter()
-                .find(|p| p.tool == tool && p.app.starts_with("sor"))
-                .and_then(|p| p.slowdown)
-        };
-        let mut t = Target {
-            name: "dsm --race vs ThreadSanitizer on SOR (ratio of slowdowns)".into(),
-            goal: ">= 5x cheaper".into(),
-            ..Target::default()
-        };
-        match (find("dsm --race"), find(Tool::Tsan.label())) {
-            (Some(d), Some(ts)) => {
-                let v = ts / d;
-                t.value = Some(v);
-                t.measured = format!(
-                    "{} cheaper (TSan {} vs dsm {})",
-                    fmt_x(v),
-                    fmt_x(ts),
-                    fmt_x(d)
-                );
-                t.met = Some(v >= 5.0);
-                t.note = format!(
-                    "SOR {}, {} threads / nodes",
-                    ctx.settings.peer_sor, ctx.settings.peer_threads
-                );
-            }
-            (d, ts) => {
-                t.measured = "not measured".into();
-                t.note = format!(
-                    "{}{}",
-                    if d.is_none() {
-                        "no dsm SOR slowdown; "
-                    } else {
-                        ""
-                    },
-                    if ts.is_none() {
-                        "no ThreadSanitizer SOR slowdown"
-                    } else {
-                        ""
-                    }
-                );
-            }
-        }
-        out.push(t);
+    if ctx.machine.cores < 8 {
+        t.note = [
+            t.note.clone(),
+            format!("N = 8 is oversubscribed on {} cores", ctx.machine.cores),
+        ]
+        .iter()
+        .filter(|s| !s.is_empty())
+        .cloned()
+        .collect::<Vec<_>>()
+        .join("; ");
     }
-    // 3. Remote fault against the physical floor.
-    {
-        let mut t = Target {
-            name: "remote page fault vs loopback round trip + local fault".into(),
-            goal: "<= 2x".into(),
-            ..Target::default()
-        };
-        match (
-            prim.remote_fault_vs_floor,
-            prim.remote_fault_us,
-            prim.rtt_us,
-            prim.write_fault_us,
-        ) {
-            (Some(v), Some(rf), Some(rtt), Some(wf)) => {
-                t.value = Some(v);
-                t.measured = format!("{} ({rf:.1} us vs {rtt:.1} + {wf:.1} us)", fmt_x(v));
-                t.met = Some(v <= 2.0);
-            }
-            _ => {
-                t.measured = "not measured".into();
-                t.note = prim.status.clone();
-            }
+    t
+}
+
+/// dsm --race against ThreadSanitizer on SOR.
+fn tsan_target(ctx: &Context, peers: &[PeerRow]) -> Target {
+    let find = |tool: &str| {
+        peers
+            .iter()
+            .find(|p| p.tool == tool && p.app.starts_with("sor"))
+            .and_then(|p| p.slowdown)
+    };
+    let mut t = Target {
+        name: "dsm --race vs ThreadSanitizer on SOR (ratio of slowdowns)".into(),
+        goal: ">= 5x cheaper".into(),
+        ..Target::default()
+    };
+    match (find("dsm --race"), find(Tool::Tsan.label())) {
+        (Some(d), Some(ts)) => {
+            let v = ts / d;
+            t.value = Some(v);
+            t.measured = format!(
+                "{} cheaper (TSan {} vs dsm {})",
+                fmt_x(v),
+                fmt_x(ts),
+                fmt_x(d)
+            );
+            t.met = Some(v >= 5.0);
+            t.note = format!(
+                "SOR {}, {} threads / nodes",
+                ctx.settings.peer_sor, ctx.settings.peer_threads
+            );
         }
-        out.push(t);
+        (d, ts) => {
+            t.measured = "not measured".into();
+            t.note = format!(
+                "{}{}",
+                if d.is_none() {
+                    "no dsm SOR slowdown; "
+                } else {
+                    ""
+                },
+                if ts.is_none() {
+                    "no ThreadSanitizer SOR slowdown"
+                } else {
+                    ""
+                }
+            );
+        }
     }
-    out
+    t
+}
+
+/// Remote fault against the physical floor.
+fn fault_floor_target(prim: &Primitives) -> Target {
+    let mut t = Target {
+        name: "remote page fault vs loopback round trip + local fault".into(),
+        goal: "<= 2x".into(),
+        ..Target::default()
+    };
+    match (
+        prim.remote_fault_vs_floor,
+        prim.remote_fault_us,
+        prim.rtt_us,
+        prim.write_fault_us,
+    ) {
+        (Some(v), Some(rf), Some(rtt), Some(wf)) => {
+            t.value = Some(v);
+            t.measured = format!("{} ({rf:.1} us vs {rtt:.1} + {wf:.1} us)", fmt_x(v));
+            t.met = Some(v <= 2.0);
+        }
+        _ => {
+            t.measured = "not measured".into();
+            t.note = prim.status.clone();
+        }
+    }
+    t
 }
 
 /// The speed targets of the fault, lock and transport work: primitives (over rings and

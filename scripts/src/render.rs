@@ -270,6 +270,28 @@ fn round_trips(o: &mut String, r: &Report) {
 
 pub fn render(r: &Report) -> String {
     let mut o = String::new();
+    header(&mut o, r);
+    targets(&mut o, r);
+    race_cost(&mut o, r);
+    applications(&mut o, r);
+    dynamic_metrics(&mut o, r);
+    breakdown(&mut o, r);
+    peers(&mut o, r);
+    primitives(&mut o, r);
+    speedup(&mut o, r);
+    versus_threads(&mut o, r);
+    slowdown_plot_and_plots_note(&mut o, r);
+    round_trips(&mut o, r);
+    notes_and_failures(&mut o, r);
+    o
+}
+
+fn has_plot(r: &Report, name: &str) -> bool {
+    r.plots.iter().any(|p| p == name)
+}
+
+/// The title, the machine and the conventions every table follows.
+fn header(o: &mut String, r: &Report) {
     let m = &r.machine;
     let s = &r.settings;
     let _ = writeln!(o, "# dsm benchmark report\n");
@@ -293,7 +315,9 @@ pub fn render(r: &Report) -> String {
         "Runs with N greater than the {} cores are marked \\* (oversubscribed: ranks share cores, so their times measure scheduling as much as dsm). All nodes run on this one machine. With dsm's default transport, with or without `--race`, every rank maps one common segment: no page travels, locks are ticket locks in that shared memory (with `--race` each carries its last releaser's vector time), and only barrier and semaphore messages pass, through shared-memory rings. The race-cost table, the application tables, the breakdown, the speedups, the *dsm* columns of the dsm-vs-threads table and the first column of the DSM primitives run so. Columns marked rings (`DSM_TRANSPORT=rings`) give each rank its own copy of the pages, moved by the coherence protocol through shared-memory rings. Columns marked TCP (`DSM_TRANSPORT=tcp`) send everything over loopback TCP, as between hosts, each rank with its own copy of the pages. Times are each program's own timing of its parallel part; medians of the repetitions, with min{DASH}max in parentheses.\n",
         m.cores
     );
+}
 
+fn targets(o: &mut String, r: &Report) {
     let _ = writeln!(o, "## Targets\n");
     let _ = writeln!(o, "| target | goal | measured | met |\n|---|---|---|---|");
     for t in &r.targets {
@@ -317,10 +341,11 @@ pub fn render(r: &Report) -> String {
         );
     }
     o.push('\n');
+}
 
-    race_cost(&mut o, r);
-
-    // 1. Applications.
+/// Section 1, the paper's Table 1.
+fn applications(o: &mut String, r: &Report) {
+    let s = &r.settings;
     let _ = writeln!(o, "## 1. Applications (the paper's Table 1)\n");
     let _ = writeln!(
         o,
@@ -357,91 +382,101 @@ pub fn render(r: &Report) -> String {
             String::new()
         }
     );
+}
 
-    // 2. Dynamic metrics.
+/// Section 2, the paper's Table 3.
+fn dynamic_metrics(o: &mut String, r: &Report) {
     let _ = writeln!(o, "## 2. Dynamic metrics (the paper's Table 3)\n");
     if r.dynamic.is_empty() {
         let _ = writeln!(o, "No `--race` run succeeded.\n");
-    } else {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "| app | N | intervals in a concurrent overlapping pair | bitmaps fetched | read/write notice bytes | interval comparison (ms) | bitmap round (ms) |\n|---|---|---|---|---|---|---|"
+    );
+    for d in &r.dynamic {
+        let over = d.nodes > r.machine.cores;
+        let counts = d.analysis.as_ref();
         let _ = writeln!(
             o,
-            "| app | N | intervals in a concurrent overlapping pair | bitmaps fetched | read/write notice bytes | interval comparison (ms) | bitmap round (ms) |\n|---|---|---|---|---|---|---|"
-        );
-        for d in &r.dynamic {
-            let over = d.nodes > m.cores;
-            let counts = d.analysis.as_ref();
-            let _ = writeln!(
-                o,
-                "| {} | {} | {}{} | {}{} | {}{} | {} | {} |",
-                d.app,
-                nodes(d.nodes, over),
-                pct(d.intervals_in_overlap_pct),
-                opt(counts, |a| format!(
-                    " ({} of {})",
-                    a.intervals_in_overlap, a.intervals
-                )),
-                pct(d.bitmaps_fetched_pct),
-                opt(counts, |a| format!(
-                    " ({} of {})",
-                    a.bitmaps_wanted, a.bitmaps_total
-                )),
-                pct(d.notice_bytes_pct),
-                opt(d.race_notice_bytes.zip(d.bytes_sent), |(n, b)| format!(
-                    " ({n} of {b} B)"
-                )),
-                opt(d.interval_comparison_ms, |x| format!("{x:.2}")),
-                opt(d.bitmap_round_ms, |x| format!("{x:.2}")),
-            );
-        }
-        let _ = writeln!(
-            o,
-            "\nFrom the `--race` runs' `DSM_STATS_FILE` summaries (medians over repetitions; counts of the median run). *Intervals*: the share of all intervals the barrier master analysed that belong to at least one concurrent pair whose page lists overlap. *Bitmaps fetched*: access bitmaps the master asked for, of all bitmaps recorded. *Notice bytes*: bytes of read/write notices in all messages, over all bytes sent, summed over ranks. The two times are rank 0's, summed over the run.\n"
+            "| {} | {} | {}{} | {}{} | {}{} | {} | {} |",
+            d.app,
+            nodes(d.nodes, over),
+            pct(d.intervals_in_overlap_pct),
+            opt(counts, |a| format!(
+                " ({} of {})",
+                a.intervals_in_overlap, a.intervals
+            )),
+            pct(d.bitmaps_fetched_pct),
+            opt(counts, |a| format!(
+                " ({} of {})",
+                a.bitmaps_wanted, a.bitmaps_total
+            )),
+            pct(d.notice_bytes_pct),
+            opt(d.race_notice_bytes.zip(d.bytes_sent), |(n, b)| format!(
+                " ({n} of {b} B)"
+            )),
+            opt(d.interval_comparison_ms, |x| format!("{x:.2}")),
+            opt(d.bitmap_round_ms, |x| format!("{x:.2}")),
         );
     }
+    let _ = writeln!(
+        o,
+        "\nFrom the `--race` runs' `DSM_STATS_FILE` summaries (medians over repetitions; counts of the median run). *Intervals*: the share of all intervals the barrier master analysed that belong to at least one concurrent pair whose page lists overlap. *Bitmaps fetched*: access bitmaps the master asked for, of all bitmaps recorded. *Notice bytes*: bytes of read/write notices in all messages, over all bytes sent, summed over ranks. The two times are rank 0's, summed over the run.\n"
+    );
+}
 
-    // 3. Breakdown.
+/// Section 3, the paper's Figure 3.
+fn breakdown(o: &mut String, r: &Report) {
     let _ = writeln!(
         o,
         "## 3. Where the race-detection time goes (the paper's Figure 3)\n"
     );
     if r.breakdown.is_empty() {
         let _ = writeln!(o, "Not measured.\n");
-    } else {
-        let _ = writeln!(
-            o,
-            "| app | N | race off (s) | recording | protocol extras | interval comparison | bitmap round | total | status |\n|---|---|---|---|---|---|---|---|---|"
-        );
-        for b in &r.breakdown {
-            let _ = writeln!(
-                o,
-                "| {} | {} | {} | {} | {} | {} | {} | **{}** | {} |",
-                b.app,
-                nodes(b.nodes, b.nodes > m.cores),
-                opt(b.median_s.get("off").copied(), secs),
-                pct(b.recording_pct),
-                pct(b.protocol_pct),
-                with_timer(b.intervals_pct, b.timer_intervals_pct),
-                with_timer(b.bitmaps_pct, b.timer_bitmaps_pct),
-                pct(b.total_pct),
-                cell(&b.status)
-            );
-        }
-        let _ = writeln!(
-            o,
-            "\nEach app also ran with `DSM_RACE_PHASES` = `record` (accesses recorded, notices kept home), `notices` (+ read/write notices on the wire), `compare` (+ interval comparison at the master) and with the full detector (+ bitmap round). Each component is the difference between two consecutive phases of the same repetition (they run back to back), as a percentage of that repetition's race-off time, and the median of that over the repetitions; the components need not add up to the total, which is computed the same way, and a negative value is noise. *Timer*: rank 0's own clock of the interval comparison and of the bitmap round in the full runs, over the race-off time, as a cross-check of the differences.\n"
-        );
-        if r.plots.iter().any(|p| p == "breakdown.png") {
-            let _ = writeln!(o, "![overhead breakdown](breakdown.png)\n");
-        }
+        return;
     }
+    let _ = writeln!(
+        o,
+        "| app | N | race off (s) | recording | protocol extras | interval comparison | bitmap round | total | status |\n|---|---|---|---|---|---|---|---|---|"
+    );
+    for b in &r.breakdown {
+        let _ = writeln!(
+            o,
+            "| {} | {} | {} | {} | {} | {} | {} | **{}** | {} |",
+            b.app,
+            nodes(b.nodes, b.nodes > r.machine.cores),
+            opt(b.median_s.get("off").copied(), secs),
+            pct(b.recording_pct),
+            pct(b.protocol_pct),
+            with_timer(b.intervals_pct, b.timer_intervals_pct),
+            with_timer(b.bitmaps_pct, b.timer_bitmaps_pct),
+            pct(b.total_pct),
+            cell(&b.status)
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\nEach app also ran with `DSM_RACE_PHASES` = `record` (accesses recorded, notices kept home), `notices` (+ read/write notices on the wire), `compare` (+ interval comparison at the master) and with the full detector (+ bitmap round). Each component is the difference between two consecutive phases of the same repetition (they run back to back), as a percentage of that repetition's race-off time, and the median of that over the repetitions; the components need not add up to the total, which is computed the same way, and a negative value is noise. *Timer*: rank 0's own clock of the interval comparison and of the bitmap round in the full runs, over the race-off time, as a cross-check of the differences.\n"
+    );
+    if has_plot(r, "breakdown.png") {
+        let _ = writeln!(o, "![overhead breakdown](breakdown.png)\n");
+    }
+}
 
-    // 4. Peers.
+/// Section 4: the SOR comparison with other detectors, then the planted-race kernels.
+fn peers(o: &mut String, r: &Report) {
     let _ = writeln!(o, "## 4. Against other race detectors\n");
-    let sor_rows: Vec<&PeerRow> = r
-        .peers
-        .iter()
-        .filter(|p| p.app.starts_with("sor"))
-        .collect();
+    peers_on_sor(o, r);
+    kernel_verdicts(o, r);
+    if has_plot(r, "peers.png") {
+        let _ = writeln!(o, "![slowdown of race detectors on SOR](peers.png)\n");
+    }
+}
+
+fn peers_on_sor(o: &mut String, r: &Report) {
+    let s = &r.settings;
     let _ = writeln!(
         o,
         "Red-black SOR `{}` with {} threads (C, `scripts/c/sor.c`) or {} dsm nodes.\n",
@@ -451,7 +486,7 @@ pub fn render(r: &Report) -> String {
         o,
         "| tool | program | time (s) | baseline (s) | slowdown | peak RSS (MB) | race reported on SOR | status |\n|---|---|---|---|---|---|---|---|"
     );
-    for p in &sor_rows {
+    for p in r.peers.iter().filter(|p| p.app.starts_with("sor")) {
         let rss = match (p.peak_rss_mb, p.peak_rss_sum_mb) {
             (Some(mx), Some(sum)) => format!("{mx:.1} per rank, {sum:.1} all ranks"),
             (Some(mx), None) => format!("{mx:.1}"),
@@ -483,248 +518,261 @@ pub fn render(r: &Report) -> String {
         s.peer_reps,
         if s.valgrind_reps > 0 { s.valgrind_reps.to_string() } else { "none".into() }
     );
-    let kernels: Vec<&str> = {
-        let mut k: Vec<&str> = r
-            .peers
-            .iter()
-            .filter(|p| !p.app.starts_with("sor"))
-            .map(|p| p.app.as_str())
-            .collect();
-        k.dedup();
-        k
-    };
-    if !kernels.is_empty() {
-        let tools: Vec<&str> = {
-            let mut t: Vec<&str> = Vec::new();
-            for p in r.peers.iter().filter(|p| !p.app.starts_with("sor")) {
-                if !t.contains(&p.tool.as_str()) {
-                    t.push(&p.tool);
-                }
-            }
-            t
-        };
-        let _ = writeln!(
-            o,
-            "Planted races: dsm's `race-kernel` under `dsmrun -n {} --race` and the C translations in `scripts/c/kernels.c` ({} threads) under each detector. ✓ = the right verdict.\n",
-            s.kernel_nodes, s.peer_threads
-        );
-        let _ = write!(o, "| kernel | has a race |");
-        for t in &tools {
-            let _ = write!(o, " {t} |");
-        }
-        let _ = write!(o, "\n|---|---|");
-        for _ in &tools {
-            o.push_str("---|");
-        }
-        o.push('\n');
-        for k in &kernels {
-            let rows: Vec<&PeerRow> = r.peers.iter().filter(|p| p.app == *k).collect();
-            let expected = rows.iter().find_map(|p| p.expected_race);
-            let _ = write!(
-                o,
-                "| `{k}` | {} |",
-                opt(expected, |e| (if e { "yes" } else { "no" }).into())
-            );
-            for t in &tools {
-                let c = match rows.iter().find(|p| p.tool == *t) {
-                    Some(p) if p.status == "ok" => yes_no(p.found_race, p.expected_race),
-                    Some(p) if p.status.starts_with("not run") => "not run".into(),
-                    Some(p) => cell(&p.status),
-                    None => DASH.into(),
-                };
-                let _ = write!(o, " {c} |");
-            }
-            o.push('\n');
-        }
-        let missing: Vec<String> = r
-            .peers
-            .iter()
-            .filter(|p| p.status.starts_with("not run: "))
-            .map(|p| format!("{}: {}", p.tool, p.status.trim_start_matches("not run: ")))
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        if !missing.is_empty() {
-            let _ = writeln!(o, "\nNot run: {}.", missing.join("; "));
-        }
-        o.push('\n');
-    }
-    if r.plots.iter().any(|p| p == "peers.png") {
-        let _ = writeln!(o, "![slowdown of race detectors on SOR](peers.png)\n");
-    }
+}
 
-    // 5. Primitives.
+/// The planted-race kernels: one row per kernel, one column per detector that ran it.
+fn kernel_verdicts(o: &mut String, r: &Report) {
+    let kernel_rows = || r.peers.iter().filter(|p| !p.app.starts_with("sor"));
+    let mut kernels: Vec<&str> = kernel_rows().map(|p| p.app.as_str()).collect();
+    kernels.dedup();
+    if kernels.is_empty() {
+        return;
+    }
+    let mut tools: Vec<&str> = Vec::new();
+    for p in kernel_rows() {
+        if !tools.contains(&p.tool.as_str()) {
+            tools.push(&p.tool);
+        }
+    }
+    let _ = writeln!(
+        o,
+        "Planted races: dsm's `race-kernel` under `dsmrun -n {} --race` and the C translations in `scripts/c/kernels.c` ({} threads) under each detector. ✓ = the right verdict.\n",
+        r.settings.kernel_nodes, r.settings.peer_threads
+    );
+    let _ = write!(o, "| kernel | has a race |");
+    for t in &tools {
+        let _ = write!(o, " {t} |");
+    }
+    let _ = write!(o, "\n|---|---|");
+    for _ in &tools {
+        o.push_str("---|");
+    }
+    o.push('\n');
+    for k in &kernels {
+        let rows: Vec<&PeerRow> = r.peers.iter().filter(|p| p.app == *k).collect();
+        let expected = rows.iter().find_map(|p| p.expected_race);
+        let _ = write!(
+            o,
+            "| `{k}` | {} |",
+            opt(expected, |e| (if e { "yes" } else { "no" }).into())
+        );
+        for t in &tools {
+            let c = match rows.iter().find(|p| p.tool == *t) {
+                Some(p) if p.status == "ok" => yes_no(p.found_race, p.expected_race),
+                Some(p) if p.status.starts_with("not run") => "not run".into(),
+                Some(p) => cell(&p.status),
+                None => DASH.into(),
+            };
+            let _ = write!(o, " {c} |");
+        }
+        o.push('\n');
+    }
+    let missing: Vec<String> = r
+        .peers
+        .iter()
+        .filter(|p| p.status.starts_with("not run: "))
+        .map(|p| format!("{}: {}", p.tool, p.status.trim_start_matches("not run: ")))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if !missing.is_empty() {
+        let _ = writeln!(o, "\nNot run: {}.", missing.join("; "));
+    }
+    o.push('\n');
+}
+
+/// The primitives table's rows other than the barriers: label, whether the common segment
+/// times a plain access instead of a fault, and the figure.
+type PrimitiveRow = (&'static str, bool, fn(&Primitives) -> Option<f64>);
+
+const PRIMITIVE_ROWS: [PrimitiveRow; 6] = [
+    (
+        "loopback TCP round trip between two ranks (plain sockets)",
+        false,
+        |x| x.rtt_us,
+    ),
+    (
+        "remote page fault (fetch a page from its home)",
+        true,
+        |x| x.remote_fault_us,
+    ),
+    ("local write fault (twin, no message)", true, |x| {
+        x.write_fault_us
+    }),
+    ("lock acquire (free, remotely managed)", false, |x| {
+        x.lock_acquire_us
+    }),
+    ("lock hand-off carrying one page of changes", false, |x| {
+        x.lock_handoff_page_us
+    }),
+    (
+        "lock hand-offs while both nodes poll one lock (mean)",
+        false,
+        |x| x.lock_handoff_us,
+    ),
+];
+
+/// Writes primitives-table rows: the rings and TCP figures also in their own run's round
+/// trips.
+struct PrimitivesTable<'a> {
+    o: &'a mut String,
+    rtt: f64,
+    tcp_rtt: f64,
+}
+
+impl PrimitivesTable<'_> {
+    /// `no_fault`: in the common segment the page is already mapped, and the fault row
+    /// times a plain access.
+    fn row(
+        &mut self,
+        name: &str,
+        common: Option<f64>,
+        no_fault: bool,
+        rings: Option<f64>,
+        tcp: Option<f64>,
+    ) {
+        let _ = writeln!(
+            self.o,
+            "| {name} | {} | {} | {} | {} | {} |",
+            opt(common, |x| format!(
+                "{}{}",
+                common_us(x),
+                if no_fault { " (no fault)" } else { "" }
+            )),
+            opt(rings, |x| format!("{x:.1}")),
+            opt(rings, |x| format!("{:.2}", x / self.rtt)),
+            opt(tcp, |x| format!("{x:.1}")),
+            opt(tcp, |x| format!("{:.2}", x / self.tcp_rtt))
+        );
+    }
+}
+
+/// Section 5.
+fn primitives(o: &mut String, r: &Report) {
     let _ = writeln!(o, "## 5. DSM primitives\n");
     let p = &r.primitives;
     let t = &r.primitives_tcp;
     let c = &r.primitives_common;
     if [p, t, c].iter().all(|x| x.rtt_us.is_none()) {
         let _ = writeln!(o, "{}\n", cell(&p.status));
-    } else {
-        let rtt = p.rtt_us.unwrap_or(f64::NAN);
-        let tcp_rtt = t.rtt_us.unwrap_or(f64::NAN);
-        let _ = writeln!(
-            o,
-            "| operation | one common segment, default (us) | shared-memory rings, `DSM_TRANSPORT=rings` (us) | in TCP round trips | over TCP (us) | in TCP round trips |\n|---|---|---|---|---|---|"
-        );
-        // `no_fault`: in the common segment the page is already mapped, and the fault row
-        // times a plain access.
-        let mut row =
-            |name: &str, u: Option<f64>, no_fault: bool, v: Option<f64>, w: Option<f64>| {
-                let _ = writeln!(
-                    o,
-                    "| {name} | {} | {} | {} | {} | {} |",
-                    opt(u, |x| format!(
-                        "{}{}",
-                        common_us(x),
-                        if no_fault { " (no fault)" } else { "" }
-                    )),
-                    opt(v, |x| format!("{x:.1}")),
-                    opt(v, |x| format!("{:.2}", x / rtt)),
-                    opt(w, |x| format!("{x:.1}")),
-                    opt(w, |x| format!("{:.2}", x / tcp_rtt))
-                );
-            };
-        row(
-            "loopback TCP round trip between two ranks (plain sockets)",
-            c.rtt_us,
-            false,
-            p.rtt_us,
-            t.rtt_us,
-        );
-        row(
-            "remote page fault (fetch a page from its home)",
-            c.remote_fault_us,
-            true,
-            p.remote_fault_us,
-            t.remote_fault_us,
-        );
-        row(
-            "local write fault (twin, no message)",
-            c.write_fault_us,
-            true,
-            p.write_fault_us,
-            t.write_fault_us,
-        );
-        row(
-            "lock acquire (free, remotely managed)",
-            c.lock_acquire_us,
-            false,
-            p.lock_acquire_us,
-            t.lock_acquire_us,
-        );
-        row(
-            "lock hand-off carrying one page of changes",
-            c.lock_handoff_page_us,
-            false,
-            p.lock_handoff_page_us,
-            t.lock_handoff_page_us,
-        );
-        row(
-            "lock hand-offs while both nodes poll one lock (mean)",
-            c.lock_handoff_us,
-            false,
-            p.lock_handoff_us,
-            t.lock_handoff_us,
-        );
-        // Node counts in numeric order, each once, whichever run measured it.
-        let mut counts: Vec<&String> = [p, c, t].iter().flat_map(|x| x.barrier_us.keys()).collect();
-        counts.sort_by_key(|n| (n.parse::<usize>().unwrap_or(usize::MAX), n.as_str()));
-        counts.dedup();
-        for n in counts {
-            let over = n.parse::<usize>().is_ok_and(|k| k > m.cores);
-            let label = format!("barrier, N = {n}{}", if over { "\\*" } else { "" });
-            let at = |x: &Primitives| x.barrier_us.get(n).copied();
-            row(&label, at(c), false, at(p), at(t));
-        }
-        let _ = writeln!(
-            o,
-            "\nFrom `dsm-bench --reps {}`, run three times in each repetition. First with the default transport (`DSM_TRANSPORT=auto`): every rank on this host maps one common segment, locks are ticket locks in that shared memory, and no page faults, so the remote fault and local write fault rows time a read and a write of a page that is already mapped, and a lock hand-off moves no page (the changes are already in the segment). Then over shared-memory rings (`DSM_TRANSPORT=rings`: messages through shared-memory rings, each rank its own copy of the pages, moved by the coherence protocol), and with `DSM_TRANSPORT=tcp` (every link over loopback TCP, as between hosts). Every run measures the plain loopback TCP round trip between the two ranks' processes. The rings and TCP columns are also given in the round trips of their own run; the default column in microseconds only. A round trip through a shared-memory ring is printed by `cargo run --release -p dsm-net --example ring_rtt` (on the development VM 4.6-5.5 us at quiet moments, about 48 us when its wake-ups were slow, with loopback TCP at 14-17 and 64-69 us). Each figure is the median over {} runs of each run's median (a run disturbed by other load is slow throughout). Over TCP a remote fault costs at least a round trip plus a local fault: over shared-memory rings it is {} of that floor.\n",
-            s.bench_reps,
-            p.runs.max(c.runs).max(t.runs),
-            opt(p.remote_fault_vs_floor, |x| format!("{x:.2}x"))
-        );
+        return;
     }
+    let _ = writeln!(
+        o,
+        "| operation | one common segment, default (us) | shared-memory rings, `DSM_TRANSPORT=rings` (us) | in TCP round trips | over TCP (us) | in TCP round trips |\n|---|---|---|---|---|---|"
+    );
+    let mut table = PrimitivesTable {
+        o: &mut *o,
+        rtt: p.rtt_us.unwrap_or(f64::NAN),
+        tcp_rtt: t.rtt_us.unwrap_or(f64::NAN),
+    };
+    for (name, no_fault, figure) in PRIMITIVE_ROWS {
+        table.row(name, figure(c), no_fault, figure(p), figure(t));
+    }
+    // Node counts in numeric order, each once, whichever run measured it.
+    let mut counts: Vec<&String> = [p, c, t].iter().flat_map(|x| x.barrier_us.keys()).collect();
+    counts.sort_by_key(|n| (n.parse::<usize>().unwrap_or(usize::MAX), n.as_str()));
+    counts.dedup();
+    for n in counts {
+        let over = n.parse::<usize>().is_ok_and(|k| k > r.machine.cores);
+        let label = format!("barrier, N = {n}{}", if over { "\\*" } else { "" });
+        let at = |x: &Primitives| x.barrier_us.get(n).copied();
+        table.row(&label, at(c), false, at(p), at(t));
+    }
+    let _ = writeln!(
+        o,
+        "\nFrom `dsm-bench --reps {}`, run three times in each repetition. First with the default transport (`DSM_TRANSPORT=auto`): every rank on this host maps one common segment, locks are ticket locks in that shared memory, and no page faults, so the remote fault and local write fault rows time a read and a write of a page that is already mapped, and a lock hand-off moves no page (the changes are already in the segment). Then over shared-memory rings (`DSM_TRANSPORT=rings`: messages through shared-memory rings, each rank its own copy of the pages, moved by the coherence protocol), and with `DSM_TRANSPORT=tcp` (every link over loopback TCP, as between hosts). Every run measures the plain loopback TCP round trip between the two ranks' processes. The rings and TCP columns are also given in the round trips of their own run; the default column in microseconds only. A round trip through a shared-memory ring is printed by `cargo run --release -p dsm-net --example ring_rtt` (on the development VM 4.6-5.5 us at quiet moments, about 48 us when its wake-ups were slow, with loopback TCP at 14-17 and 64-69 us). Each figure is the median over {} runs of each run's median (a run disturbed by other load is slow throughout). Over TCP a remote fault costs at least a round trip plus a local fault: over shared-memory rings it is {} of that floor.\n",
+        r.settings.bench_reps,
+        p.runs.max(c.runs).max(t.runs),
+        opt(p.remote_fault_vs_floor, |x| format!("{x:.2}x"))
+    );
+}
 
-    // 6. Speedup.
+/// Section 6.
+fn speedup(o: &mut String, r: &Report) {
     let _ = writeln!(o, "## 6. Speedup\n");
     if r.speedup.is_empty() {
         let _ = writeln!(o, "Not measured.\n");
-    } else {
-        let _ = writeln!(
-            o,
-            "| app | N | parallel (s) | sequential (s) | speedup vs sequential | vs N = 1 | status |\n|---|---|---|---|---|---|---|"
-        );
-        for sp in &r.speedup {
-            let _ = writeln!(
-                o,
-                "| {} | {} | {} | {} | {} | {} | {} |",
-                sp.app,
-                nodes(sp.nodes, sp.oversubscribed),
-                opt(sp.parallel_s, secs),
-                opt(sp.sequential_s, secs),
-                opt(sp.speedup, |x| format!("{x:.2}")),
-                opt(sp.self_relative, |x| format!("{x:.2}")),
-                cell(&sp.status)
-            );
-        }
-        let _ = writeln!(
-            o,
-            "\nRace detection off; the sequential time is the app's own plain sequential implementation of the same computation (local memory, no DSM; for TSP, Held-Karp), timed in the same runs and, like the parallel time, without the setup. The paper's inputs are small for today's CPUs, so the DSM's per-barrier and per-fault costs weigh heavily.\n"
-        );
-        if r.plots.iter().any(|p| p == "speedup.png") {
-            let _ = writeln!(o, "![speedup](speedup.png)\n");
-        }
+        return;
     }
+    let _ = writeln!(
+        o,
+        "| app | N | parallel (s) | sequential (s) | speedup vs sequential | vs N = 1 | status |\n|---|---|---|---|---|---|---|"
+    );
+    for sp in &r.speedup {
+        let _ = writeln!(
+            o,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            sp.app,
+            nodes(sp.nodes, sp.oversubscribed),
+            opt(sp.parallel_s, secs),
+            opt(sp.sequential_s, secs),
+            opt(sp.speedup, |x| format!("{x:.2}")),
+            opt(sp.self_relative, |x| format!("{x:.2}")),
+            cell(&sp.status)
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\nRace detection off; the sequential time is the app's own plain sequential implementation of the same computation (local memory, no DSM; for TSP, Held-Karp), timed in the same runs and, like the parallel time, without the setup. The paper's inputs are small for today's CPUs, so the DSM's per-barrier and per-fault costs weigh heavily.\n"
+    );
+    if has_plot(r, "speedup.png") {
+        let _ = writeln!(o, "![speedup](speedup.png)\n");
+    }
+}
 
-    // 7. dsm against plain threads.
+/// Section 7: dsm against plain threads.
+fn versus_threads(o: &mut String, r: &Report) {
     let _ = writeln!(o, "## 7. dsm vs threads\n");
     if r.threads.is_empty() {
         let _ = writeln!(o, "Not measured.\n");
-    } else {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "| app | input | N | sequential (s) | threads (s) | dsm (s) | dsm / threads | dsm, rings (s) | dsm rings / threads | dsm over TCP (s) | TCP / threads | speedup: threads, dsm | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for t in &r.threads {
         let _ = writeln!(
             o,
-            "| app | input | N | sequential (s) | threads (s) | dsm (s) | dsm / threads | dsm, rings (s) | dsm rings / threads | dsm over TCP (s) | TCP / threads | speedup: threads, dsm | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-        );
-        for t in &r.threads {
-            let _ = writeln!(
-                o,
-                "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}, {} | {} |",
-                t.app,
-                cell(&t.input),
-                nodes(t.nodes, t.oversubscribed),
-                opt(t.sequential_s, secs),
-                times(t.threads),
-                times(t.dsm),
-                ratio(t.ratio),
-                times(t.dsm_rings),
-                ratio(t.ratio_rings),
-                times(t.dsm_tcp),
-                ratio(t.ratio_tcp),
-                opt(t.threads_speedup, |x| format!("{x:.2}")),
-                opt(t.dsm_speedup, |x| format!("{x:.2}")),
-                cell(&t.status)
-            );
-        }
-        let _ = writeln!(
-            o,
-            "\nScaled inputs, race detection off, measured in the same run with the four kinds alternating ({} each). *threads* is the same kernel split over N plain threads of one process (`--threads N`: rows or planes banded as across dsm's nodes, a barrier between phases, bitwise the sequential result): the limit for N ranks on one host. *dsm* is `dsmrun -n N` with the default transport: on one host every rank maps one common segment, so no page travels, and only synchronization messages pass, through shared-memory rings. *dsm, rings* is the same with `DSM_TRANSPORT=rings`: each rank its own copy of the pages, moved by the coherence protocol through shared-memory rings. *dsm over TCP* is the same with `DSM_TRANSPORT=tcp`: each rank its own copy of the pages, and every link over loopback TCP, as between hosts. *sequential* is the app's plain optimised sequential code, timed in every run of every kind. **dsm / threads** is the ratio that matters: the median of the per-repetition ratios, with min{DASH}max; the rings and TCP ratios are taken the same way. *speedup* is the sequential time over the threads' and over dsm's with the default transport.\n",
-            match r.settings.vs_threads_reps {
-                1 => "1 repetition".to_string(),
-                n => format!("{n} repetitions"),
-            }
+            "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}, {} | {} |",
+            t.app,
+            cell(&t.input),
+            nodes(t.nodes, t.oversubscribed),
+            opt(t.sequential_s, secs),
+            times(t.threads),
+            times(t.dsm),
+            ratio(t.ratio),
+            times(t.dsm_rings),
+            ratio(t.ratio_rings),
+            times(t.dsm_tcp),
+            ratio(t.ratio_tcp),
+            opt(t.threads_speedup, |x| format!("{x:.2}")),
+            opt(t.dsm_speedup, |x| format!("{x:.2}")),
+            cell(&t.status)
         );
     }
+    let _ = writeln!(
+        o,
+        "\nScaled inputs, race detection off, measured in the same run with the four kinds alternating ({} each). *threads* is the same kernel split over N plain threads of one process (`--threads N`: rows or planes banded as across dsm's nodes, a barrier between phases, bitwise the sequential result): the limit for N ranks on one host. *dsm* is `dsmrun -n N` with the default transport: on one host every rank maps one common segment, so no page travels, and only synchronization messages pass, through shared-memory rings. *dsm, rings* is the same with `DSM_TRANSPORT=rings`: each rank its own copy of the pages, moved by the coherence protocol through shared-memory rings. *dsm over TCP* is the same with `DSM_TRANSPORT=tcp`: each rank its own copy of the pages, and every link over loopback TCP, as between hosts. *sequential* is the app's plain optimised sequential code, timed in every run of every kind. **dsm / threads** is the ratio that matters: the median of the per-repetition ratios, with min{DASH}max; the rings and TCP ratios are taken the same way. *speedup* is the sequential time over the threads' and over dsm's with the default transport.\n",
+        match r.settings.vs_threads_reps {
+            1 => "1 repetition".to_string(),
+            n => format!("{n} repetitions"),
+        }
+    );
+}
 
-    if r.plots.iter().any(|p| p == "slowdown.png") {
+fn slowdown_plot_and_plots_note(o: &mut String, r: &Report) {
+    if has_plot(r, "slowdown.png") {
         let _ = writeln!(o, "![race-detection slowdown per app](slowdown.png)\n");
     }
     if let Some(n) = &r.plots_note {
         let _ = writeln!(o, "**Plots not produced:** {}\n", cell(n));
     }
+}
 
-    round_trips(&mut o, r);
-
+/// The closing section, present only when there is something to list.
+fn notes_and_failures(o: &mut String, r: &Report) {
     if !r.notes.is_empty() || !r.not_run.is_empty() || !r.failures.is_empty() {
         let _ = writeln!(o, "## Notes, parts not run, failures\n");
     }
@@ -737,26 +785,26 @@ pub fn render(r: &Report) -> String {
     if !r.notes.is_empty() || !r.not_run.is_empty() {
         o.push('\n');
     }
-    if !r.failures.is_empty() {
-        let total: usize = r.failures.iter().map(|f| f.count.max(1)).sum();
-        let _ = writeln!(o, "{total} run(s) failed:\n");
-        for f in &r.failures {
-            let more = match f.count {
-                0 | 1 => String::new(),
-                n => format!(" (and {} more runs of it with the same error)", n - 1),
-            };
-            let _ = writeln!(
-                o,
-                "- **{}**{more}: {}\n\n  ```text\n  $ {}",
-                f.what, f.error, f.command
-            );
-            for l in f.stderr_tail.lines() {
-                let _ = writeln!(o, "  {l}");
-            }
-            let _ = writeln!(o, "  ```\n");
-        }
+    if r.failures.is_empty() {
+        return;
     }
-    o
+    let total: usize = r.failures.iter().map(|f| f.count.max(1)).sum();
+    let _ = writeln!(o, "{total} run(s) failed:\n");
+    for f in &r.failures {
+        let more = match f.count {
+            0 | 1 => String::new(),
+            n => format!(" (and {} more runs of it with the same error)", n - 1),
+        };
+        let _ = writeln!(
+            o,
+            "- **{}**{more}: {}\n\n  ```text\n  $ {}",
+            f.what, f.error, f.command
+        );
+        for l in f.stderr_tail.lines() {
+            let _ = writeln!(o, "  {l}");
+        }
+        let _ = writeln!(o, "  ```\n");
+    }
 }
 
 /// The short summary printed on stdout at the end of a run.

@@ -550,11 +550,24 @@ fn rotate<T: Clone>(v: &[T], by: usize) -> Vec<T> {
 /// interleaved within each repetition (and their order rotates from one repetition to
 /// the next), so slow drifts in machine load hit all of them alike.
 pub fn plan(knobs: &Knobs, apps: &[AppSpec], tools: &Tools, paths: &Paths) -> Vec<Job> {
-    let mut jobs = Vec::new();
     let apps: Vec<&AppSpec> = apps
         .iter()
         .filter(|a| app_available(paths, a.name).is_ok())
         .collect();
+    let mut jobs = table_plan(knobs, &apps);
+    jobs.extend(speedup_plan(knobs, &apps));
+    jobs.extend(peer_plan(knobs, &apps, tools));
+    jobs.extend(vs_threads_plan(knobs, &apps));
+    jobs.extend(race_cost_plan(knobs, paths));
+    jobs.extend(round_trip_plan(knobs, paths));
+    jobs.extend(kernel_plan(knobs, tools, paths));
+    jobs.extend(primitives_plan(knobs, paths));
+    jobs
+}
+
+/// The application table's jobs, with the breakdown's phase variants at its node counts.
+fn table_plan(knobs: &Knobs, apps: &[&AppSpec]) -> Vec<Job> {
+    let mut jobs = Vec::new();
     for &n in &knobs.table_nodes {
         let variants: &[Variant] = if knobs.breakdown_nodes.contains(&n) {
             &[
@@ -568,7 +581,7 @@ pub fn plan(knobs: &Knobs, apps: &[AppSpec], tools: &Tools, paths: &Paths) -> Ve
             &[Variant::Off, Variant::On]
         };
         for rep in 0..knobs.reps_at(n) {
-            for a in &apps {
+            for a in apps {
                 for v in rotate(variants, rep) {
                     jobs.push(Job::App {
                         app: a.name.into(),
@@ -583,9 +596,15 @@ pub fn plan(knobs: &Knobs, apps: &[AppSpec], tools: &Tools, paths: &Paths) -> Ve
             }
         }
     }
+    jobs
+}
+
+/// The speedup plot's runs at node counts the table does not run.
+fn speedup_plan(knobs: &Knobs, apps: &[&AppSpec]) -> Vec<Job> {
+    let mut jobs = Vec::new();
     for &n in &knobs.speedup_extra_nodes {
         for rep in 0..knobs.speedup_reps {
-            for a in &apps {
+            for a in apps {
                 jobs.push(Job::App {
                     app: a.name.into(),
                     purpose: Purpose::Speedup,
@@ -598,45 +617,57 @@ pub fn plan(knobs: &Knobs, apps: &[AppSpec], tools: &Tools, paths: &Paths) -> Ve
             }
         }
     }
-    if let Some((size, iters)) = apps
+    jobs
+}
+
+/// SOR under the other detectors and the C row, at the table's SOR size.
+fn peer_plan(knobs: &Knobs, apps: &[&AppSpec], tools: &Tools) -> Vec<Job> {
+    let mut jobs = Vec::new();
+    let Some((size, iters)) = apps
         .iter()
         .find(|a| a.name == "sor")
         .and_then(|a| sor_size(&a.args))
-    {
-        for rep in 0..knobs.peer_reps {
-            for tool in [Tool::Plain, Tool::Tsan, Tool::Helgrind, Tool::Drd] {
-                let valgrind = matches!(tool, Tool::Helgrind | Tool::Drd);
-                if tools.available(tool).is_err() || (valgrind && rep >= knobs.valgrind_reps) {
-                    continue;
-                }
-                jobs.push(Job::CSor {
-                    tool,
+    else {
+        return jobs;
+    };
+    for rep in 0..knobs.peer_reps {
+        for tool in [Tool::Plain, Tool::Tsan, Tool::Helgrind, Tool::Drd] {
+            let valgrind = matches!(tool, Tool::Helgrind | Tool::Drd);
+            if tools.available(tool).is_err() || (valgrind && rep >= knobs.valgrind_reps) {
+                continue;
+            }
+            jobs.push(Job::CSor {
+                tool,
+                size,
+                iters,
+                threads: knobs.peer_threads,
+                rep,
+            });
+        }
+        // The C row: the same C kernel with threads and on dsm, alternating.
+        for runner in rotate(&CRunner::ALL, rep) {
+            if tools.c_apps.get(runner).is_ok() {
+                jobs.push(Job::CApp {
+                    runner,
                     size,
                     iters,
-                    threads: knobs.peer_threads,
+                    nodes: knobs.peer_threads,
                     rep,
                 });
             }
-            // The C row: the same C kernel with threads and on dsm, alternating.
-            for runner in rotate(&CRunner::ALL, rep) {
-                if tools.c_apps.get(runner).is_ok() {
-                    jobs.push(Job::CApp {
-                        runner,
-                        size,
-                        iters,
-                        nodes: knobs.peer_threads,
-                        rep,
-                    });
-                }
-            }
         }
     }
-    // dsm against plain threads: the four runners alternate, their order rotating from
-    // one repetition to the next.
+    jobs
+}
+
+/// dsm against plain threads: the four runners alternate, their order rotating from one
+/// repetition to the next.
+fn vs_threads_plan(knobs: &Knobs, apps: &[&AppSpec]) -> Vec<Job> {
     let scaled: Vec<AppSpec> = vs_threads_specs()
         .into_iter()
         .filter(|v| apps.iter().any(|a| a.name == v.name))
         .collect();
+    let mut jobs = Vec::new();
     for rep in 0..knobs.vs_threads_reps {
         for v in &scaled {
             for runner in rotate(VS_THREADS_RUNNERS, rep) {
@@ -650,9 +681,13 @@ pub fn plan(knobs: &Knobs, apps: &[AppSpec], tools: &Tools, paths: &Paths) -> Ve
             }
         }
     }
-    jobs.extend(race_cost_plan(knobs, paths));
-    jobs.extend(round_trip_plan(knobs, paths));
+    jobs
+}
+
+/// Each planted-race kernel under dsm and under each C detector available.
+fn kernel_plan(knobs: &Knobs, tools: &Tools, paths: &Paths) -> Vec<Job> {
     let have_kernels = app_available(paths, "race-kernel").is_ok();
+    let mut jobs = Vec::new();
     for &(kernel, _) in KERNELS {
         if have_kernels {
             jobs.push(Job::DsmKernel {
@@ -670,6 +705,12 @@ pub fn plan(knobs: &Knobs, apps: &[AppSpec], tools: &Tools, paths: &Paths) -> Ve
             }
         }
     }
+    jobs
+}
+
+/// The dsm-bench runs, each over every transport.
+fn primitives_plan(knobs: &Knobs, paths: &Paths) -> Vec<Job> {
+    let mut jobs = Vec::new();
     if app_available(paths, "dsm-bench").is_ok() {
         for rep in 0..knobs.bench_runs {
             for transport in BenchTransport::ALL {
@@ -757,29 +798,12 @@ pub fn spec_for(
     tools: &Tools,
     scratch: &Path,
 ) -> Result<Spec, String> {
-    let dsmrun = paths.bin_dir.join("dsmrun");
-    let c_bins = |tool: Tool| -> Result<(PathBuf, PathBuf), String> {
-        match tool {
-            Tool::Tsan => tools.tsan.clone(),
-            _ => tools.plain.clone(),
-        }
-    };
-    let c_spec = |tool: Tool, exe: PathBuf, args: Vec<String>, timeout: u64| -> Spec {
-        let mut spec = if matches!(tool, Tool::Helgrind | Tool::Drd) {
-            let mut a = valgrind_args(tool);
-            a.push(exe.display().to_string());
-            a.extend(args);
-            Spec::new("valgrind", a, Duration::from_secs(timeout))
-        } else {
-            Spec::new(exe, args, Duration::from_secs(timeout))
-        };
-        if tool == Tool::Tsan {
-            spec.env.push((
-                "TSAN_OPTIONS".into(),
-                format!("exitcode={} halt_on_error=0", Tool::RACE_EXIT),
-            ));
-        }
-        spec
+    let specs = JobSpecs {
+        knobs,
+        paths,
+        tools,
+        scratch,
+        dsmrun: paths.bin_dir.join("dsmrun"),
     };
     Ok(match job {
         Job::App {
@@ -789,66 +813,17 @@ pub fn spec_for(
             args,
             transport,
             ..
-        } => {
-            let mut a = vec![
-                "-n".to_string(),
-                nodes.to_string(),
-                "--timeout".into(),
-                knobs.app_timeout_s.to_string(),
-            ];
-            if variant.race() {
-                // Races (TSP has them on purpose) must not turn a timing run into a failure.
-                a.extend(strs(&["--race", "--race-exit-code", "0"]));
-            }
-            a.push("--".into());
-            a.push(paths.bin_dir.join(app).display().to_string());
-            a.extend(args.iter().cloned());
-            let mut spec = Spec::new(&dsmrun, a, Duration::from_secs(knobs.app_timeout_s + 20));
-            spec.env.push((
-                "DSM_STATS_FILE".into(),
-                scratch.join("stats-%r.json").display().to_string(),
-            ));
-            if let Some(p) = variant.phases_env() {
-                spec.env.push(("DSM_RACE_PHASES".into(), p.into()));
-            }
-            // The transport a user gets (one common segment on this host, with or without
-            // --race) unless the job names one.
-            spec.env.push((
-                env_vars::TRANSPORT.into(),
-                transport.clone().unwrap_or_else(|| "auto".into()),
-            ));
-            // Only SOR's rows report dsm's memory; sampling costs a little CPU.
-            spec.sample_children = app == "sor" && *nodes == knobs.peer_threads;
-            spec
-        }
-        Job::DsmKernel { kernel, nodes } => {
-            let mut spec = Spec::new(
-                &dsmrun,
-                vec![
-                    "-n".into(),
-                    nodes.to_string(),
-                    "--timeout".into(),
-                    "60".into(),
-                    "--race".into(),
-                    "--".into(),
-                    paths.bin_dir.join("race-kernel").display().to_string(),
-                    "run".into(),
-                    kernel.clone(),
-                ],
-                Duration::from_secs(80),
-            );
-            spec.sample_children = true;
-            spec
-        }
+        } => specs.app(app, *nodes, *variant, args, transport.as_deref()),
+        Job::DsmKernel { kernel, nodes } => specs.dsm_kernel(kernel, *nodes),
         Job::CSor {
             tool,
             size,
             iters,
             threads,
             ..
-        } => c_spec(
+        } => c_tool_spec(
             *tool,
-            c_bins(*tool)?.0,
+            specs.c_bins(*tool)?.0,
             vec![size.to_string(), iters.to_string(), threads.to_string()],
             if matches!(tool, Tool::Helgrind | Tool::Drd) {
                 900
@@ -862,98 +837,206 @@ pub fn spec_for(
             iters,
             nodes,
             ..
-        } => {
-            let exe = tools.c_apps.get(*runner)?.clone();
-            let sor_args = [size.to_string(), iters.to_string()];
-            if runner.dsm() {
-                let mut a = vec![
-                    "-n".to_string(),
-                    nodes.to_string(),
-                    "--timeout".into(),
-                    knobs.app_timeout_s.to_string(),
-                ];
-                if *runner == CRunner::DsmRace {
-                    a.push("--race".into());
-                }
-                a.push("--".into());
-                a.push(exe.display().to_string());
-                a.extend(sor_args);
-                let mut spec = Spec::new(&dsmrun, a, Duration::from_secs(knobs.app_timeout_s + 20));
-                spec.env.push((env_vars::TRANSPORT.into(), "auto".into()));
-                spec
-            } else {
-                let tool = if *runner == CRunner::ThreadsTsan {
-                    Tool::Tsan
-                } else {
-                    Tool::Plain
-                };
-                let mut a = vec![nodes.to_string()];
-                a.extend(sor_args);
-                c_spec(tool, exe, a, 300)
-            }
-        }
+        } => specs.c_app(*runner, *size, *iters, *nodes)?,
         Job::CKernel {
             tool,
             kernel,
             threads,
-        } => c_spec(
+        } => c_tool_spec(
             *tool,
-            c_bins(*tool)?.1,
+            specs.c_bins(*tool)?.1,
             vec![kernel.clone(), threads.to_string()],
             120,
         ),
-        Job::Primitives { reps, .. } => {
-            let mut spec = Spec::new(
-                paths.bin_dir.join("dsm-bench"),
-                vec!["--reps".into(), reps.to_string()],
-                Duration::from_secs(600),
-            );
-            let transport = job.bench_transport().unwrap_or(BenchTransport::Rings);
-            spec.env.push((
-                env_vars::TRANSPORT.into(),
-                primitives_transport(transport).into(),
-            ));
-            spec
-        }
+        Job::Primitives { reps, .. } => specs.primitives(
+            *reps,
+            job.bench_transport().unwrap_or(BenchTransport::Rings),
+        ),
         Job::VsThreads {
             app,
             args,
             nodes,
-            runner: Runner::Threads,
+            runner,
             ..
-        } => {
-            let mut a = vec!["--threads".to_string(), nodes.to_string()];
-            a.extend(args.iter().cloned());
-            Spec::new(
-                paths.bin_dir.join(app),
-                a,
-                Duration::from_secs(knobs.app_timeout_s),
-            )
+        } => specs.vs_threads(app, args, *nodes, *runner),
+    })
+}
+
+/// What every job's command line draws on.
+struct JobSpecs<'a> {
+    knobs: &'a Knobs,
+    paths: &'a Paths,
+    tools: &'a Tools,
+    scratch: &'a Path,
+    dsmrun: PathBuf,
+}
+
+impl JobSpecs<'_> {
+    /// The C SOR and kernels programs a tool runs (valgrind runs the plain build).
+    fn c_bins(&self, tool: Tool) -> Result<(PathBuf, PathBuf), String> {
+        match tool {
+            Tool::Tsan => self.tools.tsan.clone(),
+            _ => self.tools.plain.clone(),
         }
-        Job::VsThreads {
-            app,
+    }
+
+    /// `dsmrun -n N --timeout T` with the arguments that follow it, under the apps' timeout.
+    fn dsmrun_args(&self, nodes: usize) -> Vec<String> {
+        vec![
+            "-n".to_string(),
+            nodes.to_string(),
+            "--timeout".into(),
+            self.knobs.app_timeout_s.to_string(),
+        ]
+    }
+
+    fn dsmrun(&self, args: Vec<String>) -> Spec {
+        Spec::new(
+            &self.dsmrun,
             args,
-            nodes,
-            runner: runner @ (Runner::Dsm | Runner::DsmRings | Runner::DsmTcp),
-            ..
-        } => {
-            let mut a = vec![
-                "-n".to_string(),
+            Duration::from_secs(self.knobs.app_timeout_s + 20),
+        )
+    }
+
+    fn app(
+        &self,
+        app: &str,
+        nodes: usize,
+        variant: Variant,
+        args: &[String],
+        transport: Option<&str>,
+    ) -> Spec {
+        let mut a = self.dsmrun_args(nodes);
+        if variant.race() {
+            // Races (TSP has them on purpose) must not turn a timing run into a failure.
+            a.extend(strs(&["--race", "--race-exit-code", "0"]));
+        }
+        a.push("--".into());
+        a.push(self.paths.bin_dir.join(app).display().to_string());
+        a.extend(args.iter().cloned());
+        let mut spec = self.dsmrun(a);
+        spec.env.push((
+            "DSM_STATS_FILE".into(),
+            self.scratch.join("stats-%r.json").display().to_string(),
+        ));
+        if let Some(p) = variant.phases_env() {
+            spec.env.push(("DSM_RACE_PHASES".into(), p.into()));
+        }
+        // The transport a user gets (one common segment on this host, with or without
+        // --race) unless the job names one.
+        spec.env.push((
+            env_vars::TRANSPORT.into(),
+            transport.unwrap_or("auto").into(),
+        ));
+        // Only SOR's rows report dsm's memory; sampling costs a little CPU.
+        spec.sample_children = app == "sor" && nodes == self.knobs.peer_threads;
+        spec
+    }
+
+    fn dsm_kernel(&self, kernel: &str, nodes: usize) -> Spec {
+        let mut spec = Spec::new(
+            &self.dsmrun,
+            vec![
+                "-n".into(),
                 nodes.to_string(),
                 "--timeout".into(),
-                knobs.app_timeout_s.to_string(),
+                "60".into(),
+                "--race".into(),
                 "--".into(),
-                paths.bin_dir.join(app).display().to_string(),
-            ];
-            a.extend(args.iter().cloned());
-            let mut spec = Spec::new(&dsmrun, a, Duration::from_secs(knobs.app_timeout_s + 20));
-            if let Some(transport) = runner_transport(*runner) {
-                spec.env
-                    .push((env_vars::TRANSPORT.into(), transport.into()));
+                self.paths.bin_dir.join("race-kernel").display().to_string(),
+                "run".into(),
+                kernel.into(),
+            ],
+            Duration::from_secs(80),
+        );
+        spec.sample_children = true;
+        spec
+    }
+
+    /// The C row: the C SOR under dsmrun or as a threaded program.
+    fn c_app(
+        &self,
+        runner: CRunner,
+        size: usize,
+        iters: usize,
+        nodes: usize,
+    ) -> Result<Spec, String> {
+        let exe = self.tools.c_apps.get(runner)?.clone();
+        let sor_args = [size.to_string(), iters.to_string()];
+        if runner.dsm() {
+            let mut a = self.dsmrun_args(nodes);
+            if runner == CRunner::DsmRace {
+                a.push("--race".into());
             }
-            spec
+            a.push("--".into());
+            a.push(exe.display().to_string());
+            a.extend(sor_args);
+            let mut spec = self.dsmrun(a);
+            spec.env.push((env_vars::TRANSPORT.into(), "auto".into()));
+            Ok(spec)
+        } else {
+            let tool = if runner == CRunner::ThreadsTsan {
+                Tool::Tsan
+            } else {
+                Tool::Plain
+            };
+            let mut a = vec![nodes.to_string()];
+            a.extend(sor_args);
+            Ok(c_tool_spec(tool, exe, a, 300))
         }
-    })
+    }
+
+    fn primitives(&self, reps: usize, transport: BenchTransport) -> Spec {
+        let mut spec = Spec::new(
+            self.paths.bin_dir.join("dsm-bench"),
+            vec!["--reps".into(), reps.to_string()],
+            Duration::from_secs(600),
+        );
+        spec.env.push((
+            env_vars::TRANSPORT.into(),
+            primitives_transport(transport).into(),
+        ));
+        spec
+    }
+
+    fn vs_threads(&self, app: &str, args: &[String], nodes: usize, runner: Runner) -> Spec {
+        let Some(transport) = runner_transport(runner) else {
+            let mut a = vec!["--threads".to_string(), nodes.to_string()];
+            a.extend(args.iter().cloned());
+            return Spec::new(
+                self.paths.bin_dir.join(app),
+                a,
+                Duration::from_secs(self.knobs.app_timeout_s),
+            );
+        };
+        let mut a = self.dsmrun_args(nodes);
+        a.push("--".into());
+        a.push(self.paths.bin_dir.join(app).display().to_string());
+        a.extend(args.iter().cloned());
+        let mut spec = self.dsmrun(a);
+        spec.env
+            .push((env_vars::TRANSPORT.into(), transport.into()));
+        spec
+    }
+}
+
+/// A C program run directly, under TSan's options, or under valgrind.
+fn c_tool_spec(tool: Tool, exe: PathBuf, args: Vec<String>, timeout: u64) -> Spec {
+    let mut spec = if matches!(tool, Tool::Helgrind | Tool::Drd) {
+        let mut a = valgrind_args(tool);
+        a.push(exe.display().to_string());
+        a.extend(args);
+        Spec::new("valgrind", a, Duration::from_secs(timeout))
+    } else {
+        Spec::new(exe, args, Duration::from_secs(timeout))
+    };
+    if tool == Tool::Tsan {
+        spec.env.push((
+            "TSAN_OPTIONS".into(),
+            format!("exitcode={} halt_on_error=0", Tool::RACE_EXIT),
+        ));
+    }
+    spec
 }
 
 fn failed(error: String, raw: Option<&measure::Raw>) -> Outcome {

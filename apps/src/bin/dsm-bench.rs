@@ -376,86 +376,7 @@ fn worker(args: &Args, everything: bool) -> anyhow::Result<()> {
     let mut out = serde_json::Map::new();
     out.insert("nodes".into(), json!(dsm.size()));
     if everything {
-        if dsm.size() != 2 {
-            bail!("the primitive benchmarks run on exactly 2 nodes");
-        }
-        if let Some(r) = measure_rtt(&mut dsm, reps)? {
-            out.insert("rtt_us".into(), r);
-        }
-
-        // Remote read fault: rank 1 touches pages homed on rank 0, one fault each.
-        let per_page = 4096 / 8;
-        let pages =
-            dsm.alloc_with::<f64>("bench_pages", reps * per_page, Distribution::OnNode(0))?;
-        if dsm.rank() == 0 {
-            let v = dsm.view(&pages);
-            for p in 0..reps {
-                v.set(p * per_page, p as f64);
-            }
-        }
-        dsm.barrier()?;
-        if dsm.rank() == 1 {
-            let v = dsm.view(&pages).unrecorded();
-            let mut sum = 0.0;
-            let reads = time_each(reps, |p| {
-                sum += v.get(p * per_page);
-                Ok(())
-            })?;
-            // Write fault on a now read-only page: twin creation, handled locally.
-            let writes = time_each(reps, |p| {
-                v.set(p * per_page + 1, sum);
-                Ok(())
-            })?;
-            out.insert("remote_fault_us".into(), stats(reads));
-            out.insert("write_fault_us".into(), stats(writes));
-        }
-        dsm.barrier()?;
-
-        // Acquire of a free lock whose manager is the other node (lock ids 2k+0 are
-        // managed by rank 0; each is used once, so the manager holds its token).
-        let sent = dsm.stats().messages_sent;
-        if dsm.rank() == 1 {
-            let mut acq = Vec::with_capacity(reps);
-            for k in 0..reps as u64 {
-                let t = Instant::now();
-                let g = dsm.lock(1000 + 2 * k)?;
-                acq.push(us(t));
-                drop(g);
-            }
-            out.insert("lock_acquire_us".into(), stats(acq));
-        }
-        dsm.barrier()?;
-        let msgs = dsm.stats().messages_sent - sent - BARRIER_ARRIVALS_N2;
-        out.insert(
-            format!("lock_acquire_messages_rank{}", dsm.rank()),
-            json!(msgs),
-        );
-
-        lock_handoff_with_page(&mut dsm, reps, &mut out)?;
-
-        // Hand-off: the lock alternates between the two nodes (a shared turn variable
-        // says whose turn it is).
-        let turn = dsm.alloc_with::<u64>("bench_turn", 1, Distribution::OnNode(1))?;
-        let me = dsm.rank() as u64;
-        let t = Instant::now();
-        let mut mine = 0;
-        let mut attempts = 0u64;
-        while mine < reps {
-            let g = dsm.lock(1)?;
-            attempts += 1;
-            let v = g.view(&turn);
-            if v.get(0) % 2 == me {
-                v.set(0, v.get(0) + 1);
-                mine += 1;
-            }
-        }
-        let total = us(t);
-        dsm.barrier()?;
-        out.insert(
-            "lock_handoff_us".into(),
-            json!({"mean": round(total / (2 * reps) as f64), "acquires_per_handoff": round(attempts as f64 / reps as f64)}),
-        );
-        semaphores(&mut dsm, reps, &mut out)?;
+        primitives(&mut dsm, reps, &mut out)?;
     }
     // Barriers.
     dsm.barrier()?;
@@ -469,37 +390,158 @@ fn worker(args: &Args, everything: bool) -> anyhow::Result<()> {
     // Rank 1's figures come back through shared memory.
     let rank1 = collect_rank1(&mut dsm, &out)?;
     if dsm.rank() == 0 {
-        let mut merged = rank1;
-        for (k, v) in out {
-            merged.entry(k).or_insert(v);
-        }
-        // Messages per operation, both ranks' counts together.
-        let per_op = |m: &serde_json::Map<String, Value>, key: &str, ops: usize| {
-            let sum: f64 = (0..2)
-                .filter_map(|r| m.get(&format!("{key}_rank{r}")).and_then(Value::as_f64))
-                .sum();
-            round(sum / ops as f64)
-        };
-        if merged.contains_key("lock_acquire_messages_rank0") {
-            let a = per_op(&merged, "lock_acquire_messages", reps);
-            let h = per_op(&merged, "lock_handoff_page_messages", 2 * reps);
-            merged.insert("lock_acquire_messages".into(), json!(a));
-            merged.insert("lock_handoff_page_messages".into(), json!(h));
-            // Both directions: rank 0 acquires from rank 1, the page's home, and the
-            // other way round.
-            let med = |r: usize| {
-                merged[&format!("lock_handoff_page_us_rank{r}")]["median"]
-                    .as_f64()
-                    .unwrap_or(f64::NAN)
-            };
-            let both = round((med(0) + med(1)) / 2.0);
-            merged.insert("lock_handoff_page_us".into(), json!({"median": both}));
-        }
-        println!("BENCH {}", Value::Object(merged));
+        println!("BENCH {}", Value::Object(merge_ranks(rank1, out, reps)));
     }
     // Benchmarks run without race detection: the outcome has nothing to say.
     let _outcome = dsm.finish()?;
     Ok(())
+}
+
+/// The two-node benchmarks: round trip, faults, locks and semaphores.
+fn primitives(
+    dsm: &mut Dsm,
+    reps: usize,
+    out: &mut serde_json::Map<String, Value>,
+) -> anyhow::Result<()> {
+    if dsm.size() != 2 {
+        bail!("the primitive benchmarks run on exactly 2 nodes");
+    }
+    if let Some(r) = measure_rtt(dsm, reps)? {
+        out.insert("rtt_us".into(), r);
+    }
+    faults(dsm, reps, out)?;
+    free_lock_acquire(dsm, reps, out)?;
+    lock_handoff_with_page(dsm, reps, out)?;
+    alternating_lock_handoff(dsm, reps, out)?;
+    semaphores(dsm, reps, out)
+}
+
+/// Remote read fault: rank 1 touches pages homed on rank 0, one fault each; then a write
+/// fault on each now read-only page.
+fn faults(
+    dsm: &mut Dsm,
+    reps: usize,
+    out: &mut serde_json::Map<String, Value>,
+) -> anyhow::Result<()> {
+    let per_page = 4096 / 8;
+    let pages = dsm.alloc_with::<f64>("bench_pages", reps * per_page, Distribution::OnNode(0))?;
+    if dsm.rank() == 0 {
+        let v = dsm.view(&pages);
+        for p in 0..reps {
+            v.set(p * per_page, p as f64);
+        }
+    }
+    dsm.barrier()?;
+    if dsm.rank() == 1 {
+        let v = dsm.view(&pages).unrecorded();
+        let mut sum = 0.0;
+        let reads = time_each(reps, |p| {
+            sum += v.get(p * per_page);
+            Ok(())
+        })?;
+        // Write fault on a now read-only page: twin creation, handled locally.
+        let writes = time_each(reps, |p| {
+            v.set(p * per_page + 1, sum);
+            Ok(())
+        })?;
+        out.insert("remote_fault_us".into(), stats(reads));
+        out.insert("write_fault_us".into(), stats(writes));
+    }
+    dsm.barrier()?;
+    Ok(())
+}
+
+/// Acquire of a free lock whose manager is the other node (lock ids 2k+0 are managed by
+/// rank 0; each is used once, so the manager holds its token), and the messages it took.
+fn free_lock_acquire(
+    dsm: &mut Dsm,
+    reps: usize,
+    out: &mut serde_json::Map<String, Value>,
+) -> anyhow::Result<()> {
+    let sent = dsm.stats().messages_sent;
+    if dsm.rank() == 1 {
+        let mut acq = Vec::with_capacity(reps);
+        for k in 0..reps as u64 {
+            let t = Instant::now();
+            let g = dsm.lock(1000 + 2 * k)?;
+            acq.push(us(t));
+            drop(g);
+        }
+        out.insert("lock_acquire_us".into(), stats(acq));
+    }
+    dsm.barrier()?;
+    let msgs = dsm.stats().messages_sent - sent - BARRIER_ARRIVALS_N2;
+    out.insert(
+        format!("lock_acquire_messages_rank{}", dsm.rank()),
+        json!(msgs),
+    );
+    Ok(())
+}
+
+/// Hand-off: the lock alternates between the two nodes (a shared turn variable says whose
+/// turn it is).
+fn alternating_lock_handoff(
+    dsm: &mut Dsm,
+    reps: usize,
+    out: &mut serde_json::Map<String, Value>,
+) -> anyhow::Result<()> {
+    let turn = dsm.alloc_with::<u64>("bench_turn", 1, Distribution::OnNode(1))?;
+    let me = dsm.rank() as u64;
+    let t = Instant::now();
+    let mut mine = 0;
+    let mut attempts = 0u64;
+    while mine < reps {
+        let g = dsm.lock(1)?;
+        attempts += 1;
+        let v = g.view(&turn);
+        if v.get(0) % 2 == me {
+            v.set(0, v.get(0) + 1);
+            mine += 1;
+        }
+    }
+    let total = us(t);
+    dsm.barrier()?;
+    out.insert(
+        "lock_handoff_us".into(),
+        json!({"mean": round(total / (2 * reps) as f64), "acquires_per_handoff": round(attempts as f64 / reps as f64)}),
+    );
+    Ok(())
+}
+
+/// Rank 0's figures with rank 1's (rank 1's first where both have a key), and the
+/// per-operation figures that need both ranks' counts.
+fn merge_ranks(
+    rank1: serde_json::Map<String, Value>,
+    out: serde_json::Map<String, Value>,
+    reps: usize,
+) -> serde_json::Map<String, Value> {
+    let mut merged = rank1;
+    for (k, v) in out {
+        merged.entry(k).or_insert(v);
+    }
+    // Messages per operation, both ranks' counts together.
+    let per_op = |m: &serde_json::Map<String, Value>, key: &str, ops: usize| {
+        let sum: f64 = (0..2)
+            .filter_map(|r| m.get(&format!("{key}_rank{r}")).and_then(Value::as_f64))
+            .sum();
+        round(sum / ops as f64)
+    };
+    if merged.contains_key("lock_acquire_messages_rank0") {
+        let a = per_op(&merged, "lock_acquire_messages", reps);
+        let h = per_op(&merged, "lock_handoff_page_messages", 2 * reps);
+        merged.insert("lock_acquire_messages".into(), json!(a));
+        merged.insert("lock_handoff_page_messages".into(), json!(h));
+        // Both directions: rank 0 acquires from rank 1, the page's home, and the
+        // other way round.
+        let med = |r: usize| {
+            merged[&format!("lock_handoff_page_us_rank{r}")]["median"]
+                .as_f64()
+                .unwrap_or(f64::NAN)
+        };
+        let both = round((med(0) + med(1)) / 2.0);
+        merged.insert("lock_handoff_page_us".into(), json!({"median": both}));
+    }
+    merged
 }
 
 /// Moves rank 1's JSON to rank 0 through a shared byte array.

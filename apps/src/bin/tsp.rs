@@ -97,50 +97,13 @@ fn main() -> ExitCode {
 fn run() -> anyhow::Result<ExitCode> {
     apps::init_logging();
     let args = Args::parse();
-    if let Some(n) = args.random {
-        if !(1..=MAX_CITIES).contains(&n) {
-            usage_error(&format!(
-                "--random {n}: the number of cities must be in 1..={MAX_CITIES}"
-            ));
-        }
-    }
-    if args.pool == Some(0) {
-        usage_error("--pool must be at least 1");
-    }
-    if args.batch == 0 {
-        usage_error("--batch must be at least 1");
-    }
+    check_args(&args);
     let loaded = load(&args);
     let mut dsm = Dsm::init().context("joining the DSM job")?;
     let rank = dsm.rank();
-    // Every node reads the input itself; they must agree before sharing anything.
-    let mine = loaded.as_ref().map_or(0, Instance::fingerprint);
-    let all = search::agree_on_input(&mut dsm, mine)?;
-    let inst = match loaded {
-        Err(msg) => {
-            if rank == 0 || all[0] != 0 {
-                eprintln!("tsp: {msg}");
-            }
-            let _ = dsm.finish()?;
-            return Ok(ExitCode::from(2));
-        }
-        Ok(inst) => {
-            if all.iter().any(|&f| f != mine) {
-                if rank == 0 {
-                    let odd: Vec<String> = (0..all.len())
-                        .filter(|&r| all[r] != mine)
-                        .map(|r| r.to_string())
-                        .collect();
-                    eprintln!(
-                        "tsp: ranks {} could not read the instance or read a different one",
-                        odd.join(", ")
-                    );
-                }
-                let _ = dsm.finish()?;
-                return Ok(ExitCode::from(2));
-            }
-            inst
-        }
+    let Some(inst) = agreed_instance(&mut dsm, loaded)? else {
+        let _ = dsm.finish()?;
+        return Ok(ExitCode::from(2));
     };
     let n = inst.n;
     if rank == 0 && n > COMFORTABLE_CITIES {
@@ -166,74 +129,136 @@ fn run() -> anyhow::Result<ExitCode> {
     let parallel = secs(t);
     if rank == 0 {
         let out = search::outcome(&dsm, &shared);
-        let tour_text = out
-            .tour
-            .iter()
-            .map(|c| c.to_string())
-            .collect::<Vec<_>>()
-            .join(" ");
-        if !inst.is_tour(&out.tour) || inst.tour_length(&out.tour) != out.length {
-            fail(&format!(
-                "tsp {n} cities: the shared best tour [{tour_text}] is not a tour of length {} (its length is {})",
-                out.length,
-                inst.tour_length(&out.tour)
-            ));
-        }
-        let what = format!("tsp {n} cities ({})", inst.name);
-        let nodes = dsm.size();
-        let bound_mode = if args.locked_bound {
-            "locked bound"
-        } else {
-            "unlocked bound reads"
-        };
-        if args.no_verify || n > VERIFY_MAX_CITIES {
-            let why = if args.no_verify {
-                "--no-verify".to_string()
-            } else {
-                format!("Held-Karp is only run up to {VERIFY_MAX_CITIES} cities")
-            };
-            println!(
-                "done: {what}, length {} (not verified: {why}), tour {tour_text}, {}, {bound_mode}, parallel {parallel:.4} s",
-                out.length,
-                apps::nodes(nodes)
-            );
-        } else {
-            let t = Instant::now();
-            let want = heldkarp::held_karp(&inst);
-            let sequential = secs(t);
-            if want != out.length {
-                fail(&format!(
-                    "{what}: branch and bound found length {} but Held-Karp says {want}",
-                    out.length
-                ));
-            }
-            println!(
-                "verified: {what}, optimal length {} (Held-Karp agrees), tour {tour_text}, {}, {bound_mode}, parallel {parallel:.4} s, sequential(Held-Karp) {sequential:.4} s",
-                out.length,
-                apps::nodes(nodes)
-            );
-        }
-        let mut total = search::Stats::default();
-        for s in &out.per_node {
-            total.add(s);
-        }
-        println!(
-            "stats: depth-first threshold {} unvisited cities, pool {}: {} tours expanded, {} subproblems solved depth-first ({} of them because the pool was full), {} search nodes, {} pruned, {} bound improvements, {} queue-lock and {} bound-lock acquires, {} idle waits",
-            cfg.depth_first,
-            cfg.pool,
-            total.expanded,
-            total.subproblems,
-            total.overflow,
-            total.dfs_nodes,
-            total.pruned,
-            total.improvements,
-            total.queue_locks,
-            total.bound_locks,
-            total.idle
-        );
+        report_tour(&args, &inst, &out, dsm.size(), parallel);
+        report_stats(&cfg, &out);
     }
     if args.dsm_stats {
         println!("dsm-stats: rank {rank}: {:?}", dsm.stats());
     }
     Ok(dsm.finish()?.exit_code())
+}
+
+/// Exits with a usage error on arguments clap cannot check.
+fn check_args(args: &Args) {
+    if let Some(n) = args.random {
+        if !(1..=MAX_CITIES).contains(&n) {
+            usage_error(&format!(
+                "--random {n}: the number of cities must be in 1..={MAX_CITIES}"
+            ));
+        }
+    }
+    if args.pool == Some(0) {
+        usage_error("--pool must be at least 1");
+    }
+    if args.batch == 0 {
+        usage_error("--batch must be at least 1");
+    }
+}
+
+/// The instance every node read, once all agree on it; `None` (said on stderr) when a
+/// node could not read it or read a different one.
+fn agreed_instance(
+    dsm: &mut Dsm,
+    loaded: Result<Instance, String>,
+) -> anyhow::Result<Option<Instance>> {
+    let rank = dsm.rank();
+    // Every node reads the input itself; they must agree before sharing anything.
+    let mine = loaded.as_ref().map_or(0, Instance::fingerprint);
+    let all = search::agree_on_input(dsm, mine)?;
+    match loaded {
+        Err(msg) => {
+            if rank == 0 || all[0] != 0 {
+                eprintln!("tsp: {msg}");
+            }
+            Ok(None)
+        }
+        Ok(_) if all.iter().any(|&f| f != mine) => {
+            if rank == 0 {
+                let odd: Vec<String> = (0..all.len())
+                    .filter(|&r| all[r] != mine)
+                    .map(|r| r.to_string())
+                    .collect();
+                eprintln!(
+                    "tsp: ranks {} could not read the instance or read a different one",
+                    odd.join(", ")
+                );
+            }
+            Ok(None)
+        }
+        Ok(inst) => Ok(Some(inst)),
+    }
+}
+
+/// Rank 0's check of the shared best tour and its `verified:` (or `done:`) line; a wrong
+/// tour, or a length Held-Karp disagrees with, fails the run.
+fn report_tour(args: &Args, inst: &Instance, out: &search::Outcome, nodes: usize, parallel: f64) {
+    let n = inst.n;
+    let tour_text = out
+        .tour
+        .iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(" ");
+    if !inst.is_tour(&out.tour) || inst.tour_length(&out.tour) != out.length {
+        fail(&format!(
+            "tsp {n} cities: the shared best tour [{tour_text}] is not a tour of length {} (its length is {})",
+            out.length,
+            inst.tour_length(&out.tour)
+        ));
+    }
+    let what = format!("tsp {n} cities ({})", inst.name);
+    let bound_mode = if args.locked_bound {
+        "locked bound"
+    } else {
+        "unlocked bound reads"
+    };
+    if args.no_verify || n > VERIFY_MAX_CITIES {
+        let why = if args.no_verify {
+            "--no-verify".to_string()
+        } else {
+            format!("Held-Karp is only run up to {VERIFY_MAX_CITIES} cities")
+        };
+        println!(
+            "done: {what}, length {} (not verified: {why}), tour {tour_text}, {}, {bound_mode}, parallel {parallel:.4} s",
+            out.length,
+            apps::nodes(nodes)
+        );
+    } else {
+        let t = Instant::now();
+        let want = heldkarp::held_karp(inst);
+        let sequential = secs(t);
+        if want != out.length {
+            fail(&format!(
+                "{what}: branch and bound found length {} but Held-Karp says {want}",
+                out.length
+            ));
+        }
+        println!(
+            "verified: {what}, optimal length {} (Held-Karp agrees), tour {tour_text}, {}, {bound_mode}, parallel {parallel:.4} s, sequential(Held-Karp) {sequential:.4} s",
+            out.length,
+            apps::nodes(nodes)
+        );
+    }
+}
+
+/// Rank 0's `stats:` line: the search's counters summed over the nodes.
+fn report_stats(cfg: &search::Config, out: &search::Outcome) {
+    let mut total = search::Stats::default();
+    for s in &out.per_node {
+        total.add(s);
+    }
+    println!(
+        "stats: depth-first threshold {} unvisited cities, pool {}: {} tours expanded, {} subproblems solved depth-first ({} of them because the pool was full), {} search nodes, {} pruned, {} bound improvements, {} queue-lock and {} bound-lock acquires, {} idle waits",
+        cfg.depth_first,
+        cfg.pool,
+        total.expanded,
+        total.subproblems,
+        total.overflow,
+        total.dfs_nodes,
+        total.pruned,
+        total.improvements,
+        total.queue_locks,
+        total.bound_locks,
+        total.idle
+    );
 }

@@ -361,42 +361,53 @@ struct Coords {
 /// Reads a TSPLIB file (symmetric TSP or ATSP).
 pub fn parse_tsplib(text: &str) -> Result<Instance, ParseError> {
     let lines: Vec<(usize, &str)> = numbered(text).collect();
-    let end = last_line(text);
-    let mut name = String::new();
-    let mut dim: Option<(usize, usize)> = None;
-    let mut wtype: Option<(WeightType, usize)> = None;
-    let mut wformat: Option<(WeightFormat, usize)> = None;
-    let mut coords: Option<Coords> = None;
-    let mut weights: Option<(Vec<i64>, usize)> = None;
-    let mut k = 0;
-    while k < lines.len() {
-        let (ln, line) = lines[k];
-        k += 1;
+    let mut file = Tsplib {
+        lines: &lines,
+        next: 0,
+        end: last_line(text),
+        name: String::new(),
+        dim: None,
+        wtype: None,
+        wformat: None,
+        coords: None,
+        weights: None,
+    };
+    while file.next < lines.len() {
+        let (ln, line) = lines[file.next];
+        file.next += 1;
         if is_data(line) {
             return err(ln, format!("expected a keyword, found '{line}'"));
         }
         let (key, value) = keyword(line);
-        let need_dim = |what: &str| {
-            dim.map(|(n, _)| n).ok_or_else(|| ParseError {
-                line: ln,
-                msg: format!("{what} before DIMENSION"),
-            })
-        };
-        // The data lines of a section: consecutive lines that start with a number.
-        let mut block = || {
-            let start = k;
-            while k < lines.len() && is_data(lines[k].1) {
-                k += 1;
-            }
-            let ended = if k < lines.len() {
-                (lines[k].0, format!("'{}' ends the section", lines[k].1))
-            } else {
-                (end, "the file ends".to_string())
-            };
-            (&lines[start..k], ended)
-        };
-        match key.as_str() {
-            "NAME" => name = value.to_string(),
+        if key == "EOF" {
+            break;
+        }
+        file.read_keyword(ln, &key, value)?;
+    }
+    file.into_instance()
+}
+
+/// A TSPLIB file being read: its lines, where reading is, and what the keywords and
+/// sections read so far gave, each with the line it was on.
+struct Tsplib<'a> {
+    lines: &'a [(usize, &'a str)],
+    /// Index in `lines` of the next line to read.
+    next: usize,
+    /// The file's last line, named when it ends too early.
+    end: usize,
+    name: String,
+    dim: Option<(usize, usize)>,
+    wtype: Option<(WeightType, usize)>,
+    wformat: Option<(WeightFormat, usize)>,
+    coords: Option<Coords>,
+    weights: Option<(Vec<i64>, usize)>,
+}
+
+impl<'a> Tsplib<'a> {
+    /// One keyword line (other than `EOF`), with the section it opens.
+    fn read_keyword(&mut self, ln: usize, key: &str, value: &str) -> Result<(), ParseError> {
+        match key {
+            "NAME" => self.name = value.to_string(),
             "COMMENT" | "NODE_COORD_TYPE" | "DISPLAY_DATA_TYPE" => {}
             "TYPE" => {
                 let t = value.split_whitespace().next().unwrap_or("");
@@ -408,29 +419,12 @@ pub fn parse_tsplib(text: &str) -> Result<Instance, ParseError> {
                 }
             }
             "DIMENSION" => {
-                if let Some((_, first)) = dim {
+                if let Some((_, first)) = self.dim {
                     return err(ln, format!("DIMENSION given twice (first on line {first})"));
                 }
-                dim = Some((city_count(ln, "DIMENSION", value)?, ln));
+                self.dim = Some((city_count(ln, "DIMENSION", value)?, ln));
             }
-            "EDGE_WEIGHT_TYPE" => {
-                let t = match value {
-                    "EXPLICIT" => WeightType::Explicit,
-                    "EUC_2D" => WeightType::Euc2d,
-                    "CEIL_2D" => WeightType::Ceil2d,
-                    "GEO" => WeightType::Geo,
-                    "ATT" => WeightType::Att,
-                    _ => {
-                        return err(
-                            ln,
-                            format!(
-                                "unknown EDGE_WEIGHT_TYPE '{value}' (supported: EXPLICIT, EUC_2D, CEIL_2D, GEO, ATT)"
-                            ),
-                        )
-                    }
-                };
-                wtype = Some((t, ln));
-            }
+            "EDGE_WEIGHT_TYPE" => self.wtype = Some((weight_type(ln, value)?, ln)),
             "EDGE_WEIGHT_FORMAT" => {
                 let Some(f) = WeightFormat::parse(value) else {
                     return err(
@@ -440,47 +434,14 @@ pub fn parse_tsplib(text: &str) -> Result<Instance, ParseError> {
                         ),
                     );
                 };
-                wformat = Some((f, ln));
+                self.wformat = Some((f, ln));
             }
-            "NODE_COORD_SECTION" => {
-                let n = need_dim("NODE_COORD_SECTION")?;
-                if let Some(c) = &coords {
-                    return err(
-                        ln,
-                        format!("second NODE_COORD_SECTION (first on line {})", c.line),
-                    );
-                }
-                let (data, (end_ln, why)) = block();
-                coords = Some(Coords {
-                    line: ln,
-                    xy: read_coords(n, data, end_ln, &why)?,
-                });
-            }
-            "EDGE_WEIGHT_SECTION" => {
-                let n = need_dim("EDGE_WEIGHT_SECTION")?;
-                let Some((f, _)) = wformat else {
-                    return err(ln, "EDGE_WEIGHT_SECTION before EDGE_WEIGHT_FORMAT");
-                };
-                if f == WeightFormat::Function {
-                    return err(
-                        ln,
-                        "EDGE_WEIGHT_SECTION, but EDGE_WEIGHT_FORMAT is FUNCTION",
-                    );
-                }
-                if let Some((_, first)) = weights {
-                    return err(
-                        ln,
-                        format!("second EDGE_WEIGHT_SECTION (first on line {first})"),
-                    );
-                }
-                let (data, (end_ln, why)) = block();
-                weights = Some((read_weights(f, n, data, end_ln, &why)?, ln));
-            }
+            "NODE_COORD_SECTION" => self.node_coord_section(ln)?,
+            "EDGE_WEIGHT_SECTION" => self.edge_weight_section(ln)?,
             "DISPLAY_DATA_SECTION" => {
                 // Display coordinates are for drawing only, never for distances.
-                block();
+                self.block();
             }
-            "EOF" => break,
             "EDGE_DATA_FORMAT"
             | "EDGE_DATA_SECTION"
             | "FIXED_EDGES_SECTION"
@@ -492,68 +453,159 @@ pub fn parse_tsplib(text: &str) -> Result<Instance, ParseError> {
             }
             _ => return err(ln, format!("unknown keyword '{key}'")),
         }
+        Ok(())
     }
-    let Some((n, _)) = dim else {
-        return err(end, "no DIMENSION in the file");
-    };
-    let Some((wtype, wtype_ln)) = wtype else {
-        return err(end, "no EDGE_WEIGHT_TYPE in the file");
-    };
-    let dist = match wtype {
-        WeightType::Explicit => {
-            if wformat.is_none() {
-                return err(
-                    wtype_ln,
-                    "EDGE_WEIGHT_TYPE is EXPLICIT, but the file has no EDGE_WEIGHT_FORMAT",
-                );
-            }
-            let Some((w, _)) = weights else {
-                return err(
-                    wtype_ln,
-                    "EDGE_WEIGHT_TYPE is EXPLICIT, but the file has no EDGE_WEIGHT_SECTION",
-                );
-            };
-            w
+
+    fn need_dim(&self, ln: usize, what: &str) -> Result<usize, ParseError> {
+        self.dim.map(|(n, _)| n).ok_or_else(|| ParseError {
+            line: ln,
+            msg: format!("{what} before DIMENSION"),
+        })
+    }
+
+    /// The data lines of a section: consecutive lines that start with a number; with the
+    /// line that ends them and how.
+    fn block(&mut self) -> (&'a [(usize, &'a str)], (usize, String)) {
+        let lines = self.lines;
+        let start = self.next;
+        while self.next < lines.len() && is_data(lines[self.next].1) {
+            self.next += 1;
         }
-        t => {
-            let Some(c) = coords else {
+        let ended = if self.next < lines.len() {
+            let (ln, line) = lines[self.next];
+            (ln, format!("'{line}' ends the section"))
+        } else {
+            (self.end, "the file ends".to_string())
+        };
+        (&lines[start..self.next], ended)
+    }
+
+    fn node_coord_section(&mut self, ln: usize) -> Result<(), ParseError> {
+        let n = self.need_dim(ln, "NODE_COORD_SECTION")?;
+        if let Some(c) = &self.coords {
+            return err(
+                ln,
+                format!("second NODE_COORD_SECTION (first on line {})", c.line),
+            );
+        }
+        let (data, (end_ln, why)) = self.block();
+        self.coords = Some(Coords {
+            line: ln,
+            xy: read_coords(n, data, end_ln, &why)?,
+        });
+        Ok(())
+    }
+
+    fn edge_weight_section(&mut self, ln: usize) -> Result<(), ParseError> {
+        let n = self.need_dim(ln, "EDGE_WEIGHT_SECTION")?;
+        let Some((f, _)) = self.wformat else {
+            return err(ln, "EDGE_WEIGHT_SECTION before EDGE_WEIGHT_FORMAT");
+        };
+        if f == WeightFormat::Function {
+            return err(
+                ln,
+                "EDGE_WEIGHT_SECTION, but EDGE_WEIGHT_FORMAT is FUNCTION",
+            );
+        }
+        if let Some((_, first)) = self.weights {
+            return err(
+                ln,
+                format!("second EDGE_WEIGHT_SECTION (first on line {first})"),
+            );
+        }
+        let (data, (end_ln, why)) = self.block();
+        self.weights = Some((read_weights(f, n, data, end_ln, &why)?, ln));
+        Ok(())
+    }
+
+    /// The instance, once the whole file is read: the explicit weights, or the distances
+    /// of the coordinates.
+    fn into_instance(self) -> Result<Instance, ParseError> {
+        let Some((n, _)) = self.dim else {
+            return err(self.end, "no DIMENSION in the file");
+        };
+        let Some((wtype, wtype_ln)) = self.wtype else {
+            return err(self.end, "no EDGE_WEIGHT_TYPE in the file");
+        };
+        let dist = match wtype {
+            WeightType::Explicit => {
+                if self.wformat.is_none() {
+                    return err(
+                        wtype_ln,
+                        "EDGE_WEIGHT_TYPE is EXPLICIT, but the file has no EDGE_WEIGHT_FORMAT",
+                    );
+                }
+                let Some((w, _)) = self.weights else {
+                    return err(
+                        wtype_ln,
+                        "EDGE_WEIGHT_TYPE is EXPLICIT, but the file has no EDGE_WEIGHT_SECTION",
+                    );
+                };
+                w
+            }
+            t => {
+                let Some(c) = self.coords else {
+                    return err(
+                        wtype_ln,
+                        format!(
+                            "EDGE_WEIGHT_TYPE is {}, but the file has no NODE_COORD_SECTION",
+                            match t {
+                                WeightType::Euc2d => "EUC_2D",
+                                WeightType::Ceil2d => "CEIL_2D",
+                                WeightType::Geo => "GEO",
+                                _ => "ATT",
+                            }
+                        ),
+                    );
+                };
+                coord_distances(t, n, &c)?
+            }
+        };
+        Ok(Instance::new(self.name, n, dist))
+    }
+}
+
+fn weight_type(ln: usize, value: &str) -> Result<WeightType, ParseError> {
+    Ok(match value {
+        "EXPLICIT" => WeightType::Explicit,
+        "EUC_2D" => WeightType::Euc2d,
+        "CEIL_2D" => WeightType::Ceil2d,
+        "GEO" => WeightType::Geo,
+        "ATT" => WeightType::Att,
+        _ => {
+            return err(
+                ln,
+                format!(
+                    "unknown EDGE_WEIGHT_TYPE '{value}' (supported: EXPLICIT, EUC_2D, CEIL_2D, GEO, ATT)"
+                ),
+            )
+        }
+    })
+}
+
+/// The n x n distance matrix of the coordinates under weight type `t`.
+fn coord_distances(t: WeightType, n: usize, c: &Coords) -> Result<Vec<i64>, ParseError> {
+    let mut dist = vec![0i64; n * n];
+    for i in 0..n {
+        for j in 0..n {
+            if i == j {
+                continue;
+            }
+            let w = coord_distance(t, c.xy[i], c.xy[j]);
+            if !(0.0..=MAX_WEIGHT as f64).contains(&w) {
                 return err(
-                    wtype_ln,
+                    c.line,
                     format!(
-                        "EDGE_WEIGHT_TYPE is {}, but the file has no NODE_COORD_SECTION",
-                        match t {
-                            WeightType::Euc2d => "EUC_2D",
-                            WeightType::Ceil2d => "CEIL_2D",
-                            WeightType::Geo => "GEO",
-                            _ => "ATT",
-                        }
+                        "coordinates of nodes {} and {} give a distance out of range",
+                        i + 1,
+                        j + 1
                     ),
                 );
-            };
-            let mut dist = vec![0i64; n * n];
-            for i in 0..n {
-                for j in 0..n {
-                    if i == j {
-                        continue;
-                    }
-                    let w = coord_distance(t, c.xy[i], c.xy[j]);
-                    if !(0.0..=MAX_WEIGHT as f64).contains(&w) {
-                        return err(
-                            c.line,
-                            format!(
-                                "coordinates of nodes {} and {} give a distance out of range",
-                                i + 1,
-                                j + 1
-                            ),
-                        );
-                    }
-                    dist[i * n + j] = w as i64;
-                }
             }
-            dist
+            dist[i * n + j] = w as i64;
         }
-    };
-    Ok(Instance::new(name, n, dist))
+    }
+    Ok(dist)
 }
 
 fn read_coords(

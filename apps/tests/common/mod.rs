@@ -90,7 +90,7 @@ pub(crate) fn record_and_replay(
 }
 
 /// The lines (1-based) marked `// RACE` in the function that runs kernel `name`, read
-/// from its `run:` entry in `all()`.
+/// from its `run:` entry in `KERNELS`.
 pub(crate) fn race_lines(source: &str, name: &str) -> BTreeSet<u32> {
     let lines: Vec<&str> = source.lines().collect();
     let entry = lines

@@ -156,6 +156,55 @@ fn run(cli: &Cli) -> Result<()> {
     } else {
         Mode::Normal
     };
+    let paths = prepare_paths(cli)?;
+    let machine = machine::machine();
+    let date = machine::now_utc();
+    let knobs = Knobs::new(mode, machine.cores);
+    let mut specs = suite::app_specs(mode);
+    if let Some(only) = &cli.apps {
+        specs.retain(|a| only.iter().any(|o| o == a.name));
+    }
+    eprintln!("bench: building the C peer programs");
+    let tools = suite::prepare_tools(&paths, &knobs);
+    let jobs = suite::plan(&knobs, &specs, &tools, &paths);
+    eprintln!(
+        "bench: {} runs, mode {} ({} cores); results in {}",
+        jobs.len(),
+        mode.name(),
+        machine.cores,
+        paths.out_dir.display()
+    );
+    let records = suite::execute(&jobs, &knobs, &paths, &tools)?;
+
+    let ctx = analysis_context(&paths, &knobs, &specs, &tools, machine);
+    let command = |j: &scripts::model::Job| suite::command_line(j, &knobs, &paths, &tools);
+    let mut report = analysis::analyze(&ctx, records, &command);
+    report.date = date;
+    report.git = machine::git_describe(&paths.repo);
+    if let Ok(v) = &tools.valgrind {
+        report.notes.push(format!("valgrind: {v}"));
+    }
+    let md_path = write_results(cli, &paths, &mut report, started)?;
+    let _ = std::fs::remove_dir_all(&paths.work);
+
+    print!("{}", render::summary(&report));
+    println!(
+        "report: {} ({} runs, {} failed, {:.0} s)",
+        md_path.display(),
+        report.runs.len(),
+        report
+            .failures
+            .iter()
+            .map(|f| f.count.max(1))
+            .sum::<usize>(),
+        report.duration_s
+    );
+    Ok(())
+}
+
+/// The run's directories from the command line, with the work directory created; fails
+/// early when dsmrun has not been built.
+fn prepare_paths(cli: &Cli) -> Result<Paths> {
     let repo = cli
         .repo
         .canonicalize()
@@ -175,10 +224,10 @@ fn run(cli: &Cli) -> Result<()> {
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
     let paths = Paths {
         repo: repo.clone(),
-        out_dir: out_dir.clone(),
+        out_dir,
         bin_dir,
         c_dir: repo.join("scripts").join("c"),
-        work: work.clone(),
+        work,
     };
     if suite::app_available(&paths, "dsmrun").is_err() {
         bail!(
@@ -186,32 +235,24 @@ fn run(cli: &Cli) -> Result<()> {
             paths.bin_dir.display()
         );
     }
-    let machine = machine::machine();
-    let date = machine::now_utc();
-    let knobs = Knobs::new(mode, machine.cores);
-    let mut specs = suite::app_specs(mode);
-    if let Some(only) = &cli.apps {
-        specs.retain(|a| only.iter().any(|o| o == a.name));
-    }
-    eprintln!("bench: building the C peer programs");
-    let tools = suite::prepare_tools(&paths, &knobs);
-    let jobs = suite::plan(&knobs, &specs, &tools, &paths);
-    eprintln!(
-        "bench: {} runs, mode {} ({} cores); results in {}",
-        jobs.len(),
-        mode.name(),
-        machine.cores,
-        out_dir.display()
-    );
-    let records = suite::execute(&jobs, &knobs, &paths, &tools)?;
+    Ok(paths)
+}
 
+/// What the analysis needs beyond the runs: the settings, and what could not run and why.
+fn analysis_context(
+    paths: &Paths,
+    knobs: &Knobs,
+    specs: &[suite::AppSpec],
+    tools: &suite::Tools,
+    machine: scripts::model::Machine,
+) -> analysis::Context {
     let mut missing_apps = std::collections::BTreeMap::new();
     for a in specs
         .iter()
         .map(|a| a.name)
         .chain(["race-kernel", "dsm-bench"])
     {
-        if let Err(why) = suite::app_available(&paths, a) {
+        if let Err(why) = suite::app_available(paths, a) {
             missing_apps.insert(a.to_string(), why);
         }
     }
@@ -225,8 +266,8 @@ fn run(cli: &Cli) -> Result<()> {
         .into_iter()
         .filter_map(|r| tools.c_apps.get(r).err().map(|why| (r, why)))
         .collect();
-    let ctx = analysis::Context {
-        settings: knobs.settings(&specs),
+    analysis::Context {
+        settings: knobs.settings(specs),
         machine,
         missing_apps,
         apps: specs.iter().map(|a| a.name.to_string()).collect(),
@@ -236,50 +277,43 @@ fn run(cli: &Cli) -> Result<()> {
             .collect(),
         missing_tools,
         missing_c,
-    };
-    let command = |j: &scripts::model::Job| suite::command_line(j, &knobs, &paths, &tools);
-    let mut report = analysis::analyze(&ctx, records, &command);
-    report.date = date;
-    report.git = machine::git_describe(&repo);
-    if let Ok(v) = &tools.valgrind {
-        report.notes.push(format!("valgrind: {v}"));
     }
+}
 
+/// Writes `latest.json` (before the plots, which read it, and again after), the plots
+/// and `latest.md`; returns the Markdown's path.
+fn write_results(
+    cli: &Cli,
+    paths: &Paths,
+    report: &mut Report,
+    started: Instant,
+) -> Result<PathBuf> {
+    let out_dir = &paths.out_dir;
     let json_path = out_dir.join("latest.json");
     let write_json = |r: &Report| -> Result<()> {
         std::fs::write(&json_path, serde_json::to_string_pretty(r)? + "\n")
             .with_context(|| format!("writing {}", json_path.display()))
     };
     report.duration_s = started.elapsed().as_secs_f64();
-    write_json(&report)?;
+    write_json(report)?;
     if cli.no_plots {
         report.plots_note = Some("--no-plots was given".into());
     } else {
-        match plots(&repo.join("scripts").join("plot.py"), &json_path, &out_dir) {
+        match plots(
+            &paths.repo.join("scripts").join("plot.py"),
+            &json_path,
+            out_dir,
+        ) {
             Ok(p) => report.plots = p,
             Err(e) => report.plots_note = Some(e),
         }
     }
     report.duration_s = started.elapsed().as_secs_f64();
-    write_json(&report)?;
+    write_json(report)?;
     let md_path = out_dir.join("latest.md");
-    std::fs::write(&md_path, render::render(&report))
+    std::fs::write(&md_path, render::render(report))
         .with_context(|| format!("writing {}", md_path.display()))?;
-    let _ = std::fs::remove_dir_all(&work);
-
-    print!("{}", render::summary(&report));
-    println!(
-        "report: {} ({} runs, {} failed, {:.0} s)",
-        md_path.display(),
-        report.runs.len(),
-        report
-            .failures
-            .iter()
-            .map(|f| f.count.max(1))
-            .sum::<usize>(),
-        report.duration_s
-    );
-    Ok(())
+    Ok(md_path)
 }
 
 /// Runs the plot script; returns the PNG names it wrote, or why there are none.
