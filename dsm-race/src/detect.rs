@@ -390,7 +390,7 @@ struct PairSearch<'a> {
 impl PairSearch<'_> {
     /// The candidates of one page, whose entries are `segments` (per node group in group
     /// order: group, first and end entry, whether any entry writes).
-    fn page(&self, segments: &[(usize, usize, usize, bool)], walk: Walk, out: &mut Vec<Candidate>) {
+    fn page(&self, segments: &[Segment], walk: Walk, out: &mut Vec<Candidate>) {
         let (Some(first), Some(last)) = (segments.first(), segments.last()) else {
             return;
         };
@@ -414,7 +414,7 @@ impl PairSearch<'_> {
 
     /// For each entry, the slice of each later group's entries concurrent with it (one
     /// contiguous slice, the page's entries being in interval order).
-    fn by_concurrency(&self, segments: &[(usize, usize, usize, bool)], out: &mut Vec<Candidate>) {
+    fn by_concurrency(&self, segments: &[Segment], out: &mut Vec<Candidate>) {
         for (i, &(_, s, t, _)) in segments.iter().enumerate() {
             for ja in s..t {
                 self.concurrent_slices(ja, &segments[i + 1..], |from, to| {
@@ -428,12 +428,7 @@ impl PairSearch<'_> {
 
     /// Entry `ja`'s concurrent entries in each of `later` segments (those that could
     /// race with it: a reader needs a writer on the other side), as `slice(from, to)`.
-    fn concurrent_slices(
-        &self,
-        ja: usize,
-        later: &[(usize, usize, usize, bool)],
-        mut slice: impl FnMut(usize, usize),
-    ) {
+    fn concurrent_slices(&self, ja: usize, later: &[Segment], mut slice: impl FnMut(usize, usize)) {
         let e = self.index[ja];
         let a = entry_pos(e);
         for &(qk, s, t, q_writes) in later {
@@ -455,7 +450,7 @@ impl PairSearch<'_> {
     }
 
     /// How many entries [`PairSearch::by_concurrency`] would visit on this page.
-    fn concurrency_cost(&self, segments: &[(usize, usize, usize, bool)]) -> usize {
+    fn concurrency_cost(&self, segments: &[Segment]) -> usize {
         let mut cost = 0;
         for (i, &(_, s, t, _)) in segments.iter().enumerate() {
             for ja in s..t {
@@ -591,17 +586,7 @@ fn plan_walking(
     let is_fresh: Vec<bool> = intervals.iter().map(&fresh).collect();
     // Entries pack the interval position in 30 bits (see below).
     assert!(n < 1 << 30, "too many intervals in one epoch: {n}");
-    // Each node's intervals are one contiguous slice of the sorted list: (node, start, end).
-    let mut groups: Vec<(NodeId, usize, usize)> = Vec::new();
-    let mut group_of = Vec::with_capacity(n);
-    for (i, r) in intervals.iter().enumerate() {
-        match groups.last_mut() {
-            Some(g) if g.0 == r.node => g.2 = i + 1,
-            _ => groups.push((r.node, i, i + 1)),
-        }
-        group_of.push(groups.len() - 1);
-    }
-    let ng = groups.len();
+    let (groups, group_of) = node_groups(&intervals);
     let mut stats = PlanStats {
         intervals: n as u64,
         bitmaps_total: intervals
@@ -611,16 +596,72 @@ fn plan_walking(
             .sum(),
         ..Default::default()
     };
+    let ranges = concurrency_ranges(&intervals, &groups, schedule, &mut stats);
+    let index = page_index(&intervals, &group_of);
+    // Per entry, the 64-byte blocks its interval read and wrote on its page.
+    let blocks: Vec<Blocks> = index
+        .iter()
+        .map(|&e| Blocks::of(&intervals[entry_pos(e)], entry_page(e)))
+        .collect();
+    let (segments, page_segs) = page_segments(&index, &group_of);
+    let search = PairSearch {
+        index: &index,
+        blocks: &blocks,
+        group_of: &group_of,
+        ranges: &ranges,
+        groups: groups.len(),
+        is_fresh: &is_fresh,
+    };
+    let mut found: Vec<Candidate> = Vec::new();
+    for &(s0, s1) in &page_segs {
+        search.page(&segments[s0..s1], walk, &mut found);
+    }
+    // The pairwise planner's order: node pair, then a, b and page.
+    found.sort_unstable();
+    let (checks, want) = checks_and_wants(&found, &index, n, &mut stats);
+    let wanted = wanted_keys(&intervals, &groups, &index, &want);
+    stats.bitmaps_wanted = wanted.values().map(|v| v.len() as u64).sum();
+    Plan {
+        epoch,
+        intervals,
+        checks,
+        wanted,
+        stats,
+    }
+}
+
+/// Each node's intervals as one contiguous slice of the sorted list, `(node, start,
+/// end)`, and each interval's group.
+fn node_groups(intervals: &[IntervalRecord]) -> (Vec<(NodeId, usize, usize)>, Vec<usize>) {
+    let mut groups: Vec<(NodeId, usize, usize)> = Vec::new();
+    let mut group_of = Vec::with_capacity(intervals.len());
+    for (i, r) in intervals.iter().enumerate() {
+        match groups.last_mut() {
+            Some(g) if g.0 == r.node => g.2 = i + 1,
+            _ => groups.push((r.node, i, i + 1)),
+        }
+        group_of.push(groups.len() - 1);
+    }
+    (groups, group_of)
+}
+
+/// `ranges[a * groups + k]`: the positions of group k's intervals concurrent with
+/// interval a, as a half-open range (empty for a's own group): the pairwise planner's two
+/// binary searches, done as one sweep per node pair since both bounds only grow with a.
+fn concurrency_ranges(
+    intervals: &[IntervalRecord],
+    groups: &[(NodeId, usize, usize)],
+    schedule: bool,
+    stats: &mut PlanStats,
+) -> Vec<(u32, u32)> {
+    let (n, ng) = (intervals.len(), groups.len());
     // The vector times as one flat table, vt[i * ng + k] = interval i's entry for group
     // k's node, so that the sweeps below read memory in order.
     let own: Vec<u32> = intervals.iter().map(|r| r.index).collect();
     let mut vt = Vec::with_capacity(n * ng);
-    for r in &intervals {
+    for r in intervals {
         vt.extend(groups.iter().map(|g| r.vt.get(g.0)));
     }
-    // ranges[a * ng + k]: the positions of group k's intervals concurrent with interval a,
-    // as a half-open range (empty for a's own group): the pairwise planner's two binary
-    // searches, done as one sweep per node pair since both bounds only grow with a.
     let mut ranges = vec![(0u32, 0u32); n * ng];
     for (pk, &(_, ps, pe)) in groups.iter().enumerate() {
         for (qk, &(_, qs, qe)) in groups.iter().enumerate() {
@@ -649,12 +690,17 @@ fn plan_walking(
             }
         }
     }
-    // The page index: one u64 per (page, interval, read or write), page in the high half
-    // so that sorting groups pages and, within a page, orders intervals by position (and
-    // so by node). Packed integers sort several times faster than tuples.
-    // Only pages that two nodes touch and one writes can hold a conflict: a node working
-    // on its own band of pages adds its few runs here, not its many pages.
-    let contested = contested_pages(&intervals, &group_of);
+    ranges
+}
+
+/// The page index: one u64 per (page, interval, read or write), page in the high half so
+/// that sorting groups pages and, within a page, orders intervals by position (and so by
+/// node); an interval's read and write entries for one page merged. Packed integers sort
+/// several times faster than tuples. Only pages that two nodes touch and one writes can
+/// hold a conflict: a node working on its own band of pages adds its few runs here, not
+/// its many pages.
+fn page_index(intervals: &[IntervalRecord], group_of: &[usize]) -> Vec<u64> {
+    let contested = contested_pages(intervals, group_of);
     let mut index: Vec<u64> = Vec::new();
     for (i, r) in intervals.iter().enumerate() {
         let (rd, wr) = notices(r).expect("filtered");
@@ -665,7 +711,6 @@ fn plan_walking(
         }
     }
     index.sort_unstable();
-    // Merge an interval's read and write entries for the same page.
     index.dedup_by(|later, kept| {
         if *later >> 2 == *kept >> 2 {
             *kept |= *later;
@@ -674,25 +719,25 @@ fn plan_walking(
             false
         }
     });
-    let pos = entry_pos;
-    let page_of = entry_page;
-    // Per entry, the 64-byte blocks its interval read and wrote on its page.
-    let blocks: Vec<Blocks> = index
-        .iter()
-        .map(|&e| Blocks::of(&intervals[pos(e)], page_of(e)))
-        .collect();
-    // Per page, the slices of its entries that belong to each node: segments[seg_of[j]..]
-    // for entry j are its page's segments, (group, start, end, whether any entry writes).
-    let mut segments: Vec<(usize, usize, usize, bool)> = Vec::new();
+    index
+}
+
+/// A page's entries of one node group: (group, first entry, end entry, whether any entry
+/// writes).
+type Segment = (usize, usize, usize, bool);
+
+/// Per page, the slices of its entries that belong to each node: `segments`, and per page
+/// the range of its segments in it.
+fn page_segments(index: &[u64], group_of: &[usize]) -> (Vec<Segment>, Vec<(usize, usize)>) {
+    let mut segments: Vec<Segment> = Vec::new();
     let mut page_segs: Vec<(usize, usize)> = Vec::new();
-    let mut seg_of = vec![0u32; index.len()];
     let mut start = 0;
     while start < index.len() {
-        let page = page_of(index[start]);
-        let end = start + index[start..].partition_point(|&e| page_of(e) == page);
+        let page = entry_page(index[start]);
+        let end = start + index[start..].partition_point(|&e| entry_page(e) == page);
         let first = segments.len();
         for (j, &e) in index.iter().enumerate().take(end).skip(start) {
-            let k = group_of[pos(e)];
+            let k = group_of[entry_pos(e)];
             let w = e & WRITE != 0;
             match segments[first..].last_mut() {
                 Some(s) if s.0 == k => {
@@ -702,41 +747,20 @@ fn plan_walking(
                 _ => segments.push((k, j, j + 1, w)),
             }
         }
-        let id = page_segs.len() as u32;
         page_segs.push((first, segments.len()));
-        seg_of[start..end].fill(id);
         start = end;
     }
-    // Each interval's entries, in page order (a CSR layout over the index).
-    let mut first_entry = vec![0usize; n + 1];
-    for &e in &index {
-        first_entry[pos(e) + 1] += 1;
-    }
-    for i in 0..n {
-        first_entry[i + 1] += first_entry[i];
-    }
-    let mut entries_of = vec![0u32; index.len()];
-    let mut fill = first_entry.clone();
-    for (j, &e) in index.iter().enumerate() {
-        entries_of[fill[pos(e)]] = j as u32;
-        fill[pos(e)] += 1;
-    }
-    let search = PairSearch {
-        index: &index,
-        blocks: &blocks,
-        group_of: &group_of,
-        ranges: &ranges,
-        groups: ng,
-        is_fresh: &is_fresh,
-    };
-    let mut found: Vec<Candidate> = Vec::new();
-    for &(s0, s1) in &page_segs {
-        search.page(&segments[s0..s1], walk, &mut found);
-    }
-    // The pairwise planner's order: node pair, then a, b and page.
-    found.sort_unstable();
-    // The bitmaps wanted, as bits on the index entries: an entry is one interval's page,
-    // wanted by however many partners.
+    (segments, page_segs)
+}
+
+/// The checks of the candidates `found` (sorted), and the bitmaps wanted as bits on the
+/// index entries (an entry is one interval's page, wanted by however many partners).
+fn checks_and_wants(
+    found: &[Candidate],
+    index: &[u64],
+    n: usize,
+    stats: &mut PlanStats,
+) -> (Vec<Check>, Vec<u8>) {
     let mut want = vec![0u8; index.len()];
     let mut in_overlap = vec![false; n];
     let mut last_pair = None;
@@ -761,15 +785,40 @@ fn plan_walking(
             }
         })
         .collect();
-    // Walking intervals in order and each one's entries in page order yields every node's
-    // keys already sorted (interval, page, then Read before Write).
+    stats.intervals_in_overlap = in_overlap.iter().filter(|&&x| x).count() as u64;
+    (checks, want)
+}
+
+/// The bitmaps to fetch, per node: the keys `want` marks on the index entries. Walking
+/// intervals in order and each one's entries in page order (a CSR layout over the index)
+/// yields every node's keys already sorted (interval, page, then Read before Write).
+fn wanted_keys(
+    intervals: &[IntervalRecord],
+    groups: &[(NodeId, usize, usize)],
+    index: &[u64],
+    want: &[u8],
+) -> BTreeMap<NodeId, Vec<BitmapKey>> {
+    let n = intervals.len();
+    let mut first_entry = vec![0usize; n + 1];
+    for &e in index {
+        first_entry[entry_pos(e) + 1] += 1;
+    }
+    for i in 0..n {
+        first_entry[i + 1] += first_entry[i];
+    }
+    let mut entries_of = vec![0u32; index.len()];
+    let mut fill = first_entry.clone();
+    for (j, &e) in index.iter().enumerate() {
+        entries_of[fill[entry_pos(e)]] = j as u32;
+        fill[entry_pos(e)] += 1;
+    }
     let mut wanted: BTreeMap<NodeId, Vec<BitmapKey>> = BTreeMap::new();
-    for &(node, ps, pe) in &groups {
+    for &(node, ps, pe) in groups {
         let mut keys = Vec::new();
         for (i, r) in intervals.iter().enumerate().take(pe).skip(ps) {
             for &j in &entries_of[first_entry[i]..first_entry[i + 1]] {
                 let w = want[j as usize] as u64;
-                let page = page_of(index[j as usize]);
+                let page = entry_page(index[j as usize]);
                 for (bit, kind) in [(READ, AccessKind::Read), (WRITE, AccessKind::Write)] {
                     if w & bit != 0 {
                         keys.push(BitmapKey {
@@ -786,15 +835,7 @@ fn plan_walking(
             wanted.insert(node, keys);
         }
     }
-    stats.intervals_in_overlap = in_overlap.iter().filter(|&&x| x).count() as u64;
-    stats.bitmaps_wanted = wanted.values().map(|v| v.len() as u64).sum();
-    Plan {
-        epoch,
-        intervals,
-        checks,
-        wanted,
-        stats,
-    }
+    wanted
 }
 
 /// The pairwise planner that [`plan`] replaced, kept as its reference: it walks every
