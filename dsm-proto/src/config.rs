@@ -123,7 +123,9 @@ pub struct RaceOptions {
     pub check: bool,
     /// Intervals a node closes between barriers before it ships them (with their bitmaps)
     /// to the race master for incremental analysis (`DSM_RACE_BATCH`); a node also ships
-    /// what it has once a second has passed since its last batch.
+    /// what it has once a second has passed since its last batch. At the default, a node
+    /// whose epochs outgrow it grows it to fit them (dsm-core's race state); a value the
+    /// user set is kept.
     pub batch_intervals: u32,
     /// Tests: at every barrier, also run the full barrier-time analysis over everything
     /// the incremental analysis saw and stop with an error if the two disagree
