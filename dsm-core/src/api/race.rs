@@ -418,15 +418,16 @@ impl Dsm {
             return Vec::new();
         }
         let t = Instant::now();
-        let asked = &r.asked_pages;
+        let mut asked: Vec<dsm_proto::PageNo> = r.asked_pages.iter().copied().collect();
+        asked.sort_unstable();
         let shipped = if common_memory {
             // Nothing marks a page shared in one common memory: only the asked ones go.
-            let mut pages: Vec<dsm_proto::PageNo> = asked.iter().copied().collect();
-            pages.sort_unstable();
-            r.recorder.shippable_pages(&pages, MAX_SHIPPED_BITMAP_BYTES)
+            r.recorder.shippable_pages(&asked, MAX_SHIPPED_BITMAP_BYTES)
         } else {
+            // Every stored page is tested: a search of the few asked pages costs less than
+            // hashing each (a grid's band stores thousands).
             r.recorder.shippable(
-                |p| states.shared(p as usize) || asked.contains(&p),
+                |p| states.shared(p as usize) || asked.binary_search(&p).is_ok(),
                 MAX_SHIPPED_BITMAP_BYTES,
             )
         }
