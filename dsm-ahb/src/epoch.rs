@@ -49,10 +49,10 @@ pub fn tokens_after(
     t.into_iter().map(|(k, v)| (k, v.max(0) as u32)).collect()
 }
 
-/// The expansion depth for an epoch of `ops` semaphore operations, so that rank 0's
-/// analysis at a barrier stays well under a second on the development machine
-/// (docs/measurements.md: depth 2 takes about 15 ms at 100 operations and 2 s at 1000,
-/// depth 1 about 4 ms at 100 and 0.2 s at 1000, depth 0 2 ms at 1000).
+/// The expansion depth for an epoch of `ops` semaphore operations: deeper expansion costs
+/// more than linearly in the operations, so the depth falls as the epoch grows, keeping
+/// rank 0's analysis at a barrier well under a second (docs/measurements.md has the
+/// times per depth and size).
 pub fn depth_for(ops: usize) -> u32 {
     match ops {
         0..=200 => 2,

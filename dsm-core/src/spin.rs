@@ -4,8 +4,8 @@
 //! release) ends when a message wakes the comm thread and the comm thread wakes the
 //! waiter. If the waiter sleeps at once, its core goes idle, and on virtual machines an idle
 //! virtual CPU halts: the next wake-up aimed at it costs a trip through the hypervisor
-//! (measured on the 2-core development VM: a ring round trip of 43 us between idle cores
-//! against 4 us when both cores stay busy). So the waiter first keeps its core for a
+//! (docs/measurements.md has the ring round trip between idle and busy cores). So the
+//! waiter first keeps its core for a
 //! short budget, calling `sched_yield` between checks so that any runnable thread on that
 //! core (its own comm thread above all) runs first, and only then sleeps.
 //!

@@ -10,8 +10,9 @@
 //! The handler is async-signal-safe: it reads and writes atomics, copies a page into a
 //! preallocated twin slot or from a page lane or a reply frame (parsed in place on its
 //! stack) into the runtime view, calls `mprotect(2)`, `madvise(2)`, `write(2)`, `send(2)`,
-//! `recv(2)`, `poll(2)`, `futex(2)`, `sigaction(2)`, `sched_yield(2)`, `clock_gettime(2)`
-//! and `abort(3)`, and nothing else. It never allocates, logs or waits for a lock (a TCP
+//! `recv(2)`, `poll(2)`, `futex(2)`, `sigaction(2)`, `sched_yield(2)`, `clock_gettime(2)`,
+//! `raise(3)` (a SIGSEGV sent by another process, not a fault) and `abort(3)`, and nothing
+//! else. It never allocates, logs or waits for a lock (a TCP
 //! link's send lock and its incoming bytes it only tries). Its state is process-wide
 //! (statics), since a signal handler reaches nothing else; `sys` below it holds the OS
 //! primitives it uses.
