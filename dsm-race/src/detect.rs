@@ -589,11 +589,7 @@ fn plan_walking(
     let (groups, group_of) = node_groups(&intervals);
     let mut stats = PlanStats {
         intervals: n as u64,
-        bitmaps_total: intervals
-            .iter()
-            .filter_map(notices)
-            .map(|(r, w)| r.page_count() + w.page_count())
-            .sum(),
+        bitmaps_total: bitmaps_total(&intervals),
         ..Default::default()
     };
     let ranges = concurrency_ranges(&intervals, &groups, schedule, &mut stats);
@@ -628,6 +624,15 @@ fn plan_walking(
         wanted,
         stats,
     }
+}
+
+/// Bitmaps the intervals' notices stand for: a read and a write one per page noticed.
+fn bitmaps_total(intervals: &[IntervalRecord]) -> u64 {
+    intervals
+        .iter()
+        .filter_map(notices)
+        .map(|(r, w)| r.page_count() + w.page_count())
+        .sum()
 }
 
 /// Each node's intervals as one contiguous slice of the sorted list, `(node, start,
@@ -853,11 +858,7 @@ pub fn plan_pairwise(epoch: u32, mut intervals: Vec<IntervalRecord>) -> Plan {
     let nodes: Vec<NodeId> = by_node.keys().copied().collect();
     let mut stats = PlanStats {
         intervals: intervals.len() as u64,
-        bitmaps_total: intervals
-            .iter()
-            .filter_map(notices)
-            .map(|(r, w)| r.page_count() + w.page_count())
-            .sum(),
+        bitmaps_total: bitmaps_total(&intervals),
         ..Default::default()
     };
     let mut checks = Vec::new();

@@ -419,22 +419,11 @@ impl Reporter {
                 .push(r);
         }
         self.print_blocks(at, &blocks, out)?;
-        let names = Names {
-            locks: &self.lock_names,
-            syncs: &self.sync_points,
-            hits: &self.hits,
-            roots: &self.roots,
-            functions: self
-                .functions
-                .as_ref()
-                .filter(|_| self.suppressions.by_function()),
-        };
-        if let Some(log) = self.log.as_mut() {
-            for r in races {
-                serde_json::to_writer(&mut *log, &json_of(at, r, &names))?;
-                log.write_all(b"\n")?;
-            }
-            log.flush()?;
+        if let Some(mut log) = self.log.take() {
+            // Out of `self` while it is written: the names borrow `self`.
+            let written = write_log(&mut log, at, races, &self.names());
+            self.log = Some(log);
+            written?;
         }
         for r in races {
             if r.class == RaceClass::LockOrder {
@@ -448,13 +437,10 @@ impl Reporter {
         Ok(races.len() as u64)
     }
 
-    /// `races` without the lock-order dependences on ignored variables and the races the
-    /// suppressions silence (counted in `silenced`); `None` when neither can drop any.
-    fn unsilenced(&mut self, races: &[Race]) -> Option<Vec<Race>> {
-        if self.ignore.is_empty() && self.suppressions.is_empty() {
-            return None;
-        }
-        let names = Names {
+    /// What reports name sides by: locks, sync points, pinpoint's hits, source roots and,
+    /// when suppressions match functions, the function namer.
+    fn names(&self) -> Names<'_> {
+        Names {
             locks: &self.lock_names,
             syncs: &self.sync_points,
             hits: &self.hits,
@@ -463,7 +449,16 @@ impl Reporter {
                 .functions
                 .as_ref()
                 .filter(|_| self.suppressions.by_function()),
-        };
+        }
+    }
+
+    /// `races` without the lock-order dependences on ignored variables and the races the
+    /// suppressions silence (counted in `silenced`); `None` when neither can drop any.
+    fn unsilenced(&mut self, races: &[Race]) -> Option<Vec<Race>> {
+        if self.ignore.is_empty() && self.suppressions.is_empty() {
+            return None;
+        }
+        let names = self.names();
         let silenced = |r: &Race| {
             !self.suppressions.is_empty() && {
                 let (a, b) = (names.located(r, &r.first), names.located(r, &r.second));
@@ -494,6 +489,8 @@ impl Reporter {
         blocks: &BTreeMap<BlockKey, Vec<&Race>>,
         out: &mut dyn Write,
     ) -> io::Result<()> {
+        // Built from the fields, not by `names()`: the loop below updates other fields
+        // of `self` while it names.
         let names = Names {
             locks: &self.lock_names,
             syncs: &self.sync_points,
@@ -862,6 +859,20 @@ fn short_index(r: &Race) -> String {
 }
 
 /// The program's names for locks and synchronization points, as far as rank 0 knows them.
+/// Writes one JSON object per race to the race log.
+fn write_log(
+    log: &mut BufWriter<File>,
+    at: &Point,
+    races: &[Race],
+    names: &Names<'_>,
+) -> io::Result<()> {
+    for r in races {
+        serde_json::to_writer(&mut *log, &json_of(at, r, names))?;
+        log.write_all(b"\n")?;
+    }
+    log.flush()
+}
+
 struct Names<'a> {
     locks: &'a std::collections::HashMap<u64, String>,
     syncs: &'a std::collections::HashMap<u32, String>,

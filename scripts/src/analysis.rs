@@ -996,8 +996,6 @@ pub fn failures(runs: &[RunRecord], command: &dyn Fn(&Job) -> String) -> Vec<Fai
     out.into_iter().map(|(_, f)| f).collect()
 }
 
-/// The race-cost table: one row per input, N and transport that was run, in the order of
-/// the runs, with the paired ratio of `--race` over the same command without it.
 /// One cell of the app tables: app, input, N and transport ("auto" for the default).
 type AppCell = (String, String, usize, String);
 
@@ -1010,13 +1008,18 @@ fn app_cell(app: &str, args: &[String], nodes: usize, transport: Option<&str>) -
     )
 }
 
-pub fn race_cost_rows(runs: &[RunRecord]) -> Vec<RaceCostRow> {
+/// One app run with its cell, variant and repetition.
+type CellRun<'a> = (AppCell, Variant, usize, &'a RunRecord);
+
+/// The app runs of `purpose`, each with its cell, variant and repetition, and the cells in
+/// the order they first appear.
+fn runs_by_cell(runs: &[RunRecord], purpose: Purpose) -> (Vec<AppCell>, Vec<CellRun<'_>>) {
     let mut cells: Vec<AppCell> = Vec::new();
-    let mut times: BTreeMap<(AppCell, Variant), Vec<(usize, f64)>> = BTreeMap::new();
+    let mut found = Vec::new();
     for r in runs {
         let Job::App {
             app,
-            purpose: Purpose::RaceCost,
+            purpose: p,
             nodes,
             variant,
             rep,
@@ -1026,15 +1029,29 @@ pub fn race_cost_rows(runs: &[RunRecord]) -> Vec<RaceCostRow> {
         else {
             continue;
         };
+        if *p != purpose {
+            continue;
+        }
         let cell = app_cell(app, args, *nodes, transport.as_deref());
         if !cells.contains(&cell) {
             cells.push(cell.clone());
         }
+        found.push((cell, *variant, *rep, r));
+    }
+    (cells, found)
+}
+
+/// The race-cost table: one row per input, N and transport that was run, in the order of
+/// the runs, with the paired ratio of `--race` over the same command without it.
+pub fn race_cost_rows(runs: &[RunRecord]) -> Vec<RaceCostRow> {
+    let (cells, found) = runs_by_cell(runs, Purpose::RaceCost);
+    let mut times: BTreeMap<(AppCell, Variant), Vec<(usize, f64)>> = BTreeMap::new();
+    for (cell, variant, rep, r) in found {
         let t = r.outcome.parallel_s.filter(|_| r.outcome.ok);
         times
-            .entry((cell, *variant))
+            .entry((cell, variant))
             .or_default()
-            .push((*rep, t.unwrap_or(f64::NAN)));
+            .push((rep, t.unwrap_or(f64::NAN)));
     }
     cells
         .into_iter()
@@ -1066,24 +1083,9 @@ pub fn race_cost_rows(runs: &[RunRecord]) -> Vec<RaceCostRow> {
 /// another, but a race for a lock can change who waits), with the loss at each of
 /// [`crate::delay::DELAYS_US`].
 pub fn round_trip_rows(runs: &[RunRecord]) -> Vec<RoundTripRow> {
-    let mut cells: Vec<AppCell> = Vec::new();
+    let (cells, found) = runs_by_cell(runs, Purpose::RoundTrips);
     let mut reps: BTreeMap<AppCell, Vec<&RunRecord>> = BTreeMap::new();
-    for r in runs {
-        let Job::App {
-            app,
-            purpose: Purpose::RoundTrips,
-            nodes,
-            args,
-            transport,
-            ..
-        } = &r.job
-        else {
-            continue;
-        };
-        let cell = app_cell(app, args, *nodes, transport.as_deref());
-        if !cells.contains(&cell) {
-            cells.push(cell.clone());
-        }
+    for (cell, _, _, r) in found {
         reps.entry(cell).or_default().push(r);
     }
     cells
