@@ -178,7 +178,7 @@ mod tests {
         IntervalRecord {
             node,
             index,
-            vt: VectorTime(vt),
+            vt: VectorTime::from(vt),
             writes: PageRuns::default(),
             race: None,
             began_with: cause,
@@ -209,13 +209,13 @@ mod tests {
                 depth: 2
             }
         );
-        assert_eq!(intervals[3].vt, VectorTime(vec![1, 3, 1]));
+        assert_eq!(intervals[3].vt, VectorTime::from(vec![1, 3, 1]));
         assert_eq!(tokens_after(&intervals, &tokens)[&7], 1);
         // With only one signaller the edge is certain and stays.
         let mut one = intervals[..4].to_vec();
-        one[3].vt = VectorTime(vec![2, 3, 1]);
+        one[3].vt = VectorTime::from(vec![2, 3, 1]);
         make_safe(&mut one, &tokens, 3, 2).unwrap();
-        assert_eq!(one[3].vt, VectorTime(vec![2, 3, 1]));
+        assert_eq!(one[3].vt, VectorTime::from(vec![2, 3, 1]));
     }
 
     #[test]

@@ -286,7 +286,7 @@ mod tests {
     }
 
     fn arb_vt() -> impl Strategy<Value = VectorTime> {
-        proptest::collection::vec(0u32..1000, 1..9).prop_map(VectorTime)
+        proptest::collection::vec(0u32..1000, 1..9).prop_map(VectorTime::from)
     }
 
     fn arb_runs() -> impl Strategy<Value = PageRuns> {

@@ -83,13 +83,32 @@ pub fn after_barriers(after: u32) -> String {
 /// per node; receivers reject messages whose vectors have another length. In messages
 /// (`known` fields) the sender's own entry counts only its closed intervals; in an
 /// [`IntervalRecord`] it is the interval's own index.
+///
+/// The entries are held inline up to [`VT_INLINE`] nodes: a node creates and receives a
+/// vector with every interval, and a job that size costs no allocation for them. The wire
+/// form is a sequence, as for a `Vec`.
 #[derive(Serialize, Deserialize, Clone, PartialEq, Eq, Hash, Default)]
-pub struct VectorTime(pub Vec<u32>);
+pub struct VectorTime(pub SmallVec<[u32; VT_INLINE]>);
+
+/// Entries a [`VectorTime`] holds without allocating.
+pub const VT_INLINE: usize = 8;
+
+impl From<Vec<u32>> for VectorTime {
+    fn from(entries: Vec<u32>) -> Self {
+        VectorTime(SmallVec::from_vec(entries))
+    }
+}
+
+impl From<&[u32]> for VectorTime {
+    fn from(entries: &[u32]) -> Self {
+        VectorTime(SmallVec::from_slice(entries))
+    }
+}
 
 impl VectorTime {
     /// The timestamp of a job of `nodes` nodes that has seen nothing (every entry 0).
     pub fn zero(nodes: usize) -> Self {
-        VectorTime(vec![0; nodes])
+        VectorTime(smallvec::smallvec![0; nodes])
     }
 
     /// Number of entries, i.e. nodes in the job.
@@ -1242,8 +1261,8 @@ mod tests {
         #[test]
         fn vector_merge_is_upper_bound(a in proptest::collection::vec(0u32..50, 4),
                                        b in proptest::collection::vec(0u32..50, 4)) {
-            let va = VectorTime(a);
-            let vb = VectorTime(b);
+            let va = VectorTime::from(a);
+            let vb = VectorTime::from(b);
             let mut m = va.clone();
             m.merge(&vb);
             prop_assert!(va.dominated_by(&m));
@@ -1259,7 +1278,7 @@ mod tests {
         IntervalRecord {
             node,
             index,
-            vt: VectorTime(vt),
+            vt: VectorTime::from(vt),
             writes: PageRuns::new(),
             race: None,
             began_with: SyncCause::Start,

@@ -52,7 +52,7 @@ fn epoch(
         all.push(IntervalRecord {
             node: k as NodeId,
             index: vt[k][k],
-            vt: VectorTime(vt[k].clone()),
+            vt: VectorTime::from(vt[k].clone()),
             writes: PageRuns::new(),
             race: Some(RaceNotices {
                 reads,

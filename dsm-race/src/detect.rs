@@ -1460,7 +1460,7 @@ mod tests {
         IntervalRecord {
             node,
             index,
-            vt: VectorTime(vt),
+            vt: VectorTime::from(vt),
             writes: PageRuns::new(),
             race: Some(RaceNotices {
                 reads: PageRuns::from_pages(reads.iter().copied()),
@@ -1831,7 +1831,7 @@ mod tests {
             all.push(IntervalRecord {
                 node: k as NodeId,
                 index: vt[k][k],
-                vt: VectorTime(vt[k].clone()),
+                vt: VectorTime::from(vt[k].clone()),
                 writes: PageRuns::new(),
                 race,
                 began_with: SyncCause::Barrier(1),
@@ -1933,7 +1933,7 @@ mod tests {
         let mk = |node, race| IntervalRecord {
             node,
             index: 1,
-            vt: VectorTime(if node == 0 { vec![1, 0] } else { vec![0, 1] }),
+            vt: VectorTime::from(if node == 0 { vec![1, 0] } else { vec![0, 1] }),
             writes: PageRuns::new(),
             race: Some(race),
             began_with: SyncCause::Start,

@@ -1095,7 +1095,7 @@ impl Dsm {
         } else {
             race
         };
-        let released = VectorTime(host.released_clock());
+        let released = VectorTime::from(host.released_clock());
         if let Some(r) = self.race.as_mut() {
             r.known.join(&released);
         }

@@ -169,7 +169,7 @@ impl Dsm {
         };
         let name = &self.semaphores[&sem.id].0;
         let signal = done.signal.map(|(node, seq)| (node as usize, seq));
-        t.op(op, name, signal, done.vt.0.clone())
+        t.op(op, name, signal, done.vt.0.to_vec())
             .map_err(|e| DsmError::Config(format!("semaphore trace: {e}")))
     }
 }

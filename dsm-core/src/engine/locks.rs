@@ -76,14 +76,16 @@ impl KnownClock {
 
     /// The engine's knowledge as it just answered it (a release or a barrier).
     pub fn set(&mut self, known: &VectorTime) {
-        self.0.clone_from(&known.0);
+        self.0.clear();
+        self.0.extend_from_slice(&known.0);
     }
 
     /// The engine joined `released` (a host-lock acquire it carried out).
     pub fn join(&mut self, released: &VectorTime) {
         if self.0.len() != released.0.len() {
             // Nothing was known yet: after the join the engine knows at least this.
-            self.0.clone_from(&released.0);
+            self.0.clear();
+            self.0.extend_from_slice(&released.0);
             return;
         }
         for (k, &r) in self.0.iter_mut().zip(&released.0) {
