@@ -42,7 +42,7 @@ pub enum WireError {
 /// [`WireError::TooLarge`] if the payload would exceed [`MAX_FRAME`], so an oversized
 /// message is caught at the sender rather than refused by the receiver.
 pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, WireError> {
-    let bytes = postcard::to_stdvec(msg)?;
+    let bytes = postcard::serialize_with_flavor(msg, Payload(Vec::new()))?;
     if bytes.len() > MAX_FRAME {
         return Err(WireError::TooLarge {
             len: bytes.len(),
@@ -50,6 +50,38 @@ pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, WireError> {
         });
     }
     Ok(bytes)
+}
+
+/// postcard's output as a `Vec`, taking the short pieces (a varint, a tag: most of a
+/// message of intervals and notices) byte by byte: postcard's own `Vec` flavor copies each
+/// with a call to `memcpy`, which costs more than the byte.
+struct Payload(Vec<u8>);
+
+impl postcard::ser_flavors::Flavor for Payload {
+    type Output = Vec<u8>;
+
+    #[inline]
+    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
+        if data.len() <= 16 {
+            self.0.reserve(data.len());
+            for &b in data {
+                self.0.push(b);
+            }
+        } else {
+            self.0.extend_from_slice(data);
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn try_push(&mut self, data: u8) -> postcard::Result<()> {
+        self.0.push(data);
+        Ok(())
+    }
+
+    fn finalize(self) -> postcard::Result<Vec<u8>> {
+        Ok(self.0)
+    }
 }
 
 /// Decodes a whole frame; trailing garbage is an error, not silently ignored.
