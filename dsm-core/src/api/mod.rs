@@ -1112,20 +1112,25 @@ impl Dsm {
 
     /// Releases a lock held in the common memory; with race detection, leaves what this
     /// rank knew in the lock's memory for the next holder first.
+    ///
+    /// Only the decision (whether this release takes back the one before) and the clock
+    /// need the lock held: the recorder and the engine close the interval after the
+    /// unlock, so the ranks queued on the lock do not wait behind the bitmaps. Nothing
+    /// runs in between (the program is inside this call), and the next holder learns
+    /// only the clock, which names the interval being closed.
     fn release_host_lock(&mut self, lock: LockId, host: sys::HostLock) -> Result<(), DsmError> {
         self.host_locks_held.retain(|&l| l != lock);
         if self.race.is_none() {
             host.unlock();
             return Ok(());
         }
-        let again = self.take_back_released_interval(lock, host);
-        let race = self.close_race_interval();
-        if again {
+        if self.take_back_released_interval(lock, host) {
             // The lock keeps the clock this node left at the release taken back.
+            host.unlock();
+            let race = self.close_race_interval();
             let taken = self
                 .comm()
                 .with_engine_now(|e| e.host_release_again_now(lock, race));
-            host.unlock();
             if !taken {
                 return Err(DsmError::Protocol(format!(
                     "lock {lock}: the engine could not take back the interval its last \
@@ -1134,11 +1139,19 @@ impl Dsm {
             }
             return self.after_host_release(lock);
         }
+        let clock = self.comm().with_engine_now(|e| e.known_after_close());
+        host.set_released_clock(&clock.0);
+        host.unlock();
+        let race = self.close_race_interval();
         let known = self
             .comm()
             .with_engine_now(|e| e.host_release_now(lock, race));
-        host.set_released_clock(&known.0);
-        host.unlock();
+        if known != clock {
+            return Err(DsmError::Protocol(format!(
+                "lock {lock}: the release left {clock:?} in the lock but the engine closed \
+                 the interval at {known:?}"
+            )));
+        }
         if let Some(r) = self.race.as_mut() {
             r.known.set(&known);
         }

@@ -24,6 +24,12 @@ impl<M: Memory> Engine<M> {
         k
     }
 
+    /// What [`Engine::known`] will be once the open interval closes (with no message
+    /// taken in meanwhile): its own entry names the open interval.
+    pub fn known_after_close(&self) -> VectorTime {
+        self.vt.clone()
+    }
+
     // ---------------------------------------------------------------- intervals
 
     /// Ends the open interval: diffs go to homes, pages are write-protected, and the
