@@ -744,10 +744,18 @@ impl RaceInbox {
         !st.closed
     }
 
-    /// Stops or resumes [`RaceInbox::take`].
+    /// Stops or resumes [`RaceInbox::take`]. The waiting analyst is woken only when it
+    /// can take something: a pause never lets it go on, and a resume with nothing waiting
+    /// leaves that to the next [`RaceInbox::push`]. Every barrier pauses and resumes, and a
+    /// needless wake-up costs a system call and a context switch each time.
     pub(crate) fn set_paused(&self, paused: bool) {
-        self.lock().paused = paused;
-        self.ready.notify_all();
+        let mut st = self.lock();
+        st.paused = paused;
+        let wake = !paused && !st.batches.is_empty();
+        drop(st);
+        if wake {
+            self.ready.notify_all();
+        }
     }
 
     /// Wakes the analysis for good: [`RaceInbox::wait_ready`] returns `false`.
