@@ -403,7 +403,8 @@ impl PairSearch<'_> {
             Walk::Overlapping => self.by_overlap(entries, out),
             Walk::Cheaper => {
                 let spans = self.spans(entries);
-                if self.overlap_cost(&spans) < self.concurrency_cost(segments) {
+                let overlap = self.overlap_cost(&spans);
+                if self.concurrency_cost_exceeds(segments, overlap) {
                     self.walk_spans(&spans, out);
                 } else {
                     self.by_concurrency(segments, out);
@@ -449,15 +450,20 @@ impl PairSearch<'_> {
         }
     }
 
-    /// How many entries [`PairSearch::by_concurrency`] would visit on this page.
-    fn concurrency_cost(&self, segments: &[Segment]) -> usize {
+    /// Whether [`PairSearch::by_concurrency`] would visit more than `limit` entries on this
+    /// page. Counting stops there: on a page of neighbouring elements (Water's molecules)
+    /// nearly every pair is concurrent, and counting them all costs as much as the walk.
+    fn concurrency_cost_exceeds(&self, segments: &[Segment], limit: usize) -> bool {
         let mut cost = 0;
         for (i, &(_, s, t, _)) in segments.iter().enumerate() {
             for ja in s..t {
                 self.concurrent_slices(ja, &segments[i + 1..], |from, to| cost += to - from);
+                if cost > limit {
+                    return true;
+                }
             }
         }
-        cost
+        false
     }
 
     /// The page's entries with the bytes each interval touched there (reads and writes
