@@ -1173,6 +1173,79 @@ async fn serve_kicks(
 mod tests {
     use super::*;
 
+    fn batch_from(from: NodeId) -> RaceBatch {
+        RaceBatch {
+            from,
+            known: dsm_proto::VectorTime::zero(2),
+            intervals: Vec::new(),
+            bitmaps: Vec::new(),
+            last: false,
+        }
+    }
+
+    /// Waits up to ten seconds for `t` to finish.
+    fn finishes<T>(t: &std::thread::JoinHandle<T>) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !t.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        t.is_finished()
+    }
+
+    /// The barrier's pause and resume wake the analyst only when it can take a batch: one
+    /// pushed during the pause must still be taken once the inbox resumes, and the pause
+    /// must hold the analyst back meanwhile.
+    #[test]
+    fn a_batch_pushed_during_a_pause_is_taken_once_the_inbox_resumes() {
+        let inbox = Arc::new(RaceInbox::default());
+        inbox.set_paused(true);
+        let analyst = {
+            let inbox = inbox.clone();
+            std::thread::spawn(move || {
+                let open = inbox.wait_ready();
+                (open, inbox.take())
+            })
+        };
+        inbox.push(batch_from(1));
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            !analyst.is_finished(),
+            "the analyst went on while the inbox was paused"
+        );
+        // Resuming with nothing new pushed: the batch already waiting must wake it.
+        inbox.set_paused(false);
+        assert!(
+            finishes(&analyst),
+            "the resumed inbox never woke the analyst"
+        );
+        let (open, taken) = analyst.join().unwrap();
+        assert!(open);
+        assert_eq!(taken, vec![batch_from(1)]);
+    }
+
+    /// A resume with nothing waiting leaves the analyst asleep until a batch comes.
+    #[test]
+    fn a_resumed_empty_inbox_wakes_the_analyst_at_the_next_batch() {
+        let inbox = Arc::new(RaceInbox::default());
+        inbox.set_paused(true);
+        let analyst = {
+            let inbox = inbox.clone();
+            std::thread::spawn(move || {
+                let open = inbox.wait_ready();
+                (open, inbox.take())
+            })
+        };
+        inbox.set_paused(false);
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            !analyst.is_finished(),
+            "the analyst went on with nothing to take"
+        );
+        inbox.push(batch_from(1));
+        assert!(finishes(&analyst), "a pushed batch never woke the analyst");
+        assert_eq!(analyst.join().unwrap(), (true, vec![batch_from(1)]));
+    }
+
     /// The losing order, forced: the peer's process is gone and its socket reset before
     /// this rank's reader could see the end of the stream (the comm thread's runtime never
     /// runs here, so the reader cannot), and the engine then sends to it. The failed send
