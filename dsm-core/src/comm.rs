@@ -1183,6 +1183,15 @@ mod tests {
         }
     }
 
+    /// The analyst's loop, once: waits for the inbox, then takes what it holds.
+    fn analyst_on(inbox: &Arc<RaceInbox>) -> std::thread::JoinHandle<(bool, Vec<RaceBatch>)> {
+        let inbox = inbox.clone();
+        std::thread::spawn(move || {
+            let open = inbox.wait_ready();
+            (open, inbox.take())
+        })
+    }
+
     /// Waits up to ten seconds for `t` to finish.
     fn finishes<T>(t: &std::thread::JoinHandle<T>) -> bool {
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -1199,13 +1208,7 @@ mod tests {
     fn a_batch_pushed_during_a_pause_is_taken_once_the_inbox_resumes() {
         let inbox = Arc::new(RaceInbox::default());
         inbox.set_paused(true);
-        let analyst = {
-            let inbox = inbox.clone();
-            std::thread::spawn(move || {
-                let open = inbox.wait_ready();
-                (open, inbox.take())
-            })
-        };
+        let analyst = analyst_on(&inbox);
         inbox.push(batch_from(1));
         std::thread::sleep(Duration::from_millis(50));
         assert!(
@@ -1228,13 +1231,7 @@ mod tests {
     fn a_resumed_empty_inbox_wakes_the_analyst_at_the_next_batch() {
         let inbox = Arc::new(RaceInbox::default());
         inbox.set_paused(true);
-        let analyst = {
-            let inbox = inbox.clone();
-            std::thread::spawn(move || {
-                let open = inbox.wait_ready();
-                (open, inbox.take())
-            })
-        };
+        let analyst = analyst_on(&inbox);
         inbox.set_paused(false);
         std::thread::sleep(Duration::from_millis(50));
         assert!(
