@@ -55,7 +55,8 @@ pub(super) struct RaceState {
     pub(super) bitmap_time: Duration,
     pub(super) barriers: u64,
     pub(super) notice_bytes: u64,
-    /// Bitmaps the master had to fetch in an extra round (not shipped with arrivals).
+    /// Bitmaps the master had to fetch from other nodes in an extra round (not shipped
+    /// with their arrivals); its own it reads from its recorder.
     pub(super) fetched_late: u64,
     pub(super) sum: dsm_race::PlanStats,
     /// Rank 0 with `--check`: the dynamic checks' state across epochs.
@@ -613,12 +614,13 @@ impl RaceState {
             if missing.is_empty() {
                 continue;
             }
-            self.fetched_late += missing.len() as u64;
             if node == 0 {
+                // The master's own: read here, with no round.
                 for b in self.recorder.bitmaps(&missing) {
                     bitmaps.insert(0, b);
                 }
             } else {
+                self.fetched_late += missing.len() as u64;
                 comm.send(Command::RequestBitmaps {
                     node,
                     epoch,
