@@ -622,14 +622,7 @@ fn plan_walking(
     found.sort_unstable();
     let (checks, want) = checks_and_wants(&found, &index, n, &mut stats);
     let wanted = wanted_keys(&intervals, &groups, &index, &want);
-    stats.bitmaps_wanted = wanted.values().map(|v| v.len() as u64).sum();
-    Plan {
-        epoch,
-        intervals,
-        checks,
-        wanted,
-        stats,
-    }
+    Plan::new(epoch, intervals, checks, wanted, stats)
 }
 
 /// Bitmaps the intervals' notices stand for: a read and a write one per page noticed.
@@ -944,14 +937,7 @@ pub fn plan_pairwise(epoch: u32, mut intervals: Vec<IntervalRecord>) -> Plan {
         .into_iter()
         .map(|(n, s)| (n, s.into_iter().collect()))
         .collect();
-    stats.bitmaps_wanted = wanted.values().map(|v| v.len() as u64).sum();
-    Plan {
-        epoch,
-        intervals,
-        checks,
-        wanted,
-        stats,
-    }
+    Plan::new(epoch, intervals, checks, wanted, stats)
 }
 
 /// A multiply-rotate hasher (after rustc's FxHash) for bitmap keys: [`Plan::compare`]
@@ -1164,6 +1150,24 @@ pub(crate) fn word(bits: &[u64], i: usize) -> u64 {
 }
 
 impl Plan {
+    /// A plan of `checks` needing `wanted`, with the count of wanted bitmaps in `stats`.
+    fn new(
+        epoch: u32,
+        intervals: Vec<IntervalRecord>,
+        checks: Vec<Check>,
+        wanted: BTreeMap<NodeId, Vec<BitmapKey>>,
+        mut stats: PlanStats,
+    ) -> Plan {
+        stats.bitmaps_wanted = wanted.values().map(|v| v.len() as u64).sum();
+        Plan {
+            epoch,
+            intervals,
+            checks,
+            wanted,
+            stats,
+        }
+    }
+
     /// Compares the fetched bitmaps and returns every race, one per element and interval
     /// pair, ordered by variable, element and interval pair.
     pub fn compare(&self, bitmaps: &Bitmaps, vars: &VarTable) -> Vec<Race> {

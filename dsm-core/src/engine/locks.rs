@@ -84,8 +84,7 @@ impl KnownClock {
     pub fn join(&mut self, released: &VectorTime) {
         if self.0.len() != released.0.len() {
             // Nothing was known yet: after the join the engine knows at least this.
-            self.0.clear();
-            self.0.extend_from_slice(&released.0);
+            self.set(released);
             return;
         }
         for (k, &r) in self.0.iter_mut().zip(&released.0) {
