@@ -89,6 +89,16 @@ type StoredSpan = (u32, u16, u16);
 
 const READ: u8 = 1;
 const WRITE: u8 = 2;
+/// A frozen interval's page (see [`Recorder::freeze_interval`]) keeps its flags shifted
+/// up by this much: no access kind's bit is set, so the next access to it takes the
+/// first-touch path, which moves the frozen contents aside before recording.
+const FROZEN_SHIFT: u32 = 2;
+const FROZEN: u8 = (READ | WRITE) << FROZEN_SHIFT;
+
+/// Intervals that touched more pages than this are closed at a release, not frozen:
+/// freezing and thawing cost a pass over the touched pages, which pays for a critical
+/// section's few pages only.
+const FREEZE_MAX_PAGES: usize = 16;
 
 /// Granule shift for an element size: log2 of the largest power of two <= 8 dividing it.
 pub fn granule_shift(elem_size: usize) -> u32 {
@@ -110,6 +120,9 @@ pub struct AllocShadow {
     spare: Spare,
     /// The last strided pattern built: (period, width, bits).
     pattern: Cell<(usize, usize, u64)>,
+    /// Pages of a frozen interval that were touched again before it closed: their frozen
+    /// contents, moved aside so that the page records the next interval.
+    held: RefCell<Vec<HeldPage>>,
 }
 
 /// An allocation's spare [`IntervalShadow`].
@@ -139,6 +152,18 @@ struct IntervalShadow {
     site_heads: Vec<Cell<u32>>,
     /// The interval's site runs; each page's list is most recently used first.
     runs: RefCell<Vec<SiteRun>>,
+}
+
+/// A frozen interval's page, moved out of the shadow by a later access (see
+/// [`Recorder::freeze_interval`]).
+struct HeldPage {
+    page: u32,
+    /// Its access flags in the frozen interval.
+    flags: u8,
+    /// Its read and write words (empty for a kind it was not accessed with).
+    words: [Vec<Cell<u64>>; 2],
+    /// Its read and write site spans, as [`IntervalShadow::sites_of`] gives them.
+    sites: [Vec<(Site, u16, u16)>; 2],
 }
 
 impl IntervalShadow {
@@ -246,6 +271,7 @@ impl AllocShadow {
             now: IntervalShadow::new(pages, words_per_page)?,
             spare: Spare::None,
             pattern: Cell::new((0, 0, 0)),
+            held: RefCell::new(Vec::new()),
         })
     }
 
@@ -259,10 +285,40 @@ impl AllocShadow {
     #[inline(never)]
     fn first_touch(&self, page: usize, kind: u8) {
         let f = &self.now.flags[page];
-        if f.get() == 0 {
+        let flags = f.get();
+        if flags & FROZEN != 0 {
+            // Already in `touched`, for the frozen interval: it goes on being listed
+            // there for the open one.
+            self.hold_frozen(page, flags >> FROZEN_SHIFT);
+            f.set(kind);
+            return;
+        }
+        if flags == 0 {
             self.now.touched.borrow_mut().push(page as u32);
         }
-        f.set(f.get() | kind);
+        f.set(flags | kind);
+    }
+
+    /// Moves frozen page `page`'s contents (accessed as `flags` says) into the held
+    /// pages and clears it, so that the page records the open interval alone.
+    fn hold_frozen(&self, page: usize, flags: u8) {
+        let wpp = self.words_per_page;
+        let mut held = HeldPage {
+            page: page as u32,
+            flags,
+            words: [Vec::new(), Vec::new()],
+            sites: [Vec::new(), Vec::new()],
+        };
+        for (k, bit, bits) in [(0, READ, &self.now.read), (1, WRITE, &self.now.write)] {
+            if flags & bit != 0 {
+                held.words[k] = bits[page * wpp..(page + 1) * wpp]
+                    .iter()
+                    .map(|w| Cell::new(w.take()))
+                    .collect();
+                self.take_sites(page, bit, &mut held.sites[k]);
+            }
+        }
+        self.held.borrow_mut().push(held);
     }
 
     #[inline(always)]
@@ -1074,6 +1130,46 @@ impl Closing {
         true
     }
 
+    /// Moves allocation `a`'s pages of the frozen interval into the store: those still in
+    /// the shadow and those moved aside ([`HeldPage`]), in page order. The pages touched
+    /// since it froze stay listed as touched.
+    fn store_frozen(&mut self, store: &mut EpochStore, names: &mut SiteNames<'_>, a: &AllocShadow) {
+        let mut held = std::mem::take(&mut *a.held.borrow_mut());
+        let mut touched = a.now.touched.borrow_mut();
+        let frozen_here = |p: &u32| a.now.flags[*p as usize].get() & FROZEN != 0;
+        if held.is_empty() && !touched.iter().any(frozen_here) {
+            return;
+        }
+        touched.sort_unstable();
+        held.sort_unstable_by_key(|h| h.page);
+        store.words_per_page.push((a.first_page, a.words_per_page));
+        self.runs_open = [false; 2];
+        let mut moved = held.iter().peekable();
+        for &page in touched.iter() {
+            while let Some(h) = moved.next_if(|h| h.page <= page) {
+                self.store_held(store, names, a, h);
+            }
+            let f = &a.now.flags[page as usize];
+            let flags = f.replace(0);
+            if flags & FROZEN == 0 {
+                f.set(flags);
+                continue;
+            }
+            for kind in [AccessKind::Read, AccessKind::Write] {
+                if (flags >> FROZEN_SHIFT) & kind_bit(kind) != 0 {
+                    self.store_bitmap(store, names, a, page as usize, kind);
+                }
+            }
+        }
+        for h in moved {
+            self.store_held(store, names, a, h);
+        }
+        touched.retain(|&p| a.now.flags[p as usize].get() != 0);
+        if touched.is_empty() {
+            a.now.runs.borrow_mut().clear();
+        }
+    }
+
     /// Moves `page`'s (of allocation `a`) bitmap of `kind` into the store and clears it,
     /// noting the page and its extent; a bitmap that stayed empty leaves nothing.
     fn store_bitmap(
@@ -1084,31 +1180,69 @@ impl Closing {
         page: usize,
         kind: AccessKind,
     ) {
-        let (bits, k) = match kind {
-            AccessKind::Read => (&a.now.read, 0),
-            AccessKind::Write => (&a.now.write, 1),
+        let bits = match kind {
+            AccessKind::Read => &a.now.read,
+            AccessKind::Write => &a.now.write,
         };
         self.site_buf.clear();
         a.take_sites(page, kind_bit(kind), &mut self.site_buf);
         let words = &bits[page * a.words_per_page..(page + 1) * a.words_per_page];
+        let global = a.first_page + page as PageNo;
+        self.store_words(store, names, global, a.shift, kind, words);
+    }
+
+    /// A frozen interval's page that was moved aside ([`HeldPage`]): its bitmaps into the
+    /// store, as [`Closing::store_bitmap`] moves a page's from the shadow.
+    fn store_held(
+        &mut self,
+        store: &mut EpochStore,
+        names: &mut SiteNames<'_>,
+        a: &AllocShadow,
+        held: &HeldPage,
+    ) {
+        for (k, kind) in [AccessKind::Read, AccessKind::Write]
+            .into_iter()
+            .enumerate()
+        {
+            if held.flags & kind_bit(kind) != 0 {
+                self.site_buf.clear();
+                self.site_buf.extend_from_slice(&held.sites[k]);
+                let global = a.first_page + held.page as PageNo;
+                self.store_words(store, names, global, a.shift, kind, &held.words[k]);
+            }
+        }
+    }
+
+    /// Moves one page's bitmap `words` of `kind` (sites in `site_buf`) into the store and
+    /// clears them, noting the page and its extent; a bitmap that stayed empty leaves
+    /// nothing.
+    fn store_words(
+        &mut self,
+        store: &mut EpochStore,
+        names: &mut SiteNames<'_>,
+        global: PageNo,
+        shift: u32,
+        kind: AccessKind,
+        words: &[Cell<u64>],
+    ) {
+        let k = usize::from(kind == AccessKind::Write);
         let first = words[0].get();
         let uniform = words.iter().all(|w| w.get() == first);
         if uniform && first == 0 {
             return;
         }
-        let global = a.first_page + page as PageNo;
         let (list, extents) = match kind {
             AccessKind::Read => (&mut self.reads, &mut self.read_extents),
             AccessKind::Write => (&mut self.writes, &mut self.write_extents),
         };
         list.push(global);
         let mask = if uniform {
-            uniform_block_mask(first, a.shift)
+            uniform_block_mask(first, shift)
         } else {
-            block_mask(words.iter().map(Cell::get), a.shift)
+            block_mask(words.iter().map(Cell::get), shift)
         };
         if mask != u64::MAX {
-            let (start, end) = byte_bounds(words, a.shift);
+            let (start, end) = byte_bounds(words, shift);
             extents.push(PageExtent {
                 page: global,
                 blocks: mask,
@@ -1228,6 +1362,10 @@ pub struct Recorder {
     /// The last interval whose bitmaps left the store (drained into a race batch or
     /// discarded at a barrier): it and those before it can no longer be reopened.
     sealed: u32,
+    /// Whether the open interval is frozen (see [`Recorder::freeze_interval`]).
+    frozen: bool,
+    /// The frozen interval's pages (allocation, page), for the thaw.
+    frozen_pages: SmallVec<[(u32, u32); FREEZE_MAX_PAGES]>,
 }
 
 /// Where an epoch's access digest starts (the FNV-1a offset basis).
@@ -1254,6 +1392,8 @@ impl Recorder {
             site_numbers: HashMap::new(),
             last_site: [Cell::new((0, u32::MAX)), Cell::new((0, u32::MAX))],
             sealed: 0,
+            frozen: false,
+            frozen_pages: SmallVec::new(),
         }
     }
 
@@ -1291,6 +1431,10 @@ impl Recorder {
     /// Ends the current interval: turns touched pages into notices, moves their bitmaps to
     /// the epoch store and clears the shadows.
     pub fn close_interval(&mut self) -> RaceNotices {
+        debug_assert!(
+            !self.frozen,
+            "a frozen interval closes through close_frozen"
+        );
         let index = self.interval;
         self.interval += 1;
         // Lock-heavy programs close many intervals that touched nothing (from a release
@@ -1302,6 +1446,85 @@ impl Recorder {
         {
             return RaceNotices::default();
         }
+        self.store_interval(index, false)
+    }
+
+    /// Freezes the open interval at a release that a later acquire may take back: its
+    /// accesses stay in the shadows, the interval keeps its number, and the next
+    /// synchronization either thaws it ([`Recorder::thaw_interval`]: the same lock taken
+    /// again with nobody having taken it since, so the interval goes on, as
+    /// [`Recorder::reopen_last`] would make it, without anything moved) or closes it
+    /// ([`Recorder::close_frozen`]). Accesses in between record what follows the release:
+    /// a page the frozen interval touched has its frozen contents moved aside first.
+    ///
+    /// Returns `false`, changing nothing, when the interval touched more than
+    /// [`FREEZE_MAX_PAGES`] pages (it is then closed as usual).
+    pub fn freeze_interval(&mut self) -> bool {
+        if self.frozen {
+            return false;
+        }
+        let pages: usize = self
+            .allocs
+            .iter()
+            .map(|a| a.now.touched.borrow().len())
+            .sum();
+        if pages > FREEZE_MAX_PAGES {
+            return false;
+        }
+        self.frozen_pages.clear();
+        for (id, a) in self.allocs.iter().enumerate() {
+            for &page in a.now.touched.borrow().iter() {
+                let f = &a.now.flags[page as usize];
+                f.set(f.get() << FROZEN_SHIFT);
+                self.frozen_pages.push((id as u32, page));
+            }
+        }
+        self.frozen = true;
+        true
+    }
+
+    /// Whether the open interval is frozen.
+    pub fn is_frozen(&self) -> bool {
+        self.frozen
+    }
+
+    /// Lets the frozen interval go on recording, with what was recorded since it froze
+    /// as part of it. Returns `false`, changing nothing, when nothing is frozen or a
+    /// frozen page was touched again (its contents were moved aside:
+    /// [`Recorder::close_frozen`] then closes the frozen interval).
+    pub fn thaw_interval(&mut self) -> bool {
+        // A frozen page touched again lost its frozen flags when it was moved aside.
+        let flags = |&(a, page): &(u32, u32)| &self.allocs[a as usize].now.flags[page as usize];
+        if !self.frozen
+            || self
+                .frozen_pages
+                .iter()
+                .any(|p| flags(p).get() & FROZEN == 0)
+        {
+            return false;
+        }
+        for f in self.frozen_pages.iter().map(flags) {
+            f.set(f.get() >> FROZEN_SHIFT);
+        }
+        self.frozen = false;
+        true
+    }
+
+    /// Closes the frozen interval: its pages, in the shadows or moved aside, become its
+    /// notices and stored bitmaps, as [`Recorder::close_interval`] makes them. What was
+    /// recorded since it froze stays in the shadows as the open interval's, which takes
+    /// the next number.
+    pub fn close_frozen(&mut self) -> RaceNotices {
+        debug_assert!(self.frozen, "no frozen interval to close");
+        self.frozen = false;
+        let index = self.interval;
+        self.interval += 1;
+        self.store_interval(index, true)
+    }
+
+    /// Moves interval `index`'s pages into the store: every touched page, or with
+    /// `frozen`, the frozen interval's pages alone.
+    fn store_interval(&mut self, index: u32, frozen: bool) -> RaceNotices {
         let mut c = std::mem::take(&mut self.closing);
         let store = &mut self.store;
         c.begin(store);
@@ -1316,6 +1539,10 @@ impl Recorder {
         // Allocations are in page order, so each kind's entries come out sorted by page
         // once each allocation's touched pages are sorted.
         for (id, a) in self.allocs.iter_mut().enumerate() {
+            if frozen {
+                c.store_frozen(store, &mut names, a);
+                continue;
+            }
             let count = {
                 let mut touched = a.now.touched.borrow_mut();
                 touched.sort_unstable();
@@ -1507,7 +1734,7 @@ impl Recorder {
     /// closed), or no interval has closed yet.
     pub fn reopen_last(&mut self) -> bool {
         let last = self.interval - 1;
-        if last == 0 || last <= self.sealed {
+        if last == 0 || last <= self.sealed || self.frozen {
             return false;
         }
         if let Some(span) = self.store.spans.last().copied() {
@@ -1939,6 +2166,25 @@ mod tests {
         assert!(!Recorder::new().reopen_last(), "nothing closed yet");
     }
 
+    #[test]
+    fn an_interval_of_many_pages_is_not_frozen() {
+        let mut r = Recorder::new();
+        r.add_alloc(0, (FREEZE_MAX_PAGES + 1) * PAGE_SIZE, 8)
+            .unwrap();
+        for page in 0..FREEZE_MAX_PAGES {
+            r.alloc(0).write(page * PAGE_SIZE, 8);
+        }
+        assert!(r.freeze_interval(), "{FREEZE_MAX_PAGES} pages freeze");
+        assert!(!r.freeze_interval(), "an interval freezes once");
+        assert!(!r.reopen_last(), "a frozen interval reopens nothing");
+        assert!(r.thaw_interval());
+        r.alloc(0).write(FREEZE_MAX_PAGES * PAGE_SIZE, 8);
+        assert!(!r.freeze_interval(), "one page more is closed instead");
+        assert!(!r.thaw_interval(), "nothing is frozen");
+        let notices = r.close_interval();
+        assert_eq!(notices.writes.page_count(), FREEZE_MAX_PAGES as u64 + 1);
+    }
+
     proptest::proptest! {
         /// Closing, reopening and closing again is closing once: the same notices and
         /// bitmaps, under the first interval's number.
@@ -1967,6 +2213,74 @@ mod tests {
             proptest::prop_assert_eq!(notices_split, notices_whole);
             proptest::prop_assert_eq!(split.current_interval(), 3);
             proptest::prop_assert_eq!(shipped_form(&mut split), shipped_form(&mut whole));
+        }
+
+        /// Freezing an interval and closing it after more accesses is closing it at the
+        /// freeze: the same notices and bitmaps for it and for the next interval.
+        #[test]
+        fn a_frozen_interval_closes_as_at_its_freeze(
+            first in proptest::collection::vec(
+                (0usize..2, proptest::bool::ANY, 0usize..2 * PAGE_SIZE, 1usize..3000, 0u64..3),
+                0..12,
+            ),
+            second in proptest::collection::vec(
+                (0usize..2, proptest::bool::ANY, 0usize..2 * PAGE_SIZE, 1usize..3000, 0u64..3),
+                0..12,
+            ),
+        ) {
+            let mut frozen = reopening_recorder();
+            replay(&frozen, &first);
+            proptest::prop_assert!(frozen.freeze_interval());
+            replay(&frozen, &second);
+            let frozen_notices = [frozen.close_frozen(), frozen.close_interval()];
+            let mut closed = reopening_recorder();
+            replay(&closed, &first);
+            let first_notices = closed.close_interval();
+            replay(&closed, &second);
+            let closed_notices = [first_notices, closed.close_interval()];
+            proptest::prop_assert_eq!(frozen_notices, closed_notices);
+            proptest::prop_assert_eq!(frozen.current_interval(), 4);
+            proptest::prop_assert_eq!(shipped_form(&mut frozen), shipped_form(&mut closed));
+        }
+
+        /// A frozen interval thaws unless a page it touched was touched again, and a
+        /// thawed one is one interval with what followed the freeze.
+        #[test]
+        fn a_thawed_interval_is_one_interval(
+            first in proptest::collection::vec(
+                (0usize..2, proptest::bool::ANY, 0usize..2 * PAGE_SIZE, 1usize..3000, 0u64..3),
+                0..6,
+            ),
+            second in proptest::collection::vec(
+                (0usize..2, proptest::bool::ANY, 0usize..2 * PAGE_SIZE, 1usize..3000, 0u64..3),
+                0..6,
+            ),
+        ) {
+            let pages = |accesses: &[Access]| -> std::collections::HashSet<(usize, usize)> {
+                accesses
+                    .iter()
+                    .flat_map(|&(a, _, o, l, _)| (o / PAGE_SIZE..=(o + l - 1) / PAGE_SIZE).map(move |p| (a, p)))
+                    .collect()
+            };
+            let touched_again = !pages(&first).is_disjoint(&pages(&second));
+            let mut thawed = reopening_recorder();
+            replay(&thawed, &first);
+            proptest::prop_assert!(thawed.freeze_interval());
+            replay(&thawed, &second);
+            proptest::prop_assert_eq!(thawed.thaw_interval(), !touched_again);
+            if touched_again {
+                proptest::prop_assert!(thawed.is_frozen());
+                thawed.close_frozen();
+            }
+            let notices = thawed.close_interval();
+            let mut whole = reopening_recorder();
+            replay(&whole, &first);
+            if touched_again {
+                whole.close_interval();
+            }
+            replay(&whole, &second);
+            proptest::prop_assert_eq!(notices, whole.close_interval());
+            proptest::prop_assert_eq!(shipped_form(&mut thawed), shipped_form(&mut whole));
         }
 
         #[test]
