@@ -443,6 +443,37 @@ fn relock_after_handoff(dsm: &mut Dsm) -> Result<(), DsmError> {
     Ok(())
 }
 
+/// Node 0 writes `x[0]` and the flag under a lock, then `x[1]` (the same page) after the
+/// unlock; node 1 takes the lock once the flag is set and reads both. Only the write after
+/// the unlock races: the page's accesses before and after the unlock must be told apart.
+fn write_after_unlock_same_page(dsm: &mut Dsm) -> Result<(), DsmError> {
+    let x = dsm.alloc::<u64>("x", 4)?;
+    let flag = dsm.alloc::<u64>("flag", 1)?;
+    match dsm.rank() {
+        0 => {
+            {
+                let g = dsm.lock(1)?;
+                g.view(&x).set(0, 7);
+                g.view(&flag).set(0, 1);
+            }
+            dsm.view(&x).set(1, 9); // RACE
+            let g = dsm.lock(2)?;
+            g.view(&x).set(2, 5);
+        }
+        1 => {
+            wait_flag(dsm, 1, &flag, 1)?;
+            if dsm.view(&x).get(0) != 7 {
+                return Err(DsmError::Protocol(
+                    "the critical section's write was lost".into(),
+                ));
+            }
+            let _ = dsm.view(&x).get(1); // RACE
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 fn strided_disjoint(dsm: &mut Dsm) -> Result<(), DsmError> {
     let n = dsm.size();
     let a = dsm.alloc_with::<f64>("lattice", 4 * 512, Distribution::OnNode(0))?;
@@ -984,6 +1015,13 @@ static KERNELS: &[Kernel] = &[
         min_nodes: 2,
         run: relock_after_handoff,
         expect: |_| Expect::Races(vec![("late", set([1]))]),
+    },
+    Kernel {
+        name: "write-after-unlock-same-page",
+        about: "a write after an unlock to the page the critical section wrote, read by the next holder",
+        min_nodes: 2,
+        run: write_after_unlock_same_page,
+        expect: |_| Expect::Races(vec![("x", set([1]))]),
     },
     Kernel {
         name: "strided-disjoint",

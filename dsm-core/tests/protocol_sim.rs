@@ -141,6 +141,10 @@ struct Node {
     /// Host locks: the lock this node released last, the interval that release closed
     /// and what began that interval (a release of the same lock may take it back).
     last_release: Option<(u64, u32, SyncCause)>,
+    /// Host locks: the lock whose release froze the recorder's interval instead of
+    /// closing it (`api.rs`'s `freeze_released_interval`), that interval and what began
+    /// it. The oracle counts the node in the next interval meanwhile.
+    frozen: Option<(u64, u32, SyncCause)>,
 }
 
 /// Whether any page of `first..=last` would fault for this access, by the mirrored page
@@ -418,8 +422,13 @@ struct Sim {
     elide_acquires: bool,
     elided_acquires: u64,
     /// Host-lock releases that took back the interval their node's previous release of
-    /// the same lock closed (`api.rs` does where it elides acquires).
+    /// the same lock closed, or whose frozen interval the next acquire thawed (`api.rs`
+    /// does where it elides acquires).
     continued_releases: u64,
+    /// Host-lock releases that froze the interval, and frozen intervals closed by a later
+    /// synchronization (not thawed).
+    frozen_releases: u64,
+    settled_frozen: u64,
 }
 
 impl Sim {
@@ -953,6 +962,12 @@ impl Sim {
     /// The app side of a synchronization operation: closes the recorder's interval (its
     /// notices go with the command) and tells the oracle what happened.
     fn begin_sync(&mut self, k: usize, op: Op) -> Option<RaceNotices> {
+        self.begin_sync_oracle(k, op);
+        self.nodes[k].rec.as_mut().map(Recorder::close_interval)
+    }
+
+    /// [`Sim::begin_sync`] but for the recorder, whose interval stays open.
+    fn begin_sync_oracle(&mut self, k: usize, op: Op) {
         let node = &mut self.nodes[k];
         node.script.pop_front();
         node.wait = Wait::Reply;
@@ -997,7 +1012,6 @@ impl Sim {
             _ => unreachable!("not a synchronization operation"),
         }
         node.pending = Some(op);
-        node.rec.as_mut().map(Recorder::close_interval)
     }
 
     /// A release of host lock `l` by node `k`, as `api.rs` decides it: whether it takes
@@ -1022,24 +1036,108 @@ impl Sim {
         if !rec.reopen_last() {
             return false;
         }
-        node.interval = closed;
+        self.merge_open_interval(k, closed, began);
+        self.continued_releases += 1;
+        true
+    }
+
+    /// Node `k`'s open interval goes on as interval `into` (begun by `began`), the one
+    /// before it: the oracle's accesses of the open interval move there, as the
+    /// recorder's do when it reopens or thaws an interval.
+    fn merge_open_interval(&mut self, k: usize, into: u32, began: SyncCause) {
+        let node = &mut self.nodes[k];
+        assert_eq!(node.interval, into + 1, "node {k}");
+        node.interval = into;
         node.began = began;
         let moved: Vec<Logged> = self
             .oracle
             .accesses
             .iter()
-            .filter(|a| a.node == k && a.interval == closed + 1)
+            .filter(|a| a.node == k && a.interval == into + 1)
             .copied()
             .collect();
         for a in moved {
             self.oracle.accesses.remove(&a);
             self.oracle.accesses.insert(Logged {
-                interval: closed,
+                interval: into,
                 began,
                 ..a
             });
         }
+    }
+
+    /// Before any synchronization of node `k` but the acquire that may thaw it: the
+    /// interval a host-lock release froze closes in the recorder and the engine, as that
+    /// release would have closed it (`api.rs`'s `settle_frozen_release`).
+    fn settle_frozen(&mut self, k: usize) {
+        let node = &mut self.nodes[k];
+        let Some((lock, interval, began)) = node.frozen.take() else {
+            return;
+        };
+        let rec = node.rec.as_mut().expect("race mode");
+        assert_eq!(rec.current_interval(), interval, "node {k}");
+        let notices = rec.close_frozen();
+        self.settled_frozen += 1;
+        let known = node.eng.host_release_now(lock, Some(notices));
+        assert!(
+            node.known.is(known.0.iter().copied()),
+            "node {k}: the frozen release of lock {lock} left {:?}, the engine closed at {known:?}",
+            node.known
+        );
+        node.last_release = Some((lock, interval, began));
+        let outs = node.eng.take_outputs();
+        self.outputs(k, outs);
+    }
+
+    /// A release of host lock `l` by node `k` that freezes the recorder's interval
+    /// instead of closing it (as `api.rs` does where acquires may leave intervals open
+    /// and the interval touched few pages): the lock gets the clock the engine will
+    /// close the interval at, the engine is not asked, and the release completes.
+    fn freeze_release(&mut self, k: usize, l: u64) -> bool {
+        let node = &mut self.nodes[k];
+        let Some(rec) = node.rec.as_mut() else {
+            return false;
+        };
+        // A quarter of the releases close as the product closes an interval of many
+        // pages, so that releases taking back a closed interval are checked too.
+        if !self.elide_acquires || (self.rng >> 33).is_multiple_of(4) || !rec.freeze_interval() {
+            return false;
+        }
+        self.frozen_releases += 1;
+        let frozen = (l, node.interval, node.began);
+        let known = node.eng.known_after_close();
+        node.known.set(&known);
+        node.frozen = Some(frozen);
+        node.last_release = None;
+        self.begin_sync_oracle(k, Op::Release(l));
+        assert_eq!(self.host_held.remove(&l), Some(k), "lock {l}");
+        self.host_clocks.insert(l, known);
+        self.completed(k);
+        true
+    }
+
+    /// An acquire of host lock `l`, now held by node `k`, after a release of `l` froze
+    /// `k`'s interval: thaws it when the lock still holds the clock that release left.
+    fn thaw_acquire(&mut self, k: usize, l: u64, released: &VectorTime) -> bool {
+        let node = &mut self.nodes[k];
+        let Some((lock, interval, began)) = node.frozen else {
+            return false;
+        };
+        if lock != l
+            || !node.known.is(released.0.iter().copied())
+            || !node.rec.as_mut().expect("race mode").thaw_interval()
+        {
+            return false;
+        }
+        node.frozen = None;
+        self.merge_open_interval(k, interval, began);
+        self.elided_acquires += 1;
         self.continued_releases += 1;
+        let node = &mut self.nodes[k];
+        node.script.pop_front();
+        node.pending = Some(Op::Acquire(l));
+        node.wait = Wait::Reply;
+        self.completed(k);
         true
     }
 
@@ -1186,6 +1284,12 @@ impl Sim {
         let Some(op) = self.nodes[k].script.front().cloned() else {
             return;
         };
+        let thawable = matches!(op, Op::Acquire(l) if self.host_locks
+            && self.nodes[k].frozen.is_some_and(|f| f.0 == l));
+        let access = matches!(op, Op::Check(_) | Op::Incr(_) | Op::Touch { .. });
+        if !thawable && !access {
+            self.settle_frozen(k);
+        }
         match op {
             Op::Alloc(i) => {
                 let race = self.begin_sync(k, op);
@@ -1219,6 +1323,10 @@ impl Sim {
                     .get(&l)
                     .cloned()
                     .unwrap_or_else(|| VectorTime::zero(self.n));
+                if self.thaw_acquire(k, l, &released) {
+                    return;
+                }
+                self.settle_frozen(k);
                 if self.elide_acquires && self.nodes[k].known.covers(released.0.iter().copied()) {
                     // Nothing new: the interval goes on, the engine is not asked.
                     self.elided_acquires += 1;
@@ -1239,6 +1347,9 @@ impl Sim {
                 self.outputs(k, outs);
             }
             Op::Release(l) if self.host_locks => {
+                if self.freeze_release(k, l) {
+                    return;
+                }
                 let again = self.elide_acquires && self.take_back(k, l);
                 let closing = (self.nodes[k].interval, self.nodes[k].began);
                 let race = self.begin_sync(k, op);
@@ -1667,6 +1778,7 @@ fn sim_with_setup(
             known: KnownClock::default(),
             shipped_in_epoch: false,
             last_release: None,
+            frozen: None,
         });
     }
     let mut allocs = Vec::new();
@@ -1729,6 +1841,8 @@ fn sim_with_setup(
         elide_acquires: false,
         elided_acquires: 0,
         continued_releases: 0,
+        frozen_releases: 0,
+        settled_frozen: 0,
         lanes: (0..n * n).map(|_| None).collect(),
         lane_takes: 0,
         lane_comm_takes: 0,
@@ -2644,7 +2758,7 @@ fn race_case_in(
     locks: usize,
     phases: usize,
     violate: usize,
-) -> (OracleCounts, Vec<Race>, usize, (u64, u64)) {
+) -> (OracleCounts, Vec<Race>, usize, (u64, u64, u64, u64)) {
     let homes = |count: usize, shift: usize| -> Vec<usize> {
         (0..count)
             .map(|p| (mix(home_seed ^ (shift + p) as u64) as usize) % n)
@@ -2683,7 +2797,12 @@ fn race_case_in(
         counts,
         s.races,
         s.incremental_races,
-        (s.elided_acquires, s.continued_releases),
+        (
+            s.elided_acquires,
+            s.continued_releases,
+            s.frozen_releases,
+            s.settled_frozen,
+        ),
     )
 }
 
@@ -2727,16 +2846,18 @@ fn race_programs_cover_races_and_ordered_conflicts_in(common: bool) {
     let mut total = OracleCounts::default();
     let mut kinds = BTreeSet::new();
     let mut between_barriers = 0;
-    let (mut elided, mut continued) = (0, 0);
+    let (mut elided, mut continued, mut frozen, mut settled) = (0, 0, 0, 0);
     for i in 0..60u64 {
         let n = 2 + (i % 4) as usize;
         let violate = [0, 1, 2, 4, 8][(i % 5) as usize];
         let elem = ELEM_SIZES[(i % 7) as usize];
-        let (c, races, incremental, (elided_here, continued_here)) =
+        let (c, races, incremental, (elided_here, continued_here, frozen_here, settled_here)) =
             race_case_in(common, n, (2, 2), elem, i * 77, i * 1013 + 5, 2, 3, violate);
         between_barriers += incremental;
         elided += elided_here;
         continued += continued_here;
+        frozen += frozen_here;
+        settled += settled_here;
         if races.is_empty() {
             clean += 1;
         } else {
@@ -2763,6 +2884,14 @@ fn race_programs_cover_races_and_ordered_conflicts_in(common: bool) {
         common,
         continued > 0,
         "{continued} releases took back the interval before"
+    );
+    // Releases freeze their interval; some are thawed by the next acquire of the lock,
+    // others closed by another synchronization, with the same races.
+    println!("{frozen} releases froze their interval, {settled} of them closed later");
+    assert_eq!(
+        common,
+        settled > 0 && frozen > settled,
+        "{frozen} / {settled}"
     );
     // Half the seeds run the incremental analysis, and it finds races of its own (checked
     // against the oracle with the others).

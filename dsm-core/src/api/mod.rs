@@ -706,7 +706,7 @@ impl Dsm {
         for v in [elem, ty.align, len, cols, first] {
             digest = fnv(digest, &(v as u64).to_le_bytes());
         }
-        let race = self.close_race_interval();
+        let race = self.close_race_interval()?;
         self.fold_access_digest();
         if let Some(r) = self.race.as_mut() {
             let var = VarInfo {
@@ -884,7 +884,7 @@ impl Dsm {
         }
         self.flush_pin_hits()?;
         self.ship_last_race_batch()?;
-        let race = self.close_race_interval();
+        let race = self.close_race_interval()?;
         self.fold_access_digest();
         let bitmaps = self.shippable_bitmaps();
         self.sync(Command::Barrier {
@@ -1027,22 +1027,35 @@ impl Dsm {
                     self.rank
                 )));
             }
+            // The interval this node's last release of this lock froze may thaw once
+            // the lock is held; any other frozen interval closes now.
+            let thawable = self
+                .race
+                .as_ref()
+                .is_some_and(|r| r.frozen_release == Some(lock));
+            if !thawable {
+                self.settle_frozen_release()?;
+            }
             // A lock whose last release this rank already knows of leaves the interval
             // open (see `KnownClock`). The lock's clock read before taking the lock is a
             // guess, checked again once held.
             let elide = |r: &RaceState| r.elide_acquires && r.known.covers(host.released());
-            let guessed = self.race.as_ref().is_some_and(elide);
+            let guessed = thawable || self.race.as_ref().is_some_and(elide);
             // Otherwise the interval before the acquire closes before the wait, not
             // inside the critical section the other ranks queue behind.
             let race = if guessed {
                 None
             } else {
-                self.close_race_interval()
+                self.close_race_interval()?
             };
             host.lock(crate::spin::budget_ns());
             self.host_locks_held.push(lock);
             self.host_lock_acquires += 1;
-            if let Some(r) = self.race.as_mut() {
+            if thawable && self.thaw_frozen_release(host) {
+                self.after_lock_sync()?;
+            } else if self.race.is_some() {
+                self.settle_frozen_release()?;
+                let r = self.race.as_mut().expect("race mode");
                 if guessed && elide(r) {
                     r.elided_acquires += 1;
                     // Batches still go every so many lock operations: counted in closes
@@ -1063,7 +1076,7 @@ impl Dsm {
         if let Some(c) = self.chaos.as_mut() {
             c.before_acquire();
         }
-        let race = self.close_race_interval();
+        let race = self.close_race_interval()?;
         let reply = self.comm().call(Command::Acquire { lock, race });
         if let Some(c) = self.chaos.as_mut() {
             c.while_holding();
@@ -1091,7 +1104,7 @@ impl Dsm {
         still_open: bool,
     ) -> Result<(), DsmError> {
         let race = if still_open {
-            self.close_race_interval()
+            self.close_race_interval()?
         } else {
             race
         };
@@ -1124,10 +1137,14 @@ impl Dsm {
             host.unlock();
             return Ok(());
         }
+        self.settle_frozen_release()?;
+        if self.freeze_released_interval(lock, host) {
+            return self.after_lock_sync();
+        }
         if self.take_back_released_interval(lock, host) {
             // The lock keeps the clock this node left at the release taken back.
             host.unlock();
-            let race = self.close_race_interval();
+            let race = self.close_race_interval()?;
             let taken = self
                 .comm()
                 .with_engine_now(|e| e.host_release_again_now(lock, race));
@@ -1142,7 +1159,7 @@ impl Dsm {
         let clock = self.comm().with_engine_now(|e| e.known_after_close());
         host.set_released_clock(&clock.0);
         host.unlock();
-        let race = self.close_race_interval();
+        let race = self.close_race_interval()?;
         let known = self
             .comm()
             .with_engine_now(|e| e.host_release_now(lock, race));
@@ -1200,7 +1217,7 @@ impl Dsm {
     }
 
     fn release(&mut self, lock: LockId) -> Result<(), DsmError> {
-        let race = self.close_race_interval();
+        let race = self.close_race_interval()?;
         match self.comm().call(Command::Release { lock, race }) {
             Reply::Done => self.after_lock_sync(),
             other => Err(DsmError::Protocol(format!(

@@ -8,8 +8,9 @@ use super::{Dsm, Outcome, MAX_SHIPPED_BITMAP_BYTES};
 use crate::comm::Comm;
 use crate::engine::{Command, KnownClock, Reply};
 use crate::error::DsmError;
+use crate::sys::HostLock;
 use dsm_proto::config::DEFAULT_RACE_BATCH;
-use dsm_proto::{EncodedBitmap, NodeId, RaceNotices, RaceOptions, RacePhases};
+use dsm_proto::{EncodedBitmap, LockId, NodeId, RaceNotices, RaceOptions, RacePhases};
 use dsm_race::{Checker, Incremental, Recorder, Reporter, VarTable};
 use std::io::{self, Write};
 use std::sync::atomic::Ordering;
@@ -98,8 +99,17 @@ pub(super) struct RaceState {
     /// acquires may leave intervals open: its next release may take that interval back
     /// (see `Dsm::release_host_lock`).
     pub(super) last_release: Option<(dsm_proto::LockId, u32)>,
-    /// Host-lock releases that took back the interval before them.
+    /// Host-lock releases taken back: the interval a release froze thawed at the next
+    /// acquire of the lock, or the next release reopened the interval it closed.
     pub(super) continued_releases: u64,
+    /// The host lock whose release froze the open interval (see
+    /// `Dsm::freeze_released_interval`), until an acquire of it thaws the interval or
+    /// another synchronization closes it.
+    pub(super) frozen_release: Option<dsm_proto::LockId>,
+    /// Whether the open interval was frozen and thawed and nothing closed since: the
+    /// engine's clock is then still `known`, which the freeze left in the lock, and the
+    /// next freeze leaves it again without asking the engine.
+    pub(super) thawed: bool,
 }
 
 /// A node ships its closed intervals at least this often between barriers, so races in
@@ -107,6 +117,16 @@ pub(super) struct RaceState {
 const BATCH_PERIOD: Duration = Duration::from_secs(1);
 
 impl RaceState {
+    /// What the engine gets of a closed interval's notices: nothing while only recording
+    /// is measured (`RacePhases::Record`).
+    fn engine_notices(&self, notices: RaceNotices) -> RaceNotices {
+        if self.phases == RacePhases::Record {
+            RaceNotices::default()
+        } else {
+            notices
+        }
+    }
+
     /// Detection state for a node; rank 0 (`master`) also owns the reporter.
     pub(super) fn new(options: RaceOptions, master: bool, nodes: usize) -> io::Result<RaceState> {
         let batch = options.batch_intervals;
@@ -185,6 +205,8 @@ impl RaceState {
             elided_acquires: 0,
             last_release: None,
             continued_releases: 0,
+            frozen_release: None,
+            thawed: false,
         })
     }
 
@@ -307,20 +329,105 @@ impl RaceState {
 }
 
 impl Dsm {
-    pub(super) fn close_race_interval(&mut self) -> Option<RaceNotices> {
+    /// Race mode, at a synchronization: closes the recorder's open interval (after the
+    /// one a release froze, if any) and returns its notices for the engine.
+    pub(super) fn close_race_interval(&mut self) -> Result<Option<RaceNotices>, DsmError> {
+        self.settle_frozen_release()?;
+        if let Some(r) = self.race.as_mut() {
+            r.thawed = false;
+        }
         if let Some(p) = &self.pin {
             p.interval_closed();
         }
-        let r = self.race.as_mut()?;
+        let Some(r) = self.race.as_mut() else {
+            return Ok(None);
+        };
         let t = r.timed.then(Instant::now);
         let n = r.recorder.close_interval();
         if let Some(t) = t {
             r.close_time += t.elapsed();
         }
-        if r.phases == RacePhases::Record {
-            return Some(RaceNotices::default());
+        Ok(Some(r.engine_notices(n)))
+    }
+
+    /// Race mode, releasing host lock `lock` when acquires may leave intervals open:
+    /// freezes the recorder's interval instead of closing it (see
+    /// [`dsm_race::Recorder::freeze_interval`]) and leaves the clock that names it in the
+    /// lock, so that this node's next acquire of the same lock, finding its own clock
+    /// still there, thaws it: nobody learned where it ended, so the critical sections
+    /// and what ran between them are one interval, at the cost of a pass over a few
+    /// page flags instead of a close in the recorder and the engine. Any other
+    /// synchronization closes it first (`settle_frozen_release`), as the release would
+    /// have. `false`, changing nothing, when the interval does not freeze.
+    pub(super) fn freeze_released_interval(&mut self, lock: LockId, host: HostLock) -> bool {
+        let Some(r) = self.race.as_mut() else {
+            return false;
+        };
+        if !r.elide_acquires || !r.recorder.freeze_interval() {
+            return false;
         }
-        Some(n)
+        if !r.thawed {
+            let clock = self.comm().with_engine_now(|e| e.known_after_close());
+            self.race.as_mut().expect("race mode").known.set(&clock);
+        }
+        let r = self.race.as_mut().expect("race mode");
+        host.set_released_clock(r.known.entries());
+        host.unlock();
+        r.thawed = false;
+        r.frozen_release = Some(lock);
+        r.last_release = None;
+        true
+    }
+
+    /// Race mode, holding host lock `lock` again after a release of it froze the interval:
+    /// thaws it when the lock still holds the clock that release left (nobody took the
+    /// lock since) and the recorder can. `false`, changing nothing, otherwise.
+    pub(super) fn thaw_frozen_release(&mut self, host: HostLock) -> bool {
+        let Some(r) = self.race.as_mut() else {
+            return false;
+        };
+        if !r.known.is(host.released()) || !r.recorder.thaw_interval() {
+            return false;
+        }
+        r.frozen_release = None;
+        r.thawed = true;
+        r.elided_acquires += 1;
+        r.continued_releases += 1;
+        true
+    }
+
+    /// Race mode: closes the interval a host-lock release froze, in the recorder and the
+    /// engine, as that release would have closed it (nothing was learned since: every
+    /// synchronization settles it first). Its clock is already in the lock.
+    pub(super) fn settle_frozen_release(&mut self) -> Result<(), DsmError> {
+        let Some(r) = self.race.as_mut() else {
+            return Ok(());
+        };
+        let Some(lock) = r.frozen_release.take() else {
+            return Ok(());
+        };
+        let t = r.timed.then(Instant::now);
+        let notices = r.recorder.close_frozen();
+        if let Some(t) = t {
+            r.close_time += t.elapsed();
+        }
+        let race = Some(r.engine_notices(notices));
+        if let Some(p) = &self.pin {
+            p.interval_closed();
+        }
+        let known = self
+            .comm()
+            .with_engine_now(|e| e.host_release_now(lock, race));
+        let r = self.race.as_mut().expect("race mode");
+        if !r.known.is(known.0.iter().copied()) {
+            return Err(DsmError::Protocol(format!(
+                "lock {lock}: the release left {:?} in the lock but the engine closed the \
+                 interval at {known:?}",
+                r.known
+            )));
+        }
+        r.last_release = Some((lock, r.recorder.current_interval() - 1));
+        Ok(())
     }
 
     /// After a lock operation (it closed an interval): between barriers, ship the closed
@@ -403,7 +510,7 @@ impl Dsm {
         {
             return Ok(());
         }
-        let last = self.close_race_interval();
+        let last = self.close_race_interval()?;
         self.ship_race_batch(last)
     }
 

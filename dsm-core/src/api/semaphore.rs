@@ -89,7 +89,7 @@ impl Dsm {
             fnv(FNV_OFFSET, format!("semaphore {name}").as_bytes()),
             &initial.to_le_bytes(),
         );
-        let race = self.close_race_interval();
+        let race = self.close_race_interval()?;
         self.sync_point = Point::Allocation {
             name: format!("semaphore {name}"),
             after: self.barriers_called,
@@ -124,14 +124,14 @@ impl Dsm {
     /// the node whose wait consumes this token. Never blocks.
     pub fn signal(&mut self, sem: &Semaphore) -> Result<(), DsmError> {
         self.check_semaphore(sem)?;
-        let race = self.close_race_interval();
+        let race = self.close_race_interval()?;
         let done = self.sem_call(Command::SemSignal { sem: sem.id, race })?;
         self.trace_sem(Op::Signal, sem, &done)
     }
 
     fn sem_wait(&mut self, sem: &Semaphore, try_only: bool) -> Result<bool, DsmError> {
         self.check_semaphore(sem)?;
-        let race = self.close_race_interval();
+        let race = self.close_race_interval()?;
         let done = self.sem_call(Command::SemWait {
             sem: sem.id,
             try_only,

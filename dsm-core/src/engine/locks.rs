@@ -74,6 +74,11 @@ impl KnownClock {
         released.len() == self.0.len() && released.zip(&self.0).all(|(r, &k)| r == k)
     }
 
+    /// One entry per node (empty before anything is known).
+    pub fn entries(&self) -> &[u32] {
+        &self.0
+    }
+
     /// The engine's knowledge as it just answered it (a release or a barrier).
     pub fn set(&mut self, known: &VectorTime) {
         self.0.clear();
