@@ -1366,6 +1366,8 @@ pub struct Recorder {
     frozen: bool,
     /// The frozen interval's pages (allocation, page), for the thaw.
     frozen_pages: SmallVec<[(u32, u32); FREEZE_MAX_PAGES]>,
+    /// Whether the epoch's access digest is kept (see [`Recorder::keep_digest`]).
+    digest: bool,
 }
 
 /// Where an epoch's access digest starts (the FNV-1a offset basis).
@@ -1394,7 +1396,15 @@ impl Recorder {
             sealed: 0,
             frozen: false,
             frozen_pages: SmallVec::new(),
+            digest: true,
         }
+    }
+
+    /// Whether [`Recorder::epoch_digest`] is wanted (it is, unless this says otherwise):
+    /// only a recorded or replayed run compares it, and keeping it costs a pass over
+    /// every race batch's bitmaps.
+    pub fn keep_digest(&mut self, keep: bool) {
+        self.digest = keep;
     }
 
     /// Adds the shadow for a new allocation of `bytes` bytes from `first_page`; returns its
@@ -1463,17 +1473,15 @@ impl Recorder {
         if self.frozen {
             return false;
         }
-        let pages: usize = self
-            .allocs
-            .iter()
-            .map(|a| a.now.touched.borrow().len())
-            .sum();
-        if pages > FREEZE_MAX_PAGES {
-            return false;
-        }
         self.frozen_pages.clear();
         for (id, a) in self.allocs.iter().enumerate() {
-            for &page in a.now.touched.borrow().iter() {
+            let touched = a.now.touched.borrow();
+            if self.frozen_pages.len() + touched.len() > FREEZE_MAX_PAGES {
+                drop(touched);
+                self.thaw_pages();
+                return false;
+            }
+            for &page in touched.iter() {
                 let f = &a.now.flags[page as usize];
                 f.set(f.get() << FROZEN_SHIFT);
                 self.frozen_pages.push((id as u32, page));
@@ -1481,6 +1489,15 @@ impl Recorder {
         }
         self.frozen = true;
         true
+    }
+
+    /// Gives the pages in `frozen_pages` their access flags back.
+    fn thaw_pages(&mut self) {
+        for &(a, page) in &self.frozen_pages {
+            let f = &self.allocs[a as usize].now.flags[page as usize];
+            f.set(f.get() >> FROZEN_SHIFT);
+        }
+        self.frozen_pages.clear();
     }
 
     /// Whether the open interval is frozen.
@@ -1503,9 +1520,7 @@ impl Recorder {
         {
             return false;
         }
-        for f in self.frozen_pages.iter().map(flags) {
-            f.set(f.get() >> FROZEN_SHIFT);
-        }
+        self.thaw_pages();
         self.frozen = false;
         true
     }
@@ -1661,7 +1676,9 @@ impl Recorder {
     pub fn drain_all(&mut self) -> Vec<EncodedBitmap> {
         let (store, mut names) = self.store_and_names();
         let out = store.encoded(&mut names, |_| true);
-        self.drained_digest = self.fold_digest(self.drained_digest);
+        if self.digest {
+            self.drained_digest = self.fold_digest(self.drained_digest);
+        }
         self.clear_store();
         self.sealed = self.interval - 1;
         out

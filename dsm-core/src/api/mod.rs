@@ -522,6 +522,7 @@ impl Dsm {
             .map_err(DsmError::Io)?;
         if let Some(r) = race.as_mut() {
             r.start_analyst(&comm).map_err(DsmError::Io)?;
+            r.recorder.keep_digest(order_on);
         }
         Ok(Dsm {
             page_limit,
