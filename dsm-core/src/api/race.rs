@@ -62,12 +62,14 @@ pub(super) struct RaceState {
     pub(super) sum: dsm_race::PlanStats,
     /// Rank 0 with `--check`: the dynamic checks' state across epochs.
     pub(super) checker: Option<Checker>,
-    /// Lock operations (each closes an interval) since this node's last race batch or
-    /// barrier.
+    /// Lock operations since this node's last race batch or barrier.
     unshipped: u32,
+    /// The recorder's open interval at this node's last race batch or barrier: the
+    /// intervals closed since are what the next batch takes.
+    interval_at_ship: u32,
     /// Lock operations since the last barrier.
     epoch_lock_syncs: u32,
-    /// Lock operations after which this node ships a race batch: the configured batch,
+    /// Closed intervals after which this node ships a race batch: the configured batch,
     /// grown for a program with barriers to fit its epochs (see [`batch_for_epochs`]).
     batch_threshold: u32,
     /// When this node last shipped a race batch (or passed a barrier).
@@ -111,6 +113,14 @@ pub(super) struct RaceState {
     /// next freeze leaves it again without asking the engine.
     pub(super) thawed: bool,
 }
+
+/// A node also ships a race batch after this many times the batch size in lock
+/// operations, closing intervals or not. What the master holds is counted in intervals,
+/// and a rank that re-takes its own lock closes one only now and then (a thawed release
+/// closes none); the lock operations stand for the time that passes, counted without a
+/// clock, so that a race in such a program is still reported within a few thousand
+/// lock operations.
+const LOCK_OPS_PER_BATCH_INTERVAL: u32 = 16;
 
 /// A node ships its closed intervals at least this often between barriers, so races in
 /// programs without barriers are reported within about this long.
@@ -192,6 +202,7 @@ impl RaceState {
             sum: Default::default(),
             checker,
             unshipped: 0,
+            interval_at_ship: 1,
             epoch_lock_syncs: 0,
             batch_threshold: batch,
             last_ship: Instant::now(),
@@ -248,6 +259,7 @@ impl RaceState {
         }
         self.epoch_lock_syncs = 0;
         self.unshipped = 0;
+        self.interval_at_ship = self.recorder.current_interval();
         self.last_ship = Instant::now();
         self.shipped_in_epoch = false;
         self.barriers += 1;
@@ -454,7 +466,11 @@ impl Dsm {
             .map_or(0, |a| a.foreign_absorbed.load(Ordering::Relaxed));
         // The clock is read every 16th lock operation: a lock costs about a microsecond,
         // a clock read a few percent of that.
-        let due = r.unshipped >= r.batch_threshold
+        let closed = r.recorder.current_interval() - r.interval_at_ship;
+        let due = closed >= r.batch_threshold
+            || r.unshipped
+                >= r.batch_threshold
+                    .saturating_mul(LOCK_OPS_PER_BATCH_INTERVAL)
             || (r.unshipped % 16 == 0 && r.last_ship.elapsed() >= BATCH_PERIOD)
             || foreign != r.foreign_seen;
         if !due {
@@ -462,6 +478,7 @@ impl Dsm {
         }
         r.foreign_seen = foreign;
         r.unshipped = 0;
+        r.interval_at_ship = r.recorder.current_interval();
         r.last_ship = Instant::now();
         self.ship_race_batch(None)
     }
