@@ -1028,45 +1028,7 @@ impl Dsm {
                     self.rank
                 )));
             }
-            // The interval this node's last release of this lock froze may thaw once
-            // the lock is held; any other frozen interval closes now.
-            let thawable = self
-                .race
-                .as_ref()
-                .is_some_and(|r| r.frozen_release == Some(lock));
-            if !thawable {
-                self.settle_frozen_release()?;
-            }
-            // A lock whose last release this rank already knows of leaves the interval
-            // open (see `KnownClock`). The lock's clock read before taking the lock is a
-            // guess, checked again once held.
-            let elide = |r: &RaceState| r.elide_acquires && r.known.covers(host.released());
-            let guessed = thawable || self.race.as_ref().is_some_and(elide);
-            // Otherwise the interval before the acquire closes before the wait, not
-            // inside the critical section the other ranks queue behind.
-            let race = if guessed {
-                None
-            } else {
-                self.close_race_interval()?
-            };
-            host.lock(crate::spin::budget_ns());
-            self.host_locks_held.push(lock);
-            self.host_lock_acquires += 1;
-            if thawable && self.thaw_frozen_release(host) {
-                self.after_lock_sync()?;
-            } else if self.race.is_some() {
-                self.settle_frozen_release()?;
-                let r = self.race.as_mut().expect("race mode");
-                if guessed && elide(r) {
-                    r.elided_acquires += 1;
-                    // Batches still go every so many lock operations: counted in closes
-                    // alone, a lock-only program would ship half as often and the master
-                    // hold twice as much.
-                    self.after_lock_sync()?;
-                } else {
-                    self.host_acquire_in_engine(lock, host, race, guessed)?;
-                }
-            }
+            self.take_host_lock(lock, host)?;
             return Ok(LockGuard {
                 dsm: self,
                 lock,
@@ -1092,6 +1054,51 @@ impl Dsm {
             other => Err(DsmError::Protocol(format!(
                 "unexpected reply to acquire: {other:?}"
             ))),
+        }
+    }
+
+    /// Takes host lock `lock`. With race detection, the interval a release of the same
+    /// lock froze may thaw once the lock is held, and any other frozen interval closes
+    /// first; an acquire that learns nothing leaves the interval open, and one that
+    /// learns something closes it and joins the lock's clock in the engine.
+    fn take_host_lock(&mut self, lock: LockId, host: sys::HostLock) -> Result<(), DsmError> {
+        let Some(r) = self.race.as_ref() else {
+            host.lock(crate::spin::budget_ns());
+            self.host_locks_held.push(lock);
+            self.host_lock_acquires += 1;
+            return Ok(());
+        };
+        let thawable = r.frozen_release == Some(lock);
+        if !thawable {
+            self.settle_frozen_release()?;
+        }
+        // A lock whose last release this rank already knows of leaves the interval open
+        // (see `KnownClock`). The lock's clock read before taking the lock is a guess,
+        // checked again once held.
+        let elide = |r: &RaceState| r.elide_acquires && r.known.covers(host.released());
+        let guessed = thawable || self.race.as_ref().is_some_and(elide);
+        // Otherwise the interval before the acquire closes before the wait, not inside
+        // the critical section the other ranks queue behind.
+        let race = if guessed {
+            None
+        } else {
+            self.close_race_interval()?
+        };
+        host.lock(crate::spin::budget_ns());
+        self.host_locks_held.push(lock);
+        self.host_lock_acquires += 1;
+        if thawable && self.thaw_frozen_release(host) {
+            return self.after_lock_sync();
+        }
+        self.settle_frozen_release()?;
+        let r = self.race.as_mut().expect("race mode");
+        if guessed && elide(r) {
+            r.elided_acquires += 1;
+            // Lock operations count towards the next race batch whether or not they
+            // close an interval (see `after_lock_sync`).
+            self.after_lock_sync()
+        } else {
+            self.host_acquire_in_engine(lock, host, race, guessed)
         }
     }
 
