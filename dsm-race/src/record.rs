@@ -30,6 +30,7 @@ use dsm_proto::{
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, TryReserveError};
 use std::panic::Location;
+use std::rc::Rc;
 
 /// Where an access was made: a Rust source location, as `#[track_caller]` gives it, or
 /// the instrumented instruction of a program compiled with ThreadSanitizer
@@ -123,6 +124,9 @@ pub struct AllocShadow {
     /// Pages of a frozen interval that were touched again before it closed: their frozen
     /// contents, moved aside so that the page records the next interval.
     held: RefCell<Vec<HeldPage>>,
+    /// First touches so far, of every allocation of the recorder (see
+    /// [`Recorder::freeze_interval`]).
+    touches: Rc<Cell<u64>>,
 }
 
 /// An allocation's spare [`IntervalShadow`].
@@ -260,7 +264,12 @@ struct SiteRun {
 impl AllocShadow {
     /// The shadow of an allocation of `bytes` bytes from `first_page`, or the reason its
     /// bitmaps could not be allocated (their size is the program's to choose).
-    fn new(first_page: PageNo, bytes: usize, elem_size: usize) -> Result<Self, TryReserveError> {
+    fn new(
+        first_page: PageNo,
+        bytes: usize,
+        elem_size: usize,
+        touches: Rc<Cell<u64>>,
+    ) -> Result<Self, TryReserveError> {
         let pages = bytes.div_ceil(PAGE_SIZE).max(1);
         let shift = granule_shift(elem_size);
         let words_per_page = (PAGE_SIZE >> shift) / 64;
@@ -272,6 +281,7 @@ impl AllocShadow {
             spare: Spare::None,
             pattern: Cell::new((0, 0, 0)),
             held: RefCell::new(Vec::new()),
+            touches,
         })
     }
 
@@ -284,6 +294,7 @@ impl AllocShadow {
     #[cold]
     #[inline(never)]
     fn first_touch(&self, page: usize, kind: u8) {
+        self.touches.set(self.touches.get() + 1);
         let f = &self.now.flags[page];
         let flags = f.get();
         if flags & FROZEN != 0 {
@@ -1368,6 +1379,13 @@ pub struct Recorder {
     frozen_pages: SmallVec<[(u32, u32); FREEZE_MAX_PAGES]>,
     /// Whether the epoch's access digest is kept (see [`Recorder::keep_digest`]).
     digest: bool,
+    /// First touches so far, counted by the allocations' shadows.
+    touches: Rc<Cell<u64>>,
+    /// The first touches counted when the interval was last thawed, if the pages it had
+    /// touched were then exactly those in `frozen_pages`.
+    thawed_at: Option<u64>,
+    /// The first touches counted when the interval froze.
+    frozen_at: u64,
 }
 
 /// Where an epoch's access digest starts (the FNV-1a offset basis).
@@ -1397,6 +1415,9 @@ impl Recorder {
             frozen: false,
             frozen_pages: SmallVec::new(),
             digest: true,
+            touches: Rc::new(Cell::new(0)),
+            thawed_at: None,
+            frozen_at: 0,
         }
     }
 
@@ -1415,7 +1436,7 @@ impl Recorder {
         bytes: usize,
         elem_size: usize,
     ) -> Result<usize, TryReserveError> {
-        let shadow = AllocShadow::new(first_page, bytes, elem_size)?;
+        let shadow = AllocShadow::new(first_page, bytes, elem_size, self.touches.clone())?;
         self.allocs.try_reserve(1)?;
         self.allocs.push(shadow);
         Ok(self.allocs.len() - 1)
@@ -1445,6 +1466,7 @@ impl Recorder {
             !self.frozen,
             "a frozen interval closes through close_frozen"
         );
+        self.thawed_at = None;
         let index = self.interval;
         self.interval += 1;
         // Lock-heavy programs close many intervals that touched nothing (from a release
@@ -1473,12 +1495,20 @@ impl Recorder {
         if self.frozen {
             return false;
         }
+        if self.thawed_at == Some(self.touches.get()) {
+            // Nothing was touched since the thaw: the interval's pages are those it froze.
+            self.shift_frozen_pages(true);
+            self.frozen_at = self.touches.get();
+            self.frozen = true;
+            return true;
+        }
+        self.thawed_at = None;
         self.frozen_pages.clear();
         for (id, a) in self.allocs.iter().enumerate() {
             let touched = a.now.touched.borrow();
             if self.frozen_pages.len() + touched.len() > FREEZE_MAX_PAGES {
                 drop(touched);
-                self.thaw_pages();
+                self.shift_frozen_pages(false);
                 return false;
             }
             for &page in touched.iter() {
@@ -1487,17 +1517,22 @@ impl Recorder {
                 self.frozen_pages.push((id as u32, page));
             }
         }
+        self.frozen_at = self.touches.get();
         self.frozen = true;
         true
     }
 
-    /// Gives the pages in `frozen_pages` their access flags back.
-    fn thaw_pages(&mut self) {
+    /// Shifts the flags of the pages in `frozen_pages` out of the access bits (`freeze`)
+    /// or back.
+    fn shift_frozen_pages(&self, freeze: bool) {
         for &(a, page) in &self.frozen_pages {
             let f = &self.allocs[a as usize].now.flags[page as usize];
-            f.set(f.get() >> FROZEN_SHIFT);
+            f.set(if freeze {
+                f.get() << FROZEN_SHIFT
+            } else {
+                f.get() >> FROZEN_SHIFT
+            });
         }
-        self.frozen_pages.clear();
     }
 
     /// Whether the open interval is frozen.
@@ -1520,7 +1555,9 @@ impl Recorder {
         {
             return false;
         }
-        self.thaw_pages();
+        self.shift_frozen_pages(false);
+        // Pages first touched while it was frozen are not in `frozen_pages`.
+        self.thawed_at = (self.touches.get() == self.frozen_at).then_some(self.frozen_at);
         self.frozen = false;
         true
     }
@@ -1540,6 +1577,7 @@ impl Recorder {
     /// Moves interval `index`'s pages into the store: every touched page, or with
     /// `frozen`, the frozen interval's pages alone.
     fn store_interval(&mut self, index: u32, frozen: bool) -> RaceNotices {
+        self.thawed_at = None;
         let mut c = std::mem::take(&mut self.closing);
         let store = &mut self.store;
         c.begin(store);
@@ -2298,6 +2336,59 @@ mod tests {
             replay(&whole, &second);
             proptest::prop_assert_eq!(notices, whole.close_interval());
             proptest::prop_assert_eq!(shipped_form(&mut thawed), shipped_form(&mut whole));
+        }
+
+        /// Releases and re-acquires in a row: each cycle records, freezes, records again
+        /// and thaws unless a frozen page was touched again (then the frozen interval
+        /// closes). The notices and bitmaps are those of closing exactly where a thaw
+        /// failed.
+        #[test]
+        fn freezing_and_thawing_in_a_row_closes_where_a_thaw_fails(
+            cycles in proptest::collection::vec(
+                (
+                    proptest::collection::vec(
+                        (0usize..2, proptest::bool::ANY, 0usize..2 * PAGE_SIZE, 1usize..600, 0u64..3),
+                        0..3,
+                    ),
+                    proptest::collection::vec(
+                        (0usize..2, proptest::bool::ANY, 0usize..2 * PAGE_SIZE, 1usize..600, 0u64..3),
+                        0..2,
+                    ),
+                ),
+                1..8,
+            ),
+        ) {
+            let pages = |accesses: &[Access]| -> std::collections::HashSet<(usize, usize)> {
+                accesses
+                    .iter()
+                    .flat_map(|&(a, _, o, l, _)| (o / PAGE_SIZE..=(o + l - 1) / PAGE_SIZE).map(move |p| (a, p)))
+                    .collect()
+            };
+            let mut frozen = reopening_recorder();
+            let mut closed = reopening_recorder();
+            let (mut frozen_notices, mut closed_notices) = (Vec::new(), Vec::new());
+            let mut open_pages = std::collections::HashSet::new();
+            for (inside, between) in &cycles {
+                replay(&frozen, inside);
+                replay(&closed, inside);
+                open_pages.extend(pages(inside));
+                proptest::prop_assert!(frozen.freeze_interval());
+                replay(&frozen, between);
+                let touched_again = !open_pages.is_disjoint(&pages(between));
+                proptest::prop_assert_eq!(frozen.thaw_interval(), !touched_again);
+                if touched_again {
+                    frozen_notices.push(frozen.close_frozen());
+                    closed_notices.push(closed.close_interval());
+                    open_pages.clear();
+                }
+                replay(&closed, between);
+                open_pages.extend(pages(between));
+            }
+            frozen_notices.push(frozen.close_interval());
+            closed_notices.push(closed.close_interval());
+            proptest::prop_assert_eq!(frozen_notices, closed_notices);
+            proptest::prop_assert_eq!(frozen.current_interval(), closed.current_interval());
+            proptest::prop_assert_eq!(shipped_form(&mut frozen), shipped_form(&mut closed));
         }
 
         #[test]
