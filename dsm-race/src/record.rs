@@ -2172,6 +2172,34 @@ mod tests {
         }
     }
 
+    /// Up to `count` accesses of up to `len` bytes to the two allocations of
+    /// [`reopening_recorder`], from three sites.
+    fn accesses(
+        len: usize,
+        count: std::ops::Range<usize>,
+    ) -> impl proptest::strategy::Strategy<Value = Vec<Access>> {
+        proptest::collection::vec(
+            (
+                0usize..2,
+                proptest::bool::ANY,
+                0usize..2 * PAGE_SIZE,
+                1..len,
+                0u64..3,
+            ),
+            count,
+        )
+    }
+
+    /// The (allocation, page) pairs `accesses` touch.
+    fn pages_of(accesses: &[Access]) -> std::collections::HashSet<(usize, usize)> {
+        accesses
+            .iter()
+            .flat_map(|&(a, _, o, l, _)| {
+                (o / PAGE_SIZE..=(o + l - 1) / PAGE_SIZE).map(move |p| (a, p))
+            })
+            .collect()
+    }
+
     /// Two allocations (three pages of u64s, three of bytes) and a first
     /// interval that touched something before the accesses under test.
     fn reopening_recorder() -> Recorder {
@@ -2245,14 +2273,8 @@ mod tests {
         /// bitmaps, under the first interval's number.
         #[test]
         fn a_reopened_interval_is_one_interval(
-            first in proptest::collection::vec(
-                (0usize..2, proptest::bool::ANY, 0usize..2 * PAGE_SIZE, 1usize..3000, 0u64..3),
-                0..12,
-            ),
-            second in proptest::collection::vec(
-                (0usize..2, proptest::bool::ANY, 0usize..2 * PAGE_SIZE, 1usize..3000, 0u64..3),
-                0..12,
-            ),
+            first in accesses(3000, 0..12),
+            second in accesses(3000, 0..12),
         ) {
             let mut split = reopening_recorder();
             replay(&split, &first);
@@ -2274,14 +2296,8 @@ mod tests {
         /// freeze: the same notices and bitmaps for it and for the next interval.
         #[test]
         fn a_frozen_interval_closes_as_at_its_freeze(
-            first in proptest::collection::vec(
-                (0usize..2, proptest::bool::ANY, 0usize..2 * PAGE_SIZE, 1usize..3000, 0u64..3),
-                0..12,
-            ),
-            second in proptest::collection::vec(
-                (0usize..2, proptest::bool::ANY, 0usize..2 * PAGE_SIZE, 1usize..3000, 0u64..3),
-                0..12,
-            ),
+            first in accesses(3000, 0..12),
+            second in accesses(3000, 0..12),
         ) {
             let mut frozen = reopening_recorder();
             replay(&frozen, &first);
@@ -2302,22 +2318,10 @@ mod tests {
         /// thawed one is one interval with what followed the freeze.
         #[test]
         fn a_thawed_interval_is_one_interval(
-            first in proptest::collection::vec(
-                (0usize..2, proptest::bool::ANY, 0usize..2 * PAGE_SIZE, 1usize..3000, 0u64..3),
-                0..6,
-            ),
-            second in proptest::collection::vec(
-                (0usize..2, proptest::bool::ANY, 0usize..2 * PAGE_SIZE, 1usize..3000, 0u64..3),
-                0..6,
-            ),
+            first in accesses(3000, 0..6),
+            second in accesses(3000, 0..6),
         ) {
-            let pages = |accesses: &[Access]| -> std::collections::HashSet<(usize, usize)> {
-                accesses
-                    .iter()
-                    .flat_map(|&(a, _, o, l, _)| (o / PAGE_SIZE..=(o + l - 1) / PAGE_SIZE).map(move |p| (a, p)))
-                    .collect()
-            };
-            let touched_again = !pages(&first).is_disjoint(&pages(&second));
+            let touched_again = !pages_of(&first).is_disjoint(&pages_of(&second));
             let mut thawed = reopening_recorder();
             replay(&thawed, &first);
             proptest::prop_assert!(thawed.freeze_interval());
@@ -2346,24 +2350,12 @@ mod tests {
         fn freezing_and_thawing_in_a_row_closes_where_a_thaw_fails(
             cycles in proptest::collection::vec(
                 (
-                    proptest::collection::vec(
-                        (0usize..2, proptest::bool::ANY, 0usize..2 * PAGE_SIZE, 1usize..600, 0u64..3),
-                        0..3,
-                    ),
-                    proptest::collection::vec(
-                        (0usize..2, proptest::bool::ANY, 0usize..2 * PAGE_SIZE, 1usize..600, 0u64..3),
-                        0..2,
-                    ),
+                    accesses(600, 0..3),
+                    accesses(600, 0..2),
                 ),
                 1..8,
             ),
         ) {
-            let pages = |accesses: &[Access]| -> std::collections::HashSet<(usize, usize)> {
-                accesses
-                    .iter()
-                    .flat_map(|&(a, _, o, l, _)| (o / PAGE_SIZE..=(o + l - 1) / PAGE_SIZE).map(move |p| (a, p)))
-                    .collect()
-            };
             let mut frozen = reopening_recorder();
             let mut closed = reopening_recorder();
             let (mut frozen_notices, mut closed_notices) = (Vec::new(), Vec::new());
@@ -2371,10 +2363,10 @@ mod tests {
             for (inside, between) in &cycles {
                 replay(&frozen, inside);
                 replay(&closed, inside);
-                open_pages.extend(pages(inside));
+                open_pages.extend(pages_of(inside));
                 proptest::prop_assert!(frozen.freeze_interval());
                 replay(&frozen, between);
-                let touched_again = !open_pages.is_disjoint(&pages(between));
+                let touched_again = !open_pages.is_disjoint(&pages_of(between));
                 proptest::prop_assert_eq!(frozen.thaw_interval(), !touched_again);
                 if touched_again {
                     frozen_notices.push(frozen.close_frozen());
@@ -2382,7 +2374,7 @@ mod tests {
                     open_pages.clear();
                 }
                 replay(&closed, between);
-                open_pages.extend(pages(between));
+                open_pages.extend(pages_of(between));
             }
             frozen_notices.push(frozen.close_interval());
             closed_notices.push(closed.close_interval());
