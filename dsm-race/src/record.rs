@@ -1490,7 +1490,7 @@ impl Recorder {
     /// a page the frozen interval touched has its frozen contents moved aside first.
     ///
     /// Returns `false`, changing nothing, when the interval touched more than
-    /// [`FREEZE_MAX_PAGES`] pages (it is then closed as usual).
+    /// `FREEZE_MAX_PAGES` (16) pages (it is then closed as usual).
     pub fn freeze_interval(&mut self) -> bool {
         if self.frozen {
             return false;
