@@ -325,6 +325,10 @@ pub fn skip(test: &str, reason: &str) {
 pub fn ensure_installed(binaries: &[&str], packages: &[&str]) -> Result<(), String> {
     use std::path::Path;
     use std::process::Stdio;
+    // Tests run on threads of one process: two installing at once would find apt's lock
+    // taken and skip. One at a time, and the later one sees what the first installed.
+    static INSTALLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = INSTALLING.lock().unwrap_or_else(|p| p.into_inner());
     if binaries.iter().all(|b| Path::new(b).exists()) {
         return Ok(());
     }
@@ -340,6 +344,9 @@ pub fn ensure_installed(binaries: &[&str], packages: &[&str]) -> Result<(), Stri
     }
     let apt = |args: &[&str]| {
         Command::new("apt-get")
+            // Another process's apt (an unattended upgrade, another test binary's
+            // install) is waited for, not failed on.
+            .args(["-o", "DPkg::Lock::Timeout=300"])
             .args(args)
             .env("DEBIAN_FRONTEND", "noninteractive")
             .stdin(Stdio::null())
