@@ -1166,11 +1166,7 @@ impl Closing {
                 f.set(flags);
                 continue;
             }
-            for kind in [AccessKind::Read, AccessKind::Write] {
-                if (flags >> FROZEN_SHIFT) & kind_bit(kind) != 0 {
-                    self.store_bitmap(store, names, a, page as usize, kind);
-                }
-            }
+            self.store_page(store, names, a, page as usize, flags >> FROZEN_SHIFT);
         }
         for h in moved {
             self.store_held(store, names, a, h);
@@ -1178,6 +1174,23 @@ impl Closing {
         touched.retain(|&p| a.now.flags[p as usize].get() != 0);
         if touched.is_empty() {
             a.now.runs.borrow_mut().clear();
+        }
+    }
+
+    /// Moves `page`'s (of allocation `a`) bitmaps of the kinds `flags` names into the
+    /// store and clears them.
+    fn store_page(
+        &mut self,
+        store: &mut EpochStore,
+        names: &mut SiteNames<'_>,
+        a: &AllocShadow,
+        page: usize,
+        flags: u8,
+    ) {
+        for kind in [AccessKind::Read, AccessKind::Write] {
+            if flags & kind_bit(kind) != 0 {
+                self.store_bitmap(store, names, a, page, kind);
+            }
         }
     }
 
@@ -1610,11 +1623,7 @@ impl Recorder {
             for &page in touched.iter() {
                 let page = page as usize;
                 let flags = a.now.flags[page].replace(0);
-                for kind in [AccessKind::Read, AccessKind::Write] {
-                    if flags & kind_bit(kind) != 0 {
-                        c.store_bitmap(store, &mut names, a, page, kind);
-                    }
-                }
+                c.store_page(store, &mut names, a, page, flags);
             }
             touched.clear();
             a.now.runs.borrow_mut().clear();

@@ -1167,19 +1167,11 @@ impl Dsm {
         let clock = self.comm().with_engine_now(|e| e.known_after_close());
         host.set_released_clock(&clock.0);
         host.unlock();
-        let race = self.close_race_interval()?;
-        let known = self
-            .comm()
-            .with_engine_now(|e| e.host_release_now(lock, race));
-        if known != clock {
-            return Err(DsmError::Protocol(format!(
-                "lock {lock}: the release left {clock:?} in the lock but the engine closed \
-                 the interval at {known:?}"
-            )));
-        }
         if let Some(r) = self.race.as_mut() {
-            r.known.set(&known);
+            r.known.set(&clock);
         }
+        let race = self.close_race_interval()?;
+        self.close_release_in_engine(lock, race)?;
         self.after_host_release(lock)
     }
 
@@ -1187,10 +1179,7 @@ impl Dsm {
     /// release remembered for the next one (see `take_back_released_interval`).
     fn after_host_release(&mut self, lock: LockId) -> Result<(), DsmError> {
         self.after_lock_sync()?;
-        if let Some(r) = self.race.as_mut() {
-            let closed = r.recorder.current_interval() - 1;
-            r.last_release = r.elide_acquires.then_some((lock, closed));
-        }
+        self.remember_release(lock);
         Ok(())
     }
 

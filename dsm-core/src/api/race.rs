@@ -427,19 +427,39 @@ impl Dsm {
         if let Some(p) = &self.pin {
             p.interval_closed();
         }
+        self.close_release_in_engine(lock, race)?;
+        self.remember_release(lock);
+        Ok(())
+    }
+
+    /// Race mode: the engine closes the interval a release of host lock `lock` ended,
+    /// with the recorder's notices `race`; it must close it at the clock the release
+    /// left in the lock, which `known` holds.
+    pub(super) fn close_release_in_engine(
+        &mut self,
+        lock: LockId,
+        race: Option<RaceNotices>,
+    ) -> Result<(), DsmError> {
         let known = self
             .comm()
             .with_engine_now(|e| e.host_release_now(lock, race));
-        let r = self.race.as_mut().expect("race mode");
-        if !r.known.is(known.0.iter().copied()) {
-            return Err(DsmError::Protocol(format!(
+        match self.race.as_ref() {
+            Some(r) if !r.known.is(known.0.iter().copied()) => Err(DsmError::Protocol(format!(
                 "lock {lock}: the release left {:?} in the lock but the engine closed the \
                  interval at {known:?}",
                 r.known
-            )));
+            ))),
+            _ => Ok(()),
         }
-        r.last_release = Some((lock, r.recorder.current_interval() - 1));
-        Ok(())
+    }
+
+    /// Race mode: remembers the release of `lock` that closed the last interval, which
+    /// the next release of the same lock may take back (`take_back_released_interval`).
+    pub(super) fn remember_release(&mut self, lock: LockId) {
+        if let Some(r) = self.race.as_mut() {
+            let closed = r.recorder.current_interval() - 1;
+            r.last_release = r.elide_acquires.then_some((lock, closed));
+        }
     }
 
     /// After a lock operation (it closed an interval): between barriers, ship the closed
