@@ -259,13 +259,22 @@ impl StateMirror {
 /// for messages without intervals and for every message when detection is off.
 fn race_notice_bytes(msg: &Msg) -> u64 {
     let intervals = match msg {
-        Msg::LockGrant { intervals, .. }
-        | Msg::RaceBatch { intervals, .. }
+        Msg::LockGrant { grants } => {
+            return grants
+                .iter()
+                .map(|g| race_notice_bytes_of(&g.intervals))
+                .sum()
+        }
+        Msg::RaceBatch { intervals, .. }
         | Msg::SemGrant { intervals, .. }
         | Msg::BarrierArrive { intervals, .. }
         | Msg::BarrierRelease { intervals, .. } => intervals.as_slice(),
         _ => return 0,
     };
+    race_notice_bytes_of(intervals)
+}
+
+fn race_notice_bytes_of(intervals: &[dsm_proto::IntervalRecord]) -> u64 {
     intervals
         .iter()
         .filter_map(|i| i.race.as_ref())

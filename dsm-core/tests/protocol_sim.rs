@@ -48,6 +48,9 @@ enum Op {
     Alloc(usize),
     Acquire(u64),
     Release(u64),
+    /// A hint of the locks the node takes next (`Dsm::prefetch_locks`): right, partly
+    /// wrong or stale, it must change nothing but the messages.
+    PrefetchLocks(Vec<u64>),
     /// Signal (V) of a semaphore created with [`Sim::semaphores`].
     SemSignal(u64),
     /// Wait (P) on a semaphore.
@@ -79,6 +82,7 @@ impl std::fmt::Display for Op {
             Op::SemSignal(x) => write!(f, "V{x}"),
             Op::SemWait(x) => write!(f, "P{x}"),
             Op::Release(l) => write!(f, "rel{l}"),
+            Op::PrefetchLocks(ls) => write!(f, "ahead{ls:?}"),
             Op::Barrier => write!(f, "bar"),
             Op::Finish => write!(f, "finish"),
             Op::Check(v) => write!(f, "check v{v}"),
@@ -432,6 +436,25 @@ struct Sim {
 }
 
 impl Sim {
+    fn script_len(&self, k: usize) -> usize {
+        self.nodes[k].script.len()
+    }
+
+    /// Puts a hint of the locks node `k` takes (`taken`, in order) at position `at` of its
+    /// script: for a third of the phases none, for a third the exact order, for the rest
+    /// a wrong one (reversed, with a lock it never takes).
+    fn hint_locks(&mut self, k: usize, at: usize, mut taken: Vec<u64>, locks: usize) {
+        match self.rand(3) {
+            0 => return,
+            1 => {}
+            _ => {
+                taken.reverse();
+                taken.push(self.rand(locks + 1) as u64);
+            }
+        }
+        self.nodes[k].script.insert(at, Op::PrefetchLocks(taken));
+    }
+
     fn rand(&mut self, m: usize) -> usize {
         self.rng = self
             .rng
@@ -1286,7 +1309,10 @@ impl Sim {
         };
         let thawable = matches!(op, Op::Acquire(l) if self.host_locks
             && self.nodes[k].frozen.is_some_and(|f| f.0 == l));
-        let access = matches!(op, Op::Check(_) | Op::Incr(_) | Op::Touch { .. });
+        let access = matches!(
+            op,
+            Op::Check(_) | Op::Incr(_) | Op::Touch { .. } | Op::PrefetchLocks(_)
+        );
         if !thawable && !access {
             self.settle_frozen(k);
         }
@@ -1413,6 +1439,16 @@ impl Sim {
                     at,
                 });
                 self.outputs(k, outs);
+            }
+            Op::PrefetchLocks(locks) => {
+                // As `Dsm::prefetch_locks`: locks in one common memory take no message.
+                self.nodes[k].script.pop_front();
+                if !self.host_locks {
+                    let outs = self.nodes[k]
+                        .eng
+                        .on_command(Command::PrefetchLocks { locks });
+                    self.outputs(k, outs);
+                }
             }
             Op::Check(v) => {
                 let addr = self.var_addr[v];
@@ -1906,8 +1942,11 @@ fn random_program(s: &mut Sim, vars: usize, locks: usize, phases: usize, section
     for _phase in 0..phases {
         for k in 0..s.n {
             let count = s.rand(sections + 1);
+            let hint_at = s.script_len(k);
+            let mut taken = Vec::new();
             for _ in 0..count {
                 let l = s.rand(locks);
+                taken.push(l as u64);
                 let guarded: Vec<usize> = (0..vars)
                     .filter(|&v| lock_of(v, locks) == l as u64)
                     .collect();
@@ -1923,6 +1962,7 @@ fn random_program(s: &mut Sim, vars: usize, locks: usize, phases: usize, section
                 }
                 s.nodes[k].script.push_back(Op::Release(l as u64));
             }
+            s.hint_locks(k, hint_at, taken, locks);
             s.nodes[k].script.push_back(Op::Barrier);
             // After the barrier every write before it is visible everywhere.
             for v in 0..vars {
@@ -2547,11 +2587,14 @@ fn grant_carries_the_knowledge_of_the_release_not_later_intervals() {
         .map(|(_, _, m)| m)
         .collect();
     assert_eq!(grants.len(), 1);
-    let Msg::LockGrant {
-        known, intervals, ..
-    } = grants[0]
-    else {
+    let Msg::LockGrant { grants } = grants[0] else {
         unreachable!()
+    };
+    let [dsm_proto::Grant {
+        known, intervals, ..
+    }] = grants.as_slice()
+    else {
+        panic!("one grant expected: {grants:?}")
     };
     // Intervals of node 0: 1 (start, alloc), 2 (before acquire), 3 (critical section),
     // 4 (after the release, written var 1, closed by the barrier).
@@ -3685,6 +3728,50 @@ fn a_push_without_the_acquirers_own_diff_is_refused() {
 }
 
 #[test]
+fn lock_hints_are_taken_and_passed_on_in_random_programs() {
+    // The random race-free programs with their lock hints (`Sim::hint_locks`: exact,
+    // wrong or none), race mode on and off: values match the sequential model and every
+    // race oracle holds (checked by the simulation), while tokens come ahead and are
+    // taken, come ahead and go on to a node that asked first, and are still on their way
+    // when the acquire comes; requests, forwards and grants of several locks share
+    // messages.
+    let (mut asked, mut passed_on, mut awaited) = (0, 0, 0);
+    let (mut local, mut merged) = (0, 0);
+    for seed in 0..u64::from(cases(120)) {
+        let n = 2 + (seed % 4) as usize;
+        let homes: Vec<usize> = (0..3).map(|p| (seed as usize / 4 + p) % n).collect();
+        let spec = AllocSpec { elem: 8, homes };
+        let mut s = sim_with(n, &[spec], 6, seed, seed % 2 == 0);
+        random_program(&mut s, 6, 3, 3, 4);
+        s.run();
+        merged += s
+            .delivered
+            .iter()
+            .filter(|(_, _, m)| match m {
+                Msg::LockRequest { locks, .. } | Msg::LockForward { locks, .. } => locks.len() > 1,
+                Msg::LockGrant { grants } => grants.len() > 1,
+                _ => false,
+            })
+            .count();
+        asked += total(&s, |t| t.lock_tokens_asked_ahead);
+        passed_on += total(&s, |t| t.lock_tokens_passed_on);
+        local += total(&s, |t| t.lock_acquires_local);
+        // Acquires that waited: each counted message delays.
+        awaited += total(&s, |t| t.lock_acquire_delays);
+    }
+    assert!(asked > 0, "no token was asked for ahead");
+    assert!(merged > 0, "no message carried several locks");
+    assert!(
+        passed_on > 0,
+        "no token that came ahead went on to another node"
+    );
+    assert!(
+        passed_on < asked && local > 0 && awaited > 0,
+        "asked {asked}, passed on {passed_on}, local {local}, delays {awaited}"
+    );
+}
+
+#[test]
 fn pushes_are_taken_and_refused_in_random_programs() {
     // The random race-free programs of `random_drf_programs_are_sequentially_consistent`
     // with pushing at its default and at one page: values match the sequential model
@@ -3744,12 +3831,14 @@ fn a_malformed_push_is_a_clear_fatal_error() {
         applied: Vec::new(),
     };
     let grant = |p| Msg::LockGrant {
-        lock: 1,
-        known: dsm_proto::VectorTime::zero(2),
-        intervals: Vec::new(),
-        grant: 0,
-        pages: vec![p],
-        diffs: Vec::new(),
+        grants: vec![dsm_proto::Grant {
+            lock: 1,
+            known: dsm_proto::VectorTime::zero(2),
+            intervals: Vec::new(),
+            grant: 0,
+            pages: vec![p],
+            diffs: Vec::new(),
+        }],
     };
     let eng = &mut s.nodes[0].eng;
     fatal(&eng.on_peer_message(1, grant(push(0, PAGE_SIZE))));

@@ -412,38 +412,56 @@ mod tests {
                         .map(|(page, runs)| PageDiff { page, runs })
                         .collect()
                 }),
-            (any::<u64>(), any::<u16>(), arb_vt()).prop_map(|(lock, requester, known)| {
-                Msg::LockRequest {
-                    lock,
-                    requester,
-                    known,
-                }
-            }),
-            (any::<u64>(), any::<u16>(), arb_vt()).prop_map(|(lock, requester, known)| {
-                Msg::LockForward {
-                    lock,
-                    requester,
-                    known,
-                }
-            }),
             (
-                any::<u64>(),
-                arb_vt(),
-                proptest::collection::vec(arb_interval(), 0..4),
-                any::<u64>()
+                proptest::collection::vec(any::<u64>(), 0..4),
+                any::<u16>(),
+                arb_vt()
             )
-                .prop_map(|(lock, known, intervals, grant)| Msg::LockGrant {
-                    lock,
-                    known,
-                    intervals,
-                    grant,
-                    pages: Vec::new(),
-                    diffs: vec![PushedDiff {
-                        page: 3,
-                        interval: 2,
-                        runs: vec![0, 1, 2],
-                    }],
+                .prop_map(|(locks, requester, known)| {
+                    Msg::LockRequest {
+                        locks,
+                        requester,
+                        known,
+                    }
                 }),
+            (
+                proptest::collection::vec(any::<u64>(), 0..4),
+                any::<u16>(),
+                arb_vt()
+            )
+                .prop_map(|(locks, requester, known)| {
+                    Msg::LockForward {
+                        locks,
+                        requester,
+                        known,
+                    }
+                }),
+            proptest::collection::vec(
+                (
+                    any::<u64>(),
+                    arb_vt(),
+                    proptest::collection::vec(arb_interval(), 0..4),
+                    any::<u64>()
+                ),
+                0..3
+            )
+            .prop_map(|grants| Msg::LockGrant {
+                grants: grants
+                    .into_iter()
+                    .map(|(lock, known, intervals, grant)| Grant {
+                        lock,
+                        known,
+                        intervals,
+                        grant,
+                        pages: Vec::new(),
+                        diffs: vec![PushedDiff {
+                            page: 3,
+                            interval: 2,
+                            runs: vec![0, 1, 2],
+                        }],
+                    })
+                    .collect()
+            }),
             (
                 any::<u32>(),
                 arb_vt(),

@@ -696,15 +696,17 @@ pub enum Msg {
         /// newer one. Empty unless the writer took pushed diffs.
         after: Vec<Requirement>,
     },
-    /// Sent to a lock's manager, which forwards it to the last requester.
+    /// Sent to the manager of each of `locks`, which forwards it to the last requester.
     ///
     /// The manager of a lock is fixed (`lock % nodes`); a node acquiring a lock whose token
-    /// it does not hold sends this (a manager handles its own request without a message). The manager remembers the requester as the lock's new
-    /// last requester and passes the request on as a [`LockForward`](Msg::LockForward)
-    /// (handling it itself when it was the last requester).
+    /// it does not hold sends this (a manager handles its own request without a message).
+    /// The manager remembers the requester as the lock's new last requester and passes
+    /// the request on as a [`LockForward`](Msg::LockForward) (handling it itself when it
+    /// was the last requester). Several locks of one manager go in one request when a
+    /// node asks for tokens ahead of its acquires (`Dsm::prefetch_locks`).
     LockRequest {
-        /// The lock wanted.
-        lock: LockId,
+        /// The locks wanted, all managed by the receiver.
+        locks: Vec<LockId>,
         /// The acquiring node; must be the sender.
         requester: NodeId,
         /// What the requester has seen (closed intervals only), so the grantor can send
@@ -712,45 +714,27 @@ pub enum Msg {
         known: VectorTime,
     },
     /// A lock request passed on by the manager to the node that holds the token or will
-    /// get it next (the previous requester).
-    ///
-    /// If that node holds the token and is not inside the critical section it grants at
-    /// once; otherwise it queues the requester and grants when it releases the lock.
+    /// get it next (the previous requester): for each lock, if that node holds the token
+    /// and is not inside the critical section it grants at once; otherwise it queues the
+    /// requester and grants when it releases the lock.
     LockForward {
-        /// The lock wanted.
-        lock: LockId,
-        /// The node that asked for it, and to which the grant goes.
+        /// The locks wanted.
+        locks: Vec<LockId>,
+        /// The node that asked for them, and to which the grants go.
         requester: NodeId,
         /// As in [`LockRequest`](Msg::LockRequest): what the requester has seen.
         known: VectorTime,
     },
-    /// The lock token, with every interval the grantor knows and the acquirer lacks.
+    /// Lock tokens, each with every interval the grantor knows and the acquirer lacks.
     ///
-    /// Sent by the token holder straight to the requester. The acquirer records the
-    /// intervals, installs the complete pushed `pages` and invalidates the other pages
-    /// their write notices name, merges `known` into its own vector time and enters the
-    /// critical section.
+    /// Sent by the token holder straight to the requester. For each grant, the acquirer
+    /// records the intervals, installs the complete pushed pages and invalidates the other
+    /// pages their write notices name, merges `known` into its own vector time and enters
+    /// the critical section (or, for a token it asked for ahead, keeps the grant until
+    /// it takes the lock).
     LockGrant {
-        /// The lock granted.
-        lock: LockId,
-        /// What the grantor had seen when it last released this lock (all zeros if it never
-        /// held it). Only this knowledge is ordered before the acquirer: intervals the
-        /// grantor closed after its release are not, and claiming they were would hide
-        /// races.
-        known: VectorTime,
-        /// The grantor's logged intervals within `known` that the requester had not seen.
-        intervals: Vec<IntervalRecord>,
-        /// The acquirer's grant number: how many times the lock was acquired before, by
-        /// any node (the count travels with the token; records and replays name grants
-        /// by it).
-        grant: u64,
-        /// Pages homed at the grantor that `intervals` name and that the acquirer is
-        /// believed to hold, brought up to date so the acquirer need not invalidate them
-        /// (empty when pushing is off or nothing qualifies).
-        pages: Vec<PushedPage>,
-        /// The grantor's own diffs of pages homed at a third node that `intervals` name
-        /// (empty when pushing is off or nothing qualifies).
-        diffs: Vec<PushedDiff>,
+        /// One or more grants, of different locks.
+        grants: Vec<Grant>,
     },
     /// Arrival at barrier `epoch`, with the sender's own intervals since the last barrier.
     /// `check` is a digest of the sender's allocation table, so diverging collective
@@ -1093,6 +1077,30 @@ impl<'de> Deserialize<'de> for PlainPageReply<'de> {
 
         deserializer.deserialize_enum("Msg", &["PageRequest", "PageReply"], Reply)
     }
+}
+
+/// One lock's token as [`Msg::LockGrant`] carries it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Grant {
+    /// The lock granted.
+    pub lock: LockId,
+    /// What the grantor had seen when it last released this lock (all zeros if it never
+    /// held it). Only this knowledge is ordered before the acquirer: intervals the
+    /// grantor closed after its release are not, and claiming they were would hide
+    /// races.
+    pub known: VectorTime,
+    /// The grantor's logged intervals within `known` that the requester had not seen.
+    pub intervals: Vec<IntervalRecord>,
+    /// The acquirer's grant number: how many times the lock was acquired before, by any
+    /// node (the count travels with the token; records and replays name grants by it).
+    pub grant: u64,
+    /// Pages homed at the grantor that `intervals` name and that the acquirer is
+    /// believed to hold, brought up to date so the acquirer need not invalidate them
+    /// (empty when pushing is off or nothing qualifies).
+    pub pages: Vec<PushedPage>,
+    /// The grantor's own diffs of pages homed at a third node that `intervals` name
+    /// (empty when pushing is off or nothing qualifies).
+    pub diffs: Vec<PushedDiff>,
 }
 
 impl Msg {

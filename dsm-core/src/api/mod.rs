@@ -961,6 +961,25 @@ impl Dsm {
         self.acquire(id)
     }
 
+    /// Says which locks this rank takes next, in order (ids as for [`Dsm::lock`]): a loop
+    /// that updates many elements, each under its own lock, calls it once before the loop.
+    /// Their tokens are then asked for a few at a time ahead of the acquires, so that an
+    /// acquire finds its lock here instead of waiting a round trip for it (across hosts,
+    /// most of what such a loop costs). A hint never changes what the program computes:
+    /// a token that came ahead is not held, and goes on at once to a rank that asks for
+    /// it first; a lock the program then does not take costs its messages and nothing
+    /// else. A new hint replaces the previous one. Without effect when the ranks share one
+    /// common memory (their locks take no message) and in a replay.
+    pub fn prefetch_locks(&mut self, ids: impl IntoIterator<Item = u64>) {
+        if self.host_locks {
+            return;
+        }
+        let locks: Vec<u64> = ids.into_iter().filter(|&id| id < 1 << 63).collect();
+        if !locks.is_empty() {
+            self.comm().send(Command::PrefetchLocks { locks });
+        }
+    }
+
     /// Marks the allocation `name` as order-independent (a commutative sum, say): in schedule
     /// mode (`dsmrun --race=schedule`) its lock-order dependences are not reported, as with
     /// `--schedule-ignore NAME`. Data races on it are still reported; without schedule mode

@@ -2,6 +2,15 @@
 //! requester, so the token travels directly from holder to successor; a grant carries the
 //! intervals the acquirer must see.
 //!
+//! A program that knows its next locks says so (`Command::PrefetchLocks`): their tokens
+//! are asked for a few at a time ahead of the acquires, by the same request an acquire
+//! makes. A grant that comes ahead is kept as it arrived ([`EarlyGrant`]) and applied
+//! when the app takes the lock, so the acquire joins exactly what the grantor's release
+//! knew, at the acquire; a node that asks for the token first gets it at once, with that
+//! grant's knowledge passed on as if the token had never stopped here. A token asked for
+//! ahead is thus never held, and a hint never changes what a program computes or whether
+//! it can deadlock: only how long an acquire waits.
+//!
 //! Every acquisition has a grant number (acquisitions of the lock before it, by anyone),
 //! which travels with the token. In a replay (`replay`) the grant numbers decide who gets
 //! the lock: the manager accepts requests in the order in which the token moved between
@@ -10,10 +19,11 @@
 //! account for ends the job as diverged.
 
 use super::push::Pushed;
-use super::{Engine, Memory, Reply};
+use super::{Engine, Memory, Output, Reply};
 use dsm_proto::{
-    IntervalRecord, LockId, Msg, NodeId, PageRuns, RaceNotices, SyncCause, VectorTime,
+    Grant, IntervalRecord, LockId, Msg, NodeId, PageRuns, RaceNotices, SyncCause, VectorTime,
 };
+use std::collections::VecDeque;
 
 /// This node's view of one lock: as a possible holder, and at the manager, as the end of
 /// the forwarding chain.
@@ -37,6 +47,10 @@ pub(super) struct LockState {
     released_known: Option<VectorTime>,
     /// With the token: the grant number of the next acquisition.
     grants: u64,
+    /// The token was asked for ahead of an acquire and is on its way.
+    asked_ahead: bool,
+    /// The token came ahead of its acquire (with `token`), not yet applied.
+    early_grant: Option<EarlyGrant>,
     /// Replay, at the manager: the order in which the token moves between ranks in the
     /// record (computed at first use), and how many of those transfers were accepted.
     transfers: Option<Vec<NodeId>>,
@@ -44,6 +58,26 @@ pub(super) struct LockState {
     /// Replay, at the manager: requests that came before their turn.
     early: Vec<(NodeId, VectorTime)>,
 }
+
+/// A grant that came before the app took the lock: what the acquire will apply, or what
+/// a node asking first is passed on.
+#[derive(Debug)]
+pub(super) struct EarlyGrant {
+    /// The grantor's knowledge at its release.
+    known: VectorTime,
+    /// What this node lacked of it when it asked (not in its log).
+    intervals: Vec<IntervalRecord>,
+    /// Pages and diffs that came with it.
+    pushed: Pushed,
+    /// The barrier epoch it came in: pushes are only taken in the same one (see
+    /// `Pushed::with_grant`).
+    epoch: u32,
+}
+
+/// Lock tokens asked for ahead at a time: enough for a round trip's worth of short
+/// critical sections, few enough that a hint running far ahead of the program does not
+/// pull tokens the other nodes are still taking.
+const LOCKS_ASKED_AHEAD: usize = 32;
 
 /// What the app thread last heard of its engine's knowledge ([`Reply::HostReleased`],
 /// [`Reply::BarrierDone`], the release clocks it joined), so that a host-lock acquire can
@@ -115,6 +149,8 @@ impl<M: Memory> Engine<M> {
             next: None,
             released_known: None,
             grants: 0,
+            asked_ahead: false,
+            early_grant: None,
             transfers: None,
             accepted: 0,
             early: Vec::new(),
@@ -143,6 +179,16 @@ impl<M: Memory> Engine<M> {
     }
 
     pub(super) fn acquire(&mut self, lock: LockId, race: Option<RaceNotices>) {
+        if self.locks_ahead.front() == Some(&lock) {
+            self.locks_ahead.pop_front();
+        }
+        self.acquire_now(lock, race);
+        if !self.locks_ahead.is_empty() {
+            self.ask_ahead();
+        }
+    }
+
+    fn acquire_now(&mut self, lock: LockId, race: Option<RaceNotices>) {
         self.close_interval(race);
         self.stats.lock_acquires += 1;
         if !self.replay_allows_acquire(lock) {
@@ -177,16 +223,45 @@ impl<M: Memory> Engine<M> {
             return;
         }
         if take_local {
-            st.held = true;
-            let grant = st.grants;
-            st.grants += 1;
-            self.stats.lock_acquires_local += 1;
-            self.note_acquired(lock, grant);
-            self.begin_interval(SyncCause::Acquire(lock));
-            self.reply(Reply::Done);
+            self.take_token_here(lock);
             return;
         }
         st.waiting = true;
+        // Asked for ahead: the grant on its way is this acquire's.
+        if !std::mem::replace(&mut st.asked_ahead, false) {
+            self.request_lock(lock);
+        }
+    }
+
+    /// The app takes `lock`, whose token is here and free: applies the grant that brought
+    /// it ahead, if one did.
+    fn take_token_here(&mut self, lock: LockId) {
+        let epoch = self.epoch;
+        let st = self.lock_entry(lock);
+        st.held = true;
+        let grant = st.grants;
+        st.grants += 1;
+        let early = st.early_grant.take();
+        self.stats.lock_acquires_local += 1;
+        self.note_acquired(lock, grant);
+        let waits = match early {
+            Some(e) => {
+                let pushed = if e.epoch == epoch {
+                    e.pushed
+                } else {
+                    self.refuse_pushes(&e.pushed);
+                    Pushed::default()
+                };
+                self.apply_intervals(e.intervals, &e.known, pushed)
+            }
+            None => Vec::new(),
+        };
+        self.begin_interval(SyncCause::Acquire(lock));
+        self.reply_after_home_diffs(waits, Reply::Done);
+    }
+
+    /// Sends this node's request for `lock` to its manager.
+    fn request_lock(&mut self, lock: LockId) {
         let known = self.known();
         let manager = lock_manager(lock, self.n);
         if manager == self.me {
@@ -195,12 +270,97 @@ impl<M: Memory> Engine<M> {
             self.send(
                 manager,
                 Msg::LockRequest {
-                    lock,
+                    locks: vec![lock],
                     requester: self.me,
                     known,
                 },
             );
         }
+    }
+
+    /// Merges the lock messages among `self.out[start..]` that go to the same node into
+    /// one per kind: requests (or forwards) of one requester with one knowledge, and
+    /// grants. A message joins an earlier one only past messages to that node about
+    /// other locks, so what each node receives about each lock keeps its order; a burst
+    /// of tokens asked for ahead then costs a message or two per node instead of one per
+    /// lock.
+    pub(super) fn merge_lock_sends(&mut self, start: usize) {
+        if self.out.len() <= start + 1 {
+            return;
+        }
+        let tail = self.out.split_off(start);
+        for o in tail {
+            let Output::Send { to, msg } = o else {
+                self.out.push(o);
+                continue;
+            };
+            let mut unmerged = Some(msg);
+            for earlier in self.out[start..].iter_mut().rev() {
+                let Output::Send { to: t, msg: m } = earlier else {
+                    continue;
+                };
+                if *t != to {
+                    continue;
+                }
+                let Some(msg) = unmerged.take() else { break };
+                match merge_lock_msg(m, msg) {
+                    Ok(()) => break,
+                    Err(msg) => {
+                        let independent = match (lock_msg_locks(m), lock_msg_locks(&msg)) {
+                            (Some(a), Some(b)) => a.iter().all(|l| !b.contains(l)),
+                            _ => false,
+                        };
+                        unmerged = Some(msg);
+                        if !independent {
+                            break;
+                        }
+                    }
+                }
+            }
+            if let Some(msg) = unmerged {
+                self.out.push(Output::Send { to, msg });
+            }
+        }
+    }
+
+    /// [`Command::PrefetchLocks`](super::Command::PrefetchLocks).
+    pub(super) fn prefetch_locks(&mut self, locks: Vec<LockId>) {
+        if self.order.replaying() {
+            return;
+        }
+        self.locks_ahead = VecDeque::from(locks);
+        self.ask_ahead();
+    }
+
+    /// Asks for the hinted locks' tokens until [`LOCKS_ASKED_AHEAD`] are on their way or
+    /// here untaken. Locks whose token is here, or held or awaited, are skipped.
+    fn ask_ahead(&mut self) {
+        let locks = &self.locks;
+        self.locks_asked_ahead.retain(|l| {
+            locks
+                .get(l)
+                .is_some_and(|s| s.asked_ahead || s.early_grant.is_some())
+        });
+        // Half a window at a time, so that the requests go out together (one message per
+        // manager) and their grants come back together.
+        if self.locks_asked_ahead.len() > LOCKS_ASKED_AHEAD / 2 {
+            return;
+        }
+        let start = self.out.len();
+        while self.locks_asked_ahead.len() < LOCKS_ASKED_AHEAD {
+            let Some(lock) = self.locks_ahead.pop_front() else {
+                break;
+            };
+            let st = self.lock_entry(lock);
+            if st.token || st.waiting || st.asked_ahead {
+                continue;
+            }
+            st.asked_ahead = true;
+            self.locks_asked_ahead.push(lock);
+            self.stats.lock_tokens_asked_ahead += 1;
+            self.request_lock(lock);
+        }
+        self.merge_lock_sends(start);
     }
 
     pub(super) fn on_lock_request(&mut self, lock: LockId, requester: NodeId, known: VectorTime) {
@@ -284,7 +444,7 @@ impl<M: Memory> Engine<M> {
             self.send(
                 target,
                 Msg::LockForward {
-                    lock,
+                    locks: vec![lock],
                     requester,
                     known,
                 },
@@ -332,11 +492,32 @@ impl<M: Memory> Engine<M> {
         let st = self.lock_entry(lock);
         st.token = false;
         let grant = st.grants;
-        let known = st
-            .released_known
-            .clone()
-            .unwrap_or_else(|| VectorTime::zero(n));
-        let intervals = self.unseen_by(&their_known, &known);
+        let early = st.early_grant.take();
+        // A token that came ahead and was not taken passes on its grant's knowledge: the
+        // lock's last release is that grantor's.
+        let known = match &early {
+            Some(e) => e.known.clone(),
+            None => st
+                .released_known
+                .clone()
+                .unwrap_or_else(|| VectorTime::zero(n)),
+        };
+        let mut intervals = self.unseen_by(&their_known, &known);
+        if let Some(e) = early {
+            self.stats.lock_tokens_passed_on += 1;
+            self.refuse_pushes(&e.pushed);
+            // What this node lacked when it asked is in the early grant, not in its log.
+            let before = intervals.len();
+            intervals.extend(
+                e.intervals
+                    .into_iter()
+                    .filter(|r| r.index > their_known.get(r.node)),
+            );
+            if intervals.len() > before {
+                intervals.sort_by_key(|r| (r.node, r.index));
+                intervals.dedup_by_key(|r| (r.node, r.index));
+            }
+        }
         // The acquirer now knows our intervals up to the release.
         let me = self.me;
         let told = &mut self.told[to as usize];
@@ -349,12 +530,14 @@ impl<M: Memory> Engine<M> {
         self.send(
             to,
             Msg::LockGrant {
-                lock,
-                known,
-                intervals,
-                grant,
-                pages,
-                diffs,
+                grants: vec![Grant {
+                    lock,
+                    known,
+                    intervals,
+                    grant,
+                    pages,
+                    diffs,
+                }],
             },
         );
     }
@@ -373,7 +556,24 @@ impl<M: Memory> Engine<M> {
         {
             return;
         }
+        let epoch = self.epoch;
         let st = self.lock_entry(lock);
+        if !st.waiting && st.asked_ahead {
+            st.asked_ahead = false;
+            st.token = true;
+            st.grants = grant;
+            st.early_grant = Some(EarlyGrant {
+                known,
+                intervals,
+                pushed,
+                epoch,
+            });
+            // A node that asked after this one gets it at once: it is not held here.
+            if let Some((to, their_known)) = st.next.take() {
+                self.grant(lock, to, their_known);
+            }
+            return;
+        }
         if !st.waiting {
             self.fatal(format!(
                 "rank {from} granted lock {lock}, which was not requested"
@@ -528,5 +728,53 @@ impl<M: Memory> Engine<M> {
         let known = self.known();
         self.begin_interval(SyncCause::Release(lock));
         known
+    }
+}
+
+/// Adds `msg` to `into` when both are lock requests (or forwards) of one requester with one
+/// knowledge, or both grants; gives it back otherwise.
+fn merge_lock_msg(into: &mut Msg, msg: Msg) -> Result<(), Msg> {
+    match (into, msg) {
+        (
+            Msg::LockRequest {
+                locks,
+                requester,
+                known,
+            },
+            Msg::LockRequest {
+                locks: more,
+                requester: r,
+                known: k,
+            },
+        )
+        | (
+            Msg::LockForward {
+                locks,
+                requester,
+                known,
+            },
+            Msg::LockForward {
+                locks: more,
+                requester: r,
+                known: k,
+            },
+        ) if *requester == r && *known == k => {
+            locks.extend(more);
+            Ok(())
+        }
+        (Msg::LockGrant { grants }, Msg::LockGrant { grants: more }) => {
+            grants.extend(more);
+            Ok(())
+        }
+        (_, msg) => Err(msg),
+    }
+}
+
+/// The locks a lock message is about (`None` for other messages).
+fn lock_msg_locks(msg: &Msg) -> Option<Vec<LockId>> {
+    match msg {
+        Msg::LockRequest { locks, .. } | Msg::LockForward { locks, .. } => Some(locks.clone()),
+        Msg::LockGrant { grants } => Some(grants.iter().map(|g| g.lock).collect()),
+        _ => None,
     }
 }

@@ -80,7 +80,7 @@ use dsm_proto::{
 use locks::LockState;
 use pages::{FetchInFlight, HomeWait, PageEntry, ParkedServe};
 use semaphores::SemState;
-use std::collections::{BTreeMap, HashMap, TryReserveError};
+use std::collections::{BTreeMap, HashMap, TryReserveError, VecDeque};
 use std::sync::Arc;
 
 pub use fast::{pack_applied, FastFaults, FETCHED_APPLIED_MAX};
@@ -301,6 +301,13 @@ pub enum Command {
     },
     /// Snapshot of the protocol counters, answered with [`Reply::Stats`].
     Stats,
+    /// The locks the app will take next, in order (`Dsm::prefetch_locks`): their tokens
+    /// are asked for a few at a time ahead of the acquires. Replaces the previous hint; no
+    /// reply; ignored while replaying (the record orders the token's moves).
+    PrefetchLocks {
+        /// The locks, in the order the app will take them.
+        locks: Vec<LockId>,
+    },
     /// Gives a named lock's name to replay messages about it. No reply.
     NameLock {
         /// The lock's id.
@@ -525,8 +532,14 @@ pub struct Stats {
     pub pages_kept_writable: u64,
     /// Lock acquires started.
     pub lock_acquires: u64,
-    /// Acquires that needed no message because the lock's token was already here.
+    /// Acquires that needed no message because the lock's token was already here (or
+    /// had come ahead of the acquire, see `lock_tokens_asked_ahead`).
     pub lock_acquires_local: u64,
+    /// Lock tokens asked for ahead of their acquires (`Dsm::prefetch_locks`).
+    pub lock_tokens_asked_ahead: u64,
+    /// Of those, tokens that came and went on to a node that asked first, before this
+    /// node took the lock (a hint too far ahead, or locks the other nodes still take).
+    pub lock_tokens_passed_on: u64,
     /// Barriers (and allocations) completed.
     pub barriers: u64,
     /// Semaphore signals made.
@@ -668,6 +681,10 @@ pub struct Engine<M: Memory> {
     /// The fetch the app thread is waiting for (at most one, for the same reason).
     fetch: Option<FetchInFlight>,
     locks: HashMap<LockId, LockState>,
+    /// The app's hint of its next locks not yet asked for ([`Command::PrefetchLocks`]).
+    locks_ahead: VecDeque<LockId>,
+    /// Locks of that hint whose tokens were asked for and not yet taken or passed on.
+    locks_asked_ahead: Vec<LockId>,
     sems: HashMap<SemId, SemState>,
     /// Barriers entered so far; the current barrier's number while in one.
     epoch: u32,
@@ -747,6 +764,8 @@ impl<M: Memory> Engine<M> {
             home_wait: None,
             fetch: None,
             locks: HashMap::new(),
+            locks_ahead: VecDeque::new(),
+            locks_asked_ahead: Vec::new(),
             sems: HashMap::new(),
             epoch: 0,
             at: SyncPoint::Start,
@@ -942,6 +961,7 @@ impl<M: Memory> Engine<M> {
                 self.reply(Reply::Stats(s));
             }
             Command::NameLock { lock, name } => self.name_lock(lock, &name),
+            Command::PrefetchLocks { locks } => self.prefetch_locks(locks),
             Command::FoldAccessDigest { digest } => self.fold_access_digest(digest),
             Command::NoteValues { digest } => self.note_values(digest),
             Command::TakeRecord => {
@@ -979,42 +999,47 @@ impl<M: Memory> Engine<M> {
                 after,
             } => self.on_diffs(from, interval, diffs, after),
             Msg::LockRequest {
-                lock,
+                locks,
                 requester,
                 known,
             } => {
                 if requester != from || known.len() != self.n {
                     self.fatal(format!("rank {from} sent a malformed lock request"));
                 } else {
-                    self.on_lock_request(lock, requester, known)
+                    let start = self.out.len();
+                    for lock in locks {
+                        self.on_lock_request(lock, requester, known.clone());
+                    }
+                    self.merge_lock_sends(start);
                 }
             }
             Msg::LockForward {
-                lock,
+                locks,
                 requester,
                 known,
             } => {
                 if requester as usize >= self.n || known.len() != self.n {
                     self.fatal(format!("rank {from} sent a malformed lock forward"));
                 } else {
-                    self.on_lock_forward(lock, requester, known)
+                    let start = self.out.len();
+                    for lock in locks {
+                        self.on_lock_forward(lock, requester, known.clone());
+                    }
+                    self.merge_lock_sends(start);
                 }
             }
-            Msg::LockGrant {
-                lock,
-                known,
-                intervals,
-                grant,
-                pages,
-                diffs,
-            } => {
-                let pushed = push::Pushed {
-                    pages,
-                    diffs,
-                    diffs_from: from,
-                    with_grant: true,
-                };
-                self.on_lock_grant(from, lock, known, intervals, grant, pushed)
+            Msg::LockGrant { grants } => {
+                let start = self.out.len();
+                for g in grants {
+                    let pushed = push::Pushed {
+                        pages: g.pages,
+                        diffs: g.diffs,
+                        diffs_from: from,
+                        with_grant: true,
+                    };
+                    self.on_lock_grant(from, g.lock, g.known, g.intervals, g.grant, pushed);
+                }
+                self.merge_lock_sends(start);
             }
             Msg::BarrierArrive {
                 epoch,

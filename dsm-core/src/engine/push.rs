@@ -35,7 +35,7 @@ use std::collections::BTreeMap;
 const KEPT_DIFF_BYTES: usize = 4 << 20;
 
 /// What came with a grant or a barrier's arrivals to bring copies up to date.
-#[derive(Default)]
+#[derive(Default, Debug)]
 pub(super) struct Pushed {
     /// Whole pages from their homes.
     pub(super) pages: Vec<PushedPage>,
@@ -289,6 +289,15 @@ impl<M: Memory> Engine<M> {
     /// a page fully up to date (see the module doc), for pages in `named` (pages new write
     /// notices name, not homed here; `fresh` lists those notices), and returns the pages
     /// still to invalidate. Runs after the notices' requirements have been recorded.
+    /// Drops `pushed` unused (it came with a grant that was passed on, or before a
+    /// barrier): counted as refused, as [`Engine::take_pushes`] counts what it drops.
+    pub(super) fn refuse_pushes(&mut self, pushed: &Pushed) {
+        let mut diff_pages: Vec<PageNo> = pushed.diffs.iter().map(|d| d.page).collect();
+        diff_pages.sort_unstable();
+        diff_pages.dedup();
+        self.stats.pushes_rejected += (pushed.pages.len() + diff_pages.len()) as u64;
+    }
+
     pub(super) fn take_pushes(
         &mut self,
         named: Vec<PageNo>,
