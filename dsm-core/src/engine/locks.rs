@@ -304,8 +304,8 @@ impl<M: Memory> Engine<M> {
                 }
                 let Some(msg) = unmerged.take() else { break };
                 match merge_lock_msg(m, msg) {
-                    Ok(()) => break,
-                    Err(msg) => {
+                    None => break,
+                    Some(msg) => {
                         let independent = match (lock_msg_locks(m), lock_msg_locks(&msg)) {
                             (Some(a), Some(b)) => a.iter().all(|l| !b.contains(l)),
                             _ => false,
@@ -732,8 +732,8 @@ impl<M: Memory> Engine<M> {
 }
 
 /// Adds `msg` to `into` when both are lock requests (or forwards) of one requester with one
-/// knowledge, or both grants; gives it back otherwise.
-fn merge_lock_msg(into: &mut Msg, msg: Msg) -> Result<(), Msg> {
+/// knowledge, or both grants (`None`); gives it back otherwise.
+fn merge_lock_msg(into: &mut Msg, msg: Msg) -> Option<Msg> {
     match (into, msg) {
         (
             Msg::LockRequest {
@@ -760,13 +760,13 @@ fn merge_lock_msg(into: &mut Msg, msg: Msg) -> Result<(), Msg> {
             },
         ) if *requester == r && *known == k => {
             locks.extend(more);
-            Ok(())
+            None
         }
         (Msg::LockGrant { grants }, Msg::LockGrant { grants: more }) => {
             grants.extend(more);
-            Ok(())
+            None
         }
-        (_, msg) => Err(msg),
+        (_, msg) => Some(msg),
     }
 }
 
