@@ -134,6 +134,11 @@ struct LinkQueue {
     /// A frame went into the ring without its bell ([`Outbox::send_quiet`]): the next
     /// look at the ring's reader rings it if the reader sleeps.
     bell_owed: bool,
+    /// Over a socket: quiet frames not written yet ([`Outbox::send_quiet`]), only while
+    /// `frames` is empty. They go out in one write with the link's next frame, or when the
+    /// bell they left owed is rung, so that a program releasing locks in quick
+    /// succession sends its diffs a few per system call instead of one each.
+    held: Vec<Bytes>,
     /// For a co-located peer: the ring the frames go to instead of the socket.
     ring: Option<RingSink>,
     /// Ring position after every frame handed to the link (mirrored in [`Link::sent`]).
@@ -275,13 +280,16 @@ impl Link {
         }
     }
 
-    /// Rings the bell a quiet frame left owed, if the reader sleeps.
+    /// Rings the bell a quiet frame left owed, if the reader sleeps; over a socket, writes
+    /// the quiet frames held back.
     fn ring_owed_bell(&self) -> Result<(), WireError> {
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-        let q = &mut *q;
         if std::mem::take(&mut q.bell_owed) {
             if let Some(ring) = q.ring.as_mut() {
                 ring.wake_reader()?;
+            } else if !q.held.is_empty() {
+                let held = join_frames(std::mem::take(&mut q.held), None);
+                return self.write_or_queue(q, held).map(|_| ());
             }
         }
         Ok(())
@@ -316,21 +324,41 @@ impl Link {
             }
             q.frames.push_back(frame.slice(n..));
         } else if q.frames.is_empty() {
-            match (&self.raw).write(&frame) {
-                Ok(n) if n == frame.len() => return Ok(false),
-                Ok(n) => q.frames.push_back(frame.slice(n..)),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                    ) =>
-                {
-                    q.frames.push_back(frame)
-                }
-                Err(e) => return Err(WireError::Io(e)),
+            if quiet {
+                q.held.push(frame);
+                q.bell_owed = true;
+                return Ok(true);
             }
+            q.bell_owed = false;
+            let frame = join_frames(std::mem::take(&mut q.held), Some(frame));
+            return self.write_or_queue(q, frame);
         } else {
             q.frames.push_back(frame);
+        }
+        drop(q);
+        self.wake.notify_one();
+        Ok(false)
+    }
+
+    /// Writes `frame` to the socket, nothing being queued before it, and queues what the
+    /// socket does not take for the writer task. Returns `false` (no bell owed).
+    fn write_or_queue(
+        &self,
+        mut q: MutexGuard<'_, LinkQueue>,
+        frame: Bytes,
+    ) -> Result<bool, WireError> {
+        match (&self.raw).write(&frame) {
+            Ok(n) if n == frame.len() => return Ok(false),
+            Ok(n) => q.frames.push_back(frame.slice(n..)),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) =>
+            {
+                q.frames.push_back(frame)
+            }
+            Err(e) => return Err(WireError::Io(e)),
         }
         drop(q);
         self.wake.notify_one();
@@ -348,9 +376,29 @@ impl Link {
     }
 
     fn close(&self) {
-        self.queue.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let held = std::mem::take(&mut q.held);
+        q.frames.extend(held);
+        q.closed = true;
+        drop(q);
         self.wake.notify_one();
     }
+}
+
+/// `held` and then `last` as one buffer (no copy for a single frame).
+fn join_frames(mut held: Vec<Bytes>, last: Option<Bytes>) -> Bytes {
+    if held.is_empty() {
+        return last.unwrap_or_default();
+    }
+    if held.len() == 1 && last.is_none() {
+        return held.pop().unwrap_or_default();
+    }
+    let len = held.iter().chain(&last).map(Bytes::len).sum();
+    let mut joined = Vec::with_capacity(len);
+    for f in held.iter().chain(&last) {
+        joined.extend_from_slice(f);
+    }
+    Bytes::from(joined)
 }
 
 /// The sending side of one TCP link, for a thread that must neither wait for a lock nor
@@ -426,7 +474,12 @@ impl DirectSender {
         let Ok(mut q) = self.link.queue.try_lock() else {
             return DirectSend::Refused;
         };
-        if q.closed || q.ring.is_some() || !q.frames.is_empty() || q.direct_rest_len > 0 {
+        if q.closed
+            || q.ring.is_some()
+            || !q.frames.is_empty()
+            || !q.held.is_empty()
+            || q.direct_rest_len > 0
+        {
             return DirectSend::Refused;
         }
         let mut room = [PollFd::new(self.link.raw.as_fd(), PollFlags::POLLOUT)];
@@ -1901,6 +1954,38 @@ mod tests {
             assert!(Instant::now() < until, "{what}");
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// Over a socket, quiet frames wait for the link's next frame or the owed bell and go
+    /// out with it, in order; a direct frame (a fault handler's) is refused meanwhile,
+    /// since it would overtake them.
+    #[test]
+    fn quiet_frames_over_a_socket_go_out_with_the_next_frame() {
+        let (outbox, direct, mut raw) = direct_pair();
+        raw.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let reason = |raw: &mut std::net::TcpStream| match crate::framing::read_frame::<_, Msg>(
+            raw, MAX_FRAME,
+        ) {
+            Ok(Msg::Abort { reason }) => Some(reason[..reason.find(':').unwrap()].to_string()),
+            Ok(other) => panic!("unexpected {other:?}"),
+            Err(_) => None,
+        };
+        outbox.send_quiet(1, &numbered(1, 10)).unwrap();
+        outbox.send_quiet(1, &numbered(2, 10)).unwrap();
+        assert_eq!(reason(&mut raw), None, "a quiet frame went out alone");
+        assert_eq!(direct.try_send(&request_frame(7)), DirectSend::Refused);
+        outbox.send(1, &numbered(3, 10)).unwrap();
+        raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let got: Vec<_> = (0..3).map(|_| reason(&mut raw)).collect();
+        assert_eq!(got, ["1", "2", "3"].map(|r| Some(r.to_string())));
+
+        outbox.send_quiet(1, &numbered(4, 10)).unwrap();
+        outbox.ring_owed_bells();
+        assert_eq!(reason(&mut raw).as_deref(), Some("4"));
+        send_when_room(&direct, &request_frame(8), "the link took no direct frame");
+        let (before, pages) = read_until_page_request(&mut raw);
+        assert!(before.is_empty() && pages == [8], "{before:?} {pages:?}");
     }
 
     #[test]
