@@ -32,7 +32,8 @@ struct Args {
     dt: f64,
     /// Lock granularity for adding force sums. `molecule`: one lock per molecule, as
     /// water-nsquared does: short critical sections, but thousands of acquires per node and
-    /// force phase, each a round trip when the lock was last held on another host.
+    /// force phase, whose tokens are asked for ahead in batches (across hosts an acquire
+    /// otherwise waits a round trip when the lock was last held elsewhere).
     /// `block`: one lock per node's block of molecules: N acquires per node and phase,
     /// but a node adds a whole block under one lock, so the others wait longer for it.
     /// Same result up to the order of the floating-point sums.
