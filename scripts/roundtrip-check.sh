@@ -58,7 +58,7 @@ for app in "water --molecules 1000 --steps 2" "water --molecules 1000 --steps 2 
                 sed -n 's/^predicted difference.*: \([0-9.-]*\) s$/\1/p' "$dir/model" >>"$dir/pred"
                 "$bin/dsm-bench-report" round-trips --delay-us "$ns_m" --base-us "$lo_m" "$dir"/stats-*.json |
                     sed -n 's/^predicted difference.*: \([0-9.-]*\) s$/\1/p' >>"$dir/pred-dsm"
-                sed -n 's/^rank [0-9]*: [0-9.]* round trips (\([0-9]*\) delays.*/\1/p' "$dir/model" |
+                sed -n 's/^rank [0-9]*: [0-9.]* round trips, \([0-9]*\) delays.*/\1/p' "$dir/model" |
                     sort -g | tail -n1 >>"$dir/delays"
                 cp "$dir/model" "$dir/model-last"
             fi
