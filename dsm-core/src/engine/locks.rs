@@ -182,6 +182,7 @@ impl<M: Memory> Engine<M> {
         if self.locks_ahead.front() == Some(&lock) {
             self.locks_ahead.pop_front();
         }
+        self.forget_asked_ahead(lock);
         self.acquire_now(lock, race);
         if !self.locks_ahead.is_empty() {
             self.ask_ahead();
@@ -323,6 +324,14 @@ impl<M: Memory> Engine<M> {
         }
     }
 
+    /// `lock` no longer counts towards the tokens asked for ahead (the app takes it, or
+    /// its token went on).
+    fn forget_asked_ahead(&mut self, lock: LockId) {
+        if let Some(i) = self.locks_asked_ahead.iter().position(|&l| l == lock) {
+            self.locks_asked_ahead.swap_remove(i);
+        }
+    }
+
     /// [`Command::PrefetchLocks`](super::Command::PrefetchLocks).
     pub(super) fn prefetch_locks(&mut self, locks: Vec<LockId>) {
         if self.order.replaying() {
@@ -335,17 +344,17 @@ impl<M: Memory> Engine<M> {
     /// Asks for the hinted locks' tokens until [`LOCKS_ASKED_AHEAD`] are on their way or
     /// here untaken. Locks whose token is here, or held or awaited, are skipped.
     fn ask_ahead(&mut self) {
+        // Half a window at a time, so that the requests go out together (one message per
+        // manager) and their grants come back together.
+        if self.locks_asked_ahead.len() > LOCKS_ASKED_AHEAD / 2 {
+            return;
+        }
         let locks = &self.locks;
         self.locks_asked_ahead.retain(|l| {
             locks
                 .get(l)
                 .is_some_and(|s| s.asked_ahead || s.early_grant.is_some())
         });
-        // Half a window at a time, so that the requests go out together (one message per
-        // manager) and their grants come back together.
-        if self.locks_asked_ahead.len() > LOCKS_ASKED_AHEAD / 2 {
-            return;
-        }
         let start = self.out.len();
         while self.locks_asked_ahead.len() < LOCKS_ASKED_AHEAD {
             let Some(lock) = self.locks_ahead.pop_front() else {
@@ -504,6 +513,7 @@ impl<M: Memory> Engine<M> {
         };
         let mut intervals = self.unseen_by(&their_known, &known);
         if let Some(e) = early {
+            self.forget_asked_ahead(lock);
             self.stats.lock_tokens_passed_on += 1;
             self.refuse_pushes(&e.pushed);
             // What this node lacked when it asked is in the early grant, not in its log.
