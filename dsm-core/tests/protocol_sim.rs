@@ -3665,6 +3665,53 @@ fn a_grant_carries_the_page_the_acquirer_holds() {
 }
 
 #[test]
+fn grants_of_one_message_share_their_pushed_pages() {
+    // Node 1 holds a copy of page 0 (homed at node 0); node 0 writes a variable of it under
+    // each of three locks; node 1 asks for the three ahead and gets them in one message,
+    // where only the first grant carries the page. Taking each lock, node 1 uses that
+    // copy: no fetch and no invalidation after its first read.
+    let mut s = sim(2, &[0], 3, 5);
+    set_push(&mut s, dsm_proto::config::DEFAULT_PUSH_PAGES);
+    s.var_addr = vec![8, 16, 24];
+    s.nodes[1].script.push_back(Op::Check(0));
+    s.run();
+    for (v, l) in [(0, 2), (1, 4), (2, 6)] {
+        s.nodes[0]
+            .script
+            .extend([Op::Acquire(l), Op::Incr(v), Op::Release(l)]);
+    }
+    s.run();
+    s.nodes[1]
+        .script
+        .push_back(Op::PrefetchLocks(vec![2, 4, 6]));
+    for (v, l) in [(0, 2), (1, 4), (2, 6)] {
+        s.nodes[1]
+            .script
+            .extend([Op::Acquire(l), Op::Check(v), Op::Release(l)]);
+    }
+    s.run();
+    let grants: Vec<&Vec<dsm_proto::Grant>> = s
+        .delivered
+        .iter()
+        .filter_map(|(from, to, m)| match m {
+            Msg::LockGrant { grants } if *from == 0 && *to == 1 => Some(grants),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(grants.len(), 1, "{grants:?}");
+    let with_pages: Vec<usize> = grants[0].iter().map(|g| g.pages.len()).collect();
+    assert_eq!(with_pages, [1, 0, 0], "the page went more than once");
+    let r = s.nodes[1].eng.stats().clone();
+    assert_eq!((r.pages_fetched, r.invalidations), (1, 0), "{r:?}");
+    assert_eq!(
+        r.pushes_applied + r.pushes_rejected,
+        s.nodes[0].eng.stats().pages_pushed
+    );
+    assert!(r.pushes_applied >= 1 && r.lock_acquires_local == 3, "{r:?}");
+    assert_eq!(s.model, vec![1, 1, 1]);
+}
+
+#[test]
 fn a_barrier_arrival_carries_the_homes_writes_to_its_readers() {
     // The SOR pattern: node 1 reads a row homed at node 0, node 0 rewrites it, a barrier,
     // node 1 reads it again. The all-to-all arrival brings the page.

@@ -733,7 +733,9 @@ pub enum Msg {
     /// the critical section (or, for a token it asked for ahead, keeps the grant until
     /// it takes the lock).
     LockGrant {
-        /// One or more grants, of different locks.
+        /// One or more grants, of different locks. A page's pushed copy (or a pushed diff)
+        /// goes only with the first grant that has it: the later grants whose intervals
+        /// name the page take that copy.
         grants: Vec<Grant>,
     },
     /// Arrival at barrier `epoch`, with the sender's own intervals since the last barrier.

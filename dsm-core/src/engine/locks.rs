@@ -773,7 +773,10 @@ fn merge_lock_msg(into: &mut Msg, msg: Msg) -> Option<Msg> {
             None
         }
         (Msg::LockGrant { grants }, Msg::LockGrant { grants: more }) => {
-            grants.extend(more);
+            for mut g in more {
+                super::push::drop_shared_pushes(grants, &mut g);
+                grants.push(g);
+            }
             None
         }
         (_, msg) => Some(msg),

@@ -1028,7 +1028,8 @@ impl<M: Memory> Engine<M> {
                     self.merge_lock_sends(start);
                 }
             }
-            Msg::LockGrant { grants } => {
+            Msg::LockGrant { mut grants } => {
+                push::share_grant_pushes(&mut grants);
                 let start = self.out.len();
                 for g in grants {
                     let pushed = push::Pushed {

@@ -27,7 +27,7 @@
 
 use super::{Engine, Memory, PageState, Prot};
 use crate::diff;
-use dsm_proto::{IntervalRecord, NodeId, PageNo, PushedDiff, PushedPage, PAGE_SIZE};
+use dsm_proto::{Grant, IntervalRecord, NodeId, PageNo, PushedDiff, PushedPage, PAGE_SIZE};
 use std::collections::BTreeMap;
 
 /// Bytes of its own diffs a node keeps between barriers to push with grants; beyond it,
@@ -391,5 +391,57 @@ impl<M: Memory> Engine<M> {
             self.pages[page as usize].state,
             PageState::ReadOnly | PageState::ReadWrite
         )
+    }
+}
+
+/// Drops from `grant` the pushed copies and diffs that an earlier grant of the same message
+/// carries already (they were made in the same event, so they are the same):
+/// [`share_grant_pushes`] gives them back at the receiver.
+pub(super) fn drop_shared_pushes(earlier: &[Grant], grant: &mut Grant) {
+    grant.pages.retain(|p| {
+        !earlier
+            .iter()
+            .any(|g| g.pages.iter().any(|q| q.page == p.page))
+    });
+    grant.diffs.retain(|d| {
+        !earlier.iter().any(|g| {
+            g.diffs
+                .iter()
+                .any(|x| x.page == d.page && x.interval == d.interval)
+        })
+    });
+}
+
+/// At the receiver of several grants in one message: gives each grant the copies and
+/// diffs of the pages its intervals name that an earlier grant of the message carries
+/// (see [`drop_shared_pushes`]).
+pub(super) fn share_grant_pushes(grants: &mut [Grant]) {
+    for i in 1..grants.len() {
+        let (earlier, rest) = grants.split_at_mut(i);
+        let grant = &mut rest[0];
+        let mut named: Vec<PageNo> = grant
+            .intervals
+            .iter()
+            .flat_map(|r| r.writes.iter())
+            .collect();
+        named.sort_unstable();
+        named.dedup();
+        let is_named = |p: PageNo| named.binary_search(&p).is_ok();
+        for g in earlier.iter() {
+            for p in &g.pages {
+                if is_named(p.page) && !grant.pages.iter().any(|q| q.page == p.page) {
+                    grant.pages.push(p.clone());
+                }
+            }
+            for d in &g.diffs {
+                let known = grant
+                    .diffs
+                    .iter()
+                    .any(|x| x.page == d.page && x.interval == d.interval);
+                if is_named(d.page) && !known {
+                    grant.diffs.push(d.clone());
+                }
+            }
+        }
     }
 }
