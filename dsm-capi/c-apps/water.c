@@ -76,6 +76,7 @@ typedef struct {
     Molecule *own;         /* hi - lo, private */
     Sites *f, *own_f, *x0, *f0, *fp; /* private */
     unsigned char *touched;
+    uint64_t *order;       /* n: the force locks in the order they are taken */
 } Run;
 
 static void die(const char *what) {
@@ -242,6 +243,17 @@ static void force_phase(Run *r, int row) {
             if (inter(r, &r->pos[i], &r->pos[j], &r->f[i], &r->f[j], &e))
                 r->touched[j] = 1;
         }
+    }
+    if (r->dsm && !r->racy) {
+        /* The locks in the order the loop below takes them, asked for ahead. */
+        int count = 0;
+        for (int k = 0; k < n; k++) {
+            int j = (r->lo + k) % n;
+            if (r->touched[j])
+                r->order[count++] = FORCE_LOCK + (uint64_t)j;
+        }
+        if (dsm_prefetch_locks(r->order, (size_t)count) != DSM_OK)
+            die("dsm_prefetch_locks");
     }
     for (int k = 0; k < n; k++) {
         int j = (r->lo + k) % n;
@@ -437,6 +449,7 @@ static void setup_private(Run *r) {
     r->own = xcalloc((size_t)own, sizeof(Molecule));
     r->f = xcalloc((size_t)r->n, sizeof(Sites));
     r->touched = xcalloc((size_t)r->n, 1);
+    r->order = xcalloc((size_t)r->n, sizeof(uint64_t));
     r->own_f = xcalloc((size_t)own, sizeof(Sites));
     r->x0 = xcalloc((size_t)own, sizeof(Sites));
     r->f0 = xcalloc((size_t)own, sizeof(Sites));

@@ -51,6 +51,11 @@ int dsm_barrier(void);
 int dsm_lock(uint64_t id);
 /* Releases lock `id`, held by this rank. */
 int dsm_unlock(uint64_t id);
+/* Says which locks this rank takes next, in order (`count` ids below 2^63): across hosts
+ * their tokens are asked for ahead, so each dsm_lock finds its lock here instead of
+ * waiting a round trip. A hint never changes what the program computes (a token that came
+ * ahead goes on at once to a rank that asks first); a new hint replaces the last. */
+int dsm_prefetch_locks(const uint64_t *ids, size_t count);
 /* Acquires the lock named `name` (reports name it). */
 int dsm_lock_named(const char *name);
 /* Releases the lock named `name`. */

@@ -312,6 +312,37 @@ pub extern "C" fn dsm_unlock(id: u64) -> c_int {
     )
 }
 
+/// `int dsm_prefetch_locks(const uint64_t *ids, size_t count)`: see
+/// [`dsm_core::Dsm::prefetch_locks`].
+///
+/// # Safety
+/// `ids` is null with `count` 0, or points to `count` readable `uint64_t`s.
+#[no_mangle]
+pub unsafe extern "C" fn dsm_prefetch_locks(ids: *const u64, count: usize) -> c_int {
+    guarded(
+        |c| c,
+        || {
+            if count == 0 {
+                return with_node(|_| Ok(0));
+            }
+            if ids.is_null() {
+                return Err(invalid("the lock ids are NULL"));
+            }
+            // SAFETY: not null, and `count` readable ids by the caller's contract (dsm.h).
+            let ids = unsafe { std::slice::from_raw_parts(ids, count) };
+            if let Some(bad) = ids.iter().find(|&&id| id >= 1 << 63) {
+                return Err(invalid(format!(
+                    "lock id {bad} is reserved for named locks; use ids below 2^63"
+                )));
+            }
+            with_node(|n| {
+                n.dsm.prefetch_locks(ids.iter().copied());
+                Ok(0)
+            })
+        },
+    )
+}
+
 /// `int dsm_lock_named(const char *name)`
 ///
 /// # Safety

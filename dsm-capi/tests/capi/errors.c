@@ -1,5 +1,6 @@
 /* The C API's errors: codes and messages, never a crash, from before dsm_init to after
  * dsm_finish. Every rank makes the same calls. Prints "api errors: ok". */
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include "dsm.h"
@@ -24,6 +25,13 @@ int main(void) {
     EXPECT(strstr(dsm_last_error(), "zero columns") != NULL);
     EXPECT(dsm_unlock(3) == DSM_EINVAL);
     EXPECT(dsm_lock(1ULL << 63) == DSM_EINVAL);
+    EXPECT(dsm_prefetch_locks(NULL, 2) == DSM_EINVAL);
+    EXPECT(strstr(dsm_last_error(), "NULL") != NULL);
+    uint64_t ahead[] = {5, 1ULL << 63};
+    EXPECT(dsm_prefetch_locks(ahead, 2) == DSM_EINVAL);
+    EXPECT(strstr(dsm_last_error(), "reserved") != NULL);
+    EXPECT(dsm_prefetch_locks(ahead, 1) == DSM_OK);
+    EXPECT(dsm_prefetch_locks(NULL, 0) == DSM_OK);
     EXPECT(dsm_sem_wait(42) == DSM_EINVAL);
     EXPECT(dsm_lock(3) == DSM_OK);
     EXPECT(dsm_lock(3) == DSM_EINVAL);
