@@ -295,31 +295,25 @@ impl<M: Memory> Engine<M> {
                 self.out.push(o);
                 continue;
             };
-            let mut unmerged = Some(msg);
-            for earlier in self.out[start..].iter_mut().rev() {
+            let mut into = None;
+            for (i, earlier) in self.out.iter().enumerate().skip(start).rev() {
                 let Output::Send { to: t, msg: m } = earlier else {
                     continue;
                 };
                 if *t != to {
                     continue;
                 }
-                let Some(msg) = unmerged.take() else { break };
-                match merge_lock_msg(m, msg) {
-                    None => break,
-                    Some(msg) => {
-                        let independent = match (lock_msg_locks(m), lock_msg_locks(&msg)) {
-                            (Some(a), Some(b)) => a.iter().all(|l| !b.contains(l)),
-                            _ => false,
-                        };
-                        unmerged = Some(msg);
-                        if !independent {
-                            break;
-                        }
-                    }
+                if mergeable(m, &msg) {
+                    into = Some(i);
+                    break;
+                }
+                if !about_other_locks(m, &msg) {
+                    break;
                 }
             }
-            if let Some(msg) = unmerged {
-                self.out.push(Output::Send { to, msg });
+            match into.map(|i| &mut self.out[i]) {
+                Some(Output::Send { msg: m, .. }) => merge_lock_msg(m, msg),
+                _ => self.out.push(Output::Send { to, msg }),
             }
         }
     }
@@ -741,53 +735,70 @@ impl<M: Memory> Engine<M> {
     }
 }
 
-/// Adds `msg` to `into` when both are lock requests (or forwards) of one requester with one
-/// knowledge, or both grants (`None`); gives it back otherwise.
-fn merge_lock_msg(into: &mut Msg, msg: Msg) -> Option<Msg> {
+/// Whether `msg` can join `into`: both lock requests (or forwards) of one requester with
+/// one knowledge, or both grants.
+fn mergeable(into: &Msg, msg: &Msg) -> bool {
     match (into, msg) {
         (
             Msg::LockRequest {
-                locks,
-                requester,
-                known,
+                requester, known, ..
             },
             Msg::LockRequest {
-                locks: more,
                 requester: r,
                 known: k,
+                ..
             },
         )
         | (
             Msg::LockForward {
-                locks,
-                requester,
-                known,
+                requester, known, ..
             },
             Msg::LockForward {
-                locks: more,
                 requester: r,
                 known: k,
+                ..
             },
-        ) if *requester == r && *known == k => {
-            locks.extend(more);
-            None
+        ) => requester == r && known == k,
+        (Msg::LockGrant { .. }, Msg::LockGrant { .. }) => true,
+        _ => false,
+    }
+}
+
+/// Adds `msg` to `into`, which [`mergeable`] allows.
+fn merge_lock_msg(into: &mut Msg, msg: Msg) {
+    match (into, msg) {
+        (Msg::LockRequest { locks, .. }, Msg::LockRequest { locks: more, .. })
+        | (Msg::LockForward { locks, .. }, Msg::LockForward { locks: more, .. }) => {
+            locks.extend(more)
         }
         (Msg::LockGrant { grants }, Msg::LockGrant { grants: more }) => {
             for mut g in more {
                 super::push::drop_shared_pushes(grants, &mut g);
                 grants.push(g);
             }
-            None
         }
-        (_, msg) => Some(msg),
+        _ => debug_assert!(false, "merging messages that are not mergeable"),
     }
 }
 
-/// The locks a lock message is about (`None` for other messages).
-fn lock_msg_locks(msg: &Msg) -> Option<Vec<LockId>> {
-    match msg {
-        Msg::LockRequest { locks, .. } | Msg::LockForward { locks, .. } => Some(locks.clone()),
-        Msg::LockGrant { grants } => Some(grants.iter().map(|g| g.lock).collect()),
-        _ => None,
-    }
+/// Whether `a` and `b` are both lock messages, about no lock in common (so their order
+/// does not matter).
+fn about_other_locks(a: &Msg, b: &Msg) -> bool {
+    let mentions = |m: &Msg, lock: LockId| match m {
+        Msg::LockRequest { locks, .. } | Msg::LockForward { locks, .. } => locks.contains(&lock),
+        Msg::LockGrant { grants } => grants.iter().any(|g| g.lock == lock),
+        _ => true,
+    };
+    let is_lock_msg = matches!(
+        a,
+        Msg::LockRequest { .. } | Msg::LockForward { .. } | Msg::LockGrant { .. }
+    );
+    is_lock_msg
+        && match b {
+            Msg::LockRequest { locks, .. } | Msg::LockForward { locks, .. } => {
+                !locks.iter().any(|&l| mentions(a, l))
+            }
+            Msg::LockGrant { grants } => !grants.iter().any(|g| mentions(a, g.lock)),
+            _ => false,
+        }
 }
