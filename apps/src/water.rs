@@ -734,7 +734,7 @@ fn add_forces(
             let start = band(n, size, rank).start;
             let order = (0..n).map(|k| (start + k) % n).filter(|&j| touched[j]);
             if !opts.racy {
-                dsm.prefetch_locks(order.map(|j| FORCE_LOCK_BASE + j as u64));
+                dsm.prefetch_locks(order.map(|j| FORCE_LOCK_BASE + j as u64))?;
             }
             for k in 0..n {
                 let j = (start + k) % n;

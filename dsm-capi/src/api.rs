@@ -330,13 +330,8 @@ pub unsafe extern "C" fn dsm_prefetch_locks(ids: *const u64, count: usize) -> c_
             }
             // SAFETY: not null, and `count` readable ids by the caller's contract (dsm.h).
             let ids = unsafe { std::slice::from_raw_parts(ids, count) };
-            if let Some(bad) = ids.iter().find(|&&id| id >= 1 << 63) {
-                return Err(invalid(format!(
-                    "lock id {bad} is reserved for named locks; use ids below 2^63"
-                )));
-            }
             with_node(|n| {
-                n.dsm.prefetch_locks(ids.iter().copied());
+                n.dsm.prefetch_locks(ids.iter().copied())?;
                 Ok(0)
             })
         },

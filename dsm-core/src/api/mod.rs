@@ -969,15 +969,19 @@ impl Dsm {
     /// a token that came ahead is not held, and goes on at once to a rank that asks for
     /// it first; a lock the program then does not take costs its messages and nothing
     /// else. A new hint replaces the previous one. Without effect when the ranks share one
-    /// common memory (their locks take no message) and in a replay.
-    pub fn prefetch_locks(&mut self, ids: impl IntoIterator<Item = u64>) {
-        if self.host_locks {
-            return;
+    /// common memory (their locks take no message) and in a replay. An id reserved for
+    /// named locks (2^63 and above) is an error, as in [`Dsm::lock`], and nothing is hinted.
+    pub fn prefetch_locks(&mut self, ids: impl IntoIterator<Item = u64>) -> Result<(), DsmError> {
+        let locks: Vec<u64> = ids.into_iter().collect();
+        if let Some(bad) = locks.iter().find(|&&id| id >= 1 << 63) {
+            return Err(DsmError::Config(format!(
+                "lock id {bad} is reserved for named locks; use ids below 2^63"
+            )));
         }
-        let locks: Vec<u64> = ids.into_iter().filter(|&id| id < 1 << 63).collect();
-        if !locks.is_empty() {
+        if !self.host_locks && !locks.is_empty() {
             self.comm().send(Command::PrefetchLocks { locks });
         }
+        Ok(())
     }
 
     /// Marks the allocation `name` as order-independent (a commutative sum, say): in schedule
