@@ -659,16 +659,18 @@ pub fn check_outputs(config: &LaunchConfig) -> Result<(), LaunchError> {
         _ => None,
     };
     let local = config.hosts.is_none();
+    // The record is written whole and renamed into place, which would put a file in
+    // place of a device or FIFO by that name: it must be a file, or not exist yet.
     let outputs = [
-        ("--record", config.replay.record.as_deref(), true),
-        ("--sem-trace", config.sem_trace.as_deref(), true),
-        ("--race-log", config.race.log.as_deref(), local),
-        ("--race-sarif", config.race.sarif.as_deref(), local),
-        ("--trace-values", trace, local),
+        ("--record", config.replay.record.as_deref(), true, true),
+        ("--sem-trace", config.sem_trace.as_deref(), true, false),
+        ("--race-log", config.race.log.as_deref(), local, false),
+        ("--race-sarif", config.race.sarif.as_deref(), local, false),
+        ("--trace-values", trace, local, false),
     ];
-    for (flag, path, check) in outputs {
+    for (flag, path, check, renamed) in outputs {
         if let (Some(path), true) = (path, check) {
-            writable(path).map_err(|reason| LaunchError::UnwritableOutput {
+            writable(path, renamed).map_err(|reason| LaunchError::UnwritableOutput {
                 flag,
                 path: path.to_path_buf(),
                 reason,
@@ -679,10 +681,19 @@ pub fn check_outputs(config: &LaunchConfig) -> Result<(), LaunchError> {
 }
 
 /// Whether `path` can be written: an existing file is opened for appending (and left as
-/// it was), otherwise a probe file is made and removed in its directory.
-fn writable(path: &Path) -> Result<(), String> {
+/// it was), otherwise a probe file is made and removed in its directory. A file written
+/// elsewhere and `renamed` into place must be a regular file (through symlinks) if it
+/// exists.
+fn writable(path: &Path, renamed: bool) -> Result<(), String> {
     if path.is_dir() {
         return Err("it is a directory".into());
+    }
+    if renamed && path.exists() && !path.is_file() {
+        return Err(
+            "it is not a regular file (a device, FIFO or socket), and the file is written whole \
+             and renamed into place"
+                .into(),
+        );
     }
     if path.exists() {
         return std::fs::OpenOptions::new()

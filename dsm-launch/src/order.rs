@@ -161,7 +161,7 @@ pub struct RecordSummary {
 }
 
 /// Merges the ranks' parts under `prefix` into the record at `path` (written whole, then
-/// renamed into place) and removes the parts.
+/// renamed into place, through a symlink to the file it names) and removes the parts.
 pub fn collect_record(
     path: &Path,
     prefix: &Path,
@@ -195,11 +195,13 @@ pub fn collect_record(
     }
     let record = dsm_replay::merge_parts(header, parts).map_err(|e| fail(e.to_string()))?;
     let bytes = record.to_bytes();
+    // Through a symlink to the file it names: the rename below would replace the link.
+    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
     std::fs::write(&tmp, &bytes)
-        .and_then(|()| std::fs::rename(&tmp, path))
+        .and_then(|()| std::fs::rename(&tmp, &path))
         .map_err(|e| {
             let _ = std::fs::remove_file(&tmp);
             fail(e.to_string())
@@ -279,7 +281,23 @@ mod tests {
             "{e}"
         );
         // A missing part means no record.
-        let e = collect_record(&path, &prefix, job).unwrap_err();
+        let e = collect_record(&path, &prefix, job.clone()).unwrap_err();
         assert!(e.to_string().contains("rank 0 wrote no part"), "{e}");
+        // Recorded through a symlink: the file it names gets the record, the link stays.
+        let target = dir.path().join("kept.dsmrec");
+        let link = dir.path().join("link.dsmrec");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        std::fs::write(&target, b"old").unwrap();
+        let prefix = part_prefix(&link);
+        for rank in 0..2 {
+            std::fs::write(
+                part_path(&prefix, rank),
+                dsm_replay::part_to_bytes(rank as u32, &[]),
+            )
+            .unwrap();
+        }
+        collect_record(&link, &prefix, job.clone()).unwrap();
+        assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+        assert!(check_replay(&target, &job).is_ok());
     }
 }

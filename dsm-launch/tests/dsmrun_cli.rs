@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::thread;
@@ -872,6 +872,22 @@ fn unwritable_output_paths_are_refused_before_any_rank_starts() {
         assert!(out.stderr.contains("no rank was started"), "{out:?}");
         assert!(!marker.exists(), "{flag}: a rank ran");
     }
+    // The record is written whole and renamed into place: a FIFO (or device) by its name
+    // is refused, not replaced by a file.
+    let fifo = dir.path().join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let out = run([
+        OsStr::new("-n"),
+        OsStr::new("2"),
+        OsStr::new("--record"),
+        fifo.as_os_str(),
+        prog.as_os_str(),
+    ]);
+    assert_eq!(out.code, Some(2), "{out:?}");
+    assert!(out.stderr.contains("it is not a regular file"), "{out:?}");
+    assert!(!marker.exists(), "a rank ran");
+    assert!(fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+    fs::remove_file(&fifo).unwrap();
     // A writable path is left as it was: nothing is created or truncated by the check.
     let existing = dir.path().join("old.jsonl");
     fs::write(&existing, "kept\n").unwrap();
