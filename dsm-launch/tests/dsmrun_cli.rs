@@ -537,6 +537,14 @@ fn bad_command_lines_are_clear_errors() {
             "--connect-timeout",
         ),
         (vec!["--race-exit-code", "300", "true"], "--race-exit-code"),
+        (
+            vec!["--race-exit-code", "124", "true"],
+            "exit status 124 already means an expired --timeout",
+        ),
+        (
+            vec!["--race-exit-code", "139", "true"],
+            "a rank killed by a signal",
+        ),
         (vec!["--liveness", "-1", "true"], "or 0 or off for none"),
         (vec!["--liveness", "never", "true"], "--liveness"),
         (vec!["--no-such-option", "true"], "--no-such-option"),

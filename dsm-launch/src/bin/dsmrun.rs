@@ -323,8 +323,10 @@ struct Cli {
 
     /// Exit status when races were reported (DSM_RACE_EXIT_CODE): rank 0 exits
     /// with it, which is not a failure: the other ranks finish and dsmrun exits
-    /// with this code at the end. 0 turns this off (implies --race) [default: 66]
-    #[arg(long, value_name = "CODE")]
+    /// with this code at the end. 0 turns this off; the statuses dsmrun gives other
+    /// meanings (2, 65, 67, 68, 71, 124, 126, 127, 128 and above) are refused (implies
+    /// --race) [default: 66]
+    #[arg(long, value_name = "CODE", value_parser = parse_race_exit_code)]
     race_exit_code: Option<u8>,
 
     /// Report only first races: those of the first barrier epoch with races,
@@ -482,6 +484,29 @@ fn parse_bind_address(text: &str) -> anyhow::Result<std::net::SocketAddr> {
     }
     text.parse()
         .with_context(|| format!("--bind-address {text:?} is not an IP address or IP:PORT"))
+}
+
+/// A race exit status that says only that: the statuses dsmrun gives other meanings (see
+/// "Exit status" in `--help`) are refused, so a script can tell races from a failure.
+fn parse_race_exit_code(text: &str) -> Result<u8, String> {
+    let code: u8 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not an exit status (0 to 255)"))?;
+    let meaning = match code {
+        2 => "an invalid command line",
+        exit_codes::CORRUPT_INPUT => "a damaged record or trace",
+        exit_codes::REPLAY_DIVERGED => "a replay that deviated",
+        exit_codes::VALUES_DIFFER => "values that differ from the reference",
+        c if i32::from(c) == exit_codes::PEER_LOST => "a rank that lost a peer",
+        exit_codes::TIMED_OUT => "an expired --timeout",
+        exit_codes::NOT_EXECUTABLE | exit_codes::NOT_FOUND => "a program that cannot run",
+        128..=255 => "a rank killed by a signal",
+        _ => return Ok(code),
+    };
+    Err(format!(
+        "exit status {code} already means {meaning}; choose another (0 turns the race exit \
+         status off)"
+    ))
 }
 
 fn parse_pin_target(text: &str) -> Result<String, String> {
