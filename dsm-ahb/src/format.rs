@@ -237,7 +237,13 @@ fn read_lines(input: impl BufRead) -> Result<(Header, Vec<(usize, Record)>), For
             found: header.version,
         });
     }
-    if header.nodes == 0 || header.rank.is_some_and(|r| r >= header.nodes) {
+    // A node is a `NodeId`: a larger count is a damaged header, not a trace to size
+    // tables for.
+    let max_nodes = usize::from(dsm_proto::NodeId::MAX) + 1;
+    if header.nodes == 0
+        || header.nodes > max_nodes
+        || header.rank.is_some_and(|r| r >= header.nodes)
+    {
         return Err(FormatError::BadHeader(format!(
             "{} nodes, rank {:?}",
             header.nodes, header.rank

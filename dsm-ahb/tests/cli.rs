@@ -53,6 +53,11 @@ fn corrupt_and_inconsistent_traces_are_clear_errors() {
             "never declared",
         ),
         (&TRACE[..TRACE.len() - 20], "line 6"),
+        // A node count no job has: refused, not sized for.
+        (
+            "{\"format\":\"dsm-semtrace\",\"version\":2,\"nodes\":4294967296,\"rank\":null}\n",
+            "4294967296 nodes",
+        ),
     ];
     for (text, want) in cases {
         let (code, _, err) = run(text, &[]);
