@@ -24,14 +24,15 @@ use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// How many element indices a collapsed block lists.
 const SHOWN_INDICES: usize = 4;
 
 /// Prints and logs the races rank 0 finds, and counts them for the summary.
 pub struct Reporter {
-    log: Option<BufWriter<File>>,
+    /// The race log and its path (named in write errors).
+    log: Option<(BufWriter<File>, PathBuf)>,
     total: u64,
     variables: BTreeSet<String>,
     first_only: bool,
@@ -201,12 +202,15 @@ impl Reporter {
     /// reports only the first epoch with races (`--race-first`).
     pub fn new(log: Option<&Path>, first_only: bool) -> io::Result<Self> {
         let log = match log {
-            Some(p) => Some(BufWriter::new(File::create(p).map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("cannot create race log {}: {e}", p.display()),
-                )
-            })?)),
+            Some(p) => Some((
+                BufWriter::new(File::create(p).map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("cannot create race log {}: {e}", p.display()),
+                    )
+                })?),
+                p.to_path_buf(),
+            )),
             None => None,
         };
         Ok(Reporter {
@@ -315,12 +319,15 @@ impl Reporter {
         }
         out.write_all(text.as_bytes())?;
         out.flush()?;
-        if let Some(log) = self.log.as_mut() {
-            for f in findings {
-                serde_json::to_writer(&mut *log, &finding_json(at, f, &names))?;
-                log.write_all(b"\n")?;
-            }
-            log.flush()?;
+        if let Some((log, path)) = self.log.as_mut() {
+            let written = findings
+                .iter()
+                .try_for_each(|f| {
+                    serde_json::to_writer(&mut *log, &finding_json(at, f, &names))?;
+                    log.write_all(b"\n")
+                })
+                .and_then(|()| log.flush());
+            written.map_err(|e| log_write_error(path, e))?;
         }
         let mut n = 0;
         for f in findings {
@@ -419,10 +426,11 @@ impl Reporter {
                 .push(r);
         }
         self.print_blocks(at, &blocks, out)?;
-        if let Some(mut log) = self.log.take() {
+        if let Some((mut log, path)) = self.log.take() {
             // Out of `self` while it is written: the names borrow `self`.
             let written = write_log(&mut log, at, races, &self.names());
-            self.log = Some(log);
+            let written = written.map_err(|e| log_write_error(&path, e));
+            self.log = Some((log, path));
             written?;
         }
         for r in races {
@@ -747,8 +755,8 @@ impl Reporter {
 
     /// Flushes the log and writes the SARIF file, if asked for.
     pub fn finish(&mut self) -> io::Result<()> {
-        if let Some(log) = self.log.as_mut() {
-            log.flush()?;
+        if let Some((log, path)) = self.log.as_mut() {
+            log.flush().map_err(|e| log_write_error(path, e))?;
         }
         if let Some(path) = &self.sarif {
             let text = serde_json::to_string_pretty(&self.sarif())?;
@@ -859,6 +867,14 @@ fn short_index(r: &Race) -> String {
 }
 
 /// The program's names for locks and synchronization points, as far as rank 0 knows them.
+/// A failed write to the race log at `path`, naming it.
+fn log_write_error(path: &Path, e: io::Error) -> io::Error {
+    io::Error::new(
+        e.kind(),
+        format!("cannot write race log {}: {e}", path.display()),
+    )
+}
+
 /// Writes one JSON object per race to the race log.
 fn write_log(
     log: &mut BufWriter<File>,
