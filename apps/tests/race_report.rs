@@ -8,6 +8,31 @@ use serde_json::Value;
 
 const TSP: &str = env!("CARGO_BIN_EXE_tsp");
 
+/// A race log that cannot take what rank 0 writes (`/dev/full` opens, and fails every
+/// write) ends the job at once with an error naming the file: rank 0 failed inside a
+/// barrier the others wait in, so it must not also wait for them in a finishing barrier.
+#[test]
+fn a_race_log_that_fails_mid_run_stops_the_job_with_its_name() {
+    if !std::path::Path::new("/dev/full").exists() {
+        println!("SKIPPED a_race_log_that_fails_mid_run_stops_the_job_with_its_name: no /dev/full");
+        return;
+    }
+    let run = dsm_testkit::dsmrun(
+        2,
+        &["--timeout", "30", "--race-log", "/dev/full"],
+        TSP,
+        &["--random", "10", "--seed", "3"],
+    );
+    let ctx = run.all_output();
+    assert_eq!(run.code, Some(1), "{ctx}");
+    assert!(
+        run.stderr
+            .contains("cannot write race log /dev/full: No space left on device"),
+        "{ctx}"
+    );
+    assert!(run.stderr.contains("rank 0 exited with status 1"), "{ctx}");
+}
+
 #[test]
 fn tsp_races_collapse_and_sarif_lists_each_distinct_race_once() {
     let dir = tempfile::tempdir().unwrap();

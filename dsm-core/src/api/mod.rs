@@ -284,6 +284,10 @@ pub struct Dsm {
     /// dsm is making its own allocation (the only time a reserved name is accepted).
     allocating_internal: bool,
     finished: bool,
+    /// A barrier failed on this rank (its analysis, say): the others may be waiting in
+    /// it, so the finishing barrier would wait forever; dropping the node then leaves
+    /// the job without it, and its peers see it gone.
+    barrier_failed: bool,
     started: Instant,
     /// The program's `barrier()` calls so far: epochs are numbered by them in reports.
     barriers_called: u32,
@@ -546,6 +550,7 @@ impl Dsm {
                 || !env.trace.vars.is_empty(),
             allocating_internal: false,
             finished: false,
+            barrier_failed: false,
             started: Instant::now(),
             stats_file: env.stats_file.clone(),
             record_part,
@@ -880,6 +885,14 @@ impl Dsm {
     /// Closes the interval and waits at a barrier (the last one of the run when
     /// `finishing`), serving race-detection rounds meanwhile. `at` names it in messages.
     fn barrier_command(&mut self, finishing: bool, at: SyncPoint) -> Result<(), DsmError> {
+        let result = self.barrier_round(finishing, at);
+        if result.is_err() {
+            self.barrier_failed = true;
+        }
+        result
+    }
+
+    fn barrier_round(&mut self, finishing: bool, at: SyncPoint) -> Result<(), DsmError> {
         if let Some(c) = self.chaos.as_mut() {
             c.before_barrier();
         }
@@ -1304,6 +1317,11 @@ impl Dsm {
             return Ok(Outcome::default());
         }
         self.finished = true;
+        if self.barrier_failed {
+            return Err(DsmError::Protocol(
+                "a barrier failed on this rank, so the ranks cannot finish together".into(),
+            ));
+        }
         self.sync_point = Point::Exit {
             after: self.barriers_called,
         };
@@ -1446,7 +1464,7 @@ impl Outcome {
 
 impl Drop for Dsm {
     fn drop(&mut self) {
-        if self.finished || std::thread::panicking() {
+        if self.finished || self.barrier_failed || std::thread::panicking() {
             return;
         }
         if let Err(e) = self.finish_inner() {
