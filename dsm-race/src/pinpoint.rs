@@ -31,13 +31,20 @@ impl std::str::FromStr for PinTarget {
         let (elem, epoch) = s.trim().rsplit_once('@').ok_or_else(bad)?;
         let (var, rest) = elem.split_once('[').ok_or_else(bad)?;
         let index = rest.strip_suffix(']').ok_or_else(bad)?;
-        if var.is_empty() {
+        // `;` separates targets in DSM_PINPOINT: a name holding one would split there.
+        if var.is_empty() || var.contains(';') {
             return Err(bad());
+        }
+        let epoch = epoch.trim().parse().map_err(|_| bad())?;
+        if epoch == 0 {
+            return Err(format!(
+                "'{s}': epochs are numbered from 1 (the accesses before the first barrier)"
+            ));
         }
         Ok(PinTarget {
             variable: var.to_string(),
             index: index.trim().parse().map_err(|_| bad())?,
-            epoch: epoch.trim().parse().map_err(|_| bad())?,
+            epoch,
         })
     }
 }
@@ -214,9 +221,19 @@ mod tests {
             }
         );
         assert_eq!(t.to_string(), "bound[0]@3");
-        for bad in ["bound", "bound[0]", "bound[x]@3", "[1]@2", "b[1]@", "b1]@2"] {
+        for bad in [
+            "bound",
+            "bound[0]",
+            "bound[x]@3",
+            "[1]@2",
+            "b[1]@",
+            "b1]@2",
+            "a;b[0]@1",
+        ] {
             assert!(bad.parse::<PinTarget>().is_err(), "{bad}");
         }
+        let e = "bound[0]@0".parse::<PinTarget>().unwrap_err();
+        assert!(e.contains("numbered from 1"), "{e}");
     }
 
     #[test]
