@@ -545,6 +545,11 @@ fn bad_command_lines_are_clear_errors() {
             vec!["--race-exit-code", "139", "true"],
             "a rank killed by a signal",
         ),
+        (vec!["-x", "=bar", "true"], "expected VAR or VAR=VALUE"),
+        (
+            vec!["--bind-address", "garbage", "true"],
+            "is not an IP address or IP:PORT",
+        ),
         (vec!["--liveness", "-1", "true"], "or 0 or off for none"),
         (vec!["--liveness", "never", "true"], "--liveness"),
         (vec!["--no-such-option", "true"], "--no-such-option"),

@@ -272,8 +272,9 @@ fn host_list_mistakes_are_usage_errors() {
     let r = run(dsmrun(&["--launch-agent", "rsh"], &prog));
     assert_eq!(r.code, Some(2), "{r:?}");
 
+    // A command-line error like any other (exit 2), found before anything starts.
     let r = run(dsmrun(&["-x", "DSM_NO_SUCH_VARIABLE_HERE"], &prog));
-    assert_eq!(r.code, Some(1), "{r:?}");
+    assert_eq!(r.code, Some(2), "{r:?}");
     assert!(
         r.stderr.contains("not set in dsmrun's environment"),
         "{r:?}"

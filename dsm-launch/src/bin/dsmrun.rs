@@ -212,15 +212,16 @@ struct Cli {
 
     /// Set VAR in every rank's environment, on every host: to VALUE, or to its
     /// value in dsmrun's environment (repeatable)
-    #[arg(short = 'x', value_name = "VAR[=VALUE]")]
-    export: Vec<String>,
+    #[arg(short = 'x', value_name = "VAR[=VALUE]", value_parser = parse_export)]
+    export: Vec<(String, String)>,
 
     /// Rank 0 listens for the rendezvous at ADDR (an IP address, optionally
     /// with :PORT) on its host, and the other ranks reach it there [default:
     /// 127.0.0.1 for a job on this machine; across hosts the address rank 0's
     /// host was reached at (ssh's SSH_CONNECTION)]
-    #[arg(long, value_name = "ADDR", conflicts_with = "interface")]
-    bind_address: Option<String>,
+    #[arg(long, value_name = "ADDR", conflicts_with = "interface",
+          value_parser = parse_bind_address)]
+    bind_address: Option<std::net::SocketAddr>,
 
     /// Rank 0 listens for the rendezvous on the address of this network
     /// interface of its host (e.g. eth1); the other ranks then connect from
@@ -477,13 +478,24 @@ fn parse_segment_base(text: &str) -> Result<u64, String> {
     Ok(addr)
 }
 
+/// `-x VAR=VALUE`, or `-x VAR` for VAR's value in dsmrun's environment.
+fn parse_export(x: &str) -> Result<(String, String), String> {
+    match x.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        Some(_) => Err(format!("{x:?}: expected VAR or VAR=VALUE")),
+        None => std::env::var(x)
+            .map(|v| (x.to_owned(), v))
+            .map_err(|_| format!("{x} is not set in dsmrun's environment")),
+    }
+}
+
 /// `--bind-address`: an IP address, with or without a port (`[v6]:port` for IPv6).
-fn parse_bind_address(text: &str) -> anyhow::Result<std::net::SocketAddr> {
+fn parse_bind_address(text: &str) -> Result<std::net::SocketAddr, String> {
     if let Ok(ip) = text.parse::<std::net::IpAddr>() {
         return Ok((ip, 0).into());
     }
     text.parse()
-        .with_context(|| format!("--bind-address {text:?} is not an IP address or IP:PORT"))
+        .map_err(|e| format!("{text:?} is not an IP address or IP:PORT: {e}"))
 }
 
 /// A race exit status that says only that: the statuses dsmrun gives other meanings (see
@@ -561,7 +573,7 @@ impl Cli {
         let (ranks, hosts) = self.host_plan()?;
         let forward_env = self.forward_env()?;
         let bind = match (&self.bind_address, &self.interface) {
-            (Some(a), _) => Some(launcher::agent::BindTo::Addr(parse_bind_address(a)?)),
+            (Some(a), _) => Some(launcher::agent::BindTo::Addr(*a)),
             (None, Some(i)) => Some(launcher::agent::BindTo::Interface(i.clone())),
             (None, None) => None,
         };
@@ -741,17 +753,7 @@ impl Cli {
 
     /// The `-x` variables, and the segment base when one was chosen.
     fn forward_env(&self) -> anyhow::Result<Vec<(String, String)>> {
-        let mut forward_env = self
-            .export
-            .iter()
-            .map(|x| match x.split_once('=') {
-                Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
-                Some(_) => anyhow::bail!("-x {x:?}: expected VAR or VAR=VALUE"),
-                None => std::env::var(x)
-                    .map(|v| (x.clone(), v))
-                    .with_context(|| format!("-x {x}: {x} is not set in dsmrun's environment")),
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let mut forward_env = self.export.clone();
         if let Some(base) = self.segment_base {
             forward_env.push((
                 dsm_proto::env_vars::SEGMENT_ADDR.to_owned(),
