@@ -101,6 +101,12 @@ pub struct EpochTrace {
 }
 
 impl EpochTrace {
+    /// The epoch that ends at this trace point, numbered as race reports number them:
+    /// epoch 7 ends at barrier 7, and after 12 barriers `finish()` ends epoch 13.
+    pub fn ended_epoch(&self) -> u32 {
+        self.epoch + u32::from(self.at_exit)
+    }
+
     /// `barrier 7` or `finish (after 12 barriers)`.
     pub fn label(&self) -> String {
         if self.at_exit {
@@ -736,6 +742,22 @@ pub fn check_whole<R: Read>(input: R) -> Result<TraceSummary, TraceError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trace_points_name_the_epoch_they_end_as_race_reports_do() {
+        let at = |epoch, at_exit| EpochTrace {
+            epoch,
+            at_exit,
+            allocs: Vec::new(),
+        };
+        assert_eq!(
+            (at(7, false).label(), at(7, false).ended_epoch()),
+            ("barrier 7".into(), 7)
+        );
+        let finish = at(12, true);
+        assert_eq!(finish.label(), "finish (after 12 barriers)");
+        assert_eq!(finish.ended_epoch(), 13);
+    }
 
     fn grid(n: usize, bump: Option<usize>) -> Vec<u8> {
         (0..n * n)

@@ -417,6 +417,6 @@ impl Dsm {
                 epoch.label()
             ))],
         };
-        Ok(state.report(&epoch.label(), epoch.epoch, &diffs))
+        Ok(state.report(&epoch.label(), epoch.ended_epoch(), &diffs))
     }
 }

@@ -127,7 +127,11 @@ fn run() -> Result<bool, Failure> {
         let diffs = compare_epoch(&ea, &eb, tol, sides);
         if !diffs.is_empty() {
             differ = true;
-            println!("values differ at {} (epoch {}):", eb.label(), eb.epoch);
+            println!(
+                "values differ at {} (epoch {}):",
+                eb.label(),
+                eb.ended_epoch()
+            );
             for d in &diffs {
                 println!("  {d}");
             }
