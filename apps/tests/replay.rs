@@ -258,8 +258,9 @@ fn damaged_records_are_clear_errors() {
         assert!(run.stderr.contains(says), "{}", run.stderr);
     }
     let missing = dir.path().join("missing.dsmrec");
+    // A record that cannot be opened is a wrong path on the command line.
     let run = dsm_testkit::dsmrun(2, &["--replay", s(&missing)], TEST, &["lock-order"]);
-    assert_eq!(run.code, Some(1));
+    assert_eq!(run.code, Some(2));
     assert!(
         run.stderr.contains("cannot read the record"),
         "{}",

@@ -243,8 +243,9 @@ fn bad_trace_files_are_clear_errors() {
     assert!(out.stderr.contains("has hashes only"), "{out:?}");
     let cmp = dsm_compare(&["--tolerance", "1e-9", &reference, &reference]);
     assert_eq!(cmp.code, Some(2), "{cmp:?}");
+    // A reference that cannot be opened is a wrong path on the command line.
     let out = kit::dsmrun(1, &["--compare", "/nonexistent/ref.dsmtrace"], sor(), &args);
-    assert_eq!(out.code, Some(1), "{out:?}");
+    assert_eq!(out.code, Some(2), "{out:?}");
     assert!(
         out.stderr.contains("cannot open the reference trace"),
         "{out:?}"

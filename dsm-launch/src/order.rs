@@ -50,12 +50,14 @@ pub enum OrderError {
 
 impl OrderError {
     /// dsmrun's exit status for this error: [`dsm_proto::exit_codes::REPLAY_DIVERGED`] for
-    /// a record of another job, 1 otherwise.
+    /// a record of another job, [`dsm_proto::exit_codes::CORRUPT_INPUT`] for a damaged one,
+    /// 2 for one that cannot be opened (a wrong path on the command line), 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
             OrderError::Mismatch { .. } => dsm_proto::exit_codes::REPLAY_DIVERGED,
             OrderError::Bad { .. } => dsm_proto::exit_codes::CORRUPT_INPUT,
-            _ => 1,
+            OrderError::Open { .. } => 2,
+            OrderError::Write { .. } => 1,
         }
     }
 }

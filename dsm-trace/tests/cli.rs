@@ -18,6 +18,12 @@ fn missing_files_and_bad_usage_exit_2_with_a_message() {
     assert!(err.contains("/nonexistent/a.dsmtrace"), "{err}");
     let out = dsm_compare(&[]);
     assert_eq!(out.status.code(), Some(2));
+    // A directory opens, but is no trace to read, damaged or not.
+    let dir = std::env::temp_dir();
+    let out = dsm_compare(&[dir.to_str().unwrap(), "/nonexistent/b.dsmtrace"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("it is a directory"), "{err}");
 }
 
 #[test]

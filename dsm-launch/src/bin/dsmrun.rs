@@ -94,10 +94,11 @@ Exit status:
          nothing for the liveness deadline); or dsmrun itself failed (e.g.
          could not start a rank)
   2      invalid command line, DSM_SEGMENT_ADDR, DSM_TRANSPORT, DSM_PUSH or
-         DSM_SPIN in dsmrun's environment does not parse, or a file the job
-         would write (--record, --sem-trace; and when rank 0 runs here
-         --race-log, --race-sarif, --trace-values) cannot be written (all
-         checked before any rank starts)
+         DSM_SPIN in dsmrun's environment does not parse, a file the job
+         reads (--replay, --compare, --hostfile, --race-suppressions) cannot
+         be opened, or a file it would write (--record, --sem-trace; and when
+         rank 0 runs here --race-log, --race-sarif, --trace-values) cannot be
+         written (all checked before any rank starts)
   65     a record to replay or a reference trace to compare with is damaged
          (not such a file, another version, truncated, or its checksum does
          not match; checked before any rank starts)
@@ -700,8 +701,12 @@ impl Cli {
     fn checked_reference(&self, p: &Path) -> anyhow::Result<PathBuf> {
         // Open it here so a missing file is dsmrun's clear error, not N ranks'.
         let reference = absolute(p, "--compare")?;
-        let file = std::fs::File::open(&reference)
-            .with_context(|| format!("cannot open the reference trace '{}'", p.display()))?;
+        let file = std::fs::File::open(&reference).map_err(|e| {
+            UsageError(format!(
+                "cannot open the reference trace '{}': {e}",
+                p.display()
+            ))
+        })?;
         // Read through and checksummed here: a damaged reference is dsmrun's one
         // line before any rank starts, not a difference or a failure half-way.
         let whole = dsm_trace::check_whole(std::io::BufReader::new(file))

@@ -37,6 +37,10 @@ impl From<String> for Failure {
 }
 
 fn file(path: &str) -> Result<BufReader<File>, Failure> {
+    // A directory opens, and fails at the first read as if the trace were damaged.
+    if std::path::Path::new(path).is_dir() {
+        return Err(format!("cannot open trace '{path}': it is a directory").into());
+    }
     let f = File::open(path).map_err(|e| format!("cannot open trace '{path}': {e}"))?;
     Ok(BufReader::new(f))
 }
