@@ -232,6 +232,19 @@ fn bad_trace_files_are_clear_errors() {
         assert_eq!(out.all_output().trim().lines().count(), 1, "{out:?}");
         assert!(!out.all_output().contains("panicked"), "{out:?}");
     }
+    // A reference of another program is refused at start, before the job forms.
+    let out = kit::dsmrun(
+        2,
+        &["--compare", &reference],
+        env!("CARGO_BIN_EXE_water"),
+        &["--molecules", "8", "--steps", "1"],
+    );
+    assert_eq!(out.code, Some(2), "{out:?}");
+    assert!(
+        out.stderr.contains("traces program 'sor', not 'water'"),
+        "{out:?}"
+    );
+    assert_eq!(out.all_output().trim().lines().count(), 1, "{out:?}");
     // A tolerance needs values: a hashes-only reference is refused at start.
     let out = kit::dsmrun(
         2,

@@ -711,6 +711,24 @@ impl Cli {
         // line before any rank starts, not a difference or a failure half-way.
         let whole = dsm_trace::check_whole(std::io::BufReader::new(file))
             .map_err(|e| CorruptInput(format!("reference trace '{}': {e}", p.display())))?;
+        // The ranks check this too, but only after the job has formed.
+        let program = self
+            .command
+            .first()
+            .and_then(|c| Path::new(c).file_name())
+            .map(|n| n.to_string_lossy().into_owned());
+        if program
+            .as_ref()
+            .is_some_and(|me| *me != whole.header.program)
+        {
+            return Err(UsageError(format!(
+                "reference trace '{}' traces program '{}', not '{}'",
+                p.display(),
+                whole.header.program,
+                program.unwrap_or_default()
+            ))
+            .into());
+        }
         if !whole.has_values && (self.tolerance.is_some() || self.rel_tolerance.is_some()) {
             return Err(UsageError(format!(
                 "--tolerance and --rel-tolerance need a reference with values, and \
