@@ -1959,7 +1959,8 @@ impl Job {
         sv.collateral = None;
         let others = self.running();
         if let RankStatus::Exited(code) = status {
-            if Some(code) == self.race_exit_code {
+            // Rank 0 reports races: the same status from another rank is its failure.
+            if Some(code) == self.race_exit_code && rank == 0 {
                 sv.race_ranks.push(rank);
                 if others > 0 && sv.race_exit.is_none() {
                     sv.race_exit = Some((now + RACE_EXIT_NOTE_AFTER, rank, code));

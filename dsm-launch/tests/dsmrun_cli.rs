@@ -381,7 +381,7 @@ fn race_exit_code_waits_for_the_others_and_is_returned() {
     let prog = script(
         &dir,
         "race.sh",
-        r#"if [ "$DSM_RANK" = 1 ]; then echo "race found"; exit 66; fi
+        r#"if [ "$DSM_RANK" = 0 ]; then echo "race found"; exit 66; fi
 sleep 0.5
 echo "done $DSM_RACE_EXIT_CODE""#,
     );
@@ -394,10 +394,37 @@ echo "done $DSM_RACE_EXIT_CODE""#,
     assert_eq!(out.code, Some(66), "{out:?}");
     let lines = out.stdout_lines();
     // The other ranks were not stopped early: they finished their work.
-    assert!(lines.contains(&"[0] done 66".to_owned()), "{out:?}");
+    assert!(lines.contains(&"[1] done 66".to_owned()), "{out:?}");
     assert!(lines.contains(&"[2] done 66".to_owned()), "{out:?}");
-    assert!(lines.contains(&"[1] race found".to_owned()), "{out:?}");
+    assert!(lines.contains(&"[0] race found".to_owned()), "{out:?}");
     assert!(!out.stderr.contains("stopping"), "{out:?}");
+}
+
+#[test]
+fn the_race_exit_code_from_a_rank_other_than_0_is_its_failure() {
+    // Only rank 0 reports races: another rank exiting with the same status failed, and
+    // is named as the cause (with --race-exit-code 1 a failing rank's usual status).
+    let dir = tempfile::tempdir().unwrap();
+    let prog = script(
+        &dir,
+        "fail.sh",
+        r#"if [ "$DSM_RANK" = 1 ]; then exit 1; fi
+exec sleep 60"#,
+    );
+    let out = run([
+        OsStr::new("-n"),
+        OsStr::new("2"),
+        OsStr::new("--race-exit-code"),
+        OsStr::new("1"),
+        prog.as_os_str(),
+    ]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.elapsed < Duration::from_secs(10), "{out:?}");
+    assert!(
+        out.stderr
+            .contains("dsmrun: rank 1 exited with status 1; stopping the other rank"),
+        "{out:?}"
+    );
 }
 
 #[test]

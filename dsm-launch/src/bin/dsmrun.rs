@@ -107,10 +107,11 @@ Exit status:
   127    PROGRAM was not found
   128+S  the first failing rank was killed by signal S (e.g. 139 for SIGSEGV),
          or dsmrun received signal S (130 for Ctrl-C)
-  CODE   with race detection, a rank exited with the race exit code (default
-         66: data races, or with --check check findings, were reported) and
-         nothing else failed; lock-order dependences alone (--race=schedule)
-         leave the status 0
+  CODE   with race detection, rank 0 (which reports the races) exited with
+         the race exit code (default 66: data races, or with --check check
+         findings, were reported) and nothing else failed; another rank that
+         exits with it has failed; lock-order dependences alone
+         (--race=schedule) leave the status 0
   67     with --replay, the run deviated from the record (another program,
          other arguments or N, or race detection on where the record had it
          off or the other way round, checked before any rank starts; or, while
