@@ -129,9 +129,16 @@ pub enum LaunchError {
         /// Why it cannot be run.
         reason: &'static str,
     },
-    /// No free port on the loopback interface for rank 0's rendezvous.
-    #[error("cannot pick a free TCP port on 127.0.0.1 for the rendezvous")]
-    NoFreePort(#[source] io::Error),
+    /// No free port for rank 0's rendezvous where it listens (loopback unless
+    /// `--bind-address` or `--interface` says otherwise).
+    #[error("cannot pick a free TCP port on {where_} for the rendezvous")]
+    NoFreePort {
+        /// The address it tried to listen on.
+        where_: String,
+        /// Why it could not.
+        #[source]
+        error: io::Error,
+    },
     /// The signal handlers that forward Ctrl-C and friends to the ranks could not be set.
     #[error("cannot install the SIGINT/SIGTERM/SIGHUP handlers")]
     Signals(#[source] io::Error),
@@ -212,7 +219,9 @@ impl LaunchError {
                 _ if source.raw_os_error() == Some(Errno::ENOEXEC as i32) => 126,
                 _ => 1,
             },
-            LaunchError::NoFreePort(_) | LaunchError::Signals(_) | LaunchError::Thread { .. } => 1,
+            LaunchError::NoFreePort { .. }
+            | LaunchError::Signals(_)
+            | LaunchError::Thread { .. } => 1,
         }
     }
 }
@@ -747,15 +756,19 @@ pub fn run(config: &LaunchConfig) -> Result<JobOutcome, LaunchError> {
             return run_across_hosts(config, plan, &host_of, &program, exe_dir.as_deref());
         }
     }
-    let rendezvous = match &config.bind {
-        None => bind_rendezvous(),
+    let (rendezvous, where_) = match &config.bind {
+        None => (bind_rendezvous(), "127.0.0.1".to_owned()),
         Some(bind) => {
             let addr = local_bind_addr(bind)?;
-            TcpListener::bind(addr)
+            (TcpListener::bind(addr), addr.ip().to_string())
         }
-    }
-    .map_err(LaunchError::NoFreePort)?;
-    let coord = rendezvous.local_addr().map_err(LaunchError::NoFreePort)?;
+    };
+    let no_port = |error| LaunchError::NoFreePort {
+        where_: where_.clone(),
+        error,
+    };
+    let rendezvous = rendezvous.map_err(no_port)?;
+    let coord = rendezvous.local_addr().map_err(no_port)?;
     let mut rendezvous = Some(rendezvous);
     let secret = generate_secret();
     debug!(program = %program.display(), ranks = config.ranks, %coord, "launching job");

@@ -981,3 +981,21 @@ sleep 3"#,
         "{out:?}"
     );
 }
+
+#[test]
+fn a_bind_address_that_is_not_this_hosts_is_named() {
+    // Binding fails locally (nothing is contacted): the message names the address tried.
+    let out = run([
+        OsStr::new("-n"),
+        OsStr::new("2"),
+        OsStr::new("--bind-address"),
+        OsStr::new("192.0.2.1"),
+        OsStr::new("true"),
+    ]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stderr
+            .contains("cannot pick a free TCP port on 192.0.2.1 for the rendezvous"),
+        "{out:?}"
+    );
+}
