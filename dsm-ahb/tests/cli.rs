@@ -131,6 +131,12 @@ fn table1_without_paper_figures_and_misuse() {
     assert_eq!(code, 2, "{err}");
     let out = Command::new(AHB).args(["--events", "30"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
+    // Sizes that make no traces (or traces of one node) measure nothing.
+    for bad in [["--traces", "0"], ["--max-tasks", "1"], ["--events", "0"]] {
+        let (code, _, err) = table1(&bad);
+        assert_eq!(code, 2, "{bad:?}: {err}");
+        assert!(err.contains(bad[0]), "{bad:?}: {err}");
+    }
 }
 
 #[test]

@@ -53,19 +53,23 @@ struct Cli {
     #[arg(long, conflicts_with_all = ["files", "brute_force", "observed"])]
     table1: bool,
     /// --table1: operations per trace (the paper has figures for 30, 35 and 40)
-    #[arg(long, default_value_t = 30, requires = "table1")]
+    #[arg(long, default_value_t = 30, requires = "table1",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     events: usize,
     /// --table1: traces generated
-    #[arg(long, default_value_t = 5000, requires = "table1")]
+    #[arg(long, default_value_t = 5000, requires = "table1",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     traces: usize,
     /// --table1: seed of the random generator
     #[arg(long, default_value_t = 1, requires = "table1")]
     seed: u64,
     /// --table1: nodes per trace are drawn from 2 to this (the paper does not say its own)
-    #[arg(long, default_value_t = 4, requires = "table1")]
+    #[arg(long, default_value_t = 4, requires = "table1",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..))]
     max_tasks: usize,
     /// --table1: semaphores per trace are drawn from 1 to this (nor this)
-    #[arg(long, default_value_t = 3, requires = "table1")]
+    #[arg(long, default_value_t = 3, requires = "table1",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     max_sems: usize,
     /// The trace file (or the per-rank parts of one)
     #[arg(required_unless_present = "table1")]
