@@ -92,6 +92,15 @@ pub fn main_with(body: impl FnOnce() -> anyhow::Result<ExitCode>) -> ExitCode {
     }
 }
 
+/// Exits with a usage error (status 2, clap's form and exit status) for arguments that
+/// clap cannot check alone: a value out of range given the others, say. Status 1 means a
+/// wrong result.
+pub fn usage_error<A: clap::CommandFactory>(msg: impl std::fmt::Display) -> ! {
+    A::command()
+        .error(clap::error::ErrorKind::ValueValidation, msg)
+        .exit()
+}
+
 /// Prints a failure line and exits with status 1: the convention for a wrong result.
 pub fn fail(msg: &str) -> ! {
     eprintln!("FAILED: {msg}");

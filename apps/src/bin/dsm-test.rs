@@ -2,7 +2,7 @@
 //! multi-process tests (and for users checking an installation). Each verifies its own
 //! outcome, prints `verified: ...` on rank 0 and exits non-zero on a wrong result.
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use apps::fail;
 use clap::{Parser, Subcommand};
 use dsm_core::{Distribution, Dsm};
@@ -43,7 +43,7 @@ enum Test {
         #[arg(long, default_value_t = 4)]
         rounds: u64,
         /// Element type: u64, or u8 (neighbouring bytes written by different nodes).
-        #[arg(long, default_value = "u64")]
+        #[arg(long, default_value = "u64", value_parser = ["u64", "u8"])]
         elem: String,
         #[arg(long, default_value_t = 3)]
         pages: usize,
@@ -173,7 +173,7 @@ fn run() -> anyhow::Result<ExitCode> {
             "u8" => falseshare::<u8>(&mut dsm, rounds, pages, |i, r| {
                 ((i as u64 * 7 + r * 13) % 251 + 1) as u8
             })?,
-            other => bail!("--elem must be u64 or u8, not {other:?}"),
+            other => unreachable!("clap accepts u64 and u8 only, not {other:?}"),
         },
         Test::Sparse {
             mib,

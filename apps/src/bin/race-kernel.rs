@@ -60,7 +60,9 @@ fn run() -> anyhow::Result<ExitCode> {
         Cmd::Run { name } => {
             let all = kernels::all();
             let Some(k) = all.iter().find(|k| k.name == name) else {
-                bail!("no kernel named {name:?}; `race-kernel list` shows them");
+                apps::usage_error::<Args>(format!(
+                    "no kernel named {name:?}; `race-kernel list` shows them"
+                ));
             };
             let mut dsm = Dsm::init().context("joining the DSM job")?;
             if dsm.size() < k.min_nodes {

@@ -17,8 +17,8 @@ use std::time::Instant;
 #[command(name = "sor", version)]
 struct Args {
     /// Grid size N (N x N points of f64), at least 3.
-    #[arg(long, default_value_t = 512)]
-    size: usize,
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(3..))]
+    size: u64,
     /// Red-black iterations.
     #[arg(long, default_value_t = 100)]
     iters: usize,
@@ -124,19 +124,14 @@ fn main() -> ExitCode {
 fn run() -> anyhow::Result<ExitCode> {
     apps::init_logging();
     let args = Args::parse();
-    if args.size < 3 {
-        anyhow::bail!("--size must be at least 3 (got {})", args.size);
-    }
-    let n = args.size;
+    let n = args.size as usize;
     if let Some(bug) = args.inject_bug {
         let last = 2 * args.iters + 1;
         if bug.epoch < 2 || bug.epoch as usize > last || bug.row >= n || bug.col >= n {
-            anyhow::bail!(
+            apps::usage_error::<Args>(format!(
                 "--inject-bug {},{},{}: EPOCH must be 2..={last} and ROW, COL below {n}",
-                bug.epoch,
-                bug.row,
-                bug.col
-            );
+                bug.epoch, bug.row, bug.col
+            ));
         }
     }
     if let Some(threads) = args.threads {

@@ -85,11 +85,6 @@ fn load(args: &Args) -> Result<Instance, String> {
     }
 }
 
-fn usage_error(msg: &str) -> ! {
-    eprintln!("tsp: {msg}");
-    std::process::exit(2)
-}
-
 fn main() -> ExitCode {
     apps::main_with(run)
 }
@@ -142,16 +137,16 @@ fn run() -> anyhow::Result<ExitCode> {
 fn check_args(args: &Args) {
     if let Some(n) = args.random {
         if !(1..=MAX_CITIES).contains(&n) {
-            usage_error(&format!(
+            apps::usage_error::<Args>(format!(
                 "--random {n}: the number of cities must be in 1..={MAX_CITIES}"
             ));
         }
     }
     if args.pool == Some(0) {
-        usage_error("--pool must be at least 1");
+        apps::usage_error::<Args>("--pool must be at least 1");
     }
     if args.batch == 0 {
-        usage_error("--batch must be at least 1");
+        apps::usage_error::<Args>("--batch must be at least 1");
     }
 }
 
