@@ -284,3 +284,28 @@ fn host_list_mistakes_are_usage_errors() {
     let r = run(dsmrun(&["-H", "localhost:2,127.0.0.1"], &prog));
     assert_eq!(r.code, Some(0), "{r:?}");
 }
+
+#[test]
+fn the_agent_answers_help_and_usage_mistakes_without_waiting_for_a_job() {
+    let agent = env!("CARGO_BIN_EXE_dsmrun-agent");
+    let help = Command::new(agent)
+        .arg("--help")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&help.stdout);
+    assert_eq!(help.status.code(), Some(0), "{help:?}");
+    assert!(out.contains("not meant to be run by hand"), "{out}");
+    assert!(out.contains("Usage: dsmrun-agent"), "{out}");
+    for args in [&[][..], &["--bogus"][..]] {
+        let r = Command::new(agent)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert_eq!(r.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("Usage: dsmrun-agent"), "{args:?}: {err}");
+        assert!(!err.contains("connection"), "{args:?}: {err}");
+    }
+}

@@ -5,22 +5,28 @@
 
 #![forbid(unsafe_code)]
 
+use clap::Parser;
+use std::ffi::OsString;
 use std::process::ExitCode;
 
+/// Runs one rank of a dsmrun job on this host. Started by dsmrun through its launch agent
+/// (`ssh HOST`, ...); it reads the rank's job from stdin and is not meant to be run by
+/// hand.
+#[derive(Parser, Debug)]
+#[command(name = "dsmrun-agent", version)]
+struct Args {
+    /// The rank's program and its arguments (after `--`).
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        value_name = "PROGRAM [ARGS]"
+    )]
+    command: Vec<OsString>,
+}
+
 fn main() -> ExitCode {
-    let mut args = std::env::args_os().skip(1);
-    let first = args.next();
-    let program = match first {
-        Some(sep) if sep == "--" => args.next(),
-        other => other,
-    };
-    let Some(program) = program else {
-        eprintln!(
-            "usage: dsmrun-agent -- PROGRAM [ARGS]...\n\
-             (started by dsmrun on other hosts; it reads the job from stdin)"
-        );
-        return ExitCode::from(2);
-    };
-    let code = dsm_launch::agent::agent_main(program, args.collect());
+    let mut command = Args::parse().command.into_iter();
+    let program = command.next().expect("clap requires the program");
+    let code = dsm_launch::agent::agent_main(program, command.collect());
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
