@@ -1168,6 +1168,11 @@ impl Plan {
         }
     }
 
+    /// The planned intervals, sorted by node and index, once the plan has been compared.
+    pub fn into_intervals(self) -> Vec<IntervalRecord> {
+        self.intervals
+    }
+
     /// Compares the fetched bitmaps and returns every race, one per element and interval
     /// pair, ordered by variable, element and interval pair.
     pub fn compare(&self, bitmaps: &Bitmaps, vars: &VarTable) -> Vec<Race> {

@@ -127,33 +127,111 @@ impl Incremental {
         }
         self.shipped[from_idx] = self.shipped[from_idx].max(known.get(from));
         let new: Vec<IntervalRecord> = new.into_iter().filter(|r| r.race.is_some()).collect();
-        let mut races = Vec::new();
-        if !new.is_empty() {
-            let touched = touched_pages(&new);
-            let mut all: Vec<IntervalRecord> = self
-                .pending
-                .iter()
-                .enumerate()
-                .filter(|&(node, _)| node != from_idx)
-                .flat_map(|(_, list)| list)
-                .filter(|r| touches(r, &touched))
-                .cloned()
-                .collect();
+        if let Some((all, _, _)) = self.oracle.as_mut() {
             all.extend(new.iter().cloned());
-            let plan = plan_fresh(epoch, all, self.schedule, |r| {
-                r.node == from && r.index > already
-            });
-            races = plan.compare(&self.bitmaps, vars);
-            if let Some((all, _, found)) = self.oracle.as_mut() {
-                all.extend(new.iter().cloned());
-                found.extend(races.iter().cloned());
-            }
-            self.pending[from_idx].extend(new);
+        }
+        let races = self.plan_batch(epoch, vars, from, already, new);
+        if let Some((_, _, found)) = self.oracle.as_mut() {
+            found.extend(races.iter().cloned());
         }
         self.known[from_idx] = Some(known);
         self.peak_pending = self.peak_pending.max(self.pending());
         self.discard_seen();
         races
+    }
+
+    /// Compares node `from`'s new intervals (`new`, in index order, each with notices)
+    /// with the other nodes' pending ones and keeps them pending. Only what can race is
+    /// planned: the pending intervals that may be concurrent with some new one (outside
+    /// schedule mode, each node's are a window of its list, see [`Incremental::window`])
+    /// and touch a page the batch touches, and the new intervals concurrent with one of
+    /// those that touches a page they touch, one of the two writing it. The others cannot race
+    /// with anything pending (later intervals are planned against them when they come).
+    /// Planned intervals are moved through the plan, not copied.
+    fn plan_batch(
+        &mut self,
+        epoch: u32,
+        vars: &VarTable,
+        from: NodeId,
+        already: u32,
+        new: Vec<IntervalRecord>,
+    ) -> Vec<Race> {
+        let from_idx = from as usize;
+        let (Some(first), Some(last)) = (new.first(), new.last()) else {
+            return Vec::new();
+        };
+        let touched = touched_pages(&new);
+        let mut others: Vec<IntervalRecord> = Vec::new();
+        for (node, list) in self.pending.iter().enumerate() {
+            if node != from_idx {
+                let window = self.window(list, node, first, from, last.index);
+                others.extend(
+                    list[window]
+                        .iter()
+                        .filter(|r| touches(r, &touched))
+                        .cloned(),
+                );
+            }
+        }
+        if others.is_empty() {
+            self.pending[from_idx].extend(new);
+            return Vec::new();
+        }
+        let contested = touched_pages(&others);
+        let (mut all, quiet): (Vec<IntervalRecord>, Vec<IntervalRecord>) =
+            new.into_iter().partition(|a| {
+                touches(a, &contested)
+                    && self.pending.iter().enumerate().any(|(node, list)| {
+                        node != from_idx
+                            && list[self.window(list, node, a, from, a.index)]
+                                .iter()
+                                .any(|r| conflict(a, r))
+                    })
+            });
+        if all.is_empty() {
+            self.pending[from_idx].extend(quiet);
+            return Vec::new();
+        }
+        all.extend(others);
+        let plan = plan_fresh(epoch, all, self.schedule, |r| {
+            r.node == from && r.index > already
+        });
+        let races = plan.compare(&self.bitmaps, vars);
+        // The plan holds them sorted by node and index: this node's are the planned new
+        // ones, in order; merged back with the quiet ones by index.
+        let planned = plan.into_intervals().into_iter().filter(|r| r.node == from);
+        let list = &mut self.pending[from_idx];
+        let mut quiet = quiet.into_iter().peekable();
+        for r in planned {
+            while let Some(q) = quiet.next_if(|q| q.index < r.index) {
+                list.push(q);
+            }
+            list.push(r);
+        }
+        list.extend(quiet);
+        races
+    }
+
+    /// The positions in node `node`'s pending `list` of the intervals that may be
+    /// concurrent with a new interval of node `from` between `earliest` (the one that
+    /// knows least) and the one numbered `latest`: those `earliest` has not seen, up to
+    /// the first that has seen `latest`. A node's intervals know ever more, so both
+    /// bounds are binary searches. In schedule mode lock edges order nothing: all of it.
+    fn window(
+        &self,
+        list: &[IntervalRecord],
+        node: usize,
+        earliest: &IntervalRecord,
+        from: NodeId,
+        latest: u32,
+    ) -> std::ops::Range<usize> {
+        if self.schedule {
+            return 0..list.len();
+        }
+        let seen = earliest.vt.get(node as NodeId);
+        let lo = list.partition_point(|r| r.index <= seen);
+        let hi = list.partition_point(|r| r.vt.get(from) < latest);
+        lo..hi.max(lo)
     }
 
     /// `node` (whose batches were all absorbed) is entering the barrier and closes no
@@ -251,6 +329,16 @@ fn touches(r: &IntervalRecord, pages: &PageRuns) -> bool {
     r.race.as_ref().is_some_and(|n| {
         runs_meet(n.reads.runs(), pages.runs()) || runs_meet(n.writes.runs(), pages.runs())
     })
+}
+
+/// Whether intervals `a` and `b` touch a common page and one of them writes it.
+fn conflict(a: &IntervalRecord, b: &IntervalRecord) -> bool {
+    let (Some(a), Some(b)) = (a.race.as_ref(), b.race.as_ref()) else {
+        return false;
+    };
+    runs_meet(a.writes.runs(), b.writes.runs())
+        || runs_meet(a.writes.runs(), b.reads.runs())
+        || runs_meet(a.reads.runs(), b.writes.runs())
 }
 
 /// Whether two sorted lists of disjoint page runs `(first, count)` share a page.
