@@ -1389,7 +1389,7 @@ pub struct Recorder {
     /// Whether the open interval is frozen (see [`Recorder::freeze_interval`]).
     frozen: bool,
     /// The frozen interval's pages (allocation, page), for the thaw.
-    frozen_pages: SmallVec<[(u32, u32); FREEZE_MAX_PAGES]>,
+    frozen_pages: Vec<(u32, u32)>,
     /// Whether the epoch's access digest is kept (see [`Recorder::keep_digest`]).
     digest: bool,
     /// First touches so far, counted by the allocations' shadows.
@@ -1426,7 +1426,7 @@ impl Recorder {
             last_site: [Cell::new((0, u32::MAX)), Cell::new((0, u32::MAX))],
             sealed: 0,
             frozen: false,
-            frozen_pages: SmallVec::new(),
+            frozen_pages: Vec::with_capacity(FREEZE_MAX_PAGES),
             digest: true,
             touches: Rc::new(Cell::new(0)),
             thawed_at: None,
@@ -1504,17 +1504,26 @@ impl Recorder {
     ///
     /// Returns `false`, changing nothing, when the interval touched more than
     /// `FREEZE_MAX_PAGES` (16) pages (it is then closed as usual).
+    #[inline]
     pub fn freeze_interval(&mut self) -> bool {
         if self.frozen {
             return false;
         }
         if self.thawed_at == Some(self.touches.get()) {
             // Nothing was touched since the thaw: the interval's pages are those it froze.
+            // (A rank re-taking its own lock comes here at every release.)
             self.shift_frozen_pages(true);
             self.frozen_at = self.touches.get();
             self.frozen = true;
             return true;
         }
+        self.freeze_touched_pages()
+    }
+
+    /// [`Recorder::freeze_interval`] of an interval whose pages are not known to be those
+    /// it froze last: every touched page.
+    #[inline(never)]
+    fn freeze_touched_pages(&mut self) -> bool {
         self.thawed_at = None;
         self.frozen_pages.clear();
         for (id, a) in self.allocs.iter().enumerate() {
@@ -1537,6 +1546,7 @@ impl Recorder {
 
     /// Shifts the flags of the pages in `frozen_pages` out of the access bits (`freeze`)
     /// or back.
+    #[inline]
     fn shift_frozen_pages(&self, freeze: bool) {
         for &(a, page) in &self.frozen_pages {
             let f = &self.allocs[a as usize].now.flags[page as usize];
@@ -1557,15 +1567,11 @@ impl Recorder {
     /// as part of it. Returns `false`, changing nothing, when nothing is frozen or a
     /// frozen page was touched again (its contents were moved aside:
     /// [`Recorder::close_frozen`] then closes the frozen interval).
+    #[inline]
     pub fn thaw_interval(&mut self) -> bool {
-        // A frozen page touched again lost its frozen flags when it was moved aside.
-        let flags = |&(a, page): &(u32, u32)| &self.allocs[a as usize].now.flags[page as usize];
-        if !self.frozen
-            || self
-                .frozen_pages
-                .iter()
-                .any(|p| flags(p).get() & FROZEN == 0)
-        {
+        // A frozen page touched again lost its frozen flags when it was moved aside; that
+        // touch was a first touch, so with none since the freeze none was.
+        if !self.frozen || (self.touches.get() != self.frozen_at && self.frozen_page_touched()) {
             return false;
         }
         self.shift_frozen_pages(false);
@@ -1573,6 +1579,14 @@ impl Recorder {
         self.thawed_at = (self.touches.get() == self.frozen_at).then_some(self.frozen_at);
         self.frozen = false;
         true
+    }
+
+    /// Whether a page of the frozen interval was touched since it froze.
+    #[inline(never)]
+    fn frozen_page_touched(&self) -> bool {
+        self.frozen_pages
+            .iter()
+            .any(|&(a, page)| self.allocs[a as usize].now.flags[page as usize].get() & FROZEN == 0)
     }
 
     /// Closes the frozen interval: its pages, in the shadows or moved aside, become its

@@ -1081,7 +1081,7 @@ impl Dsm {
             c.while_holding();
         }
         match reply {
-            Reply::Done => self.after_lock_sync().map(|()| LockGuard {
+            Reply::Done => self.after_lock_sync(false).map(|()| LockGuard {
                 dsm: self,
                 lock,
                 host: None,
@@ -1124,7 +1124,7 @@ impl Dsm {
         self.host_locks_held.push(lock);
         self.host_lock_acquires += 1;
         if thawable && self.thaw_frozen_release(host) {
-            return self.after_lock_sync();
+            return self.after_lock_sync(false);
         }
         self.settle_frozen_release()?;
         let r = self.race.as_mut().expect("race mode");
@@ -1132,7 +1132,7 @@ impl Dsm {
             r.elided_acquires += 1;
             // Lock operations count towards the next race batch whether or not they
             // close an interval (see `after_lock_sync`).
-            self.after_lock_sync()
+            self.after_lock_sync(false)
         } else {
             self.host_acquire_in_engine(lock, host, race, guessed)
         }
@@ -1164,7 +1164,7 @@ impl Dsm {
                 "lock {lock}: the engine refused an acquire in common memory"
             )));
         }
-        self.after_lock_sync()
+        self.after_lock_sync(false)
     }
 
     /// Releases a lock held in the common memory; with race detection, leaves what this
@@ -1176,14 +1176,16 @@ impl Dsm {
     /// runs in between (the program is inside this call), and the next holder learns
     /// only the clock, which names the interval being closed.
     fn release_host_lock(&mut self, lock: LockId, host: sys::HostLock) -> Result<(), DsmError> {
-        self.host_locks_held.retain(|&l| l != lock);
+        if let Some(i) = self.host_locks_held.iter().rposition(|&l| l == lock) {
+            self.host_locks_held.swap_remove(i);
+        }
         if self.race.is_none() {
             host.unlock();
             return Ok(());
         }
         self.settle_frozen_release()?;
         if self.freeze_released_interval(lock, host) {
-            return self.after_lock_sync();
+            return self.after_lock_sync(true);
         }
         if self.take_back_released_interval(lock, host) {
             // The lock keeps the clock this node left at the release taken back.
@@ -1214,7 +1216,7 @@ impl Dsm {
     /// Race mode, after a host lock's release: a race batch if one is due, and the
     /// release remembered for the next one (see `take_back_released_interval`).
     fn after_host_release(&mut self, lock: LockId) -> Result<(), DsmError> {
-        self.after_lock_sync()?;
+        self.after_lock_sync(true)?;
         self.remember_release(lock);
         Ok(())
     }
@@ -1252,7 +1254,7 @@ impl Dsm {
     fn release(&mut self, lock: LockId) -> Result<(), DsmError> {
         let race = self.close_race_interval()?;
         match self.comm().call(Command::Release { lock, race }) {
-            Reply::Done => self.after_lock_sync(),
+            Reply::Done => self.after_lock_sync(true),
             other => Err(DsmError::Protocol(format!(
                 "unexpected reply to release: {other:?}"
             ))),

@@ -62,6 +62,13 @@ pub(super) struct RaceState {
     pub(super) sum: dsm_race::PlanStats,
     /// Rank 0 with `--check`: the dynamic checks' state across epochs.
     pub(super) checker: Option<Checker>,
+    /// [`RaceState::batching`], fixed for the run (asked at every lock operation).
+    ships_batches: bool,
+    /// Lock operations between two asks whether a race batch is due, less one (a power
+    /// of two): 15 (every eighth release or so; a batch a few lock operations late
+    /// changes nothing, and the question costs more than the rest of a re-taken lock's
+    /// release), 0 (every release) for batches smaller than that.
+    due_check_mask: u32,
     /// Lock operations since this node's last race batch or barrier.
     unshipped: u32,
     /// The recorder's open interval at this node's last race batch or barrier: the
@@ -185,7 +192,7 @@ impl RaceState {
             Arc::new(Mutex::new(Master::new(rep, inc, nodes)))
         });
         let elide_acquires = !options.schedule && !options.check && options.pinpoint.is_empty();
-        Ok(RaceState {
+        let mut state = RaceState {
             phases: options.phases,
             recorder: Recorder::new(),
             master,
@@ -201,6 +208,8 @@ impl RaceState {
             fetched_late: 0,
             sum: Default::default(),
             checker,
+            ships_batches: false,
+            due_check_mask: if batch < 16 { 0 } else { 15 },
             unshipped: 0,
             interval_at_ship: 1,
             epoch_lock_syncs: 0,
@@ -218,7 +227,9 @@ impl RaceState {
             continued_releases: 0,
             frozen_release: None,
             thawed: false,
-        })
+        };
+        state.ships_batches = state.batching();
+        Ok(state)
     }
 
     /// Whether this node ships race batches between barriers. First races, the dynamic
@@ -378,12 +389,17 @@ impl Dsm {
         if !r.elide_acquires || !r.recorder.freeze_interval() {
             return false;
         }
-        if !r.thawed {
+        if r.thawed {
+            // The lock holds what this node knows: the thaw checked it, and nothing was
+            // learned since (an acquire that learns something closes the interval).
+            debug_assert!(r.known.is(host.released()));
+        } else {
             let clock = self.comm().with_engine_now(|e| e.known_after_close());
-            self.race.as_mut().expect("race mode").known.set(&clock);
+            let r = self.race.as_mut().expect("race mode");
+            r.known.set(&clock);
+            host.set_released_clock(r.known.entries());
         }
         let r = self.race.as_mut().expect("race mode");
-        host.set_released_clock(r.known.entries());
         host.unlock();
         r.thawed = false;
         r.frozen_release = Some(lock);
@@ -411,7 +427,17 @@ impl Dsm {
     /// Race mode: closes the interval a host-lock release froze, in the recorder and the
     /// engine, as that release would have closed it (nothing was learned since: every
     /// synchronization settles it first). Its clock is already in the lock.
+    #[inline]
     pub(super) fn settle_frozen_release(&mut self) -> Result<(), DsmError> {
+        match self.race.as_ref() {
+            Some(r) if r.frozen_release.is_some() => self.close_frozen_release(),
+            _ => Ok(()),
+        }
+    }
+
+    /// [`Dsm::settle_frozen_release`] when a release froze the interval.
+    #[inline(never)]
+    fn close_frozen_release(&mut self) -> Result<(), DsmError> {
         let Some(r) = self.race.as_mut() else {
             return Ok(());
         };
@@ -467,15 +493,33 @@ impl Dsm {
     /// passed. While [`MAX_UNANALYSED_BATCHES`] of this node's batches wait for the
     /// master's analyst, wait first: a node cannot close intervals faster than the master
     /// takes them in for long.
-    pub(super) fn after_lock_sync(&mut self) -> Result<(), DsmError> {
+    ///
+    /// Only a release ships (`released`); an acquire counts. Shipping and that wait
+    /// inside a critical section would hold up every rank queued on the lock (on rank 0
+    /// the wait is for its own analyst, which shares the cores), and every acquire is
+    /// followed by its release, so the batches are as many and as large.
+    #[inline]
+    pub(super) fn after_lock_sync(&mut self, released: bool) -> Result<(), DsmError> {
         let Some(r) = self.race.as_mut() else {
             return Ok(());
         };
-        if !r.batching() {
+        if !r.ships_batches {
             return Ok(());
         }
         r.unshipped += 1;
         r.epoch_lock_syncs = r.epoch_lock_syncs.saturating_add(1);
+        if !released || r.unshipped & r.due_check_mask > 1 {
+            return Ok(());
+        }
+        self.ship_race_batch_if_due()
+    }
+
+    /// [`Dsm::after_lock_sync`] after a release: ships a race batch when one is due.
+    #[inline(never)]
+    fn ship_race_batch_if_due(&mut self) -> Result<(), DsmError> {
+        let Some(r) = self.race.as_mut() else {
+            return Ok(());
+        };
         // Rank 0 ships its own intervals (to itself, no message) whenever the analyst took
         // in another node's batch: an interval is discarded only once every other node's
         // latest batch has seen it, so a rank 0 that shipped rarely would keep everything
@@ -484,15 +528,15 @@ impl Dsm {
             .analyst
             .as_ref()
             .map_or(0, |a| a.foreign_absorbed.load(Ordering::Relaxed));
-        // The clock is read every 128th lock operation: a host lock that leaves the
-        // interval open costs well under a microsecond, and a clock read in a VM can cost
-        // a tenth of that.
+        // The clock is read every 64th release (128 lock operations): a host lock that
+        // leaves the interval open costs well under a microsecond, and a clock read in a
+        // VM can cost a tenth of that.
         let closed = r.recorder.current_interval() - r.interval_at_ship;
         let due = closed >= r.batch_threshold
             || r.unshipped
                 >= r.batch_threshold
                     .saturating_mul(LOCK_OPS_PER_BATCH_INTERVAL)
-            || (r.unshipped % 128 == 0 && r.last_ship.elapsed() >= BATCH_PERIOD)
+            || (r.unshipped % 128 < 2 && r.last_ship.elapsed() >= BATCH_PERIOD)
             || foreign != r.foreign_seen;
         if !due {
             return Ok(());
