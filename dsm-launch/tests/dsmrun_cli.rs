@@ -944,6 +944,57 @@ fn unwritable_output_paths_are_refused_before_any_rank_starts() {
 }
 
 #[test]
+fn one_file_named_as_an_output_and_another_file_is_refused_untouched() {
+    let dir = TempDir::new().unwrap();
+    let marker = dir.path().join("ran");
+    let prog = script(&dir, "touch.sh", &format!("touch {}", marker.display()));
+    let input = dir.path().join("kept.dsmrec");
+    fs::write(&input, "precious").unwrap();
+    // The same file through another spelling (a symlink) is still the same file.
+    let alias = dir.path().join("alias.dsmrec");
+    std::os::unix::fs::symlink(&input, &alias).unwrap();
+    let fresh = dir.path().join("new.out");
+    let cases: [(&str, &Path, &str, &Path); 4] = [
+        ("--race-log", &input, "--replay", &input),
+        ("--race-sarif", &alias, "--compare", &input),
+        ("--race-sarif", &fresh, "--race-log", &fresh),
+        ("--trace-values", &input, "--race-suppressions", &alias),
+    ];
+    for (out_flag, out_path, other_flag, other_path) in cases {
+        let out = run([
+            OsStr::new("-n"),
+            OsStr::new("2"),
+            OsStr::new(out_flag),
+            out_path.as_os_str(),
+            OsStr::new(other_flag),
+            other_path.as_os_str(),
+            prog.as_os_str(),
+        ]);
+        let ctx = format!(
+            "{out_flag} {} {other_flag} {}: {out:?}",
+            out_path.display(),
+            other_path.display()
+        );
+        assert_eq!(out.code, Some(2), "{ctx}");
+        assert!(out.stderr.contains("name the same file"), "{ctx}");
+        assert!(!marker.exists(), "{ctx}: a rank ran");
+        assert_eq!(fs::read_to_string(&input).unwrap(), "precious", "{ctx}");
+        assert!(!fresh.exists(), "{ctx}");
+    }
+    // Devices may be named twice.
+    let out = run([
+        "-n",
+        "2",
+        "--race-log",
+        "/dev/null",
+        "--race-sarif",
+        "/dev/null",
+        prog.to_str().unwrap(),
+    ]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+}
+
+#[test]
 fn a_race_exit_is_not_the_last_word_while_the_others_finish() {
     let dir = TempDir::new().unwrap();
     // Rank 0 reports races and exits first; the other finishes a moment later.

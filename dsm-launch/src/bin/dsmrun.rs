@@ -564,12 +564,61 @@ fn read_suppressions(path: &Path) -> anyhow::Result<Vec<String>> {
     Ok(entries.entries())
 }
 
+/// Whether `a` and `b` are one regular file (or one path to a file not made yet).
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.is_file() && x.dev() == y.dev() && x.ino() == y.ino(),
+        (Err(_), Err(_)) => std::path::absolute(a).ok() == std::path::absolute(b).ok(),
+        _ => false,
+    }
+}
+
 fn parse_deadline(text: &str) -> Result<Deadline, dsm_proto::ValueError> {
     parse_seconds_or_off(text).map(Deadline)
 }
 
 impl Cli {
+    /// Refuses one file named by two options when one of them writes it: an output
+    /// written over an input (the record being replayed, the reference being compared
+    /// with) or over another output would lose it. Devices and FIFOs (`/dev/null`) may
+    /// be named twice.
+    fn check_distinct_files(&self) -> anyhow::Result<()> {
+        let outputs = [
+            ("--record", &self.record),
+            ("--race-log", &self.race_log),
+            ("--race-sarif", &self.race_sarif),
+            ("--trace-values", &self.trace_values),
+            ("--sem-trace", &self.sem_trace),
+        ];
+        let inputs = [
+            ("--replay", &self.replay),
+            ("--compare", &self.compare),
+            ("--pinpoint-log", &self.pinpoint_log),
+            ("--race-suppressions", &self.race_suppressions),
+            ("--hostfile", &self.hostfile),
+        ];
+        let named = |list: &[(&'static str, &Option<PathBuf>)]| -> Vec<(&'static str, PathBuf)> {
+            list.iter()
+                .filter_map(|(flag, p)| p.as_ref().map(|p| (*flag, p.clone())))
+                .collect()
+        };
+        let (outputs, inputs) = (named(&outputs), named(&inputs));
+        for (i, (out_flag, out)) in outputs.iter().enumerate() {
+            let others = outputs[i + 1..].iter().chain(&inputs);
+            if let Some((flag, _)) = others.into_iter().find(|(_, p)| same_file(out, p)) {
+                return Err(UsageError(format!(
+                    "{out_flag} and {flag} name the same file '{}': it would be overwritten",
+                    out.display()
+                ))
+                .into());
+            }
+        }
+        Ok(())
+    }
+
     fn into_config(mut self) -> anyhow::Result<LaunchConfig> {
+        self.check_distinct_files()?;
         let race = self.race_options()?;
         let trace = self.trace_options()?;
         let (ranks, hosts) = self.host_plan()?;
