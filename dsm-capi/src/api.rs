@@ -171,7 +171,17 @@ pub extern "C" fn dsm_init() -> c_int {
                 return Err(Failure(DSM_ESTATE, "dsm_init called twice".into()));
             }
             init_logging();
-            let dsm = Dsm::init()?;
+            let config = Dsm::job_config()?;
+            if config.race.enabled
+                && !crate::tsan::INSTRUMENTED.load(std::sync::atomic::Ordering::Relaxed)
+            {
+                return Err(invalid(
+                    "race detection (--race) needs a program compiled with ThreadSanitizer \
+                     instrumentation (-fsanitize=thread, as dsmcc compiles): this one was not, \
+                     so none of its accesses would be recorded and no race could be found",
+                ));
+            }
+            let dsm = Dsm::init_with(config)?;
             let race = dsm.race_detection();
             let node = Box::new(Node {
                 dsm,
@@ -188,6 +198,7 @@ pub extern "C" fn dsm_init() -> c_int {
             NODE.set(Box::into_raw(node));
             RECORDING.set(race);
             crate::tsan::set_recording(race);
+            finish_at_exit_once();
             Ok(0)
         },
     )
@@ -442,13 +453,31 @@ pub extern "C" fn dsm_sem_signal(sem: c_int) -> c_int {
     )
 }
 
-/// `int dsm_finish(void)`
+/// `int dsm_finish(void)`. A failure is also said on stderr: programs end with
+/// `return dsm_finish();`, and a status alone would not say why.
 #[no_mangle]
 pub extern "C" fn dsm_finish() -> c_int {
+    let code = finish();
+    if code < 0 {
+        LAST_ERROR.with(|e| eprintln!("dsm: dsm_finish failed: {}", e.borrow().to_string_lossy()));
+    }
+    code
+}
+
+fn finish() -> c_int {
     guarded(
         |c| c,
         || {
-            with_node(|_| Ok(()))?;
+            with_node(|n| match n.held.as_slice() {
+                [] => Ok(()),
+                held => Err(Failure(
+                    DSM_ESTATE,
+                    format!(
+                        "dsm_finish with lock(s) {held:?} still held: the ranks waiting for \
+                         them would wait forever; unlock them first"
+                    ),
+                )),
+            })?;
             RECORDING.set(false);
             crate::tsan::set_recording(false);
             let p = NODE.replace(std::ptr::null_mut());
@@ -459,6 +488,42 @@ pub extern "C" fn dsm_finish() -> c_int {
             Ok(c_int::from(outcome.exit_status))
         },
     )
+}
+
+/// Registers [`finish_at_exit`] once per process.
+fn finish_at_exit_once() {
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    REGISTERED.call_once(|| {
+        // SAFETY: `on_exit` only records the handler and its argument (none) for `exit`.
+        unsafe { on_exit(finish_at_exit, std::ptr::null_mut()) };
+    });
+}
+
+extern "C" {
+    /// glibc's `on_exit`: like `atexit`, with the exit status.
+    fn on_exit(f: extern "C" fn(c_int, *mut c_void), arg: *mut c_void) -> c_int;
+}
+
+/// A program that exits with status 0 (returns from `main`) without `dsm_finish` finishes
+/// here, as a Rust program's `Dsm` does when dropped: the analysis of the last epoch runs,
+/// and when races were reported the process exits with the race status, as
+/// ThreadSanitizer's runtime does; a failure to finish is said, and exits 1. A program
+/// exiting with another status is failing: it is left to (its peers then stop).
+extern "C" fn finish_at_exit(status: c_int, _: *mut c_void) {
+    if status != 0 || NODE.get().is_null() {
+        return;
+    }
+    let code = match dsm_finish() {
+        0 => return,
+        code if code < 0 => 1,
+        races => races,
+    };
+    // SAFETY: flushes the C streams (the program's output), then ends the process with the
+    // status, as `exit` would have after the remaining handlers.
+    unsafe {
+        libc::fflush(std::ptr::null_mut());
+        libc::_exit(code)
+    }
 }
 
 /// `const char *dsm_last_error(void)`

@@ -23,7 +23,8 @@
 //!   dsm; synchronize with dsm_lock, barriers or semaphores. (Atomics outside the segment,
 //!   between a rank's own threads, are only performed.) A read-modify-write is recorded as
 //!   a write, which conflicts with everything a read would.
-//! - `__tsan_init`, `__tsan_func_entry`, `__tsan_func_exit`: nothing to do. dsm starts in
+//! - `__tsan_init` notes that the program is instrumented (`dsm_init` refuses `--race`
+//!   otherwise); `__tsan_func_entry`, `__tsan_func_exit`: nothing to do. dsm starts in
 //!   `dsm_init`; reports name each side's access line, not a call chain, so no shadow call
 //!   stack is kept.
 //! - Not provided, so a program needing them fails at link time: 128-bit atomics,
@@ -447,9 +448,17 @@ extern "C" fn memset_hook(dst: *mut u8, c: i32, n: usize, ret: usize) -> *mut u8
 }
 stub!(__tsan_memset, "rcx", memset_hook);
 
-/// `void __tsan_init(void)`: dsm starts in `dsm_init`.
+/// Whether instrumented code ran `__tsan_init` (every instrumented object calls it from a
+/// constructor, before `main`): `dsm_init` under `--race` refuses a program that was not
+/// compiled with `-fsanitize=thread`, whose accesses no hook would record.
+pub(crate) static INSTRUMENTED: AtomicBool = AtomicBool::new(false);
+
+/// `void __tsan_init(void)`: dsm starts in `dsm_init`; this notes that the program is
+/// instrumented.
 #[no_mangle]
-pub extern "C" fn __tsan_init() {}
+pub extern "C" fn __tsan_init() {
+    INSTRUMENTED.store(true, Relaxed);
+}
 
 /// `void __tsan_func_entry(void *pc)`: no call stack is kept (see the module docs).
 #[no_mangle]

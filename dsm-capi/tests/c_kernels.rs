@@ -399,3 +399,103 @@ fn c_apps_reject_bad_arguments_by_name() {
         assert!(stderr.contains(&format!("usage: {app}")), "{context}");
     }
 }
+
+/// A C program that returns from `main` without `dsm_finish` finishes at exit, as a Rust
+/// program's `Dsm` does when dropped: the last epoch is analysed and a racy run exits with
+/// the race status (it exited 0 with its races printed); finishing while holding a lock a
+/// peer waits for fails with a message instead of hanging.
+#[test]
+fn a_c_program_that_skips_dsm_finish_is_finished_at_exit() {
+    if !have(
+        "gcc",
+        "a_c_program_that_skips_dsm_finish_is_finished_at_exit",
+    ) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/capi/unfinished.c");
+    let exe = build(&source, dir.path());
+    let exe = exe.to_str().unwrap();
+    let r = run(dsmrun_command(2, &["--race"], exe, &["race"]));
+    let context = format!("{}{}", r.stdout, r.stderr);
+    assert_eq!(r.code, Some(66), "{context}");
+    let races = reported(&r.stderr);
+    assert!(races.len() >= 2, "both epochs' races: {context}");
+    assert!(
+        r.stderr.contains("dsm: 2 data races on 1 variable"),
+        "{context}"
+    );
+    assert_eq!(
+        r.stdout.matches("returns without dsm_finish").count(),
+        2,
+        "{context}"
+    );
+    let r = run(dsmrun_command(2, &["--race"], exe, &["clean"]));
+    let context = format!("{}{}", r.stdout, r.stderr);
+    assert_eq!(r.code, Some(0), "{context}");
+    assert!(r.stderr.contains("dsm: 0 data races"), "{context}");
+    let r = run(dsmrun_command(2, &["--timeout", "60"], exe, &["holding"]));
+    let context = format!("{}{}", r.stdout, r.stderr);
+    assert!(!matches!(r.code, Some(0) | Some(124)), "{context}");
+    assert!(
+        r.stderr
+            .contains("dsm_finish failed: dsm_finish with lock(s) [9] still held"),
+        "{context}"
+    );
+}
+
+/// `--race` refuses a program compiled without `-fsanitize=thread` (none of its accesses
+/// would be recorded: it reported "0 data races"), before the job forms; the same program
+/// runs without `--race`. dsmcc keeps `-fsanitize=thread` off the link, which would bring
+/// libtsan's runtime in place of dsm's hooks.
+#[test]
+fn race_detection_refuses_an_uninstrumented_c_program() {
+    if !have("gcc", "race_detection_refuses_an_uninstrumented_c_program") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/capi/unfinished.c");
+    let plain = dir.path().join("plain");
+    let include = capi::capi_dir().join("include");
+    let out = std::process::Command::new("gcc")
+        .arg("-I")
+        .arg(&include)
+        .arg(&source)
+        .arg(dsm_testkit::bin_dir().join("libdsm.a"))
+        .args(["-lpthread", "-ldl", "-lm", "-lrt", "-o"])
+        .arg(&plain)
+        .output()
+        .expect("gcc runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plain = plain.to_str().unwrap();
+    let r = run(dsmrun_command(2, &["--race"], plain, &["clean"]));
+    let context = format!("{}{}", r.stdout, r.stderr);
+    assert_eq!(r.code, Some(1), "{context}");
+    assert!(
+        r.stderr
+            .contains("needs a program compiled with ThreadSanitizer"),
+        "{context}"
+    );
+    assert!(!r.stderr.contains("data races"), "{context}");
+    let r = run(dsmrun_command(2, &[], plain, &["clean"]));
+    assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+    // dsmcc given -fsanitize=thread by habit still links dsm's runtime, not libtsan.
+    let linked = capi::build("gcc", &["-O1", "-fsanitize=thread"], &source, dir.path());
+    let ldd = std::process::Command::new("ldd")
+        .arg(&linked)
+        .output()
+        .expect("ldd runs");
+    let deps = String::from_utf8_lossy(&ldd.stdout);
+    assert!(!deps.contains("libtsan"), "{deps}");
+    let r = run(dsmrun_command(
+        2,
+        &["--race"],
+        linked.to_str().unwrap(),
+        &["race"],
+    ));
+    assert_eq!(r.code, Some(66), "{}{}", r.stdout, r.stderr);
+}

@@ -448,12 +448,17 @@ impl Dsm {
     /// Joins the job described by the environment (`dsmrun`, `srun` or `mpirun` with
     /// `DSM_COORD` and `DSM_JOB_SECRET`), or runs as a single node when started alone.
     pub fn init() -> Result<Dsm, DsmError> {
+        Self::init_with(Self::job_config()?)
+    }
+
+    /// The job [`Dsm::init`] would join, read from the environment, for a caller that
+    /// must look at it first (the C API refuses `--race` for an uninstrumented program).
+    pub fn job_config() -> Result<JobConfig, DsmError> {
         // The user's key is read (or made) only for a Slurm job without DSM_JOB_SECRET.
-        let env = JobConfig::from_lookup_keyed(
+        Ok(JobConfig::from_lookup_keyed(
             |k| std::env::var(k).ok(),
             dsm_net::user_key::load_or_create,
-        )?;
-        Self::init_with(env)
+        )?)
     }
 
     /// Like [`Dsm::init`] with an explicit job description.
