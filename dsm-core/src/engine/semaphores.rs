@@ -39,7 +39,10 @@ pub(super) struct SemState {
     next_seq: u32,
     /// This node's signals not yet consumed, with what it knew at each.
     signalled: HashMap<u32, VectorTime>,
-    /// At the manager: tokens not yet consumed, oldest first.
+    /// At the manager: initial tokens not yet consumed (they come before every signal's,
+    /// and are alike, so a count: a semaphore may start with billions).
+    initial: u32,
+    /// At the manager: signals' tokens not yet consumed, oldest first.
     tokens: VecDeque<Token>,
     /// At the manager: waits not yet satisfied, oldest first, with the waiter's knowledge.
     waiters: VecDeque<(NodeId, VectorTime)>,
@@ -76,7 +79,7 @@ impl<M: Memory> Engine<M> {
         }
         let mut st = SemState::default();
         if sem_manager(sem, self.n) == self.me {
-            st.tokens = std::iter::repeat_n(Token::Initial, initial as usize).collect();
+            st.initial = initial;
         }
         self.sems.insert(sem, st);
         self.reply(Reply::Done);
@@ -179,7 +182,7 @@ impl<M: Memory> Engine<M> {
         let Some(st) = self.sem_entry(sem, &format!("rank {from} waited on")) else {
             return;
         };
-        if try_only && st.tokens.is_empty() {
+        if try_only && st.initial == 0 && st.tokens.is_empty() {
             self.sem_send(from, Msg::SemDenied { sem });
             return;
         }
@@ -191,10 +194,15 @@ impl<M: Memory> Engine<M> {
     fn sem_pair(&mut self, sem: SemId) {
         loop {
             let st = self.sems.get_mut(&sem).expect("caller checked");
-            if st.tokens.is_empty() || st.waiters.is_empty() {
+            if (st.initial == 0 && st.tokens.is_empty()) || st.waiters.is_empty() {
                 return;
             }
-            let token = st.tokens.pop_front().expect("non-empty");
+            let token = if st.initial > 0 {
+                st.initial -= 1;
+                Token::Initial
+            } else {
+                st.tokens.pop_front().expect("non-empty")
+            };
             let (waiter, known) = st.waiters.pop_front().expect("non-empty");
             match token {
                 Token::Initial => {
