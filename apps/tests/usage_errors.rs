@@ -35,6 +35,13 @@ fn argument_errors_exit_with_status_2_and_say_why() {
             &["falseshare", "--elem", "u16"],
             "possible values: u64, u8",
         ),
+        // dsm-bench panicked on no repetitions, and left node counts to dsmrun (exit 1).
+        (env!("CARGO_BIN_EXE_dsm-bench"), &["--reps", "0"], "1..="),
+        (
+            env!("CARGO_BIN_EXE_dsm-bench"),
+            &["--barrier-nodes", "2,300"],
+            "300 is not in 2..=256",
+        ),
     ];
     for &(bin, args, want) in cases {
         let (code, stderr) = run(bin, args);

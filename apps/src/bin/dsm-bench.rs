@@ -22,11 +22,14 @@ use std::time::{Duration, Instant};
 #[derive(Parser, Debug)]
 #[command(name = "dsm-bench", version)]
 struct Args {
-    /// Repetitions per measurement.
-    #[arg(long, default_value_t = 1000)]
+    /// Repetitions per measurement (at least 1).
+    #[arg(long, default_value_t = 1000,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000_000))]
     reps: usize,
-    /// Node counts for the barrier measurement (the driver runs one job per count).
-    #[arg(long, value_delimiter = ',', default_value = "2,4,8")]
+    /// Node counts for the barrier measurement (the driver runs one job per count), each
+    /// 2 to 256.
+    #[arg(long, value_delimiter = ',', default_value = "2,4,8",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..=256))]
     barrier_nodes: Vec<usize>,
     /// Internal: run as a worker inside a dsmrun job ("all" or "barrier").
     #[arg(long, hide = true)]
