@@ -704,6 +704,20 @@ impl<R: Read> TraceReader<R> {
                 "its records do not match their checksum (the file was changed or damaged)".into(),
             )),
             Record::End { .. } => {
+                let mut byte = [0u8; 1];
+                loop {
+                    match self.input.read(&mut byte) {
+                        Ok(0) => break,
+                        Ok(_) => {
+                            return Err(TraceError::Corrupt(
+                                "bytes follow its end record (the file was changed or damaged)"
+                                    .into(),
+                            ))
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
                 self.ended = true;
                 Ok(None)
             }
@@ -813,6 +827,16 @@ mod tests {
             *b = 0xff;
         }
         assert!(TraceReader::new(&bad[..]).is_err());
+        // Bytes after the end record: zeros, or a record's worth.
+        for tail in [&[0u8; 9][..], &file[12..40]] {
+            let mut longer = file.clone();
+            longer.extend_from_slice(tail);
+            let err = check_whole(&longer[..]).unwrap_err();
+            assert!(
+                matches!(&err, TraceError::Corrupt(m) if m.contains("bytes follow its end record")),
+                "{err}"
+            );
+        }
     }
 
     #[test]
