@@ -995,6 +995,36 @@ fn one_file_named_as_an_output_and_another_file_is_refused_untouched() {
 }
 
 #[test]
+fn a_pinpoint_log_that_cannot_be_used_is_a_usage_error() {
+    let dir = TempDir::new().unwrap();
+    let marker = dir.path().join("ran");
+    let prog = script(&dir, "touch.sh", &format!("touch {}", marker.display()));
+    let garbage = dir.path().join("garbage.jsonl");
+    fs::write(&garbage, "not json\n").unwrap();
+    let empty = dir.path().join("empty.jsonl");
+    fs::write(&empty, "").unwrap();
+    let missing = dir.path().join("missing.jsonl");
+    let cases: [(&Path, &str); 4] = [
+        (&missing, "cannot open --pinpoint-log"),
+        (dir.path(), "Is a directory"),
+        (&garbage, "line 1 of the race log"),
+        (&empty, "has no races to pinpoint"),
+    ];
+    for (log, why) in cases {
+        let out = run([
+            OsStr::new("-n"),
+            OsStr::new("2"),
+            OsStr::new("--pinpoint-log"),
+            log.as_os_str(),
+            prog.as_os_str(),
+        ]);
+        assert_eq!(out.code, Some(2), "{}: {out:?}", log.display());
+        assert!(out.stderr.contains(why), "{}: {out:?}", log.display());
+        assert!(!marker.exists(), "a rank ran");
+    }
+}
+
+#[test]
 fn a_race_exit_is_not_the_last_word_while_the_others_finish() {
     let dir = TempDir::new().unwrap();
     // Rank 0 reports races and exits first; the other finishes a moment later.

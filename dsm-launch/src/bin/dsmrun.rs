@@ -533,16 +533,23 @@ fn pin_targets(
     mut targets: Vec<String>,
     log: Option<&std::path::Path>,
 ) -> anyhow::Result<Vec<String>> {
+    // A file that cannot be read or used is a usage error (status 2), as for the other
+    // files dsmrun reads.
     if let Some(path) = log {
-        let file = std::fs::File::open(path)
-            .with_context(|| format!("cannot open --pinpoint-log '{}'", path.display()))?;
+        let file = std::fs::File::open(path).map_err(|e| {
+            UsageError(format!(
+                "cannot open --pinpoint-log '{}': {e}",
+                path.display()
+            ))
+        })?;
         let from_log = dsm_race::pinpoint::targets_from_log(std::io::BufReader::new(file))
-            .with_context(|| format!("--pinpoint-log '{}'", path.display()))?;
+            .map_err(|e| UsageError(format!("--pinpoint-log '{}': {e}", path.display())))?;
         if from_log.is_empty() {
-            anyhow::bail!(
+            return Err(UsageError(format!(
                 "--pinpoint-log '{}' has no races to pinpoint",
                 path.display()
-            );
+            ))
+            .into());
         }
         targets.extend(from_log.iter().map(ToString::to_string));
     }
