@@ -113,6 +113,21 @@ fn valid_host_name(name: &str) -> Result<(), String> {
     {
         return Err(format!("'{name}' is not a host name"));
     }
+    // A ':' belongs only in an IPv6 address (bare or in brackets, with an optional zone):
+    // 'localhost:2' in a hostfile would go to the launch agent, which looks it up.
+    if name.contains(':') {
+        let inner = name
+            .strip_prefix('[')
+            .and_then(|n| n.strip_suffix(']'))
+            .unwrap_or(name);
+        let address = inner.split('%').next().unwrap_or(inner);
+        if address.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(format!(
+                "'{name}' is not a host name: ':' belongs only in an IPv6 address (slots are \
+                 HOST:K with -H, HOST slots=K in a hostfile)"
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -143,14 +158,17 @@ pub fn parse_hostfile(text: &str, file: &str) -> Result<Vec<HostSlots>, HostsErr
         let mut words = line.split_whitespace();
         let name = words.next().expect("a non-empty line has a word");
         valid_host_name(name).map_err(err)?;
-        let mut slots = 1;
+        let mut slots = None;
         let mut max_slots = None;
         for word in words {
             let (key, value) = word
                 .split_once('=')
                 .ok_or_else(|| err(format!("expected KEY=VALUE after the host, got '{word}'")))?;
+            let twice = || err(format!("{key} is given twice"));
             match key {
-                "slots" => slots = parse_slots(value).map_err(err)?,
+                "slots" if slots.is_some() => return Err(twice()),
+                "slots" => slots = Some(parse_slots(value).map_err(err)?),
+                "max_slots" | "max-slots" if max_slots.is_some() => return Err(twice()),
                 "max_slots" | "max-slots" => max_slots = Some(parse_slots(value).map_err(err)?),
                 _ => {
                     return Err(err(format!(
@@ -159,6 +177,7 @@ pub fn parse_hostfile(text: &str, file: &str) -> Result<Vec<HostSlots>, HostsErr
                 }
             }
         }
+        let slots = slots.unwrap_or(1);
         if let Some(max) = max_slots.filter(|&m| m < slots) {
             return Err(err(format!("max_slots={max} is below slots={slots}")));
         }
@@ -305,6 +324,9 @@ mod tests {
             ("a 2\n", 1, "KEY=VALUE"),
             ("-oProxyCommand=x\n", 1, "starts with '-'"),
             ("a;rm\n", 1, "not a host name"),
+            // Open MPI's -H syntax in a hostfile would reach the launch agent as a name.
+            ("localhost:2\n", 1, "belongs only in an IPv6 address"),
+            ("a slots=2 slots=3\n", 1, "slots is given twice"),
         ] {
             let err = parse_hostfile(text, "hosts").unwrap_err();
             let msg = err.to_string();
@@ -326,6 +348,15 @@ mod tests {
             hs(&[("a", 3), ("b", 1), ("[::1]", 3), ("10.1.1.1", 2)])
         );
         assert!(parse_host_list("a:0").is_err());
+        assert!(parse_host_list("localhost::2")
+            .unwrap_err()
+            .to_string()
+            .contains("belongs only in an IPv6 address"));
+        assert_eq!(
+            parse_host_list("fe80::1%eth0,[::1]").unwrap(),
+            hs(&[("fe80::1%eth0", 1), ("[::1]", 1)])
+        );
+        assert!(parse_hostfile("::1 slots=2\n[fe80::2]\n", "h").is_ok());
         assert!(parse_host_list("a:x").is_err());
         assert!(parse_host_list(",").is_err());
     }

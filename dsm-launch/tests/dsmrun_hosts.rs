@@ -280,6 +280,30 @@ fn host_list_mistakes_are_usage_errors() {
         "{r:?}"
     );
 
+    // Neither reaches a launch agent (which would look the name up): a ':' outside an
+    // IPv6 address, an agent that is no command, an interface this host lacks.
+    fs::write(&hostfile, "localhost:2\n").unwrap();
+    let hostfile = hostfile.to_str().unwrap();
+    for (args, why) in [
+        (
+            &["--hostfile", hostfile][..],
+            "belongs only in an IPv6 address",
+        ),
+        (
+            &["-n", "2", "-H", "localhost::2"][..],
+            "belongs only in an IPv6 address",
+        ),
+        (&["-H", "a,b", "--launch-agent", ""][..], "is not a command"),
+        (
+            &["-n", "2", "--interface", "nosuch0"][..],
+            "has no IP address on this host",
+        ),
+    ] {
+        let r = run(dsmrun(args, &prog));
+        assert_eq!(r.code, Some(2), "{args:?}: {r:?}");
+        assert!(r.stderr.contains(why), "{args:?}: {r:?}");
+    }
+
     // Every host this machine: no agent involved, the ranks start as usual.
     let r = run(dsmrun(&["-H", "localhost:2,127.0.0.1"], &prog));
     assert_eq!(r.code, Some(0), "{r:?}");

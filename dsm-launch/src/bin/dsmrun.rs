@@ -632,7 +632,12 @@ impl Cli {
         let forward_env = self.forward_env()?;
         let bind = match (&self.bind_address, &self.interface) {
             (Some(a), _) => Some(launcher::agent::BindTo::Addr(*a)),
-            (None, Some(i)) => Some(launcher::agent::BindTo::Interface(i.clone())),
+            (None, Some(i)) => {
+                // A mistyped interface is a usage error, found before anything starts.
+                launcher::agent::interface_addr(i)
+                    .map_err(|e| UsageError(format!("--interface: {e}")))?;
+                Some(launcher::agent::BindTo::Interface(i.clone()))
+            }
             (None, None) => None,
         };
         let replay = ReplayOptions {
@@ -821,7 +826,11 @@ impl Cli {
         let launch_agent = shell_words::split(&launch_agent_text)
             .ok()
             .filter(|w| !w.is_empty())
-            .with_context(|| format!("--launch-agent {launch_agent_text:?} is not a command"))?;
+            .ok_or_else(|| {
+                UsageError(format!(
+                    "--launch-agent {launch_agent_text:?} is not a command"
+                ))
+            })?;
         let hosts = hosts.map(|hosts| launcher::HostPlan {
             hosts,
             map_by: self.map_by.unwrap_or_default(),
