@@ -58,6 +58,9 @@ pub(crate) struct Node {
     semaphores: Vec<Semaphore>,
 }
 
+/// Whether `dsm_finish` ran in this process: a process is one node, once.
+static FINISHED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 thread_local! {
     /// The node of this thread (null: none). Set by `dsm_init`, taken by `dsm_finish`.
     pub(crate) static NODE: Cell<*mut Node> = const { Cell::new(std::ptr::null_mut()) };
@@ -169,6 +172,12 @@ pub extern "C" fn dsm_init() -> c_int {
         || {
             if !NODE.get().is_null() {
                 return Err(Failure(DSM_ESTATE, "dsm_init called twice".into()));
+            }
+            if FINISHED.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(Failure(
+                    DSM_ESTATE,
+                    "dsm_init after dsm_finish: a process is one node, once".into(),
+                ));
             }
             init_logging();
             let config = Dsm::job_config()?;
@@ -481,6 +490,7 @@ fn finish() -> c_int {
             RECORDING.set(false);
             crate::tsan::set_recording(false);
             let p = NODE.replace(std::ptr::null_mut());
+            FINISHED.store(true, std::sync::atomic::Ordering::Relaxed);
             // SAFETY: `p` is the non-null pointer `dsm_init` made with `Box::into_raw`
             // (checked just above); it was nulled first, so nothing reaches it any more.
             let node = unsafe { Box::from_raw(p) };

@@ -37,12 +37,16 @@ int main(void) {
     EXPECT(dsm_lock(3) == DSM_EINVAL);
     EXPECT(dsm_unlock(3) == DSM_OK);
     EXPECT(dsm_unlock_named("nobody") == DSM_EINVAL);
+    EXPECT(dsm_lock_named("") == DSM_EINVAL);
+    EXPECT(strstr(dsm_last_error(), "need a name") != NULL);
     long *a = dsm_alloc("a", sizeof(long), 4);
     EXPECT(a != NULL);
     a[dsm_rank() % 4] = 1;
     EXPECT(dsm_barrier() == DSM_OK);
     EXPECT(dsm_finish() == 0);
     EXPECT(dsm_barrier() == DSM_ESTATE);
+    EXPECT(dsm_init() == DSM_ESTATE);
+    EXPECT(strstr(dsm_last_error(), "after dsm_finish") != NULL);
     printf("api errors: ok\n");
     return 0;
 }

@@ -1047,6 +1047,9 @@ impl Dsm {
 
     /// Acquires the lock with this name (the same name means the same lock on every node).
     pub fn lock_named(&mut self, name: &str) -> Result<LockGuard<'_>, DsmError> {
+        if name.is_empty() {
+            return Err(DsmError::Config("named locks need a name".into()));
+        }
         let id = (1u64 << 63) | (fnv(FNV_OFFSET, name.as_bytes()) & !(1u64 << 63));
         if let Some(mut m) = self.race.as_ref().and_then(|r| r.master()) {
             m.reporter.name_lock(id, name);

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 struct Cli {
     #[command(subcommand)]
     cmd: Option<Cmd>,
-    /// Fewer repetitions, SOR with 50 iterations, no phase runs at N = 8: under a minute.
+    /// Fewer repetitions, SOR with 50 iterations, no phase runs at N = 8: about 20 s.
     #[arg(long, conflicts_with = "full")]
     quick: bool,
     /// Also run Helgrind and DRD (valgrind).
