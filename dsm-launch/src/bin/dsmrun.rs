@@ -633,9 +633,12 @@ impl Cli {
         let bind = match (&self.bind_address, &self.interface) {
             (Some(a), _) => Some(launcher::agent::BindTo::Addr(*a)),
             (None, Some(i)) => {
-                // A mistyped interface is a usage error, found before anything starts.
-                launcher::agent::interface_addr(i)
-                    .map_err(|e| UsageError(format!("--interface: {e}")))?;
+                // In a job on this host alone, a mistyped interface is a usage error found
+                // before anything starts (with a host list it is rank 0's host's).
+                if hosts.is_none() {
+                    launcher::agent::interface_addr(i)
+                        .map_err(|e| UsageError(format!("--interface: {e}")))?;
+                }
                 Some(launcher::agent::BindTo::Interface(i.clone()))
             }
             (None, None) => None,
