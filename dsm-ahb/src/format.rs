@@ -112,7 +112,7 @@ impl Record {
 #[derive(Debug, Error)]
 pub enum FormatError {
     /// Reading or writing failed.
-    #[error("i/o: {0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
     /// The file is empty.
     #[error("empty file: not a semaphore trace")]

@@ -259,3 +259,12 @@ fn a_wait_paired_with_a_signal_after_its_barrier_is_an_error() {
         "{err}"
     );
 }
+
+#[test]
+fn a_directory_is_refused_in_one_line_that_says_why_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(AHB).arg(dir.path()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.matches("Is a directory").count(), 1, "{stderr}");
+}

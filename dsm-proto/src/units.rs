@@ -44,6 +44,9 @@ pub enum ValueError {
     /// `-1`, `inf`, `NaN`, text); carries the input.
     #[error("'{0}' is not a number of seconds greater than zero")]
     InvalidSeconds(String),
+    /// More seconds than a [`Duration`] holds (`1e30`, `inf`); carries the input.
+    #[error("'{0}' is more seconds than a duration can hold (at most about 1.8e19)")]
+    SecondsTooLarge(String),
     /// Neither a number of seconds greater than zero nor `0`/`off` (from
     /// [`parse_seconds_or_off`]); carries the input.
     #[error("'{0}' is not a deadline; expected seconds greater than zero (e.g. 10 or 0.5), or 0 or off for none")]
@@ -112,15 +115,15 @@ pub fn parse_segment_size(text: &str) -> Result<u64, ValueError> {
 }
 
 /// Parses a positive number of seconds, fractions allowed (`1`, `0.5`). Fails with
-/// [`ValueError::InvalidSeconds`] for zero, negative, non-finite or unparsable text and for
-/// values too large for a [`Duration`].
+/// [`ValueError::InvalidSeconds`] for zero, negative, NaN or unparsable text, and with
+/// [`ValueError::SecondsTooLarge`] for values too large for a [`Duration`] (`inf`).
 pub fn parse_seconds(text: &str) -> Result<Duration, ValueError> {
     let invalid = || ValueError::InvalidSeconds(text.to_owned());
     let secs: f64 = text.trim().parse().map_err(|_| invalid())?;
     if secs.is_nan() || secs <= 0.0 {
         return Err(invalid());
     }
-    Duration::try_from_secs_f64(secs).map_err(|_| invalid())
+    Duration::try_from_secs_f64(secs).map_err(|_| ValueError::SecondsTooLarge(text.to_owned()))
 }
 
 /// Seconds the way a user would write them (`1`, `0.5`); [`parse_seconds`] reads it back.
@@ -216,8 +219,17 @@ mod tests {
     fn seconds_parse_positive_numbers_only() {
         assert_eq!(parse_seconds("1"), Ok(Duration::from_secs(1)));
         assert_eq!(parse_seconds("0.5"), Ok(Duration::from_millis(500)));
-        for bad in ["0", "-1", "abc", "", "inf", "NaN", "1e300"] {
-            assert!(parse_seconds(bad).is_err(), "{bad:?} accepted");
+        for bad in ["0", "-1", "abc", "", "NaN"] {
+            assert_eq!(
+                parse_seconds(bad),
+                Err(ValueError::InvalidSeconds(bad.into()))
+            );
+        }
+        for big in ["inf", "1e300", "99999999999999999999"] {
+            assert_eq!(
+                parse_seconds(big),
+                Err(ValueError::SecondsTooLarge(big.into()))
+            );
         }
     }
 
