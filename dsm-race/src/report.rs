@@ -633,14 +633,29 @@ impl Reporter {
         if self.suppressed_blocks == 0 {
             return None;
         }
+        // Schedule mode reports lock-order dependences, which are not data races.
+        let races = self
+            .distinct
+            .iter()
+            .any(|d| d.signature.1 == RaceClass::DataRace);
+        let orders = self
+            .distinct
+            .iter()
+            .any(|d| d.signature.1 == RaceClass::LockOrder);
+        let (one, many) = match (races, orders) {
+            (false, true) => ("lock-order dependence", "lock-order dependences"),
+            (true, true) => ("report", "reports"),
+            _ => ("race", "races"),
+        };
+        let noun = |n: usize| if n == 1 { one } else { many };
         let mut s = format!(
-            "dsm: {} distinct race{} (by variable and the two sides); {} more report block{} ({} race{}) repeated one already shown and were not printed (--race-log has every race):\n",
+            "dsm: {} distinct {} (by variable and the two sides); {} more report block{} ({} {}) repeated one already shown and were not printed (--race-log has every race):\n",
             self.distinct.len(),
-            if self.distinct.len() == 1 { "" } else { "s" },
+            noun(self.distinct.len()),
             self.suppressed_blocks,
             if self.suppressed_blocks == 1 { "" } else { "s" },
             self.suppressed_races,
-            if self.suppressed_races == 1 { "" } else { "s" },
+            noun(self.suppressed_races as usize),
         );
         for d in &self.distinct {
             s.push_str(&format!(
@@ -1464,5 +1479,29 @@ mod tests {
             0
         );
         assert_eq!(rep.total(), 1);
+    }
+
+    #[test]
+    fn a_summary_of_lock_order_dependences_does_not_call_them_races() {
+        let mut rep = Reporter::new(None, false).unwrap();
+        let mut out = Vec::new();
+        let order = |interval| {
+            let mut r = race(0, interval);
+            r.class = RaceClass::LockOrder;
+            r
+        };
+        rep.report(&Point::Barrier(2), &[order(4)], &mut out)
+            .unwrap();
+        rep.report(&Point::Barrier(3), &[order(8)], &mut out)
+            .unwrap();
+        let summary = rep.distinct_summary().expect("a block was left out");
+        assert!(
+            summary.starts_with("dsm: 1 distinct lock-order dependence (by variable"),
+            "{summary}"
+        );
+        assert!(
+            summary.contains("1 more report block (1 lock-order dependence)"),
+            "{summary}"
+        );
     }
 }
