@@ -473,48 +473,44 @@ pub const DSMRUN: &str = "dsmrun";
 fn rank_and_size(
     get: &impl Fn(&str) -> Option<String>,
 ) -> Result<(usize, usize, Launcher), ConfigError> {
-    let (rank, size, launcher) = if let Some(rank) = get(vars::RANK) {
+    // The variables the rank and size came from, named in errors.
+    let from = |rank_var: &'static str, size_var: &'static str, r: String, s: String| {
+        Ok::<_, ConfigError>((
+            COUNT.read_text(rank_var, r)?,
+            COUNT.read_text(size_var, s)?,
+            rank_var,
+            size_var,
+        ))
+    };
+    let ((rank, size, rank_var, size_var), launcher) = if let Some(rank) = get(vars::RANK) {
         let size = get(vars::SIZE).ok_or(ConfigError::Missing(vars::RANK, vars::SIZE))?;
         let launcher = match get(vars::LAUNCHER) {
             Some(name) => LauncherName.read_text(vars::LAUNCHER, name)?,
             None => Launcher::Standalone,
         };
-        (
-            COUNT.read_text(vars::RANK, rank)?,
-            COUNT.read_text(vars::SIZE, size)?,
-            launcher,
-        )
+        (from(vars::RANK, vars::SIZE, rank, size)?, launcher)
     } else if let (Some(r), Some(s)) = (get("SLURM_PROCID"), get("SLURM_NTASKS")) {
-        (
-            COUNT.read_text("SLURM_PROCID", r)?,
-            COUNT.read_text("SLURM_NTASKS", s)?,
-            Launcher::Slurm,
-        )
+        (from("SLURM_PROCID", "SLURM_NTASKS", r, s)?, Launcher::Slurm)
     } else if let (Some(r), Some(s)) = (get("OMPI_COMM_WORLD_RANK"), get("OMPI_COMM_WORLD_SIZE")) {
         (
-            COUNT.read_text("OMPI_COMM_WORLD_RANK", r)?,
-            COUNT.read_text("OMPI_COMM_WORLD_SIZE", s)?,
+            from("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", r, s)?,
             Launcher::Mpi,
         )
     } else if let (Some(r), Some(s)) = (get("PMI_RANK"), get("PMI_SIZE")) {
-        (
-            COUNT.read_text("PMI_RANK", r)?,
-            COUNT.read_text("PMI_SIZE", s)?,
-            Launcher::Mpi,
-        )
+        (from("PMI_RANK", "PMI_SIZE", r, s)?, Launcher::Mpi)
     } else {
-        (0, 1, Launcher::Standalone)
+        ((0, 1, vars::RANK, vars::SIZE), Launcher::Standalone)
     };
     if size == 0 || size > MAX_NODES {
         return Err(ConfigError::Invalid {
-            var: vars::SIZE,
+            var: size_var,
             value: size.to_string(),
             why: format!("job size must be 1..={MAX_NODES}"),
         });
     }
     if rank >= size {
         return Err(ConfigError::Invalid {
-            var: vars::RANK,
+            var: rank_var,
             value: rank.to_string(),
             why: format!("rank must be below the job size {size}"),
         });
@@ -611,6 +607,21 @@ mod tests {
         ])
         .unwrap();
         assert_eq!((e.rank, e.size, e.launcher), (3, 8, Launcher::Mpi));
+        // Errors name the launcher's variables, not dsm's.
+        assert!(matches!(
+            env(&[("SLURM_PROCID", "3"), ("SLURM_NTASKS", "2")]),
+            Err(ConfigError::Invalid {
+                var: "SLURM_PROCID",
+                ..
+            })
+        ));
+        assert!(matches!(
+            env(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "0")]),
+            Err(ConfigError::Invalid {
+                var: "OMPI_COMM_WORLD_SIZE",
+                ..
+            })
+        ));
     }
 
     #[test]
