@@ -57,3 +57,21 @@ fn argument_errors_exit_with_status_2_and_say_why() {
         assert!(!stderr.contains("panicked"), "{bin} {args:?}: {stderr}");
     }
 }
+
+/// A job too small for a race kernel is a usage error found before the job forms: no rank
+/// starts the analysis, so dsmrun does not call it incomplete.
+#[test]
+fn a_kernel_given_too_few_nodes_is_refused_before_the_job_forms() {
+    let run = dsm_testkit::dsmrun(
+        2,
+        &["--race"],
+        env!("CARGO_BIN_EXE_race-kernel"),
+        &["run", "third-node-lock"],
+    );
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(
+        run.stderr.contains("needs at least 3 nodes, not 2"),
+        "{run:?}"
+    );
+    assert!(!run.stderr.contains("race detection incomplete"), "{run:?}");
+}

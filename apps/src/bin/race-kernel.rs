@@ -64,10 +64,15 @@ fn run() -> anyhow::Result<ExitCode> {
                     "no kernel named {name:?}; `race-kernel list` shows them"
                 ));
             };
-            let mut dsm = Dsm::init().context("joining the DSM job")?;
-            if dsm.size() < k.min_nodes {
-                bail!("kernel {} needs at least {} nodes", k.name, k.min_nodes);
+            // A job too small for the kernel is a usage error, found before it forms.
+            let config = Dsm::job_config().context("reading the DSM job")?;
+            if config.size < k.min_nodes {
+                apps::usage_error::<Args>(format!(
+                    "kernel {} needs at least {} nodes, not {}",
+                    k.name, k.min_nodes, config.size
+                ));
             }
+            let mut dsm = Dsm::init_with(config).context("joining the DSM job")?;
             (k.run)(&mut dsm).with_context(|| format!("kernel {}", k.name))?;
             if dsm.rank() == 0 {
                 println!("kernel {} done on {} nodes", k.name, dsm.size());

@@ -477,13 +477,6 @@ impl Dsm {
             _ => None,
         };
         let mut mesh = dsm_net::connect_mesh_with(&env, rendezvous)?;
-        if let (0, Some(marker)) = (env.rank, &env.race.started_marker) {
-            // Every rank joined: from here a failure cuts race detection short. Only
-            // dsmrun's wording depends on it, so a failure to write it is no error.
-            if let Err(e) = std::fs::write(marker, b"") {
-                tracing::debug!("cannot note the job's start in '{}': {e}", marker.display());
-            }
-        }
         let (seg_addr, common_memory, host_locks, common_file) =
             choose_segment(&env, &mut mesh, seg_len)?;
         let (seg, mailbox) =
@@ -532,6 +525,15 @@ impl Dsm {
         if let Some(r) = race.as_mut() {
             r.start_analyst(&comm).map_err(DsmError::Io)?;
             r.recorder.keep_digest(order_on);
+        }
+        if let (0, Some(marker)) = (env.rank, &env.race.started_marker) {
+            // Every rank joined and rank 0 is ready: from here a failure cuts race
+            // detection short (a failure to set up, such as a damaged record part, did
+            // not). Only dsmrun's wording depends on it, so a failure to write it is no
+            // error.
+            if let Err(e) = std::fs::write(marker, b"") {
+                tracing::debug!("cannot note the job's start in '{}': {e}", marker.display());
+            }
         }
         Ok(Dsm {
             page_limit,
