@@ -303,6 +303,19 @@ fn inconsistent_collective_calls_are_clear_errors() {
         text(&out.stdout)
     );
 
+    let out = dsmrun(2, TEST, &["alloc-twice"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("'table' is allocated already: names must be unique"),
+        "{err}"
+    );
+    assert!(
+        !text(&out.stdout).contains("accepted"),
+        "{}",
+        text(&out.stdout)
+    );
+
     let out = dsmrun(3, TEST, &["barrier-mismatch"]);
     assert!(!out.status.success());
     let err = text(&out.stderr);

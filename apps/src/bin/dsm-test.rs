@@ -93,6 +93,9 @@ enum Test {
     /// Rank 1 allocates a different size than the others: the job must stop with an error
     /// saying the ranks disagree, not run on with inconsistent memory.
     AllocMismatch,
+    /// Every rank allocates two arrays under one name: refused, since reports name elements
+    /// by their allocation's name.
+    AllocTwice,
     /// Rank 1 calls one barrier fewer than the others before finishing.
     BarrierMismatch,
     /// Prints each rank's pid, then does barriers until killed (or `seconds` pass).
@@ -230,6 +233,11 @@ fn run() -> anyhow::Result<ExitCode> {
             let len = if dsm.rank() == 1 { 100 } else { 200 };
             let _a = dsm.alloc::<u64>("table", len)?;
             fail("ranks with different allocations passed the collective allocation");
+        }
+        Test::AllocTwice => {
+            let _a = dsm.alloc::<u64>("table", 8)?;
+            let _b = dsm.alloc::<u64>("table", 8)?;
+            fail("a second allocation named 'table' was accepted");
         }
         Test::BarrierMismatch => {
             // An allocation first, so that the protocol's barrier count (which includes

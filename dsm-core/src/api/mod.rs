@@ -678,6 +678,12 @@ impl Dsm {
                 "'{name}': empty allocation ({len} elements of {elem} bytes)"
             )));
         }
+        if self.allocs.iter().any(|a| a.name == name) {
+            return Err(DsmError::InvalidAlloc(format!(
+                "'{name}' is allocated already: names must be unique (race reports and value \
+                 traces name elements by them)"
+            )));
+        }
         if let Distribution::OnNode(n) = dist {
             if n >= self.size {
                 return Err(DsmError::InvalidAlloc(format!(
