@@ -136,8 +136,9 @@ pub struct RaceOptions {
     /// `--race-suppressions`: the suppression file's entries, one a line (comments and
     /// blank lines dropped; dsmrun has checked them).
     pub suppressions: Vec<String>,
-    /// Where rank 0 notes that every rank joined (a file it creates; set by dsmrun for
-    /// jobs on its own machine).
+    /// Where a rank notes that it is set up and runs the program under race detection (a
+    /// file every rank creates once its set-up ends; set by dsmrun for jobs on its own
+    /// machine).
     pub started_marker: Option<PathBuf>,
     /// Pinpoint: elements to watch, each `VAR[INDEX]@EPOCH` (`--pinpoint`).
     pub pinpoint: Vec<String>,

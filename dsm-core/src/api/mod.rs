@@ -526,11 +526,12 @@ impl Dsm {
             r.start_analyst(&comm).map_err(DsmError::Io)?;
             r.recorder.keep_digest(order_on);
         }
-        if let (0, Some(marker)) = (env.rank, &env.race.started_marker) {
-            // Every rank joined and rank 0 is ready: from here a failure cuts race
-            // detection short (a failure to set up, such as a damaged record part, did
-            // not). Only dsmrun's wording depends on it, so a failure to write it is no
-            // error.
+        if let Some(marker) = &env.race.started_marker {
+            // This rank is set up and runs the program under race detection: from here a
+            // failure cuts race detection short (a failure to set up, such as a damaged
+            // record part, did not). Every rank notes it, since one may fail before
+            // another's set-up ends. Only dsmrun's wording depends on it, so a failure to
+            // write it is no error.
             if let Err(e) = std::fs::write(marker, b"") {
                 tracing::debug!("cannot note the job's start in '{}': {e}", marker.display());
             }
