@@ -177,39 +177,50 @@ fn ranks_of_one_host_share_one_segment_and_no_page_travels() {
 #[test]
 fn a_faulting_rank_takes_co_located_pages_from_the_lane() {
     for (fast, race) in [(true, false), (false, false), (true, true)] {
-        let dir = tempfile::tempdir().unwrap();
-        let flags: &[&str] = if race { &["--race"] } else { &[] };
-        let mut cmd =
-            dsm_testkit::dsmrun_command(2, flags, SOR, &["--size", "256", "--iters", "10"]);
-        cmd.env("DSM_TRANSPORT", "rings")
-            .env("DSM_STATS_FILE", dir.path().join("rank-%r.json"));
-        if !fast {
-            cmd.env("DSM_FAST_FAULTS", "0");
-        }
-        let run = dsm_testkit::run(cmd);
-        let what = format!("SOR over rings, fast faults {fast}, race {race}");
-        run.assert_verified(&what);
-        let sum = |key: &str| dsm_testkit::counter_sum(dir.path(), 2, "protocol", key);
-        let (fetched, lane) = (sum("pages_fetched"), sum("lane_pages"));
-        let (asked, requests) = (sum("handler_fetches"), sum("fetch_requests"));
-        eprintln!(
-            "{what}: {fetched} pages fetched, {lane} from the lane by the faulting thread, \
-             {asked} of {requests} requests asked by the handler itself"
-        );
-        assert!(lane <= fetched && asked <= requests, "{what}");
-        if fast {
+        // Which thread gets a page first depends on scheduling: on a loaded machine the
+        // comm thread may take every page of one run, so the fast paths get a few runs
+        // to show up in (all of them must verify).
+        for attempt in 1..=5 {
+            let (lane, asked, what) = lane_counts(fast, race);
+            if !fast {
+                assert_eq!(lane + asked, 0, "{what}: lanes need the handler's paths");
+                break;
+            }
+            if lane > 0 && asked > 0 {
+                break;
+            }
             assert!(
-                lane > 0,
-                "{what}: no page was taken from a lane ({fetched} fetched)"
+                attempt < 5,
+                "{what}: in 5 runs, no page was taken from a lane or the handler never \
+                 asked a home itself"
             );
-            assert!(
-                asked > 0,
-                "{what}: the handler never asked a home itself ({requests} requests)"
-            );
-        } else {
-            assert_eq!(lane + asked, 0, "{what}: lanes need the handler's paths");
         }
     }
+}
+
+/// One run of SOR over rings for [`a_faulting_rank_takes_co_located_pages_from_the_lane`]:
+/// pages taken from a lane, fetches the handler asked itself, and the run's description.
+fn lane_counts(fast: bool, race: bool) -> (u64, u64, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let flags: &[&str] = if race { &["--race"] } else { &[] };
+    let mut cmd = dsm_testkit::dsmrun_command(2, flags, SOR, &["--size", "256", "--iters", "10"]);
+    cmd.env("DSM_TRANSPORT", "rings")
+        .env("DSM_STATS_FILE", dir.path().join("rank-%r.json"));
+    if !fast {
+        cmd.env("DSM_FAST_FAULTS", "0");
+    }
+    let run = dsm_testkit::run(cmd);
+    let what = format!("SOR over rings, fast faults {fast}, race {race}");
+    run.assert_verified(&what);
+    let sum = |key: &str| dsm_testkit::counter_sum(dir.path(), 2, "protocol", key);
+    let (fetched, lane) = (sum("pages_fetched"), sum("lane_pages"));
+    let (asked, requests) = (sum("handler_fetches"), sum("fetch_requests"));
+    eprintln!(
+        "{what}: {fetched} pages fetched, {lane} from the lane by the faulting thread, \
+         {asked} of {requests} requests asked by the handler itself"
+    );
+    assert!(lane <= fetched && asked <= requests, "{what}");
+    (lane, asked, what)
 }
 
 /// A faulting thread that asked the home itself and gets no copy within its polling
