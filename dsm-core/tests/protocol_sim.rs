@@ -1204,12 +1204,13 @@ impl Sim {
                 // the pending ones stand in for their notices.
                 let mut intervals = intervals;
                 let mut bitmaps = Bitmaps::new();
-                let inc = self.incremental.as_ref().filter(|inc| inc.active());
-                if let Some(inc) = inc {
+                if let Some(inc) = self.incremental.as_mut().filter(|inc| inc.active()) {
                     intervals.retain(|i| !inc.shipped(i.node, i.index));
-                    intervals.extend(inc.pending_intervals().cloned());
-                    bitmaps.extend(inc.bitmaps());
+                    let (pending, pending_bitmaps) = inc.take_pending();
+                    intervals.extend(pending);
+                    bitmaps.append(pending_bitmaps);
                 }
+                let inc = self.incremental.as_ref().filter(|inc| inc.active());
                 let plan = dsm_race::plan_fresh(epoch, intervals, false, |i| {
                     inc.is_none_or(|inc| !inc.shipped(i.node, i.index))
                 });

@@ -587,7 +587,9 @@ fn plan_walking(
     walk: Walk,
 ) -> Plan {
     intervals.retain(|r| r.race.is_some());
-    intervals.sort_by_key(|r| (r.node, r.index));
+    // Keys are unique (one record per interval), so an unstable sort orders them the same
+    // without a scratch copy of half the epoch's records.
+    intervals.sort_unstable_by_key(|r| (r.node, r.index));
     let n = intervals.len();
     let is_fresh: Vec<bool> = intervals.iter().map(&fresh).collect();
     // Entries pack the interval position in 30 bits (see below).
@@ -1080,6 +1082,12 @@ impl Bitmaps {
     /// Drops `node`'s bitmap `key`, if held.
     pub fn remove(&mut self, node: NodeId, key: &BitmapKey) {
         self.map.remove(&(node, *key));
+    }
+
+    /// Adds every bitmap of `other`, moving them.
+    pub fn append(&mut self, other: Bitmaps) {
+        self.map.extend(other.map);
+        self.sites.extend(other.sites);
     }
 
     /// Adds every bitmap of `other`.

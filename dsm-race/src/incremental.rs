@@ -283,15 +283,15 @@ impl Incremental {
         self.shipped.iter().any(|&s| s > 0)
     }
 
-    /// The pending intervals, for the barrier's analysis (the nodes no longer send their
-    /// access notices).
-    pub fn pending_intervals(&self) -> impl Iterator<Item = &IntervalRecord> {
-        self.pending.iter().flatten()
-    }
-
-    /// The pending intervals' bitmaps, for the barrier's analysis.
-    pub fn bitmaps(&self) -> &Bitmaps {
-        &self.bitmaps
+    /// The pending intervals and their bitmaps, moved out for the barrier's analysis (the
+    /// nodes no longer send their access notices), which ends the epoch: moved rather than
+    /// copied, since at a barrier of a lock-heavy epoch they are most of what rank 0
+    /// holds. Whether an interval was shipped ([`Incremental::shipped`]) is still answered
+    /// until [`Incremental::reset`].
+    pub fn take_pending(&mut self) -> (Vec<IntervalRecord>, Bitmaps) {
+        let intervals = self.pending.iter_mut().flat_map(std::mem::take).collect();
+        self.held.iter_mut().for_each(VecDeque::clear);
+        (intervals, std::mem::take(&mut self.bitmaps))
     }
 
     /// Intervals pending now.

@@ -666,7 +666,7 @@ impl Dsm {
         let (mut plan, full_plan) = plan_epoch(
             epoch,
             intervals,
-            &m.incremental,
+            &mut m.incremental,
             r.options.schedule,
             &mut bitmaps,
         );
@@ -843,19 +843,20 @@ impl RaceState {
 fn plan_epoch(
     epoch: u32,
     mut intervals: Vec<dsm_proto::IntervalRecord>,
-    incremental: &Incremental,
+    incremental: &mut Incremental,
     schedule: bool,
     bitmaps: &mut dsm_race::Bitmaps,
 ) -> (dsm_race::Plan, Option<dsm_race::Plan>) {
     // Shipped intervals come without their notices (the nodes sent those in race
     // batches); the ones still pending here take their place. Pairs of two shipped
     // intervals were checked between barriers.
-    let inc = Some(incremental).filter(|inc| inc.active());
-    if let Some(inc) = inc {
-        intervals.retain(|i| !inc.shipped(i.node, i.index));
-        intervals.extend(inc.pending_intervals().cloned());
-        bitmaps.extend(inc.bitmaps());
+    if incremental.active() {
+        intervals.retain(|i| !incremental.shipped(i.node, i.index));
+        let (pending, pending_bitmaps) = incremental.take_pending();
+        intervals.extend(pending);
+        bitmaps.append(pending_bitmaps);
     }
+    let inc = Some(&*incremental).filter(|inc| inc.active());
     // The oracle (tests): the whole epoch planned as if nothing had been analysed.
     let full_plan = incremental.oracle().map(|(all, bs, _)| {
         bitmaps.extend(bs);
