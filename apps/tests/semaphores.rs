@@ -193,7 +193,13 @@ fn sem_trace_records_barriers_and_is_analysed_per_epoch() {
     assert_eq!(run.code, Some(0), "{}", run.all_output());
     let text = std::fs::read_to_string(&trace).unwrap();
     assert!(
-        text.starts_with("{\"format\":\"dsm-semtrace\",\"version\":2"),
+        text.starts_with("{\"format\":\"dsm-semtrace\",\"version\":3"),
+        "{text}"
+    );
+    // The end record closes the merged file and counts the records before it.
+    let records = text.lines().count() - 2;
+    assert!(
+        text.ends_with(&format!("{{\"end\":{{\"records\":{records}}}}}\n")),
         "{text}"
     );
     // Two barriers passed by each of the three ranks.

@@ -1,6 +1,6 @@
 //! The semaphore trace file (`dsmrun --sem-trace FILE`): JSON lines, versioned.
 //!
-//! The first line is a header `{"format":"dsm-semtrace","version":2,"nodes":N,"rank":R}`
+//! The first line is a header `{"format":"dsm-semtrace","version":3,"nodes":N,"rank":R}`
 //! (`rank` is present in the per-rank part files a run writes, `null` in the merged file
 //! dsmrun makes of them). Every further line is one record:
 //!
@@ -13,9 +13,11 @@
 //! - `{"barrier":{"node":1,"number":2}}`: the node passed its `number`-th barrier (1, 2,
 //!   ... in program order among its operations). A barrier orders everything before it
 //!   before everything after it, so the trace is analysed one epoch (the operations
-//!   between two barriers) at a time ([`crate::Trace::epochs`]).
+//!   between two barriers) at a time ([`crate::Trace::epochs`]);
+//! - `{"end":{"records":N}}`: the last line of a merged trace, after its `N` records, so
+//!   that a file cut short at a line boundary is known to be incomplete (version 3).
 //!
-//! Version 1 (no barrier records) is still read. [`read_trace`] checks everything a later
+//! Versions 1 (no barrier records) and 2 (no end record) are still read. [`read_trace`] checks everything a later
 //! analysis relies on (known semaphores, signal numbers in order, every wait paired with
 //! an existing, unconsumed signal of its semaphore from its own or an earlier epoch, no
 //! more initial tokens used than there are, barriers numbered in order and passed by
@@ -29,8 +31,8 @@ use thiserror::Error;
 
 /// The `format` field of every header.
 pub const FORMAT_NAME: &str = "dsm-semtrace";
-/// The version this crate writes (2 added barrier records).
-pub const FORMAT_VERSION: u32 = 2;
+/// The version this crate writes (2 added barrier records, 3 the end record).
+pub const FORMAT_VERSION: u32 = 3;
 /// The oldest version this crate reads (1: no barrier records).
 pub const MIN_FORMAT_VERSION: u32 = 1;
 
@@ -95,13 +97,22 @@ pub enum Record {
     Op(OpRecord),
     /// A barrier passed (version 2).
     Barrier(BarrierRecord),
+    /// The end of a merged trace (version 3).
+    End(EndRecord),
+}
+
+/// The last line of a merged trace, as stored.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct EndRecord {
+    /// The records between the header and this line.
+    pub records: usize,
 }
 
 impl Record {
     /// The node of an operation or barrier record.
     fn node(&self) -> Option<usize> {
         match self {
-            Record::Sem(_) => None,
+            Record::Sem(_) | Record::End(_) => None,
             Record::Op(o) => Some(o.node),
             Record::Barrier(b) => Some(b.node),
         }
@@ -141,6 +152,12 @@ pub enum FormatError {
     /// early, or a corrupt one).
     #[error("{0}")]
     Barriers(String),
+    /// A merged trace without its end record: the file was cut short.
+    #[error("the trace ends after line {lines} without its end record: the file was cut short")]
+    Truncated {
+        /// Lines in the file.
+        lines: usize,
+    },
 }
 
 /// Writes one rank's part of a trace, a record per line, flushed as it goes so a crash
@@ -205,7 +222,7 @@ impl<W: Write> PartWriter<W> {
     }
 }
 
-fn write_line<T: Serialize>(out: &mut impl Write, v: &T) -> Result<(), FormatError> {
+fn write_line<T: Serialize>(out: &mut (impl Write + ?Sized), v: &T) -> Result<(), FormatError> {
     let mut line = serde_json::to_vec(v).map_err(std::io::Error::from)?;
     line.push(b'\n');
     out.write_all(&line)?;
@@ -250,22 +267,46 @@ fn read_lines(input: impl BufRead) -> Result<(Header, Vec<(usize, Record)>), For
         )));
     }
     let mut records = Vec::new();
+    let mut ended = false;
+    let mut last_line = 1;
     for (i, line) in lines.enumerate() {
         let line = line?;
+        last_line = i + 2;
         if line.trim().is_empty() {
             continue;
         }
-        let r: Record = serde_json::from_str(&line).map_err(|e| FormatError::Bad {
-            line: i + 2,
-            why: e.to_string(),
-        })?;
-        if header.version < 2 && matches!(r, Record::Barrier(_)) {
-            return Err(FormatError::Bad {
-                line: i + 2,
-                why: format!("a barrier record in a version {} trace", header.version),
-            });
+        let bad = |why: String| FormatError::Bad { line: i + 2, why };
+        let r: Record = serde_json::from_str(&line).map_err(|e| bad(e.to_string()))?;
+        if ended {
+            return Err(bad("a record after the end record".into()));
         }
-        records.push((i + 2, r));
+        match &r {
+            Record::Barrier(_) if header.version < 2 => {
+                return Err(bad(format!(
+                    "a barrier record in a version {} trace",
+                    header.version
+                )))
+            }
+            Record::End(_) if header.version < 3 || header.rank.is_some() => {
+                return Err(bad(
+                    "an end record in a part file or before version 3".into()
+                ))
+            }
+            Record::End(e) if e.records != records.len() => {
+                return Err(bad(format!(
+                    "the end record counts {} records, the file has {}",
+                    e.records,
+                    records.len()
+                )))
+            }
+            Record::End(_) => ended = true,
+            _ => records.push((i + 2, r)),
+        }
+    }
+    // A merged trace ends with its end record; parts are merged only after every rank
+    // finished, and traces before version 3 had none.
+    if header.version >= 3 && header.rank.is_none() && !ended {
+        return Err(FormatError::Truncated { lines: last_line });
     }
     Ok((header, records))
 }
@@ -316,6 +357,7 @@ impl TraceBuilder {
         for (line, r) in records {
             let bad = |why: String| FormatError::Bad { line, why };
             match r {
+                Record::End(_) => {}
                 Record::Sem(s) => match self.sem_index.get(&s.name) {
                     Some(&i) if trace.initial[i] != s.initial => {
                         return Err(bad(format!(
@@ -531,6 +573,10 @@ pub fn merge_parts(parts: Vec<impl BufRead>, mut out: impl Write) -> Result<Trac
     for (_, r) in &lines {
         write_line(&mut out, r)?;
     }
+    let end = EndRecord {
+        records: lines.len(),
+    };
+    write_line(&mut out, &Record::End(end))?;
     build(nodes, lines)
 }
 
@@ -543,8 +589,13 @@ pub fn write_trace(trace: &Trace, mut out: impl Write) -> Result<(), FormatError
         rank: None,
     };
     write_line(&mut out, &header)?;
+    let mut records = 0;
+    let mut put = |out: &mut dyn Write, r: &Record| {
+        records += 1;
+        write_line(out, r)
+    };
     for (name, &initial) in trace.sem_names.iter().zip(&trace.initial) {
-        write_line(
+        put(
             &mut out,
             &Record::Sem(SemRecord {
                 name: name.clone(),
@@ -557,7 +608,7 @@ pub fn write_trace(trace: &Trace, mut out: impl Write) -> Result<(), FormatError
         for (pos, e) in evs.iter().enumerate() {
             while trace.barriers[node].get(passed) == Some(&pos) {
                 passed += 1;
-                write_line(
+                put(
                     &mut out,
                     &Record::Barrier(BarrierRecord {
                         node,
@@ -565,7 +616,7 @@ pub fn write_trace(trace: &Trace, mut out: impl Write) -> Result<(), FormatError
                     }),
                 )?;
             }
-            write_line(
+            put(
                 &mut out,
                 &Record::Op(OpRecord {
                     node,
@@ -578,7 +629,7 @@ pub fn write_trace(trace: &Trace, mut out: impl Write) -> Result<(), FormatError
             )?;
         }
         for number in passed + 1..=trace.barriers[node].len() {
-            write_line(
+            put(
                 &mut out,
                 &Record::Barrier(BarrierRecord {
                     node,
@@ -587,5 +638,5 @@ pub fn write_trace(trace: &Trace, mut out: impl Write) -> Result<(), FormatError
             )?;
         }
     }
-    Ok(())
+    write_line(&mut out, &Record::End(EndRecord { records }))
 }

@@ -268,3 +268,53 @@ fn a_directory_is_refused_in_one_line_that_says_why_once() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert_eq!(stderr.matches("Is a directory").count(), 1, "{stderr}");
 }
+
+/// A version 3 trace: [`TRACE`]'s records and the end record that counts them.
+fn trace_v3() -> String {
+    TRACE.replace("\"version\":1", "\"version\":3") + "{\"end\":{\"records\":5}}\n"
+}
+
+#[test]
+fn a_merged_trace_cut_at_a_line_boundary_is_refused() {
+    let whole = trace_v3();
+    let (code, out, err) = run(&whole, &["--depth", "1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("1:1 signal a -> 2:2 wait a"), "{out}");
+    // Without its last line (the end record), and without the last record too: both end
+    // at a line boundary and are otherwise well formed.
+    let without_end = whole.trim_end().rsplit_once('\n').unwrap().0.to_string() + "\n";
+    let shorter = without_end
+        .trim_end()
+        .rsplit_once('\n')
+        .unwrap()
+        .0
+        .to_string()
+        + "\n";
+    for cut in [&without_end, &shorter] {
+        let (code, _, err) = run(cut, &[]);
+        assert_eq!(code, 2, "{err}");
+        assert!(
+            err.contains("without its end record: the file was cut short"),
+            "{err}"
+        );
+    }
+    let cases = [
+        (
+            whole.replace("\"records\":5", "\"records\":4"),
+            "counts 4 records, the file has 5",
+        ),
+        (
+            whole.clone() + TRACE.lines().nth(2).unwrap(),
+            "a record after the end record",
+        ),
+        (
+            TRACE.replace("\"version\":1", "\"version\":2") + "{\"end\":{\"records\":5}}\n",
+            "an end record in a part file or before version 3",
+        ),
+    ];
+    for (text, want) in cases {
+        let (code, _, err) = run(&text, &[]);
+        assert_eq!(code, 2, "{want}: {err}");
+        assert!(err.contains(want), "wanted '{want}' in: {err}");
+    }
+}
