@@ -69,6 +69,13 @@ int dsm_sem_wait(int sem);
 /* Returns a token. */
 int dsm_sem_signal(int sem);
 
+/* dsmrun --check: takes the zero fill of the allocation starting at `array` as its initial
+ * value, so reading elements nobody wrote (a counter that starts at zero) is not reported
+ * as an uninitialised read. Call it right after the allocation; rank 0's call is the one
+ * used. Without --check it does nothing. DSM_EINVAL if `array` is not an allocation's
+ * start. */
+int dsm_assume_initialised(const void *array);
+
 /* Leaves the job (collectively). Returns the exit status the race convention asks for
  * (non-zero on rank 0 when races were reported; `return dsm_finish();` from main), or a
  * negative error code. */

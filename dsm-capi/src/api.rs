@@ -290,6 +290,31 @@ pub unsafe extern "C" fn dsm_alloc_2d(
     }
 }
 
+/// `int dsm_assume_initialised(const void *array)`: `--check` takes the zero fill of the
+/// allocation that starts at `array` as its initial value ([`dsm_core::Dsm::assume_initialised`]).
+#[no_mangle]
+pub extern "C" fn dsm_assume_initialised(array: *const c_void) -> c_int {
+    guarded(
+        |c| c,
+        || {
+            with_node(|n| {
+                let Some(a) = n
+                    .arrays
+                    .iter()
+                    .find(|a| a.addr() == array as usize)
+                    .copied()
+                else {
+                    return Err(invalid(format!(
+                        "dsm_assume_initialised: {array:p} is not the start of a shared allocation"
+                    )));
+                };
+                n.dsm.assume_raw_initialised(&a);
+                Ok(0)
+            })
+        },
+    )
+}
+
 /// `int dsm_barrier(void)`
 #[no_mangle]
 pub extern "C" fn dsm_barrier() -> c_int {

@@ -499,3 +499,47 @@ fn race_detection_refuses_an_uninstrumented_c_program() {
     ));
     assert_eq!(r.code, Some(66), "{}{}", r.stdout, r.stderr);
 }
+
+/// `dsm_assume_initialised` is `--check`'s way for a C program to rely on the zero fill: a
+/// counter read before anybody wrote it is an uninitialised read without it and none with
+/// it; an address that is not an allocation's start is `DSM_EINVAL` with a message.
+#[test]
+fn a_c_program_declares_its_zero_fill_initial() {
+    if !have("gcc", "a_c_program_declares_its_zero_fill_initial") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/capi/assume.c");
+    let exe = build(&source, dir.path());
+    let exe = exe.to_str().unwrap();
+    let r = run(dsmrun_command(2, &["--check"], exe, &["none"]));
+    let context = format!("{}{}", r.stdout, r.stderr);
+    assert_eq!(r.code, Some(66), "{context}");
+    assert!(
+        r.stderr.contains("UNINITIALISED READ of count[0]"),
+        "{context}"
+    );
+    assert!(
+        r.stderr.contains("--check: 2 uninitialised reads"),
+        "{context}"
+    );
+    let r = run(dsmrun_command(2, &["--check"], exe, &["assume"]));
+    let context = format!("{}{}", r.stdout, r.stderr);
+    assert_eq!(r.code, Some(0), "{context}");
+    assert!(r.stdout.contains("count 0"), "{context}");
+    assert!(
+        r.stderr.contains("--check: 0 uninitialised reads"),
+        "{context}"
+    );
+    let r = run(dsmrun_command(2, &["--check"], exe, &["bad"]));
+    let context = format!("{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout
+            .contains("bad pointer: -1 dsm_assume_initialised: 0x"),
+        "{context}"
+    );
+    assert!(
+        r.stdout.contains("is not the start of a shared allocation"),
+        "{context}"
+    );
+}

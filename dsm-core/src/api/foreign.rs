@@ -102,6 +102,11 @@ impl Dsm {
         self.race.as_ref().map(|r| r.recorder.alloc(array.id))
     }
 
+    /// [`Dsm::assume_initialised`] for a raw array (C's `dsm_assume_initialised`).
+    pub fn assume_raw_initialised(&mut self, array: &RawArray) {
+        self.assume_alloc_initialised(array.id);
+    }
+
     /// Acquires lock `id` as [`Dsm::lock`] does, without a guard: for a caller that
     /// cannot hold one (C's `dsm_lock` and `dsm_unlock` are separate calls). The caller
     /// must release it with [`Dsm::unlock_unguarded`].

@@ -1026,7 +1026,12 @@ impl Dsm {
     /// uninitialised read. Call it right after the allocation. Only rank 0's call matters
     /// (it runs the checks), but every rank may make it; without `--check` it does nothing.
     pub fn assume_initialised<T: Pod>(&mut self, array: &Array<T>) {
-        let first = self.allocs[array.id].first_page;
+        self.assume_alloc_initialised(array.id);
+    }
+
+    /// [`Dsm::assume_initialised`] of allocation number `id`.
+    pub(super) fn assume_alloc_initialised(&mut self, id: usize) {
+        let first = self.allocs[id].first_page;
         if let Some(r) = self.race.as_mut() {
             if let (Some(checker), Some(var)) = (r.checker.as_mut(), r.vars.lookup(first)) {
                 checker.initialised(var);
