@@ -76,6 +76,14 @@ int dsm_sem_signal(int sem);
  * start. */
 int dsm_assume_initialised(const void *array);
 
+/* dsmrun --check: reports rank r's writes (DSM_REGION_WRITES) or reads and writes
+ * (DSM_REGION_ACCESSES) of the allocation starting at `array` outside its elements
+ * first[r] .. end[r]-1, like the local part of a distributed array. `first` and `end` have
+ * dsm_size() entries; rank 0's call is the one used. Without --check it does nothing. */
+#define DSM_REGION_WRITES 0
+#define DSM_REGION_ACCESSES 1
+int dsm_declare_region(const void *array, int rule, const size_t *first, const size_t *end);
+
 /* Leaves the job (collectively). Returns the exit status the race convention asks for
  * (non-zero on rank 0 when races were reported; `return dsm_finish();` from main), or a
  * negative error code. */

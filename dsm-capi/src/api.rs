@@ -315,6 +315,72 @@ pub extern "C" fn dsm_assume_initialised(array: *const c_void) -> c_int {
     )
 }
 
+/// `int dsm_declare_region(const void *array, int rule, const size_t *first, const
+/// size_t *end)`: `--check` reports rank `r`'s writes (`DSM_REGION_WRITES`) or accesses
+/// (`DSM_REGION_ACCESSES`) of the allocation starting at `array` outside its elements
+/// `first[r]..end[r]` ([`dsm_core::Dsm::declare_region`]); both arrays have `dsm_size()`
+/// entries.
+///
+/// # Safety
+/// `first` and `end` are null or point to `dsm_size()` readable `size_t`s each.
+#[no_mangle]
+pub unsafe extern "C" fn dsm_declare_region(
+    array: *const c_void,
+    rule: c_int,
+    first: *const usize,
+    end: *const usize,
+) -> c_int {
+    guarded(
+        |c| c,
+        || {
+            with_node(|n| {
+                let Some(a) = n
+                    .arrays
+                    .iter()
+                    .find(|a| a.addr() == array as usize)
+                    .copied()
+                else {
+                    return Err(invalid(format!(
+                        "dsm_declare_region: {array:p} is not the start of a shared allocation"
+                    )));
+                };
+                let rule = match rule {
+                    0 => dsm_core::RegionRule::Writes,
+                    1 => dsm_core::RegionRule::Accesses,
+                    _ => {
+                        return Err(invalid(format!(
+                            "dsm_declare_region: rule {rule} is neither DSM_REGION_WRITES (0) \
+                             nor DSM_REGION_ACCESSES (1)"
+                        )))
+                    }
+                };
+                if first.is_null() || end.is_null() {
+                    return Err(invalid("dsm_declare_region: NULL range array"));
+                }
+                let size = n.dsm.size();
+                // SAFETY: dsm.h asks for `dsm_size()` entries in each (checked non-null).
+                let (first, end) = unsafe {
+                    (
+                        std::slice::from_raw_parts(first, size),
+                        std::slice::from_raw_parts(end, size),
+                    )
+                };
+                if let Some(r) = (0..size).find(|&r| first[r] > end[r] || end[r] > a.len()) {
+                    return Err(invalid(format!(
+                        "dsm_declare_region: rank {r}'s range {}..{} is not within the \
+                         allocation's {} elements",
+                        first[r],
+                        end[r],
+                        a.len()
+                    )));
+                }
+                n.dsm.declare_raw_region(&a, rule, |r| first[r]..end[r]);
+                Ok(0)
+            })
+        },
+    )
+}
+
 /// `int dsm_barrier(void)`
 #[no_mangle]
 pub extern "C" fn dsm_barrier() -> c_int {

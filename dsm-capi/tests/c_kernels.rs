@@ -503,6 +503,7 @@ fn race_detection_refuses_an_uninstrumented_c_program() {
 /// `dsm_assume_initialised` is `--check`'s way for a C program to rely on the zero fill: a
 /// counter read before anybody wrote it is an uninitialised read without it and none with
 /// it; an address that is not an allocation's start is `DSM_EINVAL` with a message.
+/// `dsm_declare_region` declares each rank's band: a write outside it is reported.
 #[test]
 fn a_c_program_declares_its_zero_fill_initial() {
     if !have("gcc", "a_c_program_declares_its_zero_fill_initial") {
@@ -540,6 +541,30 @@ fn a_c_program_declares_its_zero_fill_initial() {
     );
     assert!(
         r.stdout.contains("is not the start of a shared allocation"),
+        "{context}"
+    );
+    // Regions: the last rank's write into rank 0's band is reported with the band.
+    let r = run(dsmrun_command(3, &["--check"], exe, &["region"]));
+    let context = format!("{}{}", r.stdout, r.stderr);
+    assert_eq!(r.code, Some(66), "{context}");
+    assert!(
+        r.stderr.contains("WRITE OUTSIDE REGION of band[0]"),
+        "{context}"
+    );
+    assert!(
+        r.stderr
+            .contains("rank 2's declared region of band is elements 8..12"),
+        "{context}"
+    );
+    assert!(
+        r.stderr.contains("1 access outside declared regions"),
+        "{context}"
+    );
+    let r = run(dsmrun_command(2, &["--check"], exe, &["badrule"]));
+    let context = format!("{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout
+            .contains("declare: -1 dsm_declare_region: rule 7 is neither"),
         "{context}"
     );
 }

@@ -107,6 +107,16 @@ impl Dsm {
         self.assume_alloc_initialised(array.id);
     }
 
+    /// [`Dsm::declare_region`] for a raw array (C's `dsm_declare_region`).
+    pub fn declare_raw_region(
+        &mut self,
+        array: &RawArray,
+        rule: super::RegionRule,
+        region: impl Fn(usize) -> std::ops::Range<usize>,
+    ) {
+        self.declare_alloc_region(array.id, rule, region);
+    }
+
     /// Acquires lock `id` as [`Dsm::lock`] does, without a guard: for a caller that
     /// cannot hold one (C's `dsm_lock` and `dsm_unlock` are separate calls). The caller
     /// must release it with [`Dsm::unlock_unguarded`].

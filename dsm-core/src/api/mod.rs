@@ -1050,7 +1050,17 @@ impl Dsm {
         rule: RegionRule,
         region: impl Fn(usize) -> std::ops::Range<usize>,
     ) {
-        let first = self.allocs[array.id].first_page;
+        self.declare_alloc_region(array.id, rule, region);
+    }
+
+    /// [`Dsm::declare_region`] of allocation number `id`.
+    pub(super) fn declare_alloc_region(
+        &mut self,
+        id: usize,
+        rule: RegionRule,
+        region: impl Fn(usize) -> std::ops::Range<usize>,
+    ) {
+        let first = self.allocs[id].first_page;
         let ranges = (0..self.size).map(region).collect();
         if let Some(r) = self.race.as_mut() {
             if let (Some(checker), Some(var)) = (r.checker.as_mut(), r.vars.lookup(first)) {
