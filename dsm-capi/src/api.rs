@@ -290,6 +290,19 @@ pub unsafe extern "C" fn dsm_alloc_2d(
     }
 }
 
+/// The allocation that starts at `array`, for `call`'s message when there is none.
+fn allocation_at(n: &Node, array: *const c_void, call: &str) -> Result<RawArray, Failure> {
+    n.arrays
+        .iter()
+        .find(|a| a.addr() == array as usize)
+        .copied()
+        .ok_or_else(|| {
+            invalid(format!(
+                "{call}: {array:p} is not the start of a shared allocation"
+            ))
+        })
+}
+
 /// `int dsm_assume_initialised(const void *array)`: `--check` takes the zero fill of the
 /// allocation that starts at `array` as its initial value ([`dsm_core::Dsm::assume_initialised`]).
 #[no_mangle]
@@ -298,16 +311,7 @@ pub extern "C" fn dsm_assume_initialised(array: *const c_void) -> c_int {
         |c| c,
         || {
             with_node(|n| {
-                let Some(a) = n
-                    .arrays
-                    .iter()
-                    .find(|a| a.addr() == array as usize)
-                    .copied()
-                else {
-                    return Err(invalid(format!(
-                        "dsm_assume_initialised: {array:p} is not the start of a shared allocation"
-                    )));
-                };
+                let a = allocation_at(n, array, "dsm_assume_initialised")?;
                 n.dsm.assume_raw_initialised(&a);
                 Ok(0)
             })
@@ -334,16 +338,7 @@ pub unsafe extern "C" fn dsm_declare_region(
         |c| c,
         || {
             with_node(|n| {
-                let Some(a) = n
-                    .arrays
-                    .iter()
-                    .find(|a| a.addr() == array as usize)
-                    .copied()
-                else {
-                    return Err(invalid(format!(
-                        "dsm_declare_region: {array:p} is not the start of a shared allocation"
-                    )));
-                };
+                let a = allocation_at(n, array, "dsm_declare_region")?;
                 let rule = match rule {
                     0 => dsm_core::RegionRule::Writes,
                     1 => dsm_core::RegionRule::Accesses,
