@@ -17,11 +17,12 @@
 //! - `{"end":{"records":N}}`: the last line of a merged trace, after its `N` records, so
 //!   that a file cut short at a line boundary is known to be incomplete (version 3).
 //!
-//! Versions 1 (no barrier records) and 2 (no end record) are still read. [`read_trace`] checks everything a later
-//! analysis relies on (known semaphores, signal numbers in order, every wait paired with
-//! an existing, unconsumed signal of its semaphore from its own or an earlier epoch, no
-//! more initial tokens used than there are, barriers numbered in order and passed by
-//! every node alike) and names the line of the first problem.
+//! Versions 1 (no barrier records) and 2 (no end record) are still read. [`read_trace`]
+//! checks everything a later analysis relies on (known semaphores, signal numbers in
+//! order, every wait paired with an existing, unconsumed signal of its semaphore from its
+//! own or an earlier epoch, no more initial tokens used than there are, barriers numbered
+//! in order and passed by every node alike, the end record) and names the line of the
+//! first problem.
 
 use crate::{Op, Trace, TraceEvent};
 use serde::{Deserialize, Serialize};
