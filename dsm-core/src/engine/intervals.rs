@@ -16,6 +16,11 @@ use std::collections::BTreeMap;
 /// sections writing the page does not end it.
 pub(super) const KEEP_QUIET_CLOSES: u8 = 2;
 
+/// Records logged between two passes of [`Engine::trim_log`]: a pass looks at every node's
+/// entry of every other node's knowledge and at the records it drops, so it runs now and
+/// then, not at every close.
+const TRIM_LOG_EVERY: usize = 256;
+
 impl<M: Memory> Engine<M> {
     /// What this node has seen, counting only its closed intervals.
     pub(super) fn known(&self) -> VectorTime {
@@ -130,7 +135,7 @@ impl<M: Memory> Engine<M> {
                 SyncCause::SemWait(_) | SyncCause::SemSignal(_)
             );
         if !writes.is_empty() || race.is_some() || sem_op {
-            self.log[self.me as usize].push(IntervalRecord {
+            self.log_record(IntervalRecord {
                 node: self.me,
                 index,
                 vt: self.cur_start.clone(),
@@ -180,6 +185,80 @@ impl<M: Memory> Engine<M> {
         }
         self.mem.protect(p, 1, Prot::Read);
         self.set_state(p, PageState::ReadOnly);
+    }
+
+    /// Appends `record` to its node's log, trimming the log every [`TRIM_LOG_EVERY`]
+    /// records.
+    fn log_record(&mut self, record: IntervalRecord) {
+        self.log[record.node as usize].push(record);
+        self.logged_since_trim += 1;
+        if self.logged_since_trim >= TRIM_LOG_EVERY {
+            self.logged_since_trim = 0;
+            self.trim_log();
+        }
+    }
+
+    /// Notes what `msg`, from `from`, says a node has seen (see `seen_by`): the `known`
+    /// of a lock request or forward and a semaphore wait or forward is the waiting node's,
+    /// that of a grant, race batch or barrier arrival its sender's.
+    pub(super) fn note_seen_in(&mut self, from: NodeId, msg: &Msg) {
+        let (node, known) = match msg {
+            Msg::LockRequest {
+                requester, known, ..
+            }
+            | Msg::LockForward {
+                requester, known, ..
+            } => (*requester, known),
+            Msg::SemForward { waiter, known, .. } => (*waiter, known),
+            Msg::SemWait { known, .. }
+            | Msg::SemGrant { known, .. }
+            | Msg::RaceBatch { known, .. }
+            | Msg::BarrierArrive { known, .. } => (from, known),
+            Msg::LockGrant { grants } => {
+                if let Some(seen) = self.seen_by.get_mut(from as usize) {
+                    for g in grants {
+                        seen.merge(&g.known);
+                    }
+                }
+                return;
+            }
+            _ => return,
+        };
+        if let Some(seen) = self.seen_by.get_mut(node as usize) {
+            seen.merge(known);
+        }
+    }
+
+    /// Drops from the log the records every other node has seen: no grant, semaphore
+    /// grant or barrier will carry them again, so a program that synchronizes only with
+    /// locks and semaphores keeps a log as long as its nodes are apart, not as long as it
+    /// runs. Records with race notices stay until they are shipped to the race master,
+    /// and in race mode those of semaphore operations until the barrier (the master
+    /// rebuilds the safe semaphore order from them).
+    pub(super) fn trim_log(&mut self) {
+        let me = self.me as usize;
+        let race_mode = self.race_mode;
+        for (node, list) in self.log.iter_mut().enumerate() {
+            let Some(floor) = (0..self.n)
+                .filter(|&r| r != me)
+                .map(|r| self.seen_by[r].0.get(node).copied().unwrap_or(0))
+                .min()
+            else {
+                continue;
+            };
+            if list.first().is_none_or(|r| r.index > floor) {
+                continue;
+            }
+            list.retain(|r| {
+                r.index > floor
+                    || r.race.is_some()
+                    || race_mode
+                        && matches!(
+                            r.began_with,
+                            SyncCause::SemWait(_) | SyncCause::SemSignal(_)
+                        )
+            });
+        }
     }
 
     pub(super) fn begin_interval(&mut self, cause: SyncCause) {
@@ -284,7 +363,7 @@ impl<M: Memory> Engine<M> {
             // Race notices are the recording node's to give the master; a record without
             // write notices means nothing to coherence.
             if !rec.writes.is_empty() {
-                self.log[node as usize].push(IntervalRecord { race: None, ..rec });
+                self.log_record(IntervalRecord { race: None, ..rec });
             }
         }
         named.sort_unstable();

@@ -633,8 +633,15 @@ pub struct Engine<M: Memory> {
     spare_twins: Vec<Box<[u8]>>,
     /// Home pages written (write-faulted) in this interval.
     home_writes: Vec<PageNo>,
-    /// Intervals known since the last barrier, per creating node, in index order.
+    /// Intervals known since the last barrier, per creating node, in index order, less
+    /// those every other node has seen (`trim_log`).
     log: Vec<Vec<IntervalRecord>>,
+    /// Per node, the most it is known to have seen: the merge of the `known` vectors it
+    /// sent in requests, grants, waits, batches and arrivals. Knowledge only grows, so a
+    /// record within every other node's entry is never sent again.
+    seen_by: Vec<VectorTime>,
+    /// Records logged since the log was last trimmed.
+    logged_since_trim: usize,
     /// Most pages pushed with one lock grant or barrier arrival; 0: pushing off.
     push_limit: u32,
     /// At the home: per page, the nodes (bit per rank, ranks below 64) it served or pushed
@@ -747,6 +754,8 @@ impl<M: Memory> Engine<M> {
             spare_twins: (0..64).map(|_| vec![0u8; PAGE_SIZE].into()).collect(),
             home_writes: Vec::new(),
             log: vec![Vec::new(); n],
+            seen_by: vec![VectorTime::zero(n); n],
+            logged_since_trim: 0,
             push_limit: dsm_proto::config::DEFAULT_PUSH_PAGES,
             copies: HashMap::new(),
             own_diffs: HashMap::new(),
@@ -852,6 +861,12 @@ impl<M: Memory> Engine<M> {
     /// The counters so far (without the runtime's wire-level fields; see [`Stats`]).
     pub fn stats(&self) -> &Stats {
         &self.stats
+    }
+
+    /// Interval records this node keeps to send to others (every node's, since the last
+    /// barrier, less those every other node has seen).
+    pub fn logged_records(&self) -> usize {
+        self.log.iter().map(Vec::len).sum()
     }
 
     /// Whether the final barrier ([`Command::Barrier`] with `finishing`) has completed.
@@ -985,6 +1000,7 @@ impl<M: Memory> Engine<M> {
     /// Routes a message to its concern; also used for messages this node addresses to
     /// itself, which never go through the runtime.
     pub(super) fn handle(&mut self, from: NodeId, msg: Msg) {
+        self.note_seen_in(from, &msg);
         match msg {
             Msg::PageRequest {
                 pages,
