@@ -1787,6 +1787,11 @@ fn sim_with_setup(
         // Written pages kept writable across interval closes (the default outside race
         // mode) in most runs, write-protected at every close in the others.
         eng.set_keep_writable(seed % 4 != 3);
+        // Interval logs trimmed every 1 to 8 records in four runs of five (the default
+        // period, 256, is longer than most programs here).
+        if seed % 5 != 0 {
+            eng.set_log_trim_period(1 + (seed / 5 % 8) as usize);
+        }
         // Read faults fetch through the page lanes (the runtime's co-located peers) in
         // two runs of three.
         // In half the others, the handler asks remote homes itself over their sockets.
@@ -2327,17 +2332,25 @@ proptest! {
         // records keep their race notices for the barrier, as `--race-first` needs.
         let seed = if race { seed & !1 } else { seed };
         let mut s = sim_with(n, &[AllocSpec { elem: 8, homes }], vars, seed, race);
-        let sections = 600;
+        // 600 critical sections a node, the locks of each run of 20 hinted ahead (or not,
+        // or wrongly: see `hint_locks`), so tokens also travel as grants taken early and
+        // passed on.
         for k in 0..n {
-            for _ in 0..sections {
-                let l = s.rand(locks);
-                let guarded: Vec<usize> =
-                    (0..vars).filter(|&v| lock_of(v, locks) == l as u64).collect();
-                let v = guarded[s.rand(guarded.len())];
-                let touch = if s.rand(4) == 0 { Op::Check(v) } else { Op::Incr(v) };
-                s.nodes[k]
-                    .script
-                    .extend([Op::Acquire(l as u64), touch, Op::Release(l as u64)]);
+            for _ in 0..30 {
+                let hint_at = s.script_len(k);
+                let mut taken = Vec::new();
+                for _ in 0..20 {
+                    let l = s.rand(locks);
+                    taken.push(l as u64);
+                    let guarded: Vec<usize> =
+                        (0..vars).filter(|&v| lock_of(v, locks) == l as u64).collect();
+                    let v = guarded[s.rand(guarded.len())];
+                    let touch = if s.rand(4) == 0 { Op::Check(v) } else { Op::Incr(v) };
+                    s.nodes[k]
+                        .script
+                        .extend([Op::Acquire(l as u64), touch, Op::Release(l as u64)]);
+                }
+                s.hint_locks(k, hint_at, taken, locks);
             }
         }
         s.run();

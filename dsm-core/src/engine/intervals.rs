@@ -16,10 +16,11 @@ use std::collections::BTreeMap;
 /// sections writing the page does not end it.
 pub(super) const KEEP_QUIET_CLOSES: u8 = 2;
 
-/// Records logged between two passes of [`Engine::trim_log`]: a pass looks at every node's
-/// entry of every other node's knowledge and at the records it drops, so it runs now and
-/// then, not at every close.
-const TRIM_LOG_EVERY: usize = 256;
+/// Records logged between two passes of [`Engine::trim_log`] unless
+/// [`Engine::set_log_trim_period`] says otherwise: a pass looks at every node's entry of every other
+/// node's knowledge and at the records it drops, so it runs now and then, not at every
+/// close.
+pub(super) const TRIM_LOG_EVERY: usize = 256;
 
 impl<M: Memory> Engine<M> {
     /// What this node has seen, counting only its closed intervals.
@@ -187,20 +188,27 @@ impl<M: Memory> Engine<M> {
         self.set_state(p, PageState::ReadOnly);
     }
 
-    /// Appends `record` to its node's log, trimming the log every [`TRIM_LOG_EVERY`]
-    /// records.
+    /// Appends `record` to its node's log, trimming the log every `trim_period` records.
     fn log_record(&mut self, record: IntervalRecord) {
         self.log[record.node as usize].push(record);
         self.logged_since_trim += 1;
-        if self.logged_since_trim >= TRIM_LOG_EVERY {
+        if self.logged_since_trim >= self.trim_period {
             self.logged_since_trim = 0;
             self.trim_log();
         }
     }
 
-    /// Notes what `msg`, from `from`, says a node has seen (see `seen_by`): the `known`
-    /// of a lock request or forward and a semaphore wait or forward is the waiting node's,
-    /// that of a grant, race batch or barrier arrival its sender's.
+    /// Trims the log every `records` records logged (256 by default, `TRIM_LOG_EVERY`):
+    /// the protocol simulator trims often, so that every message order meets a trim.
+    pub fn set_log_trim_period(&mut self, records: usize) {
+        self.trim_period = records.max(1);
+    }
+
+    /// Notes what `msg`, from `from`, says a node has seen (see `seen_by`): the `known` of
+    /// a lock request or forward and a semaphore wait or forward is the waiting node's,
+    /// that of a semaphore grant, race batch or barrier arrival its sender's. Not a lock
+    /// grant's: a token asked for ahead is passed on with the grant that brought it
+    /// (`LockState::early_grant`), whose knowledge the node passing it never took in.
     pub(super) fn note_seen_in(&mut self, from: NodeId, msg: &Msg) {
         let (node, known) = match msg {
             Msg::LockRequest {
@@ -214,14 +222,6 @@ impl<M: Memory> Engine<M> {
             | Msg::SemGrant { known, .. }
             | Msg::RaceBatch { known, .. }
             | Msg::BarrierArrive { known, .. } => (from, known),
-            Msg::LockGrant { grants } => {
-                if let Some(seen) = self.seen_by.get_mut(from as usize) {
-                    for g in grants {
-                        seen.merge(&g.known);
-                    }
-                }
-                return;
-            }
             _ => return,
         };
         if let Some(seen) = self.seen_by.get_mut(node as usize) {

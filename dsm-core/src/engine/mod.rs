@@ -637,11 +637,13 @@ pub struct Engine<M: Memory> {
     /// those every other node has seen (`trim_log`).
     log: Vec<Vec<IntervalRecord>>,
     /// Per node, the most it is known to have seen: the merge of the `known` vectors it
-    /// sent in requests, grants, waits, batches and arrivals. Knowledge only grows, so a
-    /// record within every other node's entry is never sent again.
+    /// sent in lock requests, semaphore waits and grants, race batches and barrier
+    /// arrivals (see `note_seen_in`). Knowledge only grows, so a record within every
+    /// other node's entry is never sent again.
     seen_by: Vec<VectorTime>,
-    /// Records logged since the log was last trimmed.
+    /// Records logged since the log was last trimmed, and how many between trims.
     logged_since_trim: usize,
+    trim_period: usize,
     /// Most pages pushed with one lock grant or barrier arrival; 0: pushing off.
     push_limit: u32,
     /// At the home: per page, the nodes (bit per rank, ranks below 64) it served or pushed
@@ -756,6 +758,7 @@ impl<M: Memory> Engine<M> {
             log: vec![Vec::new(); n],
             seen_by: vec![VectorTime::zero(n); n],
             logged_since_trim: 0,
+            trim_period: intervals::TRIM_LOG_EVERY,
             push_limit: dsm_proto::config::DEFAULT_PUSH_PAGES,
             copies: HashMap::new(),
             own_diffs: HashMap::new(),
