@@ -1789,7 +1789,7 @@ fn sim_with_setup(
         eng.set_keep_writable(seed % 4 != 3);
         // Interval logs trimmed every 1 to 8 records in four runs of five (the default
         // period, 256, is longer than most programs here).
-        if seed % 5 != 0 {
+        if !seed.is_multiple_of(5) {
             eng.set_log_trim_period(1 + (seed / 5 % 8) as usize);
         }
         // Read faults fetch through the page lanes (the runtime's co-located peers) in
