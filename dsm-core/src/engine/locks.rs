@@ -72,6 +72,9 @@ pub(super) struct EarlyGrant {
     /// The barrier epoch it came in: pushes are only taken in the same one (see
     /// `Pushed::with_grant`).
     epoch: u32,
+    /// `Engine::copies_installed` when it came: a copy of a page installed since is newer
+    /// than the one pushed with it.
+    installs_before: u64,
 }
 
 /// Lock tokens asked for ahead at a time: enough for a round trip's worth of short
@@ -248,7 +251,7 @@ impl<M: Memory> Engine<M> {
         let waits = match early {
             Some(e) => {
                 let pushed = if e.epoch == epoch {
-                    e.pushed
+                    self.drop_superseded_copies(e.pushed, e.installs_before)
                 } else {
                     self.refuse_pushes(&e.pushed);
                     Pushed::default()
@@ -561,6 +564,7 @@ impl<M: Memory> Engine<M> {
             return;
         }
         let epoch = self.epoch;
+        let installs_before = self.copies_installed;
         let st = self.lock_entry(lock);
         if !st.waiting && st.asked_ahead {
             st.asked_ahead = false;
@@ -571,6 +575,7 @@ impl<M: Memory> Engine<M> {
                 intervals,
                 pushed,
                 epoch,
+                installs_before,
             });
             // A node that asked after this one gets it at once: it is not held here.
             if let Some((to, their_known)) = st.next.take() {

@@ -674,6 +674,10 @@ pub struct Engine<M: Memory> {
     /// the home said when it sent the copy, and pushed diffs applied since). A copy made
     /// at allocation holds none.
     copy_holds: HashMap<PageNo, Vec<(NodeId, u32)>>,
+    /// Copies installed (fetched or pushed) so far, and when each page's current copy
+    /// was, by that count (see `drop_superseded_copies`).
+    copies_installed: u64,
+    copy_installed_at: HashMap<PageNo, u64>,
     /// Page requests waiting at the home for diffs they require.
     parked: Vec<ParkedServe>,
     /// Diffs waiting at the home for the diffs they must follow (`Msg::Diffs::after`):
@@ -771,6 +775,8 @@ impl<M: Memory> Engine<M> {
             required: HashMap::new(),
             applied: HashMap::new(),
             copy_holds: HashMap::new(),
+            copies_installed: 0,
+            copy_installed_at: HashMap::new(),
             parked: Vec::new(),
             parked_diffs: Vec::new(),
             home_wait: None,

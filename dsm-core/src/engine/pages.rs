@@ -462,7 +462,7 @@ impl<M: Memory> Engine<M> {
                 self.mem.write_page(copy.page, &copy.data);
                 readable.push(copy.page);
             }
-            self.copy_holds.insert(copy.page, copy.applied);
+            self.note_copy_installed(copy.page, copy.applied);
             self.required.remove(&copy.page);
             self.set_state(copy.page, PageState::ReadOnly);
             self.stats.pages_fetched += 1;

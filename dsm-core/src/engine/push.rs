@@ -298,6 +298,33 @@ impl<M: Memory> Engine<M> {
         self.stats.pushes_rejected += (pushed.pages.len() + diff_pages.len()) as u64;
     }
 
+    /// Records that a copy of `page` holding the diffs `applied` was installed here.
+    pub(super) fn note_copy_installed(&mut self, page: PageNo, applied: Vec<(NodeId, u32)>) {
+        self.copy_holds.insert(page, applied);
+        self.copies_installed += 1;
+        self.copy_installed_at.insert(page, self.copies_installed);
+    }
+
+    /// The pushes of a grant that came ahead of its acquire (`LockState::early_grant`),
+    /// less the copies of pages installed here since it came (`installs_before`): those
+    /// copies came later from the same home, over the same link, so they are newer, and
+    /// laying the older copy over one would undo writes this node has seen (the
+    /// requirements the newer copy met are gone, so `push_covers` cannot tell).
+    pub(super) fn drop_superseded_copies(
+        &mut self,
+        mut pushed: Pushed,
+        installs_before: u64,
+    ) -> Pushed {
+        let before = pushed.pages.len();
+        pushed.pages.retain(|c| {
+            self.copy_installed_at
+                .get(&c.page)
+                .is_none_or(|&at| at <= installs_before)
+        });
+        self.stats.pushes_rejected += (before - pushed.pages.len()) as u64;
+        pushed
+    }
+
     pub(super) fn take_pushes(
         &mut self,
         named: Vec<PageNo>,
@@ -332,7 +359,7 @@ impl<M: Memory> Engine<M> {
             match copy {
                 Some(copy) if self.push_covers(p, copy) => {
                     self.mem.write_page(p, &copy.data);
-                    self.copy_holds.insert(p, copy.applied.clone());
+                    self.note_copy_installed(p, copy.applied.clone());
                     self.required.remove(&p);
                     // As after a fetch: a barrier push of the page from the same home
                     // still waiting here is older, and its requirements just went.
