@@ -336,6 +336,7 @@ impl<M: Memory> Engine<M> {
             ..Default::default()
         };
         let waits = self.apply_intervals(intervals, &known, pushed);
+        self.refuse_stale_early_pushes();
         self.stats.barriers += 1;
         // Everyone has now seen every interval up to this barrier: the logs can go, and
         // with them the diffs kept to push with grants.

@@ -264,6 +264,24 @@ impl<M: Memory> Engine<M> {
         self.reply_after_home_diffs(waits, Reply::Done);
     }
 
+    /// At a barrier's release: the pages and diffs pushed with grants that came ahead of
+    /// their acquires before this barrier are dropped (counted as refused), since pushes
+    /// are taken only in the epoch they came in (see `take_token_here`); a token asked for
+    /// ahead and never taken would otherwise hold its copies to the end of the run.
+    pub(super) fn refuse_stale_early_pushes(&mut self) {
+        let epoch = self.epoch;
+        let stale: Vec<Pushed> = self
+            .locks
+            .values_mut()
+            .filter_map(|st| st.early_grant.as_mut())
+            .filter(|e| e.epoch != epoch)
+            .map(|e| std::mem::take(&mut e.pushed))
+            .collect();
+        for pushed in &stale {
+            self.refuse_pushes(pushed);
+        }
+    }
+
     /// Sends this node's request for `lock` to its manager.
     fn request_lock(&mut self, lock: LockId) {
         let known = self.known();
