@@ -363,7 +363,7 @@ impl<M: Memory> Engine<M> {
                     self.required.remove(&p);
                     // As after a fetch: a barrier push of the page from the same home
                     // still waiting here is older, and its requirements just went.
-                    if with_grant && !self.arrivals.is_empty() {
+                    if with_grant && (!self.arrivals.is_empty() || !self.master_pushes.is_empty()) {
                         self.drop_older_pushes(self.pages[p as usize].home, &[p]);
                     }
                     if self.pages[p as usize].state == PageState::Invalid {
