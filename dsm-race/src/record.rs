@@ -475,13 +475,24 @@ impl AllocShadow {
             return;
         }
         let last = offset + len - 1;
-        self.flag_pages(offset, last, kind);
         let bits = if kind == READ {
             &self.now.read
         } else {
             &self.now.write
         };
         let (g0, g1) = (offset >> self.shift, (last >> self.shift) + 1);
+        if g1 == g0 + 1 {
+            // One granule (a typed element of up to 8 bytes, the common access): granules
+            // are aligned and at most 8 bytes, so it lies in one page, and it is one bit.
+            let page = offset >> PAGE_SHIFT;
+            if self.now.flags[page].get() & kind == 0 {
+                self.first_touch(page, kind);
+            }
+            let w = &bits[g0 >> 6];
+            w.set(w.get() | 1 << (g0 & 63));
+            return self.note_site(page, kind, g0, g1, site);
+        }
+        self.flag_pages(offset, last, kind);
         Self::set_bits(bits, g0, g1);
         self.note_site_range(offset >> PAGE_SHIFT, last >> PAGE_SHIFT, kind, g0, g1, site);
     }
