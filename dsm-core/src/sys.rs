@@ -512,6 +512,8 @@ struct HostLockSlot {
     tag: AtomicU32,
     lock: TicketLock,
     key: AtomicU64,
+    /// Names the clock its last releaser left (see [`HostLock::released_stamp`]).
+    stamp: AtomicU64,
 }
 
 /// A lock of a job whose ranks map one common segment, kept in that memory: a ticket lock
@@ -549,12 +551,21 @@ impl HostLock {
         self.clock.iter().map(|e| e.load(Ordering::Relaxed))
     }
 
-    /// Stores what this rank knows as it releases the lock (one entry per rank). Call
-    /// while holding the lock, before [`HostLock::unlock`].
-    pub(crate) fn set_released_clock(self, known: &[u32]) {
+    /// Stores what this rank knows as it releases the lock (one entry per rank), under
+    /// `stamp`, a number no other release of the job uses. Call while holding the lock,
+    /// before [`HostLock::unlock`].
+    pub(crate) fn set_released_clock(self, known: &[u32], stamp: u64) {
         for (e, &v) in self.clock.iter().zip(known) {
             e.store(v, Ordering::Relaxed);
         }
+        self.slot.stamp.store(stamp, Ordering::Relaxed);
+    }
+
+    /// The stamp the last [`HostLock::set_released_clock`] stored with its clock (0 if
+    /// none did): a releaser that finds its own stamp still there knows the clock is the
+    /// one it left, with one compare instead of one per rank. Ordered as the clock is.
+    pub(crate) fn released_stamp(self) -> u64 {
+        self.slot.stamp.load(Ordering::Relaxed)
     }
 
     /// Takes the lock, polling for `spin_ns` before sleeping.

@@ -488,7 +488,7 @@ impl Dsm {
         place_on_core(&env);
         let mut race = if env.race.enabled {
             let mut r =
-                RaceState::new(env.race.clone(), env.rank == 0, env.size).map_err(DsmError::Io)?;
+                RaceState::new(env.race.clone(), env.rank, env.size).map_err(DsmError::Io)?;
             r.timed = env.race.stats || env.stats_file.is_some();
             Some(r)
         } else {
@@ -941,7 +941,7 @@ impl Dsm {
                     known,
                 } => {
                     if let Some(r) = self.race.as_mut() {
-                        r.known.set(&known);
+                        r.set_known(&known);
                         r.recorder.discard_epoch();
                         r.epoch_done(self.barriers_called);
                         if let Some(mut m) = r.master() {
@@ -1187,6 +1187,7 @@ impl Dsm {
         let released = VectorTime::from(host.released_clock());
         if let Some(r) = self.race.as_mut() {
             r.known.join(&released);
+            r.known_stamp = 0;
         }
         if !self
             .comm()
@@ -1235,11 +1236,11 @@ impl Dsm {
             return self.after_host_release(lock);
         }
         let clock = self.comm().with_engine_now(|e| e.known_after_close());
-        host.set_released_clock(&clock.0);
-        host.unlock();
         if let Some(r) = self.race.as_mut() {
-            r.known.set(&clock);
+            r.set_known(&clock);
+            r.leave_known(host);
         }
+        host.unlock();
         let race = self.close_race_interval()?;
         self.close_release_in_engine(lock, race)?;
         self.after_host_release(lock)
@@ -1275,7 +1276,7 @@ impl Dsm {
             return false;
         };
         let open = r.recorder.current_interval();
-        let unobserved = r.last_release == Some((lock, open - 1)) && r.known.is(host.released());
+        let unobserved = r.last_release == Some((lock, open - 1)) && r.lock_holds_known(host);
         if !unobserved || !r.recorder.reopen_last() {
             return false;
         }

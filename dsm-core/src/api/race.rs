@@ -10,7 +10,7 @@ use crate::engine::{Command, KnownClock, Reply};
 use crate::error::DsmError;
 use crate::sys::HostLock;
 use dsm_proto::config::DEFAULT_RACE_BATCH;
-use dsm_proto::{EncodedBitmap, LockId, NodeId, RaceNotices, RaceOptions, RacePhases};
+use dsm_proto::{EncodedBitmap, LockId, NodeId, RaceNotices, RaceOptions, RacePhases, VectorTime};
 use dsm_race::{Checker, Incremental, Recorder, Reporter, VarTable};
 use std::io::{self, Write};
 use std::sync::atomic::Ordering;
@@ -119,6 +119,12 @@ pub(super) struct RaceState {
     /// engine's clock is then still `known`, which the freeze left in the lock, and the
     /// next freeze leaves it again without asking the engine.
     pub(super) thawed: bool,
+    /// The stamp under which `known` was last left in a host lock, 0 when `known` changed
+    /// since (see [`RaceState::lock_holds_known`]).
+    pub(super) known_stamp: u64,
+    /// The last stamp this node left in a host lock: the rank in the high bits, a count
+    /// below, so that no two releases of the job leave the same one.
+    last_stamp: u64,
 }
 
 /// A node also ships a race batch after this many times the batch size in lock
@@ -133,7 +139,33 @@ const LOCK_OPS_PER_BATCH_INTERVAL: u32 = 16;
 /// programs without barriers are reported within about this long.
 const BATCH_PERIOD: Duration = Duration::from_secs(1);
 
+/// Where a host lock's release stamp keeps the releasing rank (a count of that rank's
+/// releases below it).
+const STAMP_RANK_SHIFT: u32 = 40;
+
 impl RaceState {
+    /// Sets what the engine knows (a release or a barrier answered it).
+    pub(super) fn set_known(&mut self, known: &VectorTime) {
+        self.known.set(known);
+        self.known_stamp = 0;
+    }
+
+    /// Leaves `known` in host lock `host` as its release clock, under a new stamp. Call
+    /// while holding the lock.
+    pub(super) fn leave_known(&mut self, host: HostLock) {
+        self.last_stamp += 1;
+        host.set_released_clock(self.known.entries(), self.last_stamp);
+        self.known_stamp = self.last_stamp;
+    }
+
+    /// Whether host lock `host` still holds the clock this node left in it with what it
+    /// knows now: nobody released it since, and this node learned nothing since. One
+    /// compare: the stamp names the release, and any change of `known` forgets it.
+    #[inline]
+    pub(super) fn lock_holds_known(&self, host: HostLock) -> bool {
+        self.known_stamp != 0 && host.released_stamp() == self.known_stamp
+    }
+
     /// What the engine gets of a closed interval's notices: nothing while only recording
     /// is measured (`RacePhases::Record`).
     fn engine_notices(&self, notices: RaceNotices) -> RaceNotices {
@@ -145,7 +177,8 @@ impl RaceState {
     }
 
     /// Detection state for a node; rank 0 (`master`) also owns the reporter.
-    pub(super) fn new(options: RaceOptions, master: bool, nodes: usize) -> io::Result<RaceState> {
+    pub(super) fn new(options: RaceOptions, rank: usize, nodes: usize) -> io::Result<RaceState> {
+        let master = rank == 0;
         let batch = options.batch_intervals;
         let reporter = if master {
             let mut rep = Reporter::new(options.log.as_deref(), options.first_only)?;
@@ -227,6 +260,8 @@ impl RaceState {
             continued_releases: 0,
             frozen_release: None,
             thawed: false,
+            known_stamp: 0,
+            last_stamp: (rank as u64) << STAMP_RANK_SHIFT,
         };
         state.ships_batches = state.batching();
         Ok(state)
@@ -392,12 +427,12 @@ impl Dsm {
         if r.thawed {
             // The lock holds what this node knows: the thaw checked it, and nothing was
             // learned since (an acquire that learns something closes the interval).
-            debug_assert!(r.known.is(host.released()));
+            debug_assert!(r.lock_holds_known(host) && r.known.is(host.released()));
         } else {
             let clock = self.comm().with_engine_now(|e| e.known_after_close());
             let r = self.race.as_mut().expect("race mode");
-            r.known.set(&clock);
-            host.set_released_clock(r.known.entries());
+            r.set_known(&clock);
+            r.leave_known(host);
         }
         let r = self.race.as_mut().expect("race mode");
         host.unlock();
@@ -414,7 +449,7 @@ impl Dsm {
         let Some(r) = self.race.as_mut() else {
             return false;
         };
-        if !r.known.is(host.released()) || !r.recorder.thaw_interval() {
+        if !r.lock_holds_known(host) || !r.recorder.thaw_interval() {
             return false;
         }
         r.frozen_release = None;
