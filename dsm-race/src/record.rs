@@ -1410,6 +1410,10 @@ pub struct Recorder {
     thawed_at: Option<u64>,
     /// The first touches counted when the interval froze.
     frozen_at: u64,
+    /// Whether the frozen interval's page flags are still to be shifted aside (see
+    /// [`Recorder::freeze_interval`]): a freeze of the pages the last thaw left defers
+    /// it to the next access, and a thaw before any is then free.
+    freeze_deferred: Cell<bool>,
 }
 
 /// Where an epoch's access digest starts (the FNV-1a offset basis).
@@ -1442,6 +1446,7 @@ impl Recorder {
             touches: Rc::new(Cell::new(0)),
             thawed_at: None,
             frozen_at: 0,
+            freeze_deferred: Cell::new(false),
         }
     }
 
@@ -1468,8 +1473,26 @@ impl Recorder {
 
     /// The shadow of allocation `id` (as returned by [`Recorder::add_alloc`]), through
     /// which views record their accesses. Panics for an unknown id.
+    #[inline]
     pub fn alloc(&self, id: usize) -> &AllocShadow {
+        self.settle_freeze();
         &self.allocs[id]
+    }
+
+    /// Shifts the frozen interval's page flags aside if its freeze deferred it: before
+    /// anything records into the shadows or reads them.
+    #[inline(always)]
+    fn settle_freeze(&self) {
+        if self.freeze_deferred.get() {
+            self.shift_deferred_freeze();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn shift_deferred_freeze(&self) {
+        self.freeze_deferred.set(false);
+        self.shift_frozen_pages(true);
     }
 
     /// Index of the interval being recorded; the protocol engine's open interval has the
@@ -1522,8 +1545,10 @@ impl Recorder {
         }
         if self.thawed_at == Some(self.touches.get()) {
             // Nothing was touched since the thaw: the interval's pages are those it froze.
-            // (A rank re-taking its own lock comes here at every release.)
-            self.shift_frozen_pages(true);
+            // (A rank re-taking its own lock comes here at every release.) Their flags
+            // are shifted aside only when something records before the next thaw:
+            // recording goes through `alloc`, and a view cannot outlive a lock operation.
+            self.freeze_deferred.set(true);
             self.frozen_at = self.touches.get();
             self.frozen = true;
             return true;
@@ -1580,6 +1605,14 @@ impl Recorder {
     /// [`Recorder::close_frozen`] then closes the frozen interval).
     #[inline]
     pub fn thaw_interval(&mut self) -> bool {
+        if self.freeze_deferred.get() {
+            // Nothing recorded since the freeze, which moved nothing.
+            debug_assert!(self.frozen && self.touches.get() == self.frozen_at);
+            self.freeze_deferred.set(false);
+            self.thawed_at = Some(self.frozen_at);
+            self.frozen = false;
+            return true;
+        }
         // A frozen page touched again lost its frozen flags when it was moved aside; that
         // touch was a first touch, so with none since the freeze none was.
         if !self.frozen || (self.touches.get() != self.frozen_at && self.frozen_page_touched()) {
@@ -1615,6 +1648,7 @@ impl Recorder {
     /// Moves interval `index`'s pages into the store: every touched page, or with
     /// `frozen`, the frozen interval's pages alone.
     fn store_interval(&mut self, index: u32, frozen: bool) -> RaceNotices {
+        self.settle_freeze();
         self.thawed_at = None;
         let mut c = std::mem::take(&mut self.closing);
         let store = &mut self.store;
