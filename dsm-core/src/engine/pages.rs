@@ -453,7 +453,7 @@ impl<M: Memory> Engine<M> {
             }
         }
         let mut readable = Vec::with_capacity(copies.len());
-        if !self.arrivals.is_empty() || !self.master_pushes.is_empty() {
+        if self.pushes_await_barrier() {
             let pages: Vec<PageNo> = copies.iter().map(|c| c.page).collect();
             self.drop_older_pushes(from, &pages);
         }

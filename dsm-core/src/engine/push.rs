@@ -202,6 +202,12 @@ impl<M: Memory> Engine<M> {
         out
     }
 
+    /// Whether pushes that came with barrier arrivals, or beside them to a master barrier,
+    /// wait here for the barrier's release (see [`Engine::drop_older_pushes`]).
+    pub(super) fn pushes_await_barrier(&self) -> bool {
+        !self.arrivals.is_empty() || !self.master_pushes.is_empty()
+    }
+
     /// A copy of `pages` just arrived from their home `from` (fetched, or pushed with a
     /// lock grant). Pushes of those pages that `from` sent with a barrier arrival (or
     /// beside one, to a master barrier) still waiting here for the barrier's release are
@@ -363,7 +369,7 @@ impl<M: Memory> Engine<M> {
                     self.required.remove(&p);
                     // As after a fetch: a barrier push of the page from the same home
                     // still waiting here is older, and its requirements just went.
-                    if with_grant && (!self.arrivals.is_empty() || !self.master_pushes.is_empty()) {
+                    if with_grant && self.pushes_await_barrier() {
                         self.drop_older_pushes(self.pages[p as usize].home, &[p]);
                     }
                     if self.pages[p as usize].state == PageState::Invalid {
