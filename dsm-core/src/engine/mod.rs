@@ -80,8 +80,14 @@ use dsm_proto::{
 use locks::LockState;
 use pages::{FetchInFlight, HomeWait, PageEntry, ParkedServe};
 use semaphores::SemState;
-use std::collections::{BTreeMap, HashMap, TryReserveError, VecDeque};
+use std::collections::{BTreeMap, TryReserveError, VecDeque};
 use std::sync::Arc;
+
+/// The engine's hash maps (pages, locks, semaphores): looked up at every fault, lock
+/// operation and interval close, with keys that peers of the same job choose, so a fast
+/// non-cryptographic hasher instead of SipHash. Randomly seeded, as std's, so that nothing
+/// comes to depend on an iteration order.
+type Map<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 pub use fast::{pack_applied, FastFaults, FETCHED_APPLIED_MAX};
 
@@ -601,10 +607,10 @@ pub struct Engine<M: Memory> {
     race_absorbed_wanted: Option<u64>,
     /// Non-home pages with a twin in this interval.
     dirty: Vec<PageNo>,
-    twins: HashMap<PageNo, Twin>,
+    twins: Map<PageNo, Twin>,
     /// Outside race mode: pages of `dirty` left writable at the last close, with how many
     /// closes in a row found them unchanged (see `close_interval`).
-    kept: HashMap<PageNo, u8>,
+    kept: Map<PageNo, u8>,
     /// Whether closes keep written pages writable (see `close_interval`). Race mode keeps
     /// them too: its access notices come from the views' recorder, not from faults.
     keep_writable: bool,
@@ -648,12 +654,12 @@ pub struct Engine<M: Memory> {
     push_limit: u32,
     /// At the home: per page, the nodes (bit per rank, ranks below 64) it served or pushed
     /// the page to, which are taken to hold a copy.
-    copies: HashMap<PageNo, u64>,
+    copies: Map<PageNo, u64>,
     /// Per non-home page: this node's latest interval whose diff of it went to the home.
-    own_diffs: HashMap<PageNo, u32>,
+    own_diffs: Map<PageNo, u32>,
     /// Diffs this node made of pages homed at others since the last barrier, per page
     /// (interval, runs), kept to push with lock grants (up to `kept_diff_bytes`).
-    kept_diffs: HashMap<PageNo, Vec<(u32, Vec<u8>)>>,
+    kept_diffs: Map<PageNo, Vec<(u32, Vec<u8>)>>,
     kept_diff_bytes: usize,
     /// Per node: the latest of this node's intervals it passed to that node with a lock
     /// grant (the node has seen every interval of ours up to it), so a barrier does not
@@ -667,17 +673,17 @@ pub struct Engine<M: Memory> {
     /// The latest barrier released here.
     released_epoch: u32,
     /// Diffs a fetch of this (non-home) page must wait for, per writer.
-    required: HashMap<PageNo, Vec<(NodeId, u32)>>,
+    required: Map<PageNo, Vec<(NodeId, u32)>>,
     /// At the home: per page, the latest interval of each writer whose diff is applied.
-    applied: HashMap<PageNo, Vec<(NodeId, u32)>>,
+    applied: Map<PageNo, Vec<(NodeId, u32)>>,
     /// For a copy of a page homed elsewhere: the same, for the diffs the copy holds (what
     /// the home said when it sent the copy, and pushed diffs applied since). A copy made
     /// at allocation holds none.
-    copy_holds: HashMap<PageNo, Vec<(NodeId, u32)>>,
+    copy_holds: Map<PageNo, Vec<(NodeId, u32)>>,
     /// Copies installed (fetched or pushed) so far, and when each page's current copy
     /// was, by that count (see `drop_superseded_copies`).
     copies_installed: u64,
-    copy_installed_at: HashMap<PageNo, u64>,
+    copy_installed_at: Map<PageNo, u64>,
     /// Page requests waiting at the home for diffs they require.
     parked: Vec<ParkedServe>,
     /// Diffs waiting at the home for the diffs they must follow (`Msg::Diffs::after`):
@@ -693,12 +699,12 @@ pub struct Engine<M: Memory> {
     home_wait: Option<HomeWait>,
     /// The fetch the app thread is waiting for (at most one, for the same reason).
     fetch: Option<FetchInFlight>,
-    locks: HashMap<LockId, LockState>,
+    locks: Map<LockId, LockState>,
     /// The app's hint of its next locks not yet asked for ([`Command::PrefetchLocks`]).
     locks_ahead: VecDeque<LockId>,
     /// Locks of that hint whose tokens were asked for and not yet taken or passed on.
     locks_asked_ahead: Vec<LockId>,
-    sems: HashMap<SemId, SemState>,
+    sems: Map<SemId, SemState>,
     /// Barriers entered so far; the current barrier's number while in one.
     epoch: u32,
     /// Where the program was at its latest barrier-like call: what messages call it.
@@ -747,10 +753,10 @@ impl<M: Memory> Engine<M> {
             race_absorbed: 0,
             race_absorbed_wanted: None,
             dirty: Vec::new(),
-            kept: HashMap::new(),
+            kept: Map::default(),
             keep_writable: true,
             common_memory: false,
-            twins: HashMap::new(),
+            twins: Map::default(),
             fast: None,
             lane_peers: 0,
             socket_peers: 0,
@@ -764,27 +770,27 @@ impl<M: Memory> Engine<M> {
             logged_since_trim: 0,
             trim_period: intervals::TRIM_LOG_EVERY,
             push_limit: dsm_proto::config::DEFAULT_PUSH_PAGES,
-            copies: HashMap::new(),
-            own_diffs: HashMap::new(),
-            kept_diffs: HashMap::new(),
+            copies: Map::default(),
+            own_diffs: Map::default(),
+            kept_diffs: Map::default(),
             kept_diff_bytes: 0,
             told: vec![0; n],
             barrier_pushes: Vec::new(),
             master_pushes: BTreeMap::new(),
             released_epoch: 0,
-            required: HashMap::new(),
-            applied: HashMap::new(),
-            copy_holds: HashMap::new(),
+            required: Map::default(),
+            applied: Map::default(),
+            copy_holds: Map::default(),
             copies_installed: 0,
-            copy_installed_at: HashMap::new(),
+            copy_installed_at: Map::default(),
             parked: Vec::new(),
             parked_diffs: Vec::new(),
             home_wait: None,
             fetch: None,
-            locks: HashMap::new(),
+            locks: Map::default(),
             locks_ahead: VecDeque::new(),
             locks_asked_ahead: Vec::new(),
-            sems: HashMap::new(),
+            sems: Map::default(),
             epoch: 0,
             at: SyncPoint::Start,
             alloc_digest: 0,

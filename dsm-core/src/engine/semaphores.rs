@@ -16,9 +16,10 @@
 //! any node can use it; a message for a semaphore this node never created is a protocol
 //! error, reported as such rather than queued forever.
 
+use super::Map;
 use super::{Engine, Memory, Reply};
 use dsm_proto::{IntervalRecord, Msg, NodeId, RaceNotices, SemId, SyncCause, VectorTime};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 /// A token at the manager: what a wait can consume.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,7 +39,7 @@ pub(super) struct SemState {
     /// This node's next signal number.
     next_seq: u32,
     /// This node's signals not yet consumed, with what it knew at each.
-    signalled: HashMap<u32, VectorTime>,
+    signalled: Map<u32, VectorTime>,
     /// At the manager: initial tokens not yet consumed (they come before every signal's,
     /// and are alike, so a count: a semaphore may start with billions).
     initial: u32,
