@@ -23,6 +23,7 @@ use crate::engine::fast::{pack_applied, unpack_applied};
 use crate::engine::Prot;
 use crate::engine::{Command, Engine, Memory, Output, PageState, RaceBatch, Reply};
 use crate::fault::{self, FaultMailbox};
+use crate::reply_queue::ReplyQueue;
 use crate::sys::{self, Segment};
 use dsm_net::ring::LaneState;
 use dsm_net::{Mesh, Outbox, PeerEvent, Transport, WireError};
@@ -356,7 +357,7 @@ struct Shared {
     /// Set once the transport is up (before the app thread issues its first command).
     outbox: OnceLock<Arc<Outbox>>,
     mailbox: FaultMailbox,
-    replies: std_mpsc::Sender<Reply>,
+    replies: ReplyQueue<Reply>,
     control: mpsc::UnboundedSender<Control>,
     /// Set once a fatal error is being reported: nothing else is carried out.
     dying: AtomicBool,
@@ -675,8 +676,7 @@ impl Shared {
                             s.bytes_received = t.bytes_received.load(Ordering::Relaxed);
                         }
                     }
-                    // The app thread only goes away at process exit.
-                    let _ = self.replies.send(r);
+                    self.replies.push(r);
                 }
                 Output::Fatal(msg) => {
                     // Let queued messages (such as an abort notice to the other nodes) go
@@ -793,7 +793,6 @@ impl CommandSender {
 /// The app thread's handle on the engine and the comm thread.
 pub(crate) struct Comm {
     shared: Arc<Shared>,
-    replies: std_mpsc::Receiver<Reply>,
     thread: Option<JoinHandle<()>>,
     /// Whether [`Comm::recv`] may take frames from the shared-memory rings while it polls.
     poll_rings: bool,
@@ -812,7 +811,6 @@ impl Comm {
         chaos: Option<u64>,
     ) -> io::Result<Comm> {
         let (control_tx, control_rx) = mpsc::unbounded_channel();
-        let (reply_tx, reply_rx) = std_mpsc::channel();
         let (ready_tx, ready_rx) = std_mpsc::channel::<io::Result<()>>();
         let mut mailbox = mailbox;
         let kicks = mailbox
@@ -839,7 +837,7 @@ impl Comm {
             states,
             outbox: OnceLock::new(),
             mailbox,
-            replies: reply_tx,
+            replies: ReplyQueue::new(),
             control: control_tx,
             dying: AtomicBool::new(false),
             race_notice_bytes: AtomicU64::new(0),
@@ -848,6 +846,7 @@ impl Comm {
         });
         let rank = mesh.rank;
         let for_thread = shared.clone();
+        let replies_of_thread = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("dsm-comm-{rank}"))
             .spawn(move || {
@@ -867,6 +866,8 @@ impl Comm {
                     Ok(Err(e)) => fatal(&format!("rank {rank}: comm thread failed: {e}")),
                     Err(_) => fatal(&format!("rank {rank}: comm thread panicked")),
                 }
+                // The app thread may still wait for a reply only the comm thread could give.
+                replies_of_thread.replies.close();
             })?;
         match ready_rx.recv() {
             Ok(Ok(())) => {}
@@ -875,7 +876,6 @@ impl Comm {
         }
         Ok(Comm {
             shared,
-            replies: reply_rx,
             thread: Some(thread),
             poll_rings: chaos.is_none(),
         })
@@ -929,7 +929,7 @@ impl Comm {
 
     /// Waits for the next reply.
     pub(crate) fn recv(&self) -> Reply {
-        if let Ok(r) = self.replies.try_recv() {
+        if let Some(r) = self.shared.replies.try_pop() {
             return r;
         }
         if let Some(outbox) = self.shared.outbox.get() {
@@ -941,9 +941,9 @@ impl Comm {
         if let Some(r) = polled {
             return r;
         }
-        match self.replies.recv() {
-            Ok(r) => r,
-            Err(_) => fatal("the comm thread has stopped"),
+        match self.shared.replies.pop() {
+            Some(r) => r,
+            None => fatal("the comm thread has stopped"),
         }
     }
 
@@ -958,14 +958,14 @@ impl Comm {
         let deliver = &mut |peer: usize, msg: Msg| self.shared.deliver(peer, msg);
         let budget = crate::spin::current();
         let got = crate::spin::poll_for(budget, || {
-            if let Ok(r) = self.replies.try_recv() {
+            if let Some(r) = self.shared.replies.try_pop() {
                 return Some(r);
             }
             let outbox = outbox?;
             if outbox.poll_rings(deliver) > 0 {
                 self.park_if_dying();
             }
-            self.replies.try_recv().ok()
+            self.shared.replies.try_pop()
         });
         if let Some(outbox) = outbox.filter(|_| !budget.is_zero()) {
             outbox.end_polling(deliver);

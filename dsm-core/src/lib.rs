@@ -39,6 +39,7 @@ pub mod engine;
 mod error;
 #[allow(unsafe_code)]
 mod fault;
+mod reply_queue;
 mod spin;
 #[allow(unsafe_code)]
 mod sys;
@@ -49,6 +50,12 @@ mod ticket_deps {
     pub(crate) use crate::sys::{futex_wait_bitset, futex_wake_bitset, monotonic_ns};
     pub(crate) use std::sync::atomic::{AtomicU32, Ordering};
     pub(crate) use std::thread::yield_now;
+}
+
+/// What `reply_queue.rs` is built on (`tests/reply_queue_model.rs` gives it loom's instead).
+mod reply_queue_deps {
+    pub(crate) use std::sync::atomic::{AtomicUsize, Ordering};
+    pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
 }
 
 pub use api::{
