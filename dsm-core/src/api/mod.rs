@@ -1104,6 +1104,20 @@ impl Dsm {
                 released: false,
             });
         }
+        if self.may_leave_interval_open()
+            && self
+                .comm()
+                .with_engine_now(|e| e.acquire_here_quietly(lock))
+        {
+            // Nothing to learn: the interval goes on, in the recorder too.
+            self.after_lock_sync(false)?;
+            return Ok(LockGuard {
+                dsm: self,
+                lock,
+                host: None,
+                released: false,
+            });
+        }
         if let Some(c) = self.chaos.as_mut() {
             c.before_acquire();
         }
@@ -1123,6 +1137,21 @@ impl Dsm {
                 "unexpected reply to acquire: {other:?}"
             ))),
         }
+    }
+
+    /// Whether a protocol lock's acquire that learns nothing may leave the interval open
+    /// (see [`Engine::acquire_here_quietly`](crate::engine::Engine::acquire_here_quietly)):
+    /// not where intervals must be numbered alike in every run (`--pinpoint`, and chaos
+    /// runs, whose delays are the acquire's), nor where race detection closes one at every
+    /// lock operation (`--race=schedule`, `--check`), nor while a host lock's release froze
+    /// the interval (any other synchronization closes it first).
+    fn may_leave_interval_open(&self) -> bool {
+        self.chaos.is_none()
+            && self.pin.is_none()
+            && self
+                .race
+                .as_ref()
+                .is_none_or(|r| r.elide_acquires && r.frozen_release.is_none())
     }
 
     /// Takes host lock `lock`. With race detection, the interval a release of the same

@@ -237,6 +237,45 @@ impl<M: Memory> Engine<M> {
         }
     }
 
+    /// An acquire of `lock` carried out at once, without closing the open interval, when
+    /// it can learn nothing: the token is here and free and no grant that brought it is
+    /// waiting to be applied (it stayed here since this node's own release, came with a
+    /// grant an acquire applied, or nobody has taken the lock yet). Every release of the
+    /// lock is then already in what this node knows, so the interval's vector time is the
+    /// one a closing acquire would give the next, and the two are one interval, as a host
+    /// lock's acquire that learns nothing leaves it open (the writes before the acquire go
+    /// out with the critical section's at the release). `false`, changing nothing,
+    /// otherwise, and while recording or replaying the synchronization order, whose
+    /// intervals must be numbered alike in every run. The app must not close its
+    /// recorder's interval either.
+    pub fn acquire_here_quietly(&mut self, lock: LockId) -> bool {
+        if self.order.replaying() || self.order.recording.is_some() {
+            return false;
+        }
+        let free_here = self
+            .locks
+            .get(&lock)
+            .is_some_and(|st| st.token && !st.held && !st.waiting && st.early_grant.is_none());
+        if !free_here {
+            return false;
+        }
+        self.take_in_handler_work();
+        if self.locks_ahead.front() == Some(&lock) {
+            self.locks_ahead.pop_front();
+        }
+        self.forget_asked_ahead(lock);
+        let st = self.lock_entry(lock);
+        st.held = true;
+        st.grants += 1;
+        self.stats.lock_acquires += 1;
+        self.stats.lock_acquires_local += 1;
+        self.stats.lock_acquires_left_open += 1;
+        if !self.locks_ahead.is_empty() {
+            self.ask_ahead();
+        }
+        true
+    }
+
     /// The app takes `lock`, whose token is here and free: applies the grant that brought
     /// it ahead, if one did.
     fn take_token_here(&mut self, lock: LockId) {

@@ -541,6 +541,9 @@ pub struct Stats {
     /// Acquires that needed no message because the lock's token was already here (or
     /// had come ahead of the acquire, see `lock_tokens_asked_ahead`).
     pub lock_acquires_local: u64,
+    /// Of those, acquires that left the open interval open, learning nothing
+    /// (`Engine::acquire_here_quietly`).
+    pub lock_acquires_left_open: u64,
     /// Lock tokens asked for ahead of their acquires (`Dsm::prefetch_locks`).
     pub lock_tokens_asked_ahead: u64,
     /// Of those, tokens that came and went on to a node that asked first, before this
