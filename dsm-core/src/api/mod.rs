@@ -1110,6 +1110,9 @@ impl Dsm {
                 .with_engine_now(|e| e.acquire_here_quietly(lock))
         {
             // Nothing to learn: the interval goes on, in the recorder too.
+            if let Some(r) = self.race.as_mut() {
+                r.note_quiet_acquire();
+            }
             self.after_lock_sync(false)?;
             return Ok(LockGuard {
                 dsm: self,

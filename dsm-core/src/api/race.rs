@@ -74,6 +74,10 @@ pub(super) struct RaceState {
     /// The recorder's open interval at this node's last race batch or barrier: the
     /// intervals closed since are what the next batch takes.
     interval_at_ship: u32,
+    /// Protocol acquires since then that left the interval open: each counts towards the
+    /// next batch as the interval it would have closed, so that a batch spans as many lock
+    /// operations (and rank 0 holds as much) as when every acquire closed one.
+    quiet_since_ship: u32,
     /// Lock operations since the last barrier.
     epoch_lock_syncs: u32,
     /// Closed intervals after which this node ships a race batch: the configured batch,
@@ -144,6 +148,11 @@ const BATCH_PERIOD: Duration = Duration::from_secs(1);
 const STAMP_RANK_SHIFT: u32 = 40;
 
 impl RaceState {
+    /// A protocol acquire left the interval open (see `Dsm::may_leave_interval_open`).
+    pub(super) fn note_quiet_acquire(&mut self) {
+        self.quiet_since_ship = self.quiet_since_ship.saturating_add(1);
+    }
+
     /// Sets what the engine knows (a release or a barrier answered it).
     pub(super) fn set_known(&mut self, known: &VectorTime) {
         self.known.set(known);
@@ -245,6 +254,7 @@ impl RaceState {
             due_check_mask: if batch < 16 { 0 } else { 15 },
             unshipped: 0,
             interval_at_ship: 1,
+            quiet_since_ship: 0,
             epoch_lock_syncs: 0,
             batch_threshold: batch,
             last_ship: Instant::now(),
@@ -306,6 +316,7 @@ impl RaceState {
         self.epoch_lock_syncs = 0;
         self.unshipped = 0;
         self.interval_at_ship = self.recorder.current_interval();
+        self.quiet_since_ship = 0;
         self.last_ship = Instant::now();
         self.shipped_in_epoch = false;
         self.barriers += 1;
@@ -566,7 +577,7 @@ impl Dsm {
         // The clock is read every 64th release (128 lock operations): a host lock that
         // leaves the interval open costs well under a microsecond, and a clock read in a
         // VM can cost a tenth of that.
-        let closed = r.recorder.current_interval() - r.interval_at_ship;
+        let closed = r.recorder.current_interval() - r.interval_at_ship + r.quiet_since_ship;
         let due = closed >= r.batch_threshold
             || r.unshipped
                 >= r.batch_threshold
@@ -579,6 +590,7 @@ impl Dsm {
         r.foreign_seen = foreign;
         r.unshipped = 0;
         r.interval_at_ship = r.recorder.current_interval();
+        r.quiet_since_ship = 0;
         r.last_ship = Instant::now();
         self.ship_race_batch(None)
     }
