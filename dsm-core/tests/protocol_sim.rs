@@ -995,6 +995,17 @@ impl Sim {
     }
 
     /// [`Sim::begin_sync`] but for the recorder, whose interval stays open.
+    /// Node `k` took its next script op, an acquire, without asking the engine to close
+    /// the interval: the oracle orders it after the lock's last release, and the node runs
+    /// on in the same interval.
+    fn acquired_with_interval_open(&mut self, k: usize, op: Op) {
+        let node = &mut self.nodes[k];
+        node.script.pop_front();
+        node.pending = Some(op);
+        node.wait = Wait::Reply;
+        self.completed(k);
+    }
+
     fn begin_sync_oracle(&mut self, k: usize, op: Op) {
         let node = &mut self.nodes[k];
         node.script.pop_front();
@@ -1161,11 +1172,7 @@ impl Sim {
         self.merge_open_interval(k, interval, began);
         self.elided_acquires += 1;
         self.continued_releases += 1;
-        let node = &mut self.nodes[k];
-        node.script.pop_front();
-        node.pending = Some(Op::Acquire(l));
-        node.wait = Wait::Reply;
-        self.completed(k);
+        self.acquired_with_interval_open(k, Op::Acquire(l));
         true
     }
 
@@ -1362,11 +1369,7 @@ impl Sim {
                 if self.elide_acquires && self.nodes[k].known.covers(released.0.iter().copied()) {
                     // Nothing new: the interval goes on, the engine is not asked.
                     self.elided_acquires += 1;
-                    let node = &mut self.nodes[k];
-                    node.script.pop_front();
-                    node.pending = Some(op);
-                    node.wait = Wait::Reply;
-                    self.completed(k);
+                    self.acquired_with_interval_open(k, op);
                     return;
                 }
                 self.nodes[k].known.join(&released);
@@ -1400,11 +1403,7 @@ impl Sim {
                     self.quiet_taken += 1;
                     let outs = self.nodes[k].eng.take_outputs();
                     self.outputs(k, outs);
-                    let node = &mut self.nodes[k];
-                    node.script.pop_front();
-                    node.pending = Some(op);
-                    node.wait = Wait::Reply;
-                    self.completed(k);
+                    self.acquired_with_interval_open(k, op);
                     return;
                 }
                 let race = self.begin_sync(k, op);
