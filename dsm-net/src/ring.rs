@@ -26,6 +26,7 @@ use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
 use std::io;
 use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::ptr::NonNull;
@@ -248,19 +249,21 @@ impl Region {
         }
     }
 
-    /// Copies `dst.len()` bytes of ring data at ring position `pos` (wrapping) into `dst`.
+    /// Copies `dst.len()` bytes of ring data at ring position `pos` (wrapping) into `dst`,
+    /// which need not be initialized (every byte of it is written).
     ///
     /// # Safety
     /// `[pos, pos + dst.len())` must be committed bytes the caller owns as the ring's reader.
-    unsafe fn copy_out(&self, data: usize, pos: u64, dst: &mut [u8]) {
+    unsafe fn copy_out(&self, data: usize, pos: u64, dst: &mut [MaybeUninit<u8>]) {
         let mask = self.ring_bytes - 1;
         let start = pos as usize & mask;
         let first = dst.len().min(self.ring_bytes - start);
         // SAFETY: as in `copy_in`, for committed bytes that the writer no longer touches.
         unsafe {
             let ring = self.base.as_ptr().add(data);
-            std::ptr::copy_nonoverlapping(ring.add(start), dst.as_mut_ptr(), first);
-            std::ptr::copy_nonoverlapping(ring, dst.as_mut_ptr().add(first), dst.len() - first);
+            let dst_ptr = dst.as_mut_ptr().cast::<u8>();
+            std::ptr::copy_nonoverlapping(ring.add(start), dst_ptr, first);
+            std::ptr::copy_nonoverlapping(ring, dst_ptr.add(first), dst.len() - first);
         }
     }
 }
@@ -471,11 +474,17 @@ impl RingReader {
         if n == 0 {
             return Ok(0);
         }
+        // Copied into the vector's spare room: zeroing it first cost as much as the copy.
+        out.reserve(n);
         let at = out.len();
-        out.resize(at + n, 0);
         // SAFETY: `[head, head + n)` is committed (at most tail - head), and we are the
-        // ring's only reader.
-        unsafe { self.region.copy_out(side.data, self.head, &mut out[at..]) };
+        // ring's only reader; `copy_out` writes all `n` bytes of the spare room, which
+        // `reserve` made at least `n` long, so the first `at + n` are initialized.
+        unsafe {
+            self.region
+                .copy_out(side.data, self.head, &mut out.spare_capacity_mut()[..n]);
+            out.set_len(at + n);
+        }
         self.head += n as u64;
         side.head.store(self.head, Ordering::SeqCst);
         Ok(n)
