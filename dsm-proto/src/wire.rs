@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 pub use smallvec::SmallVec;
 use std::fmt;
 
+pub mod interval_list;
+
 /// A node's rank within the job, `0..size` (at most [`MAX_NODES`](crate::MAX_NODES)).
 pub type NodeId = u16;
 /// Index of a page within the shared segment: page `p` covers segment bytes
@@ -756,6 +758,7 @@ pub enum Msg {
         /// What the sender has seen, its own closed intervals included.
         known: VectorTime,
         /// The sender's own recorded intervals since the previous barrier.
+        #[serde(with = "interval_list")]
         intervals: Vec<IntervalRecord>,
         /// Digest of every allocation the sender has made so far; all arrivals must agree.
         check: u64,
@@ -781,6 +784,7 @@ pub enum Msg {
         /// The merge of every arrival's `known`: what everybody has seen at the barrier.
         known: VectorTime,
         /// The epoch's intervals the receiver had not seen, from every node.
+        #[serde(with = "interval_list")]
         intervals: Vec<IntervalRecord>,
         /// Data races reported at this barrier (0 without race detection).
         races: u64,
@@ -832,6 +836,7 @@ pub enum Msg {
         /// included: none of its later intervals can precede an interval covered here.
         known: VectorTime,
         /// The sender's own intervals closed since its previous batch (or barrier).
+        #[serde(with = "interval_list")]
         intervals: Vec<IntervalRecord>,
         /// Every bitmap those intervals recorded.
         bitmaps: Vec<EncodedBitmap>,
@@ -904,6 +909,7 @@ pub enum Msg {
         /// (all zeros for an initial token): exactly what the wait is ordered after.
         known: VectorTime,
         /// The signaller's logged intervals within `known` that the waiter had not seen.
+        #[serde(with = "interval_list")]
         intervals: Vec<IntervalRecord>,
     },
     /// The manager's refusal of a try-wait: no token was available.
@@ -1092,6 +1098,7 @@ pub struct Grant {
     /// races.
     pub known: VectorTime,
     /// The grantor's logged intervals within `known` that the requester had not seen.
+    #[serde(with = "interval_list")]
     pub intervals: Vec<IntervalRecord>,
     /// The acquirer's grant number: how many times the lock was acquired before, by any
     /// node (the count travels with the token; records and replays name grants by it).
