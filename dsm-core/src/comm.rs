@@ -1187,7 +1187,7 @@ mod tests {
             from,
             known: dsm_proto::VectorTime::zero(2),
             intervals: Vec::new(),
-            bitmaps: Vec::new(),
+            bitmaps: Default::default(),
             last: false,
         }
     }

@@ -8,7 +8,9 @@ use serde::{Deserialize, Serialize};
 pub use smallvec::SmallVec;
 use std::fmt;
 
+mod columns;
 pub mod interval_list;
+pub use columns::{BitmapColumns, ColumnEntry, MAX_PAGE_WORDS};
 
 /// A node's rank within the job, `0..size` (at most [`MAX_NODES`](crate::MAX_NODES)).
 pub type NodeId = u16;
@@ -839,7 +841,7 @@ pub enum Msg {
         #[serde(with = "interval_list")]
         intervals: Vec<IntervalRecord>,
         /// Every bitmap those intervals recorded.
-        bitmaps: Vec<EncodedBitmap>,
+        bitmaps: BitmapColumns,
         /// The sender is entering a barrier and closes no more intervals with accesses
         /// in this epoch: its later intervals follow everything, so the master may drop
         /// the other nodes' intervals without waiting for this one to learn of them.

@@ -15,8 +15,8 @@
 
 use crate::record::decode_words;
 use dsm_proto::{
-    AccessKind, BitmapKey, EncodedBitmap, IntervalRecord, NodeId, PageExtent, PageNo, PageRuns,
-    PlanStats, SourceSite, SyncCause, PAGE_SIZE,
+    AccessKind, BitmapColumns, BitmapKey, EncodedBitmap, IntervalRecord, NodeId, PageExtent,
+    PageNo, PageRuns, PlanStats, SourceSite, SyncCause, MAX_PAGE_WORDS, PAGE_SIZE,
 };
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -1021,10 +1021,27 @@ pub struct Bitmaps {
 }
 
 /// One bitmap as held: its words, and its sites' spans.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 struct Held {
-    words: Vec<u64>,
+    words: HeldWords,
     sites: HeldSites,
+}
+
+/// A held bitmap's words: its own, or a range of the words column of the race batch it
+/// came in, shared with the batch's other bitmaps (the batch is freed with its last).
+#[derive(Clone)]
+enum HeldWords {
+    Own(Vec<u64>),
+    InBatch(Arc<[u64]>, std::ops::Range<usize>),
+}
+
+impl HeldWords {
+    fn as_slice(&self) -> &[u64] {
+        match self {
+            HeldWords::Own(words) => words,
+            HeldWords::InBatch(column, range) => column.get(range.clone()).unwrap_or(&[]),
+        }
+    }
 }
 
 /// A site's span as held: first and last granule, and the node's number for the site
@@ -1073,10 +1090,53 @@ impl Bitmaps {
             many => HeldSites::Many(many.iter().map(span).collect()),
         };
         let held = Held {
-            words: decode_words(&b.bits),
+            words: HeldWords::Own(decode_words(&b.bits)),
             sites,
         };
         self.map.insert((node, b.key), held);
+    }
+
+    /// Adds `node`'s bitmaps in columns (a race batch), replacing any earlier ones with the
+    /// same keys. The words are kept in one block for the whole batch, a uniform bitmap's
+    /// spread over its page; entries beyond what the columns hold are ignored (the
+    /// receiver checked them, see [`BitmapColumns::is_consistent`]).
+    pub fn insert_columns(&mut self, node: NodeId, columns: BitmapColumns) {
+        for (site, def) in &columns.defs {
+            self.sites.insert((node, *site), Arc::new(def.clone()));
+        }
+        let spread: usize = columns
+            .iter()
+            .map(|(e, w, _)| match e.uniform {
+                0 => w.len(),
+                count => (count as usize).min(MAX_PAGE_WORDS),
+            })
+            .sum();
+        let mut words = Vec::with_capacity(spread);
+        let mut ranges = Vec::with_capacity(columns.len());
+        for (e, w, _) in columns.iter() {
+            let start = words.len();
+            match (e.uniform, w) {
+                (0, _) => words.extend_from_slice(w),
+                (count, [one]) => words.resize(start + (count as usize).min(MAX_PAGE_WORDS), *one),
+                _ => {}
+            }
+            ranges.push(start..words.len());
+        }
+        let column: Arc<[u64]> = words.into();
+        self.map.reserve(ranges.len());
+        for ((e, _, spans), range) in columns.iter().zip(ranges) {
+            let span = |s: &dsm_proto::SiteSpan| (s.first, s.last, s.site);
+            let sites = match spans {
+                [] => HeldSites::None,
+                [one] => HeldSites::One(span(one)),
+                many => HeldSites::Many(many.iter().map(span).collect()),
+            };
+            let held = Held {
+                words: HeldWords::InBatch(column.clone(), range),
+                sites,
+            };
+            self.map.insert((node, e.key), held);
+        }
     }
 
     /// Drops `node`'s bitmap `key`, if held.

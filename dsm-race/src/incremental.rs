@@ -33,7 +33,7 @@
 //! is exactly what it finds.
 
 use crate::detect::{plan_fresh, Bitmaps, Race, VarTable};
-use dsm_proto::{BitmapKey, EncodedBitmap, IntervalRecord, NodeId, PageNo, PageRuns, VectorTime};
+use dsm_proto::{BitmapColumns, BitmapKey, IntervalRecord, NodeId, PageNo, PageRuns, VectorTime};
 use std::collections::VecDeque;
 
 /// The race master's state between two barriers.
@@ -102,31 +102,28 @@ impl Incremental {
         vars: &VarTable,
         from: NodeId,
         known: VectorTime,
-        intervals: Vec<IntervalRecord>,
-        bitmaps: Vec<EncodedBitmap>,
+        mut intervals: Vec<IntervalRecord>,
+        bitmaps: BitmapColumns,
     ) -> Vec<Race> {
         self.batches += 1;
         let from_idx = from as usize;
         if from_idx >= self.nodes || known.len() != self.nodes {
             return Vec::new();
         }
-        for b in bitmaps {
-            if let Some((_, all, _)) = self.oracle.as_mut() {
-                all.insert(from, b.clone());
-            }
-            self.held[from_idx].push_back(b.key);
-            self.bitmaps.insert(from, b);
+        if let Some((_, all, _)) = self.oracle.as_mut() {
+            all.insert_columns(from, bitmaps.clone());
         }
+        self.held[from_idx].extend(bitmaps.entries.iter().map(|e| e.key));
+        self.bitmaps.insert_columns(from, bitmaps);
         let already = self.shipped[from_idx];
-        let new: Vec<IntervalRecord> = intervals
-            .into_iter()
-            .filter(|r| r.node == from && r.index > already)
-            .collect();
-        if let Some(last) = new.last() {
+        // Filtered in place: records are moved only past one that leaves.
+        intervals.retain(|r| r.node == from && r.index > already);
+        if let Some(last) = intervals.last() {
             self.shipped[from_idx] = last.index;
         }
         self.shipped[from_idx] = self.shipped[from_idx].max(known.get(from));
-        let new: Vec<IntervalRecord> = new.into_iter().filter(|r| r.race.is_some()).collect();
+        intervals.retain(|r| r.race.is_some());
+        let new = intervals;
         if let Some((all, _, _)) = self.oracle.as_mut() {
             all.extend(new.iter().cloned());
         }

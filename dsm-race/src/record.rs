@@ -24,8 +24,8 @@
 //! access once an interval's first accesses have grown the site list.
 
 use dsm_proto::{
-    AccessKind, BitmapKey, EncodedBitmap, Extents, PageExtent, PageNo, PageRuns, RaceNotices,
-    SiteSpan, SmallVec, SourceSite, PAGE_SHIFT, PAGE_SIZE,
+    AccessKind, BitmapColumns, BitmapKey, ColumnEntry, EncodedBitmap, Extents, PageExtent, PageNo,
+    PageRuns, RaceNotices, SiteSpan, SmallVec, SourceSite, PAGE_SHIFT, PAGE_SIZE,
 };
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, TryReserveError};
@@ -789,17 +789,25 @@ struct StoredPage<'a> {
 impl StoredPage<'_> {
     /// Its site spans, numbering sites not seen before.
     fn spans(&self, names: &mut SiteNames<'_>) -> Vec<StoredSpan> {
+        let mut out = Vec::new();
+        self.spans_into(names, &mut out);
+        out
+    }
+
+    /// [`StoredPage::spans`], appended to `out`.
+    fn spans_into(&self, names: &mut SiteNames<'_>, out: &mut Vec<StoredSpan>) {
         match self.sites {
-            PageSites::Stored(spans) => spans.to_vec(),
+            PageSites::Stored(spans) => out.extend_from_slice(spans),
             PageSites::Live(shadow, local) => {
                 let mut found = Vec::new();
                 let bit = kind_bit(self.kind);
                 shadow.sites_of(local, bit, self.words_per_page, false, &mut found);
                 let k = usize::from(self.kind == AccessKind::Write);
-                found
-                    .into_iter()
-                    .map(|(site, first, last)| (names.number(site, k), first, last))
-                    .collect()
+                out.extend(
+                    found
+                        .into_iter()
+                        .map(|(site, first, last)| (names.number(site, k), first, last)),
+                );
             }
         }
     }
@@ -951,6 +959,53 @@ impl EpochStore {
         for span in &self.spans {
             for p in self.pages(span).filter(|p| keep(p.page)) {
                 out.push(encode_one(span.interval, &p, names, &mut defined));
+            }
+        }
+        out
+    }
+
+    /// Every stored bitmap in columns (a race batch), its sites named through `names`.
+    fn columns(&self, names: &mut SiteNames<'_>) -> BitmapColumns {
+        let mut out = BitmapColumns::default();
+        let mut defined = Vec::new();
+        let mut spans = Vec::new();
+        for span in &self.spans {
+            for p in self.pages(span) {
+                let words_before = out.words.len();
+                let uniform = match (p.words.uniform(), p.words) {
+                    (Some(w), _) => {
+                        out.words.push(w);
+                        p.words_per_page as u32
+                    }
+                    (None, Words::Full(words)) => {
+                        out.words.extend_from_slice(words);
+                        0
+                    }
+                    (None, words) => {
+                        out.words
+                            .extend((0..p.words_per_page).map(|k| words.word(k)));
+                        0
+                    }
+                };
+                spans.clear();
+                p.spans_into(names, &mut spans);
+                defined.resize(names.sites.len(), false);
+                for &(site, first, last) in &spans {
+                    if !std::mem::replace(&mut defined[site as usize], true) {
+                        out.defs.push((site, names.sites[site as usize].source()));
+                    }
+                    out.sites.push(SiteSpan { site, first, last });
+                }
+                out.entries.push(ColumnEntry {
+                    key: BitmapKey {
+                        interval: span.interval,
+                        page: p.page,
+                        kind: p.kind,
+                    },
+                    words: (out.words.len() - words_before) as u32,
+                    uniform,
+                    sites: spans.len() as u32,
+                });
             }
         }
         out
@@ -1777,11 +1832,12 @@ impl Recorder {
         (bytes <= max_bytes).then_some(out)
     }
 
-    /// Every stored bitmap, for a race batch; the store is emptied (the race master keeps
-    /// them from now on). The epoch's access digest carries on over what was drained.
-    pub fn drain_all(&mut self) -> Vec<EncodedBitmap> {
+    /// Every stored bitmap, in columns for a race batch; the store is emptied (the race
+    /// master keeps them from now on). The epoch's access digest carries on over what was
+    /// drained.
+    pub fn drain_all(&mut self) -> BitmapColumns {
         let (store, mut names) = self.store_and_names();
-        let out = store.encoded(&mut names, |_| true);
+        let out = store.columns(&mut names);
         if self.digest {
             self.drained_digest = self.fold_digest(self.drained_digest);
         }
@@ -2019,6 +2075,7 @@ pub fn decode_words(bytes: &[u8]) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
 
     #[test]
     fn code_sites_travel_as_addresses_and_are_told_apart() {
@@ -2286,15 +2343,82 @@ mod tests {
         // After draining: sites of kept shadows are numbered as they are shipped.
         let table: Vec<usize> = r.sites.iter().map(|s| s.key()).collect();
         drained
-            .into_iter()
-            .map(|b| {
-                let mut sites: Vec<usize> =
-                    b.sites.iter().map(|s| table[s.site as usize]).collect();
+            .iter()
+            .map(|(e, words, spans)| {
+                let mut sites: Vec<usize> = spans.iter().map(|s| table[s.site as usize]).collect();
                 sites.sort();
                 sites.dedup();
-                (b.key, decode_words(&b.bits), sites)
+                let words = match (e.uniform, words) {
+                    (0, _) => words.to_vec(),
+                    (count, [one]) => vec![*one; count as usize],
+                    _ => panic!("a uniform bitmap holds one word"),
+                };
+                (e.key, words, sites)
             })
             .collect()
+    }
+
+    /// The same accesses, over three intervals: a partial and a whole page of u64s from
+    /// two sites, every page of a 40-page byte allocation (its shadow is deferred), reads.
+    fn batch_recorder() -> Recorder {
+        let mut r = Recorder::new();
+        r.add_alloc(0, 3 * PAGE_SIZE, 8).unwrap();
+        r.add_alloc(3, 40 * PAGE_SIZE, 1).unwrap();
+        let a = r.alloc(0);
+        a.access_at(true, 8, 8, Site::Code(0x10));
+        a.access_at(true, 800, 8, Site::Code(0x20));
+        a.strided_at(true, PAGE_SIZE, 8, 8, PAGE_SIZE / 8, Site::Code(0x30));
+        r.close_interval();
+        let b_len = 40 * PAGE_SIZE;
+        r.alloc(1).access_at(true, 0, b_len, Site::Code(0x40));
+        r.alloc(0).access_at(false, 16, 8, Site::Code(0x50));
+        r.close_interval();
+        r.alloc(1)
+            .access_at(false, 5 * PAGE_SIZE + 3, 1, Site::Code(0x60));
+        r.close_interval();
+        r
+    }
+
+    #[test]
+    fn drained_columns_hold_what_a_fetch_returns() {
+        let mut drained = batch_recorder();
+        let columns = drained.drain_all();
+        assert!(columns.is_consistent());
+        let keys: Vec<BitmapKey> = columns.entries.iter().map(|e| e.key).collect();
+        assert!(keys.len() >= 44, "{} bitmaps", keys.len());
+        assert!(
+            columns.entries.iter().any(|e| e.uniform != 0),
+            "whole pages are uniform"
+        );
+        let mut fetched = batch_recorder();
+        let encoded = fetched.bitmaps(&keys);
+        let named = |r: &Recorder, site: u32| r.sites[site as usize].key();
+        for ((e, words, spans), b) in columns.iter().zip(&encoded) {
+            assert_eq!(e.key, b.key);
+            let words = match (e.uniform, words) {
+                (0, _) => words.to_vec(),
+                (count, [one]) => vec![*one; count as usize],
+                _ => panic!("a uniform bitmap holds one word"),
+            };
+            assert_eq!(words, decode_words(&b.bits), "{:?}", e.key);
+            let ours: Vec<_> = spans
+                .iter()
+                .map(|s| (named(&drained, s.site), s.first, s.last))
+                .collect();
+            let theirs: Vec<_> = b
+                .sites
+                .iter()
+                .map(|s| (named(&fetched, s.site), s.first, s.last))
+                .collect();
+            assert_eq!(ours, theirs, "{:?}", e.key);
+        }
+        let defs =
+            |d: &[(u32, SourceSite)]| d.iter().map(|(_, s)| s.clone()).collect::<BTreeSet<_>>();
+        let all_defs: Vec<(u32, SourceSite)> = encoded
+            .iter()
+            .flat_map(|b| b.defs.iter().cloned())
+            .collect();
+        assert_eq!(defs(&columns.defs), defs(&all_defs));
     }
 
     #[test]

@@ -4,8 +4,8 @@
 
 use super::{Engine, Memory, Output, RaceBatch, Reply};
 use dsm_proto::{
-    BitmapKey, EncodedBitmap, IntervalRecord, Msg, NodeId, PushedPage, RaceNotices, SyncCause,
-    SyncPoint, VectorTime,
+    BitmapColumns, BitmapKey, EncodedBitmap, IntervalRecord, Msg, NodeId, PushedPage, RaceNotices,
+    SyncCause, SyncPoint, VectorTime,
 };
 
 /// One node's arrival at a barrier, as received (see `Msg::BarrierArrive`).
@@ -395,11 +395,7 @@ impl<M: Memory> Engine<M> {
     /// `last`, the open interval closes first (see [`Command::ShipRaceBatch`]).
     ///
     /// [`Command::ShipRaceBatch`]: super::Command::ShipRaceBatch
-    pub(super) fn ship_race_batch(
-        &mut self,
-        bitmaps: Vec<EncodedBitmap>,
-        last: Option<RaceNotices>,
-    ) {
+    pub(super) fn ship_race_batch(&mut self, bitmaps: BitmapColumns, last: Option<RaceNotices>) {
         let closing = last.is_some();
         if let Some(notices) = last {
             let cause = self.cur_cause;
@@ -473,6 +469,7 @@ impl<M: Memory> Engine<M> {
         if self.me != 0
             || from == 0
             || batch.known.len() != self.n
+            || !batch.bitmaps.is_consistent()
             || batch
                 .intervals
                 .iter()

@@ -74,8 +74,8 @@ mod vec_memory;
 use crate::diff::{self, DiffError};
 use barriers::{Arrival, MasterRelease};
 use dsm_proto::{
-    BitmapKey, EncodedBitmap, IntervalRecord, LockId, Msg, NodeId, PageCopy, PageNo, PageRuns,
-    RaceNotices, SemId, SyncCause, SyncPoint, VectorTime, PAGE_SIZE,
+    BitmapColumns, BitmapKey, EncodedBitmap, IntervalRecord, LockId, Msg, NodeId, PageCopy, PageNo,
+    PageRuns, RaceNotices, SemId, SyncCause, SyncPoint, VectorTime, PAGE_SIZE,
 };
 use locks::LockState;
 use pages::{FetchInFlight, HomeWait, PageEntry, ParkedServe};
@@ -271,7 +271,7 @@ pub enum Command {
     /// the master's app thread takes the batch from [`Output::RaceBatch`].
     ShipRaceBatch {
         /// Every bitmap of the intervals closed since the previous batch.
-        bitmaps: Vec<EncodedBitmap>,
+        bitmaps: BitmapColumns,
         /// The last batch before a barrier: the open interval closes first with these
         /// notices (the recorder closed it and `bitmaps` hold its bitmaps), and the batch
         /// tells the master this node closes no more intervals with accesses in the epoch
@@ -400,7 +400,7 @@ pub struct RaceBatch {
     /// Its intervals, in order.
     pub intervals: Vec<IntervalRecord>,
     /// Their bitmaps.
-    pub bitmaps: Vec<EncodedBitmap>,
+    pub bitmaps: BitmapColumns,
     /// The node's last batch before the barrier (see [`Msg::RaceBatch`]).
     pub last: bool,
 }
