@@ -910,6 +910,11 @@ fn drain_ring(
             delivered.store(reader.position() - unread, Ordering::Release);
         }
         buf.drain(..at);
+        // A large message (a barrier arrival with a lock-heavy epoch's intervals) grew the
+        // buffer; every peer's would otherwise keep its largest message's room all run.
+        if buf.capacity() > 2 * RING_CHUNK && buf.len() <= RING_CHUNK {
+            buf.shrink_to(RING_CHUNK);
+        }
     }
 }
 

@@ -900,6 +900,8 @@ fn plan_epoch(
     if incremental.active() {
         intervals.retain(|i| !incremental.shipped(i.node, i.index));
         let (pending, pending_bitmaps) = incremental.take_pending();
+        // Exactly: doubling would hold the epoch's records up to twice over.
+        intervals.reserve_exact(pending.len());
         intervals.extend(pending);
         bitmaps.append(pending_bitmaps);
     }

@@ -233,7 +233,9 @@ impl<M: Memory> Engine<M> {
             return;
         }
         let mut global = VectorTime::zero(self.n);
-        let mut all = Vec::new();
+        // Sized once: grown by doubling, the epoch's records (a quarter of rank 0's heap
+        // at a lock-heavy barrier) were held up to twice over while they moved.
+        let mut all = Vec::with_capacity(arrivals.iter().map(|a| a.intervals.len()).sum());
         let mut knowns = Vec::with_capacity(self.n);
         let mut shipped = Vec::new();
         for (node, a) in arrivals.into_iter().enumerate() {
