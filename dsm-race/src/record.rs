@@ -30,6 +30,10 @@ use dsm_proto::{
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, TryReserveError};
 use std::panic::Location;
+
+/// A node's numbers for its sites, by site key: looked up once per bitmap stored, where
+/// SipHash cost more than the rest of the lookup.
+type SiteNumbers = HashMap<usize, u32, foldhash::fast::RandomState>;
 use std::rc::Rc;
 
 /// Where an access was made: a Rust source location, as `#[track_caller]` gives it, or
@@ -1122,7 +1126,7 @@ fn encode_one(
 /// The recorder's site numbering, lent to an interval close.
 struct SiteNames<'a> {
     sites: &'a mut Vec<Site>,
-    numbers: &'a mut HashMap<usize, u32>,
+    numbers: &'a mut SiteNumbers,
     last: &'a [Cell<(usize, u32)>; 2],
 }
 
@@ -1447,7 +1451,7 @@ pub struct Recorder {
     /// last one looked up for reads and for writes (a loop's pages are read at one line
     /// and written at another).
     sites: Vec<Site>,
-    site_numbers: HashMap<usize, u32>,
+    site_numbers: SiteNumbers,
     last_site: [Cell<(usize, u32)>; 2],
     /// The last interval whose bitmaps left the store (drained into a race batch or
     /// discarded at a barrier): it and those before it can no longer be reopened.
@@ -1492,7 +1496,7 @@ impl Recorder {
             closing: Closing::default(),
             defer_min_pages: DEFER_MIN_PAGES,
             sites: Vec::new(),
-            site_numbers: HashMap::new(),
+            site_numbers: SiteNumbers::default(),
             last_site: [Cell::new((0, u32::MAX)), Cell::new((0, u32::MAX))],
             sealed: 0,
             frozen: false,
@@ -1972,7 +1976,7 @@ impl Recorder {
 /// lookup: pages in a row are mostly touched by one site).
 fn intern_site(
     sites: &mut Vec<Site>,
-    numbers: &mut HashMap<usize, u32>,
+    numbers: &mut SiteNumbers,
     last: &Cell<(usize, u32)>,
     site: Site,
 ) -> u32 {
