@@ -52,6 +52,21 @@ pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, WireError> {
     Ok(bytes)
 }
 
+/// `msg` as a whole frame: the 4-byte big-endian length, then [`encode`]'s payload, built in
+/// one buffer (a separate payload cost a copy and an allocation per message).
+pub fn encode_frame<T: Serialize>(msg: &T) -> Result<Vec<u8>, WireError> {
+    let mut frame = postcard::serialize_with_flavor(msg, Payload(vec![0; 4]))?;
+    let len = frame.len() - 4;
+    if len > MAX_FRAME {
+        return Err(WireError::TooLarge {
+            len,
+            max: MAX_FRAME,
+        });
+    }
+    frame[..4].copy_from_slice(&(len as u32).to_be_bytes());
+    Ok(frame)
+}
+
 /// postcard's output as a `Vec`, taking the short pieces (a varint, a tag: most of a
 /// message of intervals and notices) byte by byte: postcard's own `Vec` flavor copies each
 /// with a call to `memcpy`, which costs more than the byte.
@@ -121,11 +136,7 @@ pub fn next_frame(buf: &mut BytesMut) -> Result<Option<BytesMut>, WireError> {
 /// Blocking write of one frame (bootstrap only): the length prefix and the [`encode`]d
 /// payload in a single write, then a flush.
 pub fn write_frame<W: Write, T: Serialize>(w: &mut W, msg: &T) -> Result<(), WireError> {
-    let payload = encode(msg)?;
-    let mut buf = Vec::with_capacity(4 + payload.len());
-    buf.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    buf.extend_from_slice(&payload);
-    w.write_all(&buf)?;
+    w.write_all(&encode_frame(msg)?)?;
     w.flush()?;
     Ok(())
 }

@@ -28,7 +28,7 @@
 //! callback. Because the task runs on the comm thread, a program busy computing keeps its
 //! links alive; only a process that is stopped, wedged or cut off falls silent.
 
-use crate::framing::{decode, encode, WireError, MAX_FRAME, PAGE_REQUEST_FRAME_MAX};
+use crate::framing::{decode, encode_frame, WireError, MAX_FRAME, PAGE_REQUEST_FRAME_MAX};
 use crate::mesh::Mesh;
 use crate::ring::ShmLink;
 use crate::ring::{register_bell, Direction, Lane, LanePosition, Region, RingReader, RingWriter};
@@ -1104,11 +1104,7 @@ fn close_incoming(link: &Link) {
 const READ_CHUNK: usize = 16 << 10;
 
 fn frame(msg: &Msg) -> Result<Bytes, WireError> {
-    let payload = encode(msg)?;
-    let mut frame = Vec::with_capacity(4 + payload.len());
-    frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    frame.extend_from_slice(&payload);
-    Ok(Bytes::from(frame))
+    Ok(Bytes::from(encode_frame(msg)?))
 }
 
 /// What the keep-alive task knows about one peer's incoming side. Updated by whichever
@@ -1867,7 +1863,7 @@ mod tests {
         // Rank 1 speaks raw bytes: one good frame, then garbage.
         let (mesh0, mut raw) = tcp_pair();
         assert!(mesh0.shm.iter().all(Option::is_none), "TCP was asked for");
-        let good = encode(&Msg::Abort {
+        let good = crate::framing::encode(&Msg::Abort {
             reason: "hi".into(),
         })
         .unwrap();
