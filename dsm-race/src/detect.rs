@@ -19,7 +19,7 @@ use dsm_proto::{
     PageNo, PageRuns, PlanStats, SourceSite, SyncCause, MAX_PAGE_WORDS, PAGE_SIZE,
 };
 use serde::Serialize;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
@@ -1012,44 +1012,34 @@ fn resolve_code_site(site: SourceSite) -> SourceSite {
 
 /// Bitmaps received from the nodes, by owner and key, decoded to words. A bitmap that was
 /// never inserted reads as all zeros (nothing accessed).
+///
+/// Bitmaps fetched or shipped one by one are held in a map; those that came in a race
+/// batch stay together, per node in interval order, each batch's entries sorted: the
+/// master between barriers holds every bitmap until every node has seen its interval but
+/// compares few of them, so a batch costs one sort to take in and leaves whole
+/// ([`Bitmaps::discard_through`]), and a lookup is two binary searches.
 #[derive(Default)]
 pub struct Bitmaps {
     map: HashMap<(NodeId, BitmapKey), Held, BuildHasherDefault<KeyHasher>>,
+    /// Race batches' bitmaps, per node, ordered by their first interval.
+    batches: HashMap<NodeId, VecDeque<HeldBatch>>,
     /// The source sites the inserted bitmaps defined, by node and the node's number, code
     /// addresses not yet symbolised.
     sites: HashMap<(NodeId, u32), Arc<SourceSite>>,
 }
 
 /// One bitmap as held: its words, and its sites' spans.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 struct Held {
-    words: HeldWords,
+    words: Vec<u64>,
     sites: HeldSites,
-}
-
-/// A held bitmap's words: its own, or a range of the words column of the race batch it
-/// came in, shared with the batch's other bitmaps (the batch is freed with its last).
-#[derive(Clone)]
-enum HeldWords {
-    Own(Vec<u64>),
-    InBatch(Arc<[u64]>, std::ops::Range<usize>),
-}
-
-impl HeldWords {
-    fn as_slice(&self) -> &[u64] {
-        match self {
-            HeldWords::Own(words) => words,
-            HeldWords::InBatch(column, range) => column.get(range.clone()).unwrap_or(&[]),
-        }
-    }
 }
 
 /// A site's span as held: first and last granule, and the node's number for the site
 /// (named through [`Bitmaps`]'s table only when a race needs it).
 type HeldSpan = (u16, u16, u32);
 
-/// A bitmap's site spans; most bitmaps have one, kept without an allocation of its own
-/// (a master analysing between barriers holds many bitmaps at once).
+/// A bitmap's site spans; most bitmaps have one, kept without an allocation of its own.
 #[derive(Clone, Default)]
 enum HeldSites {
     #[default]
@@ -1065,6 +1055,77 @@ impl HeldSites {
             HeldSites::One(s) => std::slice::from_ref(s),
             HeldSites::Many(v) => v,
         }
+    }
+}
+
+/// The bitmaps of one race batch: entries sorted by key, each naming its ranges of the
+/// words and the spans.
+#[derive(Clone)]
+struct HeldBatch {
+    /// The lowest and the highest interval of its bitmaps.
+    first: u32,
+    last: u32,
+    entries: Vec<BatchEntry>,
+    words: Vec<u64>,
+    spans: Vec<HeldSpan>,
+}
+
+#[derive(Clone, Copy)]
+struct BatchEntry {
+    key: BitmapKey,
+    words: (u32, u32),
+    spans: (u32, u32),
+}
+
+/// A held bitmap, wherever it is held.
+struct HeldRef<'a> {
+    words: &'a [u64],
+    sites: &'a [HeldSpan],
+}
+
+impl HeldBatch {
+    /// The batch of `columns` (entries beyond what the columns hold are left out: the
+    /// receiver checked them, see [`BitmapColumns::is_consistent`]); `None` if empty.
+    fn new(columns: &BitmapColumns) -> Option<HeldBatch> {
+        let mut batch = HeldBatch {
+            first: u32::MAX,
+            last: 0,
+            entries: Vec::with_capacity(columns.len()),
+            words: Vec::with_capacity(columns.words.len()),
+            spans: Vec::with_capacity(columns.sites.len()),
+        };
+        for (e, w, spans) in columns.iter() {
+            let start = batch.words.len();
+            match (e.uniform, w) {
+                (0, _) => batch.words.extend_from_slice(w),
+                (count, [one]) => batch
+                    .words
+                    .resize(start + (count as usize).min(MAX_PAGE_WORDS), *one),
+                _ => {}
+            }
+            let first_span = batch.spans.len();
+            batch
+                .spans
+                .extend(spans.iter().map(|s| (s.first, s.last, s.site)));
+            batch.entries.push(BatchEntry {
+                key: e.key,
+                words: (start as u32, batch.words.len() as u32),
+                spans: (first_span as u32, batch.spans.len() as u32),
+            });
+            batch.first = batch.first.min(e.key.interval);
+            batch.last = batch.last.max(e.key.interval);
+        }
+        // Stored interval by interval, each interval's pages by kind: nearly sorted.
+        batch.entries.sort_unstable_by_key(|e| e.key);
+        (!batch.entries.is_empty()).then_some(batch)
+    }
+
+    fn get(&self, key: &BitmapKey) -> Option<HeldRef<'_>> {
+        let e = &self.entries[self.entries.binary_search_by_key(key, |e| e.key).ok()?];
+        Some(HeldRef {
+            words: self.words.get(e.words.0 as usize..e.words.1 as usize)?,
+            sites: self.spans.get(e.spans.0 as usize..e.spans.1 as usize)?,
+        })
     }
 }
 
@@ -1090,64 +1151,48 @@ impl Bitmaps {
             many => HeldSites::Many(many.iter().map(span).collect()),
         };
         let held = Held {
-            words: HeldWords::Own(decode_words(&b.bits)),
+            words: decode_words(&b.bits),
             sites,
         };
         self.map.insert((node, b.key), held);
     }
 
-    /// Adds `node`'s bitmaps in columns (a race batch), replacing any earlier ones with the
-    /// same keys. The words are kept in one block for the whole batch, a uniform bitmap's
-    /// spread over its page; entries beyond what the columns hold are ignored (the
-    /// receiver checked them, see [`BitmapColumns::is_consistent`]).
+    /// Adds `node`'s bitmaps in columns (a race batch), kept together; a uniform bitmap's
+    /// word is spread over its page.
     pub fn insert_columns(&mut self, node: NodeId, columns: BitmapColumns) {
         for (site, def) in &columns.defs {
             self.sites.insert((node, *site), Arc::new(def.clone()));
         }
-        let spread: usize = columns
-            .iter()
-            .map(|(e, w, _)| match e.uniform {
-                0 => w.len(),
-                count => (count as usize).min(MAX_PAGE_WORDS),
-            })
-            .sum();
-        let mut words = Vec::with_capacity(spread);
-        let mut ranges = Vec::with_capacity(columns.len());
-        for (e, w, _) in columns.iter() {
-            let start = words.len();
-            match (e.uniform, w) {
-                (0, _) => words.extend_from_slice(w),
-                (count, [one]) => words.resize(start + (count as usize).min(MAX_PAGE_WORDS), *one),
-                _ => {}
-            }
-            ranges.push(start..words.len());
-        }
-        let column: Arc<[u64]> = words.into();
-        self.map.reserve(ranges.len());
-        for ((e, _, spans), range) in columns.iter().zip(ranges) {
-            let span = |s: &dsm_proto::SiteSpan| (s.first, s.last, s.site);
-            let sites = match spans {
-                [] => HeldSites::None,
-                [one] => HeldSites::One(span(one)),
-                many => HeldSites::Many(many.iter().map(span).collect()),
-            };
-            let held = Held {
-                words: HeldWords::InBatch(column.clone(), range),
-                sites,
-            };
-            self.map.insert((node, e.key), held);
+        if let Some(batch) = HeldBatch::new(&columns) {
+            self.insert_batch(node, batch);
         }
     }
 
-    /// Drops `node`'s bitmap `key`, if held.
-    pub fn remove(&mut self, node: NodeId, key: &BitmapKey) {
-        self.map.remove(&(node, *key));
+    fn insert_batch(&mut self, node: NodeId, batch: HeldBatch) {
+        let queue = self.batches.entry(node).or_default();
+        let at = queue.partition_point(|b| b.first <= batch.first);
+        queue.insert(at, batch);
+    }
+
+    /// Drops `node`'s race batches whose intervals all lie at or before `upto` (a batch
+    /// that reaches past it stays whole: its earlier bitmaps are never asked for again).
+    pub fn discard_through(&mut self, node: NodeId, upto: u32) {
+        if let Some(queue) = self.batches.get_mut(&node) {
+            while queue.front().is_some_and(|b| b.last <= upto) {
+                queue.pop_front();
+            }
+        }
     }
 
     /// Adds every bitmap of `other`, moving them.
     pub fn append(&mut self, other: Bitmaps) {
         self.map.extend(other.map);
         self.sites.extend(other.sites);
+        for (node, queue) in other.batches {
+            for batch in queue {
+                self.insert_batch(node, batch);
+            }
+        }
     }
 
     /// Adds every bitmap of `other`.
@@ -1156,36 +1201,62 @@ impl Bitmaps {
             .extend(other.map.iter().map(|(k, v)| (*k, v.clone())));
         self.sites
             .extend(other.sites.iter().map(|(k, v)| (*k, v.clone())));
+        for (&node, queue) in &other.batches {
+            for batch in queue {
+                self.insert_batch(node, batch.clone());
+            }
+        }
     }
 
     /// Number of bitmaps held.
     pub fn len(&self) -> usize {
-        self.map.len()
+        let batched: usize = self
+            .batches
+            .values()
+            .flatten()
+            .map(|b| b.entries.len())
+            .sum();
+        self.map.len() + batched
     }
 
     /// Whether no bitmap is held.
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.len() == 0
     }
 
     /// Whether `node`'s bitmap `key` has been inserted (to fetch only what is missing).
     pub fn contains(&self, node: NodeId, key: &BitmapKey) -> bool {
-        self.map.contains_key(&(node, *key))
+        self.lookup(node, key).is_some()
     }
 
     pub(crate) fn get(&self, r: &IntervalRecord, page: PageNo, kind: AccessKind) -> &[u64] {
-        self.held(r, page, kind).map_or(&[], |h| h.words.as_slice())
+        self.held(r, page, kind).map_or(&[], |h| h.words)
     }
 
-    fn held(&self, r: &IntervalRecord, page: PageNo, kind: AccessKind) -> Option<&Held> {
-        self.map.get(&(
-            r.node,
-            BitmapKey {
-                interval: r.index,
-                page,
-                kind,
-            },
-        ))
+    fn held(&self, r: &IntervalRecord, page: PageNo, kind: AccessKind) -> Option<HeldRef<'_>> {
+        let key = BitmapKey {
+            interval: r.index,
+            page,
+            kind,
+        };
+        self.lookup(r.node, &key)
+    }
+
+    fn lookup(&self, node: NodeId, key: &BitmapKey) -> Option<HeldRef<'_>> {
+        if let Some(h) = self.map.get(&(node, *key)) {
+            return Some(HeldRef {
+                words: &h.words,
+                sites: h.sites.as_slice(),
+            });
+        }
+        let queue = self.batches.get(&node)?;
+        // The batches that may hold it begin at or before its interval: normally one.
+        let end = queue.partition_point(|b| b.first <= key.interval);
+        queue
+            .range(..end)
+            .rev()
+            .filter(|b| key.interval <= b.last)
+            .find_map(|b| b.get(key))
     }
 
     /// The source site of `r`'s access of `kind` to granule `granule` of `page`: the site
@@ -1201,7 +1272,6 @@ impl Bitmaps {
         let held = self.held(r, page, kind)?;
         let (_, _, site) = held
             .sites
-            .as_slice()
             .iter()
             .filter(|(first, last, _)| (*first as usize..=*last as usize).contains(&granule))
             .min_by_key(|(first, last, _)| last - first)?;
@@ -1538,6 +1608,103 @@ mod tests {
     use super::*;
     use crate::record::{encode_words, Recorder};
     use dsm_proto::{RaceNotices, VectorTime};
+
+    /// One bitmap for [`columns`]: interval, page, kind, words, uniform count, site.
+    type TestBitmap = (u32, PageNo, AccessKind, Vec<u64>, u32, u32);
+
+    /// Columns of one bitmap per entry of `bitmaps`.
+    fn columns(bitmaps: &[TestBitmap]) -> BitmapColumns {
+        let mut c = BitmapColumns::default();
+        for (interval, page, kind, words, uniform, site) in bitmaps {
+            c.entries.push(dsm_proto::ColumnEntry {
+                key: BitmapKey {
+                    interval: *interval,
+                    page: *page,
+                    kind: *kind,
+                },
+                words: words.len() as u32,
+                uniform: *uniform,
+                sites: 1,
+            });
+            c.words.extend(words);
+            c.sites.push(dsm_proto::SiteSpan {
+                site: *site,
+                first: 0,
+                last: 511,
+            });
+        }
+        c.defs.push((
+            7,
+            SourceSite {
+                file: "a.rs".into(),
+                line: 3,
+                column: 1,
+                code: None,
+            },
+        ));
+        c
+    }
+
+    #[test]
+    fn batched_bitmaps_are_found_and_leave_by_batch() {
+        use AccessKind::{Read, Write};
+        let mut b = Bitmaps::new();
+        // Out of order within the batch (writes before reads, pages descending).
+        b.insert_columns(
+            1,
+            columns(&[
+                (3, 9, Write, vec![1, 2], 0, 7),
+                (3, 4, Read, vec![5; 8], 0, 7),
+                (2, 4, Write, vec![u64::MAX], 8, 7),
+            ]),
+        );
+        b.insert_columns(1, columns(&[(5, 4, Write, vec![6], 0, 7)]));
+        b.insert_columns(2, columns(&[(3, 9, Write, vec![8], 0, 7)]));
+        let r = |node, index| iv(node, index, vec![0; 3], &[], &[]);
+        assert_eq!(b.get(&r(1, 3), 9, Write), &[1, 2]);
+        assert_eq!(b.get(&r(1, 3), 4, Read), &[5; 8]);
+        assert_eq!(
+            b.get(&r(1, 2), 4, Write),
+            &[u64::MAX; 8],
+            "a uniform bitmap spreads"
+        );
+        assert_eq!(b.get(&r(1, 5), 4, Write), &[6]);
+        assert_eq!(b.get(&r(2, 3), 9, Write), &[8]);
+        assert!(b.get(&r(1, 3), 9, Read).is_empty());
+        assert!(b.get(&r(1, 4), 4, Write).is_empty());
+        assert_eq!(b.len(), 5);
+        assert_eq!(
+            b.site(&r(1, 3), 9, Write, 5).map(|s| s.line),
+            Some(3),
+            "sites are named through the batch's definitions"
+        );
+        // A batch that reaches past `upto` stays; one wholly before it leaves.
+        b.discard_through(1, 4);
+        assert_eq!(b.len(), 2);
+        assert!(!b.contains(
+            1,
+            &BitmapKey {
+                interval: 3,
+                page: 9,
+                kind: Write
+            }
+        ));
+        assert!(b.contains(
+            1,
+            &BitmapKey {
+                interval: 5,
+                page: 4,
+                kind: Write
+            }
+        ));
+        // Moved into another collection, with a batch of an earlier interval after it.
+        let mut all = Bitmaps::new();
+        all.insert_columns(1, columns(&[(1, 4, Read, vec![9], 0, 7)]));
+        all.append(b);
+        assert_eq!(all.get(&r(1, 1), 4, Read), &[9]);
+        assert_eq!(all.get(&r(1, 5), 4, Write), &[6]);
+        assert_eq!(all.len(), 3);
+    }
 
     fn iv(node: NodeId, index: u32, vt: Vec<u32>, reads: &[u32], writes: &[u32]) -> IntervalRecord {
         IntervalRecord {

@@ -33,8 +33,7 @@
 //! is exactly what it finds.
 
 use crate::detect::{plan_fresh, Bitmaps, Race, VarTable};
-use dsm_proto::{BitmapColumns, BitmapKey, IntervalRecord, NodeId, PageNo, PageRuns, VectorTime};
-use std::collections::VecDeque;
+use dsm_proto::{BitmapColumns, IntervalRecord, NodeId, PageNo, PageRuns, VectorTime};
 
 /// The race master's state between two barriers.
 pub struct Incremental {
@@ -44,10 +43,6 @@ pub struct Incremental {
     pending: Vec<Vec<IntervalRecord>>,
     /// The pending intervals' bitmaps.
     bitmaps: Bitmaps,
-    /// Per node, the keys of its bitmaps held in `bitmaps`, in the order they came (the
-    /// order of their intervals), so that discarding costs what is dropped, not what is
-    /// held.
-    held: Vec<VecDeque<BitmapKey>>,
     /// Each node's vector time at its latest batch.
     known: Vec<Option<VectorTime>>,
     /// Nodes whose last batch before the barrier has arrived (see [`Incremental::absorb`]).
@@ -70,7 +65,6 @@ impl Incremental {
             schedule,
             pending: vec![Vec::new(); nodes],
             bitmaps: Bitmaps::new(),
-            held: vec![VecDeque::new(); nodes],
             known: vec![None; nodes],
             done: vec![false; nodes],
             shipped: vec![0; nodes],
@@ -113,7 +107,6 @@ impl Incremental {
         if let Some((_, all, _)) = self.oracle.as_mut() {
             all.insert_columns(from, bitmaps.clone());
         }
-        self.held[from_idx].extend(bitmaps.entries.iter().map(|e| e.key));
         self.bitmaps.insert_columns(from, bitmaps);
         let already = self.shipped[from_idx];
         // Filtered in place: records are moved only past one that leaves.
@@ -260,12 +253,7 @@ impl Incremental {
         for (node, (list, &upto)) in self.pending.iter_mut().zip(&seen).enumerate() {
             let k = list.partition_point(|r| r.index <= upto);
             list.drain(..k);
-            let held = &mut self.held[node];
-            while held.front().is_some_and(|key| key.interval <= upto) {
-                if let Some(key) = held.pop_front() {
-                    self.bitmaps.remove(node as NodeId, &key);
-                }
-            }
+            self.bitmaps.discard_through(node as NodeId, upto);
         }
     }
 
@@ -287,7 +275,6 @@ impl Incremental {
     /// until [`Incremental::reset`].
     pub fn take_pending(&mut self) -> (Vec<IntervalRecord>, Bitmaps) {
         let intervals = self.pending.iter_mut().flat_map(std::mem::take).collect();
-        self.held.iter_mut().for_each(VecDeque::clear);
         (intervals, std::mem::take(&mut self.bitmaps))
     }
 
@@ -300,7 +287,6 @@ impl Incremental {
     pub fn reset(&mut self) {
         self.pending.iter_mut().for_each(Vec::clear);
         self.bitmaps = Bitmaps::new();
-        self.held.iter_mut().for_each(VecDeque::clear);
         self.known = vec![None; self.nodes];
         self.done = vec![false; self.nodes];
         self.shipped = vec![0; self.nodes];
