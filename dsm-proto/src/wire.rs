@@ -10,6 +10,16 @@ use std::fmt;
 
 mod columns;
 pub mod interval_list;
+
+/// The bytes of a byte string that a self-describing format without a bytes type (JSON)
+/// gives as a sequence; for the compact wire forms' visitors.
+fn seq_bytes<'de, A: serde::de::SeqAccess<'de>>(mut seq: A) -> Result<Vec<u8>, A::Error> {
+    let mut bytes = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
+    while let Some(b) = seq.next_element::<u8>()? {
+        bytes.push(b);
+    }
+    Ok(bytes)
+}
 pub use columns::{BitmapColumns, ColumnEntry, MAX_PAGE_WORDS};
 
 /// A node's rank within the job, `0..size` (at most [`MAX_NODES`](crate::MAX_NODES)).

@@ -203,12 +203,8 @@ mod fixed {
         }
 
         /// Self-describing formats without a bytes type (JSON) give the bytes as a sequence.
-        fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
-            let mut bytes = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
-            while let Some(b) = seq.next_element::<u8>()? {
-                bytes.push(b);
-            }
-            self.visit_bytes(&bytes)
+        fn visit_seq<A: de::SeqAccess<'de>>(self, seq: A) -> Result<Vec<T>, A::Error> {
+            self.visit_bytes(&super::super::seq_bytes(seq)?)
         }
     }
 }
@@ -268,6 +264,8 @@ mod tests {
             prop_assert!(c.is_consistent());
             let back: BitmapColumns = postcard::from_bytes(&postcard::to_stdvec(&c).unwrap()).unwrap();
             prop_assert_eq!(&back, &c);
+            let json: BitmapColumns = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
+            prop_assert_eq!(&json, &c);
             let seen: Vec<_> = back.iter().map(|(e, w, s)| (*e, w.to_vec(), s.to_vec())).collect();
             prop_assert_eq!(seen, parts);
         }

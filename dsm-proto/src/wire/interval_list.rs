@@ -312,12 +312,8 @@ impl<'de> de::Visitor<'de> for ListVisitor {
     }
 
     /// Self-describing formats without a bytes type (JSON) give the bytes as a sequence.
-    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut bytes = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
-        while let Some(b) = seq.next_element::<u8>()? {
-            bytes.push(b);
-        }
-        self.visit_bytes(&bytes)
+    fn visit_seq<A: de::SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        self.visit_bytes(&super::seq_bytes(seq)?)
     }
 }
 
@@ -399,7 +395,10 @@ mod tests {
                 races: 1,
             };
             let bytes = postcard::to_stdvec(&msg).unwrap();
-            prop_assert_eq!(postcard::from_bytes::<crate::Msg>(&bytes).unwrap(), msg);
+            prop_assert_eq!(postcard::from_bytes::<crate::Msg>(&bytes).unwrap(), msg.clone());
+            // A format without a bytes type carries the string as a sequence.
+            let json = serde_json::to_string(&msg).unwrap();
+            prop_assert_eq!(serde_json::from_str::<crate::Msg>(&json).unwrap(), msg);
         }
 
         #[test]
