@@ -43,13 +43,19 @@ pub enum WireError {
 /// message is caught at the sender rather than refused by the receiver.
 pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, WireError> {
     let bytes = postcard::serialize_with_flavor(msg, Payload(Vec::new()))?;
-    if bytes.len() > MAX_FRAME {
+    within_frame_limit(bytes.len())?;
+    Ok(bytes)
+}
+
+/// [`WireError::TooLarge`] for a payload of `len` bytes over [`MAX_FRAME`].
+fn within_frame_limit(len: usize) -> Result<(), WireError> {
+    if len > MAX_FRAME {
         return Err(WireError::TooLarge {
-            len: bytes.len(),
+            len,
             max: MAX_FRAME,
         });
     }
-    Ok(bytes)
+    Ok(())
 }
 
 /// `msg` as a whole frame: the 4-byte big-endian length, then [`encode`]'s payload, built in
@@ -57,12 +63,7 @@ pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, WireError> {
 pub fn encode_frame<T: Serialize>(msg: &T) -> Result<Vec<u8>, WireError> {
     let mut frame = postcard::serialize_with_flavor(msg, Payload(vec![0; 4]))?;
     let len = frame.len() - 4;
-    if len > MAX_FRAME {
-        return Err(WireError::TooLarge {
-            len,
-            max: MAX_FRAME,
-        });
-    }
+    within_frame_limit(len)?;
     frame[..4].copy_from_slice(&(len as u32).to_be_bytes());
     Ok(frame)
 }

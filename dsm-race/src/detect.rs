@@ -16,7 +16,7 @@
 use crate::record::decode_words;
 use dsm_proto::{
     AccessKind, BitmapColumns, BitmapKey, EncodedBitmap, IntervalRecord, NodeId, PageExtent,
-    PageNo, PageRuns, PlanStats, SourceSite, SyncCause, MAX_PAGE_WORDS, PAGE_SIZE,
+    PageNo, PageRuns, PlanStats, SourceSite, SyncCause, PAGE_SIZE,
 };
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -1096,13 +1096,7 @@ impl HeldBatch {
         };
         for (e, w, spans) in columns.iter() {
             let start = batch.words.len();
-            match (e.uniform, w) {
-                (0, _) => batch.words.extend_from_slice(w),
-                (count, [one]) => batch
-                    .words
-                    .resize(start + (count as usize).min(MAX_PAGE_WORDS), *one),
-                _ => {}
-            }
+            e.spread_into(w, &mut batch.words);
             let first_span = batch.spans.len();
             batch
                 .spans

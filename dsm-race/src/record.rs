@@ -30,11 +30,11 @@ use dsm_proto::{
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, TryReserveError};
 use std::panic::Location;
+use std::rc::Rc;
 
 /// A node's numbers for its sites, by site key: looked up once per bitmap stored, where
 /// SipHash cost more than the rest of the lookup.
 type SiteNumbers = HashMap<usize, u32, foldhash::fast::RandomState>;
-use std::rc::Rc;
 
 /// Where an access was made: a Rust source location, as `#[track_caller]` gives it, or
 /// the instrumented instruction of a program compiled with ThreadSanitizer
@@ -879,17 +879,28 @@ type WireSites = (SmallVec<[SiteSpan; 2]>, Vec<(u32, SourceSite)>);
 /// definition from `table`.
 fn wire_sites(spans: &[StoredSpan], table: &[Site], defined: &mut Vec<bool>) -> WireSites {
     let mut defs = Vec::new();
-    defined.resize(table.len(), false);
     let sites = spans
         .iter()
-        .map(|&(site, first, last)| {
-            if !std::mem::replace(&mut defined[site as usize], true) {
-                defs.push((site, table[site as usize].source()));
-            }
-            SiteSpan { site, first, last }
-        })
+        .map(|&span| wire_span(span, table, defined, &mut defs))
         .collect();
     (sites, defs)
+}
+
+/// `span` in wire form; the site's definition goes to `defs` at its first mention in the
+/// list being built (`defined`, indexed by site, tells which were named).
+fn wire_span(
+    (site, first, last): StoredSpan,
+    table: &[Site],
+    defined: &mut Vec<bool>,
+    defs: &mut Vec<(u32, SourceSite)>,
+) -> SiteSpan {
+    if defined.len() < table.len() {
+        defined.resize(table.len(), false);
+    }
+    if !std::mem::replace(&mut defined[site as usize], true) {
+        defs.push((site, table[site as usize].source()));
+    }
+    SiteSpan { site, first, last }
 }
 
 impl EpochStore {
@@ -993,12 +1004,9 @@ impl EpochStore {
                 };
                 spans.clear();
                 p.spans_into(names, &mut spans);
-                defined.resize(names.sites.len(), false);
-                for &(site, first, last) in &spans {
-                    if !std::mem::replace(&mut defined[site as usize], true) {
-                        out.defs.push((site, names.sites[site as usize].source()));
-                    }
-                    out.sites.push(SiteSpan { site, first, last });
+                for &span in &spans {
+                    let wire = wire_span(span, names.sites, &mut defined, &mut out.defs);
+                    out.sites.push(wire);
                 }
                 out.entries.push(ColumnEntry {
                     key: BitmapKey {
@@ -2352,12 +2360,9 @@ mod tests {
                 let mut sites: Vec<usize> = spans.iter().map(|s| table[s.site as usize]).collect();
                 sites.sort();
                 sites.dedup();
-                let words = match (e.uniform, words) {
-                    (0, _) => words.to_vec(),
-                    (count, [one]) => vec![*one; count as usize],
-                    _ => panic!("a uniform bitmap holds one word"),
-                };
-                (e.key, words, sites)
+                let mut spread = Vec::new();
+                e.spread_into(words, &mut spread);
+                (e.key, spread, sites)
             })
             .collect()
     }
@@ -2399,12 +2404,9 @@ mod tests {
         let named = |r: &Recorder, site: u32| r.sites[site as usize].key();
         for ((e, words, spans), b) in columns.iter().zip(&encoded) {
             assert_eq!(e.key, b.key);
-            let words = match (e.uniform, words) {
-                (0, _) => words.to_vec(),
-                (count, [one]) => vec![*one; count as usize],
-                _ => panic!("a uniform bitmap holds one word"),
-            };
-            assert_eq!(words, decode_words(&b.bits), "{:?}", e.key);
+            let mut spread = Vec::new();
+            e.spread_into(words, &mut spread);
+            assert_eq!(spread, decode_words(&b.bits), "{:?}", e.key);
             let ours: Vec<_> = spans
                 .iter()
                 .map(|s| (named(&drained, s.site), s.first, s.last))

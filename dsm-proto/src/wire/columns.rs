@@ -47,6 +47,19 @@ pub struct ColumnEntry {
     pub sites: u32,
 }
 
+impl ColumnEntry {
+    /// Appends the bitmap's words (`words`, its part of the words column) to `out`, a
+    /// uniform one's word once per word of its page (at most [`MAX_PAGE_WORDS`]).
+    pub fn spread_into(&self, words: &[u64], out: &mut Vec<u64>) {
+        match (self.uniform, words) {
+            (0, _) => out.extend_from_slice(words),
+            (count, &[one]) => out.resize(out.len() + (count as usize).min(MAX_PAGE_WORDS), one),
+            // Not consistent (see `BitmapColumns::is_consistent`): nothing.
+            _ => {}
+        }
+    }
+}
+
 impl BitmapColumns {
     /// Whether the entries account for the words and the site spans exactly, no bitmap is
     /// longer than a page of one-byte granules, and every uniform entry holds one word:
