@@ -328,6 +328,11 @@ macro_rules! stub {
 /// the program's other accesses); else jumps to `$body` with the return address in rsi.
 /// A slot's return address fixes which hook the call site calls, hence the access's
 /// length and kind: the stub need not compare them.
+///
+/// The stubs share one section and each ends padded to 64 bytes, so every stub starts on
+/// a cache line: the path without `--race` never straddles two lines. Where a stub landed
+/// by chance of the link, the C SOR without `--race` ran about 20% slower from one build
+/// to the next.
 macro_rules! access {
     ($body:ident, $len:literal, $write:literal, $($stub:ident),+) => {
         extern "C" fn $body(addr: usize, ret: usize) {
@@ -343,6 +348,7 @@ macro_rules! access {
             #[unsafe(naked)]
             #[no_mangle]
             #[doc(hidden)]
+            #[link_section = ".text.dsm_tsan_access"]
             pub extern "C" fn $stub() {
                 std::arch::naked_asm!(
                     // Without --race: the same three instructions as before the fast
@@ -375,6 +381,8 @@ macro_rules! access {
                     "cmp rdi, qword ptr [rip + {hi}]",
                     "jae 3b",
                     "jmp {body}",
+                    // The next stub of the section starts on a cache line (see above).
+                    ".p2align 6",
                     any = sym ANY_RECORDING,
                     owner = sym OWNER,
                     slots = sym SLOTS,
