@@ -963,8 +963,9 @@ impl Dsm {
                     intervals,
                     bitmaps,
                 } => {
-                    let races = self.analyze(epoch, intervals, bitmaps)?;
+                    let (races, spent) = self.analyze(epoch, intervals, bitmaps)?;
                     self.comm().send(Command::ReleaseBarrier { races });
+                    drop(spent);
                 }
                 other => {
                     return Err(DsmError::Protocol(format!(
