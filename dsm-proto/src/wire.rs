@@ -126,29 +126,34 @@ impl VectorTime {
     }
 
     /// Number of entries, i.e. nodes in the job.
+    #[inline]
     pub fn len(&self) -> usize {
         self.0.len()
     }
 
     /// Whether the vector has no entries (only a default-constructed one; real timestamps
     /// have one entry per node).
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
     /// Latest interval of `node` seen. Panics if `node` is not below [`len`](Self::len).
+    #[inline]
     pub fn get(&self, node: NodeId) -> u32 {
         self.0[node as usize]
     }
 
     /// Sets the latest interval of `node` seen. Panics if `node` is not below
     /// [`len`](Self::len).
+    #[inline]
     pub fn set(&mut self, node: NodeId, value: u32) {
         self.0[node as usize] = value;
     }
 
     /// Entry-wise maximum, in place: afterwards `self` knows what either vector knew.
     /// Only the entries both vectors have are merged.
+    #[inline]
     pub fn merge(&mut self, other: &VectorTime) {
         for (mine, theirs) in self.0.iter_mut().zip(&other.0) {
             if *theirs > *mine {
@@ -158,6 +163,7 @@ impl VectorTime {
     }
 
     /// `self <= other` entry-wise: everything `self` knows, `other` knows too.
+    #[inline]
     pub fn dominated_by(&self, other: &VectorTime) -> bool {
         self.0.iter().zip(&other.0).all(|(a, b)| a <= b)
     }
@@ -237,21 +243,25 @@ impl PageRuns {
     }
 
     /// The runs `(first, count)`, in increasing page order (see the type's invariant).
+    #[inline]
     pub fn runs(&self) -> &[(PageNo, u32)] {
         &self.0
     }
 
     /// Whether the set has no page.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
     /// Number of pages in the set.
+    #[inline]
     pub fn page_count(&self) -> u64 {
         self.0.iter().map(|r| r.1 as u64).sum()
     }
 
     /// Every page of the set, in increasing order.
+    #[inline]
     pub fn iter(&self) -> impl Iterator<Item = PageNo> + '_ {
         self.0.iter().flat_map(|&(f, c)| f..f + c)
     }
