@@ -51,9 +51,44 @@ impl<M: Memory> Engine<M> {
     /// about it ([`Engine::protect_kept`]).
     pub(super) fn close_interval(&mut self, race: Option<RaceNotices>) {
         let index = self.vt.get(self.me);
+        let mut written: Vec<PageNo> = std::mem::take(&mut self.home_writes);
+        // In one common memory nothing is ever dirty (no twins, diffs or protection), and
+        // a lock-heavy program closes an interval per release.
+        if !self.dirty.is_empty() {
+            self.send_dirty_diffs(index, &mut written);
+        }
+        self.grow_handler_slots();
+        let writes = PageRuns::from_pages(written);
+        let race = race.filter(|r| !r.reads.is_empty() || !r.writes.is_empty());
+        self.hash_interval(self.cur_cause, race.as_ref());
+        // With race detection, every interval a semaphore operation opened is logged, so
+        // the barrier master sees each node's semaphore operations of the epoch in order
+        // (`--sem-order=safe` rebuilds the order from them).
+        let sem_op = self.race_mode
+            && matches!(
+                self.cur_cause,
+                SyncCause::SemWait(_) | SyncCause::SemSignal(_)
+            );
+        if !writes.is_empty() || race.is_some() || sem_op {
+            self.log_record(IntervalRecord {
+                node: self.me,
+                index,
+                vt: self.cur_start.clone(),
+                writes,
+                race,
+                began_with: self.cur_cause,
+            });
+        }
+        self.stats.intervals_closed += 1;
+        self.closed_cause = self.cur_cause;
+        self.vt.set(self.me, index + 1);
+    }
+
+    /// [`Engine::close_interval`]'s dirty pages: each one's diff goes to its home (its page
+    /// noted in `written`), and the page is write-protected or kept writable.
+    fn send_dirty_diffs(&mut self, index: u32, written: &mut Vec<PageNo>) {
         let dirty = std::mem::take(&mut self.dirty);
         let mut by_home: BTreeMap<NodeId, Vec<PageDiff>> = BTreeMap::new();
-        let mut written: Vec<PageNo> = std::mem::take(&mut self.home_writes);
         let mut protect = Vec::with_capacity(dirty.len());
         for &p in &dirty {
             let mut twin = match self.twins.remove(&p).expect("dirty page has a twin") {
@@ -123,31 +158,6 @@ impl<M: Memory> Engine<M> {
                 },
             );
         }
-        self.grow_handler_slots();
-        let writes = PageRuns::from_pages(written);
-        let race = race.filter(|r| !r.reads.is_empty() || !r.writes.is_empty());
-        self.hash_interval(self.cur_cause, race.as_ref());
-        // With race detection, every interval a semaphore operation opened is logged, so
-        // the barrier master sees each node's semaphore operations of the epoch in order
-        // (`--sem-order=safe` rebuilds the order from them).
-        let sem_op = self.race_mode
-            && matches!(
-                self.cur_cause,
-                SyncCause::SemWait(_) | SyncCause::SemSignal(_)
-            );
-        if !writes.is_empty() || race.is_some() || sem_op {
-            self.log_record(IntervalRecord {
-                node: self.me,
-                index,
-                vt: self.cur_start.clone(),
-                writes,
-                race,
-                began_with: self.cur_cause,
-            });
-        }
-        self.stats.intervals_closed += 1;
-        self.closed_cause = self.cur_cause;
-        self.vt.set(self.me, index + 1);
     }
 
     /// Doubles the handler's twin pool when the interval just closed used more than half
