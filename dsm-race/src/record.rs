@@ -1229,7 +1229,7 @@ impl Closing {
         if held.is_empty() && !touched.iter().any(frozen_here) {
             return;
         }
-        touched.sort_unstable();
+        sort_touched(&mut touched);
         held.sort_unstable_by_key(|h| h.page);
         store.words_per_page.push((a.first_page, a.words_per_page));
         self.runs_open = [false; 2];
@@ -1737,7 +1737,7 @@ impl Recorder {
             }
             let count = {
                 let mut touched = a.now.touched.borrow_mut();
-                touched.sort_unstable();
+                sort_touched(&mut touched);
                 touched.len()
             };
             if count == 0 || (count >= self.defer_min_pages && c.defer(store, id, a)) {
@@ -2022,6 +2022,15 @@ fn byte_bounds(words: &[Cell<u64>], shift: u32) -> (u16, u16) {
     let g0 = f * 64 + words[f].get().trailing_zeros() as usize;
     let g1 = l * 64 + 64 - words[l].get().leading_zeros() as usize;
     ((g0 << shift) as u16, (g1 << shift) as u16)
+}
+
+/// Sorts an allocation's touched pages, listed in the order they were first touched: a
+/// banded program's sweep lists its band in order and a neighbour's page or two after
+/// it. The stable sort merges such runs in linear time; the unstable one sorted the whole
+/// list again once one page was out of order (20 000 instructions an interval for SOR's
+/// 260 pages).
+fn sort_touched(touched: &mut [u32]) {
+    touched.sort();
 }
 
 /// [`block_mask`] of a page whose every word is `w` (most pages of banded programs).
