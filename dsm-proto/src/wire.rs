@@ -215,12 +215,21 @@ impl PageRuns {
     /// [`from_pages`](Self::from_pages) for those).
     pub fn from_sorted_unique(pages: &[PageNo]) -> Self {
         let mut runs: SmallVec<[(PageNo, u32); 2]> = SmallVec::new();
-        for &p in pages {
-            match runs.last_mut() {
-                Some((first, count)) if *first + *count == p => *count += 1,
-                _ => runs.push((p, 1)),
+        let Some((&first, rest)) = pages.split_first() else {
+            return PageRuns(runs);
+        };
+        // The open run in locals: through the vector's last element, a page cost a
+        // check of where its storage is (a recorder's interval lists hundreds of pages).
+        let (mut start, mut count) = (first, 1u32);
+        for &p in rest {
+            if start + count == p {
+                count += 1;
+            } else {
+                runs.push((start, count));
+                (start, count) = (p, 1);
             }
         }
+        runs.push((start, count));
         PageRuns(runs)
     }
 
