@@ -63,19 +63,21 @@ impl<M: Memory> Engine<M> {
         if !self.note_barrier() {
             return;
         }
+        // The records move to the arrival. Coherence keeps those with write notices,
+        // without their race notices (the master has them from here on); the others,
+        // most of a lock-heavy race run's, it never needs again.
+        let own = std::mem::take(&mut self.log[self.me as usize]);
+        let kept = own
+            .iter()
+            .filter(|r| !r.writes.is_empty())
+            .map(IntervalRecord::without_race)
+            .collect();
+        self.log[self.me as usize] = kept;
         let msg = Msg::BarrierArrive {
             epoch: self.epoch,
             at: self.at.clone(),
             known: self.known(),
-            // The race notices move to the arrival: coherence keeps the records
-            // without them (the master has them from here on).
-            intervals: self.log[self.me as usize]
-                .iter_mut()
-                .map(|r| IntervalRecord {
-                    race: r.race.take(),
-                    ..r.without_race()
-                })
-                .collect(),
+            intervals: own,
             check: self.alloc_digest,
             finishing,
             bitmaps,
