@@ -168,14 +168,39 @@ impl Incremental {
             return Vec::new();
         }
         let contested = touched_pages(&others);
+        // Each new interval's window lies inside the batch's (both bounds only grow along
+        // a node's intervals), so the signatures of the batch's window serve them all.
+        let signed: Vec<(usize, Vec<Signature>)> = self
+            .pending
+            .iter()
+            .enumerate()
+            .map(|(node, list)| {
+                if node == from_idx {
+                    return (0, Vec::new());
+                }
+                let window = self.window(list, node, first, from, last.index);
+                let signatures = list[window.clone()].iter().map(Signature::of).collect();
+                (window.start, signatures)
+            })
+            .collect();
         let (mut all, quiet): (Vec<IntervalRecord>, Vec<IntervalRecord>) =
             new.into_iter().partition(|a| {
+                let mine = Signature::of(a);
                 touches(a, &contested)
                     && self.pending.iter().enumerate().any(|(node, list)| {
-                        node != from_idx
-                            && list[self.window(list, node, a, from, a.index)]
-                                .iter()
-                                .any(|r| conflict(a, r))
+                        if node == from_idx {
+                            return false;
+                        }
+                        let window = self.window(list, node, a, from, a.index);
+                        if window.is_empty() {
+                            return false;
+                        }
+                        let (base, signatures) = &signed[node];
+                        let theirs = &signatures[window.start - base..window.end - base];
+                        list[window]
+                            .iter()
+                            .zip(theirs)
+                            .any(|(r, &s)| mine.may_conflict(s) && conflict(a, r))
                     })
             });
         if all.is_empty() {
@@ -314,6 +339,42 @@ fn touches(r: &IntervalRecord, pages: &PageRuns) -> bool {
     })
 }
 
+/// An interval's pages folded into 64 bits (page `p` sets bit `p % 64`; a run of 64 pages
+/// or more sets them all), for reads and for writes: two intervals whose signatures do
+/// not meet share no page, so a batch's new intervals are compared page by page only with
+/// the pending ones that may conflict (a lock-heavy epoch pends thousands).
+#[derive(Clone, Copy)]
+struct Signature {
+    reads: u64,
+    writes: u64,
+}
+
+impl Signature {
+    fn of(r: &IntervalRecord) -> Signature {
+        let bits = |runs: &[(PageNo, u32)]| {
+            runs.iter().fold(0u64, |m, &(first, count)| match count {
+                64.. => u64::MAX,
+                _ => m | ((1u64 << count) - 1).rotate_left(first % 64),
+            })
+        };
+        r.race.as_ref().map_or(
+            Signature {
+                reads: 0,
+                writes: 0,
+            },
+            |n| Signature {
+                reads: bits(n.reads.runs()),
+                writes: bits(n.writes.runs()),
+            },
+        )
+    }
+
+    /// Whether the two may share a page that one of them writes ([`conflict`] decides).
+    fn may_conflict(self, other: Signature) -> bool {
+        self.writes & (other.writes | other.reads) != 0 || self.reads & other.writes != 0
+    }
+}
+
 /// Whether intervals `a` and `b` touch a common page and one of them writes it.
 fn conflict(a: &IntervalRecord, b: &IntervalRecord) -> bool {
     let (Some(a), Some(b)) = (a.race.as_ref(), b.race.as_ref()) else {
@@ -345,6 +406,40 @@ fn runs_meet(a: &[(PageNo, u32)], b: &[(PageNo, u32)]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn with_notices(reads: &[(PageNo, u32)], writes: &[(PageNo, u32)]) -> IntervalRecord {
+        IntervalRecord {
+            node: 0,
+            index: 1,
+            vt: VectorTime::zero(1),
+            writes: PageRuns::new(),
+            race: Some(dsm_proto::RaceNotices {
+                reads: PageRuns::from_runs(reads.iter().copied()),
+                writes: PageRuns::from_runs(writes.iter().copied()),
+                ..Default::default()
+            }),
+            began_with: dsm_proto::SyncCause::Start,
+        }
+    }
+
+    proptest::proptest! {
+        /// Signatures never rule out a conflict: whenever two intervals share a page one
+        /// of them writes, their signatures meet.
+        #[test]
+        fn signatures_keep_every_conflict(
+            a_reads in proptest::collection::vec((0u32..400, 1u32..80), 0..4),
+            a_writes in proptest::collection::vec((0u32..400, 1u32..80), 0..4),
+            b_reads in proptest::collection::vec((0u32..400, 1u32..80), 0..4),
+            b_writes in proptest::collection::vec((0u32..400, 1u32..80), 0..4),
+        ) {
+            let a = with_notices(&a_reads, &a_writes);
+            let b = with_notices(&b_reads, &b_writes);
+            if conflict(&a, &b) {
+                proptest::prop_assert!(Signature::of(&a).may_conflict(Signature::of(&b)));
+                proptest::prop_assert!(Signature::of(&b).may_conflict(Signature::of(&a)));
+            }
+        }
+    }
 
     #[test]
     fn runs_meet_only_on_a_common_page() {
