@@ -2065,20 +2065,17 @@ fn sort_touched(touched: &mut Vec<u32>) {
     if touched.len() - sorted > 16 {
         return touched.sort_unstable();
     }
-    // A sorted list and a few pages after it: sort those and merge them in from the back.
+    // A sorted list and a few pages after it: sort those and put them in place from the
+    // largest down, each moving the sorted pages above it up in one block.
     let mut tail: SmallVec<[u32; 16]> = touched.drain(sorted..).collect();
     tail.sort_unstable();
-    let mut head = touched.len();
-    touched.resize(head + tail.len(), 0);
-    for at in (0..touched.len()).rev() {
-        let Some(&last) = tail.last() else { break };
-        if head > 0 && touched[head - 1] > last {
-            touched[at] = touched[head - 1];
-            head -= 1;
-        } else {
-            touched[at] = last;
-            tail.pop();
-        }
+    let mut unmoved = touched.len();
+    touched.resize(unmoved + tail.len(), 0);
+    for (k, &page) in tail.iter().enumerate().rev() {
+        let at = touched[..unmoved].partition_point(|&p| p < page);
+        touched.copy_within(at..unmoved, at + k + 1);
+        touched[at + k] = page;
+        unmoved = at;
     }
 }
 
