@@ -343,7 +343,7 @@ fn touches(r: &IntervalRecord, pages: &PageRuns) -> bool {
 /// or more sets them all), for reads and for writes: two intervals whose signatures do
 /// not meet share no page, so a batch's new intervals are compared page by page only with
 /// the pending ones that may conflict (a lock-heavy epoch pends thousands).
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 struct Signature {
     reads: u64,
     writes: u64,
@@ -357,16 +357,12 @@ impl Signature {
                 _ => m | ((1u64 << count) - 1).rotate_left(first % 64),
             })
         };
-        r.race.as_ref().map_or(
-            Signature {
-                reads: 0,
-                writes: 0,
-            },
-            |n| Signature {
+        r.race
+            .as_ref()
+            .map_or_else(Signature::default, |n| Signature {
                 reads: bits(n.reads.runs()),
                 writes: bits(n.writes.runs()),
-            },
-        )
+            })
     }
 
     /// Whether the two may share a page that one of them writes ([`conflict`] decides).

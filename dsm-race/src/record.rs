@@ -308,10 +308,26 @@ impl AllocShadow {
             f.set(kind);
             return;
         }
-        if flags == 0 {
-            self.now.touched.borrow_mut().push(page as u32);
+        let slice = std::slice::from_ref(f);
+        Self::flag_unfrozen(page, slice, kind, &mut self.now.touched.borrow_mut());
+    }
+
+    /// Flags the not-frozen pages `p0..` whose `flags` lack `kind` (listing those touched
+    /// for the first time in `touched`); returns how many it flagged.
+    fn flag_unfrozen(p0: usize, flags: &[Cell<u8>], kind: u8, touched: &mut Vec<u32>) -> u64 {
+        let mut flagged = 0;
+        for (p, f) in (p0..).zip(flags) {
+            let was = f.get();
+            if was & kind != 0 {
+                continue;
+            }
+            if was == 0 {
+                touched.push(p as u32);
+            }
+            f.set(was | kind);
+            flagged += 1;
         }
-        f.set(flags | kind);
+        flagged
     }
 
     /// Moves frozen page `page`'s contents (accessed as `flags` says) into the held
@@ -361,19 +377,7 @@ impl AllocShadow {
             }
             return;
         }
-        let mut touched = self.now.touched.borrow_mut();
-        let mut first = 0;
-        for (p, f) in (p0..).zip(flags) {
-            let was = f.get();
-            if was & kind != 0 {
-                continue;
-            }
-            if was == 0 {
-                touched.push(p as u32);
-            }
-            f.set(was | kind);
-            first += 1;
-        }
+        let first = Self::flag_unfrozen(p0, flags, kind, &mut self.now.touched.borrow_mut());
         self.touches.set(self.touches.get() + first);
     }
 
@@ -2050,10 +2054,10 @@ fn byte_bounds(words: &[Cell<u64>], shift: u32) -> (u16, u16) {
     ((g0 << shift) as u16, (g1 << shift) as u16)
 }
 
-/// Sorts an allocation's touched pages, listed in the order they were first touched: a
+/// Sorts an allocation's touched pages, listed in the order they were first touched. A
 /// banded program's sweep lists its band in order and a neighbour's page or two after
-/// it: the pages after the sorted prefix are sorted and merged in, in linear time (a
-/// quicksort of the whole list cost 20 000 instructions an interval for SOR's 260 pages).
+/// it, so a few pages after the sorted prefix are sorted and merged in (a quicksort of
+/// the whole list cost 20 000 instructions an interval for SOR's 260 pages).
 fn sort_touched(touched: &mut Vec<u32>) {
     let sorted = touched
         .windows(2)
