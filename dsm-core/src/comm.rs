@@ -195,6 +195,7 @@ impl StateMirror {
     }
 
     /// Whether another node may have accessed this page too (see [`StateMirror`]).
+    #[inline]
     pub(crate) fn shared(&self, page: usize) -> bool {
         self.byte(page)
             .is_some_and(|b| b.load(Ordering::Relaxed) & MIRROR_SHARED != 0)

@@ -216,20 +216,35 @@ impl IntervalShadow {
     /// Clears what the interval recorded (pages of `words_per_page` words), so that the
     /// shadow can record another; costs the pages it touched.
     fn clear(&mut self, words_per_page: usize) {
-        for &page in self.touched.get_mut().iter() {
-            let page = page as usize;
-            let words = page * words_per_page..(page + 1) * words_per_page;
+        let mut touched = std::mem::take(self.touched.get_mut());
+        // A band's pages come in long runs: each run is cleared in one pass per table.
+        let mut at = 0;
+        while at < touched.len() {
+            let first = touched[at] as usize;
+            let mut end = first + 1;
+            at += 1;
+            while at < touched.len() && touched[at] as usize == end {
+                end += 1;
+                at += 1;
+            }
+            let words = first * words_per_page..end * words_per_page;
             self.read[words.clone()]
                 .iter_mut()
                 .for_each(|w| *w.get_mut() = 0);
             self.write[words].iter_mut().for_each(|w| *w.get_mut() = 0);
-            *self.flags[page].get_mut() = 0;
-            for slot in 2 * page..2 * page + 2 {
-                *self.site_single[slot].get_mut() = None;
-                *self.site_heads[slot].get_mut() = 0;
-            }
+            self.flags[first..end]
+                .iter_mut()
+                .for_each(|f| *f.get_mut() = 0);
+            let slots = 2 * first..2 * end;
+            self.site_single[slots.clone()]
+                .iter_mut()
+                .for_each(|s| *s.get_mut() = None);
+            self.site_heads[slots]
+                .iter_mut()
+                .for_each(|h| *h.get_mut() = 0);
         }
-        self.touched.get_mut().clear();
+        touched.clear();
+        *self.touched.get_mut() = touched;
         self.runs.get_mut().clear();
     }
 
@@ -732,6 +747,32 @@ impl Deferred {
             })
     }
 
+    /// Its bitmaps of pages that pass `keep`, in the order of [`Deferred::pages`]; a page
+    /// is tested before its bitmap is looked at (an arrival ships the few shared pages of
+    /// a band of thousands).
+    fn for_each_page_where(
+        &self,
+        keep: &mut impl FnMut(PageNo) -> bool,
+        mut f: impl FnMut(StoredPage<'_>),
+    ) {
+        let kept: SmallVec<[u32; 16]> = self
+            .shadow
+            .touched
+            .borrow()
+            .iter()
+            .copied()
+            .filter(|&p| keep(self.first_page + p as PageNo))
+            .collect();
+        for kind in [AccessKind::Read, AccessKind::Write] {
+            for &p in &kept {
+                let local = p as usize;
+                if self.shadow.flags[local].get() & kind_bit(kind) != 0 {
+                    f(self.page_at(local, kind));
+                }
+            }
+        }
+    }
+
     /// Page bitmaps held.
     fn page_bitmaps(&self) -> usize {
         self.shadow
@@ -896,6 +937,9 @@ struct EpochStore {
     /// The bitmaps' site spans.
     sites: Vec<StoredSpan>,
     deferred: Vec<Deferred>,
+    /// The bitmap bytes of the `deferred` shadows' touched pages, counted as they come
+    /// (a band's shadow has a thousand pages to count).
+    deferred_bytes: usize,
     /// Page bitmaps held (a run counts its pages).
     page_bitmaps: usize,
     bytes: usize,
@@ -1002,8 +1046,17 @@ impl EpochStore {
         let mut out = Vec::new();
         let mut defined = Vec::new();
         for span in &self.spans {
-            for p in self.pages(span).filter(|p| keep(p.page)) {
-                out.push(encode_one(span.interval, &p, names, &mut defined));
+            for j in span.reads.0..span.writes_end {
+                let s = self.index[j];
+                for page in (s.page..s.page + s.pages).filter(|&page| keep(page)) {
+                    let p = self.page_of(span, &s, page);
+                    out.push(encode_one(span.interval, &p, names, &mut defined));
+                }
+            }
+            for d in &self.deferred[span.deferred.0..span.deferred.1] {
+                d.for_each_page_where(&mut keep, |p| {
+                    out.push(encode_one(span.interval, &p, names, &mut defined));
+                });
             }
         }
         out
@@ -1114,15 +1167,17 @@ impl EpochStore {
     /// Bytes held: words, index entries and site spans in the arena, and the deferred
     /// shadows' touched pages.
     fn held_bytes(&self) -> usize {
-        let deferred: usize = self
-            .deferred
-            .iter()
-            .map(|d| d.page_bitmaps() * d.words_per_page * 8)
-            .sum();
+        debug_assert_eq!(
+            self.deferred_bytes,
+            self.deferred
+                .iter()
+                .map(|d| d.page_bitmaps() * d.words_per_page * 8)
+                .sum::<usize>()
+        );
         self.words.len() * 8
             + self.index.len() * std::mem::size_of::<Stored>()
             + self.sites.len() * 8
-            + deferred
+            + self.deferred_bytes
     }
 
     /// Forgets every bitmap, keeping the arena's room for the next epoch; returns the
@@ -1135,6 +1190,7 @@ impl EpochStore {
         self.sites.clear();
         self.page_bitmaps = 0;
         self.bytes = 0;
+        self.deferred_bytes = 0;
         self.deferred.drain(..)
     }
 }
@@ -1228,18 +1284,21 @@ impl Closing {
             },
             Spare::Lent => return false,
         };
+        let mut bitmaps = 0;
         for &page in a.now.touched.borrow().iter() {
             let flags = a.now.flags[page as usize].get();
             let global = a.first_page + page as PageNo;
             if flags & READ != 0 {
                 self.reads.push(global);
-                store.page_bitmaps += 1;
+                bitmaps += 1;
             }
             if flags & WRITE != 0 {
                 self.writes.push(global);
-                store.page_bitmaps += 1;
+                bitmaps += 1;
             }
         }
+        store.page_bitmaps += bitmaps;
+        store.deferred_bytes += bitmaps * a.words_per_page * 8;
         store.deferred.push(Deferred {
             alloc: id,
             first_page: a.first_page,
