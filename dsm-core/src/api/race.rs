@@ -651,7 +651,8 @@ impl Dsm {
         let Some(r) = self.race.as_mut() else {
             return Vec::new();
         };
-        if r.phases < RacePhases::Full {
+        // The master reads the bitmaps it wants of its own from its recorder.
+        if r.phases < RacePhases::Full || r.master.is_some() {
             return Vec::new();
         }
         let t = Instant::now();
