@@ -191,9 +191,16 @@ fn race_cost(o: &mut String, r: &Report) {
             }
         }
     }
+    let reps = r
+        .race_cost
+        .iter()
+        .filter_map(|c| c.ratio.as_ref().map(|s| s.n))
+        .max()
+        .unwrap_or(0);
     let _ = writeln!(
         o,
-        "\nEach cell runs the same `dsmrun -n N app input` without and with `--race` (`--race-exit-code 0`), alternating, with the transport a user gets (`auto`: one common segment on this host) and, beside it, `DSM_TRANSPORT=rings` and `tcp`; the ratio is the median of the per-repetition ratios of the apps' own parallel times.\n"
+        "\nEach cell runs the same `dsmrun -n N app input` without and with `--race` (`--race-exit-code 0`), alternating, with the transport a user gets (`auto`: one common segment on this host) and, beside it, `DSM_TRANSPORT=rings` and `tcp`; the ratio is the median of the per-repetition ratios of the apps' own parallel times ({}).\n",
+        repetitions(reps)
     );
 }
 
@@ -755,11 +762,16 @@ fn versus_threads(o: &mut String, r: &Report) {
     let _ = writeln!(
         o,
         "\nScaled inputs, race detection off, measured in the same run with the four kinds alternating ({} each). *threads* is the same kernel split over N plain threads of one process (`--threads N`: rows or planes banded as across dsm's nodes, a barrier between phases, bitwise the sequential result): the limit for N ranks on one host. *dsm* is `dsmrun -n N` with the default transport: on one host every rank maps one common segment, so no page travels, and only synchronization messages pass, through shared-memory rings. *dsm, rings* is the same with `DSM_TRANSPORT=rings`: each rank its own copy of the pages, moved by the coherence protocol through shared-memory rings. *dsm over TCP* is the same with `DSM_TRANSPORT=tcp`: each rank its own copy of the pages, and every link over loopback TCP, as between hosts. *sequential* is the app's plain optimised sequential code, timed in every run of every kind. **dsm / threads** is the ratio that matters: the median of the per-repetition ratios, with min{DASH}max; the rings and TCP ratios are taken the same way. *speedup* is the sequential time over the threads' and over dsm's with the default transport.\n",
-        match r.settings.vs_threads_reps {
-            1 => "1 repetition".to_string(),
-            n => format!("{n} repetitions"),
-        }
+        repetitions(r.settings.vs_threads_reps)
     );
+}
+
+/// "1 repetition", "7 repetitions".
+fn repetitions(n: usize) -> String {
+    match n {
+        1 => "1 repetition".to_string(),
+        n => format!("{n} repetitions"),
+    }
 }
 
 fn slowdown_plot_and_plots_note(o: &mut String, r: &Report) {
@@ -914,6 +926,32 @@ mod tests {
         empty.threads.clear();
         assert!(render(&empty).contains("## 7. dsm vs threads\n\nNot measured."));
         assert!(!summary(&empty).contains("dsm / threads"));
+    }
+
+    #[test]
+    fn race_cost_note_says_how_many_repetitions() {
+        let mut r = fixture();
+        let s = |median: f64| crate::stats::Summary {
+            median,
+            min: median,
+            max: median,
+            n: 7,
+        };
+        r.race_cost = vec![RaceCostRow {
+            app: "sor".into(),
+            input: "--size 1024 --iters 50".into(),
+            nodes: 2,
+            transport: "tcp".into(),
+            off: Some(s(0.05)),
+            on: Some(s(0.06)),
+            ratio: Some(s(1.2)),
+            status: "ok".into(),
+        }];
+        let md = render(&r);
+        assert!(
+            md.contains("apps' own parallel times (7 repetitions)."),
+            "{md}"
+        );
     }
 
     #[test]
