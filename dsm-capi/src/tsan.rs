@@ -139,9 +139,15 @@ pub(crate) fn set_recording(on: bool) {
     ANY_RECORDING.store(on, Relaxed);
 }
 
+/// The slot of the call site returning to `ret`, as the stubs pick it (its low byte).
+#[inline(always)]
+fn way_of(ret: usize) -> usize {
+    ret % WAYS
+}
+
 #[inline(always)]
 fn slot_of(ret: usize) -> &'static Slot {
-    &SLOTS[ret % WAYS]
+    &SLOTS[way_of(ret)]
 }
 
 /// Records an access of `len` bytes at `addr`, made by the call returning to `ret`, when
@@ -205,7 +211,7 @@ fn record(node: &crate::api::Node, addr: usize, len: usize, write: bool, ret: us
     if s.ret.load(Relaxed) != 0 {
         flush(node, s);
     }
-    let way = ret % WAYS;
+    let way = way_of(ret);
     OCCUPIED[way / 64].fetch_or(1 << (way % 64), Relaxed);
     // `next` at the element itself with stride 0: repeats of it continue the run.
     s.ret.store(ret, Relaxed);

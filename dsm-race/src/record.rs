@@ -1046,12 +1046,8 @@ impl EpochStore {
         let mut out = Vec::new();
         let mut defined = Vec::new();
         for span in &self.spans {
-            for j in span.reads.0..span.writes_end {
-                let s = self.index[j];
-                for page in (s.page..s.page + s.pages).filter(|&page| keep(page)) {
-                    let p = self.page_of(span, &s, page);
-                    out.push(encode_one(span.interval, &p, names, &mut defined));
-                }
+            for p in self.arena_pages(span).filter(|p| keep(p.page)) {
+                out.push(encode_one(span.interval, &p, names, &mut defined));
             }
             for d in &self.deferred[span.deferred.0..span.deferred.1] {
                 d.for_each_page_where(&mut keep, |p| {

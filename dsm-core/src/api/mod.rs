@@ -419,7 +419,9 @@ fn build_engine(
         race_on,
     );
     engine.set_common_memory(common_memory);
-    if env.debug.fast_faults {
+    // In one common memory nothing faults: no handler path to hand work over at every
+    // engine step (a lock-heavy race run makes two per lock operation), no twin slots.
+    if env.debug.fast_faults && !common_memory {
         let fast = std::sync::Arc::new(crate::engine::FastFaults::new(
             engine.page_limit(),
             MAX_HANDLER_TWINS,

@@ -165,11 +165,6 @@ impl<M: Memory> Engine<M> {
     /// it installed from lanes, in order (adopting the fetches it asked for itself), then
     /// the writes it let through.
     pub(super) fn take_in_handler_work(&mut self) {
-        // In one common memory the handler has nothing to do (no page faults), and a
-        // lock-heavy race run comes here twice per lock operation.
-        if self.common_memory {
-            return;
-        }
         while let Some(got) = self.fast.as_ref().and_then(|f| f.take_fetched()) {
             // A fetch the handler asked for and finished before the engine heard of it.
             self.adopt_handler_fetch(got.page, got.home);
@@ -192,7 +187,7 @@ impl<M: Memory> Engine<M> {
     /// is now writable, with its twin in a handler slot (or, at the home, a write notice
     /// to make), exactly as [`Engine::on_fault`] would have left it.
     pub(super) fn drain_handler_writes(&mut self) {
-        let Some(fast) = self.fast.as_ref().filter(|_| !self.common_memory) else {
+        let Some(fast) = &self.fast else {
             return;
         };
         if fast.take_short() > 0 {
