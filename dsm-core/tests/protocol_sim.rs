@@ -380,6 +380,11 @@ struct Sim {
     /// The nodes map one common memory (`Engine::set_common_memory`): every store lands in
     /// every node's memory at once, as it does in the one segment file they all map.
     common: bool,
+    /// Each node's host (`Engine::set_host_mates`): a page homed on a node's host is one
+    /// copy there, the home's memory, which every node of the host reads and writes.
+    hosts: Vec<usize>,
+    /// Each page's home.
+    page_home: Vec<usize>,
     /// Per link (`from * n + to`), the page the sender left in the link's page lane
     /// (`Output::LaneReply`), until a `LanePageReply` delivery or the receiver's
     /// simulated fault handler takes it.
@@ -739,6 +744,10 @@ impl Sim {
             "node {to}: an earlier fetched page was never taken in"
         );
         let page = copy.page as usize;
+        assert_ne!(
+            self.hosts[to], self.hosts[from],
+            "node {to}: the handler took page {page} of its own host's copy"
+        );
         let mem = self.nodes[to].eng.memory_mut();
         assert_eq!(
             mem.prot[page],
@@ -926,8 +935,22 @@ impl Sim {
         self.access_page(k, addr / PAGE_SIZE, write)
     }
 
+    /// The node whose memory holds node k's bytes of `page`: the page's home when it is
+    /// homed on k's host (the host's one copy), else k itself.
+    fn holder(&self, k: usize, page: usize) -> usize {
+        let home = self.page_home[page];
+        if self.hosts[home] == self.hosts[k] {
+            home
+        } else {
+            k
+        }
+    }
+
     fn load(&self, k: usize, addr: usize) -> u64 {
-        let d = &self.nodes[k].eng.memory().data;
+        let d = &self.nodes[self.holder(k, addr / PAGE_SIZE)]
+            .eng
+            .memory()
+            .data;
         u64::from_le_bytes(d[addr..addr + 8].try_into().unwrap())
     }
 
@@ -935,7 +958,7 @@ impl Sim {
         let nodes: Vec<usize> = if self.common {
             (0..self.n).collect()
         } else {
-            vec![k]
+            vec![self.holder(k, addr / PAGE_SIZE)]
         };
         for j in nodes {
             self.nodes[j].eng.memory_mut().data[addr..addr + 8].copy_from_slice(&v.to_le_bytes());
@@ -1556,10 +1579,11 @@ impl Sim {
                 let value = self.counter;
                 for e in elems {
                     let at = base + e * size..base + (e + 1) * size;
+                    let holder = self.holder(k, at.start / PAGE_SIZE);
                     let nodes = if self.common && write {
                         0..self.n
                     } else {
-                        k..k + 1
+                        holder..holder + 1
                     };
                     for j in nodes {
                         let data = &mut self.nodes[j].eng.memory_mut().data[at.clone()];
@@ -1893,6 +1917,8 @@ fn sim_with_setup(
         expect_divergence: false,
         handler_faults: 0,
         common: false,
+        hosts: (0..n).collect(),
+        page_home: specs.iter().flat_map(|s| s.homes.iter().copied()).collect(),
         host_locks: false,
         host_held: BTreeMap::new(),
         host_clocks: BTreeMap::new(),
@@ -1934,6 +1960,29 @@ fn sim_with_setup(
     }
     s.run();
     s
+}
+
+/// Node k's host mates when node j runs on host `hosts[j]`.
+fn host_mates(hosts: &[usize], k: usize) -> Vec<NodeId> {
+    (0..hosts.len())
+        .filter(|&j| j != k && hosts[j] == hosts[k])
+        .map(|j| j as NodeId)
+        .collect()
+}
+
+/// Hosts for `n` nodes from `seed`: about two nodes a host, the first host always
+/// holding two or more.
+fn random_hosts(n: usize, seed: u64) -> Vec<usize> {
+    let spread = n.div_ceil(2);
+    (0..n)
+        .map(|k| {
+            if k < 2 {
+                0
+            } else {
+                (mix(seed ^ k as u64) as usize) % spread
+            }
+        })
+        .collect()
 }
 
 /// Whether the handlers of a simulation with this seed ask the pages' homes themselves
@@ -2219,6 +2268,87 @@ proptest! {
         }
         prop_assert!(s.steps > 0);
     }
+}
+
+/// Runs a random lock-based program on nodes spread over hosts (`random_hosts`), each
+/// host mapping one copy of the pages its nodes home, and checks what crossed between
+/// nodes of one host: no page data and no diff of a host page.
+fn run_on_hosts(n: usize, homes: Vec<usize>, seed: u64, locks: usize, vars: usize) -> Sim {
+    let hosts = random_hosts(n, seed);
+    let spec = AllocSpec { elem: 8, homes };
+    let mates = hosts.clone();
+    let mut s = sim_with_setup(n, &[spec], vars, seed, false, |k, eng| {
+        eng.set_host_mates(&host_mates(&mates, k))
+    });
+    s.hosts = hosts;
+    random_program(&mut s, vars, locks, 3, 4);
+    s.run();
+    for (from, to, m) in &s.delivered {
+        let on_host = s.hosts[*from] == s.hosts[*to];
+        match m {
+            Msg::PageReply { pages } if on_host => {
+                assert!(
+                    pages.iter().all(|c| c.data.is_empty()),
+                    "{from} -> {to}: {m:?}"
+                )
+            }
+            Msg::Diffs { diffs, .. } => assert!(
+                diffs
+                    .iter()
+                    .all(|d| s.hosts[s.page_home[d.page as usize]] != s.hosts[*from]),
+                "{from} -> {to}: a diff of a host page: {m:?}"
+            ),
+            _ => {}
+        }
+    }
+    s
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(256), .. ProptestConfig::default() })]
+
+    /// Nodes on several hosts, each host one copy of the pages its nodes home: the
+    /// protocol runs between hosts only, and random lock-based programs still read what
+    /// sequential consistency says.
+    #[test]
+    fn random_drf_programs_with_one_copy_per_host_are_sequentially_consistent(
+        n in 2usize..7,
+        pages in 1usize..5,
+        home_seed in any::<u64>(),
+        seed in any::<u64>(),
+        locks in 1usize..4,
+        vars_per_lock in 1usize..4,
+    ) {
+        let homes: Vec<usize> = (0..pages).map(|p| ((home_seed >> (p * 3)) as usize) % n).collect();
+        let s = run_on_hosts(n, homes, seed, locks, locks * vars_per_lock);
+        prop_assert!(s.steps > 0);
+    }
+}
+
+/// One copy per host is exercised: pages of a host are confirmed, not copied, between its
+/// nodes, and written by non-home nodes without twins, while pages of other hosts still
+/// travel and get diffed.
+#[test]
+fn one_copy_per_host_confirms_instead_of_copying() {
+    let (mut confirmed, mut fetched, mut twins, mut host_writes) = (0, 0, 0, 0);
+    for seed in 0..40u64 {
+        let n = 3 + (seed % 3) as usize;
+        let homes: Vec<usize> = (0..4).map(|p| (p + seed as usize) % n).collect();
+        let s = run_on_hosts(n, homes, seed * 7 + 1, 2, 6);
+        for node in &s.nodes {
+            let st = node.eng.stats();
+            confirmed += st.host_pages_confirmed;
+            fetched += st.pages_fetched;
+            twins += st.twins_made;
+            host_writes += st.write_faults;
+        }
+    }
+    assert!(confirmed > 0, "no host page was ever confirmed");
+    assert!(fetched > confirmed, "no page crossed between hosts");
+    assert!(
+        twins > 0 && host_writes > twins,
+        "twins {twins}, write faults {host_writes}"
+    );
 }
 
 /// The simulated handler serves write faults between engine steps, racing the engine's
@@ -2887,9 +3017,20 @@ struct IntervalsLeftOpen {
 /// (`Command::HostAcquire` / `HostRelease`, the lock's release clock joined on acquire).
 /// Returns the oracle's counts, the races reported, those found between barriers and the
 /// synchronizations that left their interval open.
+/// Where a simulation's nodes keep their pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    /// Each node its own copy (ranks on different hosts, or `DSM_TRANSPORT=rings`).
+    Copies,
+    /// One common memory, locks taken in it (every rank on one host).
+    Common,
+    /// One copy per host (`random_hosts`), the protocol between hosts.
+    Hosts,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn race_case_in(
-    common: bool,
+    layout: Layout,
     n: usize,
     pages: (usize, usize),
     elem: usize,
@@ -2914,9 +3055,17 @@ fn race_case_in(
             homes: homes(pages.1, 16),
         },
     ];
-    let mut s = sim_with_setup(n, &specs, 1, seed, true, |_, eng| {
-        eng.set_common_memory(common)
+    let common = layout == Layout::Common;
+    let hosts = match layout {
+        Layout::Hosts => random_hosts(n, seed),
+        _ => (0..n).collect(),
+    };
+    let mates = hosts.clone();
+    let mut s = sim_with_setup(n, &specs, 1, seed, true, |k, eng| {
+        eng.set_common_memory(common);
+        eng.set_host_mates(&host_mates(&mates, k));
     });
+    s.hosts = hosts;
     s.common = common;
     s.host_locks = common;
     // As the runtime does outside `--pinpoint`, schedule mode and `--check` (a quarter of
@@ -2951,12 +3100,12 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: cases(1024), .. ProptestConfig::default() })]
 
     /// Random race programs against the brute-force happens-before oracle, with each node
-    /// its own copy of the pages, or (`common`) all in one common memory, as one host's
-    /// ranks run by default: no page moves, locks are taken in the memory and carry their
-    /// releaser's vector time, and the races reported are still exactly the oracle's.
+    /// its own copy of the pages, all in one common memory, as one host's ranks run by
+    /// default (no page moves, locks are taken in the memory and carry their releaser's
+    /// vector time), or one copy per host: the races reported are exactly the oracle's.
     #[test]
     fn race_reports_match_a_happens_before_oracle(
-        common in any::<bool>(),
+        layout in prop::sample::select(vec![Layout::Copies, Layout::Common, Layout::Hosts]),
         n in 2usize..6,
         pages0 in 1usize..4,
         pages1 in 1usize..3,
@@ -2967,7 +3116,7 @@ proptest! {
         phases in 1usize..5,
         violate in prop::sample::select(vec![0usize, 1, 2, 4, 8]),
     ) {
-        let _ = race_case_in(common, n, (pages0, pages1), elem, home_seed, seed, locks, phases, violate);
+        let _ = race_case_in(layout, n, (pages0, pages1), elem, home_seed, seed, locks, phases, violate);
     }
 }
 
@@ -2977,12 +3126,13 @@ proptest! {
 /// the incremental analysis finds races between barriers.
 #[test]
 fn race_programs_cover_races_and_ordered_conflicts() {
-    for common in [false, true] {
-        race_programs_cover_races_and_ordered_conflicts_in(common);
+    for layout in [Layout::Copies, Layout::Common, Layout::Hosts] {
+        race_programs_cover_races_and_ordered_conflicts_in(layout);
     }
 }
 
-fn race_programs_cover_races_and_ordered_conflicts_in(common: bool) {
+fn race_programs_cover_races_and_ordered_conflicts_in(layout: Layout) {
+    let common = layout == Layout::Common;
     let (mut racy, mut clean) = (0, 0);
     let mut total = OracleCounts::default();
     let mut kinds = BTreeSet::new();
@@ -2993,7 +3143,7 @@ fn race_programs_cover_races_and_ordered_conflicts_in(common: bool) {
         let violate = [0, 1, 2, 4, 8][(i % 5) as usize];
         let elem = ELEM_SIZES[(i % 7) as usize];
         let (c, races, incremental, here) =
-            race_case_in(common, n, (2, 2), elem, i * 77, i * 1013 + 5, 2, 3, violate);
+            race_case_in(layout, n, (2, 2), elem, i * 77, i * 1013 + 5, 2, 3, violate);
         open.elided += here.elided;
         open.continued += here.continued;
         open.frozen += here.frozen;

@@ -58,6 +58,7 @@ impl<M: Memory> Engine<M> {
             self.send_dirty_diffs(index, &mut written);
         }
         self.grow_handler_slots();
+        self.protect_mates_pages(&written);
         let writes = PageRuns::from_pages(written);
         let race = race.filter(|r| !r.reads.is_empty() || !r.writes.is_empty());
         self.hash_interval(self.cur_cause, race.as_ref());
@@ -158,6 +159,25 @@ impl<M: Memory> Engine<M> {
                 },
             );
         }
+    }
+
+    /// Write-protects the host pages homed at mates among `written` (this interval's
+    /// writes of host pages): the next interval that writes one must fault to make its
+    /// write notice (see [`Engine::set_host_mates`]).
+    fn protect_mates_pages(&mut self, written: &[PageNo]) {
+        if self.host_mates == super::pages::node_bit(self.me) {
+            return;
+        }
+        let mut protect: Vec<PageNo> = written
+            .iter()
+            .copied()
+            .filter(|&p| !self.is_home(p) && self.is_host_page(p))
+            .collect();
+        for &p in &protect {
+            // Writable, so the handler holds no claim on it.
+            self.set_state(p, PageState::ReadOnly);
+        }
+        self.protect_runs(&mut protect, Prot::Read);
     }
 
     /// Doubles the handler's twin pool when the interval just closed used more than half
@@ -354,6 +374,10 @@ impl<M: Memory> Engine<M> {
                                 interval: rec.index,
                             });
                         }
+                        continue;
+                    }
+                    if self.is_host_mate(entry.home) && self.is_host_mate(node) {
+                        // A host page a mate wrote: the writes are in the host's copy.
                         continue;
                     }
                     self.protect_kept(p);

@@ -492,6 +492,9 @@ pub struct Stats {
     pub fetch_requests: u64,
     /// Page copies served to other nodes, as a home.
     pub pages_served: u64,
+    /// Requests of host mates answered, as a home: the diffs they waited for are in the
+    /// host's one copy of the pages (see `Engine::set_host_mates`).
+    pub host_pages_confirmed: u64,
     /// Twins taken at the first write to a non-home page in an interval.
     pub twins_made: u64,
     /// Write faults the SIGSEGV handler served itself (twin and write access without the
@@ -621,6 +624,10 @@ pub struct Engine<M: Memory> {
     /// treats every page as one it homes and nobody else copies, so none is ever
     /// protected, fetched, diffed or pushed.
     common_memory: bool,
+    /// The nodes (bit per rank, this one's included) that map this node's host memory
+    /// ([`Engine::set_host_mates`]): pages homed at any of them are one copy on this
+    /// host, never fetched or diffed between them.
+    host_mates: u64,
     /// Write faults served in the SIGSEGV handler (see [`fast`]); `None`: every fault goes
     /// through [`Engine::on_fault`].
     fast: Option<Arc<FastFaults>>,
@@ -759,6 +766,7 @@ impl<M: Memory> Engine<M> {
             kept: Map::default(),
             keep_writable: true,
             common_memory: false,
+            host_mates: pages::node_bit(me),
             twins: Map::default(),
             fast: None,
             lane_peers: 0,

@@ -140,17 +140,28 @@ impl<M: Memory> Engine<M> {
     /// Whether pages homed at `home` come through the page lane of a shared-memory link
     /// (see [`Engine::set_lane_peers`]).
     fn through_lane(&self, home: NodeId) -> bool {
-        self.lane_peers & node_bit(home) != 0
+        self.lane_peers & !self.host_mates & node_bit(home) != 0
     }
 
     /// Whether the SIGSEGV handler can ask `home` for a page itself: through the lane of
     /// their shared-memory link, or in a frame on their TCP link.
     fn handler_may_ask(&self, home: NodeId) -> bool {
-        (self.lane_peers | self.socket_peers) & node_bit(home) != 0
+        (self.lane_peers | self.socket_peers) & !self.host_mates & node_bit(home) != 0
     }
 
     pub(super) fn is_home(&self, page: PageNo) -> bool {
         self.pages[page as usize].home == self.me
+    }
+
+    /// Whether `page` is one copy on this host: homed here or at a host mate (see
+    /// [`Engine::set_host_mates`]). Nobody on the host twins, diffs or fetches it.
+    pub(super) fn is_host_page(&self, page: PageNo) -> bool {
+        self.host_mates & node_bit(self.pages[page as usize].home) != 0
+    }
+
+    /// Whether `node` is another node mapping this node's host memory.
+    pub(super) fn is_host_mate(&self, node: NodeId) -> bool {
+        node != self.me && self.host_mates & node_bit(node) != 0
     }
 
     pub(super) fn protect_runs(&mut self, pages: &mut [PageNo], prot: Prot) {
@@ -247,7 +258,9 @@ impl<M: Memory> Engine<M> {
             let entry = self.pages[page as usize];
             match entry.state {
                 PageState::ReadOnly => {
-                    fast.arm(page, entry.home == self.me);
+                    // A host page written in the handler takes no twin: its write
+                    // notice is made at the next close, as for a home page.
+                    fast.arm(page, self.host_mates & node_bit(entry.home) != 0);
                 }
                 PageState::Invalid
                     if self.handler_may_ask(entry.home)
@@ -339,14 +352,15 @@ impl<M: Memory> Engine<M> {
         self.take_out()
     }
 
-    /// Read-only -> read-write: a twin for non-home pages, a write notice at the home.
+    /// Read-only -> read-write: a twin for pages homed on other hosts, a write notice
+    /// for host pages (see [`Engine::set_host_mates`]).
     fn make_writable(&mut self, page: PageNo) {
         self.settle(page);
         if self.pages[page as usize].state != PageState::ReadOnly {
             // The handler made it writable meanwhile.
             return;
         }
-        if self.is_home(page) {
+        if self.is_host_page(page) {
             self.home_writes.push(page);
         } else {
             let mut twin = self.take_twin();
@@ -439,8 +453,14 @@ impl<M: Memory> Engine<M> {
         fetch.outstanding = fetch.outstanding.saturating_sub(1);
         for copy in &copies {
             let p = copy.page as usize;
+            // A host page's reply confirms that the diffs are in the one copy: no data.
+            let size = if self.is_host_mate(from) {
+                0
+            } else {
+                PAGE_SIZE
+            };
             if p >= self.pages.len()
-                || (copy.data.len() != PAGE_SIZE && !installed)
+                || (copy.data.len() != size && !installed)
                 || self.pages[p].state != PageState::Invalid
                 || self.pages[p].home != from
             {
@@ -459,7 +479,9 @@ impl<M: Memory> Engine<M> {
         }
         for copy in copies {
             if !installed {
-                self.mem.write_page(copy.page, &copy.data);
+                if !copy.data.is_empty() {
+                    self.mem.write_page(copy.page, &copy.data);
+                }
                 readable.push(copy.page);
             }
             self.note_copy_installed(copy.page, copy.applied);
@@ -499,12 +521,17 @@ impl<M: Memory> Engine<M> {
 
     // ---------------------------------------------------------------- serving pages
 
+    /// Whether every diff `required` names is in this node's copies of its home pages. A
+    /// host mate's writes need no diff: they are in the host's one copy from the moment
+    /// the mate closed the interval, which it did before anyone could learn of it.
     pub(super) fn requirements_met(&self, required: &[Requirement]) -> bool {
         required.iter().all(|r| {
-            self.applied
-                .get(&r.page)
-                .and_then(|v| v.iter().find(|(w, _)| *w == r.writer))
-                .is_some_and(|&(_, i)| i >= r.interval)
+            self.is_host_mate(r.writer)
+                || self
+                    .applied
+                    .get(&r.page)
+                    .and_then(|v| v.iter().find(|(w, _)| *w == r.writer))
+                    .is_some_and(|&(_, i)| i >= r.interval)
         })
     }
 
@@ -541,6 +568,10 @@ impl<M: Memory> Engine<M> {
     /// Sends copies of `pages` to `to`: through the page lane when `lane` asks for it and
     /// there is one page ([`Output::LaneReply`]), else in a [`Msg::PageReply`].
     fn serve(&mut self, to: NodeId, pages: Vec<PageNo>, lane: bool) {
+        if self.is_host_mate(to) {
+            self.confirm_host_pages(to, pages);
+            return;
+        }
         // The app may be writing meanwhile: take the pages back from the handler so the
         // states below are exact (a write it let through is a write notice to make).
         for &p in &pages {
@@ -580,6 +611,22 @@ impl<M: Memory> Engine<M> {
             Ok(one) => self.send(to, Msg::PageReply { pages: one.into() }),
             Err(copies) => self.send(to, Msg::PageReply { pages: copies }),
         }
+    }
+
+    /// Answers a host mate's request for pages of the host's one copy: it holds every
+    /// diff the request required, so the reply carries no data, and nothing here changes
+    /// (the mate's accesses go to that copy: it is no copy served, to invalidate later).
+    fn confirm_host_pages(&mut self, to: NodeId, pages: Vec<PageNo>) {
+        let copies = pages
+            .into_iter()
+            .map(|page| PageCopy {
+                page,
+                data: Vec::new(),
+                applied: self.applied.get(&page).cloned().unwrap_or_default(),
+            })
+            .collect();
+        self.stats.host_pages_confirmed += 1;
+        self.send(to, Msg::PageReply { pages: copies });
     }
 
     pub(super) fn on_diffs(
@@ -725,6 +772,27 @@ impl<M: Memory> Engine<M> {
         self.common_memory = on;
     }
 
+    /// Says which other nodes map this node's host memory: the pages homed at any of them
+    /// or here are then one copy on this host (the runtime maps them from the host's
+    /// segment file), and the protocol runs only between hosts. Must be said before the
+    /// first allocation, by every node of a host alike.
+    ///
+    /// A host page homed at a mate is valid from its allocation on. Writing it takes no
+    /// twin and sends no diff: the write notice is made at the interval's close, which
+    /// write-protects the page again, so every interval that writes it makes one (the
+    /// home cannot tell from its own faults when another host's copy went stale). A
+    /// notice of another host's writer invalidates the page until the home says its diff
+    /// is in (a request whose reply carries no data); a mate's notice needs nothing, and
+    /// a requirement on a mate's write is met at once (its writes are in the copy).
+    /// Pushes never replace a host page, and the page lanes never carry one.
+    pub fn set_host_mates(&mut self, mates: &[NodeId]) {
+        assert!(self.pages.is_empty(), "set_host_mates after an allocation");
+        self.host_mates = node_bit(self.me);
+        for &m in mates {
+            self.host_mates |= node_bit(m);
+        }
+    }
+
     pub(super) fn alloc(
         &mut self,
         homes: Vec<(PageNo, u32, NodeId)>,
@@ -733,6 +801,7 @@ impl<M: Memory> Engine<M> {
         at: SyncPoint,
     ) {
         let mut mine = Vec::new();
+        let mut mates = Vec::new();
         for (first, count, home) in homes {
             let end = first as usize + count as usize;
             if end > self.page_limit || home as usize >= self.n {
@@ -765,6 +834,8 @@ impl<M: Memory> Engine<M> {
                 e.home = home;
                 let state = if home == self.me {
                     PageState::ReadWrite
+                } else if self.is_host_mate(home) {
+                    PageState::ReadOnly
                 } else {
                     PageState::Invalid
                 };
@@ -773,11 +844,17 @@ impl<M: Memory> Engine<M> {
             if home == self.me {
                 mine.push((first, count));
             } else {
+                if self.is_host_mate(home) {
+                    mates.push((first, count));
+                }
                 self.mark_shared(first, count);
             }
         }
         for (first, count) in mine {
             self.mem.protect(first, count, Prot::ReadWrite);
+        }
+        for (first, count) in mates {
+            self.mem.protect(first, count, Prot::Read);
         }
         self.alloc_digest = self.alloc_digest.rotate_left(7) ^ digest;
         self.barrier(false, race, Vec::new(), at);
@@ -807,6 +884,6 @@ impl<M: Memory> Engine<M> {
 }
 
 /// `node`'s bit in a set of nodes kept as a `u64` (none beyond 64 nodes).
-fn node_bit(node: NodeId) -> u64 {
+pub(super) fn node_bit(node: NodeId) -> u64 {
     1u64.checked_shl(u32::from(node)).unwrap_or(0)
 }

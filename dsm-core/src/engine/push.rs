@@ -163,7 +163,10 @@ impl<M: Memory> Engine<M> {
         if self.push_limit == 0 {
             return Vec::new();
         }
-        let Some(bit) = 1u64.checked_shl(u32::from(to)) else {
+        let Some(bit) = 1u64
+            .checked_shl(u32::from(to))
+            .filter(|_| !self.is_host_mate(to))
+        else {
             return Vec::new();
         };
         let mut chosen: Vec<PageNo> = pages
@@ -355,6 +358,14 @@ impl<M: Memory> Engine<M> {
         let mut invalidate = Vec::new();
         let mut installed = Vec::new();
         for p in named {
+            if self.is_host_page(p) {
+                // The host's one copy: nothing pushed may be laid over it, and the home
+                // confirms the diffs when the page is next accessed.
+                if self.holds_copy(p) {
+                    invalidate.push(p);
+                }
+                continue;
+            }
             let copy = copies
                 .binary_search_by_key(&p, |q| q.page)
                 .ok()
