@@ -8,6 +8,7 @@ use std::process::Command;
 
 const TEST: &str = env!("CARGO_BIN_EXE_dsm-test");
 const SOR: &str = env!("CARGO_BIN_EXE_sor");
+const WATER: &str = env!("CARGO_BIN_EXE_water");
 
 /// Namespaces `<tag>-0..n` linked to a bridge in `<tag>-br`; removed on drop.
 struct Hosts {
@@ -95,15 +96,28 @@ fn run_on_hosts_with(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> Vec<std::process::Output> {
-    let children: Vec<_> = (0..hosts.n)
+    run_ranks_per_host(hosts, 1, program, args, env)
+}
+
+/// `per_host` ranks on each host, ranks `k * per_host..` on host `k`, with `env` set for
+/// every rank.
+fn run_ranks_per_host(
+    hosts: &Hosts,
+    per_host: usize,
+    program: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Vec<std::process::Output> {
+    let size = hosts.n * per_host;
+    let children: Vec<_> = (0..size)
         .map(|k| {
             dsm_testkit::as_rank(
                 Command::new("ip")
-                    .args(["netns", "exec", &hosts.ns(k), program])
+                    .args(["netns", "exec", &hosts.ns(k / per_host), program])
                     .args(args)
                     .envs(env.iter().copied()),
                 k,
-                hosts.n,
+                size,
                 "10.77.0.1:7707",
                 "netns-job",
                 20,
@@ -166,4 +180,96 @@ fn races_between_hosts_are_found() {
             assert!(err0.contains("dsm: 0 data races"), "{ctx}");
         }
     }
+}
+
+/// Each rank's counters from a stats file written with `%r` in its path.
+fn rank_stats(pattern: &std::path::Path, ranks: usize) -> Vec<serde_json::Value> {
+    (0..ranks)
+        .map(|r| {
+            let path = pattern.to_string_lossy().replace("%r", &r.to_string());
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+        })
+        .collect()
+}
+
+/// Two hosts of two ranks each: the ranks of a host map one memory and the protocol runs
+/// between the hosts. SOR and Water verify; a SOR rank whose neighbour is on its host
+/// fetches nothing; and with `--race` one job finds a race between the two ranks of a
+/// host, in their one memory, and races between hosts.
+#[test]
+fn two_ranks_per_host_share_their_hosts_memory() {
+    let Some(hosts) = Hosts::or_skip(2, "two_ranks_per_host_share_their_hosts_memory") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let stats = dir.path().join("stats.%r");
+    let stats_env = stats.to_str().unwrap();
+    for (program, args) in [
+        (SOR, &["--size", "256", "--iters", "6"][..]),
+        (WATER, &["--molecules", "64", "--steps", "2"][..]),
+    ] {
+        let outs = run_ranks_per_host(&hosts, 2, program, args, &[("DSM_STATS_FILE", stats_env)]);
+        for (k, o) in outs.iter().enumerate() {
+            assert!(
+                o.status.success(),
+                "rank {k} of {program}: {:?}\n{}",
+                o.status,
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        let out0 = String::from_utf8_lossy(&outs[0].stdout);
+        assert!(out0.contains("verified:"), "{out0}");
+        let stats = rank_stats(&stats, 4);
+        for (r, s) in stats.iter().enumerate() {
+            let mate = r ^ 1;
+            assert_eq!(
+                s["common_memory"]["host_mates"],
+                serde_json::json!([mate]),
+                "rank {r}"
+            );
+            assert_eq!(s["common_memory"]["segment"], false, "rank {r}");
+        }
+        let counter = |r: usize, key: &str| stats[r]["protocol"][key].as_u64().unwrap();
+        if program == SOR {
+            // Rank 3's only neighbour is rank 2, on its host: it reads rank 2's boundary
+            // rows in their one memory and takes no fault; rank 2's other neighbour,
+            // rank 1, is on the other host: their boundary rows travel.
+            assert_eq!(
+                (counter(3, "read_faults"), counter(3, "pages_fetched")),
+                (0, 0)
+            );
+            assert!(counter(2, "pages_fetched") > 0 && counter(1, "pages_fetched") > 0);
+        }
+    }
+    let log = dir.path().join("races.jsonl");
+    let outs = run_ranks_per_host(
+        &hosts,
+        2,
+        KERNEL,
+        &["run", "missing-barrier"],
+        &[("DSM_RACE", "1"), ("DSM_RACE_LOG", log.to_str().unwrap())],
+    );
+    let err0 = String::from_utf8_lossy(&outs[0].stderr);
+    assert_eq!(outs[0].status.code(), Some(66), "{err0}");
+    let pairs: std::collections::BTreeSet<(u64, u64)> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let race: serde_json::Value = serde_json::from_str(l).unwrap();
+            let rank = |side: &str| race[side]["rank"].as_u64().unwrap();
+            (
+                rank("first").min(rank("second")),
+                rank("first").max(rank("second")),
+            )
+        })
+        .collect();
+    let same_host = |&(a, b): &(u64, u64)| a / 2 == b / 2;
+    assert!(
+        pairs.iter().any(same_host),
+        "no race within a host: {pairs:?}\n{err0}"
+    );
+    assert!(
+        pairs.iter().any(|p| !same_host(p)),
+        "no race between hosts: {pairs:?}\n{err0}"
+    );
 }

@@ -1,7 +1,8 @@
 //! The operating system below a node, and nothing above it: mapping the shared segment
 //! (one memfd, this process's own or the job's common one, mapped twice: the app view at a
 //! fixed address whose page protections drive the protocol, and an always-writable runtime
-//! view the comm thread uses), committing a common segment's new pages (`madvise`), the
+//! view the comm thread uses; with one memory per host, the pages homed on this host are
+//! mapped from the host's file instead), committing a common segment's new pages (`madvise`), the
 //! locks of a common segment (atomics and futexes on a table in the shared file,
 //! [`HostLock`]), `mprotect`, raw element loads and stores through the app view, the
 //! alternate signal stack, the clock and futexes the fault handler may use (all
@@ -42,6 +43,17 @@ pub(crate) fn os_err(what: &str) -> io::Error {
     io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
+/// What backs the segment (see [`Segment::map`]).
+pub(crate) enum SegmentFile {
+    /// A memfd of this process's own.
+    Own,
+    /// The job's common file: every rank maps all of it, and its host lock table.
+    Common(OwnedFd),
+    /// A memfd of this process's own, and the host's file, which the pages homed on this
+    /// host are mapped from as they are allocated ([`Segment::map_host_pages`]).
+    Host(OwnedFd),
+}
+
 /// The shared segment: `len` bytes backed by a memfd, mapped at `app_base` (same address on
 /// every node) and at a private runtime address.
 pub(crate) struct Segment {
@@ -49,6 +61,8 @@ pub(crate) struct Segment {
     runtime_base: usize,
     len: usize,
     memfd: libc::c_int,
+    /// The host's file ([`SegmentFile::Host`]), -1 without one.
+    host_file: libc::c_int,
     /// Address of the host lock table (see [`HostLock`]) in a common segment file, 0 for a
     /// segment of this process's own. The locks' release clocks follow it in the same
     /// mapping.
@@ -65,16 +79,16 @@ unsafe impl Sync for Segment {}
 impl Segment {
     /// Reserves the segment at `addr` (never replacing an existing mapping) and the runtime
     /// view anywhere. Pages start inaccessible in the app view and are committed lazily.
-    /// `common`: the job's common segment file (every rank maps the same one), sized here
-    /// to `len` (every rank sizes it alike, so whoever comes last changes nothing); without
-    /// it the segment is a memfd of this process's own.
+    /// `file`: the job's common segment file (every rank maps the same one) or the host's,
+    /// sized here to `len` (every rank sizes it alike, so whoever comes last changes
+    /// nothing), or none.
     /// A common file also holds, after the segment, the table of host locks, each with its
     /// release clock (`nodes` entries, see [`HostLock::released_clock`]); only the pages of
     /// locks in use take memory.
     pub(crate) fn map(
         addr: usize,
         len: usize,
-        common: Option<OwnedFd>,
+        file: SegmentFile,
         nodes: usize,
     ) -> io::Result<Segment> {
         // SAFETY: sysconf has no memory-safety preconditions.
@@ -89,6 +103,15 @@ impl Segment {
                 "segment address and size must be page-aligned",
             ));
         }
+        let (common, host) = match file {
+            SegmentFile::Own => (None, None),
+            SegmentFile::Common(f) => (Some(f), None),
+            SegmentFile::Host(f) => (None, Some(f)),
+        };
+        let host_file = match host {
+            Some(f) => segment_file(Some(f), len, len)?,
+            None => -1,
+        };
         let is_common = common.is_some();
         let table_len = host_table_bytes(nodes);
         let file_len = if is_common { len + table_len } else { len };
@@ -108,9 +131,46 @@ impl Segment {
             runtime_base: runtime as usize,
             len,
             memfd,
+            host_file,
             host_locks,
             nodes,
         })
+    }
+
+    /// Maps `count` pages from `first` from the host's file in both views, in place of
+    /// this process's own memfd: every rank of the host then reaches the same bytes. For
+    /// pages being allocated (nothing uses them yet) that are homed on this host; they are
+    /// inaccessible in the app view until the engine protects them. An error without a
+    /// host file.
+    pub(crate) fn map_host_pages(&self, first: usize, count: usize) -> io::Result<()> {
+        self.check_pages(first, count);
+        if self.host_file < 0 || count == 0 {
+            return Err(io::Error::other("this segment has no host file"));
+        }
+        let offset = first * PAGE_SIZE;
+        for (base, prot) in [
+            (self.app_base, libc::PROT_NONE),
+            (self.runtime_base, libc::PROT_READ | libc::PROT_WRITE),
+        ] {
+            // SAFETY: the range lies inside one of our two views (checked above), which we
+            // own and never unmap while the segment lives; MAP_FIXED replaces exactly those
+            // pages, which no thread uses yet (they are being allocated), by the same
+            // offset of the host's file (sized to the segment's length).
+            let at = unsafe {
+                libc::mmap(
+                    (base + offset) as *mut libc::c_void,
+                    count * PAGE_SIZE,
+                    prot,
+                    libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_NORESERVE,
+                    self.host_file,
+                    offset as libc::off_t,
+                )
+            };
+            if at == libc::MAP_FAILED {
+                return Err(os_err("mapping the host's memory"));
+            }
+        }
+        Ok(())
     }
 
     /// The host lock in slot `index` (below [`HOST_LOCK_SLOTS`]) with its release clock.
@@ -254,7 +314,10 @@ impl Segment {
         assert_eq!(out.len(), PAGE_SIZE);
         // SAFETY: source is one page inside the runtime mapping, destination is a distinct
         // buffer of the same size. Concurrent app writes to the same page are excluded by the
-        // protocol (the page is read-protected in the app view before it is copied).
+        // protocol (the page is read-protected in the app view before it is copied), except
+        // by the app of another rank of the host on a page of the host's file: then each
+        // byte copied is its old or its new value, and the write's notice, made at that
+        // rank's next close, invalidates the copy.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 (self.runtime_base + page * PAGE_SIZE) as *const u8,
@@ -613,6 +676,9 @@ impl Drop for Segment {
                 );
             }
             libc::close(self.memfd);
+            if self.host_file >= 0 {
+                libc::close(self.host_file);
+            }
         }
     }
 }
@@ -1100,10 +1166,10 @@ mod tests {
         };
         let len = PAGE_SIZE;
         let one: &'static Segment = Box::leak(Box::new(
-            Segment::map(0x5f00_0000_0000, len, Some(a), 2).unwrap(),
+            Segment::map(0x5f00_0000_0000, len, SegmentFile::Common(a), 2).unwrap(),
         ));
         let two: &'static Segment = Box::leak(Box::new(
-            Segment::map(0x5f10_0000_0000, len, Some(b), 2).unwrap(),
+            Segment::map(0x5f10_0000_0000, len, SegmentFile::Common(b), 2).unwrap(),
         ));
         // The counter lives in the first page of the file, seen through each runtime view.
         let counter = |seg: &'static Segment| -> &'static AtomicU64 {
@@ -1170,8 +1236,57 @@ mod tests {
     #[test]
     fn a_segment_of_its_own_has_no_host_locks() {
         let seg: &'static Segment = Box::leak(Box::new(
-            Segment::map(0x5f20_0000_0000, PAGE_SIZE, None, 1).unwrap(),
+            Segment::map(0x5f20_0000_0000, PAGE_SIZE, SegmentFile::Own, 1).unwrap(),
         ));
         assert!(seg.host_lock(1).is_none());
+        assert!(seg.map_host_pages(0, 1).is_err(), "no host file to map");
+    }
+
+    /// Two segments over one host file: the pages mapped from it are one memory, written
+    /// through one's runtime view and read through the other's app view; the others stay
+    /// each segment's own.
+    #[test]
+    fn pages_mapped_from_the_host_file_are_one_memory() {
+        // SAFETY: a fresh memfd; the name is a valid C string.
+        let fd = unsafe { libc::memfd_create(c"host-memory-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: fd is ours; dup gives a second descriptor of the same file.
+        let (a, b): (OwnedFd, OwnedFd) = unsafe {
+            (
+                std::os::fd::FromRawFd::from_raw_fd(fd),
+                std::os::fd::FromRawFd::from_raw_fd(libc::dup(fd)),
+            )
+        };
+        let len = 4 * PAGE_SIZE;
+        let segs = [(0x5f30_0000_0000, a), (0x5f40_0000_0000, b)].map(|(addr, f)| {
+            let seg: &'static Segment = Box::leak(Box::new(
+                Segment::map(addr, len, SegmentFile::Host(f), 2).unwrap(),
+            ));
+            seg.map_host_pages(1, 2).unwrap();
+            seg.protect(0, 4, PageAccess::Read).unwrap();
+            seg
+        });
+        for page in 0..4 {
+            segs[0].write_bytes(page, 8, &[page as u8 + 1; 8]);
+        }
+        let read = |seg: &'static Segment, page: usize| {
+            AppSlice::<u64>::new(seg, page * PAGE_SIZE + 8, 1)
+                .unwrap()
+                .get(0)
+        };
+        for page in 0..4 {
+            let expect = u64::from_ne_bytes([page as u8 + 1; 8]);
+            assert_eq!(
+                read(segs[0], page),
+                expect,
+                "page {page}, the writer's own view"
+            );
+            let shared = page == 1 || page == 2;
+            assert_eq!(
+                read(segs[1], page),
+                if shared { expect } else { 0 },
+                "page {page}"
+            );
+        }
     }
 }

@@ -17,10 +17,13 @@
 //!    process on the host could connect too), checks and maps the region, and answers
 //!    [`ShmVerdict`].
 //!
-//! With `DSM_TRANSPORT=auto`, rank 0 also hands each co-located peer, in the same message,
-//! one empty memfd: the file a common segment would live in. The job maps it only if every
-//! rank turns out to hold it and share memory with every other rank
-//! ([`crate::agree_segment_base`] decides; dsm-core sizes and maps it).
+//! With `DSM_TRANSPORT=auto`, every rank makes one empty memfd, the file its host's memory
+//! would live in, and hands the one it holds to each higher co-located peer in the same
+//! message; a rank keeps the file of its lowest co-located peer (the first pair it walks
+//! with one), so the ranks of a host end up holding its lowest rank's file. Whether the
+//! job maps it, as one common segment (every rank on one host) or one memory per host,
+//! is decided once every rank's links are known ([`crate::agree_segment_base`];
+//! dsm-core sizes and maps it).
 //!
 //! Any failure along the way (no such socket, no memfd, a refused region) leaves the pair
 //! on TCP with a debug line; only a broken TCP connection is an error. Every rank walks its
@@ -77,12 +80,14 @@ pub(crate) fn colocate(
 ) -> Result<(), BootstrapError> {
     let me = env.rank;
     let wants = env.transport.rings_allowed();
-    if me == 0 && env.transport == TransportChoice::Auto {
+    if env.transport == TransportChoice::Auto {
         match segment_file() {
             Ok(f) => mesh.segment_file = Some(f),
-            Err(e) => debug!("rank 0: no file for a common segment ({e}); pages travel"),
+            Err(e) => debug!("rank {me}: no file for its host's memory ({e}); pages travel"),
         }
     }
+    // Whether `mesh.segment_file` came from a lower co-located peer yet.
+    let mut host_file_received = false;
     let host = if wants { boot_id() } else { None };
     // Our socket for the regions of lower ranks (only rank 0 has none).
     let listener = match (&host, me) {
@@ -126,8 +131,10 @@ pub(crate) fn colocate(
                 write_frame(stream, &verdict).map_err(broke)?;
                 match result {
                     Ok((link, file)) => {
-                        if peer == 0 {
+                        if !host_file_received {
+                            // This host's lowest rank: its file is the host's.
                             mesh.segment_file = file;
+                            host_file_received = true;
                         }
                         Some(link)
                     }
@@ -143,13 +150,8 @@ pub(crate) fn colocate(
             let hello: ShmHello = read_frame(stream, MAX_HANDSHAKE).map_err(broke)?;
             let offered = match (&host, &hello.host) {
                 (Some(ours), Some(theirs)) if ours == theirs => {
-                    // Only rank 0's own file is offered (another rank holds the one it
-                    // received, which its higher peers get from rank 0 directly).
-                    let file = mesh
-                        .segment_file
-                        .as_ref()
-                        .filter(|_| me == 0)
-                        .map(|f| f.as_fd());
+                    // The host's file: every lower co-located peer has been walked.
+                    let file = mesh.segment_file.as_ref().map(|f| f.as_fd());
                     match offer_region(&hello.listen, hello.nonce, ring_bytes(mesh.size), file) {
                         Ok(link) => Some(link),
                         Err(e) => {
@@ -215,7 +217,7 @@ fn listen(me: usize) -> io::Result<(UnixListener, String)> {
     Ok((l, name))
 }
 
-/// The empty memfd rank 0 offers as the file of a common segment.
+/// The empty memfd a rank offers as the file of its host's memory.
 fn segment_file() -> io::Result<OwnedFd> {
     Ok(memfd_create(
         c"dsm-common-segment",
@@ -223,8 +225,8 @@ fn segment_file() -> io::Result<OwnedFd> {
     )?)
 }
 
-/// The lower rank's side: a new region and bells (and, from rank 0, the common segment's
-/// file), handed over on the peer's socket.
+/// The lower rank's side: a new region and bells (and the host memory's file), handed
+/// over on the peer's socket.
 fn offer_region(
     listen: &str,
     nonce: [u8; 32],
@@ -255,7 +257,7 @@ fn offer_region(
 }
 
 /// The higher rank's side: the first message on its socket that carries a region with our
-/// nonce, within [`ACCEPT_WAIT`], and the common segment's file if it came along.
+/// nonce, within [`ACCEPT_WAIT`], and the host memory's file if it came along.
 fn accept_region(
     listener: &UnixListener,
     nonce: &[u8; 32],

@@ -79,9 +79,10 @@ pub struct Mesh {
     /// ([`crate::colocate`]); its protocol messages travel there, while the TCP
     /// connection stays open to tell whether the peer is still alive.
     pub shm: Vec<Option<ShmLink>>,
-    /// The file a common segment would live in ([`crate::colocate`]): at rank 0 the empty
-    /// memfd it made and handed to its co-located peers, at another rank the one rank 0
-    /// handed it. Whether the job uses it is decided afterwards, with the segment's base
+    /// The file this host's memory would live in ([`crate::colocate`]): the empty memfd of
+    /// the host's lowest rank, which made it and handed it to its co-located peers (rank
+    /// 0's when every rank shares one host: the job's common segment). Whether the job
+    /// uses it is decided afterwards, with the segment's base
     /// ([`agree_segment_base`](crate::agree_segment_base)); it is only made with `DSM_TRANSPORT=auto`.
     pub segment_file: Option<OwnedFd>,
 }

@@ -6,7 +6,8 @@
 //! that names the rank, its host, the address and the way out ([`SegmentChoice`]). A base
 //! the user chose (`--segment-base`, `DSM_SEGMENT_ADDR`) is the only candidate: dsm never
 //! moves it behind the user's back. The same exchange decides whether the ranks map one common
-//! segment file (every rank on one host, see [`SegmentProbe::common_memory`]). Pure
+//! segment file (every rank on one host, see [`SegmentProbe::common_memory`]) or one file per
+//! host (see [`SegmentProbe::host_memory`]). Pure
 //! decision logic; the exchange is dsm-net's and the probing dsm-core's.
 
 use serde::{Deserialize, Serialize};
@@ -38,6 +39,11 @@ pub struct SegmentProbe {
     /// Whether this rank could take its locks in a common segment: nothing of its
     /// configuration orders the protocol's lock grants (recording, replay, chaos).
     pub host_locks: bool,
+    /// Whether this rank could map its host's memory file (it holds one and its
+    /// configuration allows, as for `common_memory`), shared with `shm_peers`.
+    pub host_memory: bool,
+    /// The ranks this one shares memory with (its co-located peers).
+    pub shm_peers: Vec<u32>,
 }
 
 /// Rank 0's decision, sent to every rank.
@@ -56,6 +62,10 @@ pub enum SegmentChoice {
         /// With `common_memory`: every rank takes its locks in that memory (every probe
         /// said it could), so no lock is taken both ways.
         host_locks: bool,
+        /// Without `common_memory`: the ranks of each host map its lowest rank's file, and
+        /// the page protocol runs between hosts only (every probe said it could, the
+        /// ranks sharing memory fall into hosts, and some host has two of them).
+        host_memory: bool,
     },
     /// The job cannot start: the reason names the rank, host, address and the way out.
     Stop {
@@ -108,12 +118,14 @@ pub fn choose(probes: &[SegmentProbe], explicit: bool) -> SegmentChoice {
     });
     let common_memory = probes.len() > 1 && probes.iter().all(|p| p.common_memory);
     let host_locks = common_memory && probes.iter().all(|p| p.host_locks);
+    let host_memory = !common_memory && ranks_fall_into_hosts(probes);
     let Some(problem) = first_problem else {
         return SegmentChoice::Use {
             base: first.bases[0].0,
             moved_because: None,
             common_memory,
             host_locks,
+            host_memory,
         };
     };
     if explicit {
@@ -127,6 +139,7 @@ pub fn choose(probes: &[SegmentProbe], explicit: bool) -> SegmentChoice {
             moved_because: Some(problem),
             common_memory,
             host_locks,
+            host_memory,
         },
         None => SegmentChoice::Stop {
             reason: format!(
@@ -136,6 +149,29 @@ pub fn choose(probes: &[SegmentProbe], explicit: bool) -> SegmentChoice {
             ),
         },
     }
+}
+
+/// Whether one memory per host works: every rank can map its host's file, the ranks
+/// sharing memory with each other fall into disjoint groups (each rank shares with
+/// exactly the rest of its group, so a group's ranks all hold its lowest rank's file),
+/// and some group has two ranks or more.
+fn ranks_fall_into_hosts(probes: &[SegmentProbe]) -> bool {
+    let group = |r: usize| -> Option<Vec<u32>> {
+        let mut g = probes.get(r)?.shm_peers.clone();
+        g.push(r as u32);
+        g.sort_unstable();
+        g.dedup();
+        Some(g)
+    };
+    probes.iter().all(|p| p.host_memory)
+        && probes.iter().any(|p| !p.shm_peers.is_empty())
+        && (0..probes.len()).all(|r| {
+            let mine = group(r);
+            probes[r]
+                .shm_peers
+                .iter()
+                .all(|&peer| group(peer as usize).is_some() && group(peer as usize) == mine)
+        })
 }
 
 fn hex_list(bases: &[u64]) -> String {
@@ -161,7 +197,57 @@ mod tests {
                 .collect(),
             common_memory: true,
             host_locks: true,
+            host_memory: true,
+            shm_peers: Vec::new(),
         }
+    }
+
+    /// Probes of ranks on hosts `hosts[r]`, none of which can map a common segment.
+    fn on_hosts(hosts: &[usize]) -> Vec<SegmentProbe> {
+        (0..hosts.len())
+            .map(|r| SegmentProbe {
+                common_memory: false,
+                shm_peers: (0..hosts.len())
+                    .filter(|&p| p != r && hosts[p] == hosts[r])
+                    .map(|p| p as u32)
+                    .collect(),
+                ..probe(&format!("h{}", hosts[r]), &[])
+            })
+            .collect()
+    }
+
+    fn host_memory(c: &SegmentChoice) -> bool {
+        matches!(
+            c,
+            SegmentChoice::Use {
+                host_memory: true,
+                ..
+            }
+        )
+    }
+
+    #[test]
+    fn ranks_sharing_memory_by_hosts_map_one_memory_per_host() {
+        assert!(host_memory(&choose(&on_hosts(&[0, 0, 1, 1]), false)));
+        assert!(host_memory(&choose(&on_hosts(&[0, 1, 0, 2]), false)));
+        // Nobody shares: each rank its own memory.
+        assert!(!host_memory(&choose(&on_hosts(&[0, 1, 2]), false)));
+        // One rank that cannot map its host's file keeps every rank on its own copy.
+        let mut probes = on_hosts(&[0, 0, 1, 1]);
+        probes[3].host_memory = false;
+        assert!(!host_memory(&choose(&probes, false)));
+        // Sharing that does not fall into hosts (0-1 and 1-2 but not 0-2): none.
+        let mut probes = on_hosts(&[0, 0, 0]);
+        probes[0].shm_peers = vec![1];
+        probes[2].shm_peers = vec![1];
+        assert!(!host_memory(&choose(&probes, false)));
+        // A peer the job does not have: none.
+        let mut probes = on_hosts(&[0, 0]);
+        probes[0].shm_peers = vec![1, 7];
+        assert!(!host_memory(&choose(&probes, false)));
+        // Every rank on one host is one common segment, not host memory.
+        let c = choose(&[probe("a", &[]), probe("a", &[])], false);
+        assert!(!host_memory(&c), "{c:?}");
     }
 
     #[test]
@@ -174,6 +260,7 @@ mod tests {
                 moved_because: None,
                 common_memory: true,
                 host_locks: true,
+                host_memory: false,
             }
         );
     }

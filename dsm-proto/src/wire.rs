@@ -34,7 +34,7 @@ pub type LockId = u64;
 pub type SemId = u64;
 
 /// Protocol version spoken in the handshake; bump it when any message layout changes.
-pub const PROTOCOL_VERSION: u32 = 19;
+pub const PROTOCOL_VERSION: u32 = 20;
 
 /// Where a node's program is when it arrives at a barrier, numbered as the program counts:
 /// its own `barrier()` calls, from 1. Every message a user reads about a barrier names this,

@@ -36,7 +36,7 @@ use crate::comm::{Comm, SegmentMemory, StateMirror};
 use crate::engine::{self, Command, Engine, Reply};
 use crate::error::DsmError;
 use crate::fault;
-use crate::sys::{self, AppSlice, Segment};
+use crate::sys::{self, AppSlice, Segment, SegmentFile};
 use bytemuck::Pod;
 use dsm_proto::segment_base::{self, SegmentChoice, SegmentProbe};
 use dsm_proto::{
@@ -176,12 +176,18 @@ fn watch_launcher(fd: i32, rank: usize) -> Result<(), DsmError> {
 
 /// This rank's [`SegmentProbe`]: which candidate bases (the user's, or
 /// [`segment_base::CANDIDATE_BASES`]) it could map `seg_len` bytes at, and whether it
-/// could map the job's common segment (see [`can_map_common_segment`]).
+/// could map the job's common segment or its host's memory (see [`may_share_memory`]).
 fn probe_segment_bases(
     env: &JobConfig,
     seg_len: usize,
-    common_memory: bool,
+    mesh: &dsm_net::Mesh,
 ) -> Result<SegmentProbe, DsmError> {
+    let shm_peers: Vec<u32> = (0..mesh.size)
+        .filter(|&r| r != mesh.rank && mesh.shm[r].is_some())
+        .map(|r| r as u32)
+        .collect();
+    let host_memory = may_share_memory(env) && mesh.segment_file.is_some();
+    let common_memory = host_memory && shm_peers.len() + 1 == mesh.size;
     // Recording, replay and chaos order the protocol's lock grants.
     let host_locks =
         env.replay.record.is_none() && env.replay.replay.is_none() && env.replay.chaos.is_none();
@@ -210,22 +216,22 @@ fn probe_segment_bases(
             .collect(),
         common_memory,
         host_locks,
+        host_memory,
+        shm_peers,
     })
 }
 
-/// Whether this rank could map one segment file with every other rank, so that no page
-/// ever travels: it holds rank 0's file, shares memory with every rank, and nothing asks
-/// for the protocol's page copies (`DSM_TRANSPORT=rings` or `tcp` does). Race detection
-/// does not need them: the views record accesses, and host locks carry vector times. A
-/// race-detecting record or replay does: in one memory a racy read sees whatever the
-/// writer stored last, so a replay of a racy program (the one `--pinpoint` needs) would
-/// diverge nearly always, where the protocol's copies fix what most racy reads see.
-fn can_map_common_segment(env: &JobConfig, mesh: &dsm_net::Mesh) -> bool {
+/// Whether this rank's configuration lets it share memory with the ranks on its host
+/// (one common segment when every rank is on it, else one memory per host), so that no
+/// page travels between them: nothing asks for the protocol's page copies
+/// (`DSM_TRANSPORT=rings` or `tcp` does). Race detection does not need them: the views
+/// record accesses, and synchronization carries vector times. A race-detecting record or
+/// replay does: in one memory a racy read sees whatever the writer stored last, so a
+/// replay of a racy program (the one `--pinpoint` needs) would diverge nearly always,
+/// where the protocol's copies fix what most racy reads see.
+fn may_share_memory(env: &JobConfig) -> bool {
     let ordering = env.replay.record.is_some() || env.replay.replay.is_some();
-    env.transport == dsm_proto::TransportChoice::Auto
-        && !(env.race.enabled && ordering)
-        && mesh.segment_file.is_some()
-        && (0..mesh.size).all(|r| r == mesh.rank || mesh.shm[r].is_some())
+    env.transport == dsm_proto::TransportChoice::Auto && !(env.race.enabled && ordering)
 }
 
 /// Largest allocation of a common segment committed when it is made (see
@@ -252,8 +258,11 @@ pub struct Dsm {
     rank: usize,
     size: usize,
     seg: &'static Segment,
-    /// Every rank maps the same segment file (see [`can_map_common_segment`]).
+    /// Every rank maps the same segment file (see [`may_share_memory`]).
     common_memory: bool,
+    /// With one memory per host: the other ranks of this host. Pages homed at any of them
+    /// or here are mapped from the host's file as they are allocated.
+    host_mates: Vec<NodeId>,
     /// Locks are taken in the common memory ([`sys::HostLock`]) rather than through the
     /// protocol: a common segment, and no rank records, replays or runs chaos (which order
     /// the protocol's lock grants); decided by rank 0 for every rank alike.
@@ -343,15 +352,28 @@ fn segment_len(env: &JobConfig) -> Result<usize, DsmError> {
     Ok(seg_len)
 }
 
-/// Where the segment goes, agreed by every rank before anyone maps it: its base, whether
-/// the job shares one common segment (with the file to map, then) and whether locks live
-/// in it.
+/// Where the segment goes, agreed by every rank before anyone maps it.
+struct SegmentPlan {
+    base: usize,
+    /// Every rank maps one common segment (see [`may_share_memory`]).
+    common_memory: bool,
+    /// Locks live in the common segment.
+    host_locks: bool,
+    /// The file to map.
+    file: SegmentFile,
+    /// With one memory per host: the other ranks of this host.
+    host_mates: Vec<NodeId>,
+}
+
+/// Agrees with every rank on the segment's base and on whether ranks share memory: the
+/// whole job one common segment, one memory per host, or none.
 fn choose_segment(
     env: &JobConfig,
     mesh: &mut dsm_net::Mesh,
     seg_len: usize,
-) -> Result<(usize, bool, bool, Option<std::os::fd::OwnedFd>), DsmError> {
-    let probe = probe_segment_bases(env, seg_len, can_map_common_segment(env, mesh))?;
+) -> Result<SegmentPlan, DsmError> {
+    let probe = probe_segment_bases(env, seg_len, mesh)?;
+    let shm_peers = probe.shm_peers.clone();
     // Every rank maps the segment at one address: agree on one free on every host
     // before mapping, so that a clash is one clear message, never a crash later.
     let explicit = env.segment_addr.is_some();
@@ -365,42 +387,63 @@ fn choose_segment(
             env.connect_timeout,
         )?
     };
-    let (seg_addr, common_memory, host_locks) = match choice {
+    let (seg_addr, common_memory, host_locks, host_memory) = match choice {
         SegmentChoice::Use {
             base,
             moved_because,
             common_memory,
             host_locks,
+            host_memory,
         } => {
             if let (Some(why), 0) = (moved_because, env.rank) {
                 tracing::warn!(
                     "{why}; the job maps its shared segment at {base:#x} instead (free on every host)"
                 );
             }
-            (base as usize, common_memory, host_locks)
+            (base as usize, common_memory, host_locks, host_memory)
         }
         SegmentChoice::Stop { reason } => {
             return Err(DsmError::Segment(std::io::Error::other(reason)))
         }
     };
-    let common_file = if common_memory {
-        if env.rank == 0 {
-            tracing::info!(
-                "the {} ranks share one host: they map one common segment, and no page \
-                 travels (DSM_TRANSPORT=rings gives each rank its own copy)",
-                env.size
-            );
-        }
-        Some(mesh.segment_file.take().ok_or_else(|| {
+    if env.rank == 0 && common_memory {
+        tracing::info!(
+            "the {} ranks share one host: they map one common segment, and no page \
+             travels (DSM_TRANSPORT=rings gives each rank its own copy)",
+            env.size
+        );
+    } else if env.rank == 0 && host_memory {
+        tracing::info!(
+            "the ranks on each host share one memory: pages travel between hosts only \
+             (DSM_TRANSPORT=rings gives each rank its own copy)"
+        );
+    }
+    let file = if common_memory || host_memory {
+        let file = mesh.segment_file.take().ok_or_else(|| {
             DsmError::Segment(std::io::Error::other(
-                "rank 0 chose one common segment, but this rank holds no segment file",
+                "rank 0 chose shared memory, but this rank holds no segment file",
             ))
-        })?)
+        })?;
+        if common_memory {
+            SegmentFile::Common(file)
+        } else {
+            SegmentFile::Host(file)
+        }
     } else {
-        None
+        SegmentFile::Own
     };
     mesh.segment_file = None;
-    Ok((seg_addr, common_memory, host_locks, common_file))
+    Ok(SegmentPlan {
+        base: seg_addr,
+        common_memory,
+        host_locks,
+        file,
+        host_mates: if host_memory {
+            shm_peers.into_iter().map(|r| r as NodeId).collect()
+        } else {
+            Vec::new()
+        },
+    })
 }
 
 /// The protocol engine over the mapped segment, with the handler's fast path, pushes,
@@ -409,6 +452,7 @@ fn build_engine(
     env: &JobConfig,
     seg: &'static Segment,
     common_memory: bool,
+    host_mates: &[NodeId],
     race_on: bool,
 ) -> Result<(Engine<SegmentMemory>, Option<std::path::PathBuf>), DsmError> {
     let mut engine = Engine::new(
@@ -419,6 +463,7 @@ fn build_engine(
         race_on,
     );
     engine.set_common_memory(common_memory);
+    engine.set_host_mates(host_mates);
     // In one common memory nothing faults: no handler path to hand work over at every
     // engine step (a lock-heavy race run makes two per lock operation), no twin slots.
     if env.debug.fast_faults && !common_memory {
@@ -479,10 +524,15 @@ impl Dsm {
             _ => None,
         };
         let mut mesh = dsm_net::connect_mesh_with(&env, rendezvous)?;
-        let (seg_addr, common_memory, host_locks, common_file) =
-            choose_segment(&env, &mut mesh, seg_len)?;
+        let SegmentPlan {
+            base: seg_addr,
+            common_memory,
+            host_locks,
+            file,
+            host_mates,
+        } = choose_segment(&env, &mut mesh, seg_len)?;
         let (seg, mailbox) =
-            fault::start(seg_addr, seg_len, common_file, env.size).map_err(DsmError::Segment)?;
+            fault::start(seg_addr, seg_len, file, env.size).map_err(DsmError::Segment)?;
         // Whether polling pays depends on the cores the job's ranks may use on this host,
         // so it is decided before `DSM_PIN=1` narrows this process to one of them.
         let ranks_here = env.local.map_or(env.size, |l| l.size);
@@ -502,7 +552,8 @@ impl Dsm {
         } else {
             None
         };
-        let (engine, record_part) = build_engine(&env, seg, common_memory, race.is_some())?;
+        let (engine, record_part) =
+            build_engine(&env, seg, common_memory, &host_mates, race.is_some())?;
         let order_on = record_part.is_some() || env.replay.replay.is_some();
         let pin = match (&race, env.race.pinpoint.is_empty()) {
             (Some(_), false) => {
@@ -545,6 +596,7 @@ impl Dsm {
             size: env.size,
             seg,
             common_memory,
+            host_mates,
             host_locks,
             host_locks_held: Vec::new(),
             host_lock_acquires: 0,
@@ -769,6 +821,7 @@ impl Dsm {
             name: name.to_string(),
             after: self.barriers_called,
         };
+        self.map_host_pages(&homes)?;
         self.sync(Command::Alloc {
             homes,
             digest,
@@ -779,6 +832,21 @@ impl Dsm {
             self.populate(first, pages);
         }
         Ok((self.allocs.len() - 1, first * PAGE_SIZE))
+    }
+
+    /// With one memory per host: maps the pages of a new allocation homed on this host
+    /// from the host's file, before the engine makes them accessible.
+    fn map_host_pages(&self, homes: &[(PageNo, u32, NodeId)]) -> Result<(), DsmError> {
+        if self.host_mates.is_empty() {
+            return Ok(());
+        }
+        let on_host = |home: NodeId| home as usize == self.rank || self.host_mates.contains(&home);
+        for &(first, count, _) in homes.iter().filter(|r| on_host(r.2)) {
+            self.seg
+                .map_host_pages(first as usize, count as usize)
+                .map_err(DsmError::Segment)?;
+        }
+        Ok(())
     }
 
     /// Commits a new allocation's pages of the common segment and maps them in this

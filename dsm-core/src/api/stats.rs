@@ -71,6 +71,7 @@ impl Dsm {
             },
             "common_memory": {
                 "segment": self.common_memory,
+                "host_mates": self.host_mates,
                 "host_lock_acquires": self.host_lock_acquires,
                 "host_lock_acquires_left_interval_open": self.race.as_ref().map_or(0, |r| r.elided_acquires),
             },

@@ -21,7 +21,6 @@
 
 use std::cell::Cell;
 use std::io;
-use std::os::fd::OwnedFd;
 use std::sync::atomic::{
     AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
 };
@@ -30,6 +29,7 @@ use std::sync::{Arc, OnceLock};
 use crate::engine::FastFaults;
 use crate::sys::{
     errno_location, install_alt_stack, monotonic_ns, os_err, set_global_segment, Segment,
+    SegmentFile,
 };
 use dsm_net::framing::{
     page_request_frame, plain_page_reply, PAGE_REQUEST_FRAME_MAX, PLAIN_REPLY_FRAME_MAX,
@@ -851,10 +851,10 @@ impl Drop for FaultMailbox {
 pub(crate) fn start(
     addr: usize,
     len: usize,
-    common: Option<OwnedFd>,
+    file: SegmentFile,
     nodes: usize,
 ) -> io::Result<(&'static Segment, FaultMailbox)> {
-    let seg: &'static Segment = Box::leak(Box::new(Segment::map(addr, len, common, nodes)?));
+    let seg: &'static Segment = Box::leak(Box::new(Segment::map(addr, len, file, nodes)?));
     set_global_segment(seg);
     // SAFETY: the segment is leaked, so it stays mapped for the life of the process, longer
     // than any fault the handler can be asked to serve.
