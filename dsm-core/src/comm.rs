@@ -101,6 +101,15 @@ impl Memory for SegmentMemory {
     fn make_diff(&self, page: PageNo, twin: &[u8]) -> Vec<u8> {
         self.seg.diff_against(page as usize, twin)
     }
+
+    fn host_applied(&self, page: PageNo, writer: NodeId) -> u32 {
+        self.seg.host_applied(page as usize, writer as usize)
+    }
+
+    fn publish_host_applied(&mut self, page: PageNo, writer: NodeId, interval: u32) {
+        self.seg
+            .publish_host_applied(page as usize, writer as usize, interval);
+    }
 }
 
 /// Prints a fatal error and ends the process at once.

@@ -63,6 +63,9 @@ pub(crate) struct Segment {
     memfd: libc::c_int,
     /// The host's file ([`SegmentFile::Host`]), -1 without one.
     host_file: libc::c_int,
+    /// Address of the host's table of applied diffs ([`Segment::host_applied`]), in the
+    /// host's file after the segment; 0 without one.
+    host_applied: usize,
     /// Address of the host lock table (see [`HostLock`]) in a common segment file, 0 for a
     /// segment of this process's own. The locks' release clocks follow it in the same
     /// mapping.
@@ -108,9 +111,13 @@ impl Segment {
             SegmentFile::Common(f) => (Some(f), None),
             SegmentFile::Host(f) => (None, Some(f)),
         };
-        let host_file = match host {
-            Some(f) => segment_file(Some(f), len, len)?,
-            None => -1,
+        let (host_file, host_applied) = match host {
+            Some(f) => {
+                let fd = segment_file(Some(f), len + applied_table_bytes(len, nodes), len)?;
+                // SAFETY: fd is our own descriptor of the host's file, just sized.
+                (fd, unsafe { map_applied_table(fd, len, nodes) }?)
+            }
+            None => (-1, 0),
         };
         let is_common = common.is_some();
         let table_len = host_table_bytes(nodes);
@@ -132,9 +139,47 @@ impl Segment {
             len,
             memfd,
             host_file,
+            host_applied,
             host_locks,
             nodes,
         })
+    }
+
+    /// The entry of the host's applied-diff table for `page` and `writer`: the latest
+    /// interval of `writer` whose diff of `page` the page's home applied to the host's
+    /// copy. `None` without a host file.
+    fn applied_entry(&self, page: usize, writer: usize) -> Option<&AtomicU32> {
+        if self.host_applied == 0 {
+            return None;
+        }
+        self.check_pages(page, 1);
+        assert!(
+            writer < self.nodes,
+            "writer {writer} of {} nodes",
+            self.nodes
+        );
+        // SAFETY: the table mapping (`applied_table_bytes(len, nodes)` long, shared,
+        // writable, never unmapped before the segment is dropped, and `&self` borrows the
+        // segment) holds one u32 per page and node; page and writer are checked above.
+        // Zeroed bytes are a valid atomic, and every process touches these bytes only
+        // through atomics.
+        Some(unsafe { &*((self.host_applied as *const AtomicU32).add(page * self.nodes + writer)) })
+    }
+
+    /// With one memory per host: the latest interval of `writer` whose diff of `page` the
+    /// page's home applied to the host's copy (0 without a host file). Its acquire pairs
+    /// with [`Segment::publish_host_applied`]'s release, so the diff's bytes are visible.
+    pub(crate) fn host_applied(&self, page: usize, writer: usize) -> u32 {
+        self.applied_entry(page, writer)
+            .map_or(0, |e| e.load(Ordering::Acquire))
+    }
+
+    /// At `page`'s home, after applying `writer`'s diff of interval `interval` through the
+    /// runtime view: tells the host's other ranks.
+    pub(crate) fn publish_host_applied(&self, page: usize, writer: usize, interval: u32) {
+        if let Some(e) = self.applied_entry(page, writer) {
+            e.fetch_max(interval, Ordering::Release);
+        }
     }
 
     /// Maps `count` pages from `first` from the host's file in both views, in place of
@@ -558,6 +603,38 @@ unsafe fn map_host_table(
     Ok(table as usize)
 }
 
+/// Bytes of the host's applied-diff table after a host file's segment: a u32 per page and
+/// node, in whole pages. Only the pages of entries in use take memory.
+fn applied_table_bytes(len: usize, nodes: usize) -> usize {
+    (len / PAGE_SIZE * nodes * 4).next_multiple_of(PAGE_SIZE)
+}
+
+/// Maps the applied-diff table of the host's file `fd` (after its `len`-byte segment),
+/// writable, at an address returned. Closes `fd` on failure.
+///
+/// # Safety
+/// `fd` is the caller's own descriptor of a file at least `len` plus the table long, not
+/// used after a failure.
+unsafe fn map_applied_table(fd: libc::c_int, len: usize, nodes: usize) -> io::Result<usize> {
+    // SAFETY: a fresh shared mapping of the table part of our descriptor (offset `len`,
+    // page-aligned) at a kernel-chosen address.
+    let table = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            applied_table_bytes(len, nodes),
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_NORESERVE,
+            fd,
+            len as libc::off_t,
+        )
+    };
+    if table == libc::MAP_FAILED {
+        // SAFETY: fd is ours to close (our contract).
+        return Err(unsafe { close_on_failure(fd, "cannot map the host's table of diffs") });
+    }
+    Ok(table as usize)
+}
+
 /// Bytes of the host lock table at the end of a common segment file (4 MiB up to 8 ranks),
 /// in whole pages.
 fn host_table_bytes(nodes: usize) -> usize {
@@ -677,6 +754,10 @@ impl Drop for Segment {
             }
             libc::close(self.memfd);
             if self.host_file >= 0 {
+                libc::munmap(
+                    self.host_applied as *mut libc::c_void,
+                    applied_table_bytes(self.len, self.nodes),
+                );
                 libc::close(self.host_file);
             }
         }

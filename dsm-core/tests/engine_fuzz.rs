@@ -148,7 +148,7 @@ impl Net {
                     // between two engine events (see `engine::fast`).
                     let fast = self.nodes[k].eng.fast_faults().cloned();
                     if let Some(fast) = fast {
-                        let VecMemory { data, prot } = self.nodes[k].eng.memory_mut();
+                        let VecMemory { data, prot, .. } = self.nodes[k].eng.memory_mut();
                         let _ = fast.handler_write_fault(
                             page,
                             || {

@@ -17,7 +17,7 @@
 
 use dsm_core::engine::fast::pack_applied;
 use dsm_core::engine::{
-    Command, Engine, FastFaults, KnownClock, Output, PageState, Prot, Reply, VecMemory,
+    Command, Engine, FastFaults, HostApplied, KnownClock, Output, PageState, Prot, Reply, VecMemory,
 };
 use dsm_proto::{
     EncodedBitmap, Msg, NodeId, PageCopy, PageNo, PageRuns, RaceNotices, SyncCause, VectorTime,
@@ -886,7 +886,7 @@ impl Sim {
     fn access_page(&mut self, k: usize, page: usize, write: bool) -> bool {
         if write && self.nodes[k].eng.memory().prot[page] == Prot::Read && self.rand(4) != 0 {
             if let Some(fast) = self.nodes[k].eng.fast_faults().cloned() {
-                let VecMemory { data, prot } = self.nodes[k].eng.memory_mut();
+                let VecMemory { data, prot, .. } = self.nodes[k].eng.memory_mut();
                 let served = fast.handler_write_fault(
                     page,
                     || {
@@ -1962,12 +1962,19 @@ fn sim_with_setup(
     s
 }
 
-/// Node k's host mates when node j runs on host `hosts[j]`.
-fn host_mates(hosts: &[usize], k: usize) -> Vec<NodeId> {
-    (0..hosts.len())
+/// Places node k on host `hosts[k]`: its engine's host mates, and the applied-diff table
+/// its host's nodes share (`tables[host]`), as the runtime's host file holds it.
+fn place_on_host(eng: &mut Engine<VecMemory>, hosts: &[usize], tables: &[HostApplied], k: usize) {
+    let mates: Vec<NodeId> = (0..hosts.len())
         .filter(|&j| j != k && hosts[j] == hosts[k])
         .map(|j| j as NodeId)
-        .collect()
+        .collect();
+    eng.set_host_mates(&mates);
+    eng.memory_mut().host_applied = Some(tables[hosts[k]].clone());
+}
+
+fn host_tables(n: usize) -> Vec<HostApplied> {
+    (0..n).map(|_| HostApplied::default()).collect()
 }
 
 /// Hosts for `n` nodes from `seed`: about two nodes a host, the first host always
@@ -2276,9 +2283,9 @@ proptest! {
 fn run_on_hosts(n: usize, homes: Vec<usize>, seed: u64, locks: usize, vars: usize) -> Sim {
     let hosts = random_hosts(n, seed);
     let spec = AllocSpec { elem: 8, homes };
-    let mates = hosts.clone();
+    let (mates, tables) = (hosts.clone(), host_tables(n));
     let mut s = sim_with_setup(n, &[spec], vars, seed, false, |k, eng| {
-        eng.set_host_mates(&host_mates(&mates, k))
+        place_on_host(eng, &mates, &tables, k)
     });
     s.hosts = hosts;
     random_program(&mut s, vars, locks, 3, 4);
@@ -2326,11 +2333,12 @@ proptest! {
 }
 
 /// One copy per host is exercised: pages of a host are confirmed, not copied, between its
-/// nodes, and written by non-home nodes without twins, while pages of other hosts still
-/// travel and get diffed.
+/// nodes (or found up to date in the home's table of applied diffs), and written by
+/// non-home nodes without twins, while pages of other hosts still travel and get diffed.
 #[test]
 fn one_copy_per_host_confirms_instead_of_copying() {
     let (mut confirmed, mut fetched, mut twins, mut host_writes) = (0, 0, 0, 0);
+    let mut found_applied = 0;
     for seed in 0..40u64 {
         let n = 3 + (seed % 3) as usize;
         let homes: Vec<usize> = (0..4).map(|p| (p + seed as usize) % n).collect();
@@ -2341,8 +2349,13 @@ fn one_copy_per_host_confirms_instead_of_copying() {
             fetched += st.pages_fetched;
             twins += st.twins_made;
             host_writes += st.write_faults;
+            found_applied += st.host_diffs_found_applied;
         }
     }
+    assert!(
+        found_applied > 0,
+        "no notice found its diff applied already"
+    );
     assert!(confirmed > 0, "no host page was ever confirmed");
     assert!(fetched > confirmed, "no page crossed between hosts");
     assert!(
@@ -3060,10 +3073,10 @@ fn race_case_in(
         Layout::Hosts => random_hosts(n, seed),
         _ => (0..n).collect(),
     };
-    let mates = hosts.clone();
+    let (mates, tables) = (hosts.clone(), host_tables(n));
     let mut s = sim_with_setup(n, &specs, 1, seed, true, |k, eng| {
         eng.set_common_memory(common);
-        eng.set_host_mates(&host_mates(&mates, k));
+        place_on_host(eng, &mates, &tables, k);
     });
     s.hosts = hosts;
     s.common = common;

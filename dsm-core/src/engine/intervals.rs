@@ -376,9 +376,16 @@ impl<M: Memory> Engine<M> {
                         }
                         continue;
                     }
-                    if self.is_host_mate(entry.home) && self.is_host_mate(node) {
-                        // A host page a mate wrote: the writes are in the host's copy.
-                        continue;
+                    if self.is_host_mate(entry.home) {
+                        // A host page a mate wrote, or whose diff its home applied: the
+                        // writes are in the host's copy.
+                        if self.is_host_mate(node) {
+                            continue;
+                        }
+                        if self.mem.host_applied(p, node) >= rec.index {
+                            self.stats.host_diffs_found_applied += 1;
+                            continue;
+                        }
                     }
                     self.protect_kept(p);
                     if entry.home != node {

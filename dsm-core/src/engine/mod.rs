@@ -94,7 +94,7 @@ pub use fast::{pack_applied, FastFaults, FETCHED_APPLIED_MAX};
 pub use barriers::ALL_TO_ALL_MAX_NODES;
 pub use locks::{lock_manager, KnownClock};
 pub use semaphores::{sem_manager, SemDone};
-pub use vec_memory::VecMemory;
+pub use vec_memory::{HostApplied, VecMemory};
 
 /// Protection of a page in the app view, as the engine asks [`Memory::protect`] to set it.
 /// Protection is how the engine notices accesses: a page it must hear about on the next
@@ -126,6 +126,15 @@ pub trait Memory {
     fn apply_diff(&mut self, page: PageNo, diff: &[u8]);
     /// Encodes (see [`diff`]) how the page's current contents differ from `twin`.
     fn make_diff(&self, page: PageNo, twin: &[u8]) -> Vec<u8>;
+    /// With one memory per host: the latest interval of `writer` whose diff of the host
+    /// page `page` is in the host's copy, as the page's home last published it (0 when
+    /// none is, or when this memory keeps no such table).
+    fn host_applied(&self, _page: PageNo, _writer: NodeId) -> u32 {
+        0
+    }
+    /// At a host page's home, once `writer`'s diff of interval `interval` is applied:
+    /// publishes it to the other nodes of the host ([`Memory::host_applied`]).
+    fn publish_host_applied(&mut self, _page: PageNo, _writer: NodeId, _interval: u32) {}
 }
 
 /// A page's state in this node's page table. The order matters: a state at least
@@ -495,6 +504,10 @@ pub struct Stats {
     /// Requests of host mates answered, as a home: the diffs they waited for are in the
     /// host's one copy of the pages (see `Engine::set_host_mates`).
     pub host_pages_confirmed: u64,
+    /// Another host's write notices of this host's pages whose diffs the home had already
+    /// published as applied (no invalidation), or had when the page was next touched (no
+    /// request).
+    pub host_diffs_found_applied: u64,
     /// Twins taken at the first write to a non-home page in an interval.
     pub twins_made: u64,
     /// Write faults the SIGSEGV handler served itself (twin and write access without the

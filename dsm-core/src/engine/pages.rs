@@ -326,6 +326,16 @@ impl<M: Memory> Engine<M> {
         let write = write.unwrap_or(false);
         match entry.state {
             PageState::Unallocated => self.out.push(Output::FaultCrash),
+            PageState::Invalid if self.host_copy_current(page) => {
+                // The diffs it waited for reached the host's copy since it was invalidated.
+                self.stats.read_faults += u64::from(!write);
+                self.stats.write_faults += u64::from(write);
+                self.revalidate_host_page(page);
+                if write {
+                    self.make_writable(page);
+                }
+                self.out.push(Output::FaultResolved);
+            }
             PageState::Invalid => {
                 self.settle(page);
                 if self.adopt_handler_fetch(page, entry.home) {
@@ -350,6 +360,43 @@ impl<M: Memory> Engine<M> {
             PageState::ReadOnly | PageState::ReadWrite => self.out.push(Output::FaultResolved),
         }
         self.take_out()
+    }
+
+    /// Whether `page`, a host page homed at a mate, holds every diff its notices required,
+    /// by its home's published table ([`Memory::host_applied`]).
+    fn host_copy_current(&self, page: PageNo) -> bool {
+        let home = self.pages[page as usize].home;
+        self.is_host_mate(home)
+            && self
+                .required
+                .get(&page)
+                .into_iter()
+                .flatten()
+                .all(|&(w, i)| self.mem.host_applied(page, w) >= i)
+    }
+
+    /// What a copy of home page `page` made now holds, per writer: the diffs applied, and
+    /// for each host mate every interval this node knows it closed (its writes went to
+    /// the host's copy before it closed them), so a push can cover the notices of mates'
+    /// writes (see `push`).
+    pub(super) fn applied_in_copy(&self, page: PageNo) -> Vec<(NodeId, u32)> {
+        let mut applied = self.applied.get(&page).cloned().unwrap_or_default();
+        if self.host_mates != node_bit(self.me) {
+            for m in 0..self.n as NodeId {
+                if self.is_host_mate(m) && self.vt.get(m) > 0 {
+                    applied.push((m, self.vt.get(m)));
+                }
+            }
+        }
+        applied
+    }
+
+    /// An invalid host page whose diffs are in the host's copy: readable again.
+    fn revalidate_host_page(&mut self, page: PageNo) {
+        self.stats.host_diffs_found_applied += 1;
+        self.required.remove(&page);
+        self.mem.protect(page, 1, Prot::Read);
+        self.set_state(page, PageState::ReadOnly);
     }
 
     /// Read-only -> read-write: a twin for pages homed on other hosts, a write notice
@@ -597,7 +644,7 @@ impl<M: Memory> Engine<M> {
             .map(|page| {
                 let mut data = vec![0u8; PAGE_SIZE];
                 self.mem.read_page(page, &mut data);
-                let applied = self.applied.get(&page).cloned().unwrap_or_default();
+                let applied = self.applied_in_copy(page);
                 PageCopy {
                     page,
                     data,
@@ -675,8 +722,12 @@ impl<M: Memory> Engine<M> {
     }
 
     fn apply_diffs(&mut self, from: NodeId, interval: u32, diffs: Vec<PageDiff>) {
+        let mates = self.host_mates != node_bit(self.me);
         for d in diffs {
             self.mem.apply_diff(d.page, &d.runs);
+            if mates {
+                self.mem.publish_host_applied(d.page, from, interval);
+            }
             self.stats.diffs_applied += 1;
             let v = self.applied.entry(d.page).or_default();
             match v.iter_mut().find(|(w, _)| *w == from) {
@@ -867,6 +918,12 @@ impl<M: Memory> Engine<M> {
                 break;
             }
             match self.pages[p as usize].state {
+                PageState::Invalid if self.host_copy_current(p) => {
+                    self.revalidate_host_page(p);
+                    if write {
+                        self.make_writable(p);
+                    }
+                }
                 PageState::Invalid => {
                     self.settle(p);
                     missing.push(p);

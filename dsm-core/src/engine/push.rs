@@ -194,7 +194,7 @@ impl<M: Memory> Engine<M> {
             self.mark_shared(p, 1);
             let mut data = vec![0u8; PAGE_SIZE];
             self.mem.read_page(p, &mut data);
-            let applied = self.applied.get(&p).cloned().unwrap_or_default();
+            let applied = self.applied_in_copy(p);
             out.push(PushedPage {
                 page: p,
                 data,

@@ -2,7 +2,13 @@
 //! simulator, the fuzz harness and any tool that wants to run the protocol in memory.
 
 use super::{Memory, Prot};
-use dsm_proto::{PageNo, PAGE_SIZE};
+use dsm_proto::{NodeId, PageNo, PAGE_SIZE};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+/// The table a host's nodes share of the diffs applied to its pages
+/// ([`Memory::host_applied`]).
+pub type HostApplied = Arc<Mutex<BTreeMap<(PageNo, NodeId), u32>>>;
 
 /// Pages in a `Vec<u8>` and their protections in a `Vec<Prot>`; what the real segment's
 /// app view would enforce is left to the caller (check `prot` before an access).
@@ -12,6 +18,9 @@ pub struct VecMemory {
     pub data: Vec<u8>,
     /// Each page's protection as the engine last set it.
     pub prot: Vec<Prot>,
+    /// With one memory per host: the table the nodes of the host share (set it to the
+    /// same one in each).
+    pub host_applied: Option<HostApplied>,
 }
 
 impl VecMemory {
@@ -20,6 +29,7 @@ impl VecMemory {
         VecMemory {
             data: vec![0; pages * PAGE_SIZE],
             prot: vec![Prot::None; pages],
+            host_applied: None,
         }
     }
 
@@ -57,5 +67,20 @@ impl Memory for VecMemory {
 
     fn make_diff(&self, page: PageNo, twin: &[u8]) -> Vec<u8> {
         crate::diff::create(twin, self.page(page))
+    }
+
+    fn host_applied(&self, page: PageNo, writer: NodeId) -> u32 {
+        self.host_applied.as_ref().map_or(0, |t| {
+            let t = t.lock().expect("no test panics holding the table");
+            t.get(&(page, writer)).copied().unwrap_or(0)
+        })
+    }
+
+    fn publish_host_applied(&mut self, page: PageNo, writer: NodeId, interval: u32) {
+        if let Some(t) = &self.host_applied {
+            let mut t = t.lock().expect("no test panics holding the table");
+            let e = t.entry((page, writer)).or_default();
+            *e = (*e).max(interval);
+        }
     }
 }
