@@ -192,10 +192,11 @@ fn rank_stats(pattern: &std::path::Path, ranks: usize) -> Vec<serde_json::Value>
         .collect()
 }
 
-/// Two hosts of two ranks each: the ranks of a host map one memory and the protocol runs
-/// between the hosts. SOR and Water verify; a SOR rank whose neighbour is on its host
-/// fetches nothing; and with `--race` one job finds a race between the two ranks of a
-/// host, in their one memory, and races between hosts.
+/// Two hosts of two ranks each with `DSM_HOST_MEMORY=1`: the ranks of a host map one
+/// memory and the protocol runs between the hosts. SOR and Water verify; a SOR rank whose
+/// neighbour is on its host fetches nothing; with `--race` one job finds a race between
+/// the two ranks of a host, in their one memory, and races between hosts; and without the
+/// variable each rank keeps its own copy.
 #[test]
 fn two_ranks_per_host_share_their_hosts_memory() {
     let Some(hosts) = Hosts::or_skip(2, "two_ranks_per_host_share_their_hosts_memory") else {
@@ -208,7 +209,13 @@ fn two_ranks_per_host_share_their_hosts_memory() {
         (SOR, &["--size", "256", "--iters", "6"][..]),
         (WATER, &["--molecules", "64", "--steps", "2"][..]),
     ] {
-        let outs = run_ranks_per_host(&hosts, 2, program, args, &[("DSM_STATS_FILE", stats_env)]);
+        let outs = run_ranks_per_host(
+            &hosts,
+            2,
+            program,
+            args,
+            &[("DSM_STATS_FILE", stats_env), ("DSM_HOST_MEMORY", "1")],
+        );
         for (k, o) in outs.iter().enumerate() {
             assert!(
                 o.status.success(),
@@ -241,13 +248,39 @@ fn two_ranks_per_host_share_their_hosts_memory() {
             assert!(counter(2, "pages_fetched") > 0 && counter(1, "pages_fetched") > 0);
         }
     }
+    let outs = run_ranks_per_host(
+        &hosts,
+        2,
+        SOR,
+        &["--size", "256", "--iters", "6"],
+        &[("DSM_STATS_FILE", stats_env)],
+    );
+    assert!(
+        outs.iter().all(|o| o.status.success()),
+        "SOR without host memory"
+    );
+    for (r, s) in rank_stats(&stats, 4).iter().enumerate() {
+        assert_eq!(
+            s["common_memory"]["host_mates"],
+            serde_json::json!([]),
+            "rank {r}"
+        );
+        assert!(
+            s["protocol"]["pages_fetched"].as_u64().unwrap() > 0,
+            "rank {r} copies"
+        );
+    }
     let log = dir.path().join("races.jsonl");
     let outs = run_ranks_per_host(
         &hosts,
         2,
         KERNEL,
         &["run", "missing-barrier"],
-        &[("DSM_RACE", "1"), ("DSM_RACE_LOG", log.to_str().unwrap())],
+        &[
+            ("DSM_RACE", "1"),
+            ("DSM_RACE_LOG", log.to_str().unwrap()),
+            ("DSM_HOST_MEMORY", "1"),
+        ],
     );
     let err0 = String::from_utf8_lossy(&outs[0].stderr);
     assert_eq!(outs[0].status.code(), Some(66), "{err0}");

@@ -282,11 +282,12 @@ pub const DEFAULT_LAUNCH_AGENT: &str = "ssh";
 
 /// Variables the user sets for a whole job in dsmrun's environment: local ranks inherit
 /// them, ranks on other hosts get them from dsmrun.
-pub const JOB_WIDE_VARS: [&str; 9] = [
+pub const JOB_WIDE_VARS: [&str; 10] = [
     env_vars::SEGMENT_ADDR,
     env_vars::TRANSPORT,
     env_vars::RACE_PHASES,
     env_vars::PIN,
+    env_vars::HOST_MEMORY,
     env_vars::FAST_FAULTS,
     env_vars::STATS_FILE,
     env_vars::PUSH,
@@ -637,6 +638,7 @@ pub fn rank_config(
         trace: config.trace.clone(),
         replay: config.replay.clone(),
         pin: false,
+        host_memory: false,
         // Inherited from dsmrun's environment (a job-wide variable), not written by it.
         transport: Default::default(),
         // Every rank of a dsmrun job runs on this machine.

@@ -278,6 +278,8 @@ pub struct JobConfig {
     pub replay: ReplayOptions,
     /// Pin each rank to its own core (`DSM_PIN=1`).
     pub pin: bool,
+    /// Across hosts, one memory per host for the pages homed there (`DSM_HOST_MEMORY=1`).
+    pub host_memory: bool,
     /// Which transports this rank's links may use (`DSM_TRANSPORT`).
     pub transport: TransportChoice,
     /// Where this rank sits among the ranks of its host.
@@ -368,6 +370,7 @@ impl JobConfig {
             trace: TraceOptions::default(),
             replay: ReplayOptions::default(),
             pin: false,
+            host_memory: false,
             transport: TransportChoice::Auto,
             local: None,
             stats_file: None,
@@ -814,6 +817,7 @@ mod tests {
         all.race.verify_incremental = true;
         all.segment_addr = Some(0x7f00_0000_0000);
         all.pin = true;
+        all.host_memory = true;
         all.transport = TransportChoice::Rings;
         all.stats_file = Some("/tmp/stats.%r.json".into());
         all.push_pages = 5;
@@ -844,6 +848,7 @@ mod tests {
             trace,
             replay,
             pin,
+            host_memory,
             transport,
             local,
             stats_file,
@@ -859,6 +864,7 @@ mod tests {
         assert!(*connect_timeout != d.connect_timeout && *liveness != d.liveness);
         assert!(*segment_bytes != d.segment_bytes && *segment_addr != d.segment_addr);
         assert!(*pin != d.pin && *transport != d.transport && *local != d.local);
+        assert!(*host_memory != d.host_memory);
         assert!(*stats_file != d.stats_file && *push_pages != d.push_pages);
         assert!(*spin != d.spin && *sem_trace != d.sem_trace);
         assert!(*coord_fd != d.coord_fd && *launcher_fd != d.launcher_fd);
@@ -992,6 +998,14 @@ mod tests {
         assert_eq!(env(&[("DSM_PUSH", "off")]).unwrap().push_pages, 0);
         assert_eq!(env(&[("DSM_PUSH", "0")]).unwrap().push_pages, 0);
         assert_eq!(env(&[("DSM_PUSH", "5")]).unwrap().push_pages, 5);
+        assert!(!env(&[]).unwrap().host_memory);
+        assert!(env(&[("DSM_HOST_MEMORY", "1")]).unwrap().host_memory);
+        assert!(!env(&[("DSM_HOST_MEMORY", "0")]).unwrap().host_memory);
+        let e = env(&[("DSM_HOST_MEMORY", "yes")]).unwrap_err().to_string();
+        assert!(
+            e.contains("DSM_HOST_MEMORY") && e.contains("one memory per host"),
+            "{e}"
+        );
         assert_eq!(env(&[]).unwrap().spin, None);
         assert_eq!(env(&[("DSM_SPIN", "auto")]).unwrap().spin, None);
         assert_eq!(

@@ -140,6 +140,9 @@ pub mod env_vars {
     pub const RACE_PHASES: &str = "DSM_RACE_PHASES";
     /// `1`: pin each rank to its own core.
     pub const PIN: &str = "DSM_PIN";
+    /// `1`: in a job across hosts, the ranks of each host map one copy of the pages
+    /// homed there, and the protocol runs between hosts only.
+    pub const HOST_MEMORY: &str = "DSM_HOST_MEMORY";
     /// `0`: every page fault goes through the comm thread, none is served inside the
     /// SIGSEGV handler (for A/B measurements); `1` or unset: write faults on valid pages
     /// are served in the handler.
@@ -209,7 +212,7 @@ pub mod env_vars {
 
     /// The variables a launcher owns: it clears them all from what ranks inherit and sets
     /// its own, so a nested or leftover setting never leaks into a job. The others
-    /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_RACE_BATCH`, `DSM_PIN`,
+    /// (`DSM_SEGMENT_ADDR`, `DSM_RACE_PHASES`, `DSM_RACE_BATCH`, `DSM_PIN`, `DSM_HOST_MEMORY`,
     /// `DSM_FAST_FAULTS`, `DSM_STATS_FILE`, `DSM_PUSH`, `DSM_SPIN`, `DSM_LOG`) are the user's to set for
     /// a whole job and reach the ranks by inheritance. These are exactly the variables
     /// [`JobConfig::to_env`](crate::JobConfig::to_env) can write (a test checks it).

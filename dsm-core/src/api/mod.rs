@@ -186,8 +186,9 @@ fn probe_segment_bases(
         .filter(|&r| r != mesh.rank && mesh.shm[r].is_some())
         .map(|r| r as u32)
         .collect();
-    let host_memory = may_share_memory(env) && mesh.segment_file.is_some();
-    let common_memory = host_memory && shm_peers.len() + 1 == mesh.size;
+    let shares = may_share_memory(env) && mesh.segment_file.is_some();
+    let common_memory = shares && shm_peers.len() + 1 == mesh.size;
+    let host_memory = shares && env.host_memory;
     // Recording, replay and chaos order the protocol's lock grants.
     let host_locks =
         env.replay.record.is_none() && env.replay.replay.is_none() && env.replay.chaos.is_none();

@@ -64,9 +64,9 @@ Environment of every rank (inherited DSM_* values of these names are dropped):
   DSM_CHAOS            the seed of --chaos
   DSM_SEM_TRACE        absolute path of --sem-trace FILE
   DSM_SEM_ORDER=safe                                  (--sem-order=safe)
-DSM_SEGMENT_ADDR, DSM_PIN, DSM_FAST_FAULTS, DSM_STATS_FILE, DSM_PUSH, DSM_SPIN,
-DSM_RACE_PHASES, DSM_LOG and DSM_TRANSPORT are passed through from dsmrun's
-environment (see the README). By default (auto) ranks that can map the same memory
+DSM_SEGMENT_ADDR, DSM_PIN, DSM_HOST_MEMORY, DSM_FAST_FAULTS, DSM_STATS_FILE,
+DSM_PUSH, DSM_SPIN, DSM_RACE_PHASES, DSM_LOG and DSM_TRANSPORT are passed through
+from dsmrun's environment (see the README). By default (auto) ranks that can map the same memory
 (one host, one network namespace) talk through shared memory, and when every rank
 of the job can (with or without --race) they map one common segment, so no page travels.
 DSM_TRANSPORT=rings keeps each rank's own copy of the pages (moved by the protocol
@@ -128,8 +128,8 @@ host is started as 'AGENT HOST DIR/dsmrun-agent -- PROGRAM ARGS' (AGENT from
 --launch-agent, default ssh; dsmrun-agent and PROGRAM at the same paths on every
 host). The rank's DSM_* configuration, secret included, goes to the agent's
 stdin, never on a command line; -x VAR[=VALUE] and DSM_SEGMENT_ADDR, DSM_PIN,
-DSM_FAST_FAULTS, DSM_STATS_FILE, DSM_PUSH, DSM_SPIN, DSM_RACE_PHASES, DSM_LOG,
-DSM_TRANSPORT from dsmrun's environment go with it.
+DSM_HOST_MEMORY, DSM_FAST_FAULTS, DSM_STATS_FILE, DSM_PUSH, DSM_SPIN,
+DSM_RACE_PHASES, DSM_LOG, DSM_TRANSPORT from dsmrun's environment go with it.
 Rank 0 listens where its host was reached by ssh unless --bind-address or
 --interface say otherwise. Failures name the rank and its host; a host whose
 agent fails or does not answer within the connect timeout stops the job with

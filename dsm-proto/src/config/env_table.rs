@@ -155,6 +155,11 @@ const FAST_FAULTS: ZeroOrOne = ZeroOrOne {
     why: "expected 0 (faults through the comm thread) or 1 (the default)",
 };
 
+/// One memory per host's switch.
+const HOST_MEMORY_SWITCH: ZeroOrOne = ZeroOrOne {
+    why: "expected 1 (one memory per host) or 0 (the default: each rank its own copy)",
+};
+
 // Rows are read in this order, which also decides which of several bad variables is
 // reported. `Elsewhere` rows are read before all others.
 settings_table! {
@@ -200,6 +205,7 @@ settings_table! {
     (RECORD, REPLAY, CHAOS)   => replay                  : ReplayRow,               IfChanged,         Always;
     (LOCAL_RANK, LOCAL_SIZE)  => local                   : Placement,               IfChanged,         Always;
     PIN                       => pin                     : ExactlyOne,              Inherited,         Always;
+    HOST_MEMORY               => host_memory             : HOST_MEMORY_SWITCH,      Inherited,         Always;
     STATS_FILE                => stats_file              : NonEmpty(PathText),      Inherited,         Always;
     PUSH                      => push_pages              : PushPages,               Inherited,         Always;
     SPIN                      => spin                    : SpinBudget,              Inherited,         Always;
