@@ -142,16 +142,7 @@ fn ranks_in_separate_network_namespaces() {
         (SOR, &["--size", "64", "--iters", "6"][..]),
     ] {
         let outs = run_on_hosts(&hosts, program, args);
-        for (k, o) in outs.iter().enumerate() {
-            assert!(
-                o.status.success(),
-                "rank {k} of {program}: {:?}\n{}",
-                o.status,
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        let out0 = String::from_utf8_lossy(&outs[0].stdout);
-        assert!(out0.contains("verified:"), "{out0}");
+        assert_verified(program, &outs);
     }
 }
 
@@ -180,6 +171,20 @@ fn races_between_hosts_are_found() {
             assert!(err0.contains("dsm: 0 data races"), "{ctx}");
         }
     }
+}
+
+/// Every rank of `program` succeeded and rank 0 verified its result.
+fn assert_verified(program: &str, outs: &[std::process::Output]) {
+    for (k, o) in outs.iter().enumerate() {
+        assert!(
+            o.status.success(),
+            "rank {k} of {program}: {:?}\n{}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let out0 = String::from_utf8_lossy(&outs[0].stdout);
+    assert!(out0.contains("verified:"), "{out0}");
 }
 
 /// Each rank's counters from a stats file written with `%r` in its path.
@@ -216,16 +221,7 @@ fn two_ranks_per_host_share_their_hosts_memory() {
             args,
             &[("DSM_STATS_FILE", stats_env), ("DSM_HOST_MEMORY", "1")],
         );
-        for (k, o) in outs.iter().enumerate() {
-            assert!(
-                o.status.success(),
-                "rank {k} of {program}: {:?}\n{}",
-                o.status,
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        let out0 = String::from_utf8_lossy(&outs[0].stdout);
-        assert!(out0.contains("verified:"), "{out0}");
+        assert_verified(program, &outs);
         let stats = rank_stats(&stats, 4);
         for (r, s) in stats.iter().enumerate() {
             let mate = r ^ 1;
