@@ -474,6 +474,13 @@ impl Sim {
     }
 
     fn outputs(&mut self, k: usize, outs: Vec<Output>) {
+        // What node k's engine wrote to its host's pages (diffs applied at the home) is in
+        // every node of the host's memory, as in the host's one file.
+        for p in 0..self.page_home.len() {
+            if self.page_home[p] == k {
+                self.spread_host_page(p);
+            }
+        }
         for o in outs {
             match o {
                 Output::Send { to, msg } => {
@@ -946,6 +953,34 @@ impl Sim {
         }
     }
 
+    /// Copies `page` from its home's memory into the memories of the home's host mates:
+    /// the simulation keeps a host page's bytes at its home (`holder`), and this makes
+    /// what a mate's engine would read of it the same, as in the host's one file.
+    fn spread_host_page(&mut self, page: usize) {
+        let home = self.page_home[page];
+        let range = page * PAGE_SIZE..(page + 1) * PAGE_SIZE;
+        for j in 0..self.n {
+            if j != home && self.hosts[j] == self.hosts[home] {
+                let (src, dst) = if home < j {
+                    let (a, b) = self.nodes.split_at_mut(j);
+                    (&a[home], &mut b[0])
+                } else {
+                    let (a, b) = self.nodes.split_at_mut(home);
+                    (&b[0], &mut a[j])
+                };
+                dst.eng.memory_mut().data[range.clone()]
+                    .copy_from_slice(&src.eng.memory().data[range.clone()]);
+            }
+        }
+    }
+
+    /// After node k wrote `page`: a page of its host's copy is spread to the host's nodes.
+    fn spread_if_host_page(&mut self, k: usize, page: usize) {
+        if !self.common && self.holder(k, page) == self.page_home[page] {
+            self.spread_host_page(page);
+        }
+    }
+
     fn load(&self, k: usize, addr: usize) -> u64 {
         let d = &self.nodes[self.holder(k, addr / PAGE_SIZE)]
             .eng
@@ -963,6 +998,7 @@ impl Sim {
         for j in nodes {
             self.nodes[j].eng.memory_mut().data[addr..addr + 8].copy_from_slice(&v.to_le_bytes());
         }
+        self.spread_if_host_page(k, addr / PAGE_SIZE);
     }
 
     /// Logs an access for the oracle.
@@ -1592,6 +1628,9 @@ impl Sim {
                         } else {
                             std::hint::black_box(&*data);
                         }
+                    }
+                    if write {
+                        self.spread_if_host_page(k, at.start / PAGE_SIZE);
                     }
                     self.log(k, alloc, e, write);
                 }
