@@ -165,7 +165,7 @@ impl<M: Memory> Engine<M> {
     /// writes of host pages): the next interval that writes one must fault to make its
     /// write notice (see [`Engine::set_host_mates`]).
     fn protect_mates_pages(&mut self, written: &[PageNo]) {
-        if self.host_mates == super::pages::node_bit(self.me) {
+        if !self.has_host_mates() {
             return;
         }
         let mut protect: Vec<PageNo> = written

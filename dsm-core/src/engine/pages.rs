@@ -159,6 +159,11 @@ impl<M: Memory> Engine<M> {
         self.host_mates & node_bit(self.pages[page as usize].home) != 0
     }
 
+    /// Whether other nodes map this node's host memory ([`Engine::set_host_mates`]).
+    pub(super) fn has_host_mates(&self) -> bool {
+        self.host_mates != node_bit(self.me)
+    }
+
     /// Whether `node` is another node mapping this node's host memory.
     pub(super) fn is_host_mate(&self, node: NodeId) -> bool {
         node != self.me && self.host_mates & node_bit(node) != 0
@@ -260,7 +265,7 @@ impl<M: Memory> Engine<M> {
                 PageState::ReadOnly => {
                     // A host page written in the handler takes no twin: its write
                     // notice is made at the next close, as for a home page.
-                    fast.arm(page, self.host_mates & node_bit(entry.home) != 0);
+                    fast.arm(page, self.is_host_page(page));
                 }
                 PageState::Invalid
                     if self.handler_may_ask(entry.home)
@@ -381,7 +386,7 @@ impl<M: Memory> Engine<M> {
     /// writes (see `push`).
     pub(super) fn applied_in_copy(&self, page: PageNo) -> Vec<(NodeId, u32)> {
         let mut applied = self.applied.get(&page).cloned().unwrap_or_default();
-        if self.host_mates != node_bit(self.me) {
+        if self.has_host_mates() {
             for m in 0..self.n as NodeId {
                 if self.is_host_mate(m) && self.vt.get(m) > 0 {
                     applied.push((m, self.vt.get(m)));
@@ -722,7 +727,7 @@ impl<M: Memory> Engine<M> {
     }
 
     fn apply_diffs(&mut self, from: NodeId, interval: u32, diffs: Vec<PageDiff>) {
-        let mates = self.host_mates != node_bit(self.me);
+        let mates = self.has_host_mates();
         for d in diffs {
             self.mem.apply_diff(d.page, &d.runs);
             if mates {
