@@ -45,7 +45,9 @@ use std::sync::atomic::{
 pub(crate) const WAYS: usize = 256;
 
 /// Which slots hold a run ([`flush_all`] visits only those), a bit per slot. Set by
-/// [`record`] when a slot starts a run; the stubs only extend runs.
+/// [`record`] when a slot starts a run; the stubs only extend runs. Only the recording
+/// thread touches it, so plain loads and stores (an atomic read-modify-write took a
+/// locked instruction per run started, a row of a sweep).
 static OCCUPIED: [AtomicU64; WAYS / 64] = [const { AtomicU64::new(0) }; WAYS / 64];
 
 /// One site's run of accesses: elements of `len` bytes, `stride` bytes apart, from byte
@@ -86,22 +88,60 @@ const EMPTY: Slot = Slot {
     start: AtomicUsize::new(0),
 };
 
-/// The runs being combined, of the one thread that records ([`OWNER`]). A static, not a
-/// thread-local or the node's, so that the stubs reach it by one rip-relative address, the
-/// same in `libdsm.a` and `libdsm.so` (a thread-local needs the thread pointer and an
-/// offset, and in a shared library a `__tls_get_addr` call; the node, a load through one).
+/// The runs being combined, of the one thread that records. A static, not a thread-local
+/// or the node's, so that [`record`] and [`flush_all`] reach it like any static; the
+/// stubs reach it through the thread-local `dsm_tsan_recording_slots` (below).
 pub(crate) static SLOTS: [Slot; WAYS] = [EMPTY; WAYS];
 
-/// The thread pointer (`fs:0`, the address of its own thread control block, unique per
-/// live thread) of the thread whose accesses are recorded: the one that called
-/// `dsm_init`, under `--race`; 0 while none is. The access stubs compare it (after
-/// [`ANY_RECORDING`]) and return at once on a mismatch: other threads are not recorded.
-pub(crate) static OWNER: AtomicUsize = AtomicUsize::new(0);
+// `dsm_tsan_recording_slots`, a thread-local word: [`SLOTS`]' address in the thread that
+// records (the one that called `dsm_init`, under `--race`), 0 in every other thread and
+// while none records. The access stubs' first test: one load (`fs:` plus an offset the
+// linker fixes in an executable, through the GOT in `libdsm.so`) tells them both whether
+// anything records and whether this thread does, and hands them the table. Defined in
+// assembly, as Rust has no stable way to name a thread-local from `asm!`; initial-exec
+// TLS, as the library is loaded with the program (a `dlopen`ed `libdsm.so` takes 8 bytes
+// of the static TLS surplus the C library keeps for that).
+#[cfg(target_arch = "x86_64")]
+std::arch::global_asm!(
+    ".pushsection .tbss.dsm_tsan_recording_slots,\"awT\",@nobits",
+    ".p2align 3",
+    ".globl dsm_tsan_recording_slots",
+    ".hidden dsm_tsan_recording_slots",
+    ".type dsm_tsan_recording_slots,@object",
+    ".size dsm_tsan_recording_slots,8",
+    "dsm_tsan_recording_slots:",
+    ".zero 8",
+    ".popsection",
+);
 
-/// Whether a thread records (`--race` is on and `dsm_init` ran): the access stubs' first
-/// test, one byte, so that without `--race` an instrumented access costs a call, a compare
-/// and a return.
-pub(crate) static ANY_RECORDING: AtomicBool = AtomicBool::new(false);
+/// Names the thread-local of the comment above in this file's assembly.
+#[cfg(target_arch = "x86_64")]
+macro_rules! recording_slots_offset {
+    () => {
+        "qword ptr [rip + dsm_tsan_recording_slots@GOTTPOFF]"
+    };
+}
+
+/// Sets this thread's `dsm_tsan_recording_slots` (see [`SLOTS`]).
+#[cfg(target_arch = "x86_64")]
+fn set_recording_slots(slots: usize) {
+    // SAFETY: writes this thread's own 8-byte thread-local `dsm_tsan_recording_slots`
+    // (defined above; the GOT entry holds its offset from the thread pointer), which only
+    // the stubs of this thread read.
+    unsafe {
+        std::arch::asm!(
+            concat!("mov {offset}, ", recording_slots_offset!()),
+            "mov qword ptr fs:[{offset}], {slots}",
+            offset = out(reg) _,
+            slots = in(reg) slots,
+            options(nostack, preserves_flags),
+        )
+    };
+}
+
+/// Elsewhere the stubs do not exist.
+#[cfg(not(target_arch = "x86_64"))]
+fn set_recording_slots(_: usize) {}
 
 /// The shared allocations' address range, `SHARED_LO..SHARED_HI` (empty until the first
 /// allocation), for the access stubs' range check.
@@ -114,29 +154,9 @@ pub(crate) fn set_shared_range(lo: usize, hi: usize) {
     SHARED_HI.store(hi, Relaxed);
 }
 
-/// This thread's thread pointer (see [`OWNER`]).
-#[cfg(target_arch = "x86_64")]
-pub(crate) fn thread_pointer() -> usize {
-    let tp: usize;
-    // SAFETY: on x86_64 Linux `fs:0` holds the thread control block's address (the TLS
-    // ABI's self pointer, set by the C library for every thread); reading it has no
-    // other effect.
-    unsafe {
-        std::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) tp, options(nostack, readonly, preserves_flags))
-    };
-    tp
-}
-
-/// Elsewhere the stubs do not exist; nothing compares it.
-#[cfg(not(target_arch = "x86_64"))]
-pub(crate) fn thread_pointer() -> usize {
-    1
-}
-
 /// Starts or stops recording this thread's accesses (`dsm_init`, `dsm_finish`).
 pub(crate) fn set_recording(on: bool) {
-    OWNER.store(if on { thread_pointer() } else { 0 }, Relaxed);
-    ANY_RECORDING.store(on, Relaxed);
+    set_recording_slots(if on { SLOTS.as_ptr() as usize } else { 0 });
 }
 
 /// The slot of the call site returning to `ret`, as the stubs pick it (its low byte).
@@ -198,25 +218,31 @@ fn record(node: &crate::api::Node, addr: usize, len: usize, write: bool, ret: us
         && s.array.load(Relaxed) == i
         && s.write.load(Relaxed) == write
         && s.len.load(Relaxed) == len;
-    // The second element of a run sets its stride.
-    if ours && s.stride.load(Relaxed) == 0 {
-        let first = start + s.start.load(Relaxed);
-        if addr >= first + len {
-            let stride = addr - first;
-            s.stride.store(stride, Relaxed);
-            s.next.store(addr + stride, Relaxed);
-            return;
-        }
+    let stride = s.stride.load(Relaxed);
+    // The second element of a run sets its stride (or corrects the one guessed).
+    let first = start + s.start.load(Relaxed);
+    if ours && s.next.load(Relaxed) == first + stride && addr >= first + len {
+        let stride = addr - first;
+        s.stride.store(stride, Relaxed);
+        s.next.store(addr + stride, Relaxed);
+        return;
     }
     if s.ret.load(Relaxed) != 0 {
         flush(node, s);
     }
     let way = way_of(ret);
-    OCCUPIED[way / 64].fetch_or(1 << (way % 64), Relaxed);
-    // `next` at the element itself with stride 0: repeats of it continue the run.
+    let (word, bit) = (&OCCUPIED[way / 64], 1 << (way % 64));
+    let bits = word.load(Relaxed);
+    if bits & bit == 0 {
+        word.store(bits | bit, Relaxed);
+    }
+    // A site's next run is guessed to have its last run's stride (a loop's next row), so
+    // that its second element takes the stubs' path too; `next` at the element itself
+    // with stride 0 otherwise: repeats of it continue the run.
+    let stride = if ours { stride } else { 0 };
     s.ret.store(ret, Relaxed);
-    s.next.store(addr, Relaxed);
-    s.stride.store(0, Relaxed);
+    s.next.store(addr + stride, Relaxed);
+    s.stride.store(stride, Relaxed);
     s.len.store(len, Relaxed);
     s.write.store(write, Relaxed);
     s.array.store(i, Relaxed);
@@ -266,7 +292,8 @@ fn flush(node: &crate::api::Node, s: &Slot) {
 /// Records every pending run: before a synchronization closes the interval.
 pub(crate) fn flush_all(node: &crate::api::Node) {
     for (w, word) in OCCUPIED.iter().enumerate() {
-        let mut bits = word.swap(0, Relaxed);
+        let mut bits = word.load(Relaxed);
+        word.store(0, Relaxed);
         while bits != 0 {
             let s = &SLOTS[w * 64 + bits.trailing_zeros() as usize];
             bits &= bits - 1;
@@ -344,7 +371,7 @@ macro_rules! stub {
 }
 
 /// `__tsan_{read,write}N(addr)` and their unaligned forms. The stub returns at once unless
-/// [`ANY_RECORDING`] and this thread is [`OWNER`]; continues its site's run in [`SLOTS`]
+/// this thread records (its `dsm_tsan_recording_slots`, see [`SLOTS`]); continues its site's run in [`SLOTS`]
 /// when `addr` is the run's next element (the one case that matters for speed: a loop's
 /// sweep); returns when the access lies outside the shared allocations (private memory:
 /// the program's other accesses); else jumps to `$body` with the return address in rsi.
@@ -362,10 +389,11 @@ macro_rules! access {
         }
         $(
             // SAFETY: as for `stub!`. Before that, the stub uses only rax, rcx and rsi
-            // (scratch registers of the C calling convention, free at a call), reads
-            // `OWNER` and its slot of `SLOTS`, and writes that slot's `next`, which only
-            // this thread (the owner) reads or writes (`Slot`'s layout is `repr(C)`,
-            // 64 bytes, checked at compile time).
+            // (scratch registers of the C calling convention, free at a call), reads its
+            // thread's `dsm_tsan_recording_slots` and, when that is `SLOTS`, its slot
+            // there, and writes that slot's `next`, which only this thread (the one that
+            // records) reads or writes (`Slot`'s layout is `repr(C)`, 64 bytes, checked
+            // at compile time).
             #[cfg(target_arch = "x86_64")]
             #[unsafe(naked)]
             #[no_mangle]
@@ -373,20 +401,18 @@ macro_rules! access {
             #[link_section = ".text.dsm_tsan_access"]
             pub extern "C" fn $stub() {
                 std::arch::naked_asm!(
-                    // Without --race: the same three instructions as before the fast
-                    // path, falling through to the return (a taken jump to a `ret` at
-                    // the end made the run without --race 30-40% slower).
-                    "cmp byte ptr [rip + {any}], 0",
-                    "jne 4f",
+                    // Without --race, and in threads that do not record: a test falling
+                    // through to the return (a taken jump to a `ret` at the end made the
+                    // run without --race 30-40% slower).
+                    concat!("mov rax, ", recording_slots_offset!()),
+                    "mov rcx, qword ptr fs:[rax]",
+                    "test rcx, rcx",
+                    "jnz 4f",
                     "ret",
                     "4:",
-                    "mov rax, qword ptr fs:[0]",
-                    "cmp rax, qword ptr [rip + {owner}]",
-                    "jne 3f",
                     "mov rsi, qword ptr [rsp]",
                     "movzx eax, sil",
                     "shl eax, 6",
-                    "lea rcx, [rip + {slots}]",
                     "cmp rsi, qword ptr [rcx + rax]",
                     "jne 2f",
                     "cmp rdi, qword ptr [rcx + rax + 8]",
@@ -404,9 +430,6 @@ macro_rules! access {
                     "jmp {body}",
                     // The next stub of the section starts on a cache line (see above).
                     ".p2align 6",
-                    any = sym ANY_RECORDING,
-                    owner = sym OWNER,
-                    slots = sym SLOTS,
                     lo = sym SHARED_LO,
                     hi = sym SHARED_HI,
                     len = const $len,

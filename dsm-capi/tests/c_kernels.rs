@@ -2,10 +2,11 @@
 //! ThreadSanitizer instrumentation, linked against this crate's `libdsm.a`) and run under
 //! `dsmrun --race` with 2, 4 and 8 ranks. Each kernel names the variables that race in an
 //! `EXPECT:` comment (`none` for race-free ones) and marks every line whose access takes
-//! part in a race with `// RACE`. A run must report exactly the expected variables, name
-//! both sides of every race by a marked line of the kernel's file, name every marked line
-//! at least once, and exit with the race status (0 for race-free kernels, which must
-//! report nothing).
+//! part in a race with `// RACE`; a kernel may also give the number of racing elements
+//! (`RACES: n`). A run must report exactly the expected variables (and that many
+//! elements), name both sides of every race by a marked line of the kernel's file, name
+//! every marked line at least once, and exit with the race status (0 for race-free
+//! kernels, which must report nothing).
 
 use dsm_testkit::capi::{self, build_app, have};
 use dsm_testkit::{dsmrun_command, run, skip};
@@ -14,10 +15,12 @@ use std::path::{Path, PathBuf};
 
 const KERNELS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c");
 
-/// A kernel's labels: the variables it races on and its `// RACE` lines.
+/// A kernel's labels: the variables it races on, its `// RACE` lines and, if it says,
+/// how many elements race.
 struct Labels {
     vars: BTreeSet<String>,
     lines: BTreeSet<u32>,
+    elements: Option<u64>,
 }
 
 fn labels(source: &str) -> Labels {
@@ -39,7 +42,24 @@ fn labels(source: &str) -> Labels {
         .filter(|(_, l)| l.trim_end().ends_with("// RACE"))
         .map(|(i, _)| i as u32 + 1)
         .collect();
-    Labels { vars, lines }
+    let elements = source.lines().find_map(|l| {
+        let n = l.split("RACES:").nth(1)?.split_whitespace().next()?;
+        Some(n.parse().expect("RACES: is followed by a number"))
+    });
+    Labels {
+        vars,
+        lines,
+        elements,
+    }
+}
+
+/// The number of racing elements the run's summary line (`dsm: N data races on ...`)
+/// gives.
+fn elements_reported(stderr: &str) -> Option<u64> {
+    stderr.lines().find_map(|l| {
+        let (n, _) = l.split("dsm: ").nth(1)?.split_once(" data race")?;
+        n.parse().ok()
+    })
 }
 
 /// One reported race: its variable and its sides' `file:line`.
@@ -96,6 +116,13 @@ fn check(kernel: &Path, exe: &Path, n: usize) {
         return;
     }
     assert_ne!(r.code, Some(0), "a racy kernel's exit status, {context}");
+    if let Some(n) = want.elements {
+        assert_eq!(
+            elements_reported(&r.stderr),
+            Some(n),
+            "racing elements of {context}"
+        );
+    }
     let mut named = BTreeSet::new();
     for race in &races {
         assert_eq!(
