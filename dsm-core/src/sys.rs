@@ -122,17 +122,27 @@ impl Segment {
         let is_common = common.is_some();
         let table_len = host_table_bytes(nodes);
         let file_len = if is_common { len + table_len } else { len };
-        let memfd = segment_file(common, file_len, len)?;
-        // SAFETY: memfd is our own and not shared.
-        let app = unsafe { map_app_view(addr, len, memfd) }?;
-        // SAFETY: as above, and `app` is the app view just made, which nothing uses yet.
-        let runtime = unsafe { map_runtime_view(app, len, memfd) }?;
-        let host_locks = if is_common {
-            // SAFETY: as above, and so is `runtime`.
-            unsafe { map_host_table(app, runtime, len, table_len, memfd) }?
-        } else {
-            0
+        // Each step below releases what it made when it fails; the host's file, made
+        // before them, is released here.
+        let views = || -> io::Result<_> {
+            let memfd = segment_file(common, file_len, len)?;
+            // SAFETY: memfd is our own and not shared.
+            let app = unsafe { map_app_view(addr, len, memfd) }?;
+            // SAFETY: as above, and `app` is the app view just made, which nothing uses yet.
+            let runtime = unsafe { map_runtime_view(app, len, memfd) }?;
+            let host_locks = if is_common {
+                // SAFETY: as above, and so is `runtime`.
+                unsafe { map_host_table(app, runtime, len, table_len, memfd) }?
+            } else {
+                0
+            };
+            Ok((memfd, runtime, host_locks))
         };
+        let (memfd, runtime, host_locks) = views().inspect_err(|_| {
+            // SAFETY: the host's file and its table mapping were made above for this
+            // segment, which failed: nothing else has them.
+            unsafe { release_host_file(host_file, host_applied, len, nodes) }
+        })?;
         Ok(Segment {
             app_base: addr,
             runtime_base: runtime as usize,
@@ -753,14 +763,25 @@ impl Drop for Segment {
                 );
             }
             libc::close(self.memfd);
-            if self.host_file >= 0 {
-                libc::munmap(
-                    self.host_applied as *mut libc::c_void,
-                    applied_table_bytes(self.len, self.nodes),
-                );
-                libc::close(self.host_file);
-            }
+            release_host_file(self.host_file, self.host_applied, self.len, self.nodes);
         }
+    }
+}
+
+/// Unmaps the host's table of applied diffs at `table` and closes the host's file `fd`
+/// (nothing when `fd` is -1, a segment without one).
+///
+/// # Safety
+/// `fd` and `table` are the caller's own, made by [`Segment::map`] for a segment of `len`
+/// bytes and `nodes` ranks, and not used afterwards.
+unsafe fn release_host_file(fd: libc::c_int, table: usize, len: usize, nodes: usize) {
+    if fd < 0 {
+        return;
+    }
+    // SAFETY: our contract.
+    unsafe {
+        libc::munmap(table as *mut libc::c_void, applied_table_bytes(len, nodes));
+        libc::close(fd);
     }
 }
 
@@ -1369,5 +1390,50 @@ mod tests {
                 "page {page}"
             );
         }
+    }
+
+    /// A segment that cannot be mapped (its address is taken) releases the host's file it
+    /// was given and the table it mapped from it: no descriptor of that file and no
+    /// mapping of it stay in the process.
+    #[test]
+    fn a_failed_segment_releases_the_hosts_file() {
+        let name = format!("host-release-test-{}", std::process::id());
+        let c_name = std::ffi::CString::new(name.clone()).unwrap();
+        // SAFETY: a fresh memfd; the name is a valid C string.
+        let fd = unsafe { libc::memfd_create(c_name.as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: fd is ours and nothing else owns it.
+        let file: OwnedFd = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
+        let len = 4 * PAGE_SIZE;
+        let taken = 0x5f50_0000_0000usize;
+        // SAFETY: a fresh private mapping at an address this test owns (no MAP_FIXED: the
+        // kernel takes the hint or the test fails below).
+        let hold = unsafe {
+            libc::mmap(
+                taken as *mut libc::c_void,
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        assert_eq!(hold as usize, taken, "the test's address was free");
+        assert!(Segment::map(taken, len, SegmentFile::Host(file), 2).is_err());
+        let memfd = format!("/memfd:{name}");
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        assert!(
+            !maps.lines().any(|l| l.contains(&memfd)),
+            "a mapping of the host's file is left:\n{maps}"
+        );
+        for entry in std::fs::read_dir("/proc/self/fd").unwrap() {
+            let target = std::fs::read_link(entry.unwrap().path()).unwrap_or_default();
+            assert!(
+                !target.to_string_lossy().contains(&memfd),
+                "a descriptor of the host's file is left"
+            );
+        }
+        // SAFETY: the test's own mapping, made above.
+        unsafe { libc::munmap(hold, len) };
     }
 }
