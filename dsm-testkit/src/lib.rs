@@ -440,6 +440,25 @@ pub mod capi {
         there
     }
 
+    /// A source file of `lib` changed since it was built, if any: one of those cargo's
+    /// dep-info file beside it (`libdsm.d`, written with the library) lists, newer than
+    /// the library. Without the dep-info file, none.
+    fn source_newer_than(lib: &Path) -> Option<PathBuf> {
+        let built = std::fs::metadata(lib).and_then(|m| m.modified()).ok()?;
+        let info = std::fs::read_to_string(lib.with_extension("d")).ok()?;
+        let (_, sources) = info.split_once(": ")?;
+        // Paths are separated by spaces; a space inside one is escaped as `\ `.
+        let sources = sources.trim().replace("\\ ", "\0");
+        sources
+            .split(' ')
+            .map(|s| PathBuf::from(s.replace('\0', " ")))
+            .find(|src| {
+                std::fs::metadata(src)
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t > built)
+            })
+    }
+
     /// Compiles `source` with `dsmcc` (compiler `cc`, `flags`) into `dir`, against the
     /// `libdsm.a` of this build (`cargo build -p dsm-capi` makes it; `cargo test` of another
     /// crate does not); the executable is named after the source. Panics with the compiler's
@@ -452,6 +471,14 @@ pub mod capi {
             "{} is missing: build it first (`cargo build --release --workspace`)",
             lib.display()
         );
+        if let Some(newer) = source_newer_than(&lib) {
+            panic!(
+                "{} is older than {}, one of its sources: `cargo test` does not rebuild it; \
+                 run `cargo build --release -p dsm-capi` first",
+                lib.display(),
+                newer.display()
+            );
+        }
         let out = Command::new(capi_dir().join("dsmcc"))
             .env("DSMCC_CC", cc)
             .env("DSM_LIB", lib)
