@@ -231,11 +231,8 @@ fn record(node: &crate::api::Node, addr: usize, len: usize, write: bool, ret: us
         flush(node, s);
     }
     let way = way_of(ret);
-    let (word, bit) = (&OCCUPIED[way / 64], 1 << (way % 64));
-    let bits = word.load(Relaxed);
-    if bits & bit == 0 {
-        word.store(bits | bit, Relaxed);
-    }
+    let word = &OCCUPIED[way / 64];
+    word.store(word.load(Relaxed) | 1 << (way % 64), Relaxed);
     // A site's next run is guessed to have its last run's stride (a loop's next row), so
     // that its second element takes the stubs' path too; `next` at the element itself
     // with stride 0 otherwise: repeats of it continue the run.
@@ -371,8 +368,8 @@ macro_rules! stub {
 }
 
 /// `__tsan_{read,write}N(addr)` and their unaligned forms. The stub returns at once unless
-/// this thread records (its `dsm_tsan_recording_slots`, see [`SLOTS`]); continues its site's run in [`SLOTS`]
-/// when `addr` is the run's next element (the one case that matters for speed: a loop's
+/// this thread records (its `dsm_tsan_recording_slots`); continues its site's run in
+/// [`SLOTS`] when `addr` is the run's next element (the one case that matters for speed: a loop's
 /// sweep); returns when the access lies outside the shared allocations (private memory:
 /// the program's other accesses); else jumps to `$body` with the return address in rsi.
 /// A slot's return address fixes which hook the call site calls, hence the access's

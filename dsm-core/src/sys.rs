@@ -1248,24 +1248,23 @@ pub(crate) fn errno_location() -> *mut libc::c_int {
 mod tests {
     use super::*;
 
+    /// A fresh, empty memfd named `name`, as a rank's segment file.
+    fn test_memfd(name: &std::ffi::CStr) -> OwnedFd {
+        // SAFETY: memfd_create with a valid C string; the descriptor is checked and then
+        // owned by the returned value alone.
+        unsafe {
+            let fd = libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC);
+            assert!(fd >= 0, "memfd_create: {}", io::Error::last_os_error());
+            std::os::fd::FromRawFd::from_raw_fd(fd)
+        }
+    }
+
     /// Two mappings of one common file, as two ranks have: increments made under a host
     /// lock from both are never lost, and a lock id means the same slot in both.
     #[test]
     fn host_locks_exclude_across_mappings_of_one_file() {
-        // SAFETY: a fresh memfd; the name is a valid C string.
-        let fd = unsafe { libc::memfd_create(c"host-lock-test".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(fd >= 0);
-        // SAFETY: fd is ours; dup gives a second descriptor of the same file.
-        let (a, b) = unsafe {
-            (
-                std::os::fd::FromRawFd::from_raw_fd(fd),
-                std::os::fd::FromRawFd::from_raw_fd({
-                    let copy = libc::dup(fd);
-                    assert!(copy >= 0, "dup failed");
-                    copy
-                }),
-            )
-        };
+        let a = test_memfd(c"host-lock-test");
+        let b = a.try_clone().expect("dup failed");
         let len = PAGE_SIZE;
         let one: &'static Segment = Box::leak(Box::new(
             Segment::map(0x5f00_0000_0000, len, SegmentFile::Common(a), 2).unwrap(),
@@ -1349,16 +1348,8 @@ mod tests {
     /// each segment's own.
     #[test]
     fn pages_mapped_from_the_host_file_are_one_memory() {
-        // SAFETY: a fresh memfd; the name is a valid C string.
-        let fd = unsafe { libc::memfd_create(c"host-memory-test".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(fd >= 0);
-        // SAFETY: fd is ours; dup gives a second descriptor of the same file.
-        let (a, b): (OwnedFd, OwnedFd) = unsafe {
-            (
-                std::os::fd::FromRawFd::from_raw_fd(fd),
-                std::os::fd::FromRawFd::from_raw_fd(libc::dup(fd)),
-            )
-        };
+        let a = test_memfd(c"host-memory-test");
+        let b = a.try_clone().expect("dup failed");
         let len = 4 * PAGE_SIZE;
         let segs = [(0x5f30_0000_0000, a), (0x5f40_0000_0000, b)].map(|(addr, f)| {
             let seg: &'static Segment = Box::leak(Box::new(
@@ -1398,28 +1389,10 @@ mod tests {
     #[test]
     fn a_failed_segment_releases_the_hosts_file() {
         let name = format!("host-release-test-{}", std::process::id());
-        let c_name = std::ffi::CString::new(name.clone()).unwrap();
-        // SAFETY: a fresh memfd; the name is a valid C string.
-        let fd = unsafe { libc::memfd_create(c_name.as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(fd >= 0);
-        // SAFETY: fd is ours and nothing else owns it.
-        let file: OwnedFd = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
-        let len = 4 * PAGE_SIZE;
+        let file = test_memfd(&std::ffi::CString::new(name.clone()).unwrap());
         let taken = 0x5f50_0000_0000usize;
-        // SAFETY: a fresh private mapping at an address this test owns (no MAP_FIXED: the
-        // kernel takes the hint or the test fails below).
-        let hold = unsafe {
-            libc::mmap(
-                taken as *mut libc::c_void,
-                len,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        assert_eq!(hold as usize, taken, "the test's address was free");
-        assert!(Segment::map(taken, len, SegmentFile::Host(file), 2).is_err());
+        occupy_page_for_test(taken).expect("the test's address was free");
+        assert!(Segment::map(taken, 4 * PAGE_SIZE, SegmentFile::Host(file), 2).is_err());
         let memfd = format!("/memfd:{name}");
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
         assert!(
@@ -1433,7 +1406,5 @@ mod tests {
                 "a descriptor of the host's file is left"
             );
         }
-        // SAFETY: the test's own mapping, made above.
-        unsafe { libc::munmap(hold, len) };
     }
 }
